@@ -1,0 +1,37 @@
+"""What the lane host asks of a backend. The host speaks lanes and token ids; only the backend
+touches tensors. `ModelRunner` is the real one; tests drive the host with a fake."""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+
+def next_cut(pos: int, length: int, rows: int) -> int:
+    """End of the cut that starts at `pos`: cut boundaries are absolute multiples of `rows`."""
+    return min(length, (pos // rows + 1) * rows)
+
+
+def cuts(start: int, length: int, rows: int) -> list[tuple[int, int]]:
+    """Every cut from `start` to the end of a `length`-token prompt, on the fixed grid."""
+    out = []
+    while start < length:
+        end = next_cut(start, length, rows)
+        out.append((start, end))
+        start = end
+    return out
+
+
+class Backend(Protocol):
+    parallel: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_id: int
+
+    def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
+        """Run one cut: write KV rows [start, end) of `lane` for `tokens[start:end]` (rows below
+        `start` are already in the lane). On the prompt's last cut (end == len(tokens)) return
+        the greedy first token; otherwise None."""
+
+    def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
+        """One decode round: for each lane, feed `tokens[i]` at `positions[i]` (writing its KV
+        row) and return the greedy next token. The batch is padded to a fixed shape so a row's
+        bits never depend on its neighbours."""
