@@ -1,0 +1,106 @@
+"""`tfengine serve` (also `python -m engine serve`): load a model, start the lane host, serve HTTP."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .config import ConfigError, EngineConfig, share_from_env
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="tfengine: a Qwen3-family inference engine with lanes, stepped prompts and a lane host.")
+
+
+def engine_commit() -> str | None:
+    """The git commit of the engine's own source (a worktree of a variant reports its own)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (sha + ("+dirty" if dirty else "")) if sha else None
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="Preset (tiny, cpu, qwen3-0.6b, qwen3-8b, qwen3-32b) or a local Hugging Face layout directory.")] = "tiny",
+    load_format: Annotated[str, typer.Option(help="dummy: seeded random weights (timings real, words not); safetensors: weights from the --model directory.")] = "dummy",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: bfloat16 on cuda, float32 on cpu).")] = None,
+    parallel: Annotated[int, typer.Option(help="Lanes: streams decoding at once, each with its own KV region.")] = 4,
+    max_model_len: Annotated[int, typer.Option(help="Tokens per lane (prompt + completion).")] = 4096,
+    prefill_rows: Annotated[int, typer.Option(help="Rows per prompt cut R: cut boundaries are multiples of R.")] = 256,
+    prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline).")] = "stepped",
+    prefill_share: Annotated[Optional[float], typer.Option(help="Share p in (0, 1] of wall time for long prompt steps while streams decode; overrides TENSORFOLD_PREFILL_SHARE; default 1 (alternation).")] = None,
+    no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Do not reuse a lane's cached prompt prefix.")] = False,
+    drafter: Annotated[Optional[str], typer.Option(help="Speculative drafter name (none is built in yet: giving one is an error).")] = None,
+    no_drafts: Annotated[bool, typer.Option("--no-drafts", help="No speculative drafts.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the dummy weights.")] = 0,
+    trace: Annotated[bool, typer.Option("--trace", help="Keep a per-step trace, served at /v1/trace.")] = False,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+):
+    """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if drafter:
+        raise ConfigError(f"--drafter {drafter!r}: no drafter is built into this engine; leave it out")
+    cfg = EngineConfig(model=model, load_format=load_format, device=device,
+                       dtype=dtype or ("bfloat16" if device == "cuda" else "float32"),
+                       parallel=parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
+                       prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
+                       prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
+                       seed=seed, trace=trace)
+    from .host import LaneHost
+    from .runner import build_runner
+    from .server import ServedModel, serve as serve_http
+
+    runner = build_runner(cfg)
+    lane_host = LaneHost(runner, cfg)
+    served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
+                         max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
+                         describe=runner.describe(), commit=engine_commit())
+    lane_host.start()
+    try:
+        asyncio.run(serve_http(lane_host, served, host, port))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        lane_host.stop()
+
+
+@app.callback()
+def _root():
+    """tfengine."""
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except ConfigError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)
+    except OSError as exc:  # e.g. the port is taken
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as exc:  # click's usage errors
+        import click
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.exceptions.Exit):
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""The lane host's policy, driven turn by turn with a fake backend and an injected clock."""
+import logging
+import math
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.host import DEBT_CAP_S, LaneHost, checked_share
+from engine.sequence import Sequence, Status
+
+R = 256
+LONG = 2048  # 8 cuts: more than SHORT_ROWS, so it steps
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+        self.reads = 0
+
+    def __call__(self):
+        self.reads += 1
+        return self.now
+
+
+class FakeBackend:
+    """Advances the fake clock by a cost per prompt row and per decode round, and logs calls."""
+
+    def __init__(self, clock, parallel=4, row_cost=1.0 / R, round_cost=0.25, fail_at=None):
+        self.clock, self.parallel, self.max_model_len = clock, parallel, 100_000
+        self.vocab_size, self.eos_token_id = 1000, 999
+        self.row_cost, self.round_cost, self.fail_at = row_cost, round_cost, fail_at
+        self.calls: list[tuple] = []
+
+    def prefill_step(self, lane, tokens, start, end):
+        self.calls.append(("prefill", lane, start, end))
+        if self.fail_at is not None and (lane, start) == self.fail_at:
+            raise RuntimeError("injected")
+        self.clock.now += (end - start) * self.row_cost
+        return (sum(tokens) + end) % 997 if end == len(tokens) else None
+
+    def decode(self, lanes, tokens, positions):
+        self.calls.append(("decode", tuple(lanes)))
+        self.clock.now += self.round_cost
+        return [(t * 31 + p) % 997 for t, p in zip(tokens, positions)]
+
+
+def make(share=1.0, parallel=4, mode="stepped", cache=True, **kw):
+    clock = Clock()
+    backend = FakeBackend(clock, parallel=parallel, **kw)
+    cfg = EngineConfig(parallel=parallel, prefill_rows=R, prefill_share=share, prefill_mode=mode,
+                       prompt_cache=cache, out_queue=4)
+    return LaneHost(backend, cfg, clock=clock), backend, clock
+
+
+def seq(n, max_tokens=10_000, tag=0, **kw):
+    events = []
+    s = Sequence(prompt=[(tag * 7 + i) % 500 for i in range(n)], max_tokens=max_tokens, ignore_eos=True,
+                 emit=lambda k, p: events.append((k, p)), **kw)
+    s.events = events
+    return s
+
+
+def drain(*seqs):
+    for s in seqs:
+        s.undrained = 0
+
+
+def start_decoder(host, backend):
+    a = seq(10, tag=1)
+    host.submit(a)
+    host.turn()
+    drain(a)
+    backend.calls.clear()
+    return a
+
+
+def kinds(calls):
+    return "".join("P" if c[0] == "prefill" else "D" for c in calls)
+
+
+def run_turns(host, n, *decoders):
+    for _ in range(n):
+        host.turn()
+        drain(*decoders)
+
+
+def test_share_one_alternates_step_and_round():
+    host, backend, _ = make(share=1.0)
+    a = start_decoder(host, backend)
+    host.submit(seq(LONG, tag=2))
+    run_turns(host, 7, a)
+    # Six single cuts, then the last 512 rows are a short prompt: in whole, back to back.
+    assert kinds(backend.calls) == "PD" * 6 + "PPD"
+
+
+@pytest.mark.parametrize("share,rounds", [(0.5, 4), (0.25, 12)])
+def test_debt_pays_rounds_after_each_step(share, rounds):
+    # A step costs 1 s, a round 0.25 s: at p a step owes (1 - p) / p seconds of rounds,
+    # the round in the step's own turn included.
+    host, backend, _ = make(share=share)
+    a = start_decoder(host, backend)
+    host.submit(seq(LONG, tag=2))
+    run_turns(host, rounds + 1, a)
+    assert kinds(backend.calls) == "PD" + "D" * (rounds - 1) + "PD"
+    assert host.debt == pytest.approx((1 - share) / share - 0.25)
+
+
+def test_short_prompts_go_in_whole_before_the_next_round():
+    host, backend, _ = make(share=0.5, parallel=9)
+    a = start_decoder(host, backend)
+    burst = [seq(300, tag=10 + i) for i in range(8)]  # 2 cuts each, short
+    for s in burst:
+        host.submit(s)
+    host.turn()
+    assert kinds(backend.calls) == "P" * 16 + "D"
+    assert len(backend.calls[-1][1]) == 9  # all eight decode in the same round as A
+    assert all(s.status == Status.DECODE for s in burst)
+    assert host.debt == 0.0  # short prompts build no debt
+
+
+def test_fill_order_foreground_then_aged_then_fewest_rows():
+    host, backend, clock = make(parallel=4)
+    clock.now = 100.0
+    young_small = seq(600, tag=1, arrival=99.0)
+    young_big = seq(1600, tag=2, arrival=99.0)
+    aged_big = seq(2000, tag=3, arrival=10.0)  # waited 90 s > aging threshold 30 s
+    background_small = seq(520, tag=4, arrival=0.0, background=True)
+    for s in (background_small, young_big, aged_big, young_small):
+        host.submit(s)
+    host._take_inbox()
+    host._admit()
+    order = host._fill_order(list(host.prompts))
+    assert order == [aged_big, young_small, young_big, background_small]
+
+
+def test_paused_stream_gets_no_rounds_and_builds_no_debt():
+    host, backend, _ = make(share=0.5)
+    a = start_decoder(host, backend)
+    a.undrained = host.cfg.out_queue  # the client stopped reading
+    host.submit(seq(LONG, tag=2))
+    host.turn()
+    host.turn()
+    assert kinds(backend.calls) == "PP"  # no rounds for a paused stream, no debt to wait out
+    assert host.paused == 1 and host.debt == 0.0
+
+
+def test_debt_is_forgiven_when_every_decoder_pauses():
+    host, backend, _ = make(share=0.25)
+    a = start_decoder(host, backend)
+    host.submit(seq(LONG, tag=2))
+    host.turn()
+    assert host.debt > 0
+    a.undrained = host.cfg.out_queue
+    host.turn()
+    assert host.debt == 0.0 and kinds(backend.calls) == "PDP"
+
+
+def test_clock_is_never_read_with_no_prompt_waiting():
+    host, backend, clock = make(share=0.5)
+    a = seq(10, tag=1)
+    b = seq(20, tag=2)
+    host.submit(a)
+    host.submit(b)
+    host.turn()
+    clock.reads = 0
+    run_turns(host, 50, a, b)
+    assert clock.reads == 0
+    assert kinds(backend.calls[-50:]) == "D" * 50
+
+
+def test_whole_mode_runs_a_long_prompt_before_the_next_round():
+    host, backend, _ = make(mode="whole")
+    a = start_decoder(host, backend)
+    host.submit(seq(LONG, tag=2))
+    host.turn()
+    assert kinds(backend.calls) == "P" * 8 + "D"
+
+
+@pytest.mark.parametrize("bad", [0.001, 0.0, -1, 1.5, math.nan, math.inf])
+def test_bad_share_falls_back_to_one_with_a_warning(bad, caplog):
+    with caplog.at_level(logging.WARNING, logger="tfengine.host"):
+        assert checked_share(bad) == 1.0
+    assert len(caplog.records) == 1 and "prefill share" in caplog.text
+
+
+def test_debt_saturates():
+    host, backend, _ = make(share=0.01, row_cost=100.0)  # a 25,600 s step owes 99x that
+    a = start_decoder(host, backend)
+    host.submit(seq(LONG, tag=2))
+    host.turn()
+    assert host.debt == pytest.approx(DEBT_CAP_S - 0.25)
+
+
+def test_cancel_lands_between_cuts_and_the_lane_keeps_complete_cuts():
+    host, backend, _ = make(share=1.0)
+    b = seq(LONG, tag=2)
+    host.submit(b)
+    host.turn()
+    host.turn()
+    lane = b.lane
+    b.cancel()
+    host.turn()
+    assert b.status == Status.CANCELLED and b.events[-1] == ("done", "cancelled")
+    assert host.lane_rows[lane] == b.prompt[: 2 * R] and lane in host.free
+    # The same prompt again resumes at the last complete cut, in the same lane.
+    again = seq(LONG, tag=2)
+    host.submit(again)
+    backend.calls.clear()
+    host.turn()
+    assert again.lane == lane and again.cached == 2 * R
+    assert backend.calls[0] == ("prefill", lane, 2 * R, 3 * R)
+
+
+def test_prompt_cache_reuse_rounds_down_to_the_grid_and_leaves_the_last_cut():
+    host, backend, _ = make(share=1.0)
+    first = seq(700, max_tokens=1, tag=5)
+    host.submit(first)
+    run_turns(host, 2)
+    assert first.status == Status.FINISHED
+    longer = seq(900, max_tokens=1, tag=5)  # shares 700 rows: reuse 512, the grid boundary below
+    host.submit(longer)
+    host.turn()
+    assert longer.cached == 512 and longer.status == Status.FINISHED
+    same = seq(512, max_tokens=1, tag=5)  # fully cached, but its last cut must still run
+    host.submit(same)
+    host.turn()
+    assert same.cached == 256 and same.status == Status.FINISHED
+
+
+def test_no_prompt_cache_reuses_nothing():
+    host, backend, _ = make(cache=False)
+    first = seq(700, max_tokens=1, tag=5)
+    host.submit(first)
+    run_turns(host, 2)
+    again = seq(700, max_tokens=1, tag=5)
+    host.submit(again)
+    host.turn()
+    assert again.cached == 0
+
+
+def test_failed_step_ends_that_stream_and_the_neighbour_keeps_going():
+    host, backend, _ = make(share=1.0)
+    a = start_decoder(host, backend)
+    b = seq(LONG, tag=2)
+    host.submit(b)
+    host.turn()
+    backend.fail_at = (b.lane, R)
+    host.turn()
+    assert b.status == Status.FAILED and b.events[-1][0] == "error"
+    assert b.lane is None and len(host.free) == 3
+    before = len(a.output)
+    run_turns(host, 3, a)
+    assert len(a.output) == before + 3 and a.status == Status.DECODE
+
+
+def test_max_tokens_and_eos_finish_streams():
+    host, backend, _ = make()
+    s = seq(10, max_tokens=3, tag=3)
+    host.submit(s)
+    run_turns(host, 5, s)
+    assert s.status == Status.FINISHED and len(s.output) == 3 and s.events[-1] == ("done", "length")
+    assert host.free == [1, 2, 3, 0]
+
+
+def test_blocks_instead_of_spinning_when_idle():
+    host, backend, _ = make()
+    assert host.turn() is False
