@@ -1,0 +1,129 @@
+"""Variants from git refs: worktrees made once per commit, and the ref's own engine is run."""
+import subprocess
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tensorfold_bench import worktree
+from tensorfold_bench.errors import BenchError
+
+# A stand-in engine: `python -m engine serve --host H --port P ...` answering /health and
+# telling which version of the source it is.
+FAKE_ENGINE = textwrap.dedent('''\
+    import json, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from engine.version import VERSION
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1])
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"status": "ok", "version": VERSION}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body)))
+            self.end_headers(); self.wfile.write(body)
+        def log_message(self, *a): pass
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+def sh(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = tmp_path / "repo"
+    (r / "engine").mkdir(parents=True)
+    sh(tmp_path, "init", "-q", "-b", "main", str(r))
+    sh(r, "config", "user.email", "t@example.com")
+    sh(r, "config", "user.name", "t")
+    (r / ".gitignore").write_text("/.worktrees/\n__pycache__/\n")
+    (r / "engine" / "__init__.py").write_text("")
+    (r / "engine" / "__main__.py").write_text(FAKE_ENGINE)
+    (r / "engine" / "version.py").write_text("VERSION = 1\n")
+    sh(r, "add", "-A")
+    sh(r, "commit", "-q", "-m", "one")
+    sh(r, "tag", "v1")
+    (r / "engine" / "version.py").write_text("VERSION = 2\n")
+    sh(r, "commit", "-q", "-am", "two")
+    return r
+
+
+def test_checkout_a_ref_and_reuse_it(repo):
+    src = worktree.checkout("v1", repo)
+    commit = sh(repo, "rev-parse", "v1")
+    assert src.commit == commit and src.ref == "v1"
+    assert Path(src.path) == repo / ".worktrees" / commit[:12]
+    assert (Path(src.path) / "engine" / "version.py").read_text() == "VERSION = 1\n"
+    mtime = Path(src.path).stat().st_mtime_ns
+    again = worktree.checkout(commit, repo)  # same commit by another name: the same worktree
+    assert again.path == src.path and Path(src.path).stat().st_mtime_ns == mtime
+    assert worktree.checkout("HEAD~1", repo).path == src.path
+    assert "v1 @ " + commit[:12] == src.label
+    # the worktree does not dirty the main checkout (.worktrees/ is ignored)
+    assert worktree.working_tree(repo).dirty is False
+
+
+def test_working_tree_commit_and_dirty(repo):
+    wt = worktree.working_tree(repo)
+    assert wt.commit == sh(repo, "rev-parse", "HEAD") and wt.ref is None and not wt.dirty
+    (repo / "engine" / "version.py").write_text("VERSION = 3\n")
+    assert worktree.working_tree(repo).dirty
+    assert "uncommitted" in worktree.working_tree(repo).label
+
+
+def test_a_broken_worktree_is_made_again(repo):
+    src = worktree.checkout("v1", repo)
+    (Path(src.path) / "engine" / "version.py").write_text("VERSION = 99\n")  # tampered
+    again = worktree.checkout("v1", repo)
+    assert (Path(again.path) / "engine" / "version.py").read_text() == "VERSION = 1\n"
+
+
+def test_unknown_ref_is_a_clear_error(repo):
+    with pytest.raises(worktree.GitError, match="'nope' is not a commit"):
+        worktree.checkout("nope", repo)
+
+
+def test_run_the_refs_engine(repo, tmp_path):
+    """A variant built from a ref launches that commit's engine, not the working tree's."""
+    from tensorfold_bench import launcher
+
+    for ref, version in (("v1", 1), ("main", 2), (None, 2)):
+        src = worktree.source(ref, repo)
+        with launcher.launch([], tmp_path / f"{ref}.log", root=Path(src.path),
+                             health_timeout=30) as server:
+            assert httpx.get(server.url + "/health").json()["version"] == version
+
+
+def test_variants_file(tmp_path):
+    f = tmp_path / "v.yaml"
+    f.write_text(textwrap.dedent("""\
+        - name: main
+          ref: main
+          flags: [--prefill-mode, whole]
+        - name: new
+          flags: --prefill-mode stepped --prefill-share 0.5
+          env: {TFENGINE_DECODE_SLEEP_MS: 5}
+    """))
+    main, new = worktree.read_variants(f)
+    assert (main.name, main.ref, main.args, main.env) == ("main", "main", ["--prefill-mode", "whole"], {})
+    assert new.args == ["--prefill-mode", "stepped", "--prefill-share", "0.5"]
+    assert new.env == {"TFENGINE_DECODE_SLEEP_MS": "5"} and new.ref is None
+    by_name = worktree.parse_variants("old: {ref: HEAD~1}\nnew: {}\n")
+    assert [(v.name, v.ref) for v in by_name] == [("old", "HEAD~1"), ("new", None)]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("- name: a\n  colour: red\n", "a: unknown key(s) colour"),
+    ("- name: a\n- name: a\n", "a: defined twice"),
+    ("- {flags: x}\n", "entry 1: expected a mapping with a name"),
+    ("- name: a\n  env: [1]\n", "a: env must be a mapping"),
+    ("- name: a\n  flags: {x: 1}\n", "a: flags must be"),
+    ("3\n", "expected a list of variants"),
+])
+def test_variants_file_errors(text, needle):
+    with pytest.raises(BenchError) as e:
+        worktree.parse_variants(text, "v.yaml")
+    assert "v.yaml" in str(e.value) and needle in str(e.value)
