@@ -1,0 +1,234 @@
+"""A Qwen3 decoder, readable top to bottom (gpt-fast style).
+
+embedding -> per layer: RMSNorm -> attention (q/k/v/o without bias, per-head RMSNorm on q and k,
+RoPE, grouped-query) -> residual -> RMSNorm -> SwiGLU MLP -> residual -> final norm -> lm_head.
+
+Parameter names are Hugging Face's Qwen3 names, so an HF safetensors directory loads with strict
+name matching. Arithmetic follows HF's (RMSNorm in float32, RoPE tables in float32 cast to the
+model dtype, rotate-half), so float32 logits agree with `transformers` within rounding.
+
+Two forwards, both writing the lane's KV rows in place (engine.kv_cache.KVCache):
+- `prefill(tokens, lane, start, kv)`: one cut, rows [start, end) of one lane, causal over [0, end).
+- `decode(tokens, positions, lanes, kv, attend)`: one row per lane at a fixed padded shape; the
+  attention of each row reads only its own lane's rows [0, pos] (`attend` does that).
+
+After loading, `fuse()` concatenates q/k/v and gate/up into one matrix each and re-points the HF
+parameters as views into it: one matmul instead of three, no extra memory, names unchanged.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_tables(cfg: ModelConfig, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, float32, [length, head_dim], as HF builds them (cat of the two halves)."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    freqs = torch.arange(length, device=device).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [rows, heads, head_dim]; cos/sin: [rows, head_dim] already in x's dtype."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv * d, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.wqkv: torch.Tensor | None = None  # set by fuse()
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x: [rows, hidden] -> q [rows, H, d], k and v [rows, KVH, d], q and k normed and rotated."""
+        rows, d = x.shape[0], self.head_dim
+        if self.wqkv is not None:
+            q, k, v = F.linear(x, self.wqkv).split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q.reshape(rows, self.n_heads, d))
+        k = self.k_norm(k.reshape(rows, self.n_kv, d))
+        v = v.reshape(rows, self.n_kv, d)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+        self.w_gate_up: torch.Tensor | None = None  # set by fuse()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w_gate_up is not None:
+            gate, up = F.linear(x, self.w_gate_up).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+# attend(layer_index, q [rows, H, d]) -> [rows, H*d]; the K/V rows are already in the cache.
+Attend = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+class Qwen3ForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen3Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.cos: torch.Tensor | None = None  # [max_len, head_dim], model dtype (setup_rope)
+        self.sin: torch.Tensor | None = None
+
+    # ---- set-up after the weights are in place -------------------------------------------
+    def setup_rope(self, length: int) -> None:
+        dev, dtype = self.model.embed_tokens.weight.device, self.model.embed_tokens.weight.dtype
+        cos, sin = rope_tables(self.config, length, dev)
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+
+    def tie(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """One q/k/v matrix and one gate/up matrix per layer; the HF parameters become views."""
+        for layer in self.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            a.wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
+            a.q_proj.weight.data = a.wqkv[:nq]
+            a.k_proj.weight.data = a.wqkv[nq:nq + nk]
+            a.v_proj.weight.data = a.wqkv[nq + nk:]
+            m.w_gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+            ni = m.gate_proj.weight.shape[0]
+            m.gate_proj.weight.data = m.w_gate_up[:ni]
+            m.up_proj.weight.data = m.w_gate_up[ni:]
+
+    # ---- the trunk -----------------------------------------------------------------------
+    def trunk(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend) -> torch.Tensor:
+        """tokens, positions: [rows]. write_kv(layer, k, v) stores the rows' K/V; attend reads."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = self.model.embed_tokens(tokens)
+        for i, layer in enumerate(self.model.layers):
+            a = layer.self_attn
+            q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
+            write_kv(i, k, v)
+            x = x + a.o_proj(attend(i, q))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.model.norm(x)
+
+    def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False) -> torch.Tensor:
+        """One cut: tokens [T] at positions [start, start+T) of `lane`. Returns the logits of the
+        last row ([vocab], the lm_head runs for that row only), or of every row if all_logits."""
+        end = start + tokens.shape[0]
+        positions = torch.arange(start, end, device=tokens.device)
+
+        def write_kv(i, k, v):
+            kv.k[i, lane, start:end] = k
+            kv.v[i, lane, start:end] = v
+
+        def attend(i, q):
+            return prefill_attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
+
+        x = self.trunk(tokens, positions, write_kv, attend)
+        return self.lm_head(x if all_logits else x[-1])
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn) -> torch.Tensor:
+        """One row per entry of the fixed padded batch: tokens, positions, lanes [P]. Writes each
+        row's K/V at (lane, position); attend_fn(kv, layer, q, lanes, positions) reads [0, pos]."""
+
+        def write_kv(i, k, v):
+            kv.k[i, lanes, positions] = k
+            kv.v[i, lanes, positions] = v
+
+        def attend(i, q):
+            return attend_fn(kv, i, q, lanes, positions)
+
+        return self.lm_head(self.trunk(tokens, positions, write_kv, attend))
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """q [T, H, d] at positions [start, start+T); k, v [end, KVH, d] of one lane. Causal,
+    aligned at the bottom right (query row t sees keys [0, start + t]). Returns [T, H*d]."""
+    t, h, d = q.shape
+    qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    if start == 0:
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+    elif q.is_cuda:
+        from torch.nn.attention.bias import causal_lower_right
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(t, k.shape[0]),
+                                           enable_gqa=True)
+    else:
+        mask = torch.arange(k.shape[0], device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+    return o[0].transpose(0, 1).reshape(t, h * d)
+
+
+def decode_attention_loop(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
+                          spare: int | None = None, rows: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    """Reference decode attention: one SDPA per row over exactly its lane's rows [0, pos].
+    `rows` gives (lane, pos) as Python ints (avoids a device sync); rows of the spare lane are
+    padding and get zeros. Each row's arithmetic depends on its own length only."""
+    p, h, d = q.shape
+    out = torch.zeros(p, h * d, dtype=q.dtype, device=q.device)
+    if rows is None:
+        rows = list(zip(lanes.tolist(), positions.tolist()))
+    for r, (lane, pos) in enumerate(rows):
+        if lane == spare:
+            continue
+        k = kv.k[i, lane, :pos + 1].transpose(0, 1)[None]
+        v = kv.v[i, lane, :pos + 1].transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(q[r][None, :, None, :], k, v, enable_gqa=True)
+        out[r] = o.reshape(h * d)
+    return out

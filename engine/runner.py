@@ -1,0 +1,249 @@
+"""ModelRunner: the real engine.backend.Backend. Only this module turns lanes and ids into tensors.
+
+- `prefill_step(lane, tokens, start, end)`: one cut of one lane, causal over the lane's rows
+  [0, end); on the prompt's last cut returns the greedy token (lm_head for the last row only).
+- `decode(lanes, tokens, positions)`: one batched forward at the FIXED padded shape `parallel`:
+  row r always carries lane r; rows of lanes not decoding point at a spare KV lane whose writes
+  go nowhere harmful. Linear layers thus always see the same shape, and each row's attention
+  reads its own lane's rows [0, pos] in an order that depends on that length only, so a row's
+  bits never depend on how many neighbours decode or how long they are.
+- CUDA: the decode round is captured as one CUDA graph (inputs copied into static buffers, the
+  only host sync is reading the new ids); decode attention is a Triton split-K kernel with a
+  fixed split size (engine/kernels.py); prompt cuts go through SDPA's flash kernel. On CPU, or
+  when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
+
+Environment, for tests of the lane host:
+- TFENGINE_FAIL_STEP=k: the k-th call of prefill_step in this process (1-based, counted over
+  all runners) raises RuntimeError("injected failure at prefill step k").
+- TFENGINE_DECODE_SLEEP_MS=x: every decode round sleeps x milliseconds first (simulates a
+  slower build for the CI gate).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import subprocess
+import time
+from typing import Sequence
+
+import torch
+
+from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.kv_cache import KVCache
+from engine.model import decode_attention_loop
+from engine.presets import resolve_model
+from engine.tokenizer import load_tokenizer
+from engine.weights import DTYPES, load_model
+
+log = logging.getLogger("engine.runner")
+
+_prefill_calls = itertools.count(1)
+
+
+def reset_fault_counter() -> None:
+    """Restart the TFENGINE_FAIL_STEP count (tests)."""
+    global _prefill_calls
+    _prefill_calls = itertools.count(1)
+
+
+def _maybe_fail() -> None:
+    n = next(_prefill_calls)
+    raw = os.environ.get("TFENGINE_FAIL_STEP")
+    if raw and raw.strip().lstrip("-").isdigit() and int(raw) == n:
+        raise RuntimeError(f"injected failure at prefill step {n}")
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        mcfg, name, model_dir = resolve_model(cfg.model)
+        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"--device {cfg.device} asked for, but torch {torch.__version__} sees no CUDA device")
+        if not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
+            raise ConfigError(f"--device must be cpu or cuda, not {cfg.device!r}")
+        self.device = torch.device(cfg.device)
+        self.dtype = DTYPES[cfg.dtype]
+        self.model_config: ModelConfig = mcfg
+        self.model_name: str = name
+        self.model_dir = model_dir
+        self.parallel: int = cfg.parallel
+        self.max_model_len: int = cfg.max_model_len
+        self.prefill_rows: int = cfg.prefill_rows
+        self.vocab_size: int = mcfg.vocab_size
+        self.eos_token_id: int = mcfg.eos_token_id
+        self.tokenizer = load_tokenizer(model_dir, mcfg.vocab_size, mcfg.eos_token_id)
+
+        self.model = load_model(mcfg, cfg.load_format, model_dir, self.device, self.dtype, cfg.seed)
+        self.model.fuse()
+        self.model.setup_rope(cfg.max_model_len)
+        self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
+        self.spare = self.kv.spare
+
+        self.graph = None
+        self.graph_fallback_reason: str | None = None
+        self._attend_cuda = None
+        if self.device.type == "cuda":
+            from engine.kernels import decode_attention
+            self._attend_cuda = decode_attention
+            if cfg.extra.get("cuda_graph", True):
+                self.capture_graph()
+        elif cfg.extra.get("cuda_graph", False):
+            self.capture_graph()  # falls back: records why
+
+    # ---- prompt cuts -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
+        _maybe_fail()
+        n = len(tokens)
+        if not (0 <= lane < self.parallel):
+            raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
+        if not (0 <= start < end <= n):
+            raise ValueError(f"bad cut [{start}, {end}) of a {n}-token prompt")
+        if end > self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
+        ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
+        logits = self.model.prefill(ids, lane, start, self.kv)
+        if end == n:
+            return int(logits.argmax(-1).item())
+        return None
+
+    def prefill(self, lane: int, tokens: Sequence[int], start: int = 0) -> int:
+        """The whole prompt from `start`, cut by cut on the grid: the same forwards as stepping."""
+        from engine.backend import cuts
+        out = None
+        for s, e in cuts(start, len(tokens), self.prefill_rows):
+            out = self.prefill_step(lane, tokens, s, e)
+        return out
+
+    # ---- decode rounds -----------------------------------------------------------------------
+    def _padded(self, lanes, tokens, positions) -> list[list[int]]:
+        """[tokens, positions, lanes] rows of the fixed shape: row r carries lane r."""
+        p = self.parallel
+        tok, pos, ln = [0] * p, [0] * p, [self.spare] * p
+        for lane, t, q in zip(lanes, tokens, positions):
+            if not (0 <= lane < p):
+                raise ValueError(f"lane {lane} outside 0..{p - 1}")
+            if ln[lane] != self.spare:
+                raise ValueError(f"lane {lane} twice in one decode round")
+            if not (0 <= q < self.max_model_len):
+                raise ValueError(f"position {q} outside the lane (max_model_len {self.max_model_len})")
+            if not (0 <= t < self.vocab_size):
+                raise ValueError(f"token id {t} outside the vocabulary")
+            tok[lane], pos[lane], ln[lane] = t, q, lane
+        return [tok, pos, ln]
+
+    def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
+        tokens, positions, lanes = inp[0], inp[1], inp[2]
+        if self._attend_cuda is not None:
+            attend = self._attend_cuda
+        else:
+            def attend(kv, i, q, lanes_t, positions_t):
+                return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
+        return self.model.decode(tokens, positions, lanes, self.kv, attend).argmax(-1)
+
+    @torch.inference_mode()
+    def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
+        if not (len(lanes) == len(tokens) == len(positions)):
+            raise ValueError("lanes, tokens and positions differ in length")
+        sleep_ms = os.environ.get("TFENGINE_DECODE_SLEEP_MS")
+        if sleep_ms:
+            time.sleep(float(sleep_ms) / 1000.0)
+        if not lanes:
+            return []
+        rows = self._padded(lanes, tokens, positions)
+        if self.graph is not None:
+            self._h_in.copy_(torch.tensor(rows, dtype=torch.long))
+            self._s_in.copy_(self._h_in, non_blocking=True)
+            self.graph.replay()
+            out = self._s_out.tolist()
+        else:
+            inp = torch.tensor(rows, dtype=torch.long, device=self.device)
+            out = self._decode_body(inp, rows=list(zip(rows[2], rows[1]))).tolist()
+        return [out[lane] for lane in lanes]
+
+    def capture_graph(self) -> bool:
+        """Capture the decode round at the fixed padded shape; on CPU (or failure) fall back to
+        eager rounds and say why. Returns whether a graph is in use."""
+        if self.device.type != "cuda":
+            self.graph_fallback_reason = f"no CUDA graphs on device {self.device.type}: eager decode rounds"
+            log.info(self.graph_fallback_reason)
+            return False
+        try:
+            p = self.parallel
+            self._h_in = torch.zeros(3, p, dtype=torch.long).pin_memory()
+            self._s_in = torch.zeros(3, p, dtype=torch.long, device=self.device)
+            self._s_in[2] = self.spare  # warm-up and capture write only the spare lane
+            with torch.inference_mode():
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    for _ in range(3):
+                        self._decode_body(self._s_in)
+                torch.cuda.current_stream().wait_stream(s)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self._s_out = self._decode_body(self._s_in)
+            torch.cuda.synchronize()
+            self.graph = g
+            return True
+        except Exception as e:  # pragma: no cover - depends on the device
+            self.graph = None
+            self.graph_fallback_reason = f"CUDA graph capture failed ({e!r}): eager decode rounds"
+            log.warning(self.graph_fallback_reason)
+            return False
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False) -> list[int]:
+        """Greedy tokens for one prompt alone in `lane` (tests, checks, bench)."""
+        out = [self.prefill(lane, tokens)]
+        pos = len(tokens)
+        while len(out) < max_tokens and pos < self.max_model_len:
+            if stop_at_eos and out[-1] == self.eos_token_id:
+                break
+            out.append(self.decode([lane], [out[-1]], [pos])[0])
+            pos += 1
+        return out
+
+    def describe(self) -> dict:
+        m = self.model_config
+        dev = {"device": self.device.type, "device_name": "cpu", "compute_capability": None,
+               "cuda_version": torch.version.cuda, "driver": None}
+        if self.device.type == "cuda":
+            idx = self.device.index or 0
+            dev["device_name"] = torch.cuda.get_device_name(idx)
+            dev["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(idx)))
+        else:
+            try:
+                import platform
+                dev["device_name"] = platform.processor() or platform.machine()
+            except Exception:
+                pass
+        if shutil.which("nvidia-smi"):
+            try:
+                r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=10)
+                dev["driver"] = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+            except Exception:
+                pass
+        return {
+            **dev,
+            "torch": torch.__version__,
+            "dtype": self.cfg.dtype,
+            "model": self.model_name,
+            "load_format": self.cfg.load_format,
+            "shape": {"hidden": m.hidden_size, "layers": m.num_hidden_layers, "heads": m.num_attention_heads,
+                      "kv_heads": m.num_key_value_heads, "head_dim": m.head_dim,
+                      "intermediate": m.intermediate_size, "vocab": m.vocab_size},
+            "parameters": m.num_parameters(),
+            "parallel": self.parallel,
+            "max_model_len": self.max_model_len,
+            "prefill_rows": self.prefill_rows,
+            "cuda_graph": self.graph is not None,
+            "threads": torch.get_num_threads(),
+        }
+
+
+def build_runner(cfg: EngineConfig) -> ModelRunner:
+    return ModelRunner(cfg)

@@ -1,0 +1,138 @@
+"""Weights: seeded dummy weights made on the target device, or a local HF safetensors directory.
+
+- `dummy`: every tensor is drawn on the target device from a torch.Generator of that device,
+  seeded from (seed, tensor name), so weights are deterministic for (preset, seed, dtype, device
+  type) and independent of the order tensors are made in. Linear weights and embeddings are
+  normal with std 0.02 (HF's initializer_range), norms are 1.
+- `safetensors`: config.json + *.safetensors (sharded with model.safetensors.index.json or not),
+  names and shapes checked strictly against the model; a clear ConfigError otherwise.
+The model is built on the meta device and the tensors are assigned (load_state_dict(assign=True)).
+`save_pretrained` writes config.json + model.safetensors (optionally sharded) for tests and users.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from engine.config import ConfigError, ModelConfig
+from engine.model import Qwen3ForCausalLM
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STD = 0.02
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def _wanted(model: Qwen3ForCausalLM) -> dict[str, torch.Size]:
+    """Names and shapes the checkpoint must hold (lm_head.weight is optional when tied)."""
+    out = {k: v.shape for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
+
+
+def dummy_state(cfg: ModelConfig, seed: int, dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
+    with torch.device("meta"):
+        shapes = _wanted(Qwen3ForCausalLM(cfg))
+    device = torch.device(device)
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            out[name] = torch.ones(shape, dtype=dtype, device=device)
+            continue
+        g = torch.Generator(device=device)
+        g.manual_seed(_tensor_seed(seed, name))
+        t = torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, STD, generator=g)
+        out[name] = t.to(dtype)
+    return out
+
+
+def read_safetensors(model_dir: Path, device) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"--model {model_dir}: no *.safetensors files (try --load-format dummy)")
+    sd = {}
+    for f in files:
+        if not f.is_file():
+            raise ConfigError(f"--model {model_dir}: missing shard {f.name}")
+        sd.update(load_file(str(f), device=str(device)))
+    return sd
+
+
+def check_state(model: Qwen3ForCausalLM, sd: dict, where: str) -> None:
+    wanted = _wanted(model)
+    missing = [k for k in wanted if k not in sd]
+    extra = [k for k in sd if k not in wanted and k != "lm_head.weight"]
+    if missing:
+        raise ConfigError(f"{where}: {len(missing)} tensors missing, e.g. {', '.join(missing[:3])}")
+    if extra:
+        raise ConfigError(f"{where}: {len(extra)} unexpected tensors, e.g. {', '.join(extra[:3])}")
+    for k, shape in wanted.items():
+        if tuple(sd[k].shape) != tuple(shape):
+            raise ConfigError(f"{where}: tensor {k} has shape {tuple(sd[k].shape)}, the config says {tuple(shape)}")
+
+
+def load_model(cfg: ModelConfig, load_format: str, model_dir: Path | None, device, dtype: str | torch.dtype,
+               seed: int = 0) -> Qwen3ForCausalLM:
+    """Build on meta, fill with dummy or safetensors weights on `device` in `dtype`, tie."""
+    dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(cfg)
+    if load_format == "dummy":
+        sd = dummy_state(cfg, seed, dt, device)
+    elif load_format == "safetensors":
+        if model_dir is None:
+            raise ConfigError("--load-format safetensors needs --model DIR (a directory with config.json "
+                              "and *.safetensors), not a preset name")
+        sd = read_safetensors(model_dir, device)
+        check_state(model, sd, f"--model {model_dir}")
+        sd = {k: v.to(dt) for k, v in sd.items()}
+    else:
+        raise ConfigError(f"--load-format must be dummy or safetensors, not {load_format!r}")
+    if cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    model.load_state_dict(sd, strict=True, assign=True)
+    model.tie()
+    return model.eval().requires_grad_(False)
+
+
+def save_pretrained(model: Qwen3ForCausalLM, cfg: ModelConfig, out_dir, max_shard_bytes: int | None = None) -> Path:
+    """config.json + model.safetensors (or shards with an index when max_shard_bytes is given)."""
+    from safetensors.torch import save_file
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    d = cfg.to_hf_dict()
+    d["torch_dtype"] = str(next(iter(sd.values())).dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(d, indent=2))
+    if max_shard_bytes is None:
+        save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return out
+    shards, cur, size = [], {}, 0
+    for k, v in sd.items():
+        n = v.numel() * v.element_size()
+        if cur and size + n > max_shard_bytes:
+            shards.append(cur)
+            cur, size = {}, 0
+        cur[k], size = v, size + n
+    shards.append(cur)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in shard})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+    return out
