@@ -61,6 +61,9 @@ class Source:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def __fspath__(self) -> str:  # Path(source) is its directory
+        return self.path
+
 
 def git(repo: str | Path, *args: str, check: bool = True) -> str:
     try:

@@ -1,0 +1,4 @@
+"""tfbench: launches fresh engine servers, plays scripted request scenarios, timestamps every
+token, hashes every reply and writes receipts (Markdown + JSON + a timeline picture)."""
+
+__version__ = "0.1.0"

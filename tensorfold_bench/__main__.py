@@ -1,0 +1,3 @@
+from tensorfold_bench.cli import main
+
+main()

@@ -1,0 +1,342 @@
+"""Run the long-prompt scenario over variants, in order, a fresh server per run; return the
+receipt data (a plain dict, everything JSON-able: receipt.py renders it).
+
+The pieces, each usable alone: `EngineSetup` (engine flags shared by every variant),
+`LongPromptSettings` (what to run), `run_long_prompt(settings, reporter)` (does it).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import math
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Iterator, Protocol
+
+import httpx
+
+from tensorfold_bench import __version__
+from tensorfold_bench.client import Request, StreamRecord
+from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.exactness import compare_reply, known_ids, server_sha_matches, short, token_hash
+from tensorfold_bench.launcher import REPO_ROOT, existing, launch
+from tensorfold_bench.metrics import long_prompt_figures
+from tensorfold_bench.scenario import LongPromptScript, Prompts, make_prompts, play_alone, play_long_prompt, play_sequence, requests
+from tensorfold_bench.variants import Variant, plain
+
+SCHEMA = "tfbench.receipt/1"
+
+
+@dataclass
+class EngineSetup:
+    """Engine flags every variant shares (a variant's own args come after and win)."""
+
+    model: str = "cpu"
+    device: str = "cpu"
+    dtype: str | None = None
+    parallel: int = 4
+    prefill_rows: int = 256
+    max_model_len: int | None = None
+    seed: int = 0
+    trace: bool = True
+    extra_args: list[str] = field(default_factory=list)
+
+    def flags(self) -> list[str]:
+        f = ["--model", self.model, "--device", self.device, "--parallel", str(self.parallel),
+             "--prefill-rows", str(self.prefill_rows), "--seed", str(self.seed)]
+        if self.dtype:
+            f += ["--dtype", self.dtype]
+        if self.max_model_len:
+            f += ["--max-model-len", str(self.max_model_len)]
+        if self.trace:
+            f += ["--trace"]
+        return f + list(self.extra_args)
+
+
+@dataclass
+class LongPromptSettings:
+    engine: EngineSetup
+    script: LongPromptScript
+    variants: list[Variant]  # the base first
+    order: list[str]
+    out_dir: Path
+    url: str | None = None  # a running server: nothing is launched
+    plain_check: bool = False
+    alone: bool = True  # measure B alone once per variant
+    stamp: str = ""
+
+    def __post_init__(self):
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise FlagError("--share", f"variant names repeat: {names}")
+        for n in self.order:
+            if n not in names:
+                raise FlagError("--order", f"unknown variant {n!r}")
+        if not self.stamp:
+            self.stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out_dir / f"{self.stamp}-long-prompt"
+
+
+class Reporter(Protocol):
+    def start(self, total: int) -> None: ...
+    def step(self, text: str) -> None: ...
+    def advance(self) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+class QuietReporter:
+    def start(self, total): pass
+    def step(self, text): pass
+    def advance(self): pass
+    def note(self, text): pass
+
+
+def git_commit(root: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def host_info() -> dict:
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
+            "tfbench": __version__, "harness_commit": git_commit(REPO_ROOT)}
+
+
+def source_root(variant: Variant) -> Path:
+    """Where a variant's engine source lives: this repository, or a worktree of its ref."""
+    if variant.ref is None:
+        return REPO_ROOT
+    try:
+        from tensorfold_bench import worktree  # issue 5
+    except ImportError:
+        raise BenchError(f"variant {variant.name!r} names git ref {variant.ref!r}: git-ref variants are not built yet") from None
+    return Path(worktree.checkout(variant.ref))
+
+
+@contextlib.contextmanager
+def server_for(settings: LongPromptSettings, variant: Variant, log: Path) -> Iterator[str]:
+    if settings.url:
+        with existing(settings.url) as url:
+            yield url
+        return
+    with launch(settings.engine.flags() + variant.args, log, env=variant.env, root=source_root(variant)) as srv:
+        yield srv.url
+
+
+def server_info(url: str) -> dict:
+    """GET /v1/engine and /v1/models (either may be missing on foreign servers)."""
+    out: dict = {}
+    with httpx.Client(timeout=10) as c:
+        for path, key in (("/v1/engine", "engine"), ("/v1/models", "models")):
+            try:
+                r = c.get(url + path)
+                out[key] = r.json() if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                out[key] = None
+    return out
+
+
+def fetch_trace(url: str) -> list[dict] | None:
+    try:
+        r = httpx.get(url + "/v1/trace", timeout=30)
+        return r.json().get("steps") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def model_facts(info: dict) -> tuple[str, int | None, int | None]:
+    """(model id, vocab size, max_model_len) from /v1/engine and /v1/models."""
+    model, vocab, mml = "default", None, None
+    models = (info.get("models") or {}).get("data") or []
+    if models:
+        model = models[0].get("id", model)
+        mml = models[0].get("max_model_len")
+    eng = info.get("engine") or {}
+    shape = (eng.get("engine") or {}).get("shape") or {}
+    vocab = shape.get("vocab_size") or (eng.get("config") or {}).get("vocab_size")
+    mml = mml or (eng.get("config") or {}).get("max_model_len")
+    return model, vocab, mml
+
+
+def foreign_extra(url: str | None) -> dict:
+    """Extra request fields for servers other than tfengine (usage in the stream, token ids)."""
+    return {"stream_options": {"include_usage": True}, "logprobs": 1} if url else {}
+
+
+def records_dict(recs: dict[str, StreamRecord]) -> dict[str, dict]:
+    return {k: v.to_dict() for k, v in recs.items()}
+
+
+def reply_hashes(recs: dict[str, StreamRecord]) -> dict[str, dict]:
+    out = {}
+    for k, r in recs.items():
+        ids = known_ids(r.token_ids)
+        out[k] = {"tokens": len(r.token_ids), "sha256": token_hash(ids) if ids is not None else None,
+                  "server_sha": r.server_sha, "server_sha_matches": server_sha_matches(r.token_ids, r.server_sha)}
+    return out
+
+
+def check_script(script: LongPromptScript, vocab: int | None, mml: int | None) -> None:
+    if vocab is not None and vocab < 2:
+        raise BenchError(f"server reports a vocabulary of {vocab}")
+    if mml is not None and script.b_tokens + script.b_max_tokens > mml:
+        raise FlagError("--b-tokens", f"{script.b_tokens} + {script.b_max_tokens} reply tokens exceed the server's "
+                                      f"max_model_len {mml}")
+
+
+def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
+    """A's reply as long as the server's context allows (it is cancelled anyway)."""
+    if mml is None or script.a_prompt_tokens + script.a_max_tokens <= mml:
+        return script
+    return replace(script, a_max_tokens=max(1, mml - script.a_prompt_tokens - 1))
+
+
+def run_long_prompt(settings: LongPromptSettings, reporter: Reporter | None = None) -> dict:
+    rep = reporter or QuietReporter()
+    s = settings.script
+    by_name = {v.name: v for v in settings.variants}
+    total = len(settings.order) + (1 if settings.plain_check and not settings.url else 0)
+    rep.start(total)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    data: dict = {"schema": SCHEMA, "scenario": "long-prompt", "created": dt.datetime.now().isoformat(timespec="seconds"),
+                  "host": host_info(), "settings": {"engine": asdict(settings.engine), "engine_flags": settings.engine.flags(),
+                                                    "script": s.to_dict(), "order": settings.order, "url": settings.url,
+                                                    "plain_check": settings.plain_check, "run_dir": str(settings.run_dir)},
+                  "variants": [v.to_dict() for v in settings.variants], "runs": [], "alone": {}, "plain": None,
+                  "environment": None, "not_run": []}
+    vocab_seen = None
+    for i, name in enumerate(settings.order, 1):
+        v = by_name[name]
+        rep.step(f"run {i}/{len(settings.order)}: {name}")
+        log = settings.run_dir / f"run{i}-{slug(name)}.log"
+        with server_for(settings, v, log) as url:
+            info = server_info(url)
+            model, vocab, mml = model_facts(info)
+            if vocab is None:
+                raise BenchError("the server reports no vocabulary size (GET /v1/engine); pass a tfengine server")
+            vocab_seen = vocab
+            check_script(s, vocab, mml)
+            s = fit_script(s, mml)
+            data["settings"]["script"] = s.to_dict()
+            if data["environment"] is None:
+                data["environment"] = info
+            key = f"-run{i}" if settings.url else ""
+            prompts = make_prompts(s, vocab, key)
+            recs = asyncio.run(play_long_prompt(url, s, prompts, model, foreign_extra(settings.url)))
+            trace = fetch_trace(url) if (settings.engine.trace or settings.url) else None
+            if settings.alone and name not in data["alone"]:
+                rep.note(f"{name}: B alone")
+                alone_prompt = make_prompts(s, vocab, f"-alone{i}").b
+                req = Request("B", alone_prompt, max_tokens=s.b_max_tokens, extra=foreign_extra(settings.url))
+                arec = asyncio.run(play_alone(url, req, model))
+                data["alone"][name] = {"record": arec.to_dict(), "run": i,
+                                       "b_first_token": (arec.token_times[0] - arec.sent) if arec.token_times else None,
+                                       "error": arec.error}
+        figs = long_prompt_figures(recs["A"], recs["B"], recs["C"])
+        data["runs"].append({"index": i, "variant": name, "figures": figs.to_dict(), "records": records_dict(recs),
+                             "hashes": reply_hashes(recs), "trace": trace, "log": str(log) if not settings.url else None,
+                             "engine": info.get("engine")})
+        rep.note(f"{name}: B first token {fmt_s(figs.b_first_token)}, C {fmt_s(figs.c_first_token)}, "
+                 f"A pause {fmt_s(figs.a_longest_pause)}" + ("" if figs.valid else f"  INVALID: {'; '.join(figs.invalid_reasons)}"))
+        rep.advance()
+    if settings.plain_check and not settings.url:
+        rep.step("plain reference")
+        data["plain"] = run_plain(settings, data, vocab_seen)
+        rep.advance()
+    data["exactness"] = exactness(data)
+    data["not_run"] = not_run(settings, data)
+    return data
+
+
+def run_plain(settings: LongPromptSettings, data: dict, vocab: int) -> dict:
+    """Each request alone, whole prompt, no cache, no drafts, one stream, on the base's source."""
+    s = settings.script
+    base = settings.variants[0]
+    pv = plain(base)
+    a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"]] + [1])
+    prompts = make_prompts(s, vocab, "")
+    ra, rb, rc = requests(s, prompts)
+    ra.max_tokens = a_len
+    log = settings.run_dir / "plain.log"
+    with launch(settings.engine.flags() + pv.args, log, env=pv.env, root=source_root(pv)) as srv:
+        info = server_info(srv.url)
+        model, _, _ = model_facts(info)
+        recs = asyncio.run(play_sequence(srv.url, [ra, rb, rc], model))
+    return {"variant": pv.to_dict(), "records": records_dict(recs), "hashes": reply_hashes(recs), "log": str(log),
+            "engine": info.get("engine")}
+
+
+def compare_run(run: dict, ref: dict) -> list[dict]:
+    out = []
+    for k in ("A", "B", "C"):
+        r, f = run["records"][k], ref["records"][k]
+        c = compare_reply(k, r["token_ids"], f["token_ids"], prefix=(k == "A"), server_sha=r["server_sha"],
+                          ref_sha=f["server_sha"])
+        out.append({"stream": k, "equal": c.equal, "detail": c.detail})
+    return out
+
+
+def exactness(data: dict) -> dict:
+    """Each run's replies against the first run (always) and the plain reference (if run); the
+    servers' token_sha against our own hashes; A's hash over the common prefix."""
+    runs = [r for r in data["runs"] if not any(rec["error"] for rec in r["records"].values())]
+    out: dict = {"vs_first": {}, "vs_plain": {}, "server_sha": {"match": 0, "mismatch": 0, "absent": 0},
+                 "a_prefix": None, "hashes": {}}
+    if not runs:
+        return out
+    first = runs[0]
+    same_prompts = not data["settings"].get("url")
+    for r in data["runs"]:
+        if same_prompts:
+            out["vs_first"][str(r["index"])] = compare_run(r, first)
+        if data.get("plain"):
+            out["vs_plain"][str(r["index"])] = compare_run(r, data["plain"])
+        for h in r["hashes"].values():
+            m = h["server_sha_matches"]
+            out["server_sha"]["absent" if m is None else ("match" if m else "mismatch")] += 1
+    a_lens = [len(r["records"]["A"]["token_ids"]) for r in runs]
+    if data.get("plain"):
+        a_lens.append(len(data["plain"]["records"]["A"]["token_ids"]))
+    n = min(a_lens)
+    out["a_prefix"] = n
+    for r in data["runs"]:
+        ids = known_ids(r["records"]["A"]["token_ids"])
+        out["hashes"][str(r["index"])] = {
+            "A": short(token_hash(ids[:n])) if ids is not None and len(ids) >= n else None,
+            "B": short(r["hashes"]["B"]["sha256"]), "C": short(r["hashes"]["C"]["sha256"])}
+    return out
+
+
+def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
+    out = []
+    if settings.url:
+        out.append(f"Fresh servers: --url {settings.url} targets a running server, so every variant ran on it "
+                   "as it is configured and each run used its own prompts (cold B) instead of a restart.")
+    if not settings.plain_check:
+        out.append("The plain reference (--plain-check): not asked for; replies are compared with the first run only.")
+    elif settings.url:
+        out.append("The plain reference: needs launched servers, not --url.")
+    bad = [r for r in data["runs"] if not r["figures"]["valid"]]
+    for r in bad:
+        out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
+                   + "; ".join(r["figures"]["invalid_reasons"]))
+    return out
+
+
+def slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in name).strip("-")
+
+
+def fmt_s(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.2f} s"

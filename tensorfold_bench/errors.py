@@ -1,0 +1,18 @@
+"""The errors tfbench expects: `cli.main` turns each into one red line and exit code 2."""
+from __future__ import annotations
+
+
+class BenchError(Exception):
+    """A known failure (bad flag value, server that would not start, ...): one line, no traceback."""
+
+
+class FlagError(BenchError):
+    """A bad value for a command-line flag; the message names the flag."""
+
+    def __init__(self, flag: str, message: str):
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+
+
+class ServerError(BenchError):
+    """The engine server died or never became healthy; the message carries its log's tail."""

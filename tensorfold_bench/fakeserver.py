@@ -1,0 +1,142 @@
+"""A tiny stand-in for `tfengine serve`, for the harness's own tests: the same HTTP contract
+(docs/API.md), a simulated device (one asyncio lock; a prompt row costs ROW_S, a decode round
+ROUND_S), deterministic greedy-looking tokens. Whole prompts hold the device for the whole
+prompt; stepped prompts release it after each cut. Not a scheduler model, just enough for the
+harness to see stalls and hashes.
+
+    python -m tensorfold_bench.fakeserver serve --port 8000 [--prefill-mode whole] ...
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import time
+
+from aiohttp import web
+
+ROW_S = 0.0004
+ROUND_S = 0.01
+VOCAB = 1000
+
+
+def token_for(prompt: list[int], out: list[int]) -> int:
+    h = hashlib.sha256((",".join(map(str, prompt[-8:])) + "|" + ",".join(map(str, out[-4:]))).encode()).digest()
+    return int.from_bytes(h[:4], "little") % VOCAB
+
+
+def sha(ids: list[int]) -> str:
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:12]
+
+
+class Fake:
+    def __init__(self, args):
+        self.args = args
+        self.device = asyncio.Lock()
+        self.trace: list[dict] = []
+        self.seen: set[tuple] = set()
+
+    async def run(self, kind: str, dur: float, rows: int) -> None:
+        async with self.device:
+            t = time.monotonic()
+            await asyncio.sleep(dur)
+            if self.args.trace:
+                self.trace.append({"t": t, "dur": time.monotonic() - t, "kind": kind, "rows": rows,
+                                   "streams": 1, "seq": None})
+
+    async def prefill(self, prompt: list[int]) -> int:
+        key = tuple(prompt)
+        cached = len(prompt) - 1 if (not self.args.no_prompt_cache and key in self.seen) else 0
+        self.seen.add(key)
+        rows = len(prompt) - cached
+        if self.args.prefill_mode == "whole" or rows <= 512:
+            await self.run("prefill", rows * ROW_S, rows)
+        else:
+            r = self.args.prefill_rows
+            for s in range(0, rows, r):
+                n = min(r, rows - s)
+                await self.run("prefill", n * ROW_S, n)
+                await asyncio.sleep(0)
+        return cached
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body.get("prompt")
+        if "messages" in body:
+            prompt = list(" ".join(m["content"] for m in body["messages"]).encode())
+        if not isinstance(prompt, list) or not prompt:
+            return web.json_response({"error": {"message": "prompt must be token ids", "type": "invalid_request_error",
+                                                "code": 400}}, status=400)
+        max_tokens = int(body.get("max_tokens", 16))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        cached = await self.prefill(prompt)
+        out: list[int] = []
+        try:
+            while len(out) < max_tokens:
+                if out:
+                    await self.run("decode", ROUND_S, 1)
+                tok = token_for(prompt, out)
+                out.append(tok)
+                ev = {"id": "cmpl-1", "object": "text_completion", "choices": [
+                    {"index": 0, "text": "x", "token_ids": [tok], "finish_reason": None}]}
+                await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out), "total_tokens": len(prompt) + len(out),
+                     "prompt_tokens_details": {"cached_tokens": cached}}
+            ev = {"id": "cmpl-1", "object": "text_completion", "choices": [
+                {"index": 0, "text": "", "token_ids": [], "finish_reason": "length"}], "usage": usage,
+                "token_sha": sha(out)}
+            await resp.write(f"data: {json.dumps(ev)}\n\ndata: [DONE]\n\n".encode())
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        return resp
+
+    async def health(self, _):
+        return web.json_response({"status": "ok"})
+
+    async def models(self, _):
+        return web.json_response({"object": "list", "data": [{"id": self.args.model, "object": "model",
+                                                              "max_model_len": self.args.max_model_len}]})
+
+    async def engine(self, _):
+        a = self.args
+        return web.json_response({"engine": {"device": "cpu", "device_name": "fake", "torch": None, "dtype": "float32",
+                                             "model": a.model, "shape": {"vocab_size": VOCAB, "fake": True}},
+                                  "config": {"model": a.model, "parallel": a.parallel, "prefill_rows": a.prefill_rows,
+                                             "prefill_mode": a.prefill_mode, "prefill_share": a.prefill_share},
+                                  "commit": None, "prefill_share": a.prefill_share})
+
+    async def get_trace(self, _):
+        if not self.args.trace:
+            return web.json_response({"error": {"message": "run with --trace", "code": 404}}, status=404)
+        return web.json_response({"steps": self.trace})
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("cmd", choices=["serve"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--prefill-mode", default="stepped")
+    p.add_argument("--prefill-share", type=float, default=1.0)
+    p.add_argument("--prefill-rows", type=int, default=256)
+    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--no-prompt-cache", action="store_true")
+    p.add_argument("--trace", action="store_true")
+    args, _unknown = p.parse_known_args(argv)
+    fake = Fake(args)
+    app = web.Application()
+    app.router.add_get("/health", fake.health)
+    app.router.add_get("/v1/models", fake.models)
+    app.router.add_get("/v1/engine", fake.engine)
+    app.router.add_get("/v1/trace", fake.get_trace)
+    app.router.add_post("/v1/completions", fake.completions)
+    app.router.add_post("/v1/chat/completions", fake.completions)
+    web.run_app(app, host=args.host, port=args.port, print=lambda *_: None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Receipts: the JSON behind a run (everything), and the Markdown a reviewer pastes into a pull
+request, rendered from the JSON alone (`tfbench report FILE.json` re-renders it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tensorfold_bench.metrics import LongPromptFigures, medians
+
+
+def write(data: dict, out_dir: Path, stem: str) -> dict[str, Path]:
+    """Write STEM.json, STEM.md and STEM.png under out_dir; return their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
+    paths["json"].write_text(json.dumps(data, indent=1) + "\n")
+    png = render_png(data, paths["png"])
+    if png is None:
+        del paths["png"]
+    paths["md"].write_text(render_markdown(data, png.name if png else None))
+    return paths
+
+
+def load(path: Path) -> dict:
+    data = json.loads(Path(path).read_text())
+    if not str(data.get("schema", "")).startswith("tfbench.receipt/"):
+        from tensorfold_bench.errors import BenchError
+        raise BenchError(f"{path} is not a tfbench receipt (no schema field)")
+    return data
+
+
+def render_png(data: dict, path: Path) -> Path | None:
+    from tensorfold_bench.timeline import draw
+
+    return draw(data, path)
+
+
+# ---- Markdown ---------------------------------------------------------------------------
+
+def num(v: float | None, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def figures_of(run: dict) -> LongPromptFigures:
+    return LongPromptFigures.from_dict(run["figures"])
+
+
+def summary(data: dict) -> dict[str, dict]:
+    """Per variant: its runs' figures (in order) and the medians over the valid ones."""
+    out = {}
+    for v in data["variants"]:
+        runs = [r for r in data["runs"] if r["variant"] == v["name"]]
+        if not runs:
+            continue
+        figs = [figures_of(r) for r in runs]
+        out[v["name"]] = {"runs": runs, "figures": figs, "median": medians(figs),
+                          "alone": (data.get("alone") or {}).get(v["name"], {}).get("b_first_token")}
+    return out
+
+
+def cell(figs: list[LongPromptFigures], key: str, med: float | None, unit: str, digits: int = 2) -> str:
+    vals = [("" if f.valid else "†") + num(getattr(f, key), digits) for f in figs]
+    return f"{' / '.join(vals)} → **{num(med, digits)}{unit}**"
+
+
+def environment_lines(data: dict) -> list[str]:
+    env = data.get("environment") or {}
+    eng = (env.get("engine") or {})
+    desc = eng.get("engine") or {}
+    cfg = eng.get("config") or {}
+    host = data.get("host") or {}
+    lines = []
+    dev = desc.get("device_name") or desc.get("device") or "unknown device"
+    bits = [f"{dev}"]
+    if desc.get("compute_capability"):
+        bits.append(f"sm {desc['compute_capability']}")
+    bits.append(f"CUDA {desc.get('cuda') or '-'}")
+    bits.append(f"driver {desc.get('driver') or '-'}")
+    bits.append(f"torch {desc.get('torch') or '-'}")
+    bits.append(f"engine commit {(eng.get('commit') or 'unknown')[:10]}")
+    lines.append("- Device: " + ", ".join(bits) + ".")
+    shape = desc.get("shape") or {}
+    shape_s = ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+                        for k, v in shape.items())
+    params = desc.get("parameters")
+    lines.append(f"- Model: `{desc.get('model') or cfg.get('model') or '?'}` ({desc.get('dtype') or cfg.get('dtype') or '?'}"
+                 + (f", {params:,} parameters" if isinstance(params, int) else "") + ")"
+                 + (f"; shape: {shape_s}." if shape_s else "."))
+    st = data["settings"]
+    if st.get("url"):
+        lines.append(f"- Server: {st['url']} (not launched by tfbench).")
+    else:
+        lines.append(f"- Shared engine flags: `{' '.join(st['engine_flags'])}`; a fresh server per run.")
+    lines.append(f"- Variants: " + "; ".join(f"{v['name']} `{' '.join(v['args']) or '(no flags)'}`"
+                                             + (f" env {v['env']}" if v.get("env") else "")
+                                             + (f" @ {v['ref']}" if v.get("ref") else "") for v in data["variants"]) + ".")
+    lines.append(f"- Host: Python {host.get('python')}, {host.get('platform')}; tfbench {host.get('tfbench')}"
+                 + (f" @ {host['harness_commit'][:10]}" if host.get("harness_commit") else "") + f"; {data.get('created')}.")
+    return lines
+
+
+def test_paragraph(data: dict) -> str:
+    s = data["settings"]["script"]
+    order = "/".join(data["settings"]["order"])
+    return (f"**The test.** Stream A is decoding a long reply (a {s['a_prompt_tokens']}-token prompt, ignore_eos). "
+            f"{s['b_at']:g} s in, B sends a cold prompt of {s['b_tokens']:,} random token ids; "
+            f"{s['c_after']:g} s later, C sends a {s['c_tokens']}-token prompt for a {s['c_max_tokens']}-token reply. "
+            "When B and C are done, A is cancelled. Measured: B's and C's first token (each from its own send), "
+            "A's longest pause (largest gap between two A tokens overlapping B's send to B's first token), and A's rate "
+            "while B fills (before: the same length of time just before B's send). "
+            f"Runs in the order {order}; each cell lists every run, then the median of the valid ones "
+            "(† marks an invalid run, left out). \"alone\": B's first token with nothing else running, once per variant.")
+
+
+def table(data: dict) -> list[str]:
+    sm = summary(data)
+    rows = ["| variant | B first token | C first token | A longest pause | A during B (before), tok/s |",
+            "|---|---|---|---|---|"]
+    for name, s in sm.items():
+        figs, med = s["figures"], s["median"]
+        b = cell(figs, "b_first_token", med["b_first_token"], " s")
+        if s["alone"] and med["b_first_token"]:
+            b += f" ({med['b_first_token'] / s['alone']:.1f}x alone: {num(s['alone'])} s)"
+        during = cell(figs, "a_rate_during", med["a_rate_during"], "", 1)
+        if med["a_rate_before"]:
+            pct = 100 * (med["a_rate_during"] or 0) / med["a_rate_before"]
+            during += f" ({pct:.0f} % of {num(med['a_rate_before'], 1)})"
+        rows.append(f"| {name} | {b} | {cell(figs, 'c_first_token', med['c_first_token'], ' s')} | "
+                    f"{cell(figs, 'a_longest_pause', med['a_longest_pause'], ' s')} | {during} |")
+    return rows
+
+
+def runs_table(data: dict) -> list[str]:
+    rows = ["| run | variant | B first token | C first token | A longest pause | A during B | A before | "
+            "late A / B / C (ms) | B cached | valid |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["runs"]:
+        f = figures_of(r)
+        late = " / ".join("-" if f.lateness.get(k) is None else f"{1000 * f.lateness[k]:.0f}" for k in "ABC")
+        cached = ((r["records"]["B"].get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        rows.append(f"| {r['index']} | {r['variant']} | {num(f.b_first_token)} s | {num(f.c_first_token)} s | "
+                    f"{num(f.a_longest_pause)} s | {num(f.a_rate_during, 1)} | {num(f.a_rate_before, 1)} | {late} | "
+                    f"{'-' if cached is None else cached} | {'yes' if f.valid else 'no: ' + '; '.join(f.invalid_reasons)} |")
+    return rows
+
+
+def count_equal(data: dict, key: str) -> list[str]:
+    ex = (data.get("exactness") or {}).get(key) or {}
+    if not ex:
+        return []
+    per: dict[str, list[int]] = {}
+    diffs = []
+    for r in data["runs"]:
+        cmp = ex.get(str(r["index"]))
+        if cmp is None:
+            continue
+        k_n = per.setdefault(r["variant"], [0, 0, 0])
+        for c in cmp:
+            k_n[1] += 1
+            if c["equal"]:
+                k_n[0] += 1
+            elif c["equal"] is None:
+                k_n[2] += 1
+            else:
+                diffs.append(f"run {r['index']} {c['stream']}")
+    parts = [f"{name} {k} of {n} equal" + (f" ({u} unknown)" if u else "") for name, (k, n, u) in per.items()]
+    return ["; ".join(parts) + "." + (f" Differ: {', '.join(diffs)}." if diffs else "")]
+
+
+def exactness_lines(data: dict) -> list[str]:
+    ex = data.get("exactness") or {}
+    lines = []
+    first = data["runs"][0] if data["runs"] else None
+    vs_first = count_equal(data, "vs_first")
+    if vs_first and first:
+        lines.append(f"- Against run 1 ({first['variant']}), replies A, B and C per run: " + vs_first[0])
+    vs_plain = count_equal(data, "vs_plain")
+    if vs_plain:
+        lines.append("- Against the plain reference (each request alone, one stream, whole prompt, no prompt cache, "
+                     "no drafts): " + vs_plain[0])
+    ss = ex.get("server_sha") or {}
+    if ss:
+        lines.append(f"- The servers' token_sha against our sha256 of the ids received: {ss.get('match', 0)} match, "
+                     f"{ss.get('mismatch', 0)} differ, {ss.get('absent', 0)} absent (A is cancelled, so it ends without one).")
+    hashes = ex.get("hashes") or {}
+    if hashes:
+        distinct = {k: sorted({h[k] for h in hashes.values() if h.get(k)}) for k in "ABC"}
+        lines.append(f"- Hashes (sha256 of the comma-joined ids, first 12 hex; A over its first {ex.get('a_prefix')} "
+                     "tokens, the shortest A): " + "; ".join(f"{k} {', '.join('`' + h + '`' for h in v) or '-'}"
+                                                  for k, v in distinct.items()) + ".")
+    lines.append("- A is cancelled, so its length varies: each run's A is compared on its own length with the "
+                 "reference's prefix (the plain reference's A is generated as long as the longest A).")
+    return lines
+
+
+def render_markdown(data: dict, png_name: str | None = None) -> str:
+    out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(data), "",
+           test_paragraph(data), "", *table(data), "", "Every run:", "", *runs_table(data), "",
+           "**Exactness.**", *exactness_lines(data), ""]
+    if png_name:
+        out += [f"![timeline: A's inter-token gaps, B and C marked]({png_name})", ""]
+    out += ["**Not run, and why.**"]
+    out += [f"- {line}" for line in data.get("not_run") or ["Nothing left out."]]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,89 @@
+"""Variants (named engine configurations) and the order runs go in."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from tensorfold_bench.errors import FlagError
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named engine configuration: flags and environment on top of the shared engine flags,
+    and optionally a git ref of this repository (run from a worktree; see issue 5)."""
+
+    name: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ref: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Variant":
+        return cls(name=d["name"], args=list(d.get("args", [])), env=dict(d.get("env", {})), ref=d.get("ref"))
+
+
+WHOLE = Variant("whole", ["--prefill-mode", "whole"])
+
+
+def share_name(p: float) -> str:
+    return f"stepped p={p:g}"
+
+
+def stepped(p: float) -> Variant:
+    return Variant(share_name(p), ["--prefill-mode", "stepped", "--prefill-share", f"{p:g}"])
+
+
+def plain(base: Variant) -> Variant:
+    """The plain reference: the base's source, one stream, whole prompts, no cache, no drafts."""
+    return Variant("plain", list(base.args) + ["--prefill-mode", "whole", "--no-prompt-cache",
+                                               "--no-drafts", "--parallel", "1"], dict(base.env), base.ref)
+
+
+def parse_floats(flag: str, text: str) -> list[float]:
+    """'1,0.75,0.5' -> [1.0, 0.75, 0.5]; each a share in (0, 1]."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            v = float(part)
+        except ValueError:
+            raise FlagError(flag, f"{part!r} is not a number (expected e.g. 1,0.75,0.5)") from None
+        if not 0.0 < v <= 1.0:
+            raise FlagError(flag, f"{part} is outside (0, 1]")
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise FlagError(flag, f"{text!r} repeats a value")
+    return out
+
+
+def share_variants(shares: list[float]) -> tuple[Variant, list[Variant]]:
+    """The base (whole prompts) and one stepped variant per share."""
+    return WHOLE, [stepped(p) for p in shares]
+
+
+def default_order(base: Variant, news: list[Variant]) -> list[str]:
+    """base, news..., reversed news..., base: for one new side, base/new/new/base, so a drift of
+    the machine hits both sides alike."""
+    names = [v.name for v in news]
+    return [base.name] + names + names[::-1] + [base.name]
+
+
+def parse_order(text: str, variants: list[Variant]) -> list[str]:
+    """`--order` as a comma sequence of variant names; 'base' and 'new' alias the base and the
+    only new variant."""
+    by_name = {v.name: v for v in variants}
+    aliases = {"base": variants[0].name}
+    if len(variants) == 2:
+        aliases["new"] = variants[1].name
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        name = aliases.get(part, part)
+        if name not in by_name:
+            raise FlagError("--order", f"unknown variant {part!r}; known: {', '.join(by_name)}")
+        out.append(name)
+    if not out:
+        raise FlagError("--order", "empty")
+    return out
