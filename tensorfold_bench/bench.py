@@ -160,10 +160,12 @@ def model_facts(info: dict) -> tuple[str, int | None, int | None]:
     if models:
         model = models[0].get("id", model)
         mml = models[0].get("max_model_len")
+        vocab = models[0].get("vocab_size")
     eng = info.get("engine") or {}
-    shape = (eng.get("engine") or {}).get("shape") or {}
-    vocab = shape.get("vocab_size") or (eng.get("config") or {}).get("vocab_size")
-    mml = mml or (eng.get("config") or {}).get("max_model_len")
+    desc = eng.get("engine") or {}
+    shape = desc.get("shape") or {}
+    vocab = vocab or shape.get("vocab") or shape.get("vocab_size")
+    mml = mml or desc.get("max_model_len") or (eng.get("config") or {}).get("max_model_len")
     return model, vocab, mml
 
 

@@ -102,7 +102,7 @@ class Fake:
     async def engine(self, _):
         a = self.args
         return web.json_response({"engine": {"device": "cpu", "device_name": "fake", "torch": None, "dtype": "float32",
-                                             "model": a.model, "shape": {"vocab_size": VOCAB, "fake": True}},
+                                             "model": a.model, "shape": {"vocab": VOCAB, "fake": True}},
                                   "config": {"model": a.model, "parallel": a.parallel, "prefill_rows": a.prefill_rows,
                                              "prefill_mode": a.prefill_mode, "prefill_share": a.prefill_share},
                                   "commit": None, "prefill_share": a.prefill_share})

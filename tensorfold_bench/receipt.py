@@ -76,7 +76,7 @@ def environment_lines(data: dict) -> list[str]:
     bits = [f"{dev}"]
     if desc.get("compute_capability"):
         bits.append(f"sm {desc['compute_capability']}")
-    bits.append(f"CUDA {desc.get('cuda') or '-'}")
+    bits.append(f"CUDA {desc.get('cuda_version') or desc.get('cuda') or '-'}")
     bits.append(f"driver {desc.get('driver') or '-'}")
     bits.append(f"torch {desc.get('torch') or '-'}")
     bits.append(f"engine commit {(eng.get('commit') or 'unknown')[:10]}")
