@@ -19,7 +19,7 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10_000.0,
                         max_position_embeddings=40_960, eos_token_id=256),
-    "cpu": ModelConfig(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+    "cpu": ModelConfig(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=10,
                        num_attention_heads=8, num_key_value_heads=4, head_dim=64, rope_theta=1_000_000.0,
                        max_position_embeddings=40_960, eos_token_id=256),
     "qwen3-0.6b": ModelConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,

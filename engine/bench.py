@@ -1,0 +1,201 @@
+"""Engine benchmark: prompt tok/s and decode tok/s at 1, 2, 4, 8 streams for a preset and device.
+
+    python -m engine.bench --model cpu --device cpu
+    PYTHONPATH=. python3 -m engine.bench --model qwen3-8b --device cuda --dtype bfloat16 --json out.json
+
+Prompts run whole (cut by cut on the --prefill-rows grid, as the server's whole mode does); each
+figure is the median of several rounds after a warm-up. On CUDA the same run first measures the
+device's copy bandwidth (one large device-to-device copy, bytes read + written) and bf16 matrix
+rate (8192^3), then puts decode beside the memory roofline (weight bytes + KV bytes read per
+round over that bandwidth) and prompts beside the arithmetic roofline (2 * matmul parameters *
+tokens + causal attention flops, over that rate), with the ratios.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import torch
+import typer
+
+from engine.config import EngineConfig
+from engine.runner import ModelRunner, build_runner
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device, nbytes: int = 4 << 30, reps: int = 10) -> float:
+    """Bytes read + written per second by a large device-to-device copy."""
+    a = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=device)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); b.copy_(a); e.record(); e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    return 2 * nbytes / statistics.median(times)
+
+
+def matmul_rate(device, n: int = 8192, reps: int = 10) -> float:
+    """bf16 FLOP/s of an n^3 product on random data."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); a @ b; e.record(); e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def prompt(n: int, seed: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, min(vocab, 256), (n,), generator=g).tolist()
+
+
+def bench_prefill(r: ModelRunner, n: int, reps: int) -> float:
+    """Median seconds to prefill an n-token prompt whole (cut by cut) in lane 0."""
+    toks = prompt(n, 1, r.vocab_size)
+    r.prefill(0, toks)  # warm-up
+    _sync(r.device)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        r.prefill(0, toks)
+        _sync(r.device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_decode(r: ModelRunner, streams: int, rounds: int, reps: int, ctx: int) -> float:
+    """Median seconds of one decode round with `streams` lanes decoding (contexts ~ctx tokens)."""
+    lanes = list(range(streams))
+    times = []
+    for rep in range(reps + 1):
+        toks = []
+        for lane in lanes:
+            toks.append(r.prefill(lane, prompt(ctx, 100 + lane, r.vocab_size)))
+        pos = [ctx] * streams
+        t = time.perf_counter()
+        for _ in range(rounds):
+            toks = r.decode(lanes, toks, pos)
+            pos = [p + 1 for p in pos]
+        dt = (time.perf_counter() - t) / rounds
+        if rep:  # the first repetition is the warm-up
+            times.append(dt)
+    return statistics.median(times)
+
+
+def weight_bytes(r: ModelRunner) -> int:
+    """Bytes a decode round reads from weights: every matrix once (the embedding table only
+    through its lm_head role when tied; a lookup reads a few rows)."""
+    m = r.model_config
+    n = m.num_parameters() - (0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size)
+    return n * r.kv.k.element_size()
+
+
+def matmul_params(r: ModelRunner) -> int:
+    """Parameters in the per-token matmuls of a prompt (no embedding, lm_head for one row only)."""
+    m = r.model_config
+    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    return m.num_hidden_layers * (h * q + 2 * h * kv + q * h + 3 * h * m.intermediate_size)
+
+
+def prompt_flops(r: ModelRunner, n: int) -> float:
+    m = r.model_config
+    attn = 4 * m.num_hidden_layers * m.num_attention_heads * m.head_dim * n * n / 2
+    return 2 * matmul_params(r) * n + attn
+
+
+@app.command()
+def main(
+    model: Annotated[str, typer.Option(help="preset name or HF layout directory")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (default: fp32 on cpu, bf16 on cuda)")] = None,
+    load_format: Annotated[str, typer.Option(help="dummy | safetensors")] = "dummy",
+    parallel: Annotated[int, typer.Option(help="lanes; decode rounds always run at this padded shape")] = 8,
+    prefill_rows: Annotated[Optional[int], typer.Option(help="cut size R (default 256 on cpu, 4096 on cuda)")] = None,
+    prompts: Annotated[str, typer.Option(help="prompt lengths to time, comma-separated")] = "",
+    streams: Annotated[str, typer.Option(help="decode stream counts")] = "1,2,4,8",
+    rounds: Annotated[int, typer.Option(help="decode rounds per repetition")] = 32,
+    reps: Annotated[int, typer.Option(help="timed repetitions (median reported)")] = 3,
+    ctx: Annotated[int, typer.Option(help="prompt tokens per decoding stream")] = 128,
+    seed: int = 0,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None,
+):
+    from rich.console import Console
+    from rich.table import Table
+
+    cuda = device.startswith("cuda")
+    dtype = dtype or ("bfloat16" if cuda else "float32")
+    rows = prefill_rows or (4096 if cuda else 256)
+    plens = [int(x) for x in (prompts or ("4096,32768" if cuda else "512,4096")).split(",")]
+    levels = [int(x) for x in streams.split(",")]
+    max_len = max(plens + [ctx + rounds + 8]) + 16
+    cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel,
+                       max_model_len=max_len, prefill_rows=rows, seed=seed)
+    console = Console()
+    out: dict = {}
+    bw = rate = None
+    if cuda:
+        bw, rate = copy_bandwidth(device), matmul_rate(device)
+        out["copy_bandwidth_Bps"], out["matmul_flops"] = bw, rate
+    t = time.perf_counter()
+    r = build_runner(cfg)
+    out["load_s"] = time.perf_counter() - t
+    out["describe"] = r.describe()
+
+    table = Table(title=f"engine bench: {r.model_name} on {out['describe']['device_name']} ({dtype}, R={rows}, parallel={parallel})")
+    for col in ("what", "time", "tok/s", "roofline tok/s", "ratio"):
+        table.add_column(col, justify="right" if col != "what" else "left")
+    if cuda:
+        table.add_row("copy bandwidth (read+write)", "", "", f"{bw / 1e12:.2f} TB/s", "")
+        table.add_row("bf16 matmul 8192^3", "", "", f"{rate / 1e12:.0f} TFLOP/s", "")
+    out["prefill"] = {}
+    for n in plens:
+        s = bench_prefill(r, n, reps)
+        rec = {"seconds": s, "tok_s": n / s}
+        row = [f"prompt {n} tokens (whole)", f"{s:.3f} s", f"{n / s:,.0f}", "", ""]
+        if rate:
+            roof = n / (prompt_flops(r, n) / rate)
+            rec.update(roofline_tok_s=roof, ratio=(n / s) / roof, flops=prompt_flops(r, n))
+            row[3:] = [f"{roof:,.0f}", f"{(n / s) / roof:.0%}"]
+        out["prefill"][n] = rec
+        table.add_row(*row)
+    out["decode"] = {}
+    for k in levels:
+        if k > parallel:
+            continue
+        s = bench_decode(r, k, rounds, reps, ctx)
+        rec = {"round_s": s, "tok_s": k / s, "stream_tok_s": 1 / s}
+        row = [f"decode {k} stream{'s' if k > 1 else ''}", f"{s * 1e3:.2f} ms", f"{k / s:,.1f}", "", ""]
+        if bw:
+            kv_bytes = k * (ctx + rounds / 2) * r.kv.row_bytes()
+            roof = k / ((weight_bytes(r) + kv_bytes) / bw)
+            rec.update(roofline_tok_s=roof, ratio=(k / s) / roof)
+            row[3:] = [f"{roof:,.1f}", f"{(k / s) / roof:.0%}"]
+        out["decode"][k] = rec
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"model load {out['load_s']:.1f} s; parameters {r.model_config.num_parameters() / 1e9:.3f} B; "
+                  f"cuda graph {r.graph is not None}; torch {torch.__version__}; threads {torch.get_num_threads()}")
+    if json_path:
+        json_path.write_text(json.dumps(out, indent=2, default=str))
+    return out
+
+
+if __name__ == "__main__":
+    app()
