@@ -155,7 +155,7 @@ def read(path: str | Path, variants: list[str] | None = None) -> Predictions:
                 raise PredictionError(f"{path}: {it.variant}: no such variant in this run "
                                       f"(variants: {', '.join(variants)})")
     return Predictions(str(path), hashlib.sha256(data).hexdigest(),
-                       datetime.now(timezone.utc).isoformat(timespec="seconds"), items)
+                       datetime.now(timezone.utc).isoformat(timespec="milliseconds"), items)
 
 
 _SPLIT = re.compile(r"^(?P<left>.+?)(?:\s+(?P<op>vs|pct)\s+|_(?P<op2>vs)_)(?P<right>.+)$")

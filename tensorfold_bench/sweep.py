@@ -19,14 +19,22 @@ prompts: every variant sees the same, and the median over reps is the warm figur
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from tensorfold_bench import exactness
+from tensorfold_bench import exactness, stats, worktree
 from tensorfold_bench.client import Request, StreamRecord, new_record, stream
-from tensorfold_bench.errors import FlagError
+from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.predictions import Predictions
 from tensorfold_bench.scenario import http_client, prompt_ids
+from tensorfold_bench.variants import Variant
+
+if TYPE_CHECKING:
+    from tensorfold_bench.bench import EngineSetup
 
 
 @dataclass(frozen=True)
@@ -243,3 +251,249 @@ def check_hashes(runs: list[SweepRun], reference_run: int = 0,
                 flagged.append(f"{key}: level {b.level} cell {b.cell} rep {b.rep} of "
                                f"{runs[ri].variant} (run {ri + 1}): {h} != {ref[key]}")
     return HashCheck(len(seen), replies, equal, ref, flagged)
+
+
+# ---- runs over variants, the receipt's data ----------------------------------------------
+
+SCHEMA = "tfbench.receipt/1"
+
+
+@dataclass
+class SweepSettings:
+    engine: "EngineSetup"
+    script: SweepScript
+    variants: list[Variant]  # the base first
+    order: list[str]
+    out_dir: Path
+    url: str | None = None
+    predictions: Predictions | None = None  # read (and stamped) before the first run
+    expected_hashes: dict[str, str] | None = None  # accepted reply hashes (prompt key -> 12 hex)
+    margin: float = stats.DEFAULT_MARGIN
+    stamp: str = ""
+    label: str = "sweep"
+
+    def __post_init__(self):
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise FlagError("--variants", f"variant names repeat: {names}")
+        for n in self.order:
+            if n not in names:
+                raise FlagError("--order", f"unknown variant {n!r}; known: {', '.join(names)}")
+        if self.engine.parallel < self.script.max_level:
+            self.engine = replace(self.engine, parallel=self.script.max_level)
+        if not self.stamp:
+            self.stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out_dir / f"{self.stamp}-{self.label}"
+
+
+def sources_for(variants: list[Variant], url: str | None) -> dict[str, worktree.Source]:
+    """Each variant's engine source (worktrees made now, before any run)."""
+    return {v.name: worktree.source(v.ref) for v in variants} if not url else {}
+
+
+def run_sweep(settings: SweepSettings, reporter=None, on_run: Callable[[dict], None] | None = None) -> dict:
+    """Every run in order, a fresh server each (unless --url); returns the receipt's data."""
+    from tensorfold_bench import bench
+
+    rep = reporter or bench.QuietReporter()
+    by_name = {v.name: v for v in settings.variants}
+    rep.start(len(settings.order))
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    sources = sources_for(settings.variants, settings.url)
+    data: dict = {
+        "schema": SCHEMA, "scenario": "sweep", "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "host": bench.host_info(),
+        "settings": {"engine": asdict(settings.engine), "engine_flags": settings.engine.flags(),
+                     "script": settings.script.to_dict(), "order": settings.order, "url": settings.url,
+                     "base": settings.variants[0].name, "margin": settings.margin,
+                     "run_dir": str(settings.run_dir)},
+        "variants": [{**v.to_dict(), "source": sources[v.name].to_dict() if v.name in sources else None}
+                     for v in settings.variants],
+        "predictions": settings.predictions.to_dict() if settings.predictions else None,
+        "expected_hashes": settings.expected_hashes, "runs": [], "environment": None, "not_run": []}
+    for i, name in enumerate(settings.order, 1):
+        v = by_name[name]
+        rep.step(f"run {i}/{len(settings.order)}: {name}")
+        log = settings.run_dir / f"run{i}-{bench.slug(name)}.log"
+        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        ctx = (bench.existing(settings.url) if settings.url else
+               bench.launch(settings.engine.flags() + v.args, log, env=v.env, root=Path(sources[name].path)))
+        with ctx as srv:
+            url = srv if isinstance(srv, str) else srv.url
+            info = bench.server_info(url)
+            model, vocab, mml = bench.model_facts(info)
+            if vocab is None:
+                raise BenchError("the server reports no vocabulary size (GET /v1/engine); pass a tfengine server")
+            par = ((info.get("engine") or {}).get("config") or {}).get("parallel")
+            if par is not None and par < settings.script.max_level:
+                raise FlagError("--levels", f"the server has --parallel {par}, below the largest level "
+                                            f"{settings.script.max_level}")
+            if mml is not None and settings.script.prompt_tokens + settings.script.tokens > mml:
+                raise FlagError("--tokens", f"{settings.script.prompt_tokens} prompt + {settings.script.tokens} "
+                                            f"tokens exceed the server's max_model_len {mml}")
+            if data["environment"] is None:
+                data["environment"] = info
+            run = asyncio.run(play_sweep(url, settings.script, vocab, name, model, rep.note))
+        entry = {"index": i, "variant": name, "started": started, **run.to_dict(),
+                 "log": None if settings.url else str(log), "engine": info.get("engine"),
+                 "errors": run.errors()}
+        data["runs"].append(entry)
+        rep.note(f"{name}: " + ", ".join(f"{k} {fmt(v)}" for k, v in entry["figures"].items()))
+        if on_run:
+            on_run(entry)
+        rep.advance()
+    return analyse(data)
+
+
+def runs_of(data: dict) -> list[SweepRun]:
+    return [SweepRun.from_dict(r) for r in data["runs"]]
+
+
+def analyse(data: dict) -> dict:
+    """The statistics, the hash check, the predictions and what was not run, from the runs alone
+    (so a saved receipt re-renders and re-checks the same)."""
+    st = data["settings"]
+    order = [r["variant"] for r in data["runs"]]
+    base = st["base"]
+    runs = runs_of(data)
+    figs = {}
+    for level in st["script"]["levels"]:
+        name = figure(level)
+        values = [r["figures"].get(name) for r in data["runs"]]
+        figs[name] = stats.figure_stats(name, order, values, base, higher_is_better=True,
+                                        margin=st.get("margin", stats.DEFAULT_MARGIN)).to_dict()
+    data["stats"] = figs
+    ref = next((i for i, r in enumerate(data["runs"]) if r["variant"] == base), 0)
+    data["hashes"] = check_hashes(runs, ref, data.get("expected_hashes")).to_dict()
+    if data.get("predictions"):
+        p = Predictions.from_dict(data["predictions"])
+        medians = {}
+        for name, fs in figs.items():
+            for v, m in fs["medians"].items():
+                medians.setdefault(v, {})[name] = m
+        data["predictions"] = p.check(medians).to_dict()
+    notes = []
+    if st.get("url"):
+        notes.append(f"Fresh servers: --url {st['url']} targets a running server; every variant ran on it as it is.")
+    for r in data["runs"]:
+        for e in r.get("errors", []):
+            notes.append(f"Run {r['index']} ({r['variant']}): {e}: that batch is left out.")
+    data["not_run"] = notes
+    return data
+
+
+def fmt(v: float | None, digits: int = 1) -> str:
+    return "–" if v is None else f"{v:,.{digits}f}"
+
+
+def stats_table(data: dict, label: str = "streams", unit: str = "tok/s") -> list[str]:
+    """One row per (figure, variant): every run's value in run order, the median, base's span,
+    new vs base, the paired interval and the verdict."""
+    base = data["settings"]["base"]
+    lines = [f"| {label} | variant | runs ({unit}, in run order) | median | vs {base} | paired 95 % interval | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for name, d in data["stats"].items():
+        fs = stats.FigureStats.from_dict(d)
+        key = name.split("@", 1)[1] if "@" in name else name
+        names = [base] + [v for v in fs.runs if v != base]
+        for v in names:
+            vals = " / ".join(fmt(x, 2) for x in fs.runs.get(v, [])) or "–"
+            if v == base:
+                span = f" (span {fmt(fs.base_span[0], 2)}–{fmt(fs.base_span[1], 2)})" if fs.base_span else ""
+                lines.append(f"| {key} | {v} (base) | {vals} | **{fmt(fs.medians.get(v), 2)}**{span} | | | |")
+                continue
+            c = fs.comparisons[v]
+            iv = "–" if c.interval_pct is None else f"{c.interval_pct[0]:+.1f} % to {c.interval_pct[1]:+.1f} %"
+            lines.append(f"| {key} | {v} | {vals} | **{fmt(c.median, 2)}** | {stats.fmt_pct(c.pct)} | {iv} | {c.verdict} |")
+    return lines
+
+
+def test_paragraph(data: dict) -> str:
+    s = data["settings"]["script"]
+    order = "/".join(data["settings"]["order"])
+    return (f"**The test.** At each level ({', '.join(map(str, s['levels']))} streams), that many streams start "
+            f"together, each sending a {s['prompt_tokens']}-token prompt (seeded token ids) and generating "
+            f"{s['tokens']} tokens with ignore_eos; {s['cells']} distinct prompt sets (cells), {s['reps']} reps "
+            f"each. Aggregate tok/s = all tokens / (last token time - first send time); the median over reps is "
+            f"a cell's figure, the median over cells the run's. A fresh server per run, in the order {order}. "
+            "Verdicts pair each run with its adjacent base runs (a bootstrap interval of the median log-ratio, "
+            f"margin {data['settings'].get('margin', stats.DEFAULT_MARGIN) * 100:g} %).")
+
+
+def render_markdown(data: dict, png_name: str | None = None) -> str:
+    from tensorfold_bench import receipt
+
+    st = data["settings"]
+    names = [v["name"] for v in data["variants"]]
+    lines = [f"## tfbench sweep: {' vs '.join(names)}", "", "**Environment.**", *receipt.environment_lines(data)]
+    srcs = [f"{v['name']}: {worktree.Source(**v['source']).label}" for v in data["variants"] if v.get("source")]
+    if srcs:
+        lines.append("- Engine sources: " + "; ".join(srcs) + ".")
+    lines += ["", test_paragraph(data), ""]
+    if data.get("predictions"):
+        p = data["predictions"]
+        first = data["runs"][0]["started"] if data["runs"] else "–"
+        lines += [f"Predictions read {p['read_at']} (sha256 `{p['sha256'][:16]}`); the first run started {first}.", ""]
+    if png_name:
+        lines += [f"![aggregate tok/s by streams]({png_name})", ""]
+    lines += ["**Aggregate tok/s.**", "", *stats_table(data), ""]
+    h = data["hashes"]
+    lines += ["**Exactness.** Each prompt's reply is compared across reps, levels and runs with "
+              + ("the accepted hashes given." if data.get("expected_hashes") else f"its first reply in a {st['base']} run.")
+              + f" {h['equal']} of {h['replies']} replies equal ({h['prompts']} prompts)"
+              + ("." if h["ok"] else "; these differ:")]
+    lines += [f"- {f}" for f in h["flagged"][:20]]
+    if len(h["flagged"]) > 20:
+        lines.append(f"- … and {len(h['flagged']) - 20} more (see the JSON)")
+    lines.append("")
+    if data.get("predictions"):
+        lines += Predictions.from_dict(data["predictions"]).markdown() + [""]
+    lines += ["**Not run, and why.**", *([f"- {n}" for n in data["not_run"]] or ["- Nothing left out."])]
+    return "\n".join(lines) + "\n"
+
+
+def render_png(data: dict, path: Path) -> Path | None:
+    """Aggregate tok/s against streams: each run a dot, each variant's medians a line."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    levels = data["settings"]["script"]["levels"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for k, v in enumerate(data["variants"]):
+        name = v["name"]
+        med = [data["stats"][figure(l)]["medians"].get(name) for l in levels]
+        if all(m is None for m in med):
+            continue
+        color = f"C{k}"
+        ax.plot(levels, [m if m is not None else float("nan") for m in med], "-", color=color, label=name)
+        for l in levels:
+            ys = data["stats"][figure(l)]["runs"].get(name, [])
+            ax.plot([l * (1 + 0.03 * (k - 0.5))] * len(ys), ys, "o", color=color, alpha=0.6, ms=4)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(l) for l in levels])
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("aggregate tok/s")
+    ax.set_title("sweep: median per variant, dots = runs")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write(data: dict, out_dir: Path, stem: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
+    paths["json"].write_text(json.dumps(data, indent=1) + "\n")
+    png = render_png(data, paths["png"])
+    if png is None:
+        del paths["png"]
+    paths["md"].write_text(render_markdown(data, png.name if png else None))
+    return paths
