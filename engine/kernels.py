@@ -1,0 +1,159 @@
+"""Triton decode attention whose reduction order depends on the row's own length only.
+
+Split-K flash decoding with a FIXED split size: the keys [0, pos] of a row's lane are cut into
+splits of SPLIT rows (absolute boundaries), each split reduced in BLOCK-row steps from its start
+(online softmax, float32), and the partial results combined split 0, 1, 2, ... in order. Nothing
+in that order depends on the other rows of the batch or on how many rows there are, so a row's
+bits are the same whichever neighbours decode beside it. The grid is fixed for a KV cache
+(rows x kv heads x max splits), so the launch can be captured in a CUDA graph; splits past a
+row's length return at once. One program serves all query heads of one KV head (GQA).
+
+Runs under TRITON_INTERPRET=1 on the CPU too (tests/test_runner.py checks it against the loop).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+SPLIT = 256
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+BLOCK = 64
+
+
+@triton.jit
+def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr, BLOCK_: tl.constexpr):
+    """One BLOCK of keys [start, start + BLOCK) masked to < hi; online softmax in float32. A
+    fully masked block leaves m, l and acc bit for bit unchanged (alpha 1, p 0)."""
+    d = tl.arange(0, D)
+    t = start + tl.arange(0, BLOCK_)
+    tmask = t < hi
+    k = tl.load(kbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
+    qk = tl.dot(q, tl.trans(k)) * scale
+    qk = tl.where(tmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(vbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse,
+                  stride_qr, stride_qh,
+                  stride_kb, stride_kt, stride_kh,
+                  stride_or, stride_oh, stride_os,
+                  stride_lr, stride_lh,
+                  scale,
+                  GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                  SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr):
+    row = tl.program_id(0)
+    kvh = tl.program_id(1)
+    s = tl.program_id(2)
+    lane = tl.load(Lanes + row).to(tl.int64)
+    length = tl.load(Pos + row).to(tl.int32) + 1
+    lo = s * SPLIT_
+    if lo < length:
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, D)
+        gmask = g < GROUP
+        heads = kvh * GROUP + g
+        q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, D], tl.float32)
+        hi = tl.minimum(lo + SPLIT_, length)
+        kbase = K + lane * stride_kb + kvh * stride_kh
+        vbase = V + lane * stride_kb + kvh * stride_kh
+        if DYNAMIC:
+            for start in range(lo, hi, BLOCK_):
+                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
+        else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
+            for b in range(0, SPLIT_ // BLOCK_):
+                m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
+                                       BLOCK_)
+        acc = acc / l_i[:, None]
+        tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
+                 mask=gmask[:, None])
+        tl.store(Lse + row * stride_lr + heads * stride_lh + s, m_i + tl.log(l_i), mask=gmask)
+
+
+@triton.jit
+def _merge(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh, m, l, acc,
+           D: tl.constexpr):
+    """Fold split s (if s < n) into the running (m, l, acc)."""
+    d = tl.arange(0, D)
+    valid = s < n
+    lse = tl.load(Lse + row * stride_lr + h * stride_lh + s, mask=valid, other=float("-inf"))
+    o = tl.load(Opart + row * stride_or + h * stride_oh + s * stride_os + d, mask=valid, other=0.0)
+    lse = tl.where(valid, lse, float("-inf"))
+    m_new = tl.maximum(m, lse)
+    a = tl.exp(m - m_new)
+    b = tl.exp(lse - m_new)
+    acc = tl.where(valid, acc * a + o * b, acc)
+    l = tl.where(valid, l * a + b, l)
+    return tl.where(valid, m_new, m), l, acc
+
+
+@triton.jit
+def _combine_kernel(Opart, Lse, Pos, Out,
+                    stride_or, stride_oh, stride_os,
+                    stride_lr, stride_lh,
+                    stride_out,
+                    D: tl.constexpr, SPLIT_: tl.constexpr, NSPLIT: tl.constexpr, DYNAMIC: tl.constexpr):
+    row = tl.program_id(0)
+    h = tl.program_id(1)
+    length = tl.load(Pos + row).to(tl.int32) + 1
+    n = (length + SPLIT_ - 1) // SPLIT_
+    d = tl.arange(0, D)
+    m = float("-inf")
+    l = 0.0
+    acc = tl.zeros([D], tl.float32)
+    if DYNAMIC:
+        for s in range(0, n):
+            m, l, acc = _merge(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh,
+                               m, l, acc, D)
+    else:
+        for s in range(0, NSPLIT):
+            m, l, acc = _merge(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh,
+                               m, l, acc, D)
+    tl.store(Out + row * stride_out + h * D + d, (acc / l).to(Out.dtype.element_ty))
+
+
+_scratch: dict = {}
+
+
+def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D]."""
+    p, h, d = q.shape
+    k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
+    kvh, max_len = k.shape[2], k.shape[1]
+    group = h // kvh
+    nsplit = triton.cdiv(max_len, SPLIT)
+    key = (p, h, d, nsplit, q.device)
+    if key not in _scratch:  # allocated once, outside any graph capture's first use
+        _scratch[key] = (torch.empty(p, h, nsplit, d, dtype=torch.float32, device=q.device),
+                         torch.empty(p, h, nsplit, dtype=torch.float32, device=q.device))
+    opart, lse = _scratch[key]
+    out = torch.empty(p, h * d, dtype=q.dtype, device=q.device)
+    q = q.contiguous()
+    _split_kernel[(p, kvh, nsplit)](
+        q, k, v, lanes, positions, opart, lse,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        opart.stride(0), opart.stride(1), opart.stride(2),
+        lse.stride(0), lse.stride(1),
+        d ** -0.5,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
+        DYNAMIC=not INTERPRET, num_warps=4)
+    _combine_kernel[(p, h)](
+        opart, lse, positions, out,
+        opart.stride(0), opart.stride(1), opart.stride(2),
+        lse.stride(0), lse.stride(1),
+        out.stride(0),
+        D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, num_warps=1)
+    return out
