@@ -123,12 +123,14 @@ def source_root(variant: Variant) -> Path:
 
 
 @contextlib.contextmanager
-def server_for(settings: LongPromptSettings, variant: Variant, log: Path) -> Iterator[str]:
+def server_for(settings: LongPromptSettings, variant: Variant, log: Path, facts: dict) -> Iterator[str]:
+    """The run's server URL; `facts` gets the launched server's pid (= its process group) and argv."""
     if settings.url:
         with existing(settings.url) as url:
             yield url
         return
     with launch(settings.engine.flags() + variant.args, log, env=variant.env, root=source_root(variant)) as srv:
+        facts.update(pgid=srv.pgid, argv=srv.argv, root=str(source_root(variant)))
         yield srv.url
 
 
@@ -220,7 +222,8 @@ def run_long_prompt(settings: LongPromptSettings, reporter: Reporter | None = No
         v = by_name[name]
         rep.step(f"run {i}/{len(settings.order)}: {name}")
         log = settings.run_dir / f"run{i}-{slug(name)}.log"
-        with server_for(settings, v, log) as url:
+        server: dict = {}
+        with server_for(settings, v, log, server) as url:
             info = server_info(url)
             model, vocab, mml = model_facts(info)
             if vocab is None:
@@ -245,7 +248,7 @@ def run_long_prompt(settings: LongPromptSettings, reporter: Reporter | None = No
                                        "error": arec.error}
         figs = long_prompt_figures(recs["A"], recs["B"], recs["C"])
         data["runs"].append({"index": i, "variant": name, "figures": figs.to_dict(), "records": records_dict(recs),
-                             "hashes": reply_hashes(recs), "trace": trace, "log": str(log) if not settings.url else None,
+                             "hashes": reply_hashes(recs), "trace": trace, "log": str(log) if not settings.url else None, "server": server,
                              "engine": info.get("engine")})
         rep.note(f"{name}: B first token {fmt_s(figs.b_first_token)}, C {fmt_s(figs.c_first_token)}, "
                  f"A pause {fmt_s(figs.a_longest_pause)}" + ("" if figs.valid else f"  INVALID: {'; '.join(figs.invalid_reasons)}"))
@@ -274,6 +277,7 @@ def run_plain(settings: LongPromptSettings, data: dict, vocab: int) -> dict:
         model, _, _ = model_facts(info)
         recs = asyncio.run(play_sequence(srv.url, [ra, rb, rc], model))
     return {"variant": pv.to_dict(), "records": records_dict(recs), "hashes": reply_hashes(recs), "log": str(log),
+            "server": {"pgid": srv.pgid, "argv": srv.argv},
             "engine": info.get("engine")}
 
 

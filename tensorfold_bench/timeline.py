@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 
 def representative(runs: list[dict]) -> dict | None:
@@ -28,15 +29,20 @@ def draw(data: dict, path: Path) -> Path | None:
     if not panels:
         return None
     has_trace = any(r.get("trace") for _, r in panels)
-    ratios = []
-    for _ in panels:
-        ratios += [4, 1] if has_trace else [4]
-    fig, axes = plt.subplots(len(ratios), 1, figsize=(11, 2.9 * len(panels) + 0.6), sharex=True,
-                             gridspec_kw={"height_ratios": ratios, "hspace": 0.12 if has_trace else 0.3})
-    axes = list(axes) if len(ratios) > 1 else [axes]
-    step = 2 if has_trace else 1
+    fig = plt.figure(figsize=(11, 3.1 * len(panels) + 0.4))
+    outer = fig.add_gridspec(len(panels), 1, hspace=0.32)
+    axes, strips = [], []
+    for k in range(len(panels)):
+        share = {"sharex": axes[0]} if axes else {}
+        if has_trace:
+            inner = outer[k].subgridspec(2, 1, height_ratios=[4, 1], hspace=0.06)
+            axes.append(fig.add_subplot(inner[0], **share))
+            strips.append(fig.add_subplot(inner[1], sharex=axes[0]))
+            axes[-1].tick_params(labelbottom=False)
+        else:
+            axes.append(fig.add_subplot(outer[k], **share))
     for k, (name, run) in enumerate(panels):
-        ax = axes[k * step]
+        ax = axes[k]
         recs = run["records"]
         t0 = recs["A"]["sent"]
         times = recs["A"]["token_times"]
@@ -44,6 +50,9 @@ def draw(data: dict, path: Path) -> Path | None:
         gaps_y = [max(b - a, 1e-4) for a, b in zip(times, times[1:])]
         ax.plot(gaps_x, gaps_y, ".", ms=2.5, color="0.25", label="A: gap before each token")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylabel("A gap (s)")
         f = run["figures"]
         b, c = recs["B"], recs["C"]
@@ -63,7 +72,7 @@ def draw(data: dict, path: Path) -> Path | None:
         if k == 0:
             ax.legend(loc="upper left", fontsize=7, ncol=5, framealpha=0.9)
         if has_trace:
-            sx = axes[k * step + 1]
+            sx = strips[k]
             steps = run.get("trace") or []
             pre = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] == "prefill" and s["t"] + s["dur"] >= t0]
             dec = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] != "prefill" and s["t"] + s["dur"] >= t0]
@@ -75,9 +84,14 @@ def draw(data: dict, path: Path) -> Path | None:
             if not steps:
                 sx.text(0.5, 0.5, "no trace", transform=sx.transAxes, ha="center", va="center", fontsize=7)
     end = max((r["records"]["A"]["ended"] or 0) - r["records"]["A"]["sent"] for _, r in panels)
-    axes[-1].set_xlim(0, end * 1.02 if end > 0 else None)
-    axes[-1].set_xlabel("seconds since A's send")
-    fig.suptitle("tfbench long-prompt: A's inter-token gaps while B's cold prompt fills", fontsize=11, y=0.995)
+    last = strips[-1] if strips else axes[-1]
+    last.set_xlim(0, end * 1.02 if end > 0 else None)
+    for a in axes + strips:
+        if a is not last:
+            a.tick_params(labelbottom=False)
+    last.set_xlabel("seconds since A's send")
+    fig.suptitle("A's inter-token gaps while B's cold prompt fills"
+                 + ("; strips: the engine's prompt steps and decode rounds" if has_trace else ""), fontsize=11)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -1,0 +1,80 @@
+"""End to end through the CLI on the real engine's `tiny` preset with short timings; and --url
+against the harness's fake server."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tensorfold_bench.cli import app
+from tensorfold_bench.launcher import group_alive, launch
+
+SHORT = ["--model", "tiny", "--b-at", "0.5", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64"]
+
+
+def receipt_json(out: Path) -> dict:
+    files = list(out.glob("*-long-prompt.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
+def test_long_prompt_tiny_engine(tmp_path):
+    res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--share", "0.5", "--plain-check", "--out", str(tmp_path)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    data = receipt_json(tmp_path)
+    assert data["schema"] == "tfbench.receipt/1"
+    assert [r["variant"] for r in data["runs"]] == ["whole", "stepped p=0.5", "stepped p=0.5", "whole"]
+    assert data["settings"]["script"]["b_tokens"] == 600
+    env = data["environment"]["engine"]
+    assert env["engine"]["model"] == "tiny" and "torch" in env["engine"] and "commit" in env
+    for r in data["runs"]:
+        assert r["figures"]["b_first_token"] > 0 and r["figures"]["c_first_token"] > 0
+        assert len(r["records"]["A"]["token_ids"]) > 10
+        assert r["records"]["B"]["usage"]["prompt_tokens"] == 600
+        assert r["trace"], "the engine ran with --trace"
+        assert Path(r["log"]).exists()
+        assert not group_alive(r["server"]["pgid"]), "a server outlived its run"
+    assert not group_alive(data["plain"]["server"]["pgid"])
+    # the same prompts on every fresh server: the same replies, whatever the schedule
+    hashes = data["exactness"]["hashes"]
+    for k in "ABC":
+        assert len({h[k] for h in hashes.values()}) == 1, (k, hashes)
+    for cmp in list(data["exactness"]["vs_plain"].values()) + list(data["exactness"]["vs_first"].values()):
+        assert all(c["equal"] for c in cmp), cmp
+    assert data["exactness"]["server_sha"]["mismatch"] == 0 and data["exactness"]["server_sha"]["match"] >= 8
+    assert set(data["alone"]) == {"whole", "stepped p=0.5"}
+    md = next(tmp_path.glob("*-long-prompt.md")).read_text()
+    assert "| whole |" in md and "6 of 6 equal" in md and "Not run, and why" in md
+    assert next(tmp_path.glob("*-long-prompt.png")).stat().st_size > 10_000
+    # the Markdown renders from the JSON alone
+    js = next(tmp_path.glob("*-long-prompt.json"))
+    before = md
+    res = CliRunner().invoke(app, ["report", str(js), "--no-png"])
+    assert res.exit_code == 0, res.output
+    assert js.with_suffix(".md").read_text() == before.replace(f"![timeline: A's inter-token gaps, B and C marked]({js.with_suffix('.png').name})\n\n", "")
+
+
+def test_url_targets_running_server(tmp_path):
+    cmd = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
+    with launch(["--trace"], tmp_path / "fake.log", command=cmd) as srv:
+        res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--url", srv.url, "--order", "base,new",
+                                       "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, (res.output, res.exception)
+    data = receipt_json(tmp_path / "r")
+    assert [r["server"] for r in data["runs"]] == [{}, {}]
+    b_prompts = {r["hashes"]["B"]["sha256"] for r in data["runs"]}
+    assert len(b_prompts) == 2  # each run its own cold prompt on a shared server
+    assert all(r["figures"]["valid"] for r in data["runs"]), [r["figures"]["invalid_reasons"] for r in data["runs"]]
+    assert any("--url" in line for line in data["not_run"])
+
+
+@pytest.mark.parametrize("args, flag", [(["--share", "2"], "--share"), (["--order", "whole,bogus"], "--order"),
+                                        (["--b-at", "x"], "--b-at"), (["--b-tokens", "0"], "--b-tokens")])
+def test_bad_flag_is_one_red_line_exit_2(args, flag):
+    p = subprocess.run([sys.executable, "-m", "tensorfold_bench", "run", "long-prompt", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert flag in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

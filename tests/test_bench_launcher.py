@@ -1,0 +1,43 @@
+"""The launcher: a server that dies at start fails fast with its log; the group is gone after."""
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorfold_bench.errors import ServerError
+from tensorfold_bench.launcher import group_alive, launch
+
+
+def test_server_exiting_at_start_fails_fast_with_log_tail(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('loading model'); print('boom: no such preset', file=sys.stderr); sys.exit(3)"]
+    t = time.monotonic()
+    with pytest.raises(ServerError) as e:
+        with launch(["--model", "nope"], tmp_path / "run.log", command=cmd):
+            pass
+    assert time.monotonic() - t < 10
+    msg = str(e.value)
+    assert "exited with code 3" in msg and "boom: no such preset" in msg and str(tmp_path / "run.log") in msg
+
+
+def test_server_command_from_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} -c 'import sys; print(sys.argv[1:]); sys.exit(1)'")
+    with pytest.raises(ServerError) as e:
+        with launch(["--prefill-mode", "whole"], tmp_path / "x.log"):
+            pass
+    assert "--prefill-mode" in str(e.value) and "serve" in str(e.value)
+
+
+def test_fake_server_group_killed_on_exit_and_error(tmp_path):
+    cmd = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
+    with launch([], tmp_path / "ok.log", command=cmd) as srv:
+        pgid = srv.pgid
+        assert group_alive(pgid)
+    assert not group_alive(pgid)
+    with pytest.raises(RuntimeError):
+        with launch([], tmp_path / "err.log", command=cmd) as srv:
+            pgid = srv.pgid
+            raise RuntimeError("client failed")
+    assert not group_alive(pgid)
+    assert "serve" in (tmp_path / "ok.log").read_text().splitlines()[0]
