@@ -189,6 +189,15 @@ def main(
             row[3:] = [f"{roof:,.1f}", f"{(k / s) / roof:.0%}"]
         out["decode"][k] = rec
         table.add_row(*row)
+    if cuda and 1 in levels:  # what the fixed padded shape costs: the same model at shape 1
+        from dataclasses import replace
+        r1 = ModelRunner(replace(cfg, parallel=1, max_model_len=ctx + rounds + 64), model=r.model)
+        s1 = bench_decode(r1, 1, rounds, reps, ctx)
+        pad_cost = out["decode"][1]["round_s"] / s1 - 1
+        out["decode_unpadded_1"] = {"round_s": s1, "tok_s": 1 / s1, "padded_cost": pad_cost}
+        table.add_row("decode 1 stream, shape 1 (not invariant)", f"{s1 * 1e3:.2f} ms", f"{1 / s1:,.1f}", "",
+                      f"padding costs {pad_cost:+.1%}")
+        del r1
     console.print(table)
     console.print(f"model load {out['load_s']:.1f} s; parameters {r.model_config.num_parameters() / 1e9:.3f} B; "
                   f"cuda graph {r.graph is not None}; torch {torch.__version__}; threads {torch.get_num_threads()}")

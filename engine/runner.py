@@ -56,7 +56,8 @@ def _maybe_fail() -> None:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig):
+    def __init__(self, cfg: EngineConfig, model=None):
+        """`model`: reuse an already loaded (fused) model of the same shape (bench comparisons)."""
         self.cfg = cfg
         mcfg, name, model_dir = resolve_model(cfg.model)
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
@@ -75,9 +76,12 @@ class ModelRunner:
         self.eos_token_id: int = mcfg.eos_token_id
         self.tokenizer = load_tokenizer(model_dir, mcfg.vocab_size, mcfg.eos_token_id)
 
-        self.model = load_model(mcfg, cfg.load_format, model_dir, self.device, self.dtype, cfg.seed)
-        self.model.fuse()
-        self.model.setup_rope(cfg.max_model_len)
+        if model is None:
+            model = load_model(mcfg, cfg.load_format, model_dir, self.device, self.dtype, cfg.seed)
+            model.fuse()
+        self.model = model
+        if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
+            model.setup_rope(cfg.max_model_len)
         self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
