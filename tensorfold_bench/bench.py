@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -115,11 +116,9 @@ def source_root(variant: Variant) -> Path:
     """Where a variant's engine source lives: this repository, or a worktree of its ref."""
     if variant.ref is None:
         return REPO_ROOT
-    try:
-        from tensorfold_bench import worktree  # issue 5
-    except ImportError:
-        raise BenchError(f"variant {variant.name!r} names git ref {variant.ref!r}: git-ref variants are not built yet") from None
-    return Path(worktree.checkout(variant.ref))
+    from tensorfold_bench import worktree
+
+    return Path(worktree.source(variant.ref).path)
 
 
 @contextlib.contextmanager
@@ -129,8 +128,9 @@ def server_for(settings: LongPromptSettings, variant: Variant, log: Path, facts:
         with existing(settings.url) as url:
             yield url
         return
-    with launch(settings.engine.flags() + variant.args, log, env=variant.env, root=source_root(variant)) as srv:
-        facts.update(pgid=srv.pgid, argv=srv.argv, root=str(source_root(variant)))
+    root = source_root(variant)
+    with launch(settings.engine.flags() + variant.args, log, env=variant.env, root=root) as srv:
+        facts.update(pgid=srv.pgid, argv=srv.argv, root=str(root))
         yield srv.url
 
 
@@ -222,7 +222,7 @@ def run_long_prompt(settings: LongPromptSettings, reporter: Reporter | None = No
         v = by_name[name]
         rep.step(f"run {i}/{len(settings.order)}: {name}")
         log = settings.run_dir / f"run{i}-{slug(name)}.log"
-        server: dict = {}
+        server: dict = {"load_before": os.getloadavg()[0]}
         with server_for(settings, v, log, server) as url:
             info = server_info(url)
             model, vocab, mml = model_facts(info)
@@ -324,6 +324,9 @@ def exactness(data: dict) -> dict:
 
 def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
     out = []
+    if settings.engine.device == "cpu" and not settings.url:
+        out.append("CUDA: this receipt is the cpu preset (fp32 on the host's cores). The same command with "
+                   "--device cuda runs qwen3-8b in bf16 with a 32,000-token B at 5 s.")
     if settings.url:
         out.append(f"Fresh servers: --url {settings.url} targets a running server, so every variant ran on it "
                    "as it is configured and each run used its own prompts (cold B) instead of a restart.")

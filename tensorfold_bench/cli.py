@@ -172,7 +172,7 @@ def report(path: Annotated[Path, typer.Argument(help="A receipt's JSON.")],
     png_path = receipt.render_png(data, path.with_suffix(".png")) if png else None
     md = receipt.render_markdown(data, png_path.name if png_path else None)
     path.with_suffix(".md").write_text(md)
-    out.print(md, markup=False, highlight=False)
+    sys.stdout.write(md)
 
 
 def main() -> None:

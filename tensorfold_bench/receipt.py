@@ -134,14 +134,16 @@ def table(data: dict) -> list[str]:
 
 def runs_table(data: dict) -> list[str]:
     rows = ["| run | variant | B first token | C first token | A longest pause | A during B | A before | "
-            "late A / B / C (ms) | B cached | valid |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "late A / B / C (ms) | B cached | load | valid |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["runs"]:
         f = figures_of(r)
         late = " / ".join("-" if f.lateness.get(k) is None else f"{1000 * f.lateness[k]:.0f}" for k in "ABC")
         cached = ((r["records"]["B"].get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        load = (r.get("server") or {}).get("load_before")
         rows.append(f"| {r['index']} | {r['variant']} | {num(f.b_first_token)} s | {num(f.c_first_token)} s | "
                     f"{num(f.a_longest_pause)} s | {num(f.a_rate_during, 1)} | {num(f.a_rate_before, 1)} | {late} | "
-                    f"{'-' if cached is None else cached} | {'yes' if f.valid else 'no: ' + '; '.join(f.invalid_reasons)} |")
+                    f"{'-' if cached is None else cached} | {num(load, 1)} | "
+                    f"{'yes' if f.valid else 'no: ' + '; '.join(f.invalid_reasons)} |")
     return rows
 
 
@@ -196,7 +198,9 @@ def exactness_lines(data: dict) -> list[str]:
 
 def render_markdown(data: dict, png_name: str | None = None) -> str:
     out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(data), "",
-           test_paragraph(data), "", *table(data), "", "Every run:", "", *runs_table(data), "",
+           test_paragraph(data), "", *table(data), "",
+           "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "
+           "started):", "", *runs_table(data), "",
            "**Exactness.**", *exactness_lines(data), ""]
     if png_name:
         out += [f"![timeline: A's inter-token gaps, B and C marked]({png_name})", ""]

@@ -63,7 +63,7 @@ def test_url_targets_running_server(tmp_path):
                                        "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, (res.output, res.exception)
     data = receipt_json(tmp_path / "r")
-    assert [r["server"] for r in data["runs"]] == [{}, {}]
+    assert all("pgid" not in r["server"] for r in data["runs"])  # nothing launched
     b_prompts = {r["hashes"]["B"]["sha256"] for r in data["runs"]}
     assert len(b_prompts) == 2  # each run its own cold prompt on a shared server
     assert all(r["figures"]["valid"] for r in data["runs"]), [r["figures"]["invalid_reasons"] for r in data["runs"]]
