@@ -198,6 +198,16 @@ def main(
         table.add_row("decode 1 stream, shape 1 (not invariant)", f"{s1 * 1e3:.2f} ms", f"{1 / s1:,.1f}", "",
                       f"padding costs {pad_cost:+.1%}")
         del r1
+        r2 = ModelRunner(replace(cfg, parallel=parallel, max_model_len=ctx + rounds + 64, extra={"fused": False}),
+                         model=r.model)
+        s2 = bench_decode(r2, 1, rounds, reps, ctx)
+        out["decode_plain_ops_1"] = {"round_s": s2, "tok_s": 1 / s2}
+        table.add_row("decode 1 stream, plain torch ops", f"{s2 * 1e3:.2f} ms", f"{1 / s2:,.1f}", "", "")
+        n = min(plens)
+        s3 = bench_prefill(r2, n, reps)
+        out["prefill_plain_ops"] = {n: {"seconds": s3, "tok_s": n / s3}}
+        table.add_row(f"prompt {n}, plain torch ops", f"{s3:.3f} s", f"{n / s3:,.0f}", "", "")
+        del r2
     console.print(table)
     console.print(f"model load {out['load_s']:.1f} s; parameters {r.model_config.num_parameters() / 1e9:.3f} B; "
                   f"cuda graph {r.graph is not None}; torch {torch.__version__}; threads {torch.get_num_threads()}")

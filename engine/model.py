@@ -168,9 +168,27 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
-    def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False) -> torch.Tensor:
+    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend) -> torch.Tensor:
+        """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
+        cache write, silu*up; the matmuls stay cuBLAS."""
+        from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
+        cfg, layers = self.config, self.model.layers
+        eps = cfg.rms_norm_eps
+        x, h = add_rmsnorm(self.model.embed_tokens(tokens), None, layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(layers):
+            a, m = layer.self_attn, layer.mlp
+            q = qk_norm_rope_write(F.linear(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
+                                   kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
+            x, h = add_rmsnorm(x, a.o_proj(attend(i, q)), layer.post_attention_layernorm.weight, eps)
+            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
+            x, h = add_rmsnorm(x, m.down_proj(silu_mul(F.linear(h, m.w_gate_up))), nxt, eps)
+        return h
+
+    def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
+                fused: bool = False) -> torch.Tensor:
         """One cut: tokens [T] at positions [start, start+T) of `lane`. Returns the logits of the
-        last row ([vocab], the lm_head runs for that row only), or of every row if all_logits."""
+        last row ([vocab], the lm_head runs for that row only), or of every row if all_logits.
+        fused: run the trunk through the Triton kernels (CUDA, or the interpreter)."""
         end = start + tokens.shape[0]
         positions = torch.arange(start, end, device=tokens.device)
 
@@ -181,10 +199,15 @@ class Qwen3ForCausalLM(nn.Module):
         def attend(i, q):
             return prefill_attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
 
-        x = self.trunk(tokens, positions, write_kv, attend)
+        if fused:
+            lanes = torch.full_like(positions, lane)
+            x = self.trunk_fused(tokens, positions, lanes, kv, attend)
+        else:
+            x = self.trunk(tokens, positions, write_kv, attend)
         return self.lm_head(x if all_logits else x[-1])
 
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn,
+               fused: bool = False) -> torch.Tensor:
         """One row per entry of the fixed padded batch: tokens, positions, lanes [P]. Writes each
         row's K/V at (lane, position); attend_fn(kv, layer, q, lanes, positions) reads [0, pos]."""
 
@@ -195,6 +218,8 @@ class Qwen3ForCausalLM(nn.Module):
         def attend(i, q):
             return attend_fn(kv, i, q, lanes, positions)
 
+        if fused:
+            return self.lm_head(self.trunk_fused(tokens, positions, lanes, kv, attend))
         return self.lm_head(self.trunk(tokens, positions, write_kv, attend))
 
 

@@ -85,6 +85,8 @@ class ModelRunner:
         self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
+        # CUDA: fused Triton kernels around the matmuls (extra={"fused": False} for the plain ops)
+        self.fused = self.device.type == "cuda" and cfg.extra.get("fused", True)
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -108,7 +110,7 @@ class ModelRunner:
         if end > self.max_model_len:
             raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
         ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
-        logits = self.model.prefill(ids, lane, start, self.kv)
+        logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
         if end == n:
             return int(logits.argmax(-1).item())
         return None
@@ -145,7 +147,7 @@ class ModelRunner:
         else:
             def attend(kv, i, q, lanes_t, positions_t):
                 return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
-        return self.model.decode(tokens, positions, lanes, self.kv, attend).argmax(-1)
+        return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused).argmax(-1)
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
@@ -233,6 +235,7 @@ class ModelRunner:
                 pass
         return {
             **dev,
+            "fused_kernels": self.fused,
             "torch": torch.__version__,
             "dtype": self.cfg.dtype,
             "model": self.model_name,

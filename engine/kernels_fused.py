@@ -1,0 +1,118 @@
+"""Fused Triton kernels for the CUDA forward: what a plain PyTorch layer spends ~40 small kernels on.
+
+- `add_rmsnorm(x, r, w)`: x + r (rounded to x's dtype, the new residual) and its RMSNorm, one pass.
+- `qk_norm_rope_write(qkv, ...)`: per-head RMSNorm of q and k, RoPE, and the K/V rows written
+  into the cache at (lane, position): one kernel instead of ~30.
+- `silu_mul(gate_up)`: silu(gate) * up.
+Each row is computed by its own program from its own data only, so these are row-invariant.
+Arithmetic in float32, rounded once to the model dtype (HF rounds a few more times in between;
+the difference is rounding-level and checked against a float32 reference on the device).
+Runs under TRITON_INTERPRET=1 on the CPU (tests/test_runner.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    m = c < N
+    x = tl.load(X + row * N + c, mask=m, other=0.0)
+    if HAS_R:
+        x = (x.to(tl.float32) + tl.load(R + row * N + c, mask=m, other=0.0).to(tl.float32)).to(XOut.dtype.element_ty)
+        tl.store(XOut + row * N + c, x, mask=m)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
+    y = (xf * inv).to(Y.dtype.element_ty).to(tl.float32) * tl.load(W + c, mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + row * N + c, y.to(Y.dtype.element_ty), mask=m)
+
+
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float):
+    """Returns (x + r, rmsnorm(x + r) * w); with r None, (x, rmsnorm(x) * w)."""
+    rows, n = x.shape
+    y = torch.empty_like(x)
+    xo = torch.empty_like(x) if r is not None else x
+    _add_rmsnorm_kernel[(rows,)](x, r if r is not None else x, w, xo, y, n, eps, HAS_R=r is not None,
+                                 BLOCK=triton.next_power_of_2(n), num_warps=8 if n >= 2048 else 4)
+    return xo, y
+
+
+@triton.jit
+def _qk_norm_rope_kernel(QKV, WQ, WK, Cos, Sin, QOut, KC, VC, Lanes, Pos,
+                         stride_row, stride_cb, stride_ct, stride_ch, eps,
+                         H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)  # 0..H-1: q heads, H..H+KVH-1: k heads, then v heads
+    half = tl.arange(0, D // 2)
+    base = QKV + row * stride_row + head * D
+    x1 = tl.load(base + half).to(tl.float32)
+    x2 = tl.load(base + D // 2 + half).to(tl.float32)
+    pos = tl.load(Pos + row).to(tl.int64)
+    if head < H + KVH:
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
+        if head < H:
+            w1 = tl.load(WQ + half).to(tl.float32)
+            w2 = tl.load(WQ + D // 2 + half).to(tl.float32)
+        else:
+            w1 = tl.load(WK + half).to(tl.float32)
+            w2 = tl.load(WK + D // 2 + half).to(tl.float32)
+        n1 = (x1 * inv).to(QOut.dtype.element_ty).to(tl.float32) * w1
+        n2 = (x2 * inv).to(QOut.dtype.element_ty).to(tl.float32) * w2
+        n1 = n1.to(QOut.dtype.element_ty).to(tl.float32)
+        n2 = n2.to(QOut.dtype.element_ty).to(tl.float32)
+        c1 = tl.load(Cos + pos * D + half).to(tl.float32)
+        s1 = tl.load(Sin + pos * D + half).to(tl.float32)
+        c2 = tl.load(Cos + pos * D + D // 2 + half).to(tl.float32)
+        s2 = tl.load(Sin + pos * D + D // 2 + half).to(tl.float32)
+        o1 = n1 * c1 - n2 * s1
+        o2 = n2 * c2 + n1 * s2
+        if head < H:
+            qb = QOut + row * (H * D) + head * D
+            tl.store(qb + half, o1.to(QOut.dtype.element_ty))
+            tl.store(qb + D // 2 + half, o2.to(QOut.dtype.element_ty))
+        else:
+            lane = tl.load(Lanes + row).to(tl.int64)
+            kb = KC + lane * stride_cb + pos * stride_ct + (head - H) * stride_ch
+            tl.store(kb + half, o1.to(KC.dtype.element_ty))
+            tl.store(kb + D // 2 + half, o2.to(KC.dtype.element_ty))
+    else:
+        lane = tl.load(Lanes + row).to(tl.int64)
+        vb = VC + lane * stride_cb + pos * stride_ct + (head - H - KVH) * stride_ch
+        tl.store(vb + half, x1.to(VC.dtype.element_ty))
+        tl.store(vb + D // 2 + half, x2.to(VC.dtype.element_ty))
+
+
+def qk_norm_rope_write(qkv, wq, wk, cos, sin, kc, vc, lanes, positions, n_heads, n_kv, head_dim, eps):
+    """qkv [rows, (H + 2 KVH) * D] -> q [rows, H, D] normed and rotated; k (normed, rotated) and v
+    written into kc/vc ([lanes, max_len, KVH, D], one layer) at (lanes[r], positions[r])."""
+    rows = qkv.shape[0]
+    q = torch.empty(rows, n_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    _qk_norm_rope_kernel[(rows, n_heads + 2 * n_kv)](
+        qkv, wq, wk, cos, sin, q, kc, vc, lanes, positions,
+        qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), eps,
+        H=n_heads, KVH=n_kv, D=head_dim, num_warps=1)
+    return q
+
+
+@triton.jit
+def _silu_mul_kernel(GU, Out, I, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < I
+    g = tl.load(GU + row * 2 * I + c, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(GU + row * 2 * I + I + c, mask=m, other=0.0).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(Out.dtype.element_ty).to(tl.float32)
+    tl.store(Out + row * I + c, (s * u).to(Out.dtype.element_ty), mask=m)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    rows, two_i = gu.shape
+    i = two_i // 2
+    out = torch.empty(rows, i, dtype=gu.dtype, device=gu.device)
+    block = 1024
+    _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, BLOCK=block, num_warps=4)
+    return out
