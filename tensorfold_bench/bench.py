@@ -281,10 +281,12 @@ def run_plain(settings: LongPromptSettings, data: dict, vocab: int) -> dict:
             "engine": info.get("engine")}
 
 
-def compare_run(run: dict, ref: dict) -> list[dict]:
+def compare_run(run: dict, ref: dict, ref_a: dict | None = None) -> list[dict]:
+    """A, B and C of `run` against `ref` (A against `ref_a` if given: the longest A, so that each
+    run's A is compared on its whole length)."""
     out = []
     for k in ("A", "B", "C"):
-        r, f = run["records"][k], ref["records"][k]
+        r, f = run["records"][k], (ref_a if k == "A" and ref_a is not None else ref)["records"][k]
         c = compare_reply(k, r["token_ids"], f["token_ids"], prefix=(k == "A"), server_sha=r["server_sha"],
                           ref_sha=f["server_sha"])
         out.append({"stream": k, "equal": c.equal, "detail": c.detail})
@@ -292,18 +294,21 @@ def compare_run(run: dict, ref: dict) -> list[dict]:
 
 
 def exactness(data: dict) -> dict:
-    """Each run's replies against the first run (always) and the plain reference (if run); the
-    servers' token_sha against our own hashes; A's hash over the common prefix."""
+    """Each run's replies against the other runs (B and C against the first complete run, A against
+    the longest A) and against the plain reference (if run); the servers' token_sha against our
+    own hashes; A's table hash over the common prefix."""
     runs = [r for r in data["runs"] if not any(rec["error"] for rec in r["records"].values())]
-    out: dict = {"vs_first": {}, "vs_plain": {}, "server_sha": {"match": 0, "mismatch": 0, "absent": 0},
+    out: dict = {"across_runs": {}, "refs": None, "vs_plain": {}, "server_sha": {"match": 0, "mismatch": 0, "absent": 0},
                  "a_prefix": None, "hashes": {}}
     if not runs:
         return out
     first = runs[0]
+    longest = max(runs, key=lambda r: len(r["records"]["A"]["token_ids"]))
+    out["refs"] = {"BC": first["index"], "A": longest["index"]}
     same_prompts = not data["settings"].get("url")
     for r in data["runs"]:
         if same_prompts:
-            out["vs_first"][str(r["index"])] = compare_run(r, first)
+            out["across_runs"][str(r["index"])] = compare_run(r, first, longest)
         if data.get("plain"):
             out["vs_plain"][str(r["index"])] = compare_run(r, data["plain"])
         for h in r["hashes"].values():
@@ -318,6 +323,7 @@ def exactness(data: dict) -> dict:
         ids = known_ids(r["records"]["A"]["token_ids"])
         out["hashes"][str(r["index"])] = {
             "A": short(token_hash(ids[:n])) if ids is not None and len(ids) >= n else None,
+            "A_tokens": len(r["records"]["A"]["token_ids"]),
             "B": short(r["hashes"]["B"]["sha256"]), "C": short(r["hashes"]["C"]["sha256"])}
     return out
 

@@ -173,10 +173,11 @@ def count_equal(data: dict, key: str) -> list[str]:
 def exactness_lines(data: dict) -> list[str]:
     ex = data.get("exactness") or {}
     lines = []
-    first = data["runs"][0] if data["runs"] else None
-    vs_first = count_equal(data, "vs_first")
-    if vs_first and first:
-        lines.append(f"- Against run 1 ({first['variant']}), replies A, B and C per run: " + vs_first[0])
+    refs = ex.get("refs") or {}
+    across = count_equal(data, "across_runs")
+    if across and refs:
+        lines.append(f"- Across runs (B and C against run {refs['BC']}; A against the longest A, run {refs['A']}, "
+                     "on each A's own length), replies A, B and C per run: " + across[0])
     vs_plain = count_equal(data, "vs_plain")
     if vs_plain:
         lines.append("- Against the plain reference (each request alone, one stream, whole prompt, no prompt cache, "
@@ -191,8 +192,10 @@ def exactness_lines(data: dict) -> list[str]:
         lines.append(f"- Hashes (sha256 of the comma-joined ids, first 12 hex; A over its first {ex.get('a_prefix')} "
                      "tokens, the shortest A): " + "; ".join(f"{k} {', '.join('`' + h + '`' for h in v) or '-'}"
                                                   for k, v in distinct.items()) + ".")
-    lines.append("- A is cancelled, so its length varies: each run's A is compared on its own length with the "
-                 "reference's prefix (the plain reference's A is generated as long as the longest A).")
+    lens = [h.get("A_tokens") for h in hashes.values() if h.get("A_tokens") is not None]
+    lines.append("- A is cancelled, so its length varies" + (f" ({min(lens)} to {max(lens)} tokens)" if lens else "")
+                 + ": each run's A is compared on its own length with the reference's prefix"
+                 + (" (the plain reference's A is generated as long as the longest A)." if data.get("plain") else "."))
     return lines
 
 

@@ -41,7 +41,7 @@ def test_long_prompt_tiny_engine(tmp_path):
     hashes = data["exactness"]["hashes"]
     for k in "ABC":
         assert len({h[k] for h in hashes.values()}) == 1, (k, hashes)
-    for cmp in list(data["exactness"]["vs_plain"].values()) + list(data["exactness"]["vs_first"].values()):
+    for cmp in list(data["exactness"]["vs_plain"].values()) + list(data["exactness"]["across_runs"].values()):
         assert all(c["equal"] for c in cmp), cmp
     assert data["exactness"]["server_sha"]["mismatch"] == 0 and data["exactness"]["server_sha"]["match"] >= 8
     assert set(data["alone"]) == {"whole", "stepped p=0.5"}
