@@ -172,8 +172,9 @@ def model_facts(info: dict) -> tuple[str, int | None, int | None]:
 
 
 def foreign_extra(url: str | None) -> dict:
-    """Extra request fields for servers other than tfengine (usage in the stream, token ids)."""
-    return {"stream_options": {"include_usage": True}, "logprobs": 1} if url else {}
+    """Extra request fields for servers other than tfengine: usage in the stream, and token ids
+    (vLLM's `return_token_ids`; else logprobs "token_id:N" with --return-tokens-as-token-ids)."""
+    return {"stream_options": {"include_usage": True}, "logprobs": 1, "return_token_ids": True} if url else {}
 
 
 def records_dict(recs: dict[str, StreamRecord]) -> dict[str, dict]:

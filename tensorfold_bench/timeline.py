@@ -12,6 +12,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 
+GAP_FLOOR = 0.005  # two tokens read together (one TCP read) have a gap of ~0: drawn here
+
+
 def representative(runs: list[dict]) -> dict | None:
     ok = [r for r in runs if r["figures"]["valid"] and r["figures"]["b_first_token"] is not None] or runs
     if not ok:
@@ -47,8 +50,8 @@ def draw(data: dict, path: Path) -> Path | None:
         t0 = recs["A"]["sent"]
         times = recs["A"]["token_times"]
         gaps_x = [b - t0 for a, b in zip(times, times[1:])]
-        gaps_y = [max(b - a, 1e-4) for a, b in zip(times, times[1:])]
-        ax.plot(gaps_x, gaps_y, ".", ms=2.5, color="0.25", label="A: gap before each token")
+        gaps_y = [max(b - a, GAP_FLOOR) for a, b in zip(times, times[1:])]
+        ax.plot(gaps_x, gaps_y, ".", ms=2.5, color="0.25", label=f"A: gap before each token (below {GAP_FLOOR * 1000:g} ms: at the floor)")
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -69,8 +72,11 @@ def draw(data: dict, path: Path) -> Path | None:
             title += "  [INVALID]"
         ax.set_title(title, fontsize=9, loc="left")
         ax.grid(True, which="major", alpha=0.3)
+        top = max(gaps_y + [1.0]) * 2
+        ax.set_ylim(GAP_FLOOR * 0.8, top)
         if k == 0:
-            ax.legend(loc="upper left", fontsize=7, ncol=5, framealpha=0.9)
+            fig.legend(*ax.get_legend_handles_labels(), loc="upper center", fontsize=8, ncol=5, frameon=False,
+                       bbox_to_anchor=(0.5, 0.955))
         if has_trace:
             sx = strips[k]
             steps = run.get("trace") or []
