@@ -411,6 +411,12 @@ def stats_table(data: dict, label: str = "streams", unit: str = "tok/s") -> list
     return lines
 
 
+def exactness_line(data: dict) -> str:
+    h = data["hashes"]
+    return (f"Token hashes: {h['equal']} of {h['replies']} replies equal ({h['prompts']} prompts)"
+            + ("." if h["ok"] else f"; {len(h['flagged'])} differ (see the receipt)."))
+
+
 def test_paragraph(data: dict) -> str:
     s = data["settings"]["script"]
     order = "/".join(data["settings"]["order"])
