@@ -4,7 +4,7 @@ later commands (sweep) reuse the variant and engine flags."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover
 from tensorfold_bench import bench, receipt
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.scenario import LongPromptScript
-from tensorfold_bench.variants import default_order, parse_floats, parse_order, share_variants
+from tensorfold_bench.variants import Variant, default_order, parse_floats, parse_order, share_variants
 
 console = Console(stderr=True)
 out = Console()
@@ -84,32 +84,48 @@ class RichReporter:
         self.p.console.print(f"  {text}")
 
 
+def variants_and_order(share: str, order: str | None) -> tuple[list[Variant], list[str]]:
+    """--share and --order -> [base, news...] and the run order (shared by every scenario)."""
+    base, news = share_variants(parse_floats("--share", share))
+    variants = [base, *news]
+    return variants, (parse_order(order, variants) if order else default_order(base, news))
+
+
+def engine_setup(*, model, device, dtype, parallel, prefill_rows, max_model_len, seed, trace, engine_args,
+                 url=None) -> bench.EngineSetup:
+    """The shared engine flags, with the device preset's defaults."""
+    pre = preset(device)
+    for flag, v in (("--parallel", parallel), ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len)):
+        positive(flag, v)
+    return bench.EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype,
+                             parallel=parallel or 4, prefill_rows=prefill_rows or pre.prefill_rows,
+                             max_model_len=None if url else max_model_len, seed=seed, trace=trace,
+                             extra_args=list(engine_args or []))
+
+
+def preset(device: str) -> Preset:
+    if device not in PRESETS:
+        raise FlagError("--device", f"must be cpu or cuda, not {device!r}")
+    return PRESETS[device]
+
+
 def long_prompt_settings(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
                          max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
                          stamp="") -> bench.LongPromptSettings:
     """Flags -> settings, with the device preset's defaults; every bad value names its flag."""
-    if device not in PRESETS:
-        raise FlagError("--device", f"must be cpu or cuda, not {device!r}")
-    pre = PRESETS[device]
-    for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--parallel", parallel),
-                    ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len), ("--a-tokens", a_tokens)):
+    pre = preset(device)
+    for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens)):
         positive(flag, v)
     if c_after < 0:
         raise FlagError("--c-after", f"must be at least 0, not {c_after}")
-    base, news = share_variants(parse_floats("--share", share))
-    variants = [base, *news]
-    order_names = parse_order(order, variants) if order else default_order(base, news)
+    variants, order_names = variants_and_order(share, order)
     b_tokens = b_tokens or pre.b_tokens
-    mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)
+    mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
                               c_tokens=c_tokens, seed=seed)
-    a_max = a_tokens or (mml - script.a_prompt_tokens - 1)
-    from dataclasses import replace
-    script = replace(script, a_max_tokens=a_max)
-    engine = bench.EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype,
-                               parallel=parallel or 4, prefill_rows=prefill_rows or pre.prefill_rows,
-                               max_model_len=None if url else mml, seed=seed, trace=trace,
-                               extra_args=list(engine_args or []))
+    script = replace(script, a_max_tokens=a_tokens or (mml - script.a_prompt_tokens - 1))
+    engine = engine_setup(model=model, device=device, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
+                          max_model_len=mml, seed=seed, trace=trace, engine_args=engine_args, url=url)
     return bench.LongPromptSettings(engine=engine, script=script, variants=variants, order=order_names,
                                     out_dir=out_dir, url=url, plain_check=plain_check, stamp=stamp)
 
