@@ -33,12 +33,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from tensorfold_bench import bench, stats, sweep, worktree
-from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.exactness import known_ids, token_hash
 from tensorfold_bench.metrics import long_prompt_figures
 from tensorfold_bench.scenario import LongPromptScript, make_prompts, play_long_prompt
@@ -142,11 +142,15 @@ def play_run(url: str, info: dict, p: GatePreset, name: str, note: Callable[[str
                     "C": token_hash(ids["C"])[:12] if ids["C"] else None}}
 
 
-def run_gate(settings: GateSettings, reporter=None) -> dict:
-    """Run base/new/new/base and judge; the returned data carries `passed` and `reasons`."""
+def run_gate(settings: GateSettings, reporter=None, _fallback: str | None = None) -> dict:
+    """Run base/new/new/base and judge; the returned data carries `passed` and `reasons`.
+    A base whose engine will not serve (an old or broken commit) is reported, and the working
+    tree is then compared with itself, as for a missing base; a new side that will not serve
+    is an error (exit 2)."""
     rep = reporter or bench.QuietReporter()
     p = PRESETS[settings.preset]
     base_src, new_src, missing = sources(settings)
+    missing = _fallback or missing
     root = worktree.repo_root(settings.repo)
     accepted = settings.accept_new_outputs or accepted_by_file(root, base_src.commit if not missing else None)
     variants = {"base": Variant("base", [], dict(settings.base_env), base_src.ref and base_src.commit),
@@ -169,11 +173,22 @@ def run_gate(settings: GateSettings, reporter=None) -> dict:
         v = variants[name]
         rep.step(f"gate run {i}/{len(settings.order)}: {name}")
         log = run_dir / f"run{i}-{name}.log"
-        with bench.launch(engine.flags() + v.args, log, env=v.env, root=Path(srcs[name].path)) as srv:
-            info = bench.server_info(srv.url)
-            if data["environment"] is None:
-                data["environment"] = info
-            entry = play_run(srv.url, info, p, name, rep.note)
+        try:
+            with bench.launch(engine.flags() + v.args, log, env=v.env, root=Path(srcs[name].path)) as srv:
+                info = bench.server_info(srv.url)
+                if data["environment"] is None:
+                    data["environment"] = info
+                entry = play_run(srv.url, info, p, name, rep.note)
+        except ServerError as e:
+            if name != "base" or srcs["base"].path == srcs["new"].path:
+                raise
+            lines = str(e).splitlines()
+            why = lines[0].rstrip(":; ") + (f"; its log ends: {lines[-1].strip()}" if len(lines) > 1 else "")
+            rep.note(f"base {base_src.label} will not serve: {why}")
+            return run_gate(replace(settings, base_ref=None), reporter,
+                            f"base {base_src.label} would not serve ({why}; log {log}): the working tree "
+                            "is compared with itself (A/A): outputs must still agree across fresh servers; "
+                            "throughput checks only the noise.")
         data["runs"].append({"index": i, "variant": name, "log": str(log), **entry})
         rep.advance()
     return judge(data)
