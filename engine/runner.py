@@ -12,6 +12,9 @@
   fixed split size (engine/kernels.py); prompt cuts go through SDPA's flash kernel. On CPU, or
   when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
 
+EngineConfig.extra knobs: {"cuda_graph": bool} (default on for CUDA; asking for it on the CPU
+falls back and records why), {"fused": bool} (CUDA: Triton kernels around the matmuls, default on).
+
 Environment, for tests of the lane host:
 - TFENGINE_FAIL_STEP=k: the k-th call of prefill_step in this process (1-based, counted over
   all runners) raises RuntimeError("injected failure at prefill step k").
@@ -32,6 +35,7 @@ import torch
 
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from engine.kv_cache import KVCache
+import engine.model as model_mod
 from engine.model import decode_attention_loop
 from engine.presets import resolve_model
 from engine.tokenizer import load_tokenizer
@@ -248,6 +252,8 @@ class ModelRunner:
             "max_model_len": self.max_model_len,
             "prefill_rows": self.prefill_rows,
             "cuda_graph": self.graph is not None,
+            "prefill_attention": ("flash" if model_mod._FLASH_OK else "sdpa, expanded kv")
+            if self.device.type == "cuda" else "sdpa",
             "threads": torch.get_num_threads(),
         }
 

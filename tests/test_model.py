@@ -58,3 +58,14 @@ def test_byte_tokenizer():
 def test_config_errors():
     with pytest.raises(ConfigError):
         EngineConfig(dtype="float64")
+
+
+def test_tokenizer_json_is_used(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    tok = tokenizers.Tokenizer(WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    t = load_tokenizer(tmp_path, 3, 2)
+    assert t.name == "tokenizer.json" and t.encode("hello world") == [0, 1]
