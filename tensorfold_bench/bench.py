@@ -100,11 +100,18 @@ class QuietReporter:
 
 
 def git_commit(root: Path) -> str | None:
+    """HEAD's sha (with '+dirty' if the tree has changes), or TFBENCH_COMMIT for a copy without git."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
+        p = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True, text=True,
+                           timeout=10)
+        sha = p.stdout.strip()
+        if p.returncode == 0 and len(sha) == 40 and all(c in "0123456789abcdef" for c in sha):
+            dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=root, capture_output=True,
+                                   text=True, timeout=10).stdout.strip()
+            return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        pass
+    return os.environ.get("TFBENCH_COMMIT") or None
 
 
 def host_info() -> dict:
