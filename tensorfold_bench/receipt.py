@@ -65,6 +65,13 @@ def cell(figs: list[LongPromptFigures], key: str, med: float | None, unit: str, 
     return f"{' / '.join(vals)} → **{num(med, digits)}{unit}**"
 
 
+def short_commit(c: str | None) -> str:
+    if not c:
+        return "unknown"
+    sha, _, rest = c.partition("+")
+    return sha[:10] + (f"+{rest}" if rest else "")
+
+
 def environment_lines(data: dict) -> list[str]:
     env = data.get("environment") or {}
     eng = (env.get("engine") or {})
@@ -79,7 +86,7 @@ def environment_lines(data: dict) -> list[str]:
     bits.append(f"CUDA {desc.get('cuda_version') or desc.get('cuda') or '-'}")
     bits.append(f"driver {desc.get('driver') or '-'}")
     bits.append(f"torch {desc.get('torch') or '-'}")
-    bits.append(f"engine commit {(eng.get('commit') or 'unknown')[:10]}")
+    bits.append(f"engine commit {short_commit(eng.get('commit'))}")
     lines.append("- Device: " + ", ".join(bits) + ".")
     shape = desc.get("shape") or {}
     shape_s = ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
@@ -97,7 +104,7 @@ def environment_lines(data: dict) -> list[str]:
                                              + (f" env {v['env']}" if v.get("env") else "")
                                              + (f" @ {v['ref']}" if v.get("ref") else "") for v in data["variants"]) + ".")
     lines.append(f"- Host: Python {host.get('python')}, {host.get('platform')}; tfbench {host.get('tfbench')}"
-                 + (f" @ {host['harness_commit'][:10]}" if host.get("harness_commit") else "") + f"; {data.get('created')}.")
+                 + f" @ {short_commit(host.get('harness_commit'))}; {data.get('created')}.")
     return lines
 
 
