@@ -41,3 +41,39 @@ def test_fake_server_group_killed_on_exit_and_error(tmp_path):
             raise RuntimeError("client failed")
     assert not group_alive(pgid)
     assert "serve" in (tmp_path / "ok.log").read_text().splitlines()[0]
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="needs /proc")
+def test_ctrl_c_mid_run_stops_the_server_group(tmp_path):
+    import signal
+    import subprocess
+
+    env = dict(os.environ, TFBENCH_SERVER_CMD=f"{sys.executable} -m tensorfold_bench.fakeserver")
+    p = subprocess.Popen([sys.executable, "-m", "tensorfold_bench", "run", "long-prompt", "--model", "tiny",
+                          "--b-at", "30", "--b-tokens", "600", "--out", str(tmp_path)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    server = []
+    while time.monotonic() < deadline and not server:
+        time.sleep(0.2)
+        server = [c for c in children(p.pid) if "fakeserver" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+    assert server, "no server started"
+    time.sleep(1.0)  # inside the scenario: A is streaming, B not yet sent
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err
+    assert not group_alive(server[0])
