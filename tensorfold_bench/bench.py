@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -154,6 +155,30 @@ def server_info(url: str) -> dict:
     return out
 
 
+def wait_idle(url: str, timeout: float = 15.0) -> dict:
+    """Wait until a tfengine server runs and queues no stream (GET /metrics); other servers: no wait.
+    Returns {"confirmed": bool | None, "waited_s": float}."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            r = httpx.get(url + "/metrics", timeout=5)
+            text = r.text if r.status_code == 200 else ""
+        except httpx.HTTPError:
+            text = ""
+        vals = {}
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] in ("tfengine_running_streams", "tfengine_waiting_streams"):
+                vals[parts[0]] = float(parts[1])
+        if len(vals) < 2:
+            return {"confirmed": None, "waited_s": time.monotonic() - t0}
+        if not any(vals.values()):
+            return {"confirmed": True, "waited_s": time.monotonic() - t0}
+        if time.monotonic() - t0 > timeout:
+            return {"confirmed": False, "waited_s": time.monotonic() - t0}
+        time.sleep(0.05)
+
+
 def fetch_trace(url: str) -> list[dict] | None:
     try:
         r = httpx.get(url + "/v1/trace", timeout=30)
@@ -243,17 +268,22 @@ def run_long_prompt(settings: LongPromptSettings, reporter: Reporter | None = No
             if data["environment"] is None:
                 data["environment"] = info
             key = f"-run{i}" if settings.url else ""
+            if settings.url:
+                server["idle"] = wait_idle(url)  # the last run's streams are gone
             prompts = make_prompts(s, vocab, key)
             recs = asyncio.run(play_long_prompt(url, s, prompts, model, foreign_extra(settings.url)))
             trace = fetch_trace(url) if (settings.engine.trace or settings.url) else None
             if settings.alone and name not in data["alone"]:
                 rep.note(f"{name}: B alone")
+                idle = wait_idle(url)
                 alone_prompt = make_prompts(s, vocab, f"-alone{i}").b
                 req = Request("B", alone_prompt, max_tokens=s.b_max_tokens, extra=foreign_extra(settings.url))
                 arec = asyncio.run(play_alone(url, req, model))
-                data["alone"][name] = {"record": arec.to_dict(), "run": i,
+                atrace = fetch_trace(url) if trace is not None else None
+                data["alone"][name] = {"record": arec.to_dict(), "run": i, "idle": idle,
                                        "b_first_token": (arec.token_times[0] - arec.sent) if arec.token_times else None,
-                                       "error": arec.error}
+                                       "error": arec.error,
+                                       "trace": [st for st in atrace if st["t"] >= arec.sent] if atrace else None}
         figs = long_prompt_figures(recs["A"], recs["B"], recs["C"])
         data["runs"].append({"index": i, "variant": name, "figures": figs.to_dict(), "records": records_dict(recs),
                              "hashes": reply_hashes(recs), "trace": trace, "log": str(log) if not settings.url else None, "server": server,

@@ -45,6 +45,7 @@ def test_long_prompt_tiny_engine(tmp_path):
         assert all(c["equal"] for c in cmp), cmp
     assert data["exactness"]["server_sha"]["mismatch"] == 0 and data["exactness"]["server_sha"]["match"] >= 8
     assert set(data["alone"]) == {"whole", "stepped p=0.5"}
+    assert all(a["idle"]["confirmed"] and a["b_first_token"] > 0 for a in data["alone"].values())
     md = next(tmp_path.glob("*-long-prompt.md")).read_text()
     assert "| whole |" in md and "6 of 6 equal" in md and "Not run, and why" in md
     assert next(tmp_path.glob("*-long-prompt.png")).stat().st_size > 10_000
