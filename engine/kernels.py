@@ -157,3 +157,188 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         out.stride(0),
         D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, num_warps=1)
     return out
+
+
+# ---- one kernel a layer: q/k norm + RoPE + KV write + split-K attention + in-order combine ----------
+# The decode round's attention used three launches a layer (qk_norm_rope_write, _split_kernel,
+# _combine_kernel) and a grid of rows x kv heads x max splits (8 x 8 x 129 programs at a 32k cache,
+# nearly all of them returning at once). `decode_attention_qkv` does the same work in one launch:
+# - grid rows x kv heads x NPROG; program p takes splits p, p + NPROG, ... of its row (the same
+#   absolute SPLIT-row splits as above, each reduced in BLOCK steps from its start);
+# - each program norms and rotates the GROUP query heads of its kv head itself (a few hundred
+#   flops), and the program that owns the row's last split (the one holding `pos`) norms, rotates
+#   and writes the row's K and V into the cache before reading that split;
+# - a row that fits one split (n == 1) writes its output directly (bitwise what the combine gives
+#   for one split: acc * 0 + o * 1, over 1); otherwise every working program writes its partials,
+#   bumps a counter for (row, kv head), and the last to arrive combines the splits 0, 1, 2, ... in
+#   order and resets the counter.
+# Which program computes a split, and which arrives last, never changes a bit: each split's
+# arithmetic and the combine order depend on the row's own length only.
+NPROG = 16
+
+
+@triton.jit
+def _split_body(q, KC, VC, QKV, WK, Cos, Sin, Opart, Lse, Out,
+                row, lane, kvh, pos, s, n, stride_qkv, stride_kb, stride_kt, stride_kh,
+                stride_or, stride_oh, stride_os, stride_lr, stride_lh, stride_out, scale, eps,
+                H: tl.constexpr, KVH: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                D: tl.constexpr, SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr):
+    d = tl.arange(0, D)
+    g = tl.arange(0, GROUP_PAD)
+    gmask = g < GROUP
+    heads = kvh * GROUP + g
+    length = pos + 1
+    kbase = KC + lane * stride_kb + kvh * stride_kh
+    vbase = VC + lane * stride_kb + kvh * stride_kh
+    if s == n - 1:  # this split holds the new row: norm + rotate its K, write K and V first
+        pd = (d + D // 2) % D
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        kx = tl.load(QKV + row * stride_qkv + (H + kvh) * D + d).to(tl.float32)
+        kxp = tl.load(QKV + row * stride_qkv + (H + kvh) * D + pd).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(kx * kx, 0) / D + eps)
+        kn = ((kx * inv).to(KC.dtype.element_ty).to(tl.float32) * tl.load(WK + d).to(tl.float32))
+        knp = ((kxp * inv).to(KC.dtype.element_ty).to(tl.float32) * tl.load(WK + pd).to(tl.float32))
+        kn = kn.to(KC.dtype.element_ty).to(tl.float32)
+        knp = knp.to(KC.dtype.element_ty).to(tl.float32)
+        c = tl.load(Cos + pos.to(tl.int64) * D + d).to(tl.float32)
+        sn = tl.load(Sin + pos.to(tl.int64) * D + d).to(tl.float32)
+        kr = kn * c + sign * knp * sn
+        vx = tl.load(QKV + row * stride_qkv + (H + KVH + kvh) * D + d)
+        tl.store(kbase + pos.to(tl.int64) * stride_kt + d, kr.to(KC.dtype.element_ty))
+        tl.store(vbase + pos.to(tl.int64) * stride_kt + d, vx.to(VC.dtype.element_ty))
+        tl.debug_barrier()
+    lo = s * SPLIT_
+    hi = tl.minimum(lo + SPLIT_, length)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    if DYNAMIC:
+        for start in range(lo, hi, BLOCK_):
+            m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
+    else:
+        for b in range(0, SPLIT_ // BLOCK_):
+            m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
+                                   BLOCK_)
+    acc = acc / l_i[:, None]
+    if n == 1:
+        tl.store(Out + row * stride_out + heads[:, None] * D + d[None, :], acc.to(Out.dtype.element_ty),
+                 mask=gmask[:, None])
+    else:
+        tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
+                 mask=gmask[:, None])
+        tl.store(Lse + row * stride_lr + heads * stride_lh + s, m_i + tl.log(l_i), mask=gmask)
+
+
+@triton.jit
+def _fused_decode_kernel(QKV, WQ, WK, Cos, Sin, KC, VC, Lanes, Pos, Opart, Lse, Count, Out,
+                         stride_qkv, stride_kb, stride_kt, stride_kh,
+                         stride_or, stride_oh, stride_os, stride_lr, stride_lh, stride_out,
+                         scale, eps,
+                         H: tl.constexpr, KVH: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                         D: tl.constexpr, SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, NPROG_: tl.constexpr,
+                         NITER: tl.constexpr, NSPLIT: tl.constexpr, DYNAMIC: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    p = tl.program_id(2)
+    lane = tl.load(Lanes + row).to(tl.int64)
+    pos = tl.load(Pos + row).to(tl.int32)
+    n = (pos + SPLIT_) // SPLIT_  # splits of the row's length pos + 1
+    if p < n:
+        d = tl.arange(0, D)
+        g = tl.arange(0, GROUP_PAD)
+        gmask = g < GROUP
+        heads = kvh * GROUP + g
+        # the GROUP query heads of this kv head: RMSNorm (float32, rounded as the model rounds) + RoPE
+        pd = (d + D // 2) % D
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        qp = QKV + row * stride_qkv + heads[:, None] * D
+        x = tl.load(qp + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+        xp = tl.load(qp + pd[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps)
+        xn = (x * inv[:, None]).to(KC.dtype.element_ty).to(tl.float32) * tl.load(WQ + d).to(tl.float32)[None, :]
+        xnp = (xp * inv[:, None]).to(KC.dtype.element_ty).to(tl.float32) * tl.load(WQ + pd).to(tl.float32)[None, :]
+        xn = xn.to(KC.dtype.element_ty).to(tl.float32)
+        xnp = xnp.to(KC.dtype.element_ty).to(tl.float32)
+        c = tl.load(Cos + pos.to(tl.int64) * D + d).to(tl.float32)
+        sn = tl.load(Sin + pos.to(tl.int64) * D + d).to(tl.float32)
+        q = (xn * c[None, :] + sign[None, :] * xnp * sn[None, :]).to(KC.dtype.element_ty)
+        if DYNAMIC:
+            for s in range(p, n, NPROG_):
+                _split_body(q, KC, VC, QKV, WK, Cos, Sin, Opart, Lse, Out, row, lane, kvh, pos, s, n,
+                            stride_qkv, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
+                            stride_lr, stride_lh, stride_out, scale, eps,
+                            H, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC)
+        else:  # the interpreter cannot loop to a run-time bound
+            for j in range(0, NITER):
+                s = p + j * NPROG_
+                if s < n:
+                    _split_body(q, KC, VC, QKV, WK, Cos, Sin, Opart, Lse, Out, row, lane, kvh, pos, s, n,
+                                stride_qkv, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
+                                stride_lr, stride_lh, stride_out, scale, eps,
+                                H, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC)
+        if n > 1:
+            tl.debug_barrier()  # every thread's partials stored before the release below
+            working = tl.minimum(n, NPROG_)
+            old = tl.atomic_add(Count + row * KVH + kvh, 1, sem="acq_rel", scope="gpu")
+            if old == working - 1:  # the last to arrive: combine splits 0, 1, 2, ... in order
+                m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+                l = tl.zeros([GROUP_PAD], tl.float32)
+                acc = tl.zeros([GROUP_PAD, D], tl.float32)
+                if DYNAMIC:
+                    for s in range(0, n):
+                        lse = tl.load(Lse + row * stride_lr + heads * stride_lh + s, mask=gmask, other=0.0,
+                                      cache_modifier=".cg")
+                        o = tl.load(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :],
+                                    mask=gmask[:, None], other=0.0, cache_modifier=".cg")
+                        m_new = tl.maximum(m, lse)
+                        a = tl.exp(m - m_new)
+                        b = tl.exp(lse - m_new)
+                        acc = acc * a[:, None] + o * b[:, None]
+                        l = l * a + b
+                        m = m_new
+                else:
+                    for s in range(0, NSPLIT):
+                        valid = s < n
+                        lse = tl.load(Lse + row * stride_lr + heads * stride_lh + s, mask=gmask & valid, other=0.0)
+                        o = tl.load(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :],
+                                    mask=gmask[:, None] & valid, other=0.0)
+                        m_new = tl.maximum(m, lse)
+                        a = tl.exp(m - m_new)
+                        b = tl.exp(lse - m_new)
+                        acc = tl.where(valid, acc * a[:, None] + o * b[:, None], acc)
+                        l = tl.where(valid, l * a + b, l)
+                        m = tl.where(valid, m_new, m)
+                tl.store(Out + row * stride_out + heads[:, None] * D + d[None, :],
+                         (acc / l[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
+                tl.store(Count + row * KVH + kvh, 0)
+
+
+def decode_attention_qkv(kv, i: int, qkv: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor, n_heads: int, n_kv: int,
+                         head_dim: int, eps: float) -> torch.Tensor:
+    """qkv [P, (H + 2 KVH) * D] straight from the q/k/v matmul. Norms and rotates q and k, writes
+    K and V at (lanes[r], positions[r]) of layer i, and returns the attention [P, H * D] over each
+    row's own rows [0, pos]: one launch (see the comment above)."""
+    p = qkv.shape[0]
+    h, d, kvh = n_heads, head_dim, n_kv
+    k, v = kv.k[i], kv.v[i]
+    max_len = k.shape[1]
+    nsplit = triton.cdiv(max_len, SPLIT)
+    nprog = min(NPROG, nsplit)
+    key = ("fused", p, h, kvh, d, nsplit, qkv.device)
+    if key not in _scratch:  # allocated once, outside any graph capture's first use; the counters
+        _scratch[key] = (torch.empty(p, h, nsplit, d, dtype=torch.float32, device=qkv.device),  # are
+                         torch.empty(p, h, nsplit, dtype=torch.float32, device=qkv.device),  # left at 0
+                         torch.zeros(p, kvh, dtype=torch.int32, device=qkv.device))
+    opart, lse, count = _scratch[key]
+    out = torch.empty(p, h * d, dtype=qkv.dtype, device=qkv.device)
+    assert qkv.stride(1) == 1 and k.stride(3) == 1
+    _fused_decode_kernel[(p, kvh, nprog)](
+        qkv, wq, wk, cos, sin, k, v, lanes, positions, opart, lse, count, out,
+        qkv.stride(0), k.stride(0), k.stride(1), k.stride(2),
+        opart.stride(0), opart.stride(1), opart.stride(2), lse.stride(0), lse.stride(1), out.stride(0),
+        d ** -0.5, eps,
+        H=h, KVH=kvh, GROUP=h // kvh, GROUP_PAD=max(16, triton.next_power_of_2(h // kvh)), D=d,
+        SPLIT_=SPLIT, BLOCK_=BLOCK, NPROG_=nprog, NITER=triton.cdiv(nsplit, nprog), NSPLIT=nsplit,
+        DYNAMIC=not INTERPRET, num_warps=4)
+    return out
