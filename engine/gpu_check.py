@@ -127,7 +127,7 @@ def check_fused_attn(res):
             for _ in range(20):
                 out3 = decode_attention_qkv(r.kv, 3, qkv, *args, lanes, pos, H, KVH, D, eps)
                 inv_ok &= bool(torch.equal(out, out3))
-            cnt_ok &= all(int(c.abs().sum()) == 0 for key, (_, _, c) in K._scratch.items() if key[0] == "fused")
+            cnt_ok &= all(int(t[2].abs().sum()) == 0 for key, t in K._scratch.items() if key[0] == "fused")
     K.NPROG = 16
     # against the fp32 loop (q normed and rotated by the reference kernel, in fp32)
     lens = [1, 255, 257, 3000]

@@ -263,7 +263,7 @@ args = (a0.q_norm.weight, a0.k_norm.weight, m.cos, m.sin)
 a = K.decode_attention_qkv(r.kv, 1, qkv, *args, lanes, pos, H, KVH, hd, eps)
 assert (a[:2] - b[:2]).abs().max() < 1e-5, (a - b).abs().max()
 assert (r.kv.k[:, :3] - kref[:, :3]).abs().max() < 1e-6 and (r.kv.v[:, :3] - vref[:, :3]).abs().max() < 1e-6
-assert all(int(c.abs().sum()) == 0 for key, (_, _, c) in K._scratch.items() if key[0] == "fused")
+assert all(int(t[2].abs().sum()) == 0 for key, t in K._scratch.items() if key[0] == "fused")
 r.kv.k.copy_(k0); r.kv.v.copy_(v0)
 qkv2 = qkv.clone(); qkv2[0].normal_(generator=g); qkv2[2].normal_(generator=g)
 c = K.decode_attention_qkv(r.kv, 1, qkv2[[2, 1, 0]], *args, torch.tensor([3, 1, 2]), torch.tensor([0, 140, 40]),
