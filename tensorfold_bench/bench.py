@@ -23,10 +23,10 @@ import httpx
 
 from tensorfold_bench import __version__
 from tensorfold_bench.client import Request, StreamRecord
-from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.exactness import compare_reply, known_ids, server_sha_matches, short, token_hash
 from tensorfold_bench.launcher import REPO_ROOT, existing, launch
-from tensorfold_bench.metrics import long_prompt_figures
+from tensorfold_bench.metrics import LongPromptFigures, long_prompt_figures
 from tensorfold_bench.scenario import LongPromptScript, Prompts, make_prompts, play_alone, play_long_prompt, play_sequence, requests
 from tensorfold_bench.variants import Variant, plain
 
@@ -238,66 +238,94 @@ def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
 
 
 def run_long_prompt(settings: LongPromptSettings, reporter: Reporter | None = None) -> dict:
+    """Every run in order, a fresh server each, then the plain reference; the receipt data.
+    A server that dies or never gets healthy makes that run a failed one (kept, with the log's
+    tail, left out of the medians); the other runs go on."""
     rep = reporter or QuietReporter()
-    s = settings.script
     by_name = {v.name: v for v in settings.variants}
     total = len(settings.order) + (1 if settings.plain_check and not settings.url else 0)
     rep.start(total)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     data: dict = {"schema": SCHEMA, "scenario": "long-prompt", "created": dt.datetime.now().isoformat(timespec="seconds"),
                   "host": host_info(), "settings": {"engine": asdict(settings.engine), "engine_flags": settings.engine.flags(),
-                                                    "script": s.to_dict(), "order": settings.order, "url": settings.url,
-                                                    "plain_check": settings.plain_check, "run_dir": str(settings.run_dir)},
+                                                    "script": settings.script.to_dict(), "order": settings.order,
+                                                    "url": settings.url, "plain_check": settings.plain_check,
+                                                    "run_dir": str(settings.run_dir)},
                   "variants": [v.to_dict() for v in settings.variants], "runs": [], "alone": {}, "plain": None,
                   "environment": None, "not_run": []}
     vocab_seen = None
     for i, name in enumerate(settings.order, 1):
-        v = by_name[name]
         rep.step(f"run {i}/{len(settings.order)}: {name}")
         log = settings.run_dir / f"run{i}-{slug(name)}.log"
-        server: dict = {"load_before": os.getloadavg()[0]}
-        with server_for(settings, v, log, server) as url:
-            info = server_info(url)
-            model, vocab, mml = model_facts(info)
-            if vocab is None:
-                raise BenchError("the server reports no vocabulary size (GET /v1/engine); pass a tfengine server")
-            vocab_seen = vocab
-            check_script(s, vocab, mml)
-            s = fit_script(s, mml)
-            data["settings"]["script"] = s.to_dict()
-            if data["environment"] is None:
-                data["environment"] = info
-            key = f"-run{i}" if settings.url else ""
-            if settings.url:
-                server["idle"] = wait_idle(url)  # the last run's streams are gone
-            prompts = make_prompts(s, vocab, key)
-            recs = asyncio.run(play_long_prompt(url, s, prompts, model, foreign_extra(settings.url)))
-            trace = fetch_trace(url) if (settings.engine.trace or settings.url) else None
-            if settings.alone and name not in data["alone"]:
-                rep.note(f"{name}: B alone")
-                idle = wait_idle(url)
-                alone_prompt = make_prompts(s, vocab, f"-alone{i}").b
-                req = Request("B", alone_prompt, max_tokens=s.b_max_tokens, extra=foreign_extra(settings.url))
-                arec = asyncio.run(play_alone(url, req, model))
-                atrace = fetch_trace(url) if trace is not None else None
-                data["alone"][name] = {"record": arec.to_dict(), "run": i, "idle": idle,
-                                       "b_first_token": (arec.token_times[0] - arec.sent) if arec.token_times else None,
-                                       "error": arec.error,
-                                       "trace": [st for st in atrace if st["t"] >= arec.sent] if atrace else None}
-        figs = long_prompt_figures(recs["A"], recs["B"], recs["C"])
-        data["runs"].append({"index": i, "variant": name, "figures": figs.to_dict(), "records": records_dict(recs),
-                             "hashes": reply_hashes(recs), "trace": trace, "log": str(log) if not settings.url else None, "server": server,
-                             "engine": info.get("engine")})
-        rep.note(f"{name}: B first token {fmt_s(figs.b_first_token)}, C {fmt_s(figs.c_first_token)}, "
-                 f"A pause {fmt_s(figs.a_longest_pause)}" + ("" if figs.valid else f"  INVALID: {'; '.join(figs.invalid_reasons)}"))
+        try:
+            run, vocab_seen = play_run(settings, by_name[name], i, log, data, rep)
+        except ServerError as e:
+            run = failed_run(i, name, log, e)
+        data["runs"].append(run)
+        f = LongPromptFigures.from_dict(run["figures"])
+        rep.note(f"{name}: B first token {fmt_s(f.b_first_token)}, C {fmt_s(f.c_first_token)}, "
+                 f"A pause {fmt_s(f.a_longest_pause)}" + ("" if f.valid else f"  INVALID: {'; '.join(f.invalid_reasons)}"))
         rep.advance()
     if settings.plain_check and not settings.url:
         rep.step("plain reference")
-        data["plain"] = run_plain(settings, data, vocab_seen)
+        try:
+            data["plain"] = run_plain(settings, data, vocab_seen) if vocab_seen else None
+        except ServerError as e:
+            data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
         rep.advance()
     data["exactness"] = exactness(data)
     data["not_run"] = not_run(settings, data)
     return data
+
+
+def play_run(settings: LongPromptSettings, v: Variant, i: int, log: Path, data: dict,
+             rep: Reporter) -> tuple[dict, int]:
+    """One run: a fresh server (unless --url), A/B/C on the script, its trace, and B alone once
+    per variant. Returns the run's record and the vocabulary size."""
+    s = settings.script
+    server: dict = {"load_before": os.getloadavg()[0]}
+    with server_for(settings, v, log, server) as url:
+        info = server_info(url)
+        model, vocab, mml = model_facts(info)
+        if vocab is None:
+            raise BenchError("the server reports no vocabulary size (GET /v1/engine); pass a tfengine server")
+        check_script(s, vocab, mml)
+        s = fit_script(s, mml)
+        data["settings"]["script"] = s.to_dict()
+        if data["environment"] is None:
+            data["environment"] = info
+        if settings.url:
+            server["idle"] = wait_idle(url)  # the last run's streams are gone
+        prompts = make_prompts(s, vocab, f"-run{i}" if settings.url else "")
+        recs = asyncio.run(play_long_prompt(url, s, prompts, model, foreign_extra(settings.url)))
+        trace = fetch_trace(url) if (settings.engine.trace or settings.url) else None
+        if settings.alone and v.name not in data["alone"]:
+            rep.note(f"{v.name}: B alone")
+            data["alone"][v.name] = play_b_alone(url, s, vocab, model, i, settings.url, trace is not None)
+    figs = long_prompt_figures(recs["A"], recs["B"], recs["C"])
+    return ({"index": i, "variant": v.name, "figures": figs.to_dict(), "records": records_dict(recs),
+             "hashes": reply_hashes(recs), "trace": trace, "log": None if settings.url else str(log),
+             "server": server, "engine": info.get("engine")}, vocab)
+
+
+def play_b_alone(url: str, s: LongPromptScript, vocab: int, model: str, i: int, foreign: str | None,
+                 traced: bool) -> dict:
+    """B's first token with nothing else running (checked on /metrics), on a prompt of its own."""
+    idle = wait_idle(url)
+    req = Request("B", make_prompts(s, vocab, f"-alone{i}").b, max_tokens=s.b_max_tokens, extra=foreign_extra(foreign))
+    rec = asyncio.run(play_alone(url, req, model))
+    tr = fetch_trace(url) if traced else None
+    return {"record": rec.to_dict(), "run": i, "idle": idle, "error": rec.error,
+            "b_first_token": (rec.token_times[0] - rec.sent) if rec.token_times and rec.sent else None,
+            "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
+
+
+def failed_run(i: int, name: str, log: Path, err: ServerError) -> dict:
+    why = err.what + (f": {err.last_line}" if err.last_line else "")
+    figs = LongPromptFigures(None, None, None, None, None, 0, None, {}, valid=False,
+                             invalid_reasons=[f"the server failed: {why}"])
+    return {"index": i, "variant": name, "figures": figs.to_dict(), "records": None, "hashes": None, "trace": None,
+            "log": str(log), "server": {}, "engine": None, "error": str(err)}
 
 
 def run_plain(settings: LongPromptSettings, data: dict, vocab: int) -> dict:
@@ -305,7 +333,7 @@ def run_plain(settings: LongPromptSettings, data: dict, vocab: int) -> dict:
     s = settings.script
     base = settings.variants[0]
     pv = plain(base)
-    a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"]] + [1])
+    a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"] if r["records"]] + [1])
     prompts = make_prompts(s, vocab, "")
     ra, rb, rc = requests(s, prompts)
     ra.max_tokens = a_len
@@ -335,7 +363,7 @@ def exactness(data: dict) -> dict:
     """Each run's replies against the other runs (B and C against the first complete run, A against
     the longest A) and against the plain reference (if run); the servers' token_sha against our
     own hashes; A's table hash over the common prefix."""
-    runs = [r for r in data["runs"] if not any(rec["error"] for rec in r["records"].values())]
+    runs = [r for r in data["runs"] if r["records"] and not any(rec["error"] for rec in r["records"].values())]
     out: dict = {"across_runs": {}, "refs": None, "vs_plain": {}, "server_sha": {"match": 0, "mismatch": 0, "absent": 0},
                  "a_prefix": None, "hashes": {}}
     if not runs:
@@ -345,6 +373,8 @@ def exactness(data: dict) -> dict:
     out["refs"] = {"BC": first["index"], "A": longest["index"]}
     same_prompts = not data["settings"].get("url")
     for r in data["runs"]:
+        if not r["records"]:
+            continue
         if same_prompts:
             out["across_runs"][str(r["index"])] = compare_run(r, first, longest)
         if data.get("plain"):
@@ -357,7 +387,7 @@ def exactness(data: dict) -> dict:
         a_lens.append(len(data["plain"]["records"]["A"]["token_ids"]))
     n = min(a_lens)
     out["a_prefix"] = n
-    for r in data["runs"]:
+    for r in runs:
         ids = known_ids(r["records"]["A"]["token_ids"])
         out["hashes"][str(r["index"])] = {
             "A": short(token_hash(ids[:n])) if ids is not None and len(ids) >= n else None,
@@ -375,13 +405,15 @@ def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
         out.append(f"Fresh servers: --url {settings.url} targets a running server, so every variant ran on it "
                    "as it is configured and each run used its own prompts (cold B) instead of a restart.")
     if not settings.plain_check:
-        out.append("The plain reference (--plain-check): not asked for; replies are compared with the first run only.")
+        out.append("The plain reference (--plain-check): not asked for; replies are compared across runs only.")
     elif settings.url:
         out.append("The plain reference: needs launched servers, not --url.")
+    elif data.get("plain_error"):
+        out.append(f"The plain reference: its server failed: {data['plain_error'].splitlines()[0]}")
     bad = [r for r in data["runs"] if not r["figures"]["valid"]]
     for r in bad:
         out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
-                   + "; ".join(r["figures"]["invalid_reasons"]))
+                   + "; ".join(r["figures"]["invalid_reasons"]) + (f" (log: {r['log']})" if r.get("error") else ""))
     return out
 
 

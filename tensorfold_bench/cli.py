@@ -139,6 +139,8 @@ def execute(settings: bench.LongPromptSettings) -> dict[str, Path]:
     show(data)
     for kind, p in paths.items():
         out.print(f"receipt {kind}: {p}")
+    if data["runs"] and all(r.get("error") for r in data["runs"]):
+        raise BenchError(f"every run's server failed; see {paths['md']}\n{data['runs'][0]['error']}")
     return paths
 
 
@@ -198,7 +200,7 @@ def main() -> None:
         first, _, rest = str(e).partition("\n")
         console.print(f"[red]error: {first}[/red]", highlight=False, soft_wrap=True)
         if rest:
-            console.print(rest, markup=False, highlight=False, style="dim")
+            console.print(rest, markup=False, highlight=False, style="dim", soft_wrap=True)
         sys.exit(2)
     except Exit as e:
         sys.exit(e.exit_code)

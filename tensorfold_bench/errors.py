@@ -16,3 +16,12 @@ class FlagError(BenchError):
 
 class ServerError(BenchError):
     """The engine server died or never became healthy; the message carries its log's tail."""
+
+    def __init__(self, what: str, log: str = "", tail: str = ""):
+        super().__init__(f"{what} (log {log})" + (f":\n{tail}" if tail else "") if log else what)
+        self.what, self.log, self.tail = what, log, tail
+
+    @property
+    def last_line(self) -> str:
+        lines = [ln for ln in self.tail.splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else ""

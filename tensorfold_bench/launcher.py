@@ -89,8 +89,8 @@ def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float) ->
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
-            raise ServerError(f"engine server exited with code {proc.returncode} before /health answered; "
-                              f"log {log}:\n{log_tail(log)}")
+            raise ServerError(f"engine server exited with code {proc.returncode} before /health answered",
+                              str(log), log_tail(log))
         try:
             r = httpx.get(url + "/health", timeout=2.0)
             if r.status_code == 200:
@@ -98,7 +98,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float) ->
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise ServerError(f"engine server not healthy after {timeout:.0f} s; log {log}:\n{log_tail(log)}")
+            raise ServerError(f"engine server not healthy after {timeout:.0f} s", str(log), log_tail(log))
         time.sleep(0.1)
 
 

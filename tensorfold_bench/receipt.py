@@ -61,7 +61,8 @@ def summary(data: dict) -> dict[str, dict]:
 
 
 def cell(figs: list[LongPromptFigures], key: str, med: float | None, unit: str, digits: int = 2) -> str:
-    vals = [("" if f.valid else "†") + num(getattr(f, key), digits) for f in figs]
+    vals = [("" if f.valid else "†") + (num(getattr(f, key), digits) if f.window is not None or getattr(f, key) is not None
+                                          else "failed") for f in figs]
     return f"{' / '.join(vals)} → **{num(med, digits)}{unit}**"
 
 
@@ -145,7 +146,8 @@ def runs_table(data: dict) -> list[str]:
     for r in data["runs"]:
         f = figures_of(r)
         late = " / ".join("-" if f.lateness.get(k) is None else f"{1000 * f.lateness[k]:.0f}" for k in "ABC")
-        cached = ((r["records"]["B"].get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        b_usage = (r["records"]["B"].get("usage") if r.get("records") else None) or {}
+        cached = (b_usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         load = (r.get("server") or {}).get("load_before")
         rows.append(f"| {r['index']} | {r['variant']} | {num(f.b_first_token)} s | {num(f.c_first_token)} s | "
                     f"{num(f.a_longest_pause)} s | {num(f.a_rate_during, 1)} | {num(f.a_rate_before, 1)} | {late} | "

@@ -26,7 +26,7 @@ def representative(runs: list[dict]) -> dict | None:
 def draw(data: dict, path: Path) -> Path | None:
     panels = []
     for v in data["variants"]:
-        rep = representative([r for r in data["runs"] if r["variant"] == v["name"]])
+        rep = representative([r for r in data["runs"] if r["variant"] == v["name"] and r.get("records")])
         if rep is not None:
             panels.append((v["name"], rep))
     if not panels:

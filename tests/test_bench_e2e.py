@@ -79,3 +79,20 @@ def test_bad_flag_is_one_red_line_exit_2(args, flag):
     assert p.returncode == 2
     assert flag in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_variant_whose_server_dies_is_a_failed_run_not_a_lost_receipt(tmp_path, monkeypatch):
+    srv = tmp_path / "srv.py"
+    srv.write_text("import sys\nfrom tensorfold_bench import fakeserver\n"
+                   "if '--prefill-share' in sys.argv:\n    sys.exit('refusing --prefill-share (a broken new side)')\n"
+                   "fakeserver.main(sys.argv[1:])\n")
+    monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} {srv}")
+    res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--plain-check", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, (res.output, res.exception)
+    data = receipt_json(tmp_path / "r")
+    ok = [r for r in data["runs"] if r["variant"] == "whole"]
+    bad = [r for r in data["runs"] if r["variant"] != "whole"]
+    assert all(r["figures"]["valid"] for r in ok) and len(ok) == 2
+    assert all(r["records"] is None and "refusing --prefill-share" in r["error"] for r in bad) and len(bad) == 2
+    md = next((tmp_path / "r").glob("*.md")).read_text()
+    assert "the server failed" in md and data["plain"] is not None
