@@ -187,7 +187,8 @@ def report(path: Annotated[Path, typer.Argument(help="A receipt's JSON.")],
     if not path.exists():
         raise FlagError("RECEIPT", f"{path} does not exist")
     data = receipt.load(path)
-    png_path = receipt.render_png(data, path.with_suffix(".png")) if png else None
+    png_path = receipt.render_png(data, path.with_suffix(".png")) if png else path.with_suffix(".png")
+    png_path = png_path if png_path is not None and png_path.exists() else None
     md = receipt.render_markdown(data, png_path.name if png_path else None)
     path.with_suffix(".md").write_text(md)
     sys.stdout.write(md)
