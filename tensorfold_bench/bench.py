@@ -70,6 +70,7 @@ class LongPromptSettings:
     plain_check: bool = False
     alone: bool = True  # measure B alone once per variant
     stamp: str = ""
+    vocab: int | None = None  # prompt ids are drawn below this; default: what the server reports
 
     def __post_init__(self):
         names = [v.name for v in self.variants]
@@ -287,8 +288,9 @@ def play_run(settings: LongPromptSettings, v: Variant, i: int, log: Path, data: 
     with server_for(settings, v, log, server) as url:
         info = server_info(url)
         model, vocab, mml = model_facts(info)
+        vocab = settings.vocab or vocab
         if vocab is None:
-            raise BenchError("the server reports no vocabulary size (GET /v1/engine); pass a tfengine server")
+            raise FlagError("--vocab", "the server reports no vocabulary size (GET /v1/engine, /v1/models): give it")
         check_script(s, vocab, mml)
         s = fit_script(s, mml)
         data["settings"]["script"] = s.to_dict()

@@ -47,6 +47,7 @@ PrefillRows = Annotated[Optional[int], typer.Option("--prefill-rows", help="Rows
 MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts.")]
 Trace = Annotated[bool, typer.Option("--trace/--no-trace", help="Run the engine with --trace and draw its steps under the timeline.")]
+Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: what the server reports; needed for vLLM/SGLang).")]
 EngineArg = Annotated[Optional[list[str]], typer.Option("--engine-arg", help="Extra engine flag for every variant (repeatable), e.g. --engine-arg=--no-drafts.")]
 
 
@@ -111,10 +112,11 @@ def preset(device: str) -> Preset:
 
 def long_prompt_settings(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
                          max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
-                         stamp="") -> bench.LongPromptSettings:
+                         vocab=None, stamp="") -> bench.LongPromptSettings:
     """Flags -> settings, with the device preset's defaults; every bad value names its flag."""
     pre = preset(device)
-    for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens)):
+    for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens),
+                    ("--vocab", vocab)):
         positive(flag, v)
     if c_after < 0:
         raise FlagError("--c-after", f"must be at least 0, not {c_after}")
@@ -127,7 +129,7 @@ def long_prompt_settings(*, model, device, dtype, share, order, url, out_dir, pl
     engine = engine_setup(model=model, device=device, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                           max_model_len=mml, seed=seed, trace=trace, engine_args=engine_args, url=url)
     return bench.LongPromptSettings(engine=engine, script=script, variants=variants, order=order_names,
-                                    out_dir=out_dir, url=url, plain_check=plain_check, stamp=stamp)
+                                    out_dir=out_dir, url=url, plain_check=plain_check, stamp=stamp, vocab=vocab)
 
 
 def execute(settings: bench.LongPromptSettings) -> dict[str, Path]:
@@ -165,6 +167,7 @@ def long_prompt(
     seed: Seed = 0,
     trace: Trace = True,
     engine_arg: EngineArg = None,
+    vocab: Vocab = None,
     b_at: Annotated[Optional[float], typer.Option("--b-at", help="Seconds after A's send that B sends (default 3 on cpu, 5 on cuda).")] = None,
     c_after: Annotated[float, typer.Option("--c-after", help="Seconds after B's send that C sends.")] = 0.5,
     b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default 4096 on cpu, 32000 on cuda).")] = None,
@@ -176,7 +179,7 @@ def long_prompt(
                                     out_dir=out_dir, plain_check=plain_check, parallel=parallel,
                                     prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed, trace=trace,
                                     engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens,
-                                    c_tokens=c_tokens, a_tokens=a_tokens)
+                                    c_tokens=c_tokens, a_tokens=a_tokens, vocab=vocab)
     execute(settings)
 
 
