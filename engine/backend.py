@@ -29,7 +29,8 @@ class Backend(Protocol):
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
         """Run one cut: write KV rows [start, end) of `lane` for `tokens[start:end]` (rows below
         `start` are already in the lane). On the prompt's last cut (end == len(tokens)) return
-        the greedy first token; otherwise None."""
+        the greedy first token; otherwise None. It returns only when the cut's work is done
+        (on a GPU: synchronized), because the host times steps to charge the prefill share."""
 
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
         """One decode round: for each lane, feed `tokens[i]` at `positions[i]` (writing its KV

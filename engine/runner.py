@@ -127,6 +127,10 @@ class ModelRunner:
         logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
         if end == n:
             return int(logits.argmax(-1).item())
+        if self.device.type == "cuda":
+            # The host times each step to charge the decoders' share: a step must not return
+            # while its kernels are still queued, or the next decode round pays for it.
+            torch.cuda.synchronize(self.device)
         return None
 
     def prefill(self, lane: int, tokens: Sequence[int], start: int = 0) -> int:
