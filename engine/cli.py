@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,16 +19,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 
 def engine_commit() -> str | None:
-    """The git commit of the engine's own source (a worktree of a variant reports its own)."""
+    """The git commit of the engine's own source (a worktree of a variant reports its own).
+    A copy without git history (a device machine's) can say it with TFENGINE_COMMIT."""
+    if os.environ.get("TFENGINE_COMMIT"):
+        return os.environ["TFENGINE_COMMIT"]
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args):
+        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=5)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        sha = git("rev-parse", "--verify", "-q", "HEAD^{commit}")
+        dirty = git("status", "--porcelain", "--", "engine") if sha else ""
     except (OSError, subprocess.SubprocessError):
         return None
-    return (sha + ("+dirty" if dirty else "")) if sha else None
+    if not re.fullmatch(r"[0-9a-f]{40}", sha):
+        return None
+    return sha + ("+dirty" if dirty else "")
 
 
 @app.command()
@@ -82,24 +92,21 @@ def _root():
 
 
 def main() -> None:
+    """Known errors become one line and exit code 2; no traceback."""
     try:
         app(standalone_mode=False)
-    except ConfigError as exc:
+    except (ConfigError, OSError) as exc:  # bad configuration, a taken port
         typer.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)
-    except OSError as exc:  # e.g. the port is taken
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
-    except Exception as exc:  # click's usage errors
-        import click
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Exit):
-            sys.exit(exc.exit_code)
-        raise
+    except Exception as exc:
+        if not hasattr(exc, "format_message"):  # click/typer usage errors have one
+            raise
+        typer.secho(f"error: {exc.format_message()}", fg="red", err=True)  # a flag's value, an unknown flag
+        sys.exit(2)
 
 
 if __name__ == "__main__":

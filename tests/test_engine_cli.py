@@ -1,0 +1,38 @@
+"""tfengine's command line: errors name the flag in one line; the commit it reports."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--prefill-mode", "chunky"], "--prefill-mode"),
+    (["--dtype", "float8"], "--dtype"),
+    (["--parallel", "0"], "--parallel"),
+    (["--model", "no-such-model"], "--model"),
+    (["--drafter", "eagle"], "--drafter"),
+    (["--parallel", "many"], "--parallel"),
+])
+def test_bad_flag_is_one_line_naming_the_flag(args, flag):
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", *args, "--port", "1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert flag in r.stderr and "Traceback" not in r.stderr
+
+
+def test_engine_commit_from_git_env_or_none(tmp_path, monkeypatch):
+    from engine.cli import engine_commit
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert engine_commit().split("+")[0] == sha
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "engine", copy / "engine")  # a copy without git history
+    code = "from engine.cli import engine_commit; print(engine_commit())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(copy)}).stdout.strip()
+    assert out == "None"
+    monkeypatch.setenv("TFENGINE_COMMIT", "abc123")
+    assert engine_commit() == "abc123"
