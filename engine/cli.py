@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from .config import ConfigError, EngineConfig, share_from_env
+from .drafter import make_drafter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="tfengine: a Qwen3-family inference engine with lanes, stepped prompts and a lane host.")
@@ -51,7 +52,7 @@ def serve(
     prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline).")] = "stepped",
     prefill_share: Annotated[Optional[float], typer.Option(help="Share p in (0, 1] of wall time for long prompt steps while streams decode; overrides TENSORFOLD_PREFILL_SHARE; default 1 (alternation).")] = None,
     no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Do not reuse a lane's cached prompt prefix.")] = False,
-    drafter: Annotated[Optional[str], typer.Option(help="Speculative drafter name (none is built in yet: giving one is an error).")] = None,
+    drafter: Annotated[Optional[str], typer.Option(help="Speculative drafter: ngram (prompt lookup). Drafts are checked in the round's padding rows; replies stay token-exact.")] = None,
     no_drafts: Annotated[bool, typer.Option("--no-drafts", help="No speculative drafts.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the dummy weights.")] = 0,
     trace: Annotated[bool, typer.Option("--trace", help="Keep a per-step trace, served at /v1/trace.")] = False,
@@ -60,8 +61,7 @@ def serve(
 ):
     """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if drafter:
-        raise ConfigError(f"--drafter {drafter!r}: no drafter is built into this engine; leave it out")
+    draft = make_drafter(drafter)
     cfg = EngineConfig(model=model, load_format=load_format, device=device,
                        dtype=dtype or ("bfloat16" if device == "cuda" else "float32"),
                        parallel=parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
@@ -73,7 +73,9 @@ def serve(
     from .server import ServedModel, serve as serve_http
 
     runner = build_runner(cfg)
-    lane_host = LaneHost(runner, cfg)
+    if draft is not None and getattr(runner, "fused_attn", False):
+        raise ConfigError("--drafter needs the 3-kernel decode attention (fused_attn writes and reads K/V in one kernel)")
+    lane_host = LaneHost(runner, cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
                          describe=runner.describe(), commit=engine_commit())

@@ -51,6 +51,8 @@ class Counters:
     prompt_steps: int = 0
     decode_rounds: int = 0
     tokens_out: int = 0
+    drafted: int = 0
+    accepted: int = 0
     finished: int = 0
     cancelled: int = 0
     failed: int = 0
@@ -74,6 +76,7 @@ class LaneHost:
     backend: Backend
     cfg: EngineConfig
     clock: Callable[[], float] = time.monotonic
+    drafter: object | None = None  # engine.drafter: proposes tokens to check in spare rows
 
     def __post_init__(self):
         self.share = checked_share(self.cfg.prefill_share)
@@ -257,9 +260,11 @@ class LaneHost:
         if paying and not self.prompts:
             self.debt, paying = 0.0, False
         t0 = self.clock() if (paying or self.trace is not None) else 0.0
-        lanes = [s.lane for s in runnable]
-        tokens = [s.output[-1] for s in runnable]
-        positions = [len(s.prompt) + len(s.output) - 1 for s in runnable]
+        feeds = self._feeds(runnable)
+        lanes = [s.lane for s, toks in zip(runnable, feeds) for _ in toks]
+        tokens = [t for toks in feeds for t in toks]
+        positions = [len(s.prompt) + len(s.output) - 1 + i for s, toks in zip(runnable, feeds)
+                     for i in range(len(toks))]
         try:
             new = self.backend.decode(lanes, tokens, positions)
         except Exception as exc:
@@ -273,9 +278,42 @@ class LaneHost:
             if paying:
                 self.debt = max(0.0, self.debt - t)
             if self.trace is not None:
-                self.trace.append(TraceStep(t0, t, "decode", len(runnable), len(runnable), None))
-        for seq, tok in zip(runnable, new):
-            self._emit_token(seq, tok)
+                self.trace.append(TraceStep(t0, t, "decode", len(tokens), len(runnable), None))
+        at = 0
+        for seq, toks in zip(runnable, feeds):
+            out = new[at:at + len(toks)]
+            at += len(toks)
+            # out[0] is the round's own token; out[i] stands if the draft it was fed, toks[i],
+            # is the token the target gave just before it.
+            keep = 1
+            while keep < len(toks) and toks[keep] == out[keep - 1]:
+                keep += 1
+            self.counters.drafted += len(toks) - 1
+            self.counters.accepted += keep - 1
+            for tok in out[:keep]:
+                if seq.done:
+                    break
+                self._emit_token(seq, tok)
+
+    def _feeds(self, runnable: list[Sequence]) -> list[list[int]]:
+        """The tokens each stream feeds this round: its last token, then any drafts, in the rows
+        the round would otherwise pad."""
+        feeds = [[s.output[-1]] for s in runnable]
+        if self.drafter is None or not self.cfg.drafts:
+            return feeds
+        free = self.backend.parallel - len(runnable)
+        for seq, feed in zip(runnable, feeds):
+            if free <= 0:
+                break
+            if not seq.draft:
+                continue
+            room = min(free, seq.max_tokens - len(seq.output) - 1,
+                       self.backend.max_model_len - len(seq.prompt) - len(seq.output) - 1)
+            if room > 0:
+                drafts = self.drafter.propose(seq.id, seq.prompt + seq.output, room)
+                feed += drafts
+                free -= len(drafts)
+        return feeds
 
     def _emit_token(self, seq: Sequence, tok: int) -> None:
         seq.output.append(tok)
@@ -298,6 +336,8 @@ class LaneHost:
             self.lane_rows[lane] = seq.prompt[: seq.filled] if keep else []
             self.free.append(lane)
         seq.status = status
+        if self.drafter is not None:
+            self.drafter.forget(seq.id)
         if status == Status.FINISHED:
             self.counters.finished += 1
             seq.emit("done", reason)

@@ -16,6 +16,8 @@ def render_metrics(host: LaneHost) -> str:
         ("prompt_steps_total", "counter", "prompt cuts run", c.prompt_steps),
         ("decode_rounds_total", "counter", "batched decode rounds run", c.decode_rounds),
         ("tokens_out_total", "counter", "tokens emitted", c.tokens_out),
+        ("drafted_tokens_total", "counter", "draft tokens checked in decode rounds", c.drafted),
+        ("accepted_drafts_total", "counter", "draft tokens the target agreed with", c.accepted),
         ("requests_total", "counter", "requests accepted", c.requests),
         ("finished_streams_total", "counter", "streams that ended normally", c.finished),
         ("cancelled_streams_total", "counter", "streams cancelled by their client", c.cancelled),

@@ -142,21 +142,32 @@ class ModelRunner:
         return out
 
     # ---- decode rounds -----------------------------------------------------------------------
-    def _padded(self, lanes, tokens, positions) -> list[list[int]]:
-        """[tokens, positions, lanes] rows of the fixed shape: row r carries lane r."""
+    def _padded(self, lanes, tokens, positions) -> tuple[list[list[int]], list[int]]:
+        """[tokens, positions, lanes] of the fixed shape, and the row each entry went to. A
+        lane's first entry sits in row `lane`, as in every plain round; further entries of the
+        same lane (a drafter's tokens to verify, at the next positions) take rows no lane of
+        this round owns. Every row writes its K/V before any row attends, so a draft row sees
+        the rows before it exactly as a later plain round would."""
         p = self.parallel
         tok, pos, ln = [0] * p, [0] * p, [self.spare] * p
+        if len(lanes) > p:
+            raise ValueError(f"{len(lanes)} rows in one decode round; the round has {p}")
+        owned = set(lanes)
+        spare_rows = (r for r in range(p) if r not in owned)
+        where = []
         for lane, t, q in zip(lanes, tokens, positions):
             if not (0 <= lane < p):
                 raise ValueError(f"lane {lane} outside 0..{p - 1}")
-            if ln[lane] != self.spare:
-                raise ValueError(f"lane {lane} twice in one decode round")
             if not (0 <= q < self.max_model_len):
                 raise ValueError(f"position {q} outside the lane (max_model_len {self.max_model_len})")
             if not (0 <= t < self.vocab_size):
                 raise ValueError(f"token id {t} outside the vocabulary")
-            tok[lane], pos[lane], ln[lane] = t, q, lane
-        return [tok, pos, ln]
+            row = lane if ln[lane] == self.spare else next(spare_rows, None)
+            if row is None:
+                raise ValueError(f"no free row for another entry of lane {lane}")
+            tok[row], pos[row], ln[row] = t, q, lane
+            where.append(row)
+        return [tok, pos, ln], where
 
     def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
         tokens, positions, lanes = inp[0], inp[1], inp[2]
@@ -177,7 +188,7 @@ class ModelRunner:
             time.sleep(float(sleep_ms) / 1000.0)
         if not lanes:
             return []
-        rows = self._padded(lanes, tokens, positions)
+        rows, where = self._padded(lanes, tokens, positions)
         if self.graph is not None:
             self._h_in.copy_(torch.tensor(rows, dtype=torch.long))
             self._s_in.copy_(self._h_in, non_blocking=True)
@@ -186,7 +197,7 @@ class ModelRunner:
         else:
             inp = torch.tensor(rows, dtype=torch.long, device=self.device)
             out = self._decode_body(inp, rows=list(zip(rows[2], rows[1]))).tolist()
-        return [out[lane] for lane in lanes]
+        return [out[row] for row in where]
 
     def capture_graph(self) -> bool:
         """Capture the decode round at the fixed padded shape; on CPU (or failure) fall back to

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--dtype", "float8"], "--dtype"),
     (["--parallel", "0"], "--parallel"),
     (["--model", "no-such-model"], "--model"),
-    (["--drafter", "eagle"], "--drafter"),
+    (["--drafter", "eagle"], "--drafter"),  # not a known drafter
     (["--parallel", "many"], "--parallel"),
 ])
 def test_bad_flag_is_one_line_naming_the_flag(args, flag):

@@ -90,9 +90,9 @@ def test_padded_round_is_row_invariant(runner):
             return r.model.decode(inp[0], inp[1], inp[2], r.kv,
                                   lambda kv, i, q, l, p: decode_attention_loop(kv, i, q, l, p, spare=r.spare))
 
-    alone = logits(r._padded([1], [65], [17]))
-    crowd = logits(r._padded([0, 1, 2, 3], [3, 65, 99, 200], [10, 17, 24, 31]))
-    other = logits(r._padded([1, 3], [65, 1], [17, 5]))
+    alone = logits(r._padded([1], [65], [17])[0])
+    crowd = logits(r._padded([0, 1, 2, 3], [3, 65, 99, 200], [10, 17, 24, 31])[0])
+    other = logits(r._padded([1, 3], [65, 1], [17, 5])[0])
     assert torch.equal(alone[1], crowd[1]) and torch.equal(alone[1], other[1])
 
 
@@ -148,8 +148,9 @@ def test_backend_surface_and_describe(runner):
 def test_bad_inputs(runner):
     with pytest.raises(ValueError):
         runner.prefill_step(0, prompt(300), 0, 256 + 1)
-    with pytest.raises(ValueError):
-        runner.decode([0, 0], [1, 2], [3, 4])
+    with pytest.raises(ValueError, match="rows"):  # more entries than the round has rows
+        p = runner.parallel
+        runner.decode([0] * (p + 1), [1] * (p + 1), list(range(3, p + 4)))
     with pytest.raises(ValueError):
         runner.decode([0], [600], [3])
     with pytest.raises(ValueError):
@@ -279,9 +280,9 @@ def logits(rows):
     with torch.inference_mode():
         return r.model.decode(inp[0], inp[1], inp[2], r.kv, None, fused=True, fused_attn=True)
 x0 = r.kv.k.clone(), r.kv.v.clone()
-alone = logits(r._padded([1], [65], [60]))
+alone = logits(r._padded([1], [65], [60])[0])
 r.kv.k.copy_(x0[0]); r.kv.v.copy_(x0[1])
-crowd = logits(r._padded([0, 1, 2], [3, 65, 99], [44, 60, 45]))
+crowd = logits(r._padded([0, 1, 2], [3, 65, 99], [44, 60, 45])[0])
 assert torch.equal(alone[1], crowd[1])
 print("ok")
 ''')
