@@ -208,3 +208,15 @@ def test_injected_step_failure_leaves_the_neighbour_untouched(tmp_path, plain_se
         # The failed lane serves again.
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt_ids(12, 7), "max_tokens": 3})
         assert r.status_code == 200
+
+
+def test_drafter_server_replies_equal_plain(tmp_path, plain_server):
+    bodies = [{"prompt": [(i % 9) * 11 + 3 for i in range(60)], "max_tokens": 40, "ignore_eos": True},
+              {"prompt": prompt_ids(50, 9), "max_tokens": 40, "ignore_eos": True}]
+    plain = [httpx.post(plain_server + "/v1/completions", json=b).json()["token_sha"] for b in bodies]
+    with launch(FLAGS + ["--drafter", "ngram"], tmp_path / "drafter.log") as srv:
+        got = [httpx.post(srv.url + "/v1/completions", json=b).json()["token_sha"] for b in bodies]
+        undrafted = httpx.post(srv.url + "/v1/completions", json={**bodies[0], "draft": False}).json()["token_sha"]
+        m = metrics(srv.url)
+    assert got == plain and undrafted == plain[0]
+    assert m["tfengine_accepted_drafts_total"] > 0
