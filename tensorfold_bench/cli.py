@@ -20,10 +20,12 @@ try:  # typer >= 0.29 vendors its own click
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from tensorfold_bench import bench, receipt
+from tensorfold_bench import bench, predictions, receipt, stats
+from tensorfold_bench import gate as gate_mod
+from tensorfold_bench import sweep as sweep_mod
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.scenario import LongPromptScript
-from tensorfold_bench.variants import Variant, default_order, parse_floats, parse_order, share_variants
+from tensorfold_bench.variants import Variant, default_order, order_for, parse_floats, parse_order, select_variants, share_variants
 
 console = Console(stderr=True)
 out = Console()
@@ -37,7 +39,7 @@ app.add_typer(run_app, name="run")
 Model = Annotated[Optional[str], typer.Option("--model", help="Engine preset (tiny, cpu, qwen3-8b, ...) or a model directory. Default: cpu, or qwen3-8b with --device cuda.")]
 Device = Annotated[str, typer.Option("--device", help="cpu or cuda: picks the preset's default timings.")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 (default: the engine's; bfloat16 on cuda).")]
-Share = Annotated[str, typer.Option("--share", help="Prefill shares for the new side: each value is a variant 'stepped p=V' against the base 'whole'.")]
+Share = Annotated[Optional[str], typer.Option("--share", help="Prefill shares for the new side: each value is a variant 'stepped p=V' against the base 'whole'.")]
 Order = Annotated[Optional[str], typer.Option("--order", help="Comma sequence of variant names ('base'/'new' alias them). Default: base, news..., reversed news..., base.")]
 Url = Annotated[Optional[str], typer.Option("--url", help="Target a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched.")]
 OutDir = Annotated[Path, typer.Option("--out", help="Directory for the receipt (Markdown, JSON, PNG) and the run's logs.")]
@@ -48,6 +50,12 @@ MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Eng
 Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts.")]
 Trace = Annotated[bool, typer.Option("--trace/--no-trace", help="Run the engine with --trace and draw its steps under the timeline.")]
 Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: what the server reports; needed for vLLM/SGLang).")]
+VariantsFile = Annotated[Optional[Path], typer.Option("--variants", help="YAML file of variants (name, ref, flags, env); the first is the base. Replaces --share/--base/--new.")]
+BaseRef = Annotated[Optional[str], typer.Option("--base", help="Git ref of this repository the base runs (checked out in .worktrees/<sha>). Without --share: 'base' at REF vs 'new', both with the engine's default flags.")]
+NewRef = Annotated[Optional[str], typer.Option("--new", help="Git ref the new side runs (default: the working tree).")]
+AA = Annotated[bool, typer.Option("--aa", help="Also run the base against a copy of itself ('<base> A/A', two runs before a last base run): the noise floor.")]
+Predict = Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure, read, hashed and stamped into the receipt before the first run; each result is marked in or out.")]
+Margin = Annotated[float, typer.Option("--margin", help="Verdict margin: a change must clear the paired interval and this fraction (0.02 = 2 %).")]
 EngineArg = Annotated[Optional[list[str]], typer.Option("--engine-arg", help="Extra engine flag for every variant (repeatable), e.g. --engine-arg=--no-drafts.")]
 
 
@@ -85,11 +93,13 @@ class RichReporter:
         self.p.console.print(f"  {text}")
 
 
-def variants_and_order(share: str, order: str | None) -> tuple[list[Variant], list[str]]:
-    """--share and --order -> [base, news...] and the run order (shared by every scenario)."""
-    base, news = share_variants(parse_floats("--share", share))
-    variants = [base, *news]
-    return variants, (parse_order(order, variants) if order else default_order(base, news))
+def variants_and_order(share: str | None, order: str | None, variants_file: Path | None = None,
+                       base_ref: str | None = None, new_ref: str | None = None,
+                       aa: bool = False) -> tuple[list[Variant], list[str]]:
+    """--share / --variants / --base / --new / --aa and --order -> [base, others...] and the run
+    order (shared by every scenario; see variants.select_variants)."""
+    vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
+    return order_for(vs, order, aa)
 
 
 def engine_setup(*, model, device, dtype, parallel, prefill_rows, max_model_len, seed, trace, engine_args,
@@ -112,7 +122,8 @@ def preset(device: str) -> Preset:
 
 def long_prompt_settings(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
                          max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
-                         vocab=None, stamp="") -> bench.LongPromptSettings:
+                         vocab=None, stamp="", variants_file=None, base_ref=None, new_ref=None,
+                         aa=False) -> bench.LongPromptSettings:
     """Flags -> settings, with the device preset's defaults; every bad value names its flag."""
     pre = preset(device)
     for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens),
@@ -120,7 +131,7 @@ def long_prompt_settings(*, model, device, dtype, share, order, url, out_dir, pl
         positive(flag, v)
     if c_after < 0:
         raise FlagError("--c-after", f"must be at least 0, not {c_after}")
-    variants, order_names = variants_and_order(share, order)
+    variants, order_names = variants_and_order(share, order, variants_file, base_ref, new_ref, aa)
     b_tokens = b_tokens or pre.b_tokens
     mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
@@ -132,11 +143,16 @@ def long_prompt_settings(*, model, device, dtype, share, order, url, out_dir, pl
                                     out_dir=out_dir, url=url, plain_check=plain_check, stamp=stamp, vocab=vocab)
 
 
-def execute(settings: bench.LongPromptSettings) -> dict[str, Path]:
-    """Run with a progress display, write the receipt, print the tables; return the paths."""
+def execute(settings: bench.LongPromptSettings, preds: "predictions.Predictions | None" = None,
+            margin: float = stats.DEFAULT_MARGIN) -> dict[str, Path]:
+    """Run with a progress display, write the receipt, print the tables; return the paths.
+    `preds` were read (and stamped) before this call, so before the first run."""
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         data = bench.run_long_prompt(settings, RichReporter(progress))
+    data["settings"]["margin"] = margin
+    if preds is not None:
+        data["predictions"] = preds.check(receipt.medians_by_variant(data)).to_dict()
     paths = receipt.write(data, settings.out_dir, settings.run_dir.name)
     show(data)
     for kind, p in paths.items():
@@ -156,11 +172,17 @@ def long_prompt(
     model: Model = None,
     device: Device = "cpu",
     dtype: Dtype = None,
-    share: Share = "0.5",
+    share: Share = None,
     order: Order = None,
     url: Url = None,
     out_dir: OutDir = Path("receipts"),
     plain_check: PlainCheck = False,
+    variants_file: VariantsFile = None,
+    base_ref: BaseRef = None,
+    new_ref: NewRef = None,
+    aa: AA = False,
+    predict: Predict = None,
+    margin: Margin = stats.DEFAULT_MARGIN,
     parallel: Parallel = None,
     prefill_rows: PrefillRows = None,
     max_model_len: MaxModelLen = None,
@@ -179,8 +201,124 @@ def long_prompt(
                                     out_dir=out_dir, plain_check=plain_check, parallel=parallel,
                                     prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed, trace=trace,
                                     engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens,
-                                    c_tokens=c_tokens, a_tokens=a_tokens, vocab=vocab)
-    execute(settings)
+                                    c_tokens=c_tokens, a_tokens=a_tokens, vocab=vocab, variants_file=variants_file,
+                                    base_ref=base_ref, new_ref=new_ref, aa=aa)
+    if not 0 <= margin < 1:
+        raise FlagError("--margin", f"must be a fraction in [0, 1), not {margin}")
+    execute(settings, read_predictions(predict, settings.variants), margin)
+
+
+# ---- issue 5: variants from refs and files, predictions, sweep, gate, compare ------------
+def read_predictions(path: Path | None, variants: list) -> "predictions.Predictions | None":
+    return predictions.read(path, [v.name for v in variants]) if path else None
+
+
+def sweep_settings(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
+                   parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens, cells, reps,
+                   prompt_tokens, predict, margin, stamp="") -> sweep_mod.SweepSettings:
+    """Flags -> settings for `tfbench sweep`; predictions are read here, before any run."""
+    if device not in PRESETS:
+        raise FlagError("--device", f"must be cpu or cuda, not {device!r}")
+    pre = PRESETS[device]
+    for flag, v in (("--parallel", parallel), ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len)):
+        positive(flag, v)
+    if not 0 <= margin < 1:
+        raise FlagError("--margin", f"must be a fraction in [0, 1), not {margin}")
+    script = sweep_mod.SweepScript(levels=sweep_mod.parse_levels(levels), tokens=tokens, cells=cells, reps=reps,
+                                   prompt_tokens=prompt_tokens, seed=seed)
+    vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
+    vs, names = order_for(vs, order, aa)
+    preds = read_predictions(predict, vs)
+    need = script.prompt_tokens + script.tokens + 1
+    mml = max_model_len or max(1024, -(-need // 256) * 256)
+    engine = bench.EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype,
+                               parallel=max(parallel or 0, script.max_level), prefill_rows=prefill_rows or pre.prefill_rows,
+                               max_model_len=None if url else mml, seed=seed, trace=False,
+                               extra_args=list(engine_args or []))
+    return sweep_mod.SweepSettings(engine=engine, script=script, variants=vs, order=names, out_dir=out_dir,
+                                   url=url, predictions=preds, margin=margin, stamp=stamp)
+
+
+@app.command("sweep")
+def sweep(
+    levels: Annotated[str, typer.Option("--levels", help="Stream counts, each a level: that many streams start together.")] = "1,2,4,8",
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens each stream generates (ignore_eos).")] = 256,
+    cells: Annotated[int, typer.Option("--cells", help="Distinct prompt sets per level.")] = 4,
+    reps: Annotated[int, typer.Option("--reps", help="Repetitions of each cell; the median is the cell's figure.")] = 3,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Each stream's prompt length (seeded token ids).")] = 200,
+    model: Model = None,
+    device: Device = "cpu",
+    dtype: Dtype = None,
+    share: Annotated[Optional[str], typer.Option("--share", help="Prefill shares: each value a variant 'stepped p=V' against the base 'whole' (default 0.5).")] = None,
+    variants_file: VariantsFile = None,
+    base_ref: BaseRef = None,
+    new_ref: NewRef = None,
+    aa: AA = False,
+    order: Order = None,
+    predict: Predict = None,
+    margin: Margin = stats.DEFAULT_MARGIN,
+    url: Url = None,
+    out_dir: OutDir = Path("receipts"),
+    parallel: Parallel = None,
+    prefill_rows: PrefillRows = None,
+    max_model_len: MaxModelLen = None,
+    seed: Seed = 0,
+    engine_arg: EngineArg = None,
+):
+    """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
+    settings = sweep_settings(model=model, device=device, dtype=dtype, share=share, variants_file=variants_file,
+                              base_ref=base_ref, new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir,
+                              parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
+                              engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells, reps=reps,
+                              prompt_tokens=prompt_tokens, predict=predict, margin=margin)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        data = sweep_mod.run_sweep(settings, RichReporter(progress))
+    paths = sweep_mod.write(data, settings.out_dir, settings.run_dir.name)
+    out.print(Markdown("\n".join(sweep_mod.stats_table(data))))
+    out.print(sweep_mod.exactness_line(data))
+    if data.get("predictions"):
+        out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
+    for kind, p in paths.items():
+        out.print(f"receipt {kind}: {p}")
+
+
+@app.command("gate")
+def gate(
+    base_ref: Annotated[str, typer.Option("--base", help="Git ref of the base (default: the previous commit).")] = "HEAD~1",
+    preset: Annotated[str, typer.Option("--preset", help="cpu (CI) or tiny (seconds; long-prompt figures shown, not judged).")] = "cpu",
+    margin: Annotated[float, typer.Option("--margin", help="Throughput margin beyond the noise (fraction).")] = 0.05,
+    long_margin: Annotated[float, typer.Option("--long-margin", help="Margin for long-prompt figures (fraction).")] = 0.25,
+    accept_new_outputs: Annotated[bool, typer.Option("--accept-new-outputs", help="A deliberate change of outputs: base's and new's replies may differ (each side must still agree with itself). Or commit .ci/accept-new-outputs naming the base commit.")] = False,
+    new_env: Annotated[Optional[list[str]], typer.Option("--new-env", help="KEY=VALUE for the new side's engine environment (repeatable), e.g. TFENGINE_DECODE_SLEEP_MS=20 to see the gate fail.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's receipt and logs.")] = Path("runs/gate"),
+):
+    """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
+    env = {}
+    for kv in new_env or []:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise FlagError("--new-env", f"expected KEY=VALUE, got {kv!r}")
+        env[k] = v
+    settings = gate_mod.GateSettings(base_ref=base_ref, preset=preset, margin=margin, long_margin=long_margin,
+                                     accept_new_outputs=accept_new_outputs, out_dir=out_dir, new_env=env)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        data = gate_mod.run_gate(settings, RichReporter(progress))
+    paths = gate_mod.write(data, out_dir, f"{settings.stamp}-gate")
+    sys.stdout.write(gate_mod.render_markdown(data))
+    out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")
+    raise Exit(gate_mod.PASS if data["passed"] else gate_mod.FAIL)
+
+
+@app.command("compare")
+def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's JSON (the reference).")],
+            b: Annotated[Path, typer.Argument(help="The later receipt's JSON.")]):
+    """Compare two saved receipts figure by figure: medians, A's span, B vs A in percent."""
+    for p in (a, b):
+        if not p.exists():
+            raise FlagError("RECEIPT", f"{p} does not exist")
+    sys.stdout.write(receipt.compare_markdown(receipt.load(a), receipt.load(b), str(a), str(b)))
 
 
 @app.command("report")

@@ -30,6 +30,11 @@ def load(path: Path) -> dict:
 
 
 def render_png(data: dict, path: Path) -> Path | None:
+    if data.get("scenario") == "sweep":
+        from tensorfold_bench import sweep
+        return sweep.render_png(data, path)
+    if data.get("scenario") == "gate":
+        return None
     from tensorfold_bench.timeline import draw
 
     return draw(data, path)
@@ -209,6 +214,12 @@ def exactness_lines(data: dict) -> list[str]:
 
 
 def render_markdown(data: dict, png_name: str | None = None) -> str:
+    if data.get("scenario") == "sweep":
+        from tensorfold_bench import sweep
+        return sweep.render_markdown(data, png_name)
+    if data.get("scenario") == "gate":
+        from tensorfold_bench import gate
+        return gate.render_markdown(data)
     out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(data), "",
            test_paragraph(data), "", *table(data), "",
            "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "
@@ -216,6 +227,104 @@ def render_markdown(data: dict, png_name: str | None = None) -> str:
            "**Exactness.**", *exactness_lines(data), ""]
     if png_name:
         out += [f"![timeline: A's inter-token gaps, B and C marked]({png_name})", ""]
+    if len(data["variants"]) > 1 and data["runs"]:
+        out += ["**Statistics.** Each run paired with its adjacent base runs; a verdict needs the paired 95 % "
+                f"interval beyond a {data['settings'].get('margin', 0.02) * 100:g} % margin (invalid runs left out).", "",
+                *stats_lines(long_prompt_stats(data), data["variants"][0]["name"]), ""]
+    if data.get("predictions"):
+        from tensorfold_bench.predictions import Predictions
+        out += [*Predictions.from_dict(data["predictions"]).markdown(), ""]
     out += ["**Not run, and why.**"]
     out += [f"- {line}" for line in data.get("not_run") or ["Nothing left out."]]
     return "\n".join(out) + "\n"
+
+
+# ---- statistics, predictions and comparisons (issue 5) ------------------------------------
+
+LONG_HIGHER_IS_BETTER = {"b_first_token": False, "c_first_token": False, "a_longest_pause": False,
+                         "a_rate_during": True, "a_rate_before": True}
+
+
+def long_prompt_stats(data: dict) -> dict:
+    """Each long-prompt figure's statistics over the runs (invalid runs left out): every run's
+    value, medians, base's span, each variant against the base with a verdict."""
+    from tensorfold_bench import stats
+
+    order = [r["variant"] for r in data["runs"]]
+    base = data["variants"][0]["name"]
+    margin = data["settings"].get("margin", stats.DEFAULT_MARGIN)
+    out = {}
+    for key, hib in LONG_HIGHER_IS_BETTER.items():
+        vals = [r["figures"][key] if r["figures"]["valid"] else None for r in data["runs"]]
+        out[key] = stats.figure_stats(key, order, vals, base, higher_is_better=hib, margin=margin).to_dict()
+    return out
+
+
+def stats_lines(figs: dict, base: str, digits: int = 2) -> list[str]:
+    """The statistics table: runs in order, median, base's span, vs base, interval, verdict."""
+    from tensorfold_bench import stats
+
+    lines = [f"| figure | variant | runs (in run order) | median | vs {base} | paired 95 % interval | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for name, d in figs.items():
+        fs = stats.FigureStats.from_dict(d)
+        for v in [base] + [n for n in fs.runs if n != base]:
+            vals = " / ".join(num(x, digits) for x in fs.runs.get(v, [])) or "-"
+            if v == base:
+                span = f" (span {num(fs.base_span[0], digits)} to {num(fs.base_span[1], digits)})" if fs.base_span else ""
+                lines.append(f"| {name} | {v} (base) | {vals} | **{num(fs.medians.get(v), digits)}**{span} | | | |")
+            else:
+                c = fs.comparisons[v]
+                iv = "-" if c.interval_pct is None else f"{c.interval_pct[0]:+.1f} % to {c.interval_pct[1]:+.1f} %"
+                lines.append(f"| {name} | {v} | {vals} | **{num(c.median, digits)}** | {stats.fmt_pct(c.pct)} | {iv} | {c.verdict} |")
+    return lines
+
+
+def medians_by_variant(data: dict) -> dict[str, dict[str, float | None]]:
+    """variant -> figure -> median, for predictions: the long-prompt figures (also as `_s` and
+    `a_rate_during_pct` = during / before in percent) and `b_alone`."""
+    out: dict[str, dict] = {}
+    for name, s in summary(data).items():
+        m = dict(s["median"])
+        for k in ("b_first_token", "c_first_token", "a_longest_pause"):
+            m[k + "_s"] = m.get(k)
+        if m.get("a_rate_during") is not None and m.get("a_rate_before"):
+            m["a_rate_during_b_pct"] = m["a_rate_during"] / m["a_rate_before"] * 100
+        m["b_alone"] = m["b_alone_s"] = s.get("alone")
+        out[name] = m
+    return out
+
+
+def figure_runs(data: dict) -> dict[str, dict[str, list[float]]]:
+    """figure -> variant -> the valid runs' values, for any scenario's receipt."""
+    if data.get("stats"):
+        return {f: d["runs"] for f, d in data["stats"].items()}
+    return {k: d["runs"] for k, d in long_prompt_stats(data).items()}
+
+
+def compare_markdown(a: dict, b: dict, name_a: str, name_b: str) -> str:
+    """Two saved receipts, figure by figure. Different sessions are not drift-paired, so the
+    call is only whether B's median lies inside A's span of runs."""
+    import statistics
+
+    ra, rb = figure_runs(a), figure_runs(b)
+    lines = ["## tfbench compare", "",
+             f"- A: `{name_a}` ({a.get('scenario')}, {a.get('created')}, engine commit "
+             f"{((a.get('environment') or {}).get('engine') or {}).get('commit') or 'unknown'})",
+             f"- B: `{name_b}` ({b.get('scenario')}, {b.get('created')}, engine commit "
+             f"{((b.get('environment') or {}).get('engine') or {}).get('commit') or 'unknown'})", "",
+             "Two sessions, so no drift pairing: B's median is called within A's span or outside it.", "",
+             "| figure | variant | A runs | A median (span) | B runs | B median | B vs A | |",
+             "|---|---|---|---|---|---|---|---|"]
+    for fig in [f for f in ra if f in rb] + [f for f in rb if f not in ra]:
+        va, vb = ra.get(fig, {}), rb.get(fig, {})
+        for v in [n for n in va if n in vb] + [n for n in vb if n not in va] + [n for n in va if n not in vb]:
+            xa, xb = va.get(v, []), vb.get(v, [])
+            ma = statistics.median(xa) if xa else None
+            mb = statistics.median(xb) if xb else None
+            pct = f"{(mb / ma - 1) * 100:+.1f} %" if ma and mb is not None else "-"
+            call = "-" if not xa or mb is None else ("within A's span" if min(xa) <= mb <= max(xa) else "outside A's span")
+            span = f" ({num(min(xa))} to {num(max(xa))})" if xa else ""
+            lines.append(f"| {fig} | {v} | {' / '.join(num(x) for x in xa) or '-'} | {num(ma)}{span} | "
+                         f"{' / '.join(num(x) for x in xb) or '-'} | {num(mb)} | {pct} | {call} |")
+    return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """Variants (named engine configurations) and the order runs go in."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from tensorfold_bench.errors import FlagError
 
@@ -87,3 +87,40 @@ def parse_order(text: str, variants: list[Variant]) -> list[str]:
     if not out:
         raise FlagError("--order", "empty")
     return out
+
+
+def with_aa(variants: list[Variant], order: list[str]) -> tuple[list[Variant], list[str]]:
+    """`--aa`: a copy of the base named '<base> A/A', run twice before a last base run, so its
+    verdict against the base is the noise floor of the same build and flags."""
+    base = variants[0]
+    aa = Variant(f"{base.name} A/A", list(base.args), dict(base.env), base.ref)
+    return [*variants, aa], [*order, aa.name, aa.name, base.name]
+
+
+def select_variants(share: str | None, variants_file: str | None = None, base_ref: str | None = None,
+                    new_ref: str | None = None, default_share: str = "0.5") -> list[Variant]:
+    """The variants a command compares, the base first:
+    - `--variants FILE`: from the YAML file (the first entry is the base);
+    - `--base REF` / `--new REF` without `--share`: two builds with the engine's default flags,
+      'base' at REF (or the working tree) and 'new' at REF (or the working tree);
+    - otherwise whole prompts against stepped prompts at each `--share` value, `--base` / `--new`
+      then naming the refs the base and every new variant run from."""
+    if variants_file:
+        if share is not None or base_ref or new_ref:
+            raise FlagError("--variants", "give either --variants FILE or --share/--base/--new, not both")
+        from tensorfold_bench.worktree import read_variants
+
+        specs = read_variants(variants_file)
+        if len(specs) < 2 and not specs:
+            raise FlagError("--variants", f"{variants_file} names no variant")
+        return [Variant(s.name, s.args, s.env, s.ref) for s in specs]
+    if share is None and (base_ref or new_ref):
+        return [Variant("base", [], {}, base_ref), Variant("new", [], {}, new_ref)]
+    base, news = share_variants(parse_floats("--share", share or default_share))
+    return [replace(base, ref=base_ref), *[replace(n, ref=new_ref) for n in news]]
+
+
+def order_for(variants: list[Variant], order: str | None, aa: bool = False) -> tuple[list[Variant], list[str]]:
+    """`--order` (any sequence of names), else base/news/reversed news/base; `--aa` appended."""
+    names = parse_order(order, variants) if order else default_order(variants[0], variants[1:])
+    return with_aa(variants, names) if aa else (variants, names)

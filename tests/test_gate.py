@@ -145,3 +145,13 @@ def test_a_base_that_will_not_serve_falls_back_to_a_a(tmp_path):
     assert d["passed"], d["reasons"]
     assert "would not serve" in d["missing_base"] and "this engine is broken" in d["missing_base"]
     assert d["variants"][0]["source"]["path"] == str(r)
+
+
+def test_gate_cli_usage_errors_exit_2():
+    import sys
+
+    for args, flag in ((["--preset", "huge"], "--preset"), (["--new-env", "NOEQUALS"], "--new-env"),
+                       (["--margin", "2"], "--margin")):
+        p = subprocess.run([sys.executable, "-m", "tensorfold_bench", "gate", *args], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2 and flag in p.stderr, p.stderr

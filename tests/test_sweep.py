@@ -92,3 +92,56 @@ def test_sweep_on_the_tiny_engine(tmp_path):
     hc = sweep.check_hashes([run])
     assert hc.ok and hc.prompts == 6 and hc.replies == 2 * (1 + 3) * 2
     assert len(lines) == 8 and "3 streams, cell 2/2, rep 2/2" in lines[-1]
+
+
+# ---- the CLI: tfbench sweep, report, compare ------------------------------------------------
+
+def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path):
+    """`tfbench sweep` with a variants file, --aa and --predict on the tiny engine: the receipt
+    carries every run, the statistics columns, the A/A row, the stamped predictions; `report`
+    re-renders the same Markdown from the JSON and `compare` reads two receipts."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from tensorfold_bench.cli import app
+
+    (tmp_path / "v.yaml").write_text("- {name: whole, flags: --prefill-mode whole}\n"
+                                     "- {name: stepped, flags: [--prefill-mode, stepped, --prefill-share, '0.5']}\n")
+    (tmp_path / "p.yaml").write_text("stepped:\n  tok_s@1 vs whole: [0.01, 100]\n  nothing: [1, 2]\n")
+    args = ["sweep", "--model", "tiny", "--levels", "1,2", "--tokens", "4", "--cells", "1", "--reps", "1",
+            "--prompt-tokens", "12", "--variants", str(tmp_path / "v.yaml"), "--order", "whole,stepped,whole",
+            "--aa", "--predict", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "r")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, (res.output, res.exception)
+    (js,) = (tmp_path / "r").glob("*-sweep.json")
+    data = json.loads(js.read_text())
+    assert [r["variant"] for r in data["runs"]] == ["whole", "stepped", "whole", "whole A/A", "whole A/A", "whole"]
+    assert data["predictions"]["read_at"] < data["runs"][0]["started"]
+    assert [p["status"] for p in data["predictions"]["items"]] == ["in", "not measured"]
+    assert data["hashes"]["ok"] and data["hashes"]["replies"] == 6 * 3
+    assert set(data["stats"]["tok_s@2"]["comparisons"]) == {"stepped", "whole A/A"}
+    assert data["variants"][1]["source"]["ref"] is None  # the working tree
+    md = js.with_suffix(".md").read_text()
+    assert "| 2 | whole A/A |" in md and "1 of 1 predictions in range (1 not measured)" in md
+    assert js.with_suffix(".png").exists()
+    rep = CliRunner().invoke(app, ["report", str(js)])
+    assert rep.exit_code == 0 and js.with_suffix(".md").read_text() == md
+    cmp = CliRunner().invoke(app, ["compare", str(js), str(js)])
+    assert cmp.exit_code == 0 and "| tok_s@1 | stepped |" in cmp.output and "within A's span" in cmp.output
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--levels", "1,x"], "--levels"),
+    (["--tokens", "0"], "--tokens"),
+    (["--variants", "/nonexistent.yaml"], "/nonexistent.yaml"),
+    (["--predict", "/nonexistent.yaml"], "/nonexistent.yaml"),
+    (["--order", "base,nobody"], "--order"),
+])
+def test_sweep_cli_bad_flags_exit_2(args, flag):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "tensorfold_bench", "sweep", "--model", "tiny", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and flag in p.stderr, p.stderr
