@@ -20,10 +20,11 @@ it applies to (`git rev-parse HEAD > .ci/accept-new-outputs` before committing t
 acknowledgement lapses by itself at the next commit. Accepted, base's and new's replies may
 differ from each other, but each side's must still agree with themselves.
 
-**No base.** When the base ref does not exist (a shallow CI clone has no HEAD~1, or the first
+**No base.** When the default base HEAD~1 does not exist (a shallow CI clone, or the first
 commit), the gate says so and compares the working tree with itself (an A/A run): outputs must
 still be deterministic across fresh servers, and the engine must still serve; throughput then
-checks nothing but the noise, and the receipt says so.
+checks nothing but the noise, and the receipt says so. The same holds when the base's engine
+will not start. A `--base REF` that names no commit is a usage error (exit 2), not a fallback.
 
 Exit codes: 0 pass, 1 regression (throughput, a long-prompt figure, or a token hash),
 2 usage or infrastructure error (bad flag, a server that would not start, git failure).
@@ -45,6 +46,7 @@ from tensorfold_bench.scenario import LongPromptScript, make_prompts, play_long_
 from tensorfold_bench.variants import Variant
 
 PASS, FAIL = 0, 1
+DEFAULT_BASE = "HEAD~1"
 ACCEPT_FILE = ".ci/accept-new-outputs"
 # figure -> higher is better
 LONG_FIGURES = {"b_first_token": False, "c_first_token": False, "a_longest_pause": False, "a_rate_during": True}
@@ -76,7 +78,7 @@ PRESETS = {
 
 @dataclass
 class GateSettings:
-    base_ref: str | None = "HEAD~1"  # None: the working tree against itself (tests)
+    base_ref: str | None = DEFAULT_BASE  # None: the working tree against itself (tests)
     preset: str = "cpu"
     margin: float = 0.05
     long_margin: float = 0.25
@@ -115,6 +117,8 @@ def sources(settings: GateSettings) -> tuple[worktree.Source, worktree.Source, s
     if settings.base_ref is None:
         return new, new, None
     if worktree.resolve(settings.base_ref, root) is None:
+        if settings.base_ref != DEFAULT_BASE:
+            raise worktree.GitError(f"--base {settings.base_ref!r} is not a commit of {root}")
         shallow = worktree.git(root, "rev-parse", "--is-shallow-repository", check=False) == "true"
         why = "this clone is shallow" if shallow else "no such commit"
         return new, new, (f"base ref {settings.base_ref!r} is missing ({why}): the working tree is compared "

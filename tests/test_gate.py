@@ -155,3 +155,8 @@ def test_gate_cli_usage_errors_exit_2():
         p = subprocess.run([sys.executable, "-m", "tensorfold_bench", "gate", *args], capture_output=True,
                            text=True, timeout=60)
         assert p.returncode == 2 and flag in p.stderr, p.stderr
+
+
+def test_a_given_base_that_is_no_commit_is_an_error(tmp_path):
+    with pytest.raises(gate.worktree.GitError, match="--base 'nope' is not a commit"):
+        gate.sources(gate.GateSettings(base_ref="nope", out_dir=tmp_path))
