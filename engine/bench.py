@@ -8,9 +8,8 @@ figure is the median of several rounds after a warm-up. On CUDA the same run fir
 device's copy bandwidth (one large device-to-device copy, bytes read + written) and bf16 matrix
 rate (8192^3), then puts decode beside the memory roofline (weight bytes + KV bytes read per
 round over that bandwidth) and prompts beside the arithmetic roofline (2 * matmul parameters *
-tokens + causal attention flops, over that rate), with the ratios. On CUDA the decode rows are
-timed for both decode attention paths side by side, on the same weights and KV cache:
-"3 kernels" (qk_norm_rope_write + split + combine a layer) and "1 kernel" (extra "fused_attn").
+tokens + causal attention flops, over that rate), with the ratios. On CUDA one stream also
+decodes at the longer contexts of --decode-ctx.
 """
 from __future__ import annotations
 
@@ -122,25 +121,19 @@ def prompt_flops(r: ModelRunner, n: int) -> float:
     return 2 * matmul_params(r) * n + attn
 
 
-def console_print(line: str) -> None:
-    print(line, flush=True)
-
-
 def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
     """Rows beside the main figures: shape 1 (not row-invariant) and the plain torch ops."""
     from dataclasses import replace
-    for fa in (False, True):
-        tag = "1 kernel" if fa else "3 kernels"
-        r1 = ModelRunner(replace(cfg, parallel=1, max_model_len=ctx + rounds + 64,
-                                 extra={**cfg.extra, "fused_attn": fa}), model=r.model)
-        s1 = bench_decode(r1, 1, rounds, reps, ctx)
-        out[f"decode_unpadded_1_{tag}"] = {"round_s": s1, "tok_s": 1 / s1}
-        table.add_row(f"decode 1 stream, shape 1 (not invariant), attn {tag}", f"{s1 * 1e3:.2f} ms",
-                      f"{1 / s1:,.1f}", "", "")
-        console_print(" | ".join([f"decode 1 stream shape 1, attn {tag}", f"{s1 * 1e3:.2f} ms"]))
-        del r1
+    r1 = ModelRunner(replace(cfg, parallel=1, max_model_len=ctx + rounds + 64), model=r.model)
+    s1 = bench_decode(r1, 1, rounds, reps, ctx)
+    pad_cost = out["decode"][1]["round_s"] / s1 - 1
+    out["decode_unpadded_1"] = {"round_s": s1, "tok_s": 1 / s1, "padded_cost": pad_cost}
+    table.add_row("decode 1 stream, shape 1 (not invariant)", f"{s1 * 1e3:.2f} ms", f"{1 / s1:,.1f}", "",
+                  f"padding costs {pad_cost:+.1%}")
+    print(f"decode 1 stream shape 1 | {s1 * 1e3:.2f} ms", flush=True)
+    del r1
     r2 = ModelRunner(replace(cfg, parallel=parallel, max_model_len=max(min(plens), ctx + rounds) + 64,
-                             extra={"fused": False, "fused_attn": False}), model=r.model)
+                             extra={"fused": False}), model=r.model)
     s2 = bench_decode(r2, 1, rounds, reps, ctx)
     out["decode_plain_ops_1"] = {"round_s": s2, "tok_s": 1 / s2}
     table.add_row("decode 1 stream, plain torch ops", f"{s2 * 1e3:.2f} ms", f"{1 / s2:,.1f}", "", "")
@@ -164,7 +157,7 @@ def main(
     rounds: Annotated[int, typer.Option(help="decode rounds per repetition")] = 32,
     reps: Annotated[int, typer.Option(help="timed repetitions (median reported)")] = 3,
     ctx: Annotated[int, typer.Option(help="prompt tokens per decoding stream")] = 128,
-    decode_ctx: Annotated[str, typer.Option(help="CUDA: extra decode contexts for 1 stream, both paths")] = "4000",
+    decode_ctx: Annotated[str, typer.Option(help="CUDA: extra decode contexts for 1 stream")] = "4000",
     seed: int = 0,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None,
 ):
@@ -209,36 +202,25 @@ def main(
         table.add_row(*row)
         console.print(" | ".join(row), highlight=False)
     out["decode"] = {}
-    variants = [("", r)]
-    if cuda and r.fused:  # both decode attention paths, same weights, same KV cache, same graph shape
-        from dataclasses import replace
-        other = not r.fused_attn
-        ro = ModelRunner(replace(cfg, extra={**cfg.extra, "fused_attn": other}), model=r.model, kv=r.kv)
-        tag = lambda x: "attn 1 kernel" if x.fused_attn else "attn 3 kernels"  # noqa: E731
-        variants = sorted([(tag(r), r), (tag(ro), ro)], key=lambda v: v[0], reverse=True)  # 3 first
-        out["decode_by_path"] = {}
     ctxs = [(k, ctx) for k in levels if k <= parallel]
     if cuda:
         ctxs += [(1, int(c)) for c in decode_ctx.split(",") if c and int(c) + rounds + 8 < r.max_model_len]
     for k, c in ctxs:
-        for name, rv in variants:
-            s = bench_decode(rv, k, rounds, reps, c)
-            rec = {"round_s": s, "tok_s": k / s, "stream_tok_s": 1 / s, "ctx": c}
-            what = f"decode {k} stream{'s' if k > 1 else ''}" + (f" at {c} tokens" if c != ctx else "")
-            row = [what + (f", {name}" if name else ""), f"{s * 1e3:.2f} ms", f"{k / s:,.1f}", "", ""]
-            if bw:
-                kv_bytes = k * (c + rounds / 2) * r.kv.row_bytes()
-                roof = k / ((weight_bytes(r) + kv_bytes) / bw)
-                rec.update(roofline_tok_s=roof, ratio=(k / s) / roof)
-                row[3:] = [f"{roof:,.1f}", f"{(k / s) / roof:.1%}"]
-            if c == ctx and rv is r:
-                out["decode"][k] = rec
-            if name:
-                out["decode_by_path"][f"{name}, {k} streams, ctx {c}"] = rec
-            table.add_row(*row)
-            console.print(" | ".join(row), highlight=False)
-    if len(variants) > 1:
-        del ro
+        s = bench_decode(r, k, rounds, reps, c)
+        rec = {"round_s": s, "tok_s": k / s, "stream_tok_s": 1 / s, "ctx": c}
+        row = [f"decode {k} stream{'s' if k > 1 else ''}" + (f" at {c} tokens" if c != ctx else ""),
+               f"{s * 1e3:.2f} ms", f"{k / s:,.1f}", "", ""]
+        if bw:
+            kv_bytes = k * (c + rounds / 2) * r.kv.row_bytes()
+            roof = k / ((weight_bytes(r) + kv_bytes) / bw)
+            rec.update(roofline_tok_s=roof, ratio=(k / s) / roof)
+            row[3:] = [f"{roof:,.1f}", f"{(k / s) / roof:.1%}"]
+        if c == ctx:
+            out["decode"][k] = rec
+        else:
+            out.setdefault("decode_long", {})[f"{k} streams, ctx {c}"] = rec
+        table.add_row(*row)
+        console.print(" | ".join(row), highlight=False)
     if cuda and 1 in levels and 1 in out["decode"]:  # what the fixed padded shape and the fused kernels buy
         try:
             _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel)

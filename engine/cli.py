@@ -73,8 +73,6 @@ def serve(
     from .server import ServedModel, serve as serve_http
 
     runner = build_runner(cfg)
-    if draft is not None and getattr(runner, "fused_attn", False):
-        raise ConfigError("--drafter needs the 3-kernel decode attention (fused_attn writes and reads K/V in one kernel)")
     lane_host = LaneHost(runner, cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,

@@ -7,11 +7,7 @@
 2. a bf16 runner (CUDA graph) against a float32 runner with the same weights (prompt logits,
    relative error) on a small Qwen3 shape;
 3. on the big shape: stepped vs whole prompts, one lane alone vs four lanes: token ids equal;
-   prompt cuts of R rows vs one whole cut: relative error of the logits (same function);
-4. the one-kernel decode attention (extra "fused_attn", engine.kernels.decode_attention_qkv)
-   against qk_norm_rope_write + the split/combine kernels (output, K/V rows), against the fp32
-   loop, bitwise row invariance, counters left at 0, and check 3 again with it on
-   ("fa_exact_*"). `fused_attn_ok` sums it up: the bench and the default follow it.
+   prompt cuts of R rows vs one whole cut: relative error of the logits (same function).
 """
 from __future__ import annotations
 
@@ -83,76 +79,10 @@ def check_vs_fp32(res):
     torch.cuda.empty_cache()
 
 
-def check_fused_attn(res):
-    """The one-kernel decode attention against the three-kernel path, on random K/V rows."""
-    import engine.kernels as K
-    from engine.kernels import decode_attention, decode_attention_qkv
-    from engine.kernels_fused import qk_norm_rope_write
-    r = build_runner(EngineConfig(model="qwen3-0.6b", device="cuda", dtype="bfloat16", parallel=4,
-                                  max_model_len=8192, prefill_rows=1024, extra={"cuda_graph": False}))
-    m, eps = r.model, r.model_config.rms_norm_eps
-    torch.manual_seed(1)
-    for i in range(r.model_config.num_hidden_layers):
-        r.kv.k[i].normal_()
-        r.kv.v[i].normal_()
-    a0 = m.model.layers[3].self_attn
-    H, KVH, D = a0.n_heads, a0.n_kv, a0.head_dim
-    qkv = torch.randn(4, (H + 2 * KVH) * D, device="cuda", dtype=torch.bfloat16) * 3
-    lanes = torch.tensor([0, 1, 2, 3], device="cuda")
-    args = (a0.q_norm.weight, a0.k_norm.weight, m.cos, m.sin)
-    worst, inv_ok, kv_ok, cnt_ok = 0.0, True, True, True
-    for nprog in (16, 3):  # 3: programs stride over several splits
-        K.NPROG = nprog
-        for lens in ([1, 255, 257, 3000], [256, 512, 7000, 8192]):
-            pos = torch.tensor([n - 1 for n in lens], device="cuda")
-            k0, v0 = r.kv.k[3].clone(), r.kv.v[3].clone()
-            q = qk_norm_rope_write(qkv, *args, r.kv.k[3], r.kv.v[3], lanes, pos, H, KVH, D, eps)
-            ref = decode_attention(r.kv, 3, q, lanes, pos)
-            kref, vref = r.kv.k[3].clone(), r.kv.v[3].clone()
-            r.kv.k[3].copy_(k0); r.kv.v[3].copy_(v0)
-            out = decode_attention_qkv(r.kv, 3, qkv, *args, lanes, pos, H, KVH, D, eps)
-            torch.cuda.synchronize()
-            worst = max(worst, rel(out.float(), ref.float()))
-            kv_ok &= rel(r.kv.k[3].float(), kref.float()) < 1e-2 and torch.equal(r.kv.v[3], vref)
-            # the same rows again, neighbours changed and rows permuted: row 1 bitwise equal
-            r.kv.k[3].copy_(k0); r.kv.v[3].copy_(v0)
-            qkv2 = qkv.clone(); qkv2[0].normal_(); qkv2[2].normal_()
-            perm = [2, 1, 0, 3]
-            out2 = decode_attention_qkv(r.kv, 3, qkv2[perm], *args, torch.tensor([3, 1, 0, 2], device="cuda"),
-                                        torch.tensor([lens[2] - 1, lens[1] - 1, 5, 77], device="cuda"),
-                                        H, KVH, D, eps)
-            inv_ok &= bool(torch.equal(out[1], out2[1]))
-            # repeat: same bits (no race in the last-arriver combine)
-            r.kv.k[3].copy_(k0); r.kv.v[3].copy_(v0)
-            for _ in range(20):
-                out3 = decode_attention_qkv(r.kv, 3, qkv, *args, lanes, pos, H, KVH, D, eps)
-                inv_ok &= bool(torch.equal(out, out3))
-            cnt_ok &= all(int(t[2].abs().sum()) == 0 for key, t in K._scratch.items() if key[0] == "fused")
-    K.NPROG = 16
-    # against the fp32 loop (q normed and rotated by the reference kernel, in fp32)
-    lens = [1, 255, 257, 3000]
-    pos = torch.tensor([n - 1 for n in lens], device="cuda")
-    out = decode_attention_qkv(r.kv, 3, qkv, *args, lanes, pos, H, KVH, D, eps)
-    q = qk_norm_rope_write(qkv, *args, r.kv.k[3].clone(), r.kv.v[3].clone(), lanes, pos, H, KVH, D, eps)
-    kv32 = type("KV", (), {})()
-    kv32.k, kv32.v = r.kv.k[3:4].float(), r.kv.v[3:4].float()
-    res["fa_rel_err_vs_fp32"] = rel(out.float(), decode_attention_loop(kv32, 0, q.float(), lanes, pos))
-    res["fa_rel_err_vs_three_kernels"] = worst
-    res["fa_kv_rows_ok"] = bool(kv_ok)
-    res["fa_row_invariant_and_repeatable"] = bool(inv_ok)
-    res["fa_counters_reset"] = bool(cnt_ok)
-    res["fa_kernel_ok"] = bool(worst < 2e-2 and res["fa_rel_err_vs_fp32"] < 2e-2 and kv_ok and inv_ok and cnt_ok)
-    del r
-    torch.cuda.empty_cache()
-
-
-def check_exactness(res, model, fa=False):
-    pre = "fa_" if fa else ""
+def check_exactness(res, model):
     r = build_runner(EngineConfig(model=model, device="cuda", dtype="bfloat16", parallel=8, max_model_len=4096,
-                                  prefill_rows=256, extra={"fused_attn": fa}))
-    res = _Prefixed(res, pre)
+                                  prefill_rows=256))
     res["exact_model"] = model
-    res["exact_fused_attn"] = r.fused and r.fused_attn
     res["exact_graph_used"] = r.graph is not None
     target, others = prompt(777, 2), [prompt(n, 3 + i) for i, n in enumerate([100, 1500, 333])]
     # whole: back to back in lane 0, then decode alone
@@ -194,22 +124,12 @@ def check_exactness(res, model, fa=False):
     torch.cuda.empty_cache()
 
 
-class _Prefixed:
-    def __init__(self, d, pre):
-        self.d, self.pre = d, pre
-
-    def __setitem__(self, k, v):
-        self.d[self.pre + k] = v
-
-
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else None
     model = argv[argv.index("--model") + 1] if "--model" in argv else "qwen3-8b"
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
     for name, fn in [("kernel", lambda: check_kernel(res)), ("fp32", lambda: check_vs_fp32(res)),
-                     ("exact", lambda: check_exactness(res, model)),
-                     ("fa_kernel", lambda: check_fused_attn(res)),
-                     ("fa_exact", lambda: check_exactness(res, model, fa=True))]:
+                     ("exact", lambda: check_exactness(res, model))]:
         t = time.perf_counter()
         try:
             fn()
@@ -218,12 +138,6 @@ def main(argv):
             res[f"{name}_error"] = traceback.format_exc()[-3000:]
         res[f"{name}_s"] = round(time.perf_counter() - t, 1)
         print(json.dumps({k: v for k, v in res.items()}, default=str), flush=True)
-    res["fused_attn_ok"] = bool(res.get("fa_kernel_ok") and res.get("fa_exact_stepped_equals_whole")
-                                and res.get("fa_exact_alone_equals_four") and res.get("fa_exact_graph_used")
-                                and res.get("fa_exact_fused_attn"))
-    if res.get("exact_tokens_alone") is not None:
-        res["fa_first8_same_as_old"] = res.get("fa_exact_tokens_alone") == res.get("exact_tokens_alone")
-    print("FUSED_ATTN_OK", res["fused_attn_ok"], flush=True)
     if out:
         with open(out, "w") as f:
             json.dump(res, f, indent=2, default=str)

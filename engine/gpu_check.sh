@@ -1,6 +1,5 @@
 #!/bin/bash
-# One device call: correctness checks of the CUDA path (the one-kernel decode attention included),
-# then the bench of qwen3-8b, both decode attention paths side by side. Writes $OUT.
+# One device call: correctness checks of the CUDA path, then the bench of qwen3-8b. Writes $OUT.
 # Usage (device tool): bash engine/gpu_check.sh [extra bench flags]
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -168,24 +168,18 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
-    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, attend_qkv=None) -> torch.Tensor:
+    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
-        cache write, silu*up; the matmuls stay cuBLAS. attend_qkv(layer_index, qkv, attn_module), if
-        given, takes the raw q/k/v rows and does the norm + RoPE + cache write + attention itself
-        (decode rounds: engine.kernels.decode_attention_qkv, one launch a layer)."""
+        cache write, silu*up; the matmuls stay cuBLAS."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
         cfg, layers = self.config, self.model.layers
         eps = cfg.rms_norm_eps
         x, h = add_rmsnorm(self.model.embed_tokens(tokens), None, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
             a, m = layer.self_attn, layer.mlp
-            if attend_qkv is not None:
-                o = attend_qkv(i, F.linear(h, a.wqkv), a)
-            else:
-                q = qk_norm_rope_write(F.linear(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
-                                       kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
-                o = attend(i, q)
-            x, h = add_rmsnorm(x, a.o_proj(o), layer.post_attention_layernorm.weight, eps)
+            q = qk_norm_rope_write(F.linear(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
+                                   kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
+            x, h = add_rmsnorm(x, a.o_proj(attend(i, q)), layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
             x, h = add_rmsnorm(x, m.down_proj(silu_mul(F.linear(h, m.w_gate_up))), nxt, eps)
         return h
@@ -213,11 +207,9 @@ class Qwen3ForCausalLM(nn.Module):
         return self.lm_head(x if all_logits else x[-1])
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn,
-               fused: bool = False, fused_attn: bool = False) -> torch.Tensor:
+               fused: bool = False) -> torch.Tensor:
         """One row per entry of the fixed padded batch: tokens, positions, lanes [P]. Writes each
-        row's K/V at (lane, position); attend_fn(kv, layer, q, lanes, positions) reads [0, pos].
-        fused_attn (with fused): q/k norm + RoPE + cache write + attention in one Triton kernel a
-        layer (engine.kernels.decode_attention_qkv) instead of qk_norm_rope_write + attend_fn."""
+        row's K/V at (lane, position); attend_fn(kv, layer, q, lanes, positions) reads [0, pos]."""
 
         def write_kv(i, k, v):
             kv.k[i, lanes, positions] = k
@@ -226,14 +218,6 @@ class Qwen3ForCausalLM(nn.Module):
         def attend(i, q):
             return attend_fn(kv, i, q, lanes, positions)
 
-        if fused and fused_attn:
-            from engine.kernels import decode_attention_qkv
-            eps = self.config.rms_norm_eps
-
-            def attend_qkv(i, qkv, a):
-                return decode_attention_qkv(kv, i, qkv, a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
-                                            lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
-            return self.lm_head(self.trunk_fused(tokens, positions, lanes, kv, attend, attend_qkv))
         if fused:
             return self.lm_head(self.trunk_fused(tokens, positions, lanes, kv, attend))
         return self.lm_head(self.trunk(tokens, positions, write_kv, attend))

@@ -13,10 +13,7 @@
   when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
 
 EngineConfig.extra knobs: {"cuda_graph": bool} (default on for CUDA; asking for it on the CPU
-falls back and records why), {"fused": bool} (CUDA: Triton kernels around the matmuls, default on),
-{"fused_attn": bool} (CUDA, with fused: decode rounds run q/k norm + RoPE + KV write + split-K
-attention + combine as ONE kernel a layer, engine.kernels.decode_attention_qkv, instead of three;
-default FUSED_ATTN_DEFAULT).
+falls back and records why), {"fused": bool} (CUDA: Triton kernels around the matmuls, default on).
 
 Environment, for tests of the lane host:
 - TFENGINE_FAIL_STEP=k: the k-th call of prefill_step in this process (1-based, counted over
@@ -48,9 +45,6 @@ log = logging.getLogger("engine.runner")
 
 _prefill_calls = itertools.count(1)
 
-# the one-kernel decode attention (extra "fused_attn"); the default follows the device checks
-FUSED_ATTN_DEFAULT = False
-
 
 def reset_fault_counter() -> None:
     """Restart the TFENGINE_FAIL_STEP count (tests)."""
@@ -66,9 +60,8 @@ def _maybe_fail() -> None:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model=None, kv: KVCache | None = None):
-        """`model`: reuse an already loaded (fused) model of the same shape (bench comparisons);
-        `kv`: reuse another runner's KV cache of the same lanes and length (bench comparisons)."""
+    def __init__(self, cfg: EngineConfig, model=None):
+        """`model`: reuse an already loaded (fused) model of the same shape (bench comparisons)."""
         self.cfg = cfg
         mcfg, name, model_dir = resolve_model(cfg.model)
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
@@ -93,14 +86,11 @@ class ModelRunner:
         self.model = model
         if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
             model.setup_rope(cfg.max_model_len)
-        if kv is not None and (kv.lanes, kv.max_len) != (cfg.parallel, cfg.max_model_len):
-            raise ValueError("a shared KV cache must have this runner's lanes and max_model_len")
-        self.kv = kv if kv is not None else KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
+        self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
         # CUDA: fused Triton kernels around the matmuls (extra={"fused": False} for the plain ops)
         self.fused = self.device.type == "cuda" and cfg.extra.get("fused", True)
-        self.fused_attn = bool(cfg.extra.get("fused_attn", FUSED_ATTN_DEFAULT))
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -176,8 +166,7 @@ class ModelRunner:
         else:
             def attend(kv, i, q, lanes_t, positions_t):
                 return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
-        return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused,
-                                 fused_attn=self.fused and self.fused_attn).argmax(-1)
+        return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused).argmax(-1)
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
@@ -266,7 +255,6 @@ class ModelRunner:
         return {
             **dev,
             "fused_kernels": self.fused,
-            "fused_decode_attention": self.fused and self.fused_attn,
             "torch": torch.__version__,
             "dtype": self.cfg.dtype,
             "model": self.model_name,
