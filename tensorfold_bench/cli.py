@@ -274,7 +274,7 @@ def sweep(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         data = sweep_mod.run_sweep(settings, RichReporter(progress))
-    paths = sweep_mod.write(data, settings.out_dir, settings.run_dir.name)
+    paths = receipt.write(data, settings.out_dir, settings.run_dir.name)
     out.print(Markdown("\n".join(sweep_mod.stats_table(data))))
     out.print(sweep_mod.exactness_line(data))
     if data.get("predictions"):
@@ -305,7 +305,7 @@ def gate(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         data = gate_mod.run_gate(settings, RichReporter(progress))
-    paths = gate_mod.write(data, out_dir, f"{settings.stamp}-gate")
+    paths = receipt.write(data, out_dir, f"{settings.stamp}-gate")
     sys.stdout.write(gate_mod.render_markdown(data))
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")
     raise Exit(gate_mod.PASS if data["passed"] else gate_mod.FAIL)

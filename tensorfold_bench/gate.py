@@ -310,11 +310,3 @@ def render_markdown(data: dict, png_name: str | None = None) -> str:
 
 def order_of(data: dict) -> list[str]:
     return [r["variant"] for r in data["runs"]] or data["settings"]["order"]
-
-
-def write(data: dict, out_dir: Path, stem: str) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
-    paths["json"].write_text(json.dumps(data, indent=1) + "\n")
-    paths["md"].write_text(render_markdown(data))
-    return paths

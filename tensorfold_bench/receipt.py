@@ -10,7 +10,8 @@ from tensorfold_bench.metrics import LongPromptFigures, medians
 
 
 def write(data: dict, out_dir: Path, stem: str) -> dict[str, Path]:
-    """Write STEM.json, STEM.md and STEM.png under out_dir; return their paths."""
+    """Write STEM.json, STEM.md and STEM.png under out_dir; return their paths. The scenario's
+    renderers are chosen from the data (long-prompt, sweep; a gate receipt has no picture)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
     paths["json"].write_text(json.dumps(data, indent=1) + "\n")

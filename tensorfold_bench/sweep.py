@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -492,14 +491,3 @@ def render_png(data: dict, path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-def write(data: dict, out_dir: Path, stem: str) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
-    paths["json"].write_text(json.dumps(data, indent=1) + "\n")
-    png = render_png(data, paths["png"])
-    if png is None:
-        del paths["png"]
-    paths["md"].write_text(render_markdown(data, png.name if png else None))
-    return paths

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorfold_bench import gate, stats
+from tensorfold_bench import gate, receipt, stats
 
 
 # ---- judging saved data (no servers) ------------------------------------------------------
@@ -107,7 +107,7 @@ def test_an_unchanged_tree_passes(tmp_path):
     d = run(tmp_path)
     assert d["passed"], d["reasons"]
     assert d["hash_checks"]["all runs"]["equal"] == d["hash_checks"]["all runs"]["replies"] > 0
-    paths = gate.write(d, tmp_path, "g")
+    paths = receipt.write(d, tmp_path, "g")
     assert "## tfbench gate: PASS" in paths["md"].read_text()
 
 
