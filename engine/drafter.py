@@ -20,22 +20,35 @@ class NgramDrafter:
         self.k, self.sizes = k, sizes
         self._index: dict[int, tuple[int, list[dict]]] = {}  # seq id -> (rows indexed, per size)
 
-    def propose(self, seq_id: int, history: list[int], k: int) -> list[int]:
+    def propose(self, seq_id: int, prompt: list[int], output: list[int], k: int) -> list[int]:
+        """Up to k tokens for the stream whose history is prompt + output (never concatenated:
+        this runs every decode round, and a prompt can be tens of thousands of tokens)."""
         upto, tables = self._index.get(seq_id, (0, [{} for _ in self.sizes]))
-        h = len(history)
+        h = len(prompt) + len(output)
+        span = lambda a, b: _span(prompt, output, a, b)
         for n, table in zip(self.sizes, tables):
             # key: an n-gram that has a follower; value: the follower's index (latest wins)
             for j in range(max(n, upto), h):
-                table[tuple(history[j - n:j])] = j
+                table[tuple(span(j - n, j))] = j
         self._index[seq_id] = (h, tables)
         for n, table in zip(self.sizes, tables):
-            j = table.get(tuple(history[h - n:])) if h >= n else None
+            j = table.get(tuple(span(h - n, h))) if h >= n else None
             if j is not None:
-                return history[j:j + min(k, self.k)]
+                return span(j, min(h, j + min(k, self.k)))
         return []
 
     def forget(self, seq_id: int) -> None:
         self._index.pop(seq_id, None)
+
+
+def _span(prompt: list[int], output: list[int], a: int, b: int) -> list[int]:
+    """(prompt + output)[a:b] without building prompt + output."""
+    p = len(prompt)
+    if b <= p:
+        return prompt[a:b]
+    if a >= p:
+        return output[a - p:b - p]
+    return prompt[a:] + output[:b - p]
 
 
 DRAFTERS = {"ngram": NgramDrafter}

@@ -310,7 +310,7 @@ class LaneHost:
             room = min(free, seq.max_tokens - len(seq.output) - 1,
                        self.backend.max_model_len - len(seq.prompt) - len(seq.output) - 1)
             if room > 0:
-                drafts = self.drafter.propose(seq.id, seq.prompt + seq.output, room)
+                drafts = self.drafter.propose(seq.id, seq.prompt, seq.output, room)
                 feed += drafts
                 free -= len(drafts)
         return feeds

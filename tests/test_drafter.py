@@ -11,10 +11,11 @@ from engine.sequence import Sequence, Status
 
 def test_ngram_proposes_what_followed_the_last_occurrence():
     d = NgramDrafter(k=4)
-    hist = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7]
-    assert d.propose(1, hist, 4) == [8, 9, 1, 2]
-    assert d.propose(1, hist + [8], 2) == [9, 1]  # incremental index, capped by k
-    assert d.propose(2, [1, 2, 3], 4) == []
+    prompt, output = [5, 6, 7, 8, 9, 1], [2, 5, 6, 7]
+    assert d.propose(1, prompt, output, 4) == [8, 9, 1, 2]
+    assert d.propose(1, prompt, output + [8], 2) == [9, 1]  # incremental index, capped by k
+    assert d.propose(3, [5, 6, 7, 8], [9, 5, 6, 7], 4) == [8, 9, 5, 6]  # a span across prompt and output
+    assert d.propose(2, [1, 2, 3], [], 4) == []
     with pytest.raises(ConfigError, match="--drafter"):
         make_drafter("eagle")
 
