@@ -10,7 +10,9 @@ Fails (exit 1), with a receipt saying why, when
 - new's aggregate tok/s at a level is "worse" than base under tensorfold_bench.stats' rule
   (the paired interval lies wholly beyond the throughput margin, 5 % by default);
 - a long-prompt figure (B's and C's first token, A's longest pause, A's rate while B fills) is
-  "worse" likewise, with its own margin (25 % by default: these are sub-second figures);
+  "worse" likewise, with its own margin (25 % by default: these are sub-second figures); C's
+  first token and A's longest pause must also have moved by more than one cut period, since
+  where C lands inside one of B's cuts swings them by up to a cut on an unchanged tree;
 - any token hash differs: each sweep prompt's reply and B's and C's replies (A's on the common
   prefix, A being cancelled) must be equal across every run of both sides.
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -50,6 +53,24 @@ DEFAULT_BASE = "HEAD~1"
 ACCEPT_FILE = ".ci/accept-new-outputs"
 # figure -> higher is better
 LONG_FIGURES = {"b_first_token": False, "c_first_token": False, "a_longest_pause": False, "a_rate_during": True}
+# Figures set by where C lands inside one of B's cuts: C waits for the cut in progress (from
+# nothing to a whole cut), and A's longest pause is a cut, or a cut plus C's prompt. An
+# unchanged tree's C swung 0.08 s to 0.40 s here (CI, 2 cores, 256-row cuts of ~0.3 s), so
+# these must also move by more than one cut period to count.
+PHASE_FIGURES = ("c_first_token", "a_longest_pause")
+
+
+def cut_period(data: dict) -> float:
+    """Seconds per cut of B's prompt in base's runs (B's first token over its cut count; the
+    decode rounds between cuts included): the slack of PHASE_FIGURES. 0 when unknown."""
+    st = data["settings"]
+    flags, b_tokens = st.get("engine_flags") or [], st["preset_values"].get("b_tokens")
+    if "--prefill-rows" not in flags or not b_tokens:
+        return 0.0
+    rows = int(flags[flags.index("--prefill-rows") + 1])
+    b = [r["long_prompt"]["b_first_token"] for r in data["runs"]
+         if r["variant"] == "base" and r["long_prompt"]["valid"]]
+    return statistics.median(b) / -(-b_tokens // rows) if b else 0.0
 
 
 @dataclass(frozen=True)
@@ -207,10 +228,15 @@ def judge(data: dict) -> dict:
         name = sweep.figure(level)
         vals = [r["sweep"]["figures"].get(name) for r in data["runs"]]
         figs[name] = stats.figure_stats(name, order, vals, "base", higher_is_better=True, margin=st["margin"])
+    period = cut_period(data)
     for key, hib in LONG_FIGURES.items():
         vals = [r["long_prompt"][key] if r["long_prompt"]["valid"] else None for r in data["runs"]]
-        figs[key] = stats.figure_stats(key, order, vals, "base", higher_is_better=hib, margin=st["long_margin"])
+        figs[key] = stats.figure_stats(key, order, vals, "base", higher_is_better=hib, margin=st["long_margin"],
+                                       slack=period if key in PHASE_FIGURES else 0.0)
     judge_long = st["preset_values"].get("judge_long", True)
+    if period and judge_long:
+        notes.append(f"C's first token and A's longest pause had to move by more than one cut period of B's "
+                     f"prompt ({period:.2f} s, from base's B) as well: where C lands inside a cut is luck.")
     if not judge_long:
         notes.append(f"Preset {st.get('preset')}: long-prompt figures are shown, not judged (B fills in milliseconds).")
     for name, fs in figs.items():
@@ -218,7 +244,8 @@ def judge(data: dict) -> dict:
         if c is None or (name in LONG_FIGURES and not judge_long):
             continue
         if c.verdict == stats.WORSE:
-            reasons.append(f"{name}: new is worse than base beyond noise plus the {c.margin_pct:g} % margin: "
+            slack = f" and one cut period ({c.slack:.2f} s)" if c.slack else ""
+            reasons.append(f"{name}: new is worse than base beyond noise plus the {c.margin_pct:g} % margin{slack}: "
                            f"{stats.describe(c)}")
         elif c.verdict == stats.NA:
             notes.append(f"{name}: too few valid runs for a verdict")

@@ -22,7 +22,10 @@ neighbour's load, a cache warming up) hits both sides alike. The rule, for one f
    better: "worse" when the whole interval lies beyond `m` on the worse side, "better" when it
    lies beyond `m` on the better side, otherwise "within noise". So a change must clear both
    the noise (the interval) and the margin. Fewer than two pairs give "n/a" (no noise
-   estimate).
+   estimate). An optional `slack`, in the figure's own unit, is a floor the medians'
+   difference must also clear: for a time that depends on where an arrival lands inside a
+   prompt cut (a short chat sent during a long prompt waits for the cut in progress: anything
+   from nothing to a whole cut), a phase the run cannot control, not a change of the engine.
 
 Reported beside the verdict, for the table: every run's value per variant, each variant's
 median, base's span (min..max), new vs base in percent (of the medians), and the paired
@@ -90,6 +93,7 @@ class Comparison:
     pairs: int
     margin_pct: float
     verdict: str
+    slack: float = 0.0  # the medians' difference had to clear this too (the figure's unit)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,7 +122,7 @@ def paired_ratios(order: Sequence[str], values: Sequence[float | None], variant:
 def compare(order: Sequence[str], values: Sequence[float | None], variant: str, base: str, *,
             higher_is_better: bool = True, margin: float = DEFAULT_MARGIN,
             confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES,
-            seed: int = 0) -> Comparison:
+            seed: int = 0, slack: float = 0.0) -> Comparison:
     """The module docstring's rule for `variant` against `base`."""
     runs = by_variant(order, values)
     mine, theirs = runs.get(variant, []), runs.get(base, [])
@@ -147,8 +151,10 @@ def compare(order: Sequence[str], values: Sequence[float | None], variant: str, 
         verdict = BETTER
     else:
         verdict = WITHIN
+    if slack and med is not None and bmed is not None and abs(med - bmed) <= slack:
+        verdict = WITHIN
     return Comparison(variant, base, higher_is_better, med, bmed, pct, to_pct(est),
-                      (to_pct(lo), to_pct(hi)), len(r), margin * 100, verdict)
+                      (to_pct(lo), to_pct(hi)), len(r), margin * 100, verdict, slack)
 
 
 @dataclass
@@ -182,7 +188,7 @@ class FigureStats:
 
 def figure_stats(figure: str, order: Sequence[str], values: Sequence[float | None], base: str, *,
                  higher_is_better: bool = True, margin: float = DEFAULT_MARGIN,
-                 seed: int = 0) -> FigureStats:
+                 seed: int = 0, slack: float = 0.0) -> FigureStats:
     """Every variant in `order` against `base` for one figure."""
     runs = by_variant(order, values)
     fs = FigureStats(figure, higher_is_better, list(order), [None if v is None else float(v)
@@ -194,7 +200,7 @@ def figure_stats(figure: str, order: Sequence[str], values: Sequence[float | Non
         if name != base:
             fs.comparisons[name] = compare(order, values, name, base,
                                            higher_is_better=higher_is_better, margin=margin,
-                                           seed=seed)
+                                           seed=seed, slack=slack)
     return fs
 
 

@@ -10,19 +10,19 @@ from tensorfold_bench import gate, receipt, stats
 
 # ---- judging saved data (no servers) ------------------------------------------------------
 
-def fake_run(i, variant, tok_s, hashes=("aaa", "bbb"), b=1.0, ids=(1, 2, 3)):
+def fake_run(i, variant, tok_s, hashes=("aaa", "bbb"), b=1.0, ids=(1, 2, 3), c=0.1):
     batches = [{"level": l, "cell": 0, "rep": 0, "tok_s": tok_s * l, "tokens": l, "wall_s": 1.0,
                 "hashes": list(hashes[:l]), "errors": [], "sent": [], "last_token": []} for l in (1, 2)]
     return {"index": i, "variant": variant,
             "sweep": {"variant": variant, "figures": {"tok_s@1": tok_s, "tok_s@2": 2 * tok_s}, "batches": batches},
             "sweep_errors": [],
-            "long_prompt": {"b_first_token": b, "c_first_token": 0.1, "a_longest_pause": 0.2,
+            "long_prompt": {"b_first_token": b, "c_first_token": c, "a_longest_pause": 0.2,
                             "a_rate_during": 10.0, "valid": True, "invalid_reasons": []},
             "ids": {"A": list(ids), "B": "b" * 12, "C": "c" * 12}}
 
 
-def fake_data(runs, accepted=False):
-    return {"settings": {"margin": 0.05, "long_margin": 0.25, "preset_values": {"levels": [1, 2]}},
+def fake_data(runs, accepted=False, **settings):
+    return {"settings": {"margin": 0.05, "long_margin": 0.25, "preset_values": {"levels": [1, 2]}, **settings},
             "runs": runs, "accepted_outputs": accepted, "missing_base": None}
 
 
@@ -39,6 +39,23 @@ def test_judge_fails_a_throughput_loss_and_a_slower_first_token():
     assert not d["passed"]
     assert any(r.startswith("tok_s@1: new is worse") for r in d["reasons"])
     assert any(r.startswith("b_first_token: new is worse") for r in d["reasons"])
+
+
+def test_c_landing_late_in_a_cut_is_luck_but_waiting_for_the_whole_prompt_fails():
+    # CI's A/A-like failure: C at 0.08 s vs 0.30 s, B 1.33 s over 4 cuts of 256 rows
+    cut = {"engine_flags": ["--prefill-rows", "256"], "preset_values": {"levels": [1, 2], "b_tokens": 1024}}
+    lucky = [fake_run(1, "base", 100, b=1.34, c=0.075), fake_run(2, "new", 100, b=1.37, c=0.40),
+             fake_run(3, "new", 100, b=1.59, c=0.20), fake_run(4, "base", 100, b=1.31, c=0.083)]
+    d = gate.judge(fake_data(copy.deepcopy(lucky), **cut))
+    assert d["passed"], d["reasons"]
+    assert gate.cut_period(d) == pytest.approx(1.325 / 4)
+    assert d["stats"]["c_first_token"]["comparisons"]["new"]["slack"] == pytest.approx(1.325 / 4)
+    assert not gate.judge(fake_data(copy.deepcopy(lucky)))["passed"]  # without the cut period it fails
+    # C stuck behind all of B's prompt: far more than a cut
+    stuck = [fake_run(1, "base", 100, b=1.34, c=0.075), fake_run(2, "new", 100, b=1.37, c=1.45),
+             fake_run(3, "new", 100, b=1.36, c=1.40), fake_run(4, "base", 100, b=1.31, c=0.083)]
+    d = gate.judge(fake_data(stuck, **cut))
+    assert any(r.startswith("c_first_token: new is worse") and "cut period" in r for r in d["reasons"])
 
 
 def test_judge_fails_a_changed_hash_unless_accepted():
