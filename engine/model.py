@@ -168,20 +168,24 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
-    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend) -> torch.Tensor:
+    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
-        cache write, silu*up; the matmuls stay cuBLAS."""
+        cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
+        rows) engine.kernels_skinny's, which also folds silu*up into the down projection."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
+        from engine.kernels_skinny import linear, silu_linear
+        mm = linear if skinny else F.linear
+        mlp_down = silu_linear if skinny else (lambda gu, w: F.linear(silu_mul(gu), w))
         cfg, layers = self.config, self.model.layers
         eps = cfg.rms_norm_eps
         x, h = add_rmsnorm(self.model.embed_tokens(tokens), None, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
             a, m = layer.self_attn, layer.mlp
-            q = qk_norm_rope_write(F.linear(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
+            q = qk_norm_rope_write(mm(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
                                    kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
-            x, h = add_rmsnorm(x, a.o_proj(attend(i, q)), layer.post_attention_layernorm.weight, eps)
+            x, h = add_rmsnorm(x, mm(attend(i, q), a.o_proj.weight), layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = add_rmsnorm(x, m.down_proj(silu_mul(F.linear(h, m.w_gate_up))), nxt, eps)
+            x, h = add_rmsnorm(x, mlp_down(mm(h, m.w_gate_up), m.down_proj.weight), nxt, eps)
         return h
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
@@ -207,9 +211,10 @@ class Qwen3ForCausalLM(nn.Module):
         return self.lm_head(x if all_logits else x[-1])
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn,
-               fused: bool = False) -> torch.Tensor:
+               fused: bool = False, skinny: bool = False) -> torch.Tensor:
         """One row per entry of the fixed padded batch: tokens, positions, lanes [P]. Writes each
-        row's K/V at (lane, position); attend_fn(kv, layer, q, lanes, positions) reads [0, pos]."""
+        row's K/V at (lane, position); attend_fn(kv, layer, q, lanes, positions) reads [0, pos].
+        skinny (with fused): the matmuls through engine.kernels_skinny."""
 
         def write_kv(i, k, v):
             kv.k[i, lanes, positions] = k
@@ -218,6 +223,9 @@ class Qwen3ForCausalLM(nn.Module):
         def attend(i, q):
             return attend_fn(kv, i, q, lanes, positions)
 
+        if fused and skinny:
+            from engine.kernels_skinny import linear
+            return linear(self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=True), self.lm_head.weight)
         if fused:
             return self.lm_head(self.trunk_fused(tokens, positions, lanes, kv, attend))
         return self.lm_head(self.trunk(tokens, positions, write_kv, attend))

@@ -13,7 +13,8 @@
   when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
 
 EngineConfig.extra knobs: {"cuda_graph": bool} (default on for CUDA; asking for it on the CPU
-falls back and records why), {"fused": bool} (CUDA: Triton kernels around the matmuls, default on).
+falls back and records why), {"fused": bool} (CUDA: Triton kernels around the matmuls, default on),
+{"skinny": bool} (CUDA, with fused: decode rounds' matmuls in Triton, engine/kernels_skinny.py).
 
 Environment, for tests of the lane host:
 - TFENGINE_FAIL_STEP=k: the k-th call of prefill_step in this process (1-based, counted over
@@ -42,6 +43,8 @@ from engine.tokenizer import load_tokenizer
 from engine.weights import DTYPES, load_model
 
 log = logging.getLogger("engine.runner")
+# The Triton skinny matmuls in decode rounds (engine/kernels_skinny.py); see PERF.md run 5.
+SKINNY_DEFAULT = False
 
 _prefill_calls = itertools.count(1)
 
@@ -91,6 +94,8 @@ class ModelRunner:
 
         # CUDA: fused Triton kernels around the matmuls (extra={"fused": False} for the plain ops)
         self.fused = self.device.type == "cuda" and cfg.extra.get("fused", True)
+        # decode rounds' matmuls through engine.kernels_skinny instead of cuBLAS (extra={"skinny": bool})
+        self.skinny = self.fused and cfg.extra.get("skinny", SKINNY_DEFAULT)
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -166,7 +171,8 @@ class ModelRunner:
         else:
             def attend(kv, i, q, lanes_t, positions_t):
                 return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
-        return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused).argmax(-1)
+        return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused,
+                                 skinny=self.skinny).argmax(-1)
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
@@ -255,6 +261,7 @@ class ModelRunner:
         return {
             **dev,
             "fused_kernels": self.fused,
+            "decode_matmuls": "triton skinny" if self.skinny else ("cublas" if self.device.type == "cuda" else "torch"),
             "torch": torch.__version__,
             "dtype": self.cfg.dtype,
             "model": self.model_name,

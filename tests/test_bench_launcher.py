@@ -64,7 +64,10 @@ def test_ctrl_c_mid_run_stops_the_server_group(tmp_path):
     env = dict(os.environ, TFBENCH_SERVER_CMD=f"{sys.executable} -m tensorfold_bench.fakeserver")
     p = subprocess.Popen([sys.executable, "-m", "tensorfold_bench", "run", "long-prompt", "--model", "tiny",
                           "--b-at", "30", "--b-tokens", "600", "--out", str(tmp_path)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # a terminal's Ctrl-C: a shell's background job (`make test &`) inherits
+                         # SIGINT ignored, and Python then never sees the signal
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     server = []
     while time.monotonic() < deadline and not server:

@@ -1,0 +1,92 @@
+"""The decode round's Triton matmuls (engine/kernels_skinny.py), run by Triton's interpreter on
+the CPU: they agree with torch, a row's bits never depend on the other rows or their count, the
+silu-folded down projection equals silu_mul then the plain product bitwise, and the engine's
+tokens with them equal its tokens without."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+
+def _interpret(code: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240,
+                         cwd=str(pathlib.Path(__file__).resolve().parents[1]))
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_skinny_matches_torch_and_is_row_invariant():
+    _interpret(r'''
+import torch, torch.nn.functional as F
+import engine.kernels_skinny as S
+from engine.kernels_fused import silu_mul
+c = S.SkinnyConfig(block_n=16, block_k=32)
+g = torch.Generator().manual_seed(0)
+w = torch.randn(48, 96, generator=g)
+x = torch.randn(16, 96, generator=g)
+y = S.skinny(x, w, config=c)
+assert y.shape == (16, 48) and (y - x @ w.T).abs().max() < 1e-4
+# a row's bits: alone, among 8 rows of anything, at any row count
+one = S.skinny(x[:1], w, config=c)
+other = torch.randn(8, 96, generator=g); other[0] = x[0]
+assert torch.equal(one[0], S.skinny(other, w, config=c)[0])
+assert torch.equal(y[:3], S.skinny(x[:3], w, config=c))
+# N not a multiple of BLOCK_N: the last program's columns are masked
+w2 = torch.randn(40, 96, generator=g)
+assert (S.skinny(x[:5], w2, config=c) - x[:5] @ w2.T).abs().max() < 1e-4
+# silu folded into the load: bitwise silu_mul then the product
+gu = torch.randn(8, 192, generator=g)
+a = S.skinny(gu, w, silu=True, config=c)
+b = S.skinny(silu_mul(gu), w, config=c)
+assert torch.equal(a, b)
+ref = F.silu(gu[:, :96]) * gu[:, 96:]
+assert (a - ref @ w.T).abs().max() < 1e-4
+# shapes it does not take fall back to torch; asked directly, a clear error
+S.DEFAULT = c
+assert not S.supports(torch.randn(17, 96), w) and not S.supports(torch.randn(4, 80), torch.randn(8, 80))
+x17 = torch.randn(17, 96, generator=g)
+assert torch.equal(S.linear(x17, w), F.linear(x17, w))
+try:
+    S.skinny(torch.randn(17, 96), w)
+    raise SystemExit("no error for 17 rows")
+except ValueError as e:
+    assert "unsupported" in str(e)
+print("ok")
+''')
+
+
+def test_engine_tokens_equal_with_skinny_matmuls():
+    """The whole decode round with the skinny matmuls (fused trunk, interpreter, float32): the
+    same greedy tokens as the plain trunk, and a stream's tokens alone equal its tokens beside
+    another stream."""
+    _interpret(r'''
+import torch
+import engine.kernels_skinny as S
+from engine.config import EngineConfig
+from engine.runner import build_runner
+S.DEFAULT = S.SkinnyConfig(block_n=16, block_k=32)
+r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=40, prefill_rows=16))
+toks = [(i * 13 + 1) % 256 for i in range(12)]
+other = [(i * 5 + 3) % 256 for i in range(7)]
+plain = r.generate(toks, 6, lane=0)
+r.fused, r.skinny = True, True
+calls = []
+orig = S.skinny
+S.skinny = lambda *a, **k: calls.append(1) or orig(*a, **k)
+assert r.generate(toks, 6, lane=1) == plain
+assert calls, "the skinny kernel never ran"
+first = r.prefill(0, other)
+t0, t1 = r.prefill(1, toks), first
+outs = []
+pos = [len(toks), len(other)]
+for _ in range(5):
+    outs.append(t0)
+    t0, t1 = r.decode([1, 0], [t0, t1], pos)
+    pos = [p + 1 for p in pos]
+assert outs == plain[:5], (outs, plain)
+print("ok")
+''')
