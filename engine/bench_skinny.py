@@ -2,13 +2,12 @@
 
     PYTHONPATH=. python3 -m engine.bench_skinny --model qwen3-8b --device cuda --json out.json
 
-1. Each weight shape of one decode round (q/k/v, o, gate/up, down with silu*up folded in, and
-   lm_head) at the round's fixed row count: cuBLAS at that count and at one row, and each
+1. Each weight shape of one decode round (q/k/v, o, gate/up, down after silu*up, and lm_head) at the round's fixed row count: cuBLAS at that count and at one row, and each
    candidate config of the skinny kernel. On CUDA every product runs over enough distinct weight
    copies (>= 1 GiB) that L2 holds none of them, inside one CUDA graph, as a replayed round runs
    them. Prints bytes of weights read per second and their share of the measured copy bandwidth.
 2. The best config per shape, its agreement with cuBLAS and its bitwise row invariance (a row
-   alone == the same row among others).
+   alone == the same row among others); a shape where no config beats cuBLAS stays cuBLAS.
 3. The whole decode round of the preset, both ways, same weights: ms per round at 1 and 4
    streams, and the skinny round's tokens alone == beside three other streams.
 Best configs go to --json; engine/kernels_skinny.py's CONFIGS holds the ones adopted.
@@ -34,16 +33,17 @@ from engine.presets import resolve_model
 app = typer.Typer(add_completion=False, help=__doc__)
 
 CANDIDATES = [S.SkinnyConfig(16, 256), S.SkinnyConfig(32, 256), S.SkinnyConfig(64, 256),
-              S.SkinnyConfig(16, 512), S.SkinnyConfig(32, 512, 4, 3)]
+              S.SkinnyConfig(16, 512), S.SkinnyConfig(32, 512, 4, 3), S.SkinnyConfig(32, 256, 8, 4),
+              S.SkinnyConfig(32, 128, 4, 6), S.SkinnyConfig(64, 128, 4, 6)]
 
 
 def shapes(model: str) -> dict[str, tuple[int, int, bool, int]]:
-    """name -> (N, K, silu, uses per round)."""
+    """name -> (N, K, silu*up first, uses per round)."""
     m, _, _ = resolve_model(model)
     h, q, kv, i, L = (m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim,
                       m.intermediate_size, m.num_hidden_layers)
     return {"qkv": (q + 2 * kv, h, False, L), "o": (h, q, False, L), "gate_up": (2 * i, h, False, L),
-            "down+silu": (h, i, True, L), "lm_head": (m.vocab_size, h, False, 1)}
+            "silu+down": (h, i, True, L), "lm_head": (m.vocab_size, h, False, 1)}
 
 
 def timed(fn: Callable[[int], None], copies: int, dev: torch.device, reps: int = 5) -> float:
@@ -83,17 +83,17 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
         ws = [(torch.randn(n, k, device=dev, generator=gen, dtype=torch.float32) * 0.02).to(dtype) for _ in range(copies)]
         kin = 2 * k if silu else k
         xs = {m: torch.randn(m, kin, device=dev, generator=gen, dtype=torch.float32).to(dtype) for m in (1, rows)}
-        ys = {}
+        first = silu_mul if silu else (lambda x: x)
 
         def cublas(m):
             x = xs[m]
-            return lambda c: F.linear(silu_mul(x) if silu else x, ws[c])
+            return lambda c: F.linear(first(x), ws[c])
         rec = {"N": n, "K": k, "silu": silu, "uses": uses, "bytes": nbytes, "copies": copies, "variants": {}}
         variants = {f"cublas {rows} rows": cublas(rows), "cublas 1 row": cublas(1)}
         for c in candidates:
             if k % c.block_k == 0:
                 variants[f"skinny {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"] = (
-                    lambda cfg: (lambda i: S.skinny(xs[rows], ws[i], silu=silu, config=cfg)))(c)
+                    lambda cfg: (lambda i: S.skinny(first(xs[rows]), ws[i], config=cfg)))(c)
         for vname, fn in variants.items():
             try:
                 s = timed(fn, copies, dev)
@@ -111,18 +111,20 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
         if ok:
             vn = min(ok, key=lambda x: ok[x]["us"])
             cfg = next(c for c in candidates if vn == f"skinny {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}")
-            best[(n, k)] = cfg
-            rec["best"] = {"variant": vn, "config": asdict(cfg)}
+            cub = rec["variants"][f"cublas {rows} rows"].get("us", math.inf)
+            best[(n, k)] = cfg if ok[vn]["us"] < cub else None
+            rec["best"] = {"variant": vn, "config": asdict(cfg), "adopted": best[(n, k)] is not None}
             # agreement with cuBLAS (float32 reference) and bitwise row invariance
-            x = xs[rows]
-            ref = F.linear((silu_mul(x) if silu else x).float(), ws[0].float())
-            got = S.skinny(x, ws[0], silu=silu, config=cfg).float()
+            x = first(xs[rows])
+            ref = F.linear(x.float(), ws[0].float())
+            got = S.skinny(x, ws[0], config=cfg).float()
             rec["rel_err_vs_fp32"] = float((got - ref).norm() / ref.norm())
-            lone = S.skinny(x[:1], ws[0], silu=silu, config=cfg)
+            lone = S.skinny(x[:1], ws[0], config=cfg)
             other = torch.randn_like(x.float()).to(dtype); other[0] = x[0]
-            rec["row_invariant"] = bool(torch.equal(lone[0], S.skinny(other, ws[0], silu=silu, config=cfg)[0])
+            rec["row_invariant"] = bool(torch.equal(lone[0], S.skinny(other, ws[0], config=cfg)[0])
                                         and torch.equal(lone[0], got.to(dtype)[0]))
-            say(f"{name:10s} best {vn}: rel err vs fp32 {rec['rel_err_vs_fp32']:.2e}, row invariant {rec['row_invariant']}")
+            say(f"{name:10s} best {vn} ({'adopted' if best[(n, k)] else 'cuBLAS is as fast: kept'}): rel err vs "
+                f"fp32 {rec['rel_err_vs_fp32']:.2e}, row invariant {rec['row_invariant']}")
         out["shapes"][name] = rec
         del ws
     chain = {}
@@ -134,7 +136,7 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
             chain[label] = sum(p["us"] * r["uses"] for p, r in zip(parts, out["shapes"].values())) / 1e3
     out["chain_ms"] = chain
     say("matmul chain per round: " + ", ".join(f"{k} {v:.3f} ms" for k, v in chain.items()))
-    out["best_configs"] = {f"{n}x{k}": asdict(c) for (n, k), c in best.items()}
+    out["best_configs"] = {f"{n}x{k}": (asdict(c) if c else None) for (n, k), c in best.items()}
     S.CONFIGS.update(best)
 
 
