@@ -39,7 +39,14 @@ class SkinnyConfig:
 # Shapes not in CONFIGS use DEFAULT; None: cuBLAS (tests set a DEFAULT to run the kernel on any shape).
 DEFAULT: SkinnyConfig | None = None
 # (N, K) -> config, or None where cuBLAS was as fast: measured by engine/bench_skinny.py on the H200.
-CONFIGS: dict[tuple[int, int], SkinnyConfig | None] = {}
+# qwen3-8b's shapes, PERF.md run 5 (second call); each beat cuBLAS at 8 rows in that run.
+CONFIGS: dict[tuple[int, int], SkinnyConfig | None] = {
+    (6144, 4096): SkinnyConfig(64, 256, 4, 4),     # q/k/v   15.7 us vs 15.9
+    (4096, 4096): SkinnyConfig(32, 128, 4, 6),     # o       11.8 us vs 13.3
+    (24576, 4096): SkinnyConfig(32, 128, 4, 6),    # gate/up 50.6 us vs 54.1
+    (4096, 12288): SkinnyConfig(32, 128, 4, 6),    # down    30.8 us vs 32.5 (with silu_mul)
+    (151936, 4096): SkinnyConfig(64, 128, 4, 6),   # lm_head 282.5 us vs 330.3
+}
 
 
 def config_for(n: int, k: int) -> SkinnyConfig | None:
