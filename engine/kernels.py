@@ -89,7 +89,8 @@ def _merge(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr,
     d = tl.arange(0, D)
     valid = s < n
     lse = tl.load(Lse + row * stride_lr + h * stride_lh + s, mask=valid, other=float("-inf"))
-    o = tl.load(Opart + row * stride_or + h * stride_oh + s * stride_os + d, mask=valid, other=0.0)
+    # the mask in the pointer's shape: Triton 3.9's interpreter refuses a scalar mask on a vector load
+    o = tl.load(Opart + row * stride_or + h * stride_oh + s * stride_os + d, mask=(d * 0 + s) < n, other=0.0)
     lse = tl.where(valid, lse, float("-inf"))
     m_new = tl.maximum(m, lse)
     a = tl.exp(m - m_new)

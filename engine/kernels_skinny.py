@@ -18,6 +18,7 @@ Runs under TRITON_INTERPRET=1 on the CPU (tests/test_skinny.py).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 MAX_ROWS = 16
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,15 @@ def supports(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = Non
 
 
 @triton.jit
+def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
+    w = tl.load(wp, mask=wn, other=0.0)
+    x = tl.load(xp, mask=xm, other=0.0)
+    return tl.dot(x, tl.trans(w), acc), xp + BLOCK_K, wp + BLOCK_K
+
+
+@triton.jit
 def _skinny_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr):
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -73,12 +82,12 @@ def _skinny_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     xp = X + rm[:, None] * stride_xm + rk[None, :]
     wp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        w = tl.load(wp, mask=wn, other=0.0)
-        x = tl.load(xp, mask=xm, other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
-        xp += BLOCK_K
-        wp += BLOCK_K
+    if K_STEPS:  # the interpreter (older Triton's cannot loop to a run-time bound)
+        for _ in range(0, K_STEPS):
+            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
+    else:
+        for _ in range(0, K, BLOCK_K):
+            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=xm & (rn[None, :] < N))
 
 
@@ -92,7 +101,7 @@ def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None)
     y = torch.empty(m, n, dtype=w.dtype, device=w.device)
     _skinny_kernel[(triton.cdiv(n, c.block_n),)](
         x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=MAX_ROWS, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        BLOCK_M=MAX_ROWS, BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
         num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
