@@ -292,6 +292,7 @@ def gate(
     accept_new_outputs: Annotated[bool, typer.Option("--accept-new-outputs", help="A deliberate change of outputs: base's and new's replies may differ (each side must still agree with itself). Or commit .ci/accept-new-outputs naming the base commit.")] = False,
     new_env: Annotated[Optional[list[str]], typer.Option("--new-env", help="KEY=VALUE for the new side's engine environment (repeatable), e.g. TFENGINE_DECODE_SLEEP_MS=20 to see the gate fail.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's receipt and logs.")] = Path("runs/gate"),
+    order: Annotated[str, typer.Option("--order", help="Run order, a comma sequence of base and new, e.g. base,new,new,base,new,base,base,new: a burst of load in the middle then cannot hit only one side.")] = "base,new,new,base",
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
     env = {}
@@ -301,7 +302,8 @@ def gate(
             raise FlagError("--new-env", f"expected KEY=VALUE, got {kv!r}")
         env[k] = v
     settings = gate_mod.GateSettings(base_ref=base_ref, preset=preset, margin=margin, long_margin=long_margin,
-                                     accept_new_outputs=accept_new_outputs, out_dir=out_dir, new_env=env)
+                                     accept_new_outputs=accept_new_outputs, out_dir=out_dir, new_env=env,
+                                     order=[x.strip() for x in order.split(",")])
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         data = gate_mod.run_gate(settings, RichReporter(progress))

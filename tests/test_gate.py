@@ -168,7 +168,7 @@ def test_gate_cli_usage_errors_exit_2():
     import sys
 
     for args, flag in ((["--preset", "huge"], "--preset"), (["--new-env", "NOEQUALS"], "--new-env"),
-                       (["--margin", "2"], "--margin")):
+                       (["--margin", "2"], "--margin"), (["--order", "base,newer"], "--order")):
         p = subprocess.run([sys.executable, "-m", "tensorfold_bench", "gate", *args], capture_output=True,
                            text=True, timeout=60)
         assert p.returncode == 2 and flag in p.stderr, p.stderr
