@@ -135,8 +135,9 @@ def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
     r3 = ModelRunner(replace(cfg, parallel=parallel, max_model_len=ctx + rounds + 64,
                              extra={"skinny": not r.skinny}), model=r.model)
     s4 = bench_decode(r3, 1, rounds, reps, ctx)
-    label = f"decode 1 stream, {r3.describe()['decode_matmuls']} matmuls"
-    out["decode_other_matmuls_1"] = {"round_s": s4, "tok_s": 1 / s4, "matmuls": r3.describe()["decode_matmuls"]}
+    matmuls = r3.describe()["decode_matmuls"]
+    label = f"decode 1 stream, {matmuls} matmuls"
+    out["decode_other_matmuls_1"] = {"round_s": s4, "tok_s": 1 / s4, "matmuls": matmuls}
     table.add_row(label, f"{s4 * 1e3:.2f} ms", f"{1 / s4:,.1f}", "", f"default vs this {out['decode'][1]['round_s'] / s4 - 1:+.1%}")
     print(f"{label} | {s4 * 1e3:.2f} ms", flush=True)
     del r3

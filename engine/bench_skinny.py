@@ -89,11 +89,11 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
             x = xs[m]
             return lambda c: F.linear(first(x), ws[c])
         rec = {"N": n, "K": k, "silu": silu, "uses": uses, "bytes": nbytes, "copies": copies, "variants": {}}
-        variants = {f"cublas {rows} rows": cublas(rows), "cublas 1 row": cublas(1)}
-        for c in candidates:
-            if k % c.block_k == 0:
-                variants[f"skinny {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"] = (
-                    lambda cfg: (lambda i: S.skinny(first(xs[rows]), ws[i], config=cfg)))(c)
+        configs = {f"skinny {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}": c
+                   for c in candidates if k % c.block_k == 0}
+        variants = {f"cublas {rows} rows": cublas(rows), "cublas 1 row": cublas(1),
+                    **{vn: (lambda cfg: (lambda i: S.skinny(first(xs[rows]), ws[i], config=cfg)))(c)
+                       for vn, c in configs.items()}}
         for vname, fn in variants.items():
             try:
                 s = timed(fn, copies, dev)
@@ -107,10 +107,10 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
             rec["variants"][vname] = v
             say(f"{name:10s} {vname:28s} {s * 1e6:9.1f} us {nbytes / s / 1e9:8.0f} GB/s"
                 + (f" {nbytes / s / bw:6.1%}" if bw else ""))
-        ok = {vn: v for vn, v in rec["variants"].items() if vn.startswith("skinny") and "us" in v}
+        ok = {vn: v for vn, v in rec["variants"].items() if vn in configs and "us" in v}
         if ok:
             vn = min(ok, key=lambda x: ok[x]["us"])
-            cfg = next(c for c in candidates if vn == f"skinny {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}")
+            cfg = configs[vn]
             cub = rec["variants"][f"cublas {rows} rows"].get("us", math.inf)
             best[(n, k)] = cfg if ok[vn]["us"] < cub else None
             rec["best"] = {"variant": vn, "config": asdict(cfg), "adopted": best[(n, k)] is not None}
@@ -159,13 +159,8 @@ def bench_round(model: str, device: str, dtype: str, rows: int, out: dict, say, 
     # the skinny round's tokens: alone == beside three other streams; vs cuBLAS's (rounding may differ)
     p = prompt(100, 7, sk.vocab_size)
     alone = sk.generate(p, 24, lane=0)
-    toks = [sk.prefill(lane, p if lane == 0 else prompt(60 + 17 * lane, lane, sk.vocab_size)) for lane in range(4)]
-    pos = [len(p), 60 + 17, 60 + 34, 60 + 51]
-    together = []
-    for _ in range(24):
-        together.append(toks[0])
-        toks = sk.decode([0, 1, 2, 3], toks, pos)
-        pos = [q + 1 for q in pos]
+    together = sk.generate_together([p] + [prompt(60 + 17 * lane, lane, sk.vocab_size) for lane in (1, 2, 3)],
+                                    [0, 1, 2, 3], 24)[0]
     cub = base.generate(p, 24, lane=0)
     same = next((i for i, (a, b) in enumerate(zip(alone, cub)) if a != b), len(alone))
     out["round"]["skinny_alone_eq_four"] = alone == together

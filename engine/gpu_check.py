@@ -103,13 +103,7 @@ def check_exactness(res, model):
     # four lanes together, target in lane 6
     lanes = [6, 2, 3, 7]
     ps = [target] + others
-    outs = [[r.prefill(l, p)] for l, p in zip(lanes, ps)]
-    poss = [len(p) for p in ps]
-    for _ in range(23):
-        nxt = r.decode(lanes, [o[-1] for o in outs], poss)
-        for o, t in zip(outs, nxt):
-            o.append(t)
-        poss = [p + 1 for p in poss]
+    outs = r.generate_together(ps, lanes, 24)
     res["exact_stepped_equals_whole"] = stepped == alone
     res["exact_alone_equals_four"] = outs[0] == alone
     res["exact_tokens_alone"] = alone[:8]

@@ -18,7 +18,6 @@ Runs under TRITON_INTERPRET=1 on the CPU (tests/test_skinny.py).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +25,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from engine.kernels import INTERPRET
+
 MAX_ROWS = 16
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,15 @@ def _skinny_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
 
 def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """x [M, K] times w [N, K]^T -> [M, N] in w's dtype."""
-    if not supports(x, w, config):
+    c = config or config_for(*w.shape)
+    if not supports(x, w, c):
         raise ValueError(f"skinny: unsupported product x {tuple(x.shape)} {x.dtype} by w {tuple(w.shape)} "
                          f"{w.dtype} (no config, or shape/dtype/layout it does not take)")
+    return _launch(x, w, c)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig) -> torch.Tensor:
     m, (n, k) = x.shape[0], w.shape
-    c = config or config_for(n, k)
     y = torch.empty(m, n, dtype=w.dtype, device=w.device)
     _skinny_kernel[(triton.cdiv(n, c.block_n),)](
         x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
@@ -108,5 +112,6 @@ def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None)
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) for a decode round: skinny when it takes the shape."""
-    return skinny(x, w) if supports(x, w) else F.linear(x, w)
+    c = config_for(*w.shape)
+    return _launch(x, w, c) if supports(x, w, c) else F.linear(x, w)
 

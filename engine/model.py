@@ -222,11 +222,10 @@ class Qwen3ForCausalLM(nn.Module):
         def attend(i, q):
             return attend_fn(kv, i, q, lanes, positions)
 
-        if fused and skinny:
-            from engine.kernels_skinny import linear
-            return linear(self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=True), self.lm_head.weight)
         if fused:
-            return self.lm_head(self.trunk_fused(tokens, positions, lanes, kv, attend))
+            from engine.kernels_skinny import linear
+            h = self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=skinny)
+            return (linear if skinny else F.linear)(h, self.lm_head.weight)
         return self.lm_head(self.trunk(tokens, positions, write_kv, attend))
 
 

@@ -238,6 +238,16 @@ class ModelRunner:
             pos += 1
         return out
 
+    def generate_together(self, prompts: Sequence[Sequence[int]], lanes: Sequence[int], max_tokens: int) -> list[list[int]]:
+        """Greedy tokens for several prompts, each in its lane, decoded in the same rounds (checks, bench)."""
+        outs = [[self.prefill(lane, p)] for lane, p in zip(lanes, prompts)]
+        pos = [len(p) for p in prompts]
+        while len(outs[0]) < max_tokens:
+            for o, t in zip(outs, self.decode(list(lanes), [o[-1] for o in outs], pos)):
+                o.append(t)
+            pos = [q + 1 for q in pos]
+        return outs
+
     def describe(self) -> dict:
         m = self.model_config
         dev = {"device": self.device.type, "device_name": "cpu", "compute_capability": None,

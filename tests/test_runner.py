@@ -76,6 +76,14 @@ def test_alone_vs_among_four(runner):
     assert outs[0] == alone
 
 
+def test_generate_together_equals_each_alone(runner):
+    """The checks' helper (gpu_check, bench_skinny): prompts decoded in the same rounds give each
+    prompt's tokens alone."""
+    prompts = [prompt(9, 5), prompt(23, 6), prompt(4, 7)]
+    together = runner.generate_together(prompts, [3, 0, 1], 7)
+    assert together == [runner.generate(p, 7, lane=2) for p in prompts]
+
+
 def test_padded_round_is_row_invariant(runner):
     """The same row with different neighbours gives bitwise the same logits."""
     r = runner
@@ -167,22 +175,11 @@ def test_dummy_outputs_vary(runner):
     assert len(seen) >= 16
 
 
-def _interpret(code):
-    import os
-    import pathlib
-    import subprocess
-    import sys
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240,
-                         cwd=str(pathlib.Path(__file__).resolve().parents[1]))
-    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
-
-
-def test_fused_kernels_in_interpreter():
+def test_fused_kernels_in_interpreter(interpret):
     """The fused CUDA trunk (add+RMSNorm, q/k norm + RoPE + cache write, silu*up), run by Triton's
     interpreter on the CPU in float32, matches the plain trunk: logits, cache rows and tokens."""
     pytest.importorskip("triton")
-    _interpret(r'''
+    interpret(r'''
 import torch
 from engine.config import EngineConfig
 from engine.runner import build_runner
@@ -201,7 +198,7 @@ print("ok")
 ''')
 
 
-def test_triton_decode_kernel_in_interpreter():
+def test_triton_decode_kernel_in_interpreter(interpret):
     """The CUDA decode-attention kernel, run by Triton's interpreter on the CPU: it agrees with
     the per-row loop and a row's result is bitwise independent of its neighbours."""
     pytest.importorskip("triton")
@@ -226,4 +223,4 @@ c = K.decode_attention(r.kv, 1, q2, torch.tensor([3, 1, 2]), torch.tensor([0, 69
 assert torch.equal(a[1], c[1])
 print("ok")
 '''
-    _interpret(code)
+    interpret(code)

@@ -1,25 +1,13 @@
 """The decode round's Triton matmuls (engine/kernels_skinny.py), run by Triton's interpreter on
 the CPU: they agree with torch, a row's bits never depend on the other rows or their count,
 shapes without a config go to torch, and the engine's tokens with them equal its tokens without."""
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 
 pytest.importorskip("triton")
 
 
-def _interpret(code: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240,
-                         cwd=str(pathlib.Path(__file__).resolve().parents[1]))
-    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
-
-
-def test_skinny_matches_torch_and_is_row_invariant():
-    _interpret(r'''
+def test_skinny_matches_torch_and_is_row_invariant(interpret):
+    interpret(r'''
 import torch, torch.nn.functional as F
 import engine.kernels_skinny as S
 c = S.SkinnyConfig(block_n=16, block_k=32)
@@ -55,11 +43,11 @@ print("ok")
 ''')
 
 
-def test_engine_tokens_equal_with_skinny_matmuls():
+def test_engine_tokens_equal_with_skinny_matmuls(interpret):
     """The whole decode round with the skinny matmuls (fused trunk, interpreter, float32): the
     same greedy tokens as the plain trunk, and a stream's tokens alone equal its tokens beside
     another stream."""
-    _interpret(r'''
+    interpret(r'''
 import torch
 import engine.kernels_skinny as S
 from engine.config import EngineConfig
@@ -71,8 +59,8 @@ other = [(i * 5 + 3) % 256 for i in range(7)]
 plain = r.generate(toks, 6, lane=0)
 r.fused, r.skinny = True, True
 calls = []
-orig = S.skinny
-S.skinny = lambda *a, **k: calls.append(1) or orig(*a, **k)
+orig = S._launch
+S._launch = lambda *a, **k: calls.append(1) or orig(*a, **k)
 assert r.generate(toks, 6, lane=1) == plain
 assert calls, "the skinny kernel never ran"
 first = r.prefill(0, other)
