@@ -70,11 +70,15 @@ class Attention(nn.Module):
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x: [rows, hidden] -> q [rows, H, d], k and v [rows, KVH, d], q and k normed and rotated."""
-        rows, d = x.shape[0], self.head_dim
         if self.wqkv is not None:
-            q, k, v = F.linear(x, self.wqkv).split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            return self.heads(F.linear(x, self.wqkv), cos, sin)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.heads(torch.cat([q, k, v], dim=-1), cos, sin)
+
+    def heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """qkv [rows, (H + 2 KVH) * d] (the fused projection's output) -> q, k, v as qkv() gives."""
+        rows, d = qkv.shape[0], self.head_dim
+        q, k, v = qkv.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
         q = self.q_norm(q.reshape(rows, self.n_heads, d))
         k = self.k_norm(k.reshape(rows, self.n_kv, d))
         v = v.reshape(rows, self.n_kv, d)
@@ -167,6 +171,45 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + a.o_proj(attend(i, q))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
+
+    def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, mm) -> torch.Tensor:
+        """The trunk with the CPU's matmuls: mm(x, key) multiplies by a prepacked matrix
+        (engine.cpu_kernels.PackedLinears), same arithmetic order as `trunk` otherwise."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = self.model.embed_tokens(tokens)
+        for i, layer in enumerate(self.model.layers):
+            a = layer.self_attn
+            q, k, v = a.heads(mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
+            write_kv(i, k, v)
+            x = x + mm(attend(i, q), (i, "o"))
+            gate, up = mm(layer.post_attention_layernorm(x), (i, "gate_up")).chunk(2, dim=-1)
+            x = x + mm(F.silu(gate) * up, (i, "down"))
+        return self.model.norm(x)
+
+    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, mm) -> torch.Tensor:
+        """`prefill` through trunk_cpu: the greedy logits of the cut's last row."""
+        end = start + tokens.shape[0]
+        positions = torch.arange(start, end, device=tokens.device)
+
+        def write_kv(i, k, v):
+            kv.k[i, lane, start:end] = k
+            kv.v[i, lane, start:end] = v
+
+        def attend(i, q):
+            return prefill_attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
+
+        x = self.trunk_cpu(tokens, positions, write_kv, attend, mm)
+        return mm(x[-1:], "lm_head")[0]
+
+    def decode_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv,
+                   attend_fn: Callable[[int, torch.Tensor], torch.Tensor], mm) -> torch.Tensor:
+        """`decode` through trunk_cpu; attend_fn(layer, q) reads each row's own lane."""
+
+        def write_kv(i, k, v):
+            kv.k[i, lanes, positions] = k
+            kv.v[i, lanes, positions] = v
+
+        return mm(self.trunk_cpu(tokens, positions, write_kv, attend_fn, mm), "lm_head")
 
     def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +

@@ -97,6 +97,12 @@ class ModelRunner:
         self.fused = self.device.type == "cuda" and cfg.extra.get("fused", True)
         # decode rounds' matmuls through engine.kernels_skinny instead of cuBLAS (extra={"skinny": bool})
         self.skinny = self.fused and cfg.extra.get("skinny", SKINNY_DEFAULT)
+        # CPU: matmuls on prepacked weights, batched span-grouped decode attention
+        # (engine/cpu_kernels.py); extra={"cpu_fast": False} keeps the plain reference ops.
+        self.cpu_mm = None
+        if self.device.type == "cpu" and cfg.extra.get("cpu_fast", True):
+            from engine.cpu_kernels import PackedLinears
+            self.cpu_mm = PackedLinears(model, cfg.parallel)
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -120,7 +126,10 @@ class ModelRunner:
         if end > self.max_model_len:
             raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
         ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
-        logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
+        if self.cpu_mm is not None:
+            logits = self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm.mm)
+        else:
+            logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
         if end == n:
             return int(logits.argmax(-1).item())
         if self.device.type == "cuda":
@@ -167,6 +176,8 @@ class ModelRunner:
 
     def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
         tokens, positions, lanes = inp[0], inp[1], inp[2]
+        if self.cpu_mm is not None:
+            return self._decode_cpu(tokens, positions, lanes, rows)
         if self._attend_cuda is not None:
             attend = self._attend_cuda
         else:
@@ -174,6 +185,13 @@ class ModelRunner:
                 return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
         return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused,
                                  skinny=self.skinny).argmax(-1)
+
+    def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
+        from engine.cpu_kernels import BucketPlan, decode_attention_buckets
+        plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
+        logits = self.model.decode_cpu(tokens, positions, lanes, self.kv,
+                                       lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm.mm)
+        return logits.argmax(-1)
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
