@@ -5,6 +5,7 @@ import asyncio
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,14 @@ def engine_commit() -> str | None:
     return sha + ("+dirty" if dirty else "")
 
 
+def write_port(path: Path | None, port: int) -> None:
+    """Atomically, so a reader never sees half a number."""
+    if path is not None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(path)
+
+
 @app.command()
 def serve(
     model: Annotated[str, typer.Option(help="Preset (tiny, cpu, qwen3-0.6b, qwen3-8b, qwen3-32b) or a local Hugging Face layout directory.")] = "tiny",
@@ -57,7 +66,9 @@ def serve(
     seed: Annotated[int, typer.Option(help="Seed of the dummy weights.")] = 0,
     trace: Annotated[bool, typer.Option("--trace", help="Keep a per-step trace, served at /v1/trace.")] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(help="Port to listen on; 0: one the system picks (see --port-file).")] = 8000,
+    port_file: Annotated[Optional[Path], typer.Option(help="Once serving, write the bound port here (a launcher's way to learn a --port 0 port).")] = None,
+    nonce: Annotated[Optional[str], typer.Option(help="A launcher's token, echoed by GET /v1/engine, so it knows it measures the server it launched.")] = None,
 ):
     """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -76,10 +87,12 @@ def serve(
     lane_host = LaneHost(runner, cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
-                         describe=runner.describe(), commit=engine_commit())
+                         describe=runner.describe(), commit=engine_commit(), nonce=nonce)
+    sock = socket.create_server((host, port))  # bound here, so --port 0's port is known before serving
+    port = sock.getsockname()[1]
     lane_host.start()
     try:
-        asyncio.run(serve_http(lane_host, served, host, port))
+        asyncio.run(serve_http(lane_host, served, host, port, ready=lambda: write_port(port_file, port), sock=sock))
     except KeyboardInterrupt:
         pass
     finally:
