@@ -116,7 +116,9 @@ class Server:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=grace_s + 2.0)
         deadline = time.monotonic() + grace_s
-        while (left := members(self.pgid, self.pgid)) and time.monotonic() < deadline:
+        # descendants by parentage only while the leader lives: its pid may be reused after
+        while (left := members(self.pgid, self.pgid if self.proc.poll() is None else None)) \
+                and time.monotonic() < deadline:
             for pid in left:  # the supervisor was killed or hung: finish its job
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
