@@ -149,6 +149,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--no-prompt-cache", action="store_true")
     p.add_argument("--trace", action="store_true")
+    p.add_argument("--check", action="store_true")
     return p
 
 
@@ -178,6 +179,11 @@ async def serve(app: web.Application, args) -> None:
 
 def main(argv=None) -> None:
     args, _unknown = parser().parse_known_args(argv)
+    if args.check:  # like tfengine's: validate, one line, no serving
+        if args.prefill_mode not in ("stepped", "whole"):
+            raise SystemExit(f"error: --prefill-mode must be stepped or whole, not {args.prefill_mode!r}")
+        print(f"ok: {args.model} (fake)")
+        return
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(routes(Fake(args)), args))
 

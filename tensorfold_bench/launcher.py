@@ -190,6 +190,44 @@ def check_identity(server: Server) -> None:
     server.checked.append(own.detail)
 
 
+def engine_program(engine_cmd: Sequence[str] | None) -> list[str] | None:
+    """The stand-in for `python -m engine` (engine_cmd, else TFBENCH_SERVER_CMD), or None."""
+    env_cmd = os.environ.get("TFBENCH_SERVER_CMD")
+    return list(engine_cmd) if engine_cmd else shlex.split(env_cmd) if env_cmd else None
+
+
+def server_env(env: dict[str, str] | None, root: Path | None = None) -> dict[str, str]:
+    """tfbench's environment plus `env`; with an engine `root`, that source first on PYTHONPATH."""
+    penv = dict(os.environ)
+    penv.update({k: str(v) for k, v in (env or {}).items()})
+    penv.setdefault("PYTHONUNBUFFERED", "1")
+    if root is not None:
+        penv["PYTHONPATH"] = str(root) + (os.pathsep + penv["PYTHONPATH"] if penv.get("PYTHONPATH") else "")
+    return penv
+
+
+def check_engine_flags(flags: Sequence[str], *, root: Path | None = None, env: dict[str, str] | None = None,
+                       engine_cmd: Sequence[str] | None = None, timeout: float = 120.0) -> str | None:
+    """Ask the engine to validate `flags` without serving (`serve --check`): its "ok: ..." line,
+    or a one-line BenchError with the engine's own message. None when the engine at `root`
+    predates --check (nothing to ask)."""
+    root = Path(root or REPO_ROOT)
+    program = engine_program(engine_cmd)
+    if program is None and not speaks_port_file(root):
+        return None
+    argv = [*(program or [sys.executable, "-m", "engine"]), "serve", *flags, "--check"]
+    try:
+        p = subprocess.run(argv, cwd=root, env=server_env(env, root), capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"engine flags {shlex.join(flags)}: `serve --check` gave no answer in {timeout:.0f} s") from None
+    lines = [ln.strip() for ln in (p.stdout + "\n" + p.stderr).splitlines() if ln.strip()]
+    if p.returncode != 0:
+        why = lines[-1] if lines else f"exit code {p.returncode}"
+        raise BenchError(f"engine flags {shlex.join(flags)}: {why.removeprefix('error: ')}")
+    return lines[-1] if lines else "ok"
+
+
 @contextlib.contextmanager
 def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str, str] | None = None,
            root: Path | None = None, command: str | Sequence[str] | None = None,
@@ -209,17 +247,13 @@ def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str,
     if command is not None and port is None and "{port}" not in " ".join(
             [command] if isinstance(command, str) else map(str, command)):
         command, engine_cmd = None, list(command if not isinstance(command, str) else shlex.split(command))
-    penv = dict(os.environ)
-    penv.update({k: str(v) for k, v in (env or {}).items()})
-    penv.setdefault("PYTHONUNBUFFERED", "1")
     nonce = port_file = None
     if command is not None:
         port = port or free_port(host)
-        argv, cwd = fill(command, host, port) + list(flags), None
+        argv, cwd, penv = fill(command, host, port) + list(flags), None, server_env(env)
         paths = (health,) if isinstance(health, str) else tuple(health or DEFAULT_HEALTH)
     else:
-        env_cmd = os.environ.get("TFBENCH_SERVER_CMD")
-        program = list(engine_cmd) if engine_cmd else shlex.split(env_cmd) if env_cmd else None
+        program = engine_program(engine_cmd)
         extra: list[str] = []
         if port is None and (program is not None or speaks_port_file(root)):
             nonce, port_file = secrets.token_hex(8), log.with_name(log.name + ".port")
@@ -229,8 +263,7 @@ def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str,
             port = port or free_port(host)
         program = program or [sys.executable, "-m", "engine"]
         argv = [*program, "serve", "--host", host, "--port", str(port or 0), *extra, *flags]
-        cwd = root
-        penv["PYTHONPATH"] = str(root) + (os.pathsep + penv["PYTHONPATH"] if penv.get("PYTHONPATH") else "")
+        cwd, penv = root, server_env(env, root)
         paths = (health,) if isinstance(health, str) else tuple(health or ("/health",))
     proc, w = start(argv, log, penv, cwd)
     server = Server(f"http://{host}" + (f":{port}" if port else ""), proc, log, argv, port, nonce, lifeline=w)

@@ -180,3 +180,20 @@ def test_an_unreachable_url_is_one_line():
     with pytest.raises(BenchError, match="not an http"):
         with existing("127.0.0.1:8000"):
             pass
+
+
+def test_engine_flags_are_checked_without_serving(tmp_path):
+    from tensorfold_bench.launcher import check_engine_flags
+
+    assert check_engine_flags(["--model", "tiny", "--prefill-mode", "whole"]) == "ok: tiny on cpu, float32"
+    for flags, said in ((["--model", "nosuch"], "--model 'nosuch' is neither a preset"),
+                        (["--dtype", "float8"], "--dtype must be float32 or bfloat16"),
+                        (["--bogus"], "No such option: --bogus")):
+        with pytest.raises(BenchError) as e:
+            check_engine_flags(flags)
+        assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
+    fake = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
+    assert check_engine_flags(["--model", "m"], engine_cmd=fake) == "ok: m (fake)"
+    old = tmp_path / "old"  # a source from before --check: nothing to ask
+    (old / "engine").mkdir(parents=True)
+    assert check_engine_flags(["--bogus"], root=old) is None
