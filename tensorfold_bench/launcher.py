@@ -151,7 +151,7 @@ def start(argv: list[str], log: Path, env: dict[str, str], cwd: Path | None) -> 
 def wait_healthy(server: Server, paths: Sequence[str], timeout: float, port_file: Path | None = None) -> None:
     """Poll until one of `paths` answers 200 (after the port file names the port, if any)."""
     deadline = time.monotonic() + timeout
-    host = server.url
+    origin = server.url  # no port yet when the port file is to name it
     while True:
         if server.proc.poll() is not None:
             code = server.proc.returncode
@@ -160,7 +160,7 @@ def wait_healthy(server: Server, paths: Sequence[str], timeout: float, port_file
         if server.port is None and port_file is not None:
             with contextlib.suppress(OSError, ValueError):
                 server.port = int(port_file.read_text().strip())
-                server.url = f"{host}:{server.port}"
+                server.url = f"{origin}:{server.port}"
         if server.port is not None:
             for path in paths:
                 with contextlib.suppress(httpx.HTTPError):
@@ -236,9 +236,11 @@ def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str,
            host: str = "127.0.0.1", port: int | None = None) -> Iterator[Server]:
     """Launch a server, wait until it is healthy and proven to be ours, yield it, stop its group.
 
-    `command`: any server (see the module docstring); without it, tfengine with `flags`.
-    A `command` without `{port}` (and no `port=`) is taken as the engine program (`engine_cmd`),
-    the meaning this argument had before. `health_timeout` is the old name of `start_timeout`."""
+    `command`: any server (see the module docstring), `flags` appended; without it, tfengine
+    with `flags`. A string command must say `{port}` (or pass `port=`); an argv list without it
+    is taken as the engine program (`engine_cmd`), the meaning `command` had before.
+    `health`: path(s) tried in turn, each poll (default /health then /v1/models; tfengine
+    /health). `health_timeout` is the old name of `start_timeout`."""
     if log is None:
         raise TypeError("launch() needs a log path")
     log = Path(log)
@@ -246,7 +248,9 @@ def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str,
     root = Path(root or REPO_ROOT)
     if command is not None and port is None and "{port}" not in " ".join(
             [command] if isinstance(command, str) else map(str, command)):
-        command, engine_cmd = None, list(command if not isinstance(command, str) else shlex.split(command))
+        if isinstance(command, str):
+            raise ValueError(f"command {command!r} has no {{port}}: tfbench must tell the server its port")
+        command, engine_cmd = None, list(command)
     nonce = port_file = None
     if command is not None:
         port = port or free_port(host)
@@ -266,7 +270,8 @@ def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str,
         cwd, penv = root, server_env(env, root)
         paths = (health,) if isinstance(health, str) else tuple(health or ("/health",))
     proc, w = start(argv, log, penv, cwd)
-    server = Server(f"http://{host}" + (f":{port}" if port else ""), proc, log, argv, port, nonce, lifeline=w)
+    origin = "http://" + (f"[{host}]" if ":" in host else host)
+    server = Server(origin + (f":{port}" if port else ""), proc, log, argv, port, nonce, lifeline=w)
     try:
         wait_healthy(server, paths, timeout, port_file)
         check_identity(server)

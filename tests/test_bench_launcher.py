@@ -197,3 +197,9 @@ def test_engine_flags_are_checked_without_serving(tmp_path):
     old = tmp_path / "old"  # a source from before --check: nothing to ask
     (old / "engine").mkdir(parents=True)
     assert check_engine_flags(["--bogus"], root=old) is None
+
+
+def test_a_string_command_must_say_where_to_listen(tmp_path):
+    with pytest.raises(ValueError, match="has no {port}"):
+        with launch(log=tmp_path / "p.log", command="vllm serve some/model"):
+            pass
