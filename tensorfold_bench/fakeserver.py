@@ -113,6 +113,11 @@ class Fake:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    def endpoints(self) -> dict:
+        return {"/health": self.health, "/v1/models": self.models, "/v1/engine": self.engine,
+                "/v1/trace": self.get_trace, "POST /v1/completions": self.completions,
+                "POST /v1/chat/completions": self.completions}
+
     async def health(self, _):
         return web.json_response({"status": "ok"})
 
@@ -155,12 +160,11 @@ def parser() -> argparse.ArgumentParser:
 
 def routes(fake: Fake) -> web.Application:
     app = web.Application()
-    app.router.add_get("/health", fake.health)
-    app.router.add_get("/v1/models", fake.models)
-    app.router.add_get("/v1/engine", fake.engine)
-    app.router.add_get("/v1/trace", fake.get_trace)
-    app.router.add_post("/v1/completions", fake.completions)
-    app.router.add_post("/v1/chat/completions", fake.completions)
+    for path, handler in fake.endpoints().items():
+        if path.startswith("POST "):
+            app.router.add_post(path[5:], handler)
+        else:
+            app.router.add_get(path, handler)
     return app
 
 
@@ -177,15 +181,15 @@ async def serve(app: web.Application, args) -> None:
     await asyncio.Event().wait()
 
 
-def main(argv=None) -> None:
-    args, _unknown = parser().parse_known_args(argv)
+def main(argv=None, p: argparse.ArgumentParser | None = None, kind: type = Fake) -> None:
+    args, _unknown = (p or parser()).parse_known_args(argv)
     if args.check:  # like tfengine's: validate, one line, no serving
         if args.prefill_mode not in ("stepped", "whole"):
             raise SystemExit(f"error: --prefill-mode must be stepped or whole, not {args.prefill_mode!r}")
         print(f"ok: {args.model} (fake)")
         return
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(routes(Fake(args)), args))
+        asyncio.run(serve(routes(kind(args)), args))
 
 
 if __name__ == "__main__":

@@ -19,12 +19,10 @@ Unlike fakeserver (the tfengine stand-in) it has no /v1/engine, no /v1/trace and
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 from aiohttp import web
 
-from tensorfold_bench.fakeserver import VOCAB, Fake, parser, serve
+from tensorfold_bench import fakeserver
+from tensorfold_bench.fakeserver import VOCAB, Fake, parser
 
 VERSION = "0.0.1-standin"
 REFUSAL = "Unable to get tokenizer because skip_tokenizer_init=True"
@@ -66,6 +64,10 @@ class Foreign(Fake):
                            "usage": usage})
         return events
 
+    def endpoints(self) -> dict:
+        return {"/health": self.health, "/v1/models": self.models, "/version": self.version,
+                "POST /v1/completions": self.completions, "POST /v1/chat/completions": self.completions}
+
     async def health(self, request):
         if self.args.no_health:
             raise web.HTTPNotFound()
@@ -93,16 +95,7 @@ def main(argv=None) -> None:
     p.add_argument("--fingerprint", default=None)
     p.add_argument("--no-health", action="store_true")
     p.add_argument("--root", default=None)
-    args, _unknown = p.parse_known_args(argv)
-    fake = Foreign(args)
-    app = web.Application()
-    app.router.add_get("/health", fake.health)
-    app.router.add_get("/v1/models", fake.models)
-    app.router.add_get("/version", fake.version)
-    app.router.add_post("/v1/completions", fake.completions)
-    app.router.add_post("/v1/chat/completions", fake.completions)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(app, args))
+    fakeserver.main(argv, p, Foreign)
 
 
 if __name__ == "__main__":
