@@ -44,7 +44,7 @@ from engine.weights import DTYPES, load_model
 
 log = logging.getLogger("engine.runner")
 # The Triton skinny matmuls in decode rounds (engine/kernels_skinny.py), on the shapes where they
-# measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (PERF.md run 5).
+# measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (engine/dev/PERF.md run 5).
 SKINNY_DEFAULT = True
 
 _prefill_calls = itertools.count(1)

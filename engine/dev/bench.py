@@ -1,7 +1,7 @@
 """Engine benchmark: prompt tok/s and decode tok/s at 1, 2, 4, 8 streams for a preset and device.
 
-    python -m engine.bench --model cpu --device cpu
-    PYTHONPATH=. python3 -m engine.bench --model qwen3-8b --device cuda --dtype bfloat16 --json out.json
+    python -m engine.dev.bench --model cpu --device cpu
+    PYTHONPATH=. python3 -m engine.dev.bench --model qwen3-8b --device cuda --dtype bfloat16 --json out.json
 
 Prompts run whole (cut by cut on the --prefill-rows grid, as the server's whole mode does); each
 figure is the median of several rounds after a warm-up. On CUDA the same run first measures the

@@ -1,6 +1,6 @@
-"""Correctness checks of the CUDA path, run on the device before the bench (engine/gpu_check.sh).
+"""Correctness checks of the CUDA path, run on the device before the bench (engine/dev/gpu_check.sh).
 
-    PYTHONPATH=. python3 -m engine.gpu_check --out $OUT/check.json
+    PYTHONPATH=. python3 -m engine.dev.gpu_check --out $OUT/check.json
 
 1. the Triton decode kernel against the per-row SDPA loop (bf16, lengths across split edges),
    and bitwise row invariance (same row, other neighbours);
