@@ -12,24 +12,14 @@
   fixed split size (engine/kernels.py); prompt cuts go through SDPA's flash kernel. On CPU, or
   when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
 
-EngineConfig.extra knobs: {"cuda_graph": bool} (default on for CUDA; asking for it on the CPU
-falls back and records why), {"fused": bool} (CUDA: Triton kernels around the matmuls, default on),
-{"skinny": bool} (CUDA, with fused: decode rounds' matmuls in Triton, engine/kernels_skinny.py).
-
-Environment, for tests of the lane host:
-- TFENGINE_FAIL_STEP=k: the k-th call of prefill_step in this process (1-based, counted over
-  all runners) raises RuntimeError("injected failure at prefill step k").
-- TFENGINE_DECODE_SLEEP_MS=x: every decode round sleeps x milliseconds first (simulates a
-  slower build for the CI gate).
+Kernel choices come from `EngineConfig.kernels` (engine.config.KernelConfig). Fault and
+slow-down hooks for tests live in a wrapper backend (engine/faults.py), not here.
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import os
 import shutil
 import subprocess
-import time
 from typing import Sequence
 
 import torch
@@ -43,24 +33,6 @@ from engine.tokenizer import load_tokenizer
 from engine.weights import DTYPES, load_model
 
 log = logging.getLogger("engine.runner")
-# The Triton skinny matmuls in decode rounds (engine/kernels_skinny.py), on the shapes where they
-# measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (engine/dev/PERF.md run 5).
-SKINNY_DEFAULT = True
-
-_prefill_calls = itertools.count(1)
-
-
-def reset_fault_counter() -> None:
-    """Restart the TFENGINE_FAIL_STEP count (tests)."""
-    global _prefill_calls
-    _prefill_calls = itertools.count(1)
-
-
-def _maybe_fail() -> None:
-    n = next(_prefill_calls)
-    raw = os.environ.get("TFENGINE_FAIL_STEP")
-    if raw and raw.strip().lstrip("-").isdigit() and int(raw) == n:
-        raise RuntimeError(f"injected failure at prefill step {n}")
 
 
 class ModelRunner:
@@ -93,25 +65,23 @@ class ModelRunner:
         self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
-        # CUDA: fused Triton kernels around the matmuls (extra={"fused": False} for the plain ops)
-        self.fused = self.device.type == "cuda" and cfg.extra.get("fused", True)
-        # decode rounds' matmuls through engine.kernels_skinny instead of cuBLAS (extra={"skinny": bool})
-        self.skinny = self.fused and cfg.extra.get("skinny", SKINNY_DEFAULT)
+        knobs = cfg.kernels
+        self.fused = self.device.type == "cuda" and knobs.fused
+        self.skinny = self.fused and knobs.skinny
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
         if self.device.type == "cuda":
             from engine.kernels import decode_attention
             self._attend_cuda = decode_attention
-            if cfg.extra.get("cuda_graph", True):
+            if knobs.cuda_graph is not False:
                 self.capture_graph()
-        elif cfg.extra.get("cuda_graph", False):
+        elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
 
     # ---- prompt cuts -----------------------------------------------------------------------
     @torch.inference_mode()
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
-        _maybe_fail()
         n = len(tokens)
         if not (0 <= lane < self.parallel):
             raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
@@ -179,9 +149,6 @@ class ModelRunner:
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
         if not (len(lanes) == len(tokens) == len(positions)):
             raise ValueError("lanes, tokens and positions differ in length")
-        sleep_ms = os.environ.get("TFENGINE_DECODE_SLEEP_MS")
-        if sleep_ms:
-            time.sleep(float(sleep_ms) / 1000.0)
         if not lanes:
             return []
         rows, where = self._padded(lanes, tokens, positions)

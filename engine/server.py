@@ -196,7 +196,7 @@ class Api:
             if kind == "token":
                 await resp.write(_sse(self._chunk(rid, chat, [payload], None)))
                 seq.drained()
-                if seq.undrained == self.host.cfg.out_queue - 1:
+                if self.host.resumes(seq):
                     self.host.wake()  # it may have been paused on us
             elif kind == "done":
                 last = self._chunk(rid, chat, [], payload)

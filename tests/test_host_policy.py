@@ -5,7 +5,8 @@ import math
 import pytest
 
 from engine.config import EngineConfig
-from engine.host import DEBT_CAP_S, LaneHost, checked_share
+from engine.host import LaneHost
+from engine.policy import DEBT_CAP_S, checked_share
 from engine.sequence import Sequence, Status
 
 R = 256
@@ -129,7 +130,7 @@ def test_fill_order_foreground_then_aged_then_fewest_rows():
         host.submit(s)
     host._take_inbox()
     host._admit()
-    order = host._fill_order(list(host.prompts))
+    order = host.policy.fill_order(list(host.prompts))
     assert order == [aged_big, young_small, young_big, background_small]
 
 
@@ -178,7 +179,7 @@ def test_whole_mode_runs_a_long_prompt_before_the_next_round():
 
 @pytest.mark.parametrize("bad", [0.001, 0.0, -1, 1.5, math.nan, math.inf])
 def test_bad_share_falls_back_to_one_with_a_warning(bad, caplog):
-    with caplog.at_level(logging.WARNING, logger="tfengine.host"):
+    with caplog.at_level(logging.WARNING, logger="tfengine.policy"):
         assert checked_share(bad) == 1.0
     assert len(caplog.records) == 1 and "prefill share" in caplog.text
 

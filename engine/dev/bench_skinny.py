@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import typer
 
 import engine.kernels_skinny as S
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 from engine.presets import resolve_model
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -145,8 +145,8 @@ def bench_round(model: str, device: str, dtype: str, rows: int, out: dict, say, 
     from engine.runner import ModelRunner
     cfg = EngineConfig(model=model, device=device, dtype=dtype, parallel=rows, max_model_len=512,
                        prefill_rows=4096 if device.startswith("cuda") else 64, seed=0)
-    base = ModelRunner(replace(cfg, extra={"skinny": False}))
-    sk = ModelRunner(replace(cfg, extra={"skinny": True}), model=base.model)
+    base = ModelRunner(replace(cfg, kernels=KernelConfig(skinny=False)))
+    sk = ModelRunner(replace(cfg, kernels=KernelConfig(skinny=True)), model=base.model)
     if device == "cpu":  # the dry run: Triton's interpreter in place of CUDA
         sk.fused = sk.skinny = True
     out["round"] = {"graph": [base.graph is not None, sk.graph is not None],
