@@ -23,6 +23,7 @@ from .backend import Backend, next_cut
 from .config import EngineConfig
 from .policy import LanePolicy
 from .sequence import Sequence, Status
+from .trace import TraceRing
 
 log = logging.getLogger("tfengine.host")
 
@@ -38,12 +39,6 @@ class Counters:
     finished: int = 0
     cancelled: int = 0
     failed: int = 0
-
-
-def trace_row(t: float, dur: float, kind: str, rows: int, streams: int, seq: int | None) -> dict:
-    """One step of /v1/trace, kept as the dict it is served as, so a fetch copies references.
-    kind: prefill | decode; rows: prompt rows of a prefill step, rows of a decode round."""
-    return {"t": t, "dur": dur, "kind": kind, "rows": rows, "streams": streams, "seq": seq}
 
 
 @dataclass
@@ -62,8 +57,7 @@ class LaneHost:
         self.prompts: list[Sequence] = []  # in a lane, rows left to fill
         self.decoding: list[Sequence] = []
         self.counters = Counters()
-        # A bounded ring (cfg.trace_len steps): a long-lived server's trace cannot grow without end.
-        self.trace: deque[dict] | None = deque(maxlen=self.cfg.trace_len) if self.cfg.trace else None
+        self.trace: TraceRing | None = TraceRing(self.cfg.trace_len) if self.cfg.trace else None
         self._inbox: list[Sequence] = []
         self._cv = threading.Condition()
         self._stop = False
@@ -227,7 +221,7 @@ class LaneHost:
         if timed:
             self.policy.budget.charge(dur)
         if self.trace is not None:
-            self.trace.append(trace_row(t0, dur, "prefill", end - start, 1, seq.id))
+            self.trace.add(t0, dur, "prefill", end - start, 1, seq.id)
         if tok is not None:
             self.prompts.remove(seq)
             seq.status = Status.DECODE
@@ -252,7 +246,7 @@ class LaneHost:
         if paying:
             self.policy.budget.pay(dur)
         if self.trace is not None:
-            self.trace.append(trace_row(t0, dur, "decode", len(tokens), len(runnable), None))
+            self.trace.add(t0, dur, "decode", len(tokens), len(runnable), None)
         at = 0
         for seq, toks in zip(runnable, feeds):
             out = new[at:at + len(toks)]
@@ -322,16 +316,8 @@ class LaneHost:
             self.counters.failed += 1
             seq.emit("error", reason)
 
-    def trace_steps(self, since: float | None = None) -> list[dict]:
-        """The ring's steps (all, or those that started at or after `since`), oldest first.
-        Cheap: the rows are stored as served; a `since` fetch walks back from the newest only."""
-        steps = list(self.trace or ())  # one C-level copy: safe against the loop appending
-        if since is None:
-            return steps
-        i = len(steps)
-        while i > 0 and steps[i - 1]["t"] >= since:
-            i -= 1
-        return steps[i:]
+    def trace_steps(self) -> list[dict]:
+        return self.trace.steps() if self.trace is not None else []
 
 
 def _common_prefix(a, b) -> int:
