@@ -1,7 +1,7 @@
 """The per-step trace served at /v1/trace (only with --trace): a ring of the last `maxlen` steps,
 so a long-lived server's trace stays bounded. Each step is kept as the JSON text it is served
 as, so a fetch joins bytes instead of building and encoding a dict per step (a 50,000-step
-fetch: ~1 ms of joining, against ~0.3 s of json.dumps on this 2-core box)."""
+fetch, medians of 5 side by side on a loaded 2-core box: 18 ms of joining, 214 ms of json.dumps)."""
 from __future__ import annotations
 
 import json
