@@ -13,10 +13,11 @@ A turn:
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .backend import Backend, next_cut
@@ -136,6 +137,9 @@ class LaneHost:
             new, self._inbox = self._inbox, []
         for seq in new:
             self.counters.requests += 1
+            if seq.sampling.seed is None and not seq.sampling.greedy:
+                # The server draws and reports one; a caller that did not gets one here.
+                seq.sampling = replace(seq.sampling, seed=secrets.randbits(63))
             self.waiting.append(seq)
 
     def _has_cancel(self) -> bool:
@@ -210,8 +214,14 @@ class LaneHost:
     def _prompt_step(self, seq: Sequence, timed: bool) -> None:
         start = seq.filled
         end = next_cut(start, len(seq.prompt), self.rows)
+        lps: list | None = None if seq.sampling.plain else []
+
+        def step():
+            if lps is None:  # greedy: the backend's plain call, as it always was
+                return self.backend.prefill_step(seq.lane, seq.prompt, start, end)
+            return self.backend.prefill_step(seq.lane, seq.prompt, start, end, sampling=seq.sampling, logprobs=lps)
         try:
-            tok, t0, dur = self._timed(timed, lambda: self.backend.prefill_step(seq.lane, seq.prompt, start, end))
+            tok, t0, dur = self._timed(timed, step)
         except Exception as exc:  # a failed step ends that stream only
             log.error("prompt step %d..%d of stream %d failed: %s", start, end, seq.id, exc)
             self._end(seq, Status.FAILED, f"backend failure during prompt step: {exc}")
@@ -226,7 +236,7 @@ class LaneHost:
             self.prompts.remove(seq)
             seq.status = Status.DECODE
             self.decoding.append(seq)
-            self._emit_token(seq, tok)
+            self._emit_token(seq, tok, lps[0] if lps else None)
 
     def _decode_round(self, runnable: list[Sequence]) -> None:
         paying = self.policy.round_timed(bool(self.prompts))
@@ -235,8 +245,15 @@ class LaneHost:
         tokens = [t for toks in feeds for t in toks]
         positions = [len(s.prompt) + len(s.output) - 1 + i for s, toks in zip(runnable, feeds)
                      for i in range(len(toks))]
+        lps: list | None = None if all(s.sampling.plain for s in runnable) else []
+
+        def round_():
+            if lps is None:  # every stream greedy: the backend's plain call
+                return self.backend.decode(lanes, tokens, positions)
+            sampling = [s.sampling for s, toks in zip(runnable, feeds) for _ in toks]
+            return self.backend.decode(lanes, tokens, positions, sampling=sampling, logprobs=lps)
         try:
-            new, t0, dur = self._timed(paying, lambda: self.backend.decode(lanes, tokens, positions))
+            new, t0, dur = self._timed(paying, round_)
         except Exception as exc:  # every stream of the round ends; the lanes serve again
             log.error("decode round failed: %s", exc)
             for seq in runnable:
@@ -250,18 +267,20 @@ class LaneHost:
         at = 0
         for seq, toks in zip(runnable, feeds):
             out = new[at:at + len(toks)]
+            out_lps = lps[at:at + len(toks)] if lps else [None] * len(toks)
             at += len(toks)
             # out[0] is the round's own token; out[i] stands if the draft it was fed, toks[i],
-            # is the token the target gave just before it.
+            # is the token the target gave just before it. A sampled row's draw depends only on
+            # its seed, position and logits, so this check keeps sampled replies exact too.
             keep = 1
             while keep < len(toks) and toks[keep] == out[keep - 1]:
                 keep += 1
             self.counters.drafted += len(toks) - 1
             self.counters.accepted += keep - 1
-            for tok in out[:keep]:
+            for tok, lp in zip(out[:keep], out_lps):
                 if seq.done:
                     break
-                self._emit_token(seq, tok)
+                self._emit_token(seq, tok, lp)
 
     def _feeds(self, runnable: list[Sequence]) -> list[list[int]]:
         """The tokens each stream feeds this round: its last token, then any drafts, in the rows
@@ -283,7 +302,9 @@ class LaneHost:
                 free -= len(drafts)
         return feeds
 
-    def _emit_token(self, seq: Sequence, tok: int) -> None:
+    def _emit_token(self, seq: Sequence, tok: int, logprob=None) -> None:
+        if seq.sampling.logprobs is not None:
+            seq.logprobs.append(logprob)
         seq.output.append(tok)
         seq.pushed()
         self.counters.tokens_out += 1
