@@ -192,3 +192,29 @@ def test_host_fills_a_missing_seed_and_logprobs_keep_step_with_the_output(runner
     assert len(s.logprobs) == len(s.output) and all(len(lp.top) == 2 for lp in s.logprobs)
     tokens = [(p, n) for k, p, n in emitted if k == "token"]
     assert all(isinstance(p, int) and n == i + 1 for i, (p, n) in enumerate(tokens))  # set before each emit
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_rounds_sample_from_the_logits_the_graph_writes():
+    """On CUDA the decode round stays one graph: greedy ids equal the eager round's, and a sampled
+    reply is the same alone, beside others, and through eager rounds."""
+    from engine.config import KernelConfig
+    cfg = EngineConfig(model="tiny", device="cuda", dtype="float32", parallel=4, max_model_len=256, prefill_rows=R)
+    g = build_runner(cfg)
+    e = build_runner(replace(cfg, kernels=KernelConfig(cuda_graph=False)))
+    assert g.graph is not None and e.graph is None
+    p = prompt(37, 13)
+    assert g.generate(p, 16) == e.generate(p, 16)
+    alone = g.generate(p, 16, sampling=HOT)
+    assert alone == e.generate(p, 16, sampling=HOT) and alone != g.generate(p, 16)
+    others = [prompt(9, 14), prompt(50, 15), prompt(3, 16)]
+    together = g.generate_together([p] + others, [1, 0, 2, 3], 16)  # greedy neighbours
+    assert together[0] == g.generate(p, 16)
+    lanes, params = [3, 0, 1, 2], [HOT, replace(HOT, seed=3), SamplingParams(), replace(HOT, top_k=5)]
+    outs = [[g.prefill(lane, q, sampling=sp)] for lane, q, sp in zip(lanes, [p] + others, params)]
+    pos = [len(q) for q in [p] + others]
+    for _ in range(15):
+        for o, t in zip(outs, g.decode(lanes, [o[-1] for o in outs], pos, params)):
+            o.append(t)
+        pos = [q + 1 for q in pos]
+    assert outs[0] == alone
