@@ -33,3 +33,12 @@ def test_the_host_traces_each_step_and_round_into_a_bounded_ring():
     assert steps[0]["seq"] == a.id and steps[0]["dur"] == 1.0 and steps[2]["streams"] == 1
     run_turns(host, 10, a)
     assert len(host.trace_steps()) == 5  # the ring's bound
+
+
+def test_a_trace_len_below_one_is_a_one_line_error():
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--trace", "--trace-len", "0", "--port", "1"],
+                       capture_output=True, text=True, timeout=60, env=os.environ)
+    assert r.returncode == 2 and "--trace-len" in r.stderr and "Traceback" not in r.stderr
