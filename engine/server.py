@@ -89,7 +89,7 @@ class Api:
     async def trace(self, request: web.Request) -> web.Response:
         if self.host.trace is None:
             return _error(404, "the trace is off: start the engine with --trace")
-        return web.json_response({"steps": self.host.trace_steps()})
+        return web.Response(body=self.host.trace.json(), content_type="application/json")
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=render_metrics(self.host), content_type="text/plain")
@@ -198,7 +198,7 @@ class Api:
             if kind == "token":
                 await resp.write(_sse(self._chunk(rid, chat, [payload], None)))
                 seq.drained()
-                if seq.undrained == self.host.cfg.out_queue - 1:
+                if self.host.resumes(seq):
                     self.host.wake()  # it may have been paused on us
             elif kind == "done":
                 last = self._chunk(rid, chat, [], payload)
