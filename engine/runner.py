@@ -293,7 +293,16 @@ class ModelRunner:
             "prefill_attention": ("flash" if model_mod._FLASH_OK else "sdpa, expanded kv")
             if self.device.type == "cuda" else "sdpa",
             "threads": torch.get_num_threads(),
+            **(self._describe_cpu() if self.device.type == "cpu" else {}),
         }
+
+
+    def _describe_cpu(self) -> dict:
+        from engine.cpu_kernels import cpu_bf16_native
+        mm = self.cpu_mm
+        kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
+        return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
+                "decode_attention": "sdpa a row" if mm is None else "sdpa a span group"}
 
 
 def build_runner(cfg: EngineConfig) -> ModelRunner:
