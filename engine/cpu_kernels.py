@@ -88,36 +88,57 @@ class PackedLinears:
 
 
 class BucketPlan:
-    """Per decode round, computed once and used by every layer: the active rows grouped by span,
-    as tensors (rows, lanes) and a boolean mask [g, 1, 1, span] of the keys each row sees."""
+    """Per decode round, computed once and used by every layer: the active rows grouped by span
+    (and, for a drafter's extra rows of a lane, by which entry of the lane they are, so a group
+    holds each lane once). A group covers the lane range [lo, hi] as one strided view of the
+    cache, no copy; lanes of the range outside the group are computed and dropped."""
 
     def __init__(self, rows: list[tuple[int, int]], spare: int, max_len: int, device):
-        groups: dict[int, list[tuple[int, int, int]]] = {}
+        groups: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
         for r, (lane, pos) in enumerate(rows):
             if lane == spare:
                 continue
             span = min(max_len, (pos // SPAN + 1) * SPAN)
-            groups.setdefault(span, []).append((r, lane, pos))
+            nth = 0
+            while lane in groups.get((span, nth), {}):
+                nth += 1
+            groups.setdefault((span, nth), {})[lane] = (r, pos)
         self.groups = []
-        for span, members in sorted(groups.items()):
-            idx = torch.tensor([m[0] for m in members], device=device)
-            lanes = torch.tensor([m[1] for m in members], device=device)
-            pos = torch.tensor([m[2] for m in members], device=device)
-            seen = torch.arange(span, device=device)[None, :] <= pos[:, None]
-            self.groups.append((span, idx, lanes, seen[:, None, None, :]))
+        for (span, _), members in sorted(groups.items()):
+            lo, hi = min(members), max(members)
+            any_row = next(iter(members.values()))[0]
+            q_rows = [members.get(lane, (any_row, 0))[0] for lane in range(lo, hi + 1)]
+            pos = torch.tensor([members[lane][1] if lane in members else span - 1 for lane in range(lo, hi + 1)])
+            mask = torch.zeros(hi + 1 - lo, span, 1, device=device)
+            mask.masked_fill_((torch.arange(span)[None, :] > pos[:, None])[..., None].to(device), float("-inf"))
+            at = torch.tensor([lane - lo for lane in sorted(members)], device=device)
+            rows_out = torch.tensor([members[lane][0] for lane in sorted(members)], device=device)
+            self.groups.append((lo, hi + 1, span, torch.tensor(q_rows, device=device), mask, at, rows_out))
 
 
 def decode_attention_buckets(kv, i: int, q: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
-    """q [P, H, d] of a padded round -> [P, H*d]; padding rows get zeros. One SDPA a span group:
-    its kernel works each (row, head) on its own with blocks set by the span, so a row's bits
-    depend on its own position and lane only."""
+    """q [P, H, d] of a padded round -> [P, H*d]; padding rows get zeros.
+
+    A group is two batched matmuls on the model's dtype, one batch entry a lane, so no cache copy
+    and no conversion: scores = K [span, KVH*d] @ Q, where Q [KVH*d, H] holds each query head in
+    the rows of its KV head and exact zeros elsewhere (GQA without repeating K); softmax in
+    float32 over the span; out = P^T @ V [span, KVH*d], of which each head keeps its KV head's
+    block. Every entry's arithmetic is set by its span alone (the batched kernel does each entry
+    as its own problem), so a row's bits depend on its own lane and position only. In bf16 the
+    scores are rounded to bf16 before the softmax (max abs error ~2e-3 on unit-scale values
+    against float32 attention; one-SDPA-a-row bf16: ~1e-3)."""
     p, h, d = q.shape
+    kvh = kv.k.shape[3]
+    eye = torch.eye(kvh, dtype=q.dtype)[None, :, None, :, None]
     out = torch.zeros(p, h * d, dtype=q.dtype, device=q.device)
-    for span, idx, lanes, seen in plan.groups:
-        g = idx.shape[0]
-        k = kv.k[i, lanes, :span].transpose(1, 2)  # [g, KVH, span, d], a strided view of one gather
-        v = kv.v[i, lanes, :span].transpose(1, 2)
-        qg = q.index_select(0, idx)[:, :, None, :]  # [g, H, 1, d]
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=seen, enable_gqa=True)
-        out.index_copy_(0, idx, o.reshape(g, h * d))
+    for lo, hi, span, q_rows, mask, at, rows_out in plan.groups:
+        n = hi - lo
+        k = kv.k[i, lo:hi, :span].view(n, span, kvh * d)
+        v = kv.v[i, lo:hi, :span].view(n, span, kvh * d)
+        qg = q.index_select(0, q_rows).view(n, kvh, h // kvh, d).transpose(2, 3)  # [n, KVH, d, rep]
+        qbd = (qg[:, :, :, None, :] * eye).reshape(n, kvh * d, h)  # block-diagonal
+        s = torch.bmm(k, qbd).float().mul_(d ** -0.5).add_(mask).softmax(1).to(q.dtype)  # [n, span, H]
+        o = torch.bmm(s.transpose(1, 2), v).view(n, kvh, h // kvh, kvh, d)
+        o = torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(n, h * d)
+        out.index_copy_(0, rows_out, o.index_select(0, at))
     return out

@@ -302,7 +302,7 @@ class ModelRunner:
         mm = self.cpu_mm
         kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
         return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
-                "decode_attention": "sdpa a row" if mm is None else "sdpa a span group"}
+                "decode_attention": "sdpa a row" if mm is None else "batched matmuls a span group"}
 
 
 def build_runner(cfg: EngineConfig) -> ModelRunner:
