@@ -12,7 +12,7 @@ processes on a shared machine lands on both, and reports medians:
   max_tokens 1: the time to its first token.
 tfengine runs with its defaults (only --max-model-len 8192 so a 4,096-token prompt fits);
 vLLM with its defaults as PEERS notes say (`--skip-tokenizer-init`, `--max-model-len 16384`,
-caches under the venv's folder, VLLM_CPU_KVCACHE_SPACE=2). Without --vllm, or when that python
+caches in VENV/../cache, VLLM_CPU_KVCACHE_SPACE=2). Without --vllm, or when that python
 is missing, only tfengine is measured and the vLLM column says why.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ def tfengine_server(model_dir: Path, logs: Path) -> Server:
 
 def vllm_server(python: Path, model_dir: Path, logs: Path) -> Server:
     port = free_port()
-    cache = python.resolve().parent.parent / "cache"
+    cache = python.absolute().parent.parent.parent / "cache"  # VENV/../cache (a venv's python is a symlink: no resolve)
     env = dict(os.environ, VLLM_CACHE_ROOT=str(cache / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
                XDG_CACHE_HOME=str(cache / "xdg"), HF_HOME=str(cache / "hf"), TMPDIR=str(cache / "tmp"),
                VLLM_CPU_KVCACHE_SPACE="2", VLLM_NO_USAGE_STATS="1")

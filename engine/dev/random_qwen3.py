@@ -1,6 +1,6 @@
 """Write a random Qwen3 checkpoint directory (bf16 safetensors) that vLLM and tfengine both load.
 
-    python scripts/write_random_qwen3.py DIR [--seed 0]
+    python -m engine.dev.random_qwen3 DIR [--seed 0]
 
 Shape of issue 13's comparison: hidden 512, 8 layers, 8/4 heads of 64, intermediate 1,536,
 vocab 8,192. No tokenizer is written: both engines are driven with token-id prompts
