@@ -195,8 +195,10 @@ class Qwen3ForCausalLM(nn.Module):
             kv.k[i, lane, start:end] = k
             kv.v[i, lane, start:end] = v
 
+        from engine.cpu_kernels import prefill_attention_cpu
+
         def attend(i, q):
-            return prefill_attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
+            return prefill_attention_cpu(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
 
         x = self.trunk_cpu(tokens, positions, write_kv, attend, mm)
         return mm(x[-1:], "lm_head")[0]

@@ -151,3 +151,15 @@ def test_cli_cpu_defaults(monkeypatch):
             device_defaults("cuda", None, None, 2)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("start,t", [(0, 16), (16, 16), (48, 7), (5, 1)])
+def test_prefill_attention_cpu_matches_sdpa(start, t):
+    """The split (keys before the cut, the cut's causal block) merged by log-sum-exp is the
+    causal attention of the reference (engine.model.prefill_attention), float32."""
+    from engine.model import prefill_attention
+    g = torch.Generator().manual_seed(start + t)
+    end = start + t
+    q, k, v = torch.randn(t, 4, 16, generator=g), torch.randn(end, 2, 16, generator=g), torch.randn(end, 2, 16, generator=g)
+    torch.testing.assert_close(ck.prefill_attention_cpu(q, k, v, start), prefill_attention(q, k, v, start),
+                               rtol=1e-5, atol=1e-5)

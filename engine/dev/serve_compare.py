@@ -4,7 +4,8 @@
 
 Both servers load DIR (a Hugging Face Qwen3 directory, bf16 safetensors: scripts/write_random_qwen3.py)
 and stay up; the client then measures them in turns (A B B A ...), so a burst of load from other
-processes on a shared machine lands on both, and reports medians:
+processes on a shared machine lands on both, the server not being measured paused (SIGSTOP:
+an idle vLLM keeps polling threads busy), and reports medians:
 - sweep: 1, 2, 4, 8 streams at once, each a 64-token token-id prompt and 256 greedy tokens with
   ignore_eos; the aggregate is all completion tokens over the wall time from sending to the last
   token; a stream's rate is its tokens after the first over the time after its first token.
@@ -21,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -76,8 +78,15 @@ class Server:
             time.sleep(1.0)
         raise RuntimeError(f"{self.name} not up after {timeout:.0f} s; see {self.log}")
 
+    def pause(self, on: bool) -> None:
+        """SIGSTOP / SIGCONT the server's whole process group: a server that is not being
+        measured takes no CPU at all (an idle vLLM keeps its busy-polling threads running)."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
             os.killpg(self.proc.pid, 15)
             try:
                 self.proc.wait(30)
@@ -166,20 +175,33 @@ class Figures:
                 "runs": len(self.long)}
 
 
+def alone(servers: list[Server], s: Server, coro):
+    """Run one measurement of `s` with every other server paused."""
+    others = [o for o in servers if o is not s]
+    for o in others:
+        o.pause(True)
+    try:
+        return asyncio.run(coro)
+    finally:
+        for o in others:
+            o.pause(False)
+
+
 def measure(servers: list[Server], reps: int, vocab: int, seed: int = 0, say=print) -> dict[str, Figures]:
-    """Every figure `reps` times per server, servers in turns (A B, then B A, ...)."""
+    """Every figure `reps` times per server, servers in turns (A B, then B A, ...), each
+    measurement with the other server paused."""
     rng = random.Random(seed)
     figs = {s.name: Figures() for s in servers}
     for s in servers:  # warm-up: first requests pay one-time costs (allocations, compiled graphs)
-        asyncio.run(_sweep(s, 2, rng, vocab))
-        asyncio.run(_long(s, rng, vocab))
+        alone(servers, s, _sweep(s, 2, rng, vocab))
+        alone(servers, s, _long(s, rng, vocab))
     for rep in range(reps):
         order = servers if rep % 2 == 0 else servers[::-1]
         for k in STREAMS:
             for s in order:
-                figs[s.name].sweep.setdefault(k, []).append(asyncio.run(_sweep(s, k, rng, vocab)))
+                figs[s.name].sweep.setdefault(k, []).append(alone(servers, s, _sweep(s, k, rng, vocab)))
         for s in order:
-            figs[s.name].long.append(asyncio.run(_long(s, rng, vocab)))
+            figs[s.name].long.append(alone(servers, s, _long(s, rng, vocab)))
         say(f"  rep {rep + 1}/{reps} done; load average {os.getloadavg()[0]:.1f}")
     return figs
 
