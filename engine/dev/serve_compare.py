@@ -209,6 +209,7 @@ def measure(servers: list[Server], reps: int, vocab: int, seed: int = 0, say=pri
 def table_rows(med: dict[str, dict]) -> list[list[str]]:
     """Rows: what, then one column per engine, then tfengine / vLLM where both ran."""
     names = list(med)
+    med = {n: {**med[n], "sweep": {int(k): v for k, v in med[n]["sweep"].items()}} for n in names}  # JSON keys
     rows = []
     for k in STREAMS:
         vals = [med[n]["sweep"].get(k, {}).get("agg_tok_s") for n in names]
@@ -262,11 +263,30 @@ def main(
     reps: Annotated[int, typer.Option(help="measurements per figure per engine (median reported)")] = 3,
     logs: Annotated[Path, typer.Option(help="server logs go here")] = Path("runs/serve_compare"),
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None,
+    md: Annotated[Optional[Path], typer.Option(help="write the table as a Markdown receipt here")] = None,
 ):
     out = compare(model_dir, vllm, reps, logs)
+    out["command"] = " ".join(["python -m engine.dev.serve_compare", *sys.argv[1:]])
     print_table(out)
     if json_path:
         json_path.write_text(json.dumps(out, indent=2, default=str))
+    if md:
+        md.write_text(markdown(out))
+
+
+def markdown(out: dict) -> str:
+    med = out["engines"]
+    head = ["what", *med] + (["tfengine / vLLM"] if len(med) == 2 else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(med)]
+    e = (out.get("tfengine") or {}).get("engine", {})
+    return "\n".join([
+        "# tfengine against vLLM for CPU, same weights, served side by side", "",
+        f"Command: `{out.get('command', '')}`; medians of {next(iter(med.values()))['runs']} runs per figure, "
+        f"engines in turns, the other paused; load average at the end {out['loadavg'][0]:.1f}.",
+        f"tfengine {e.get('dtype')} (its default here), parallel {e.get('parallel')}, threads {e.get('threads')}, "
+        f"{e.get('device_name')}, torch {e.get('torch')}, commit {(out.get('tfengine') or {}).get('commit')}.", "",
+        *lines, "", f"vLLM skipped: {out['vllm_skipped']}" if out["vllm_skipped"] else "", ""])
 
 
 def print_table(out: dict) -> None:
