@@ -22,6 +22,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from engine.model import rotate
+
 SPAN = 64  # decode attention spans are multiples of this many keys
 
 
@@ -66,6 +68,13 @@ class PackedLinears:
             self.plain[(i, "gate_up")] = m.w_gate_up
             self.plain[(i, "down")] = m.down_proj.weight
         self.plain["lm_head"] = model.lm_head.weight
+        # q and k heads normed as one [rows, H + KVH, d] block: each head's own norm weight
+        a = model.model.layers[0].self_attn if len(model.model.layers) else None
+        self.shape = (a.n_heads, a.n_kv, a.head_dim) if a is not None else None
+        self.eps = model.config.rms_norm_eps if a is not None else 0.0
+        self.qk_norm = [torch.cat([layer.self_attn.q_norm.weight.detach().expand(a.n_heads, -1),
+                                   layer.self_attn.k_norm.weight.detach().expand(a.n_kv, -1)])
+                        for layer in model.model.layers]
         self.dtype = model.lm_head.weight.dtype
         self.bf16 = self.dtype == torch.bfloat16
         self.mkl = self.dtype == torch.float32 and torch.backends.mkl.is_available()
@@ -78,6 +87,17 @@ class PackedLinears:
                                for k, w in self.plain.items()}
             else:
                 self.packed = {}
+
+    def heads(self, i: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """qkv [rows, (H + 2 KVH) d] -> q [rows, H, d], k and v [rows, KVH, d]: q and k RMSNormed
+        (float32, as HF's RMSNorm) and rotated together, half the ops of doing each on its own."""
+        h, kvh, d = self.shape
+        rows = qkv.shape[0]
+        qk = qkv[:, :(h + kvh) * d].reshape(rows, h + kvh, d)
+        f = qk.float()
+        qk = self.qk_norm[i] * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)).to(qkv.dtype)
+        qk = rotate(qk, cos, sin)
+        return qk[:, :h], qk[:, h:], qkv[:, (h + kvh) * d:].reshape(rows, kvh, d)
 
     def mm(self, x: torch.Tensor, key) -> torch.Tensor:
         if self.bf16:

@@ -172,21 +172,22 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
-    def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, mm) -> torch.Tensor:
-        """The trunk with the CPU's matmuls: mm(x, key) multiplies by a prepacked matrix
-        (engine.cpu_kernels.PackedLinears), same arithmetic order as `trunk` otherwise."""
+    def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed) -> torch.Tensor:
+        """The trunk with the CPU's kernels (engine.cpu_kernels.PackedLinears): packed.mm(x, key)
+        multiplies by a prepacked matrix, packed.heads(i, qkv, cos, sin) norms and rotates q and
+        k in one pass; the same arithmetic as `trunk` otherwise."""
         cos, sin = self.cos[positions], self.sin[positions]
         x = self.model.embed_tokens(tokens)
+        mm = packed.mm
         for i, layer in enumerate(self.model.layers):
-            a = layer.self_attn
-            q, k, v = a.heads(mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
+            q, k, v = packed.heads(i, mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
             write_kv(i, k, v)
             x = x + mm(attend(i, q), (i, "o"))
             gate, up = mm(layer.post_attention_layernorm(x), (i, "gate_up")).chunk(2, dim=-1)
             x = x + mm(F.silu(gate) * up, (i, "down"))
         return self.model.norm(x)
 
-    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, mm) -> torch.Tensor:
+    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed) -> torch.Tensor:
         """`prefill` through trunk_cpu: the greedy logits of the cut's last row."""
         end = start + tokens.shape[0]
         positions = torch.arange(start, end, device=tokens.device)
@@ -200,18 +201,18 @@ class Qwen3ForCausalLM(nn.Module):
         def attend(i, q):
             return prefill_attention_cpu(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
 
-        x = self.trunk_cpu(tokens, positions, write_kv, attend, mm)
-        return mm(x[-1:], "lm_head")[0]
+        x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
+        return packed.mm(x[-1:], "lm_head")[0]
 
     def decode_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv,
-                   attend_fn: Callable[[int, torch.Tensor], torch.Tensor], mm) -> torch.Tensor:
+                   attend_fn: Callable[[int, torch.Tensor], torch.Tensor], packed) -> torch.Tensor:
         """`decode` through trunk_cpu; attend_fn(layer, q) reads each row's own lane."""
 
         def write_kv(i, k, v):
             kv.k[i, lanes, positions] = k
             kv.v[i, lanes, positions] = v
 
-        return mm(self.trunk_cpu(tokens, positions, write_kv, attend_fn, mm), "lm_head")
+        return packed.mm(self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed), "lm_head")
 
     def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +

@@ -105,7 +105,7 @@ class ModelRunner:
             raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
         ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
         if self.cpu_mm is not None:
-            logits = self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm.mm)
+            logits = self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm)
         else:
             logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
         if end == n:
@@ -172,7 +172,7 @@ class ModelRunner:
         from engine.cpu_kernels import BucketPlan, decode_attention_buckets
         plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
         logits = self.model.decode_cpu(tokens, positions, lanes, self.kv,
-                                       lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm.mm)
+                                       lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm)
         return logits
 
     @torch.inference_mode()
