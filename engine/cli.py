@@ -93,7 +93,7 @@ def serve(
     """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     draft = make_drafter(drafter)
-    dtype, parallel = device_defaults(device, dtype, parallel, threads)
+    dtype, parallel, chose = device_defaults(device, dtype, parallel, threads)
     cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
                        prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
@@ -102,6 +102,8 @@ def serve(
     if check:
         typer.echo(check_config(cfg))
         return
+    if chose:
+        logging.getLogger("engine.cli").info(chose)
     from .host import LaneHost
     from .runner import build_runner
     from .server import ServedModel, serve as serve_http
@@ -122,13 +124,13 @@ def serve(
         lane_host.stop()
 
 
-def device_defaults(device: str, dtype: str | None, parallel: int | None, threads: int | None) -> tuple[str, int]:
-    """(dtype, parallel) with the device's defaults filled in; on the CPU also sets the compute
-    threads and logs what was chosen and why."""
+def device_defaults(device: str, dtype: str | None, parallel: int | None, threads: int | None) -> tuple[str, int, str]:
+    """(dtype, parallel, what was chosen and why) with the device's defaults filled in; on the
+    CPU also sets the compute threads."""
     if device != "cpu":
         if threads is not None:
             raise ConfigError("--threads is for --device cpu")
-        return dtype or "bfloat16", parallel or 4
+        return dtype or "bfloat16", parallel or 4, ""
     from .cpu_kernels import cpu_dtype, cpu_threads
     if threads is not None and threads < 1:
         raise ConfigError("--threads must be at least 1")
@@ -137,9 +139,8 @@ def device_defaults(device: str, dtype: str | None, parallel: int | None, thread
     parallel = parallel or 8  # an 8-stream sweep never queues
     import torch
     torch.set_num_threads(threads or cpu_threads())
-    logging.getLogger("engine.cli").info("cpu: dtype %s (%s), parallel %d, threads %d%s", dtype, why, parallel,
-                                         torch.get_num_threads(), "" if threads else " (every core but one)")
-    return dtype, parallel
+    return dtype, parallel, (f"cpu: dtype {dtype} ({why}), parallel {parallel}, threads {torch.get_num_threads()}"
+                             + ("" if threads else " (every core but one)"))
 
 
 @app.callback()

@@ -141,10 +141,11 @@ def test_cli_cpu_defaults(monkeypatch):
     before = torch.get_num_threads()
     try:
         monkeypatch.setattr(ck, "cpu_bf16_native", lambda: False)
-        assert device_defaults("cpu", None, None, 1) == ("float32", 8)
+        dtype, parallel, said = device_defaults("cpu", None, None, 1)
+        assert (dtype, parallel) == ("float32", 8) and "neither AMX nor avx512_bf16" in said
         assert torch.get_num_threads() == 1
-        assert device_defaults("cpu", "bfloat16", 3, None) == ("bfloat16", 3)
-        assert device_defaults("cuda", None, None, None) == ("bfloat16", 4)
+        assert device_defaults("cpu", "bfloat16", 3, None)[:2] == ("bfloat16", 3)
+        assert device_defaults("cuda", None, None, None) == ("bfloat16", 4, "")
         with pytest.raises(ConfigError, match="--threads"):
             device_defaults("cpu", None, None, 0)
         with pytest.raises(ConfigError, match="--threads"):
