@@ -189,18 +189,8 @@ class Qwen3ForCausalLM(nn.Module):
 
     def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed) -> torch.Tensor:
         """`prefill` through trunk_cpu: the greedy logits of the cut's last row."""
-        end = start + tokens.shape[0]
-        positions = torch.arange(start, end, device=tokens.device)
-
-        def write_kv(i, k, v):
-            kv.k[i, lane, start:end] = k
-            kv.v[i, lane, start:end] = v
-
         from engine.cpu_kernels import prefill_attention_cpu
-
-        def attend(i, q):
-            return prefill_attention_cpu(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
-
+        positions, write_kv, attend = cut_io(tokens, lane, start, kv, prefill_attention_cpu)
         x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
         return packed.mm(x[-1:], "lm_head")[0]
 
@@ -238,16 +228,7 @@ class Qwen3ForCausalLM(nn.Module):
         """One cut: tokens [T] at positions [start, start+T) of `lane`. Returns the logits of the
         last row ([vocab], the lm_head runs for that row only), or of every row if all_logits.
         fused: run the trunk through the Triton kernels (CUDA, or the interpreter)."""
-        end = start + tokens.shape[0]
-        positions = torch.arange(start, end, device=tokens.device)
-
-        def write_kv(i, k, v):
-            kv.k[i, lane, start:end] = k
-            kv.v[i, lane, start:end] = v
-
-        def attend(i, q):
-            return prefill_attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
-
+        positions, write_kv, attend = cut_io(tokens, lane, start, kv, prefill_attention)
         if fused:
             lanes = torch.full_like(positions, lane)
             x = self.trunk_fused(tokens, positions, lanes, kv, attend)
@@ -273,6 +254,21 @@ class Qwen3ForCausalLM(nn.Module):
             h = self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=skinny)
             return (linear if skinny else F.linear)(h, self.lm_head.weight)
         return self.lm_head(self.trunk(tokens, positions, write_kv, attend))
+
+
+def cut_io(tokens: torch.Tensor, lane: int, start: int, kv, attention):
+    """A prompt cut's positions, its K/V writer into rows [start, end) of `lane`, and its
+    attention(q, k, v, start) over the lane's rows [0, end)."""
+    end = start + tokens.shape[0]
+
+    def write_kv(i, k, v):
+        kv.k[i, lane, start:end] = k
+        kv.v[i, lane, start:end] = v
+
+    def attend(i, q):
+        return attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
+
+    return torch.arange(start, end, device=tokens.device), write_kv, attend
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
