@@ -130,13 +130,13 @@ def device_defaults(device: str, dtype: str | None, parallel: int | None, thread
     if device != "cpu":
         if threads is not None:
             raise ConfigError("--threads is for --device cpu")
-        return dtype or "bfloat16", parallel or 4, ""
+        return dtype or "bfloat16", 4 if parallel is None else parallel, ""
     from .cpu_kernels import cpu_dtype, cpu_threads
     if threads is not None and threads < 1:
         raise ConfigError("--threads must be at least 1")
     auto, why = cpu_dtype()
     dtype, why = (dtype, "--dtype") if dtype else (auto, why)
-    parallel = parallel or 8  # an 8-stream sweep never queues
+    parallel = 8 if parallel is None else parallel  # an 8-stream sweep never queues
     import torch
     torch.set_num_threads(threads or cpu_threads())
     return dtype, parallel, (f"cpu: dtype {dtype} ({why}), parallel {parallel}, threads {torch.get_num_threads()}"

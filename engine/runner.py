@@ -104,7 +104,7 @@ class ModelRunner:
         if end > self.max_model_len:
             raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
         ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
-        if self.cpu_mm is not None:
+        if self.cpu_mm is not None and not self.fused:
             logits = self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm)
         else:
             logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
@@ -158,7 +158,7 @@ class ModelRunner:
     def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
         """The round's logits [parallel, vocab]."""
         tokens, positions, lanes = inp[0], inp[1], inp[2]
-        if self.cpu_mm is not None:
+        if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
             return self._decode_cpu(tokens, positions, lanes, rows)
         if self._attend_cuda is not None:
             attend = self._attend_cuda
