@@ -58,6 +58,10 @@ def serve(
     trace: Annotated[bool, typer.Option("--trace", help="Keep a per-step trace, served at /v1/trace.")] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body accepted (MiB); larger is a 413.")] = 8.0,
+    stall_timeout_s: Annotated[float, typer.Option(help="A stream whose client reads nothing this long is cancelled and its lane freed.")] = 30.0,
+    idle_timeout_s: Annotated[float, typer.Option(help="A connection with no request in progress (or unfinished headers) this long is closed.")] = 30.0,
+    body_timeout_s: Annotated[float, typer.Option(help="A request body must arrive within this (else 408).")] = 30.0,
 ):
     """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -70,7 +74,10 @@ def serve(
                        seed=seed, trace=trace)
     from .host import LaneHost
     from .runner import build_runner
-    from .server import ServedModel, serve as serve_http
+    from .server import HttpConfig, ServedModel, serve as serve_http
+
+    http = HttpConfig(max_body_mb=max_body_mb, stall_timeout_s=stall_timeout_s, idle_timeout_s=idle_timeout_s,
+                      body_timeout_s=body_timeout_s)
 
     runner = build_runner(cfg)
     lane_host = LaneHost(runner, cfg, drafter=draft)
@@ -79,7 +86,7 @@ def serve(
                          describe=runner.describe(), commit=engine_commit())
     lane_host.start()
     try:
-        asyncio.run(serve_http(lane_host, served, host, port))
+        asyncio.run(serve_http(lane_host, served, host, port, http=http))
     except KeyboardInterrupt:
         pass
     finally:
