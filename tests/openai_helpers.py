@@ -1,0 +1,44 @@
+"""Shared helpers for the HTTP tests: a real streaming client over loopback."""
+import hashlib
+import json
+import time
+
+import httpx
+
+from engine.metrics import parse_metrics
+
+
+def sha12(ids):
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:12]
+
+
+def prompt_ids(n, seed):
+    return [(seed * 7919 + i * 104729) % 256 for i in range(n)]
+
+
+async def sse_events(url, body, path="/v1/completions", timeout=60):
+    """Every `data:` object of a stream, in order ([DONE] excluded)."""
+    out = []
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        async with client.stream("POST", url + path, json={**body, "stream": True}) as resp:
+            assert resp.status_code == 200, await resp.aread()
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    if line[6:] == "[DONE]":
+                        return out
+                    out.append(json.loads(line[6:]))
+    raise AssertionError("the stream ended without [DONE]")
+
+
+def metrics(url):
+    return parse_metrics(httpx.get(url + "/metrics").text)
+
+
+def wait_idle(url, lanes=4, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = metrics(url)
+        if m["tfengine_running_streams"] == 0 and m["tfengine_free_lanes"] == lanes and m["tfengine_waiting_streams"] == 0:
+            return m
+        time.sleep(0.05)
+    raise AssertionError(f"lanes not free: {metrics(url)}")
