@@ -205,9 +205,9 @@ class Api:
                        405: f"{request.method} is not allowed on {request.path[:200]} (allowed: {allow})",
                        413: "the request body is too large (tfengine serve --max-body-mb)"}.get(exc.status, exc.reason)
             return error_response(exc.status, message, headers={"Allow": allow} if allow else None)
-        except ConnectionResetError:
+        except ConnectionResetError:  # an ordinary disconnect: info, not an ERROR traceback
             log.info("%s %s: the client went away", request.method, request.path[:200])
-            raise
+            return web.Response(status=499)  # never sent: the connection is gone
         except Exception as exc:  # a bug: say so in JSON, keep serving
             log.exception("%s %s failed", request.method, request.path[:200])
             return error_response(500, f"internal error: {type(exc).__name__}", kind="server_error")
