@@ -243,21 +243,29 @@ def build_app(host: LaneHost, model: ServedModel, http: HttpConfig | None = None
 
 
 class _LogOncePerSecond:
-    """asyncio's exception handler, at most one message a second (accept() at the fd limit
-    would otherwise log in a tight loop)."""
+    """asyncio's exception handler, each message at most once a second (accept() at the fd
+    limit would otherwise fill the log)."""
 
     def __init__(self):
-        self.last, self.dropped = 0.0, 0
+        self.last: dict[str, float] = {}
+        self.dropped: dict[str, int] = {}
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
-        now = time.monotonic()
-        if now - self.last < 1.0:
-            self.dropped += 1
+        key, now = str(context.get("message")), time.monotonic()
+        if now - self.last.get(key, -1e9) < 1.0:
+            self.dropped[key] = self.dropped.get(key, 0) + 1
             return
-        if self.dropped:
-            context = {**context, "message": f"{context.get('message')} ({self.dropped} similar messages dropped)"}
-        self.last, self.dropped = now, 0
-        loop.default_exception_handler(context)
+        dropped = self.dropped.pop(key, 0)
+        if dropped:
+            context = {**context, "message": f"{key} ({dropped} more in the last second, not shown)"}
+        if len(self.last) > 1000:
+            self.last.clear()
+        self.last[key] = now
+        exc = context.get("exception")
+        if isinstance(exc, OSError):  # the fd limit, mostly: one line, no traceback
+            log.warning("%s: %s", context["message"], exc)
+        else:
+            loop.default_exception_handler(context)
 
 
 async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=None,

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import socket
+import sys
 import time
 
 import httpx
@@ -205,3 +206,26 @@ def test_half_headers_idle_and_slow_body_connections_are_closed(srv):
         for s in (idle, half, slow):
             s.close()
     assert httpx.get(srv.url + "/health").status_code == 200
+
+
+def test_at_the_fd_limit_accept_errors_are_logged_once_a_second(tmp_path):
+    command = ["prlimit", "--nofile=100", sys.executable, "-m", "engine"]
+    with launch(FLAGS, tmp_path / "fd.log", command=command) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        t0 = time.monotonic()
+        socks = [socket.create_connection((host, int(port))) for _ in range(150)]  # the backlog takes the rest
+        try:
+            time.sleep(3)
+            for s in socks:  # the idle time-out (2 s) has closed the ones it accepted
+                s.settimeout(0.01)
+                try:
+                    s.recv(1)
+                except (socket.timeout, OSError):
+                    pass
+        finally:
+            for s in socks:
+                s.close()
+        elapsed = time.monotonic() - t0
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+        lines = [ln for ln in server.log.read_text().splitlines() if "out of system resource" in ln]
+        assert 1 <= len(lines) <= elapsed + 2, lines
