@@ -186,3 +186,12 @@ def test_tokenize_and_detokenize(url):
     assert httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "héllo"}
     bad = httpx.post(url + "/detokenize", json={"tokens": [1, 10 ** 6]})
     assert bad.status_code == 400 and "tokens" in bad.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("flag", ["--max-body-mb", "--stall-timeout-s", "--idle-timeout-s", "--body-timeout-s"])
+def test_bad_limit_flags_are_one_line_and_exit_2(flag):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", "tiny", flag, "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -65,3 +65,17 @@ def test_errors_are_openai_errors(client):
     assert "frobnicate" in err.value.message
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=10 ** 6)
+
+
+def test_sampling_and_logprobs(client):
+    pytest.importorskip("engine.sampling")
+    a = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=1.0, seed=4, logprobs=2,
+                                  extra_body={"ignore_eos": True})
+    b = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=1.0, seed=4,
+                                  extra_body={"ignore_eos": True})
+    assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
+    assert len(a.choices[0].logprobs.token_logprobs) == 8
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                          logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    assert len(chat.choices[0].logprobs.content) == 4
+    assert all(len(t.top_logprobs) == 2 for t in chat.choices[0].logprobs.content)
