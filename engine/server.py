@@ -20,7 +20,6 @@ from .api.errors import ApiError, BadRequest, error_response, model_not_found
 from .api.generate import Generation
 from .api.params import check_fields, check_model, chat_messages, encode, parse_chat, parse_completion
 from .api.reply import collect, StreamWriter
-from .api.render import token_sha  # noqa: F401  (the convention's home for other modules)
 from .config import ConfigError
 from .host import LaneHost
 from .metrics import render_metrics

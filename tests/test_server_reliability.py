@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tensorfold_bench.launcher import launch
+from tests.hostile import fuzz_case, request_then_close
 from tests.openai_helpers import metrics, prompt_ids, sse_events, wait_idle
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "512", "--prefill-rows", "8",
@@ -26,50 +27,6 @@ def srv(tmp_path_factory):
 
 
 # ---- fuzz ------------------------------------------------------------------------------------
-VALUES = [None, True, False, 0, -1, 1, 3, 2 ** 70, -(2 ** 70), 1.5, -0.5, 1e308, "", "x", "\ud800", "a\udc00b",
-          "foreground", "background", [], {}, [1, 2], [[1, 2]], ["a", "b"], [True], {"a": 1}, {"include_usage": True},
-          {"type": "text"}, [{"type": "text", "text": "hi"}], [{"role": "user", "content": "hi"}],
-          [{"role": "\ud800", "content": "hi"}], [{"role": "user", "content": ["x"]}], [10 ** 6], [-1], "9" * 5000]
-FIELDS = ["prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options", "temperature",
-          "top_p", "top_k", "seed", "n", "stop", "stop_token_ids", "logprobs", "top_logprobs", "priority", "draft",
-          "ignore_eos", "model", "user", "echo", "presence_penalty", "best_of", "suffix", "tools", "unknown_field",
-          "return_tokens_as_token_ids", "include_stop_str_in_output"]
-PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
-
-
-def fuzz_case(rng: random.Random) -> tuple[str, str, bytes, dict]:
-    path = rng.choice(PATHS)
-    headers = {"Content-Type": "application/json"}
-    kind = rng.random()
-    base = ({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else
-            {"tokens": [1, 2]} if "detok" in path else {"prompt": [1, 2, 3]})
-    base |= {"max_tokens": 2} if "tokenize" not in path else {}
-    if kind < 0.08:
-        body = bytes(rng.randrange(256) for _ in range(rng.randrange(64)))
-    elif kind < 0.14:
-        depth = rng.choice([30, 65, 900, 3000])
-        body = b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}"
-    elif kind < 0.2:
-        body = json.dumps(base).encode()[: rng.randrange(1, 20)]
-    elif kind < 0.26:
-        body = json.dumps(base).encode()
-        headers["Content-Type"] = rng.choice(["application/json; charset=foo", "application/json; charset=latin-1",
-                                              "text/plain", "application/json; charset=utf-16", ""])
-        if "utf-16" in headers["Content-Type"] and rng.random() < 0.5:
-            body = json.dumps(base).encode("utf-16")
-    elif kind < 0.3:
-        body = rng.choice([b"[]", b"null", b"1", b'"s"', b"NaN", b'{"prompt": NaN}', b'{"max_tokens": Infinity}', b""])
-    else:
-        obj = dict(base)
-        for _ in range(rng.randrange(1, 4)):
-            obj[rng.choice(FIELDS)] = rng.choice(VALUES)
-        if isinstance(obj.get("n"), int) and obj.get("stream") is True:
-            obj["n"] = min(obj["n"], 3)
-        body = json.dumps(obj).encode()
-    method = "POST" if rng.random() < 0.97 else rng.choice(["GET", "PUT", "DELETE"])
-    return method, path, body, headers
-
-
 def test_fuzzed_bodies_never_get_a_5xx(srv):
     rng = random.Random(1234)
     cases = [fuzz_case(rng) for _ in range(2000)]
@@ -98,22 +55,6 @@ def test_fuzzed_bodies_never_get_a_5xx(srv):
 
 
 # ---- disconnects -----------------------------------------------------------------------------
-async def _request_then_close(url: str, body: dict, read_events: int) -> None:
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    data = json.dumps({**body, "stream": True}).encode()
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
-    await writer.drain()
-    seen = 0
-    if read_events >= 0:
-        await reader.readuntil(b"\r\n\r\n")  # the headers: the stream has started
-        while seen < read_events:
-            line = await reader.readline()
-            seen += line.startswith(b"data: ")
-    writer.transport.abort()  # a reset, as a killed client would
-
-
 def test_disconnects_mid_prompt_and_mid_decode_leave_nothing(srv):
     before = metrics(srv.url)
     fds_before = len(os.listdir(f"/proc/{srv.proc.pid}/fd"))
@@ -125,11 +66,11 @@ def test_disconnects_mid_prompt_and_mid_decode_leave_nothing(srv):
         async def one(i):
             async with sem:
                 if i % 3 == 0:
-                    await _request_then_close(srv.url, {"prompt": long_prompt, "max_tokens": 8}, -1)
+                    await request_then_close(srv.url, {"prompt": long_prompt, "max_tokens": 8}, -1)
                 elif i % 3 == 1:
-                    await _request_then_close(srv.url, {"prompt": long_prompt, "max_tokens": 8}, 0)
+                    await request_then_close(srv.url, {"prompt": long_prompt, "max_tokens": 8}, 0)
                 else:
-                    await _request_then_close(srv.url, {"prompt": prompt_ids(10, i), "max_tokens": 400,
+                    await request_then_close(srv.url, {"prompt": prompt_ids(10, i), "max_tokens": 400,
                                                         "ignore_eos": True}, 3)
         await asyncio.gather(*(one(i) for i in range(120)))
 
