@@ -18,7 +18,8 @@ from aiohttp import web
 from .api.body import INLINE_BYTES, BodyReader
 from .api.errors import ApiError, BadRequest, error_response, model_not_found
 from .api.generate import Generation
-from .api.params import check_fields, check_model, chat_messages, encode, parse_chat, parse_completion
+from .api.params import (chat_messages, chat_prompt, check_fields, check_model, encode, parse_chat,
+                          parse_completion)
 from .api.reply import collect, StreamWriter
 from .config import ConfigError
 from .host import LaneHost
@@ -130,7 +131,7 @@ class Api:
         if "messages" in body:
             check_fields(body, {"model", "messages", "add_generation_prompt", "add_special_tokens",
                                 "return_token_strs"}, {})
-            tokens = list(self.model.tokenizer.chat_prompt(chat_messages(body["messages"])))
+            tokens = chat_prompt(self.model, chat_messages(body["messages"]))
         else:
             check_fields(body, {"model", "prompt", "add_special_tokens", "return_token_strs"}, {})
             if not isinstance(body.get("prompt"), str):

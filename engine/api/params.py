@@ -201,8 +201,14 @@ def parse_chat(body: object, model) -> GenRequest:
     total = sum(len(m["content"]) for m in messages)
     if total > model.max_model_len * CHARS_PER_TOKEN:
         raise BadRequest(f"the messages are {total} characters: far longer than this model's context", "messages")
-    prompt = list(model.tokenizer.chat_prompt(messages))
-    return parse_common(body, True, [prompt], model)
+    return parse_common(body, True, [chat_prompt(model, messages)], model)
+
+
+def chat_prompt(model, messages: list[dict]) -> list[int]:
+    try:
+        return list(model.tokenizer.chat_prompt(messages))
+    except Exception as exc:  # noqa: BLE001 - a template's own refusals (no template, roles must alternate, ...)
+        raise BadRequest(f"the chat template cannot render these messages: {exc}"[:500], "messages") from None
 
 
 def chat_messages(raw: object) -> list[dict]:
