@@ -54,6 +54,7 @@ class ServedModel:
     tokenizer: Any  # encode(str) -> ids, decode(ids) -> str, chat_prompt(messages) -> ids
     describe: dict
     commit: str | None = None
+    nonce: str | None = None  # a launcher's token, echoed by /v1/engine
     root: str | None = None  # where the weights come from (a directory), as vLLM's `root`
 
     @property
@@ -114,7 +115,8 @@ class Api:
     async def engine(self, request: web.Request) -> web.Response:
         cfg = asdict(self.host.cfg)
         return web.json_response({"engine": self.model.describe, "config": cfg,
-                                  "commit": self.model.commit, "prefill_share": self.host.share})
+                                  "commit": self.model.commit, "prefill_share": self.host.share,
+                                  "nonce": self.model.nonce})
 
     async def trace(self, request: web.Request) -> web.Response:
         if self.host.trace is None:
@@ -268,7 +270,7 @@ class _LogOncePerSecond:
             loop.default_exception_handler(context)
 
 
-async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=None,
+async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=None, sock=None,
                 http: HttpConfig | None = None) -> None:
     """Serve until cancelled. The client's disconnect cancels its handler, and so its stream."""
     asyncio.get_running_loop().set_exception_handler(_LogOncePerSecond())
@@ -277,7 +279,7 @@ async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=
     app, api = build_app(host, model, http)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, bind, port)
+    site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, bind, port)
     await site.start()
     reaper = asyncio.create_task(api.reap_idle(runner.server))
     log.info("serving %s on http://%s:%d", model.name, bind, port)
