@@ -15,6 +15,7 @@ import typer
 
 from .config import ConfigError, EngineConfig, share_from_env
 from .drafter import make_drafter
+from .faults import Faults, with_faults
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="tfengine: a Qwen3-family inference engine with lanes, stepped prompts and a lane host.")
@@ -81,6 +82,7 @@ def serve(
     no_drafts: Annotated[bool, typer.Option("--no-drafts", help="No speculative drafts.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the dummy weights.")] = 0,
     trace: Annotated[bool, typer.Option("--trace", help="Keep a per-step trace, served at /v1/trace.")] = False,
+    trace_len: Annotated[int, typer.Option(help="The trace keeps only the last this many steps (a ring).")] = 50_000,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on; 0: one the system picks (see --port-file).")] = 8000,
     port_file: Annotated[Optional[Path], typer.Option(help="Once serving, write the bound port here (a launcher's way to learn a --port 0 port).")] = None,
@@ -99,7 +101,8 @@ def serve(
                        parallel=parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
                        prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
-                       seed=seed, trace=trace)
+                       seed=seed, trace=trace, trace_len=trace_len)
+    faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment
     from .server import HttpConfig, ServedModel, serve as serve_http
 
     http = HttpConfig(max_body_mb=max_body_mb, stall_timeout_s=stall_timeout_s, idle_timeout_s=idle_timeout_s,
@@ -111,7 +114,7 @@ def serve(
     from .runner import build_runner
 
     runner = build_runner(cfg)
-    lane_host = LaneHost(runner, cfg, drafter=draft)
+    lane_host = LaneHost(with_faults(runner, faults), cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
                          describe=runner.describe(), commit=engine_commit(), nonce=nonce)

@@ -121,7 +121,7 @@ class Api:
     async def trace(self, request: web.Request) -> web.Response:
         if self.host.trace is None:
             raise ApiError("the trace is off: start the engine with --trace", 404)
-        return web.json_response({"steps": self.host.trace_steps()})
+        return web.Response(body=self.host.trace.json(), content_type="application/json")
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=render_metrics(self.host), content_type="text/plain")

@@ -7,16 +7,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from ..sampling import SamplingParams
 from ..sequence import Sequence
-from .errors import BadRequest
 from .params import GenRequest
 from .render import Logprobs, token_sha, usage
 from .text import ChoiceText
-
-try:  # the engine core's per-request sampling (engine-structure); greedy-only without it
-    from ..sampling import SamplingParams
-except ImportError:  # pragma: no cover - removed once the engine core lands
-    SamplingParams = None
 
 
 @dataclass
@@ -38,14 +33,10 @@ class Choice:
 
 def make_sequence(req: GenRequest, prompt: list[int], index: int, max_model_len: int) -> Sequence:
     max_tokens = req.max_tokens if req.max_tokens is not None else max_model_len - len(prompt)
-    kw = dict(prompt=prompt, max_tokens=max_tokens, ignore_eos=req.ignore_eos, background=req.background,
-              draft=req.draft, arrival=time.monotonic())
-    if SamplingParams is not None:
-        kw["sampling"] = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                                        seed=req.choice_seed(index), logprobs=req.logprobs)
-    elif req.temperature > 0 or req.logprobs is not None:
-        raise BadRequest("only greedy decoding without logprobs is served by this build", "temperature")
-    return Sequence(**kw)
+    sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                              seed=req.choice_seed(index), logprobs=req.logprobs)
+    return Sequence(prompt=prompt, max_tokens=max_tokens, ignore_eos=req.ignore_eos, background=req.background,
+                    draft=req.draft, arrival=time.monotonic(), sampling=sampling)
 
 
 class Generation:
@@ -91,11 +82,10 @@ class Generation:
             return c, kind, payload
 
     def _token(self, c: Choice, token: int):
-        records = getattr(c.seq, "logprobs", None)
         c.received += 1
         c.offsets.append(len(c.sent_text))
-        if self.req.logprobs is not None and records is not None and len(records) >= c.received:
-            c.records.append(records[c.received - 1])
+        if self.req.logprobs is not None and len(c.seq.logprobs) >= c.received:
+            c.records.append(c.seq.logprobs[c.received - 1])
         step = c.text.add(token)
         c.sent_text += step.text
         if step.finish:  # a stop string or stop token: the host stops at its next boundary
@@ -107,8 +97,7 @@ class Generation:
     def drained(self, c: Choice) -> None:
         """The client has taken one more of this choice's tokens."""
         c.seq.drained()
-        resumes = getattr(self.host, "resumes", None)
-        if (resumes(c.seq) if resumes else c.seq.undrained == self.host.cfg.out_queue - 1):
+        if self.host.resumes(c.seq):
             self.host.wake()  # it may have been paused on us
 
     def cancel(self) -> None:
