@@ -70,15 +70,17 @@ def test_top_k_one_is_greedy(url):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_completion_logprobs(url, temperature):
     body = {"prompt": prompt_ids(12, 5), "max_tokens": 8, "ignore_eos": True, "logprobs": 3,
-            "temperature": temperature, "seed": 1}
+            "temperature": temperature, "seed": 1, "return_tokens_as_token_ids": True}  # distinct keys
     reply = post(url, body)
     lp = reply["choices"][0]["logprobs"]
-    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 8
+    assert lp["tokens"] == [f"token_id:{t}" for t in ids(reply)]
+    assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 8
     for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
         assert chosen <= 0 and 3 <= len(top) <= 4 and all(v <= 0 for v in top.values())
         if temperature == 0:
             assert math.isclose(chosen, max(top.values()), abs_tol=1e-5)  # greedy picks the most likely
-    assert ids(reply) == ids(post(url, {k: v for k, v in body.items() if k != "logprobs"}))  # logprobs change nothing
+    plain = {k: v for k, v in body.items() if k not in ("logprobs", "return_tokens_as_token_ids")}
+    assert ids(reply) == ids(post(url, plain))  # logprobs change nothing
     events = asyncio.run(sse_events(url, body))
     streamed = [e["choices"][0]["logprobs"]["token_logprobs"][0] for e in events if e["choices"][0]["token_ids"]]
     assert streamed == pytest.approx(lp["token_logprobs"])
