@@ -1,15 +1,11 @@
 """Shared helpers for the HTTP tests: a real streaming client over loopback."""
-import hashlib
 import json
 import time
 
 import httpx
 
+from engine.api.render import token_sha as sha12  # noqa: F401  (the engine's one rule)
 from engine.metrics import parse_metrics
-
-
-def sha12(ids):
-    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:12]
 
 
 def prompt_ids(n, seed):

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from engine.metrics import parse_metrics
-from engine.server import token_sha as sha12  # the engine's one rule; the harness checks it with its own
+from engine.api.render import token_sha as sha12  # the engine's one rule; the harness checks it with its own
 from tensorfold_bench.launcher import launch
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "4096", "--prefill-rows", "8"]
