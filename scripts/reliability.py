@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.metrics import parse_metrics  # noqa: E402
 from tensorfold_bench.launcher import launch  # noqa: E402
 from tests.hostile import fuzz_case, request_then_close  # noqa: E402
+from tests.openai_helpers import engine_pid  # noqa: E402
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "512", "--prefill-rows", "8",
          "--max-body-mb", "1", "--stall-timeout-s", "5", "--idle-timeout-s", "5", "--body-timeout-s", "5"]
@@ -139,7 +140,7 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out = args.out / f"{stamp}-reliability"
     with launch(FLAGS, Path(tempfile.mkdtemp()) / "server.log") as srv:
-        pid, url = srv.proc.pid, srv.url
+        pid, url = engine_pid(srv), srv.url
         asyncio.run(run_requests(url, list(soak_cases(50, 0)), 4))  # warm-up
         before = {"rss_mb": rss_mb(pid), "fds": fds(pid)}
         rng = random.Random(20261130)

@@ -38,3 +38,11 @@ def wait_idle(url, lanes=4, timeout=20.0):
             return m
         time.sleep(0.05)
     raise AssertionError(f"lanes not free: {metrics(url)}")
+
+
+def engine_pid(server) -> int:
+    """The engine's pid: the launcher's process is the lifeline supervisor, the engine its child."""
+    pid = server.proc.pid
+    kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    assert len(kids) == 1, kids
+    return int(kids[0])

@@ -14,7 +14,7 @@ import pytest
 
 from tensorfold_bench.launcher import launch
 from tests.hostile import fuzz_case, request_then_close
-from tests.openai_helpers import metrics, prompt_ids, sse_events, wait_idle
+from tests.openai_helpers import engine_pid, metrics, prompt_ids, sse_events, wait_idle
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "512", "--prefill-rows", "8",
          "--max-body-mb", "1", "--stall-timeout-s", "3", "--idle-timeout-s", "2", "--body-timeout-s", "2"]
@@ -57,7 +57,8 @@ def test_fuzzed_bodies_never_get_a_5xx(srv):
 # ---- disconnects -----------------------------------------------------------------------------
 def test_disconnects_mid_prompt_and_mid_decode_leave_nothing(srv):
     before = metrics(srv.url)
-    fds_before = len(os.listdir(f"/proc/{srv.proc.pid}/fd"))
+    pid = engine_pid(srv)
+    fds_before = len(os.listdir(f"/proc/{pid}/fd"))
     long_prompt = prompt_ids(400, 5)  # 50 cuts of 8 rows
 
     async def main():
@@ -83,9 +84,9 @@ def test_disconnects_mid_prompt_and_mid_decode_leave_nothing(srv):
     assert ended == submitted
     assert after["tfengine_cancelled_streams_total"] - before["tfengine_cancelled_streams_total"] >= 40
     deadline = time.monotonic() + 10  # the server closes its side of each socket
-    while len(os.listdir(f"/proc/{srv.proc.pid}/fd")) > fds_before + 2 and time.monotonic() < deadline:
+    while len(os.listdir(f"/proc/{pid}/fd")) > fds_before + 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(os.listdir(f"/proc/{srv.proc.pid}/fd")) <= fds_before + 2
+    assert len(os.listdir(f"/proc/{pid}/fd")) <= fds_before + 2
     log = srv.log.read_text()
     assert "Traceback" not in log and " ERROR " not in log
 
