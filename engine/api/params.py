@@ -20,11 +20,12 @@ ROLES = ("system", "developer", "user", "assistant")
 COMMON = {"model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "temperature", "top_p",
           "top_k", "seed", "n", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
           "priority", "draft", "user", "request_id", "return_token_ids", "return_tokens_as_token_ids",
-          "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens", "logprobs"}
+          "add_special_tokens", "logprobs"}
 # accepted at their no-op value only
 NEUTRAL = {"presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,),
            "min_p": (0.0,), "min_tokens": (0,), "logit_bias": ({},), "use_beam_search": (False,),
-           "length_penalty": (1.0,), "echo": (False,), "response_format": ({"type": "text"},)}
+           "length_penalty": (1.0,), "echo": (False,), "response_format": ({"type": "text"},),
+           "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,)}
 COMPLETION = COMMON | {"prompt", "suffix", "best_of"}
 CHAT = COMMON | {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                  "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
@@ -126,8 +127,7 @@ def parse_common(body: dict, chat: bool, prompts: list[list[int]], model) -> Gen
         logprobs = get_int(body, "logprobs", None, 0, MAX_LOGPROBS)
     for name in ("user", "request_id"):
         get_str(body, name)
-    for name in ("return_token_ids", "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens",
-                 "parallel_tool_calls", "include_reasoning"):
+    for name in ("return_token_ids", "parallel_tool_calls", "include_reasoning"):
         get_bool(body, name, True)
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
