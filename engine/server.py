@@ -172,7 +172,7 @@ class Api:
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = await self.bodies.json(request)
         parse = parse_chat if chat else parse_completion
-        if (request.content_length or 0) > INLINE_BYTES:  # tokenizing a long text: off the loop
+        if request.get("body_bytes", 0) > INLINE_BYTES:  # tokenizing a long text: off the loop
             req = await asyncio.to_thread(parse, body, self.model)
         else:
             req = parse(body, self.model)

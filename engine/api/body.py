@@ -32,6 +32,7 @@ class BodyReader:
             raise ApiError(f"the request body did not arrive within {self.timeout_s:g} s", 408) from None
         except web.HTTPRequestEntityTooLarge:
             raise self.too_large(None) from None
+        request["body_bytes"] = len(raw)
         data: bytes | str = raw
         charset = request.charset
         if charset and codecs_name(charset) != "utf-8":
