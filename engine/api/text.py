@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+try:  # the tokenizers' own (checkpoints work): bytes through a UTF-8 state machine, tokenizer.json by windows
+    from ..tokenizer import IncrementalDetokenizer
+except ImportError:  # until it lands
+    IncrementalDetokenizer = None
 
-class IncrementalDetokenizer:
+
+class WindowDetokenizer:
     """Decodes a window (from the last stable point) rather than the whole output each token,
-    so the cost per token stays flat."""
+    so the cost per token stays flat. Used only where engine.tokenizer has no
+    IncrementalDetokenizer of its own (the same interface: push, flush)."""
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
@@ -17,7 +23,7 @@ class IncrementalDetokenizer:
         self.prefix = 0  # window start: text before it is settled
         self.read = 0  # ids up to here have been turned into text
 
-    def add(self, token: int) -> str:
+    def push(self, token: int) -> str:
         self.ids.append(token)
         window = self.tok.decode(self.ids[self.prefix:self.read]) if self.read > self.prefix else ""
         text = self.tok.decode(self.ids[self.prefix:])
@@ -45,7 +51,7 @@ class ChoiceText:
     """One choice's text as its tokens arrive."""
 
     def __init__(self, tokenizer, stop: list[str], stop_ids: list[int], include_stop: bool):
-        self.detok = IncrementalDetokenizer(tokenizer)
+        self.detok = (IncrementalDetokenizer or WindowDetokenizer)(tokenizer)
         self.stop, self.stop_ids, self.include_stop = stop, set(stop_ids), include_stop
         self.hold = max((len(s) for s in stop), default=1) - 1  # chars that may start a stop string
         self.text = ""  # decoded so far
@@ -59,7 +65,7 @@ class ChoiceText:
             self.stopped = True
             return Step(self._send(len(self.text)), "stop", token)
         searched = max(0, len(self.text) - self.hold)
-        self.text += self.detok.add(token)
+        self.text += self.detok.push(token)
         if self.stop:
             hit = self._find_stop(searched)
             if hit is not None:
