@@ -34,7 +34,7 @@ def prompt_ids(n, seed):
 async def stream(url, body, *, path="/v1/completions", stop_after=None, on_first=None):
     """Stream a request; return (events, final). `stop_after` closes the connection after that
     many token events."""
-    events, final = [], None
+    events, final, finish = [], None, None
     async with httpx.AsyncClient(timeout=60) as client:
         async with client.stream("POST", url + path, json={**body, "stream": True,
                                                            "stream_options": {"include_usage": True}}) as resp:
@@ -46,10 +46,14 @@ async def stream(url, body, *, path="/v1/completions", stop_after=None, on_first
                 if data == "[DONE]":
                     break
                 obj = json.loads(data)
-                if "error" in obj or obj.get("usage"):
+                if "error" in obj:
                     final = obj
                     continue
+                if obj.get("usage"):  # the usage chunk (choices: []): the finish chunk's choice kept
+                    final = {**obj, "choices": finish["choices"]}
+                    continue
                 if obj["choices"][0]["finish_reason"]:  # the finish chunk: no token
+                    finish = obj
                     continue
                 events.append(obj)
                 if len(events) == 1 and on_first:
@@ -93,7 +97,7 @@ def test_stream_one_event_per_token_with_ids_and_usage(server):
     ids = ids_of(events)
     assert final["usage"] == {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32,
                               "prompt_tokens_details": {"cached_tokens": final["usage"]["prompt_tokens_details"]["cached_tokens"]}}
-    assert final["choices"] == []
+    assert final["choices"][0]["finish_reason"] == "length"
     assert final["token_sha"] == sha12(ids)
     # The same request without streaming gives the same ids.
     body = httpx.post(server + "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "ignore_eos": True}).json()
