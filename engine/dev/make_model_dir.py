@@ -95,7 +95,8 @@ def make_model_dir(out, seed: int = 0, tie: bool = False, shard_kb: int | None =
     config = transformers.Qwen3Config(
         vocab_size=(n_tok + 63) // 64 * 64, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 50_000.0}, rms_norm_eps=1e-6,
+        # transformers 5 reads rope_parameters, 4.x rope_theta (and saves the other as it came)
+        rope_parameters={"rope_type": "default", "rope_theta": 50_000.0}, rope_theta=50_000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=tie, initializer_range=init_std, bos_token_id=eot, eos_token_id=im_end)
     torch.manual_seed(seed)
     model = transformers.Qwen3ForCausalLM(config).to(torch.float32)
