@@ -167,3 +167,20 @@ def test_missing_tokenizers_package_is_a_config_error(tok_dir, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_tokenizers)
     with pytest.raises(ConfigError, match="pip install tokenizers"):
         load_tokenizer(tok_dir, 600, 2)
+
+
+def test_byte_tokenizer_dir_tokenizes_as_the_presets(tmp_path):
+    """engine/dev/byte_tokenizer_dir.py: a tokenizer.json for clients that need one for a preset."""
+    from engine.dev.byte_tokenizer_dir import write_byte_tokenizer
+    write_byte_tokenizer(tmp_path, 512, 256)
+    ours, hf, plain = load_tokenizer(tmp_path, 512, 256), transformers.AutoTokenizer.from_pretrained(str(tmp_path)), ByteTokenizer()
+    assert ours.name == "tokenizer.json" and ours.vocab_size == len(hf) == 512
+    rng = random.Random(3)
+    alphabet = "ab c\n\t naïve 東京 🙂 € <|user|>" + "".join(chr(i) for i in range(0x250))
+    for _ in range(100):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert ours.encode(text) == hf.encode(text) == plain.encode(text), text
+    msgs = CHATS[1][:3]
+    assert ours.chat_prompt(msgs) == plain.chat_prompt(msgs)
+    assert hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False) == plain.chat_prompt(msgs)
+    assert hf.decode([104, 256, 300]) == plain.decode([104, 256, 300]) == "h<|eos|><|t300|>"
