@@ -235,9 +235,8 @@ class IncrementalDetokenizer:
         return self._diff(final=True)
 
     def _diff(self, final: bool) -> str:
-        decode = self.tok.tok.decode
-        before = decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
-        now = decode(self.ids[self.prefix:], skip_special_tokens=True)
+        before = self.tok.reply_text(self.ids[self.prefix:self.read])  # no unknown ids here: one run
+        now = self.tok.reply_text(self.ids[self.prefix:])
         if len(now) <= len(before) or (now.endswith("\ufffd") and not final):
             return ""
         self.prefix, self.read = self.read, len(self.ids)

@@ -77,11 +77,29 @@ def test_eos_ids_and_generation_defaults(dirs):
 
 
 def test_every_eos_id_stops_the_engine(dirs):
-    r = _runner(dirs["plain"])
+    """The lane host (what the server runs) and runner.generate stop at any id of eos_token_ids."""
+    import queue
+
+    from engine.host import LaneHost
+    from engine.sequence import Sequence
+    cfg = EngineConfig(model=str(dirs["plain"]), load_format="safetensors", parallel=2, max_model_len=256,
+                       prefill_rows=16)
+    r = build_runner(cfg)
     prompt = r.tokenizer.chat_prompt(MESSAGES)
     free = r.generate(prompt, 8)
-    r.eos_token_ids = (free[3],)  # the engine stops at whichever id of the list comes
-    assert r.generate(prompt, 8, stop_at_eos=True) == free[:free.index(free[3]) + 1]
+    r.eos_token_ids = (r.eos_token_id, free[3])  # a second EOS id, as generation_config.json lists them
+    want = free[:free.index(free[3]) + 1]
+    assert r.generate(prompt, 8, stop_at_eos=True) == want
+    host, events = LaneHost(r, cfg), queue.Queue()
+    host.start()
+    try:
+        seq = Sequence(prompt=prompt, max_tokens=8, emit=lambda kind, payload: events.put((kind, payload)))
+        host.submit(seq)
+        while (ev := events.get(timeout=60))[0] == "token":
+            pass
+    finally:
+        host.stop()
+    assert ev == ("done", "stop") and seq.output == want
 
 
 def _edit(src: Path, dst: Path, **changes) -> Path:
