@@ -156,3 +156,30 @@ def test_index_naming_a_file_outside_is_refused(dirs, tmp_path):
                         "safetensors", "--port", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "names a file outside the directory" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("changes,gen,message", [
+    ({"hidden_size": None}, None, "lacks integer hidden_size"),
+    ({"eos_token_id": [True]}, None, "eos_token_id must be"),
+    ({"eos_token_id": None}, None, "names an eos_token_id"),
+    ({"rope_parameters": {"rope_theta": -1.0}}, None, "rope_theta must be a positive number"),
+    ({"rope_parameters": {"full_attention": {"rope_theta": 1e4}}}, None, "per-layer-type"),
+    ({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}, None, "partial_rotary_factor"),
+    ({"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 1, "layer_types": None}, None,
+     "use_sliding_window"),
+    ({"attention_bias": True}, None, "attention_bias"),
+    ({"hidden_act": "gelu"}, None, "hidden_act 'gelu'"),
+    ({"dtype": "float8_e4m3fn"}, None, "dtype 'float8_e4m3fn'"),
+    ({}, {"temperature": "hot"}, "generation_config.json: temperature must be"),
+])
+def test_config_errors_name_the_field(dirs, changes, gen, message):
+    d = json.loads((dirs["plain"] / "config.json").read_text())
+    d.update(changes)
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig.from_dict(d, gen)
+
+
+def test_rope_scaling_default_is_plain_rope(dirs):
+    d = json.loads((dirs["plain"] / "config.json").read_text())
+    d.update(rope_scaling={"rope_type": "default"}, use_sliding_window=True, sliding_window=4096)  # 28 > 2 layers
+    assert ModelConfig.from_dict(d).rope_theta == 50_000.0
