@@ -309,7 +309,8 @@ class LaneHost:
         seq.pushed()
         self.counters.tokens_out += 1
         seq.emit("token", tok)
-        if tok == self.backend.eos_token_id and not seq.ignore_eos:
+        eos = getattr(self.backend, "eos_token_ids", None) or (self.backend.eos_token_id,)  # any EOS ends it
+        if tok in eos and not seq.ignore_eos:
             self._end(seq, Status.FINISHED, "stop")
         elif len(seq.output) >= seq.max_tokens or len(seq.prompt) + len(seq.output) >= self.backend.max_model_len:
             self._end(seq, Status.FINISHED, "length")

@@ -60,7 +60,8 @@ class ModelRunner:
         self.max_model_len: int = cfg.max_model_len
         self.prefill_rows: int = cfg.prefill_rows
         self.vocab_size: int = mcfg.vocab_size
-        self.eos_token_id: int = mcfg.eos_token_id
+        self.eos_token_id: int = mcfg.eos_token_id  # the first of eos_token_ids (old callers)
+        self.eos_token_ids: tuple[int, ...] = mcfg.eos_token_ids  # a reply stops at any of them
         self.tokenizer = load_tokenizer(model_dir, mcfg.vocab_size, mcfg.eos_token_id)
 
         if model is None:
@@ -219,7 +220,7 @@ class ModelRunner:
         out = [self.prefill(lane, tokens, sampling=sampling)]
         pos = len(tokens)
         while len(out) < max_tokens and pos < self.max_model_len:
-            if stop_at_eos and out[-1] == self.eos_token_id:
+            if stop_at_eos and out[-1] in self.eos_token_ids:
                 break
             out.append(self.decode([lane], [out[-1]], [pos], None if sampling is None else [sampling])[0])
             pos += 1
