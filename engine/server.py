@@ -17,6 +17,7 @@ from aiohttp import web
 
 from .api.body import INLINE_BYTES, BodyReader
 from .api.errors import ApiError, BadRequest, error_response, model_not_found
+from .api.fields import get_bool
 from .api.generate import Generation
 from .api.params import (chat_messages, chat_prompt, check_fields, check_model, encode, parse_chat,
                           parse_completion)
@@ -131,17 +132,15 @@ class Api:
         body = await self._object(request)
         check_model(body, self.model.names)
         if "messages" in body:
-            check_fields(body, {"model", "messages", "add_generation_prompt", "add_special_tokens",
-                                "return_token_strs"}, {})
+            check_fields(body, {"model", "messages", "return_token_strs"},
+                         {"add_generation_prompt": (True,), "add_special_tokens": (False,)})
             tokens = chat_prompt(self.model, chat_messages(body["messages"]))
         else:
             check_fields(body, {"model", "prompt", "add_special_tokens", "return_token_strs"}, {})
             if not isinstance(body.get("prompt"), str):
                 raise BadRequest("'prompt' must be a string (or send 'messages')", "prompt")
-            tokens = encode(self.model, body["prompt"], "prompt")
-        strs = body.get("return_token_strs")
-        if strs is not None and not isinstance(strs, bool):
-            raise BadRequest("'return_token_strs' must be true or false", "return_token_strs")
+            tokens = encode(self.model, body["prompt"], "prompt", get_bool(body, "add_special_tokens", True))
+        strs = get_bool(body, "return_token_strs", False)
         return web.json_response({"count": len(tokens), "max_model_len": self.model.max_model_len, "tokens": tokens,
                                   "token_strs": [self.model.tokenizer.decode([t]) for t in tokens] if strs else None})
 

@@ -8,7 +8,7 @@ from engine.api.errors import ApiError, BadRequest
 from engine.api.jsonparse import parse_checked
 from engine.api.params import parse_chat, parse_completion
 from engine.api.render import Logprobs
-from engine.api.text import ChoiceText, WindowDetokenizer
+from engine.api.text import ChoiceText
 from engine.tokenizer import ByteTokenizer
 
 
@@ -124,24 +124,3 @@ def test_logprob_shapes():
     chat = lp.chat([104], recs[:1])["content"][0]
     assert chat["token"] == "h" and chat["bytes"] == [104] and [t["token"] for t in chat["top_logprobs"]] == ["h", "i"]
     assert Logprobs(ByteTokenizer(), 0, True).completion([7], recs[:1], [0])["tokens"] == ["token_id:7"]
-
-
-def test_incremental_text_equals_the_whole_decode_with_a_bpe_tokenizer():
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ["the quick brown fox jumps over the lazy dog", "naïve café — 日本語のテキスト 🙂🙂", "  spaces\tand\nlines  "] * 20
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-
-    class Wrapped:
-        def decode(self, ids):
-            return tok.decode(list(ids))
-
-    for text in corpus[:3] + ["🙂 fox 日本 naïve"]:
-        ids = tok.encode(text).ids
-        detok = WindowDetokenizer(Wrapped())
-        pieces = [detok.push(i) for i in ids]
-        assert "".join(pieces) + detok.flush() == tok.decode(ids) == text
-        assert not any(p.endswith("\ufffd") for p in pieces)

@@ -20,17 +20,17 @@ ROLES = ("system", "developer", "user", "assistant")
 COMMON = {"model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "temperature", "top_p",
           "top_k", "seed", "n", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
           "priority", "draft", "user", "request_id", "return_token_ids", "return_tokens_as_token_ids",
-          "add_special_tokens", "logprobs"}
+          "logprobs"}
 # accepted at their no-op value only
 NEUTRAL = {"presence_penalty": (0.0,), "frequency_penalty": (0.0,), "repetition_penalty": (1.0,),
            "min_p": (0.0,), "min_tokens": (0,), "logit_bias": ({},), "use_beam_search": (False,),
            "length_penalty": (1.0,), "echo": (False,), "response_format": ({"type": "text"},),
            "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,)}
-COMPLETION = COMMON | {"prompt", "suffix", "best_of"}
+COMPLETION = COMMON | {"prompt", "suffix", "best_of", "add_special_tokens"}
 CHAT = COMMON | {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                  "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
                  "include_reasoning", "store", "metadata"}
-CHAT_NEUTRAL = {"tools": ([],), "tool_choice": ("none", "auto"), "add_generation_prompt": (True,),
+CHAT_NEUTRAL = {"add_special_tokens": (False,), "tools": ([],), "tool_choice": ("none", "auto"), "add_generation_prompt": (True,),
                 "continue_final_message": (False,), "chat_template_kwargs": ({},), "store": (False,)}
 
 
@@ -149,10 +149,11 @@ def parse_completion(body: object, model) -> GenRequest:
     check_model(body, model.names)
     check_fields(body, COMPLETION, NEUTRAL)
     check_neutral(body, "suffix", ("",))
-    return parse_common(body, False, completion_prompts(body.get("prompt"), model), model)
+    special = get_bool(body, "add_special_tokens", True)
+    return parse_common(body, False, completion_prompts(body.get("prompt"), model, special), model)
 
 
-def completion_prompts(raw: object, model) -> list[list[int]]:
+def completion_prompts(raw: object, model, special: bool = True) -> list[list[int]]:
     """A string, a list of ids, or a list of either: one prompt each."""
     if raw is None:
         raise BadRequest("'prompt' is required", "prompt")
@@ -166,7 +167,7 @@ def completion_prompts(raw: object, model) -> list[list[int]]:
     for i, p in enumerate(raw):
         where = "prompt" if len(raw) == 1 else f"prompt[{i}]"
         if isinstance(p, str):
-            ids = encode(model, p, where)
+            ids = encode(model, p, where, special)
         elif isinstance(p, list) and all(_is_id(t) for t in p):
             ids = p
             bad = next((t for t in ids if not 0 <= t < model.vocab_size), None)
@@ -185,11 +186,13 @@ def _is_id(t: object) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
 
 
-def encode(model, text: str, where: str) -> list[int]:
+def encode(model, text: str, where: str, special: bool = True) -> list[int]:
+    """A text prompt's ids, the tokenizer's special tokens added unless `add_special_tokens: false`
+    (as transformers and vLLM encode completions prompts)."""
     if len(text) > model.max_model_len * CHARS_PER_TOKEN:
         raise BadRequest(f"{where} is {len(text)} characters: far longer than this model's context of "
                          f"{model.max_model_len} tokens", "prompt")
-    return list(model.tokenizer.encode(text))
+    return list(model.tokenizer.encode(text, add_special_tokens=special))
 
 
 def parse_chat(body: object, model) -> GenRequest:

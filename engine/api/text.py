@@ -1,43 +1,12 @@
-"""Text out of token ids, one token at a time: UTF-8 safe (never half a character: text that
-still decodes to a trailing U+FFFD is held back until the next token completes it), and `stop`
+"""Text out of token ids, one token at a time: UTF-8 safe (the tokenizer's
+IncrementalDetokenizer never sends half a character), and `stop`
 strings / `stop_token_ids` honoured as vLLM does (the stop string is not in the text unless
 `include_stop_str_in_output`; text that could be the start of a stop string is held back)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-try:  # the tokenizers' own (checkpoints work): bytes through a UTF-8 state machine, tokenizer.json by windows
-    from ..tokenizer import IncrementalDetokenizer
-except ImportError:  # until it lands
-    IncrementalDetokenizer = None
-
-
-class WindowDetokenizer:
-    """Decodes a window (from the last stable point) rather than the whole output each token,
-    so the cost per token stays flat. Used only where engine.tokenizer has no
-    IncrementalDetokenizer of its own (the same interface: push, flush)."""
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.prefix = 0  # window start: text before it is settled
-        self.read = 0  # ids up to here have been turned into text
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        window = self.tok.decode(self.ids[self.prefix:self.read]) if self.read > self.prefix else ""
-        text = self.tok.decode(self.ids[self.prefix:])
-        if len(text) > len(window) and not text.endswith("\ufffd"):
-            self.prefix, self.read = self.read, len(self.ids)
-            return text[len(window):]
-        return ""
-
-    def flush(self) -> str:
-        """The end of the stream: whatever is left, replacement characters included."""
-        window = self.tok.decode(self.ids[self.prefix:self.read]) if self.read > self.prefix else ""
-        text = self.tok.decode(self.ids[self.prefix:])
-        self.prefix = self.read = len(self.ids)
-        return text[len(window):]
+from ..tokenizer import IncrementalDetokenizer
 
 
 @dataclass
@@ -51,7 +20,7 @@ class ChoiceText:
     """One choice's text as its tokens arrive."""
 
     def __init__(self, tokenizer, stop: list[str], stop_ids: list[int], include_stop: bool):
-        self.detok = (IncrementalDetokenizer or WindowDetokenizer)(tokenizer)
+        self.detok = IncrementalDetokenizer(tokenizer)
         self.stop, self.stop_ids, self.include_stop = stop, set(stop_ids), include_stop
         self.hold = max((len(s) for s in stop), default=1) - 1  # chars that may start a stop string
         self.text = ""  # decoded so far
