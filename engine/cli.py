@@ -117,7 +117,8 @@ def serve(
     lane_host = LaneHost(with_faults(runner, faults), cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
-                         describe=runner.describe(), commit=engine_commit(), nonce=nonce)
+                         describe=runner.describe(), commit=engine_commit(), nonce=nonce,
+                         defaults=runner.model_config.generation.sampling_defaults())
     sock = socket.create_server((host, port))  # bound here, so --port 0's port is known before serving
     port = sock.getsockname()[1]
     lane_host.start()

@@ -8,7 +8,7 @@ import itertools
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,9 @@ class ServedModel:
     commit: str | None = None
     nonce: str | None = None  # a launcher's token, echoed by /v1/engine
     root: str | None = None  # where the weights come from (a directory), as vLLM's `root`
+    # generation_config.json's sampling defaults under request names (temperature, top_p, top_k,
+    # max_tokens; min_p / repetition_penalty are not implemented): applied to fields a request leaves out
+    defaults: dict = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -275,6 +278,10 @@ async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=
     asyncio.get_running_loop().set_exception_handler(_LogOncePerSecond())
     if model.root is None and Path(str(host.cfg.model)).is_dir():
         model.root = str(Path(str(host.cfg.model)).resolve())
+    unserved = {k: v for k, v in model.defaults.items() if (k, v) not in (("min_p", 0), ("repetition_penalty", 1))
+                and k in ("min_p", "repetition_penalty")}
+    if unserved:
+        log.warning("generation_config.json sets %s: not implemented, replies are sampled without it", unserved)
     app, api = build_app(host, model, http)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()

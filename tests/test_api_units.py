@@ -1,6 +1,6 @@
 """The HTTP layer's pure parts, without a server: request fields, incremental text, stop
 handling, body checks and logprob shapes."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -19,6 +19,7 @@ class Model:
     max_model_len: int = 64
     tokenizer: object = ByteTokenizer()
     names: tuple = ("m",)
+    defaults: dict = field(default_factory=dict)
 
 
 def test_a_reply_never_sends_half_a_character():
@@ -124,3 +125,11 @@ def test_logprob_shapes():
     chat = lp.chat([104], recs[:1])["content"][0]
     assert chat["token"] == "h" and chat["bytes"] == [104] and [t["token"] for t in chat["top_logprobs"]] == ["h", "i"]
     assert Logprobs(ByteTokenizer(), 0, True).completion([7], recs[:1], [0])["tokens"] == ["token_id:7"]
+
+
+def test_generation_config_defaults_fill_fields_a_request_leaves_out():
+    model = Model(defaults={"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 7})
+    req = parse_completion({"prompt": "a"}, model)
+    assert (req.temperature, req.top_p, req.top_k, req.max_tokens) == (0.6, 0.95, 20, 7) and req.seed is not None
+    req = parse_completion({"prompt": "a", "temperature": 0, "top_p": None, "max_tokens": 3}, model)
+    assert (req.temperature, req.top_p, req.max_tokens) == (0.0, 0.95, 3)

@@ -94,9 +94,10 @@ def parse_common(body: dict, chat: bool, prompts: list[list[int]], model) -> Gen
         raise BadRequest("'best_of' is not implemented by this server: only best_of = n is accepted", "best_of")
     if len(prompts) * n > MAX_CHOICES:
         raise BadRequest(f"{len(prompts)} prompts x n = {n} is more than {MAX_CHOICES} choices", "n")
+    defaults = model.defaults  # the checkpoint's generation_config.json, for fields left out
     max_tokens = get_int(body, "max_completion_tokens", None, 1)
     if max_tokens is None:
-        max_tokens = get_int(body, "max_tokens", None if chat else 16, 1)
+        max_tokens = get_int(body, "max_tokens", defaults.get("max_tokens", None if chat else 16), 1)
     limit = model.max_model_len
     for p in prompts:
         need = len(p) + (max_tokens or 1)
@@ -113,7 +114,7 @@ def parse_common(body: dict, chat: bool, prompts: list[list[int]], model) -> Gen
             raise BadRequest("'stream_options' is only allowed with 'stream': true", "stream_options")
         include_usage = get_bool(opts, "include_usage", False)
         check_neutral(opts, "continuous_usage_stats", (False,))
-    temperature = get_float(body, "temperature", 0.0, 0.0, 100.0)
+    temperature = get_float(body, "temperature", defaults.get("temperature", 0.0), 0.0, 100.0)
     seed = get_int(body, "seed", None, *INT64)
     if seed is None and temperature > 0:
         seed = secrets.randbelow(2 ** 63)  # reported with the reply, so it can be replayed
@@ -134,8 +135,8 @@ def parse_common(body: dict, chat: bool, prompts: list[list[int]], model) -> Gen
         raise BadRequest("'metadata' must be an object of strings", "metadata")
     return GenRequest(
         chat=chat, prompts=prompts, n=n, max_tokens=max_tokens, stream=stream, include_usage=include_usage,
-        temperature=temperature, top_p=get_float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=max(0, get_int(body, "top_k", 0, -1, model.vocab_size)), seed=seed, logprobs=logprobs,
+        temperature=temperature, top_p=get_float(body, "top_p", defaults.get("top_p", 1.0), 0.0, 1.0, lo_open=True),
+        top_k=max(0, get_int(body, "top_k", defaults.get("top_k", 0), -1, model.vocab_size)), seed=seed, logprobs=logprobs,
         stop=get_stop(body), stop_token_ids=get_token_ids(body, "stop_token_ids", model.vocab_size),
         include_stop_str=get_bool(body, "include_stop_str_in_output", False),
         ignore_eos=get_bool(body, "ignore_eos", False),
