@@ -84,7 +84,7 @@ def test_sweep_on_the_tiny_engine(tmp_path):
     lines = []
     with launcher.launch(["--model", "tiny", "--parallel", "3"], tmp_path / "engine.log",
                          health_timeout=120) as server:
-        run = asyncio.run(sweep.play_sweep(server.url, script, 512, "base", progress=lines.append))
+        run = asyncio.run(sweep.play_sweep(server.url, script, 512, "base", "tiny", progress=lines.append))
     assert len(run.batches) == 2 * 2 * 2 and not run.errors()
     assert all(b.tokens == b.level * 6 for b in run.batches)
     figs = run.figures()
