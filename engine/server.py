@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .api.body import INLINE_BYTES, BodyReader
 from .api.errors import ApiError, BadRequest, error_response, model_not_found
@@ -272,10 +273,36 @@ class _LogOncePerSecond:
             loop.default_exception_handler(context)
 
 
+class _QuietProtocolErrors(logging.Filter):
+    """A message that is not valid HTTP (aiohttp's parser answers 400 itself) is the client's
+    fault: one INFO line at most once a second, not an ERROR traceback per message."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        now = time.monotonic()
+        if now - self.last < 1.0:
+            return False
+        self.last = now
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.msg, record.args = "malformed HTTP from a client: %s", (str(exc.message).splitlines()[0][:200],)
+        record.exc_info = record.exc_text = None
+        return True
+
+
+_PROTOCOL_FILTER = _QuietProtocolErrors()
+
+
 async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=None, sock=None,
                 http: HttpConfig | None = None) -> None:
     """Serve until cancelled. The client's disconnect cancels its handler, and so its stream."""
     asyncio.get_running_loop().set_exception_handler(_LogOncePerSecond())
+    logging.getLogger("aiohttp.server").addFilter(_PROTOCOL_FILTER)
     if model.root is None and Path(str(host.cfg.model)).is_dir():
         model.root = str(Path(str(host.cfg.model)).resolve())
     unserved = {k: v for k, v in model.defaults.items() if (k, v) not in (("min_p", 0), ("repetition_penalty", 1))

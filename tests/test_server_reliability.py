@@ -171,3 +171,18 @@ def test_at_the_fd_limit_accept_errors_are_logged_once_a_second(tmp_path):
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
         lines = [ln for ln in server.log.read_text().splitlines() if "out of system resource" in ln]
         assert 1 <= len(lines) <= elapsed + 2, lines
+
+
+def test_malformed_http_is_a_400_and_one_quiet_log_line(srv):
+    host, port = srv.url.removeprefix("http://").split(":")
+    junk = [b"BLAH\r\n\r\n", b"GET / HTTP/1.1\r\nContent-Length: abc\r\n\r\n", b"GET / HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"]
+    for i in range(50):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(junk[i % len(junk)])
+            s.settimeout(10)
+            head = s.recv(64)
+            assert head.startswith(b"HTTP/1.") and b" 400 " in head or head == b"", head
+    log = srv.log.read_text()
+    assert "Traceback" not in log and " ERROR " not in log
+    assert log.count("malformed HTTP") <= 10
