@@ -51,7 +51,7 @@ def test_n_and_prompt_lists_and_stop(client):
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     assert r.choices[0].text == r.choices[1].text  # greedy: the same reply twice
     one = client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=20, extra_body={"ignore_eos": True})
-    ids = one.model_extra.get("token_sha") and one.choices[0].model_extra["token_ids"]
+    ids = one.choices[0].model_extra["token_ids"]
     stop = client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=20,
                                      extra_body={"ignore_eos": True, "stop_token_ids": [ids[2]]})
     assert stop.choices[0].finish_reason == "stop" and len(stop.choices[0].model_extra["token_ids"]) <= 3
