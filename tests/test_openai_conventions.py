@@ -98,6 +98,14 @@ def test_usage_only_with_include_usage_and_token_sha_on_the_finish_chunk(url):
     assert r.status_code == 400 and "stream_options" in r.json()["error"]["message"]
 
 
+def test_continuous_usage_stats_puts_usage_so_far_on_every_chunk(url):
+    body = {"prompt": prompt_ids(7, 2), "max_tokens": 5, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    events = asyncio.run(sse_events(url, body))
+    assert [e["usage"]["completion_tokens"] for e in events] == [1, 2, 3, 4, 5, 5, 5]  # tokens, finish, usage
+    assert all(e["usage"]["prompt_tokens"] == 7 for e in events)
+
+
 def test_chat_role_first_and_content_parts(url):
     base = {"max_tokens": 6, "ignore_eos": True}
     as_str = post(url, {**base, "messages": [{"role": "user", "content": "hello there"}]}, "/v1/chat/completions").json()

@@ -42,6 +42,7 @@ class GenRequest:
     max_tokens: int | None  # None: the rest of the context (chat without a limit, as vLLM)
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # usage (so far) on every chunk too: vLLM's continuous_usage_stats
     temperature: float
     top_p: float
     top_k: int
@@ -106,14 +107,14 @@ def parse_common(body: dict, chat: bool, prompts: list[list[int]], model) -> Gen
                              f"{need} ({len(p)} in the prompt, {max_tokens or 1} in the completion)", "max_tokens")
     opts = body.get("stream_options")
     stream = get_bool(body, "stream", False)
-    include_usage = False
+    include_usage = continuous = False
     if opts is not None:
         if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
             raise BadRequest("'stream_options' must be an object with 'include_usage'", "stream_options")
         if not stream:
             raise BadRequest("'stream_options' is only allowed with 'stream': true", "stream_options")
         include_usage = get_bool(opts, "include_usage", False)
-        check_neutral(opts, "continuous_usage_stats", (False,))
+        continuous = get_bool(opts, "continuous_usage_stats", False) and include_usage  # as vLLM
     temperature = get_float(body, "temperature", defaults.get("temperature", 0.0), 0.0, 100.0)
     seed = get_int(body, "seed", None, *INT64)
     if seed is None and temperature > 0:
@@ -135,6 +136,7 @@ def parse_common(body: dict, chat: bool, prompts: list[list[int]], model) -> Gen
         raise BadRequest("'metadata' must be an object of strings", "metadata")
     return GenRequest(
         chat=chat, prompts=prompts, n=n, max_tokens=max_tokens, stream=stream, include_usage=include_usage,
+        continuous_usage=continuous,
         temperature=temperature, top_p=get_float(body, "top_p", defaults.get("top_p", 1.0), 0.0, 1.0, lo_open=True),
         top_k=max(0, get_int(body, "top_k", defaults.get("top_k", 0), -1, model.vocab_size)), seed=seed, logprobs=logprobs,
         stop=get_stop(body), stop_token_ids=get_token_ids(body, "stop_token_ids", model.vocab_size),

@@ -84,7 +84,7 @@ class StreamWriter:
         self.started.add(c.index)
         ch = _choice_delta(gen, c, step.text, [c.tokens[-1]], first)
         ch["logprobs"] = gen.logprobs_of(c, len(c.tokens) - 1)
-        await self._write(envelope(self.rid, gen.req.chat, True, gen.model.name, [ch]))
+        await self._write(envelope(self.rid, gen.req.chat, True, gen.model.name, [ch]) | self._usage())
         gen.drained(c)
         if step.finish:  # a stop string or stop token ended it here
             await self._finish(c, "")
@@ -94,7 +94,11 @@ class StreamWriter:
         ch = _choice_delta(gen, c, rest, [], c.index not in self.started)
         ch["finish_reason"] = c.finish if c.finish in ("stop", "length") else "stop"
         ch["stop_reason"] = c.stop_reason
-        await self._write(envelope(self.rid, gen.req.chat, True, gen.model.name, [ch]) | gen.extras(c))
+        await self._write(envelope(self.rid, gen.req.chat, True, gen.model.name, [ch]) | self._usage() | gen.extras(c))
+
+    def _usage(self) -> dict:
+        """continuous_usage_stats: the usage so far on every chunk."""
+        return {"usage": self.gen.usage()} if self.gen.req.continuous_usage else {}
 
     async def _write(self, obj: dict) -> None:
         await self._send(sse(obj))
