@@ -1,14 +1,18 @@
-"""Skinny matmuls for decode rounds: y [M, N] = x [M, K] @ W [N, K]^T with M <= 16 rows.
+"""Skinny matmuls for decode rounds: y [M, N] = x [M, K] @ W [N, K]^T with M <= 64 rows.
 
 A decode round multiplies a handful of rows by every weight matrix, so its time is the time to
 stream the weights. At the round's fixed 8 rows cuBLAS picks a GEMM tile that reads qwen3-8b's
 weights at ~82 % of copy bandwidth (86 % at one row; PERF.md run 4). Here each program owns
 BLOCK_N output columns and walks all of K in BLOCK_K steps, the rows padded to 16 for the tensor
-cores, so the weights stream through once with several tiles in flight per program.
+cores (to 32 or 64 for rounds of that many lanes), so the weights stream through once with
+several tiles in flight per program. A config may also cut K into `split_k` fixed ranges (more
+programs in flight for the narrow matrices): each range's float32 partial goes to a scratch
+buffer and the last program of a column block to arrive (an atomic counter) sums the partials
+in range order 0, 1, 2, ...: which program arrives last never changes a bit.
 
 Row invariance: an output element is its row times its column, summed over K in BLOCK_K chunks
-in order, with one MMA shape whatever the other rows hold; the row count M never changes a
-row's bits. BLOCK_K sets that order, so a config is part of the numerics: configs are fixed
+in order (then over the K ranges in order), with one MMA shape whatever the other rows hold; a
+row count up to 16 never changes a row's bits (a round runs at one fixed row count anyway). BLOCK_K sets that order, so a config is part of the numerics: configs are fixed
 per weight shape (CONFIGS, measured on the H200), never autotuned at run time.
 
 Shapes are taken only where they were measured faster than cuBLAS (CONFIGS); any other goes to
@@ -27,7 +31,7 @@ import triton.language as tl
 
 from engine.kernels import INTERPRET
 
-MAX_ROWS = 16
+MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,12 @@ class SkinnyConfig:
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 4
+    split_k: int = 1
 
 
 # Shapes not in CONFIGS use DEFAULT; None: cuBLAS (tests set a DEFAULT to run the kernel on any shape).
 DEFAULT: SkinnyConfig | None = None
-# (N, K) -> config, or None where cuBLAS was as fast: measured by engine/bench_skinny.py on the H200.
+# (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast: measured by engine/bench_skinny.py on the H200.
 # qwen3-8b's shapes, PERF.md run 5 (second call); each beat cuBLAS at 8 rows in that run.
 CONFIGS: dict[tuple[int, int], SkinnyConfig | None] = {
     (6144, 4096): SkinnyConfig(64, 256, 4, 4),     # q/k/v   15.7 us vs 15.9
@@ -51,16 +56,22 @@ CONFIGS: dict[tuple[int, int], SkinnyConfig | None] = {
 }
 
 
-def config_for(n: int, k: int) -> SkinnyConfig | None:
-    return CONFIGS.get((n, k), DEFAULT)
+def block_m(m: int) -> int:
+    """Rows a product is padded to for the tensor cores: 16, 32 or 64."""
+    return max(16, triton.next_power_of_2(m))
+
+
+def config_for(n: int, k: int, rows: int = 1) -> SkinnyConfig | None:
+    """The config for weight shape (N, K) at `rows` rows: (N, K, padded rows) first, then (N, K)."""
+    return CONFIGS.get((n, k, block_m(rows)), CONFIGS.get((n, k), DEFAULT))
 
 
 def supports(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> bool:
     """Whether skinny() takes this product (else use F.linear)."""
     n, k = w.shape
-    c = config or config_for(n, k)
+    c = config or config_for(n, k, x.shape[0])
     return (c is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.shape[1] == k
-            and k % c.block_k == 0 and w.is_contiguous() and x.stride(1) == 1 and x.dtype == w.dtype)
+            and k % (c.block_k * c.split_k) == 0 and w.is_contiguous() and x.stride(1) == 1 and x.dtype == w.dtype)
 
 
 @triton.jit
@@ -71,47 +82,76 @@ def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _skinny_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr):
+def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
+                   SPLIT_K: tl.constexpr):
     pid = tl.program_id(0)
+    sk = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     xm = rm[:, None] < M
     wn = rn[:, None] < N
-    xp = X + rm[:, None] * stride_xm + rk[None, :]
-    wp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    k0 = sk * (K // SPLIT_K)
+    xp = X + rm[:, None] * stride_xm + k0 + rk[None, :]
+    wp = W + rn[:, None].to(tl.int64) * stride_wn + k0 + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_STEPS:  # the interpreter (older Triton's cannot loop to a run-time bound)
         for _ in range(0, K_STEPS):
             acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     else:
-        for _ in range(0, K, BLOCK_K):
+        for _ in range(0, K // SPLIT_K, BLOCK_K):
             acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
-    tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=xm & (rn[None, :] < N))
+    ymask = xm & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=ymask)
+    else:
+        tile = rm[:, None] * N + rn[None, :]
+        tl.store(Part + sk * BLOCK_M * N + tile, acc, mask=ymask)
+        # every thread's partial stored, then release it and acquire the others' (acq_rel, gpu
+        # scope); the last to arrive sums the ranges in order
+        tl.debug_barrier()
+        if tl.atomic_add(Count + pid, 1) == SPLIT_K - 1:
+            total = tl.load(Part + tile, mask=ymask, other=0.0, cache_modifier=".cg")
+            for s in range(1, SPLIT_K):
+                total += tl.load(Part + s * BLOCK_M * N + tile, mask=ymask, other=0.0, cache_modifier=".cg")
+            tl.store(Y + rm[:, None] * stride_ym + rn[None, :], total.to(Y.dtype.element_ty), mask=ymask)
+            tl.atomic_xchg(Count + pid, 0)  # ready for the next launch (graph replays too)
 
 
 def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """x [M, K] times w [N, K]^T -> [M, N] in w's dtype."""
-    c = config or config_for(*w.shape)
+    c = config or config_for(*w.shape, x.shape[0])
     if not supports(x, w, c):
         raise ValueError(f"skinny: unsupported product x {tuple(x.shape)} {x.dtype} by w {tuple(w.shape)} "
                          f"{w.dtype} (no config, or shape/dtype/layout it does not take)")
     return _launch(x, w, c)
 
 
+_scratch: dict = {}  # split-K partials and arrival counters, one pair per shape
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig) -> torch.Tensor:
     m, (n, k) = x.shape[0], w.shape
+    bm, grid_n = block_m(m), triton.cdiv(n, c.block_n)
     y = torch.empty(m, n, dtype=w.dtype, device=w.device)
-    _skinny_kernel[(triton.cdiv(n, c.block_n),)](
-        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=MAX_ROWS, BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
+    part = count = y
+    if c.split_k > 1:  # allocated once per shape, before a graph capture uses it (warm-up rounds)
+        key = (n, bm, grid_n, c.split_k, w.device)
+        if key not in _scratch:
+            _scratch[key] = (torch.empty(c.split_k, bm, n, dtype=torch.float32, device=w.device),
+                             torch.zeros(grid_n, dtype=torch.int32, device=w.device))
+        part, count = _scratch[key]
+    _skinny_kernel[(grid_n, c.split_k)](
+        x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        K_STEPS=k // (c.block_k * c.split_k) if INTERPRET else 0, SPLIT_K=c.split_k,
         num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) for a decode round: skinny when it takes the shape."""
-    c = config_for(*w.shape)
+    c = config_for(*w.shape, x.shape[0])
     return _launch(x, w, c) if supports(x, w, c) else F.linear(x, w)
 

@@ -200,7 +200,11 @@ class Qwen3ForCausalLM(nn.Module):
             kv.v[i, lane, start:end] = v
 
         def attend(i, q):
-            return prefill_attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
+            k, v = kv.k[i, lane, :end], kv.v[i, lane, :end]
+            if fused:  # the CUDA path's cut attention, also under the interpreter (tests)
+                from engine.kernels_prefill import cut_attention
+                return cut_attention(q, k, v, start)
+            return prefill_attention(q, k, v, start)
 
         if fused:
             lanes = torch.full_like(positions, lane)
@@ -234,31 +238,15 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     aligned at the bottom right (query row t sees keys [0, start + t]). Returns [T, H*d]."""
     t, h, d = q.shape
     qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    if q.is_cuda:  # flash's causal mask is bottom-right aligned; it takes GQA natively
-        o = _flash_lower_right(qh, kh, vh)
-    elif start == 0:
+    if q.is_cuda:  # cuDNN halves, no offset mask (engine/kernels_prefill.py)
+        from engine.kernels_prefill import cut_attention
+        return cut_attention(q, k, v, start)
+    if start == 0:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
     else:
         mask = torch.arange(k.shape[0], device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
     return o[0].transpose(0, 1).reshape(t, h * d)
-
-
-_FLASH_OK = True
-
-
-def _flash_lower_right(q, k, v):
-    """Causal attention of a later cut (more keys than queries) through SDPA's flash kernel."""
-    global _FLASH_OK
-    if _FLASH_OK and q.dtype in (torch.bfloat16, torch.float16):
-        try:
-            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True)[0]
-        except RuntimeError:
-            _FLASH_OK = False  # e.g. no GQA in this build: expand the KV heads instead
-    from torch.nn.attention.bias import causal_lower_right
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
 
 
 def decode_attention_loop(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,

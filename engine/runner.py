@@ -9,7 +9,9 @@
   bits never depend on how many neighbours decode or how long they are.
 - CUDA: the decode round is captured as one CUDA graph (inputs copied into static buffers, the
   only host sync is reading the new ids); decode attention is a Triton split-K kernel with a
-  fixed split size (engine/kernels.py); prompt cuts go through SDPA's flash kernel. On CPU, or
+  fixed split size (engine/kernels.py); a prompt cut's attention is its prefix and its diagonal
+  through cuDNN (or flash), merged (engine/kernels_prefill.py). Up to 64 lanes (the round's
+  matmuls pad to 16, 32 or 64 rows); the KV cache must fit beside the weights. On CPU, or
   when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
 
 EngineConfig.extra knobs: {"cuda_graph": bool} (default on for CUDA; asking for it on the CPU
@@ -36,7 +38,6 @@ import torch
 
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from engine.kv_cache import KVCache
-import engine.model as model_mod
 from engine.model import decode_attention_loop
 from engine.presets import resolve_model
 from engine.tokenizer import load_tokenizer
@@ -46,6 +47,8 @@ log = logging.getLogger("engine.runner")
 # The Triton skinny matmuls in decode rounds (engine/kernels_skinny.py), on the shapes where they
 # measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (PERF.md run 5).
 SKINNY_DEFAULT = True
+# CUDA memory kept free beside the weights and the KV cache: a prompt cut's activations, scratch.
+KV_HEADROOM = 4 << 30
 
 _prefill_calls = itertools.count(1)
 
@@ -90,6 +93,8 @@ class ModelRunner:
         self.model = model
         if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
             model.setup_rope(cfg.max_model_len)
+        if self.device.type == "cuda":
+            self._check_kv_fits(mcfg)
         self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
@@ -107,6 +112,18 @@ class ModelRunner:
                 self.capture_graph()
         elif cfg.extra.get("cuda_graph", False):
             self.capture_graph()  # falls back: records why
+
+    def _check_kv_fits(self, mcfg: ModelConfig) -> None:
+        """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""
+        need = KVCache.bytes_for(mcfg, self.parallel, self.max_model_len, self.dtype)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if need > free - KV_HEADROOM:
+            per_lane = (free - KV_HEADROOM) // max(1, KVCache.bytes_for(mcfg, self.parallel, 1, self.dtype))
+            raise ConfigError(
+                f"--parallel {self.parallel} with --max-model-len {self.max_model_len}: the KV cache needs "
+                f"{need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free on {self.device} (keeping "
+                f"{KV_HEADROOM / 2**30:.0f} GiB for activations); at this --parallel, --max-model-len "
+                f"{max(0, per_lane)} fits")
 
     # ---- prompt cuts -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -285,10 +302,17 @@ class ModelRunner:
             "max_model_len": self.max_model_len,
             "prefill_rows": self.prefill_rows,
             "cuda_graph": self.graph is not None,
-            "prefill_attention": ("flash" if model_mod._FLASH_OK else "sdpa, expanded kv")
-            if self.device.type == "cuda" else "sdpa",
+            "prefill_attention": self._prefill_attention_name(),
             "threads": torch.get_num_threads(),
         }
+
+
+    def _prefill_attention_name(self) -> str:
+        if self.device.type != "cuda":
+            return "sdpa"
+        from engine import kernels_prefill as kp
+        return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
+                "flash below")
 
 
 def build_runner(cfg: EngineConfig) -> ModelRunner:
