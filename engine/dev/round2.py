@@ -253,6 +253,8 @@ def sec_lanes(model, adopted):
                 s = bench_decode(r, k, 32, 3, 128)
                 out[f"{label} parallel {p} streams {k}"] = {"ms": s * 1e3, "tok_s": k / s}
                 say(f"decode {label:11s} parallel {p:2d} streams {k:2d}: {s * 1e3:.3f} ms  {k / s:8.1f} tok/s")
+            if p == 8 and label == "adopted":
+                _guard("profile", lambda: profile_round(r))
             if p == 64 and label == "adopted":
                 ps = [prompt(40 + 3 * i, 50 + i) for i in range(64)]
                 alone = r.generate(ps[37], 12, lane=37)
@@ -266,6 +268,20 @@ def sec_lanes(model, adopted):
     say(f"decode cuBLAS parallel 64: {s * 1e3:.3f} ms")
     del r
     save()
+
+
+def profile_round(r):
+    """Per-kernel device time of 10 replays of the decode graph (one stream decoding)."""
+    from torch.profiler import ProfilerActivity, profile
+    lanes, toks, pos = [0], [r.prefill(0, prompt(128, 9))], [128]
+    for _ in range(3):
+        toks = r.decode(lanes, toks, pos)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(10):
+            toks = r.decode(lanes, toks, [128 + i])
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+    RES["profile_table"] = table
+    say(table)
 
 
 def main(argv):
