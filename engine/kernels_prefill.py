@@ -30,10 +30,12 @@ import triton.language as tl
 log = logging.getLogger("engine.kernels_prefill")
 # "cudnn" or "flash": which SDPA kernel computes the halves of a long cut on CUDA (PERF.md run 6).
 BACKEND = "cudnn"
-# Cuts of fewer rows go through flash whatever BACKEND says: cuDNN builds a graph for each new
-# shape, which a short cut would wait for, and at a few hundred rows attention is a small part of
-# the cut. The choice is a function of the cut's row count, so every schedule of a prompt makes it
-# the same way for the same cut.
+# cuDNN builds a graph for each new shape (70-140 ms on the H200, PERF.md run 6), and PyTorch
+# keeps those graphs per thread. So only cuts of a power-of-two row count of at least
+# CUDNN_MIN_ROWS go through it: a server's full cuts (R rows) at each grid start, a bounded set
+# that `warm` builds ahead; other cuts (a prompt's last, short ones) go through flash, which has
+# nothing to build. The choice is a function of the cut's row count, so every schedule of a
+# prompt (whole, stepped, resumed) makes it the same way for the same cut.
 CUDNN_MIN_ROWS = 1024
 
 
@@ -43,7 +45,20 @@ def _expand(k: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def backend_for(rows: int) -> str:
-    return BACKEND if rows >= CUDNN_MIN_ROWS else "flash"
+    return BACKEND if rows >= CUDNN_MIN_ROWS and rows & (rows - 1) == 0 else "flash"
+
+
+def warm(k: torch.Tensor, v: torch.Tensor, heads: int, rows: int) -> int:
+    """Build cuDNN's graphs for cuts of `rows` rows at every grid start k ([max_len, KVH, d], one
+    layer of a lane whose contents do not matter) allows, in the calling thread (PyTorch's cache
+    of them is per thread). Returns how many cut shapes ran."""
+    if not k.is_cuda or backend_for(rows) != "cudnn":
+        return 0
+    q = torch.zeros(rows, heads, k.shape[2], dtype=k.dtype, device=k.device)
+    starts = range(0, k.shape[0] - rows + 1, rows)
+    for start in starts:
+        cut_attention(q, k[:start + rows], v[:start + rows], start)
+    return len(starts)
 
 
 def _half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):

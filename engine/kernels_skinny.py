@@ -45,15 +45,23 @@ class SkinnyConfig:
 
 # Shapes not in CONFIGS use DEFAULT; None: cuBLAS (tests set a DEFAULT to run the kernel on any shape).
 DEFAULT: SkinnyConfig | None = None
-# (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast: measured by engine/bench_skinny.py on the H200.
-# qwen3-8b's shapes, PERF.md run 5 (second call); each beat cuBLAS at 8 rows in that run.
-CONFIGS: dict[tuple[int, int], SkinnyConfig | None] = {
-    (6144, 4096): SkinnyConfig(64, 256, 4, 4),     # q/k/v   15.7 us vs 15.9
-    (4096, 4096): SkinnyConfig(32, 128, 4, 6),     # o       11.8 us vs 13.3
-    (24576, 4096): SkinnyConfig(32, 128, 4, 6),    # gate/up 50.6 us vs 54.1
-    (4096, 12288): SkinnyConfig(32, 128, 4, 6),    # down    30.8 us vs 32.5 (with silu_mul)
-    (151936, 4096): SkinnyConfig(64, 128, 4, 6),   # lm_head 282.5 us vs 330.3
+# (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast. qwen3-8b's shapes,
+# measured on the H200 (us per product over >= 1 GiB of weight copies in one CUDA graph, cuBLAS
+# beside it): 16 rows in PERF.md run 6 (1 to 16 lanes), 64 rows likewise (33 to 64 lanes); 32 rows
+# take the (N, K) entry where it fits in shared memory (else cuBLAS).
+CONFIGS: dict[tuple, SkinnyConfig | None] = {
+    (6144, 4096): SkinnyConfig(64, 256, 4, 4),        # q/k/v   15.7 us vs cuBLAS 15.8
+    (4096, 4096): SkinnyConfig(32, 128, 4, 6),        # o       12.0 us vs 13.4
+    (24576, 4096): SkinnyConfig(32, 256, 4, 4),       # gate/up 51.7 us vs 56.2
+    (4096, 12288): SkinnyConfig(32, 128, 4, 6, 2),    # down    28.9 us vs 31.9 (K in 2 ranges)
+    (151936, 4096): SkinnyConfig(64, 128, 4, 6),      # lm_head 291.6 us vs 352.5
+    (6144, 4096, 64): None,                           # cuBLAS 16.3 us, best skinny 21.3
+    (4096, 4096, 64): None,                           # cuBLAS 12.3 us, best skinny 12.4
+    (24576, 4096, 64): None,                          # cuBLAS 53.4 us, best skinny 55.4
+    (4096, 12288, 64): SkinnyConfig(32, 128, 4, 6),   # 30.5 us vs 33.1
+    (151936, 4096, 64): SkinnyConfig(128, 128, 4, 4),  # 300.0 us vs 358.5
 }
+SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
 
 
 def block_m(m: int) -> int:
@@ -66,11 +74,17 @@ def config_for(n: int, k: int, rows: int = 1) -> SkinnyConfig | None:
     return CONFIGS.get((n, k, block_m(rows)), CONFIGS.get((n, k), DEFAULT))
 
 
+def smem(c: SkinnyConfig, bm: int) -> int:
+    """Shared memory the pipelined x and W tiles take (bf16); Triton refuses a launch above the limit."""
+    return (bm + c.block_n) * c.block_k * 2 * c.num_stages
+
+
 def supports(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> bool:
     """Whether skinny() takes this product (else use F.linear)."""
     n, k = w.shape
     c = config or config_for(n, k, x.shape[0])
     return (c is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.shape[1] == k
+            and smem(c, block_m(x.shape[0])) <= SMEM_LIMIT
             and k % (c.block_k * c.split_k) == 0 and w.is_contiguous() and x.stride(1) == 1 and x.dtype == w.dtype)
 
 

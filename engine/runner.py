@@ -32,6 +32,7 @@ import os
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import torch
@@ -105,11 +106,16 @@ class ModelRunner:
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
+        self._cut_thread: ThreadPoolExecutor | None = None
         if self.device.type == "cuda":
             from engine.kernels import decode_attention
             self._attend_cuda = decode_attention
             if cfg.extra.get("cuda_graph", True):
                 self.capture_graph()
+            # Prompt cuts run in one thread of their own, which builds cuDNN's graphs for the full
+            # cuts first (in the background, after the capture), so no request waits for a build.
+            self._cut_thread = ThreadPoolExecutor(1, thread_name_prefix="prompt-cuts")
+            self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
         elif cfg.extra.get("cuda_graph", False):
             self.capture_graph()  # falls back: records why
 
@@ -137,7 +143,10 @@ class ModelRunner:
         if end > self.max_model_len:
             raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
         ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
-        logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
+        if self._cut_thread is not None:  # CUDA: where cuDNN's graphs for cuts were built
+            logits = self._cut_thread.submit(self._forward_cut, ids, lane, start).result()
+        else:
+            logits = self._forward_cut(ids, lane, start)
         if end == n:
             return int(logits.argmax(-1).item())
         if self.device.type == "cuda":
@@ -145,6 +154,17 @@ class ModelRunner:
             # while its kernels are still queued, or the next decode round pays for it.
             torch.cuda.synchronize(self.device)
         return None
+
+    @torch.inference_mode()
+    def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
+        return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
+
+    @torch.inference_mode()
+    def _warm_cuts(self) -> int:
+        """Build cuDNN's graphs for full cuts at every grid start (engine/kernels_prefill.py)."""
+        from engine.kernels_prefill import warm
+        a = self.model.model.layers[0].self_attn
+        return warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows)
 
     def prefill(self, lane: int, tokens: Sequence[int], start: int = 0) -> int:
         """The whole prompt from `start`, cut by cut on the grid: the same forwards as stepping."""

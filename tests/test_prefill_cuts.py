@@ -75,3 +75,22 @@ def test_kv_cache_size_and_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (need // 2 + KV_HEADROOM, 1 << 40))
     with pytest.raises(ConfigError, match=r"--parallel 3 with --max-model-len 48.*--max-model-len 24 fits"):
         r._check_kv_fits(r.model_config)
+
+
+def test_cut_backend_rule_and_cut_thread():
+    """cuDNN only for power-of-two cuts of >= CUDNN_MIN_ROWS rows (a bounded set of shapes, built
+    ahead); the CUDA runner's prompt cuts run in a thread of their own and give the same tokens
+    as cuts run in the caller's thread (exercised here on the CPU)."""
+    from concurrent.futures import ThreadPoolExecutor
+    import engine.kernels_prefill as KP
+    from engine.config import EngineConfig
+    from engine.runner import build_runner
+    assert KP.backend_for(4096) == KP.BACKEND == "cudnn" and KP.backend_for(1024) == "cudnn"
+    assert {KP.backend_for(n) for n in (1, 512, 1000, 3328, 4095, 6144)} == {"flash"}
+    r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=48, prefill_rows=16))
+    toks = [(i * 11 + 2) % 256 for i in range(37)]
+    here = r.generate(toks, 4, lane=0)
+    r._cut_thread = ThreadPoolExecutor(1)
+    assert r.generate(toks, 4, lane=1) == here
+    assert r._warm_cuts() == 0  # nothing to build on the CPU
+    r._cut_thread.shutdown()
