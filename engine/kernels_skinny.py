@@ -133,6 +133,62 @@ def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_y
             tl.atomic_xchg(Count + pid, 0)  # ready for the next launch (graph replays too)
 
 
+@triton.jit
+def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr):
+    x = tl.load(xp, mask=xm, other=0.0)
+    accg = tl.dot(x, tl.trans(tl.load(gp, mask=wn, other=0.0)), accg)
+    accu = tl.dot(x, tl.trans(tl.load(up, mask=wn, other=0.0)), accu)
+    return accg, accu, xp + BLOCK_K, gp + BLOCK_K, up + BLOCK_K
+
+
+@triton.jit
+def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr):
+    """silu(x @ Wg^T) * (x @ Wu^T) for W = [Wg; Wu] ([2I, K]): each program owns BLOCK_N columns of
+    both halves, then rounds as the unfused path does (each product to Y's dtype, silu to it)."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    xm = rm[:, None] < M
+    wn = rn[:, None] < I
+    xp = X + rm[:, None] * stride_xm + rk[None, :]
+    gp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    up = gp + I * stride_wn
+    accg = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if K_STEPS:  # the interpreter
+        for _ in range(0, K_STEPS):
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
+    else:
+        for _ in range(0, K, BLOCK_K):
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
+    g = accg.to(Y.dtype.element_ty).to(tl.float32)
+    u = accu.to(Y.dtype.element_ty).to(tl.float32)
+    sg = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + rm[:, None] * stride_ym + rn[None, :], (sg * u).to(Y.dtype.element_ty), mask=xm & (rn[None, :] < I))
+
+
+# (2I, K) -> config of the gated kernel (gate/up with silu*up folded in); absent: two kernels.
+GATED: dict[tuple[int, int], SkinnyConfig] = {}
+
+
+def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
+    """silu(gate) * up of x times the fused gate/up matrix w ([2I, K]) -> [M, I]: one kernel where
+    GATED (or `config`) has the shape, else linear() then silu_mul."""
+    c = config or GATED.get(tuple(w.shape))
+    m, (n, k) = x.shape[0], w.shape
+    if c is None or not supports(x, w, c) or n % 2:
+        from engine.kernels_fused import silu_mul
+        return silu_mul(linear(x, w))
+    y = torch.empty(m, n // 2, dtype=w.dtype, device=w.device)
+    _gated_kernel[(triton.cdiv(n // 2, c.block_n),)](
+        x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=block_m(m), BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
+        num_warps=c.num_warps, num_stages=c.num_stages)
+    return y
+
+
 def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """x [M, K] times w [N, K]^T -> [M, N] in w's dtype."""
     c = config or config_for(*w.shape, x.shape[0])

@@ -173,8 +173,9 @@ class Qwen3ForCausalLM(nn.Module):
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
         rows) engine.kernels_skinny's where it measured faster."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
-        from engine.kernels_skinny import linear
+        from engine.kernels_skinny import gate_up_silu, linear
         mm = linear if skinny else F.linear
+        act = gate_up_silu if skinny else (lambda h, w: silu_mul(F.linear(h, w)))
         cfg, layers = self.config, self.model.layers
         eps = cfg.rms_norm_eps
         x, h = add_rmsnorm(self.model.embed_tokens(tokens), None, layers[0].input_layernorm.weight, eps)
@@ -184,7 +185,7 @@ class Qwen3ForCausalLM(nn.Module):
                                    kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
             x, h = add_rmsnorm(x, mm(attend(i, q), a.o_proj.weight), layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = add_rmsnorm(x, mm(silu_mul(mm(h, m.w_gate_up)), m.down_proj.weight), nxt, eps)
+            x, h = add_rmsnorm(x, mm(act(h, m.w_gate_up), m.down_proj.weight), nxt, eps)
         return h
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,

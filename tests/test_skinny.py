@@ -105,3 +105,25 @@ S.CONFIGS[(40, 192, 64)] = S.SkinnyConfig(32, 64, split_k=3)
 assert S.config_for(40, 192, 8).split_k == 1 and S.config_for(40, 192, 33).split_k == 3
 print("ok")
 ''')
+
+
+def test_gated_gate_up_equals_two_kernels(interpret):
+    """The gate/up product with silu*up folded in (one kernel) rounds as the two-kernel path does:
+    bitwise equal to silu_mul of the plain product with the same config, row-invariant, and a
+    shape without a gated config takes the two kernels."""
+    interpret(r\'\'\'
+import torch, torch.nn.functional as F
+import engine.kernels_skinny as S
+from engine.kernels_fused import silu_mul
+g = torch.Generator().manual_seed(2)
+w = torch.randn(96, 64, generator=g)
+for rows, c in ((5, S.SkinnyConfig(16, 32)), (40, S.SkinnyConfig(32, 16))):
+    x = torch.randn(rows, 64, generator=g)
+    a = S.gate_up_silu(x, w, config=c)
+    assert a.shape == (rows, 48) and torch.equal(a, silu_mul(S.skinny(x, w, config=c)))
+    other = torch.randn(rows, 64, generator=g); other[1] = x[1]
+    assert torch.equal(S.gate_up_silu(other, w, config=c)[1], a[1])
+x = torch.randn(3, 64, generator=g)
+assert torch.equal(S.gate_up_silu(x, w), silu_mul(F.linear(x, w)))
+print("ok")
+\'\'\')
