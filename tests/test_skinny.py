@@ -111,7 +111,7 @@ def test_gated_gate_up_equals_two_kernels(interpret):
     """The gate/up product with silu*up folded in (one kernel) rounds as the two-kernel path does:
     bitwise equal to silu_mul of the plain product with the same config, row-invariant, and a
     shape without a gated config takes the two kernels."""
-    interpret(r\'\'\'
+    interpret(r'''
 import torch, torch.nn.functional as F
 import engine.kernels_skinny as S
 from engine.kernels_fused import silu_mul
@@ -126,4 +126,4 @@ for rows, c in ((5, S.SkinnyConfig(16, 32)), (40, S.SkinnyConfig(32, 16))):
 x = torch.randn(3, 64, generator=g)
 assert torch.equal(S.gate_up_silu(x, w), silu_mul(F.linear(x, w)))
 print("ok")
-\'\'\')
+''')
