@@ -169,16 +169,21 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
     tl.store(Y + rm[:, None] * stride_ym + rn[None, :], (sg * u).to(Y.dtype.element_ty), mask=xm & (rn[None, :] < I))
 
 
-# (2I, K) -> config of the gated kernel (gate/up with silu*up folded in); absent: two kernels.
-GATED: dict[tuple[int, int], SkinnyConfig] = {}
+# (2I, K, padded rows) -> config of the gated kernel (gate/up with silu*up folded in); absent:
+# the two kernels (linear, then silu_mul).
+GATED: dict[tuple[int, int, int], SkinnyConfig] = {}
+
+
+def gated_smem(c: SkinnyConfig, bm: int) -> int:
+    return (bm + 2 * c.block_n) * c.block_k * 2 * c.num_stages
 
 
 def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """silu(gate) * up of x times the fused gate/up matrix w ([2I, K]) -> [M, I]: one kernel where
     GATED (or `config`) has the shape, else linear() then silu_mul."""
-    c = config or GATED.get(tuple(w.shape))
     m, (n, k) = x.shape[0], w.shape
-    if c is None or not supports(x, w, c) or n % 2:
+    c = config or GATED.get((n, k, block_m(m)))
+    if c is None or not supports(x, w, c) or n % 2 or gated_smem(c, block_m(m)) > SMEM_LIMIT:
         from engine.kernels_fused import silu_mul
         return silu_mul(linear(x, w))
     y = torch.empty(m, n // 2, dtype=w.dtype, device=w.device)
