@@ -45,21 +45,31 @@ class SkinnyConfig:
 
 # Shapes not in CONFIGS use DEFAULT; None: cuBLAS (tests set a DEFAULT to run the kernel on any shape).
 DEFAULT: SkinnyConfig | None = None
-# (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast. qwen3-8b's shapes,
-# measured on the H200 (us per product over >= 1 GiB of weight copies in one CUDA graph, cuBLAS
-# beside it): 16 rows in PERF.md run 6 (1 to 16 lanes), 64 rows likewise (33 to 64 lanes); 32 rows
-# take the (N, K) entry where it fits in shared memory (else cuBLAS).
+# (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast. Measured on the H200
+# (us per product over >= 1 GiB of weight copies in one CUDA graph, cuBLAS beside it; PERF.md
+# runs 6 and 7): qwen3-8b at 16 rows (1 to 16 lanes), 32 rows (17 to 32) and 64 rows (33 to 64);
+# qwen3-32b at 16 rows (its other row counts: cuBLAS).
 CONFIGS: dict[tuple, SkinnyConfig | None] = {
     (6144, 4096): SkinnyConfig(64, 256, 4, 4),        # q/k/v   15.7 us vs cuBLAS 15.8
     (4096, 4096): SkinnyConfig(32, 128, 4, 6),        # o       12.0 us vs 13.4
     (24576, 4096): SkinnyConfig(32, 256, 4, 4),       # gate/up 51.7 us vs 56.2
     (4096, 12288): SkinnyConfig(32, 128, 4, 6, 2),    # down    28.9 us vs 31.9 (K in 2 ranges)
     (151936, 4096): SkinnyConfig(64, 128, 4, 6),      # lm_head 291.6 us vs 352.5
+    (6144, 4096, 32): None,                           # cuBLAS 16.4 us, best skinny 19.0
+    (4096, 4096, 32): SkinnyConfig(32, 128, 4, 6),    # 13.4 us vs 14.2
+    (24576, 4096, 32): None,                          # cuBLAS 52.0 us, best skinny 52.7
+    (4096, 12288, 32): SkinnyConfig(32, 128, 4, 6, 2),  # 30.3 us vs 30.6
+    (151936, 4096, 32): SkinnyConfig(64, 128, 4, 4),  # 299.3 us vs 301.8
     (6144, 4096, 64): None,                           # cuBLAS 16.3 us, best skinny 21.3
     (4096, 4096, 64): None,                           # cuBLAS 12.3 us, best skinny 12.4
     (24576, 4096, 64): None,                          # cuBLAS 53.4 us, best skinny 55.4
     (4096, 12288, 64): SkinnyConfig(32, 128, 4, 6),   # 30.5 us vs 33.1
     (151936, 4096, 64): SkinnyConfig(128, 128, 4, 4),  # 300.0 us vs 358.5
+    # qwen3-32b, 16 rows (q/k/v 10240 x 5120: cuBLAS 31.5 us, best skinny 33.2)
+    (5120, 8192, 16): SkinnyConfig(32, 256, 4, 4),     # o       27.6 us vs 29.4
+    (51200, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 124.7 us vs 132.3
+    (5120, 25600, 16): SkinnyConfig(32, 128, 4, 6, 2),  # down    70.5 us vs 72.1
+    (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
 }
 SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
 
@@ -171,7 +181,8 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
 
 # (2I, K, padded rows) -> config of the gated kernel (gate/up with silu*up folded in); absent:
 # the two kernels (linear, then silu_mul).
-GATED: dict[tuple[int, int, int], SkinnyConfig] = {}
+# qwen3-8b at 16 rows, PERF.md run 7: 54.5 us against 58.2 for the two, bitwise equal to them.
+GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
