@@ -168,14 +168,17 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
-    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False) -> torch.Tensor:
+    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
-        rows) engine.kernels_skinny's where it measured faster."""
+        rows) engine.kernels_skinny's where it measured faster, or `mm`'s."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
         from engine.kernels_skinny import gate_up_silu, linear
-        mm = linear if skinny else F.linear
-        act = gate_up_silu if skinny else (lambda h, w: silu_mul(F.linear(h, w)))
+        if mm is None:
+            mm = linear if skinny else F.linear
+            act = gate_up_silu if skinny else (lambda h, w: silu_mul(F.linear(h, w)))
+        else:
+            act = lambda h, w: silu_mul(mm(h, w))  # noqa: E731
         cfg, layers = self.config, self.model.layers
         eps = cfg.rms_norm_eps
         x, h = add_rmsnorm(self.model.embed_tokens(tokens), None, layers[0].input_layernorm.weight, eps)
@@ -213,6 +216,26 @@ class Qwen3ForCausalLM(nn.Module):
         else:
             x = self.trunk(tokens, positions, write_kv, attend)
         return self.lm_head(x if all_logits else x[-1])
+
+    def prefill_many(self, seqs: list[tuple[torch.Tensor, int, int]], kv, mm) -> torch.Tensor:
+        """Several cuts in one forward through the fused kernels: seqs = [(tokens [T], lane, start)],
+        their rows one after another. Each cut's attention reads only its own lane (cut_attention)
+        and `mm` must give a row's bits whatever the other rows (engine.kernels_batch.matmul), so
+        a cut's results do not depend on the cuts beside it. Returns each cut's last-row logits."""
+        from engine.kernels_prefill import cut_attention
+        dev = seqs[0][0].device
+        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
+        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
+        tokens = torch.cat([t for t, _, _ in seqs])
+        positions = torch.cat([torch.arange(s, s + b - a, device=dev) for a, b, _, s in spans])
+        lanes = torch.cat([torch.full((b - a,), lane, device=dev) for a, b, lane, _ in spans])
+
+        def attend(i, q):
+            return torch.cat([cut_attention(q[a:b], kv.k[i, lane, :s + b - a], kv.v[i, lane, :s + b - a], s)
+                              for a, b, lane, s in spans])
+
+        h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm)
+        return mm(h[[b - 1 for _, b, _, _ in spans]], self.lm_head.weight)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn,
                fused: bool = False, skinny: bool = False) -> torch.Tensor:

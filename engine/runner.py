@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.kv_cache import KVCache
 from engine.model import decode_attention_loop
 from engine.presets import resolve_model
@@ -103,6 +103,9 @@ class ModelRunner:
         self.fused = self.device.type == "cuda" and cfg.extra.get("fused", True)
         # decode rounds' matmuls through engine.kernels_skinny instead of cuBLAS (extra={"skinny": bool})
         self.skinny = self.fused and cfg.extra.get("skinny", SKINNY_DEFAULT)
+        # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
+        # forward (prefill_many); extra={"batch_cuts": False} for cuBLAS on every cut
+        self.batch_cuts = self.fused and cfg.extra.get("batch_cuts", True)
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -136,12 +139,9 @@ class ModelRunner:
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
         _maybe_fail()
         n = len(tokens)
-        if not (0 <= lane < self.parallel):
-            raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
-        if not (0 <= start < end <= n):
-            raise ValueError(f"bad cut [{start}, {end}) of a {n}-token prompt")
-        if end > self.max_model_len:
-            raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
+        self._check_cut(lane, n, start, end)
+        if self.batch_cuts and end - start <= SHORT_ROWS:  # the same forward as beside other cuts
+            return self._many([(lane, tokens, start, end)])[0]
         ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
         if self._cut_thread is not None:  # CUDA: where cuDNN's graphs for cuts were built
             logits = self._cut_thread.submit(self._forward_cut, ids, lane, start).result()
@@ -154,6 +154,43 @@ class ModelRunner:
             # while its kernels are still queued, or the next decode round pays for it.
             torch.cuda.synchronize(self.device)
         return None
+
+    def _check_cut(self, lane: int, n: int, start: int, end: int) -> None:
+        if not (0 <= lane < self.parallel):
+            raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
+        if not (0 <= start < end <= n):
+            raise ValueError(f"bad cut [{start}, {end}) of a {n}-token prompt")
+        if end > self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
+
+    @torch.inference_mode()
+    def prefill_many(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[int | None]:
+        """Several prompt cuts [(lane, tokens, start, end)], one per lane. CUDA: cuts of at most
+        SHORT_ROWS rows go in one forward through row-invariant matmuls (engine/kernels_batch.py),
+        so each cut's bits equal its bits alone; otherwise one after another. Returns per cut the
+        greedy first token if it ends its prompt, else None."""
+        if not (self.batch_cuts and all(e - s <= SHORT_ROWS for _, _, s, e in items)):
+            return [self.prefill_step(*it) for it in items]
+        if len({it[0] for it in items}) < len(items):
+            raise ValueError("two cuts of one lane in one forward")
+        for lane, tokens, start, end in items:
+            _maybe_fail()
+            self._check_cut(lane, len(tokens), start, end)
+        return self._many(items)
+
+    def _many(self, items) -> list[int | None]:
+        seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in items]
+        if self._cut_thread is not None:
+            logits = self._cut_thread.submit(self._forward_many, seqs).result()
+        else:
+            logits = self._forward_many(seqs)
+        firsts = logits.argmax(-1).tolist()  # the one sync: the cuts' work is done when it returns
+        return [int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, items)]
+
+    @torch.inference_mode()
+    def _forward_many(self, seqs) -> torch.Tensor:
+        from engine.kernels_batch import matmul
+        return self.model.prefill_many(seqs, self.kv, matmul)
 
     @torch.inference_mode()
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
