@@ -29,6 +29,7 @@ class TileConfig:
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 4
+    tma: bool = False  # tiles through the tensor-memory accelerator (Hopper) instead of pointers
 
 
 DEFAULT = TileConfig()
@@ -37,10 +38,8 @@ CONFIGS: dict[tuple[int, int], TileConfig] = {}
 
 
 @triton.jit
-def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
-    x = tl.load(xp, mask=xm, other=0.0)
-    w = tl.load(wp, mask=wn, other=0.0)
-    return tl.dot(x, tl.trans(w), acc), xp + BLOCK_K, wp + BLOCK_K
+def _step(xp, wp, acc, BLOCK_K: tl.constexpr):
+    return tl.dot(tl.load(xp), tl.trans(tl.load(wp)), acc), xp + BLOCK_K, wp + BLOCK_K
 
 
 @triton.jit
@@ -53,19 +52,36 @@ def _tile_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    xm = rm[:, None] < M
-    wn = rn[:, None] < N
-    xp = X + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
-    wp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    # rows past M (and columns past N) read row M-1 (N-1) again instead of masking: unmasked
+    # loads pipeline better; those results are never stored
+    xp = X + tl.minimum(rm, M - 1)[:, None] * stride_xm + rk[None, :]
+    wp = W + tl.minimum(rn, N - 1)[:, None] * stride_wn + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_STEPS:  # the interpreter
         for _ in range(0, K_STEPS):
-            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
+            acc, xp, wp = _step(xp, wp, acc, BLOCK_K)
     else:
         for _ in range(0, K, BLOCK_K):
-            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
-    tl.store(Y + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty),
-             mask=xm & (rn[None, :] < N))
+            acc, xp, wp = _step(xp, wp, acc, BLOCK_K)
+    tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _tile_tma_kernel(XD, WD, YD, M, N, K,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    om = (pid % tiles_m) * BLOCK_M
+    on = (pid // tiles_m) * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if K_STEPS:  # the interpreter
+        for i in range(0, K_STEPS):
+            acc = tl.dot(XD.load([om, i * BLOCK_K]), WD.load([on, i * BLOCK_K]).T, acc)
+    else:
+        for k in range(0, K, BLOCK_K):
+            acc = tl.dot(XD.load([om, k]), WD.load([on, k]).T, acc)
+    YD.store([om, on], acc.to(YD.dtype))  # rows past M are clipped by the copy engine
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -79,7 +95,15 @@ def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if m == 0:
         return y
     grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
+    steps = k // c.block_k if INTERPRET else 0
+    if c.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor as TD
+        _tile_tma_kernel[grid](TD.from_tensor(x, [c.block_m, c.block_k]), TD.from_tensor(w, [c.block_n, c.block_k]),
+                               TD.from_tensor(y, [c.block_m, c.block_n]), m, n, k,
+                               BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=steps,
+                               num_warps=c.num_warps, num_stages=c.num_stages)
+        return y
     _tile_kernel[grid](x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
                        BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-                       K_STEPS=k // c.block_k if INTERPRET else 0, num_warps=c.num_warps, num_stages=c.num_stages)
+                       K_STEPS=steps, num_warps=c.num_warps, num_stages=c.num_stages)
     return y

@@ -22,11 +22,12 @@ RES = R2.RES
 say, save, prompt, rel = R2.say, R2.save, R2.prompt, R2.rel
 SHAPES = {(6144, 4096): "qkv", (4096, 4096): "o", (24576, 4096): "gate_up", (4096, 12288): "down"}
 CANDS = [B.TileConfig(64, 128, 64, 4, 4), B.TileConfig(128, 128, 64, 8, 3), B.TileConfig(128, 256, 64, 8, 3),
-         B.TileConfig(64, 256, 64, 4, 3), B.TileConfig(128, 128, 64, 4, 4)]
+         B.TileConfig(64, 128, 64, 4, 4, True), B.TileConfig(128, 128, 64, 8, 3, True),
+         B.TileConfig(128, 256, 64, 8, 3, True), B.TileConfig(128, 128, 64, 4, 4, True)]
 
 
 def lab(c):
-    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
+    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}" + (" tma" if c.tma else "")
 
 
 def sec_tiles(rows=(200, 1600)):
