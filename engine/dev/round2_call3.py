@@ -21,9 +21,9 @@ from engine.config import EngineConfig
 RES = R2.RES
 say, save, prompt, rel = R2.say, R2.save, R2.prompt, R2.rel
 SHAPES = {(6144, 4096): "qkv", (4096, 4096): "o", (24576, 4096): "gate_up", (4096, 12288): "down"}
-CANDS = [B.TileConfig(64, 128, 64, 4, 4), B.TileConfig(128, 128, 64, 8, 3), B.TileConfig(128, 256, 64, 8, 3),
-         B.TileConfig(64, 128, 64, 4, 4, True), B.TileConfig(128, 128, 64, 8, 3, True),
-         B.TileConfig(128, 256, 64, 8, 3, True), B.TileConfig(128, 128, 64, 4, 4, True)]
+CANDS = [B.TileConfig(64, 64, 256, 4, 3), B.TileConfig(64, 128, 128, 4, 4), B.TileConfig(128, 128, 128, 8, 3),
+         B.TileConfig(64, 64, 256, 4, 3, True), B.TileConfig(64, 128, 128, 4, 4, True),
+         B.TileConfig(128, 128, 128, 8, 3, True), B.TileConfig(128, 128, 64, 4, 4, True)]
 
 
 def lab(c):
