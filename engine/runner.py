@@ -48,6 +48,7 @@ log = logging.getLogger("engine.runner")
 # The Triton skinny matmuls in decode rounds (engine/kernels_skinny.py), on the shapes where they
 # measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (PERF.md run 5).
 SKINNY_DEFAULT = True
+BATCH_CUTS_DEFAULT = False
 # CUDA memory kept free beside the weights and the KV cache: a prompt cut's activations, scratch.
 KV_HEADROOM = 4 << 30
 
@@ -104,8 +105,9 @@ class ModelRunner:
         # decode rounds' matmuls through engine.kernels_skinny instead of cuBLAS (extra={"skinny": bool})
         self.skinny = self.fused and cfg.extra.get("skinny", SKINNY_DEFAULT)
         # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
-        # forward (prefill_many); extra={"batch_cuts": False} for cuBLAS on every cut
-        self.batch_cuts = self.fused and cfg.extra.get("batch_cuts", True)
+        # forward (prefill_many), with extra={"batch_cuts": True}. Off by default: the Triton
+        # tiles take 1.5-2x cuBLAS's time, so one short prompt alone fills slower (PERF.md runs 8-10)
+        self.batch_cuts = self.fused and cfg.extra.get("batch_cuts", BATCH_CUTS_DEFAULT)
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
