@@ -74,6 +74,24 @@ def share_from_env(flag: float | None) -> float:
         return math.nan  # the host's guard turns it into 1 with a warning
 
 
+@dataclass(frozen=True)
+class KernelConfig:
+    """Which kernels the model runner uses. The server runs the defaults; benches and GPU checks
+    turn one off to measure or check the path beside it."""
+
+    # The decode round as one CUDA graph. None: on for CUDA, off on the CPU (asking for it on the
+    # CPU falls back to eager rounds and records why).
+    cuda_graph: bool | None = None
+    fused: bool = True  # CUDA: Triton kernels around the matmuls (off: plain torch ops)
+    # CUDA, with fused: decode rounds' matmuls in Triton (engine/kernels_skinny.py) on the shapes
+    # where they measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (engine/dev/PERF.md run 5).
+    skinny: bool = True
+    # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant Triton tiles, alone
+    # or several in one forward (ModelRunner.prefill_many). Off: the tiles take 1.5-2x cuBLAS's
+    # time, so one short prompt alone fills slower (engine/dev/PERF.md runs 8-10).
+    batch_cuts: bool = False
+
+
 @dataclass
 class EngineConfig:
     """Everything `tfengine serve` is told, minus where to listen."""
@@ -94,7 +112,8 @@ class EngineConfig:
     aging_s: float = 30.0  # a prompt waiting longer than this is filled before younger ones
     out_queue: int = 64  # tokens a client may leave undrained before its stream is paused
     trace: bool = False  # keep a per-step trace (reads the clock every step)
-    extra: dict = field(default_factory=dict)
+    trace_len: int = 50_000  # the trace is a ring of the last this many steps (~90 bytes each as JSON)
+    kernels: KernelConfig = field(default_factory=KernelConfig)
 
     def __post_init__(self):
         if self.load_format not in ("dummy", "safetensors"):
@@ -109,3 +128,5 @@ class EngineConfig:
             raise ConfigError("--max-model-len must be at least 2")
         if self.prefill_rows < 1:
             raise ConfigError("--prefill-rows must be at least 1")
+        if self.trace_len < 1:
+            raise ConfigError("--trace-len must be at least 1")

@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 log = logging.getLogger("engine.kernels_prefill")
-# "cudnn" or "flash": which SDPA kernel computes the halves of a long cut on CUDA (PERF.md run 6).
+# "cudnn" or "flash": which SDPA kernel computes the halves of a long cut on CUDA (engine/dev/PERF.md run 6).
 BACKEND = "cudnn"
-# cuDNN builds a graph for each new shape (70-140 ms on the H200, PERF.md run 6), and PyTorch
+# cuDNN builds a graph for each new shape (70-140 ms on the H200, engine/dev/PERF.md run 6), and PyTorch
 # keeps those graphs per thread. So only cuts of a power-of-two row count of at least
 # CUDNN_MIN_ROWS go through it: a server's full cuts (R rows) at each grid start, a bounded set
 # that `warm` builds ahead; other cuts (a prompt's last, short ones) go through flash, which has

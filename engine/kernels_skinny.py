@@ -2,7 +2,7 @@
 
 A decode round multiplies a handful of rows by every weight matrix, so its time is the time to
 stream the weights. At the round's fixed 8 rows cuBLAS picks a GEMM tile that reads qwen3-8b's
-weights at ~82 % of copy bandwidth (86 % at one row; PERF.md run 4). Here each program owns
+weights at ~82 % of copy bandwidth (86 % at one row; engine/dev/PERF.md run 4). Here each program owns
 BLOCK_N output columns and walks all of K in BLOCK_K steps, the rows padded to 16 for the tensor
 cores (to 32 or 64 for rounds of that many lanes), so the weights stream through once with
 several tiles in flight per program. A config may also cut K into `split_k` fixed ranges (more
@@ -17,7 +17,7 @@ per weight shape (CONFIGS, measured on the H200), never autotuned at run time.
 
 Shapes are taken only where they were measured faster than cuBLAS (CONFIGS); any other goes to
 F.linear. Folding silu*up into the down projection's load was tried and measured 6x slower than
-silu_mul + cuBLAS on the H200 (PERF.md run 5), so it is not here.
+silu_mul + cuBLAS on the H200 (engine/dev/PERF.md run 5), so it is not here.
 Runs under TRITON_INTERPRET=1 on the CPU (tests/test_skinny.py).
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ class SkinnyConfig:
 # Shapes not in CONFIGS use DEFAULT; None: cuBLAS (tests set a DEFAULT to run the kernel on any shape).
 DEFAULT: SkinnyConfig | None = None
 # (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast. Measured on the H200
-# (us per product over >= 1 GiB of weight copies in one CUDA graph, cuBLAS beside it; PERF.md
+# (us per product over >= 1 GiB of weight copies in one CUDA graph, cuBLAS beside it; engine/dev/PERF.md
 # runs 6 and 7): qwen3-8b at 16 rows (1 to 16 lanes), 32 rows (17 to 32) and 64 rows (33 to 64);
 # qwen3-32b at 16 rows (its other row counts: cuBLAS).
 CONFIGS: dict[tuple, SkinnyConfig | None] = {
@@ -181,7 +181,7 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
 
 # (2I, K, padded rows) -> config of the gated kernel (gate/up with silu*up folded in); absent:
 # the two kernels (linear, then silu_mul).
-# qwen3-8b at 16 rows, PERF.md run 7: 54.5 us against 58.2 for the two, bitwise equal to them.
+# qwen3-8b at 16 rows, engine/dev/PERF.md run 7: 54.5 us against 58.2 for the two, bitwise equal to them.
 GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import engine.kernels_prefill as KP
 import engine.kernels_skinny as S
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 
 RES: dict = {}
 OUT = "/tmp/out"
@@ -132,7 +132,7 @@ def sec_attn():
 
 
 def sec_prefill(r):
-    from engine.bench import bench_prefill, prompt_flops
+    from engine.dev.bench import bench_prefill, prompt_flops
     out = RES.setdefault("prefill", {})
     rate = RES["ceilings"]["matmul_flops"]
     orig = KP.cut_attention
@@ -196,7 +196,7 @@ NAMES = {(6144, 4096): "qkv", (4096, 4096): "o", (4096, 12288): "down", (24576, 
 
 
 def sec_skinny(row_counts=(8, 64)):
-    from engine.bench_skinny import timed
+    from engine.dev.bench_skinny import timed
     out = RES.setdefault("skinny", {})
     bw = RES["ceilings"]["copy_bandwidth_Bps"]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -239,7 +239,7 @@ def sec_skinny(row_counts=(8, 64)):
 
 
 def sec_lanes(model, adopted):
-    from engine.bench import bench_decode
+    from engine.dev.bench import bench_decode
     from engine.runner import ModelRunner
     out = RES.setdefault("lanes", {})
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=1024,
@@ -262,7 +262,7 @@ def sec_lanes(model, adopted):
                 out["64 lanes: alone == among 64"] = together[37] == alone
             del r
             save()
-    r = ModelRunner(replace(cfg, parallel=64, extra={"skinny": False}), model=model)
+    r = ModelRunner(replace(cfg, parallel=64, kernels=KernelConfig(skinny=False)), model=model)
     s = bench_decode(r, 64, 32, 3, 128)
     out["cublas parallel 64 streams 64"] = {"ms": s * 1e3}
     say(f"decode cuBLAS parallel 64: {s * 1e3:.3f} ms")
@@ -288,7 +288,7 @@ def main(argv):
     global OUT
     OUT = argv[argv.index("--out") + 1] if "--out" in argv else OUT
     secs = (argv[argv.index("--sections") + 1] if "--sections" in argv else "attn,prefill,skinny,lanes").split(",")
-    from engine.bench import copy_bandwidth, matmul_rate
+    from engine.dev.bench import copy_bandwidth, matmul_rate
     from engine.runner import ModelRunner
     RES["torch"], RES["device"] = torch.__version__, torch.cuda.get_device_name(0)
     RES["ceilings"] = {"copy_bandwidth_Bps": copy_bandwidth("cuda"), "matmul_flops": matmul_rate("cuda")}

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import engine.dev.round2 as R2
 import engine.kernels_skinny as S
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 from engine.kernels_fused import silu_mul
 
 RES = R2.RES
@@ -35,14 +35,14 @@ def weights(n, k, gen):
 
 
 def sec_bench():
-    from engine.bench import main as bench_main
+    from engine.dev.bench import main as bench_main
     out = bench_main(model="qwen3-8b", device="cuda", prompts="4096,32768", streams="1,2,4,8",
                      json_path=Path(f"{R2.OUT}/bench_8b.json"))
     RES["bench"] = {"prefill": out["prefill"], "decode": out["decode"], "describe": out["describe"]}
 
 
 def sec_gated(shapes=((24576, 4096),), rows=(8, 64)):
-    from engine.bench_skinny import timed
+    from engine.dev.bench_skinny import timed
     out = RES.setdefault("gated", {})
     bw = RES["ceilings"]["copy_bandwidth_Bps"]
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -83,7 +83,7 @@ def sec_gated(shapes=((24576, 4096),), rows=(8, 64)):
 
 
 def sec_rows32():
-    from engine.bench_skinny import timed
+    from engine.dev.bench_skinny import timed
     out = RES.setdefault("rows32", {})
     gen = torch.Generator(device="cuda").manual_seed(4)
     for (n, k), name in R2.NAMES.items():
@@ -105,7 +105,7 @@ def sec_rows32():
 
 
 def sec_lanes(model):
-    from engine.bench import bench_decode
+    from engine.dev.bench import bench_decode
     from engine.runner import ModelRunner
     out = RES.setdefault("lanes", {})
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=2304,
@@ -125,7 +125,7 @@ def sec_lanes(model):
             alone = r.generate(ps[37], 12, lane=37)
             out["64 lanes: alone == among 64"] = r.generate_together(ps, list(range(64)), 12)[37] == alone
             say(f"64 lanes alone == among 64: {out['64 lanes: alone == among 64']}")
-            r2 = ModelRunner(replace(cfg, parallel=64, extra={"skinny": False}), model=model)
+            r2 = ModelRunner(replace(cfg, parallel=64, kernels=KernelConfig(skinny=False)), model=model)
             s = bench_decode(r2, 64, 32, 3, 128)
             out["cublas parallel 64 streams 64 ctx 128"] = {"ms": s * 1e3}
             say(f"decode cuBLAS parallel 64: {s * 1e3:.3f} ms")
@@ -162,8 +162,8 @@ Q32 = {(10240, 5120): "qkv", (5120, 8192): "o", (51200, 5120): "gate_up", (5120,
 
 
 def sec_q32b():
-    from engine.bench import bench_decode, weight_bytes
-    from engine.bench_skinny import timed
+    from engine.dev.bench import bench_decode, weight_bytes
+    from engine.dev.bench_skinny import timed
     from engine.runner import ModelRunner
     out = RES.setdefault("q32b", {})
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -188,8 +188,8 @@ def sec_q32b():
     cfg = EngineConfig(model="qwen3-32b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=1024,
                        prefill_rows=4096)
     r = ModelRunner(cfg)
-    for label_, extra in (("skinny", {}), ("cublas", {"skinny": False})):
-        rr = r if not extra else ModelRunner(replace(cfg, extra=extra), model=r.model)
+    for label_, knobs in (("skinny", None), ("cublas", KernelConfig(skinny=False))):
+        rr = r if knobs is None else ModelRunner(replace(cfg, kernels=knobs), model=r.model)
         for k in (1, 8):
             s = bench_decode(rr, k, 16, 3, 128)
             roof = k / ((weight_bytes(rr) + k * 144 * rr.kv.row_bytes()) / bw)
@@ -203,7 +203,7 @@ def main(argv):
     R2.OUT = argv[argv.index("--out") + 1] if "--out" in argv else R2.OUT
     secs = (argv[argv.index("--sections") + 1] if "--sections" in argv
             else "bench,gated,rows32,lanes,exact1024,q32b").split(",")
-    from engine.bench import copy_bandwidth, matmul_rate
+    from engine.dev.bench import copy_bandwidth, matmul_rate
     from engine.runner import ModelRunner
     RES["torch"], RES["device"] = torch.__version__, torch.cuda.get_device_name(0)
     RES["ceilings"] = {"copy_bandwidth_Bps": copy_bandwidth("cuda"), "matmul_flops": matmul_rate("cuda")}
@@ -214,7 +214,7 @@ def main(argv):
             torch.cuda.empty_cache()
     if {"lanes", "exact1024"} & set(secs):
         model = ModelRunner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=1,
-                                         max_model_len=64, extra={"cuda_graph": False})).model
+                                         max_model_len=64, kernels=KernelConfig(cuda_graph=False))).model
         for name, fn in (("lanes", sec_lanes), ("exact1024", sec_exact1024)):
             if name in secs:
                 R2._guard(name, lambda fn=fn: fn(model))

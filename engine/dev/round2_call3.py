@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import engine.dev.round2 as R2
 import engine.kernels_batch as B
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 
 RES = R2.RES
 say, save, prompt, rel = R2.say, R2.save, R2.prompt, R2.rel
@@ -80,8 +80,8 @@ def sec_many():
     out = RES.setdefault("many", {})
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=4096,
                        prefill_rows=1024)
-    r = ModelRunner(cfg)
-    rc = ModelRunner(replace(cfg, extra={"batch_cuts": False}), model=r.model)
+    r = ModelRunner(replace(cfg, kernels=KernelConfig(batch_cuts=True)))
+    rc = ModelRunner(cfg, model=r.model)
     ps = [prompt(200, 70 + i) for i in range(8)]
     for n in (200, 512):
         p = prompt(n, 60)
@@ -118,7 +118,7 @@ def sec_many():
 
 def main(argv):
     R2.OUT = argv[argv.index("--out") + 1] if "--out" in argv else R2.OUT
-    from engine.bench import copy_bandwidth, matmul_rate
+    from engine.dev.bench import copy_bandwidth, matmul_rate
     RES["torch"], RES["device"] = torch.__version__, torch.cuda.get_device_name(0)
     RES["ceilings"] = {"copy_bandwidth_Bps": copy_bandwidth("cuda"), "matmul_flops": matmul_rate("cuda")}
     t0 = time.perf_counter()
