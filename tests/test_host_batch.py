@@ -28,21 +28,27 @@ class Backend:
         return [(t * 31 + p) % 997 for t, p in zip(tokens, positions)]
 
 
-def run(batch: bool, lengths):
-    b = Backend(batch)
+def serve(b: Backend, lengths, max_tokens: int, turns: int) -> list[Sequence]:
+    """Submit one prompt per length at once, run the host's turns; each sequence keeps its events."""
     host = LaneHost(b, EngineConfig(parallel=4, prefill_rows=R), clock=lambda: 0.0)
     seqs = []
     for i, n in enumerate(lengths):
         events = []
-        s = Sequence(prompt=[(i * 7 + j) % 500 for j in range(n)], max_tokens=5, ignore_eos=True,
+        s = Sequence(prompt=[(i * 7 + j) % 500 for j in range(n)], max_tokens=max_tokens, ignore_eos=True,
                      emit=lambda k, p, events=events: events.append((k, p)))
         s.events = events
         host.submit(s)
         seqs.append(s)
-    for _ in range(12):
+    for _ in range(turns):
         host.turn()
         for s in seqs:
             s.undrained = 0
+    return seqs
+
+
+def run(batch: bool, lengths):
+    b = Backend(batch)
+    seqs = serve(b, lengths, 5, 12)
     return b.calls, [[p for k, p in s.events if k == "token"] for s in seqs]
 
 
@@ -65,18 +71,6 @@ def test_a_failed_batched_forward_ends_its_streams_only():
     def boom(items):
         raise RuntimeError("injected")
     b.prefill_many = boom
-    host = LaneHost(b, EngineConfig(parallel=4, prefill_rows=R), clock=lambda: 0.0)
-    seqs = []
-    for i, n in enumerate([20, 33, 600]):
-        events = []
-        s = Sequence(prompt=[(i * 7 + j) % 500 for j in range(n)], max_tokens=3, ignore_eos=True,
-                     emit=lambda k, p, events=events: events.append((k, p)))
-        s.events = events
-        host.submit(s)
-        seqs.append(s)
-    for _ in range(15):
-        host.turn()
-        for s in seqs:
-            s.undrained = 0
+    seqs = serve(b, [20, 33, 600], 3, 15)
     assert all(any(k == "error" for k, _ in s.events) for s in seqs[:2])
     assert [p for k, p in seqs[2].events if k == "token"] and not any(k == "error" for k, _ in seqs[2].events)

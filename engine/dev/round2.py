@@ -317,6 +317,22 @@ def main(argv):
     say("done", RES["total_s"])
 
 
+def begin(argv) -> float:
+    """The calls' common start: $OUT, the software, the two ceilings; returns the start time."""
+    global OUT
+    OUT = argv[argv.index("--out") + 1] if "--out" in argv else OUT
+    from engine.dev.bench import copy_bandwidth, matmul_rate
+    RES["torch"], RES["device"] = torch.__version__, torch.cuda.get_device_name(0)
+    RES["ceilings"] = {"copy_bandwidth_Bps": copy_bandwidth("cuda"), "matmul_flops": matmul_rate("cuda")}
+    return time.perf_counter()
+
+
+def finish(t0: float) -> None:
+    RES["total_s"] = time.perf_counter() - t0
+    save()
+    say("done", RES["total_s"])
+
+
 def _guard(name, fn):
     t = time.perf_counter()
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -200,14 +199,10 @@ def sec_q32b():
 
 
 def main(argv):
-    R2.OUT = argv[argv.index("--out") + 1] if "--out" in argv else R2.OUT
     secs = (argv[argv.index("--sections") + 1] if "--sections" in argv
             else "bench,gated,rows32,lanes,exact1024,q32b").split(",")
-    from engine.dev.bench import copy_bandwidth, matmul_rate
     from engine.runner import ModelRunner
-    RES["torch"], RES["device"] = torch.__version__, torch.cuda.get_device_name(0)
-    RES["ceilings"] = {"copy_bandwidth_Bps": copy_bandwidth("cuda"), "matmul_flops": matmul_rate("cuda")}
-    t0 = time.perf_counter()
+    t0 = R2.begin(argv)
     for name, fn in (("bench", sec_bench), ("gated", sec_gated), ("rows32", sec_rows32)):
         if name in secs:
             R2._guard(name, fn)
@@ -222,9 +217,7 @@ def main(argv):
         torch.cuda.empty_cache()
     if "q32b" in secs:
         R2._guard("q32b", sec_q32b)
-    RES["total_s"] = time.perf_counter() - t0
-    save()
-    say("done", RES["total_s"])
+    R2.finish(t0)
 
 
 if __name__ == "__main__":

@@ -117,17 +117,10 @@ def sec_many():
 
 
 def main(argv):
-    R2.OUT = argv[argv.index("--out") + 1] if "--out" in argv else R2.OUT
-    from engine.dev.bench import copy_bandwidth, matmul_rate
-    RES["torch"], RES["device"] = torch.__version__, torch.cuda.get_device_name(0)
-    RES["ceilings"] = {"copy_bandwidth_Bps": copy_bandwidth("cuda"), "matmul_flops": matmul_rate("cuda")}
-    t0 = time.perf_counter()
+    t0 = R2.begin(argv)
     R2._guard("tiles", sec_tiles)
     R2._guard("many", sec_many)
-    RES["total_s"] = time.perf_counter() - t0
-    save()
-    say("done", RES["total_s"])
-
+    R2.finish(t0)
 
 if __name__ == "__main__":
     main(sys.argv[1:])
