@@ -351,6 +351,19 @@ def cut_period(prefill_rows: int | None, b_tokens: int | None, b_first_tokens: l
     return statistics.median(b_first_tokens) / -(-b_tokens // prefill_rows)
 
 
+def token_gaps(times: list[float]) -> list[tuple[float, float]]:
+    """(time, gap before it) for every token after the first: what the timeline draws."""
+    return [(b, b - a) for a, b in zip(times, times[1:])]
+
+
+def across_sessions(xa: list[float], xb: list[float]) -> dict:
+    """Two sessions' runs of one figure (not drift-paired): each median, B's against A's in
+    percent, and whether B's median lies inside A's span of runs (None: cannot tell)."""
+    ma, mb = median(xa), median(xb)
+    return {"a": ma, "b": mb, "pct": (mb / ma - 1) * 100 if ma and mb is not None else None,
+            "within": None if not xa or mb is None else min(xa) <= mb <= max(xa)}
+
+
 def figure_runs(data: dict) -> dict[str, dict[str, list[float]]]:
     """figure -> variant -> the valid runs' values, for any scenario's receipt."""
     if data.get("scenario") == "long-prompt":

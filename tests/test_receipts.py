@@ -26,3 +26,10 @@ def test_report_rewrites_the_markdown_beside_the_json(tmp_path):
     js.write_bytes(src.read_bytes())
     assert report.rerender(js) == src.with_suffix(".md").read_text().replace(src.with_suffix(".png").name, js.with_suffix(".png").name)
     assert js.with_suffix(".png").stat().st_size > 10_000 and js.with_suffix(".md").exists()
+
+
+def test_compare_two_committed_sweeps():
+    a, b = [p for p in RECEIPTS if "sweep" in p.name][:2]
+    md = report.compare.markdown(report.load(a), report.load(b), a.name, b.name)
+    rows = [ln for ln in md.splitlines() if ln.startswith("| tok_s@1 | whole |")]
+    assert len(rows) == 1 and ("within A's span" in rows[0] or "outside A's span" in rows[0])

@@ -1,7 +1,7 @@
 """`tfbench compare`: two saved receipts side by side, figure by figure."""
 from __future__ import annotations
 
-from tensorfold_bench.figures import figure_runs, median
+from tensorfold_bench.figures import across_sessions, figure_runs
 from tensorfold_bench.report.fmt import num
 
 
@@ -22,10 +22,10 @@ def markdown(a: dict, b: dict, name_a: str, name_b: str) -> str:
         va, vb = ra.get(fig, {}), rb.get(fig, {})
         for v in [n for n in va if n in vb] + [n for n in vb if n not in va] + [n for n in va if n not in vb]:
             xa, xb = va.get(v, []), vb.get(v, [])
-            ma, mb = median(xa), median(xb)
-            pct = f"{(mb / ma - 1) * 100:+.1f} %" if ma and mb is not None else "-"
-            call = "-" if not xa or mb is None else ("within A's span" if min(xa) <= mb <= max(xa) else "outside A's span")
+            c = across_sessions(xa, xb)
+            pct = "-" if c["pct"] is None else f"{c['pct']:+.1f} %"
+            call = {None: "-", True: "within A's span", False: "outside A's span"}[c["within"]]
             span = f" ({num(min(xa))} to {num(max(xa))})" if xa else ""
-            lines.append(f"| {fig} | {v} | {' / '.join(num(x) for x in xa) or '-'} | {num(ma)}{span} | "
-                         f"{' / '.join(num(x) for x in xb) or '-'} | {num(mb)} | {pct} | {call} |")
+            lines.append(f"| {fig} | {v} | {' / '.join(num(x) for x in xa) or '-'} | {num(c['a'])}{span} | "
+                         f"{' / '.join(num(x) for x in xb) or '-'} | {num(c['b'])} | {pct} | {call} |")
     return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from tensorfold_bench.figures import at  # noqa: E402
+from tensorfold_bench.figures import at, token_gaps  # noqa: E402
 from tensorfold_bench.report.fmt import num  # noqa: E402
 
 GAP_FLOOR = 0.005  # two tokens read together (one TCP read) have a gap of ~0: drawn here
@@ -42,9 +42,9 @@ def _axes(fig, n: int, has_trace: bool) -> tuple[list, list]:
 def _gaps_panel(ax, name: str, run: dict) -> None:
     recs = run["records"]
     t0 = recs["A"]["sent"]
-    times = recs["A"]["token_times"]
-    gaps_x = [b - t0 for a, b in zip(times, times[1:])]
-    gaps_y = [max(b - a, GAP_FLOOR) for a, b in zip(times, times[1:])]
+    gaps = token_gaps(recs["A"]["token_times"])
+    gaps_x = [t - t0 for t, _ in gaps]
+    gaps_y = [max(g, GAP_FLOOR) for _, g in gaps]
     ax.plot(gaps_x, gaps_y, ".", ms=2.5, color="0.25",
             label=f"A: gap before each token (below {GAP_FLOOR * 1000:g} ms: at the floor)")
     ax.set_yscale("log")
