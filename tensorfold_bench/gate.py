@@ -192,7 +192,8 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback
         lines = str(e).splitlines()
         why = lines[0].rstrip(":; ") + (f"; its log ends: {lines[-1].strip()}" if len(lines) > 1 else "")
         rep.note(f"base {base_src.label} will not serve: {why}")
-        return run_gate(replace(settings, base_ref=None, stamp=s.stamp), reporter,
+        # a run folder of its own, so the failed base's log stays where the note says
+        return run_gate(replace(settings, base_ref=None, stamp=s.stamp + "-aa"), reporter,
                         f"base {base_src.label} would not serve ({why}; log {e.log}): the working tree "
                         "is compared with itself (A/A): outputs must still agree across fresh servers; "
                         "throughput checks only the noise.")
