@@ -24,15 +24,22 @@ class Backend(Protocol):
     parallel: int
     max_model_len: int
     vocab_size: int
-    eos_token_id: int
+    eos_token_id: int  # the first of eos_token_ids
+    eos_token_ids: tuple[int, ...]  # a reply stops at any of them (optional: defaults to (eos_token_id,))
 
-    def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
+    def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int, *,
+                     sampling=None, logprobs: list | None = None) -> int | None:
         """Run one cut: write KV rows [start, end) of `lane` for `tokens[start:end]` (rows below
         `start` are already in the lane). On the prompt's last cut (end == len(tokens)) return
-        the greedy first token; otherwise None. It returns only when the cut's work is done
+        the first token (greedy, or drawn per `sampling`, an engine.sampling.SamplingParams, with
+        a TokenLogprob appended to `logprobs` when asked); otherwise None. The host passes
+        `sampling` only for a sampled or logprobs-asking stream, so a greedy-only backend works. It returns only when the cut's work is done
         (on a GPU: synchronized), because the host times steps to charge the prefill share."""
 
-    def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
+    def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int], *,
+               sampling=None, logprobs: list | None = None) -> list[int]:
         """One decode round: for each lane, feed `tokens[i]` at `positions[i]` (writing its KV
-        row) and return the greedy next token. The batch is padded to a fixed shape so a row's
+        row) and return the next token: greedy, or per `sampling[i]` (one SamplingParams per
+        entry, only when some stream samples or asks for logprobs; then `logprobs` gets one
+        TokenLogprob or None appended per entry). The batch is padded to a fixed shape so a row's
         bits never depend on its neighbours."""

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import typer
 
 from .config import ConfigError, EngineConfig, share_from_env
 from .drafter import make_drafter
+from .faults import Faults, with_faults
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="tfengine: a Qwen3-family inference engine with lanes, stepped prompts and a lane host.")
@@ -40,6 +42,30 @@ def engine_commit() -> str | None:
     return sha + ("+dirty" if dirty else "")
 
 
+def write_port(path: Path | None, port: int) -> None:
+    """Atomically, so a reader never sees half a number."""
+    if path is not None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(path)
+
+
+def check_config(cfg: EngineConfig) -> str:
+    """What serve would refuse before loading weights, as a ConfigError (a launcher asks once,
+    before starting any server). The runner checks the same when it starts."""
+    from .presets import resolve_model
+
+    _, name, _ = resolve_model(cfg.model)
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {cfg.device} asked for, but torch {torch.__version__} sees no CUDA device")
+    elif cfg.device != "cpu":
+        raise ConfigError(f"--device must be cpu or cuda, not {cfg.device!r}")
+    return f"ok: {name} on {cfg.device}, {cfg.dtype}"
+
+
 @app.command()
 def serve(
     model: Annotated[str, typer.Option(help="Preset (tiny, cpu, qwen3-0.6b, qwen3-8b, qwen3-32b) or a local Hugging Face layout directory.")] = "tiny",
@@ -56,8 +82,12 @@ def serve(
     no_drafts: Annotated[bool, typer.Option("--no-drafts", help="No speculative drafts.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the dummy weights.")] = 0,
     trace: Annotated[bool, typer.Option("--trace", help="Keep a per-step trace, served at /v1/trace.")] = False,
+    trace_len: Annotated[int, typer.Option(help="The trace keeps only the last this many steps (a ring).")] = 50_000,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(help="Port to listen on; 0: one the system picks (see --port-file).")] = 8000,
+    port_file: Annotated[Optional[Path], typer.Option(help="Once serving, write the bound port here (a launcher's way to learn a --port 0 port).")] = None,
+    nonce: Annotated[Optional[str], typer.Option(help="A launcher's token, echoed by GET /v1/engine, so it knows it measures the server it launched.")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Only validate the flags (the model and device exist too), print one line and exit: nothing loaded or served.")] = False,
 ):
     """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -67,19 +97,25 @@ def serve(
                        parallel=parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
                        prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
-                       seed=seed, trace=trace)
+                       seed=seed, trace=trace, trace_len=trace_len)
+    faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment
+    if check:
+        typer.echo(check_config(cfg))
+        return
     from .host import LaneHost
     from .runner import build_runner
     from .server import ServedModel, serve as serve_http
 
     runner = build_runner(cfg)
-    lane_host = LaneHost(runner, cfg, drafter=draft)
+    lane_host = LaneHost(with_faults(runner, faults), cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
-                         describe=runner.describe(), commit=engine_commit())
+                         describe=runner.describe(), commit=engine_commit(), nonce=nonce)
+    sock = socket.create_server((host, port))  # bound here, so --port 0's port is known before serving
+    port = sock.getsockname()[1]
     lane_host.start()
     try:
-        asyncio.run(serve_http(lane_host, served, host, port))
+        asyncio.run(serve_http(lane_host, served, host, port, ready=lambda: write_port(port_file, port), sock=sock))
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,48 +1,32 @@
-"""The lane host: one loop on one thread that owns the device and decides, each turn, whether
-to run a prompt step or a decode round. It moves plain `Sequence` objects between queues and
-never touches tensors; the backend does.
+"""The lane host: one loop on one thread that owns the device. It takes requests and cancels
+from other threads (the inbox), admits them into free lanes, runs the prompt steps and decode
+rounds that the policy (engine/policy.py) decides, and emits each stream's tokens. It moves plain
+`Sequence` objects between queues and never touches tensors; the backend does.
 
 A turn:
   1. take new requests and cancels; admit waiting requests into free lanes (prompt cache: the
      free lane holding the longest prefix of the prompt, rounded down to a cut boundary);
-  2. every prompt with at most SHORT_ROWS rows left goes in whole, back to back, in fill order
-     (in `whole` mode every prompt does);
-  3. a longer prompt takes one step if it owes the decoders nothing;
-  4. one decode round for every runnable stream (a stream whose client has not drained its
-     queue is paused);
-  5. with nothing to do, block until something arrives.
-
-The prefill share p: a long step that took t seconds while streams could decode owes them
-t (1 - p) / p seconds of decode rounds before the next long step. The clock is read only to
-time such a step and to pay its debt down, so with no prompt waiting the loop is the plain
-decode loop. Only the order of whole steps changes, never a cut: the bits do not depend on p.
+  2. run the prompts the policy sends in whole, then the long step it allows, if any;
+  3. one decode round for every runnable stream;
+  4. with nothing to do, block until something arrives.
 """
 from __future__ import annotations
 
 import logging
-import math
+import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .backend import Backend, next_cut
-from .config import SHORT_ROWS, EngineConfig
+from .config import EngineConfig
+from .policy import LanePolicy
 from .sequence import Sequence, Status
+from .trace import TraceRing
 
 log = logging.getLogger("tfengine.host")
-
-DEBT_CAP_S = 3600.0  # debt saturates here: a tiny share can never grow it without bound
-MIN_SHARE = 0.01
-
-
-def checked_share(p: float) -> float:
-    """A share below 0.01, NaN or infinite falls back to 1, with one warning."""
-    if not isinstance(p, (int, float)) or math.isnan(p) or math.isinf(p) or p < MIN_SHARE or p > 1:
-        log.warning("prefill share %r is outside [%.2f, 1]: using 1 (plain alternation)", p, MIN_SHARE)
-        return 1.0
-    return float(p)
 
 
 @dataclass
@@ -59,19 +43,6 @@ class Counters:
 
 
 @dataclass
-class TraceStep:
-    t: float
-    dur: float
-    kind: str  # prefill | decode
-    rows: int  # prompt rows in a prefill step; streams in a decode round
-    streams: int
-    seq: int | None
-
-    def as_dict(self) -> dict:
-        return dict(t=self.t, dur=self.dur, kind=self.kind, rows=self.rows, streams=self.streams, seq=self.seq)
-
-
-@dataclass
 class LaneHost:
     backend: Backend
     cfg: EngineConfig
@@ -79,17 +50,15 @@ class LaneHost:
     drafter: object | None = None  # engine.drafter: proposes tokens to check in spare rows
 
     def __post_init__(self):
-        self.share = checked_share(self.cfg.prefill_share)
+        self.policy = LanePolicy(self.cfg, self.clock)
         self.rows = self.cfg.prefill_rows
-        self.whole = self.cfg.prefill_mode == "whole"
         self.free: list[int] = list(range(self.backend.parallel))
         self.lane_rows: dict[int, list[int]] = {}  # prompt rows a free lane still holds
         self.waiting: deque[Sequence] = deque()
         self.prompts: list[Sequence] = []  # in a lane, rows left to fill
         self.decoding: list[Sequence] = []
-        self.debt = 0.0
         self.counters = Counters()
-        self.trace: deque[TraceStep] | None = deque(maxlen=200_000) if self.cfg.trace else None
+        self.trace: TraceRing | None = TraceRing(self.cfg.trace_len) if self.cfg.trace else None
         self._inbox: list[Sequence] = []
         self._cv = threading.Condition()
         self._stop = False
@@ -135,7 +104,20 @@ class LaneHost:
 
     @property
     def paused(self) -> int:
-        return sum(1 for s in self.decoding if not self._runnable(s))
+        return sum(1 for s in self.decoding if self.policy.is_paused(s))
+
+    @property
+    def share(self) -> float:
+        return self.policy.budget.share
+
+    @property
+    def debt(self) -> float:
+        return self.policy.budget.debt
+
+    def resumes(self, seq: Sequence) -> bool:
+        """The server asks after each token its client drained: wake the loop if this took the
+        stream off pause."""
+        return self.policy.resumes(seq)
 
     # ---- the turn ---------------------------------------------------------------------------
     def turn(self) -> bool:
@@ -144,7 +126,7 @@ class LaneHost:
         self._reap_cancels()
         self._admit()
         worked = self._fill_prompts()
-        runnable = [s for s in self.decoding if self._runnable(s)]
+        runnable = [s for s in self.decoding if self.policy.runnable(s)]
         if runnable:
             self._decode_round(runnable)
             worked = True
@@ -155,6 +137,9 @@ class LaneHost:
             new, self._inbox = self._inbox, []
         for seq in new:
             self.counters.requests += 1
+            if seq.sampling.seed is None and not seq.sampling.greedy:
+                # The server draws and reports one; a caller that did not gets one here.
+                seq.sampling = replace(seq.sampling, seed=secrets.randbits(63))
             self.waiting.append(seq)
 
     def _has_cancel(self) -> bool:
@@ -198,102 +183,104 @@ class LaneHost:
         reuse = min(best_n // self.rows * self.rows, last_cut_start)
         return best, max(reuse, 0)
 
-    def _fill_order(self, prompts: list[Sequence]) -> list[Sequence]:
-        """Foreground before background, then aged (waited past the threshold), then fewest rows
-        left, then arrival."""
-        if len(prompts) < 2:
-            return prompts
-        now = self.clock()
-        return sorted(prompts, key=lambda s: (s.background, now - s.arrival <= self.cfg.aging_s,
-                                              s.rows_left, s.arrival, s.id))
-
     def _fill_prompts(self) -> bool:
         if not self.prompts:
-            self.debt = 0.0  # no prompt waits: nothing to pay for, and no clock reads
+            self.policy.budget.forgive()  # no prompt waits: nothing to pay for, and no clock reads
             return False
-        ordered = self._fill_order(self.prompts)
+        ordered = self.policy.fill_order(self.prompts)
         worked = False
-        for seq in ordered:  # short prompts (all of them in whole mode) go in whole
-            if self.whole or seq.rows_left <= SHORT_ROWS:
+        for seq in ordered:
+            if self.policy.goes_whole(seq):
                 while seq in self.prompts and not seq.cancel_requested:
                     self._prompt_step(seq, timed=False)
                     worked = True
         long_ = [s for s in ordered if s in self.prompts and not s.cancel_requested]
-        runnable = any(self._runnable(s) for s in self.decoding)
-        if not runnable:
-            self.debt = 0.0  # debt is owed to runnable decoders only
-        if long_ and self.debt <= 0.0:
-            # Only a step taken while streams can decode builds debt, and only p < 1 needs it.
-            self._prompt_step(long_[0], timed=runnable and self.share < 1.0)
+        decoders = any(self.policy.runnable(s) for s in self.decoding)
+        step = self.policy.long_step(long_, bool(self.prompts), decoders)
+        if step is not None:
+            self._prompt_step(*step)
             worked = True
         return worked
+
+    def _timed(self, charge: bool, call: Callable[[], object]) -> tuple[object, float, float]:
+        """Run `call`, reading the clock around it only when the budget needs the time or the
+        trace is on (the one clock rule). Returns (result, start, seconds); a raise passes."""
+        if not charge and self.trace is None:
+            return call(), 0.0, 0.0
+        t0 = self.clock()
+        out = call()
+        return out, t0, self.clock() - t0
 
     def _prompt_step(self, seq: Sequence, timed: bool) -> None:
         start = seq.filled
         end = next_cut(start, len(seq.prompt), self.rows)
-        t0 = self.clock() if (timed or self.trace is not None) else 0.0
+        lps: list | None = None if seq.sampling.plain else []
+
+        def step():
+            if lps is None:  # greedy: the backend's plain call, as it always was
+                return self.backend.prefill_step(seq.lane, seq.prompt, start, end)
+            return self.backend.prefill_step(seq.lane, seq.prompt, start, end, sampling=seq.sampling, logprobs=lps)
         try:
-            tok = self.backend.prefill_step(seq.lane, seq.prompt, start, end)
+            tok, t0, dur = self._timed(timed, step)
         except Exception as exc:  # a failed step ends that stream only
             log.error("prompt step %d..%d of stream %d failed: %s", start, end, seq.id, exc)
             self._end(seq, Status.FAILED, f"backend failure during prompt step: {exc}")
             return
         self.counters.prompt_steps += 1
         seq.filled = end
-        if timed or self.trace is not None:
-            t = self.clock() - t0
-            if timed:
-                self.debt = min(DEBT_CAP_S, self.debt + t * (1.0 - self.share) / self.share)
-            if self.trace is not None:
-                self.trace.append(TraceStep(t0, t, "prefill", end - start, 1, seq.id))
+        if timed:
+            self.policy.budget.charge(dur)
+        if self.trace is not None:
+            self.trace.add(t0, dur, "prefill", end - start, 1, seq.id)
         if tok is not None:
             self.prompts.remove(seq)
             seq.status = Status.DECODE
             self.decoding.append(seq)
-            self._emit_token(seq, tok)
-
-    def _runnable(self, seq: Sequence) -> bool:
-        return seq.undrained < self.cfg.out_queue and not seq.cancel_requested
+            self._emit_token(seq, tok, lps[0] if lps else None)
 
     def _decode_round(self, runnable: list[Sequence]) -> None:
-        paying = self.debt > 0.0
-        if paying and not self.prompts:
-            self.debt, paying = 0.0, False
-        t0 = self.clock() if (paying or self.trace is not None) else 0.0
+        paying = self.policy.round_timed(bool(self.prompts))
         feeds = self._feeds(runnable)
         lanes = [s.lane for s, toks in zip(runnable, feeds) for _ in toks]
         tokens = [t for toks in feeds for t in toks]
         positions = [len(s.prompt) + len(s.output) - 1 + i for s, toks in zip(runnable, feeds)
                      for i in range(len(toks))]
+        lps: list | None = None if all(s.sampling.plain for s in runnable) else []
+
+        def round_():
+            if lps is None:  # every stream greedy: the backend's plain call
+                return self.backend.decode(lanes, tokens, positions)
+            sampling = [s.sampling for s, toks in zip(runnable, feeds) for _ in toks]
+            return self.backend.decode(lanes, tokens, positions, sampling=sampling, logprobs=lps)
         try:
-            new = self.backend.decode(lanes, tokens, positions)
-        except Exception as exc:
+            new, t0, dur = self._timed(paying, round_)
+        except Exception as exc:  # every stream of the round ends; the lanes serve again
             log.error("decode round failed: %s", exc)
             for seq in runnable:
                 self._end(seq, Status.FAILED, f"backend failure during decode: {exc}")
             return
         self.counters.decode_rounds += 1
-        if paying or self.trace is not None:
-            t = self.clock() - t0
-            if paying:
-                self.debt = max(0.0, self.debt - t)
-            if self.trace is not None:
-                self.trace.append(TraceStep(t0, t, "decode", len(tokens), len(runnable), None))
+        if paying:
+            self.policy.budget.pay(dur)
+        if self.trace is not None:
+            self.trace.add(t0, dur, "decode", len(tokens), len(runnable), None)
         at = 0
         for seq, toks in zip(runnable, feeds):
             out = new[at:at + len(toks)]
+            out_lps = lps[at:at + len(toks)] if lps else [None] * len(toks)
             at += len(toks)
             # out[0] is the round's own token; out[i] stands if the draft it was fed, toks[i],
-            # is the token the target gave just before it.
+            # is the token the target gave just before it. A sampled row's draw depends only on
+            # its seed, position and logits, so this check keeps sampled replies exact too.
             keep = 1
             while keep < len(toks) and toks[keep] == out[keep - 1]:
                 keep += 1
             self.counters.drafted += len(toks) - 1
             self.counters.accepted += keep - 1
-            for tok in out[:keep]:
+            for tok, lp in zip(out[:keep], out_lps):
                 if seq.done:
                     break
-                self._emit_token(seq, tok)
+                self._emit_token(seq, tok, lp)
 
     def _feeds(self, runnable: list[Sequence]) -> list[list[int]]:
         """The tokens each stream feeds this round: its last token, then any drafts, in the rows
@@ -315,12 +302,15 @@ class LaneHost:
                 free -= len(drafts)
         return feeds
 
-    def _emit_token(self, seq: Sequence, tok: int) -> None:
+    def _emit_token(self, seq: Sequence, tok: int, logprob=None) -> None:
+        if seq.sampling.logprobs is not None:
+            seq.logprobs.append(logprob)
         seq.output.append(tok)
         seq.pushed()
         self.counters.tokens_out += 1
         seq.emit("token", tok)
-        if tok == self.backend.eos_token_id and not seq.ignore_eos:
+        eos = getattr(self.backend, "eos_token_ids", None) or (self.backend.eos_token_id,)  # any EOS ends it
+        if tok in eos and not seq.ignore_eos:
             self._end(seq, Status.FINISHED, "stop")
         elif len(seq.output) >= seq.max_tokens or len(seq.prompt) + len(seq.output) >= self.backend.max_model_len:
             self._end(seq, Status.FINISHED, "length")
@@ -349,7 +339,7 @@ class LaneHost:
             seq.emit("error", reason)
 
     def trace_steps(self) -> list[dict]:
-        return [s.as_dict() for s in list(self.trace or ())]
+        return self.trace.steps() if self.trace is not None else []
 
 
 def _common_prefix(a, b) -> int:

@@ -2,7 +2,7 @@
 
 A decode round multiplies a handful of rows by every weight matrix, so its time is the time to
 stream the weights. At the round's fixed 8 rows cuBLAS picks a GEMM tile that reads qwen3-8b's
-weights at ~82 % of copy bandwidth (86 % at one row; PERF.md run 4). Here each program owns
+weights at ~82 % of copy bandwidth (86 % at one row; engine/dev/PERF.md run 4). Here each program owns
 BLOCK_N output columns and walks all of K in BLOCK_K steps, the rows padded to 16 for the tensor
 cores, so the weights stream through once with several tiles in flight per program.
 
@@ -13,7 +13,7 @@ per weight shape (CONFIGS, measured on the H200), never autotuned at run time.
 
 Shapes are taken only where they were measured faster than cuBLAS (CONFIGS); any other goes to
 F.linear. Folding silu*up into the down projection's load was tried and measured 6x slower than
-silu_mul + cuBLAS on the H200 (PERF.md run 5), so it is not here.
+silu_mul + cuBLAS on the H200 (engine/dev/PERF.md run 5), so it is not here.
 Runs under TRITON_INTERPRET=1 on the CPU (tests/test_skinny.py).
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ class SkinnyConfig:
 
 # Shapes not in CONFIGS use DEFAULT; None: cuBLAS (tests set a DEFAULT to run the kernel on any shape).
 DEFAULT: SkinnyConfig | None = None
-# (N, K) -> config, or None where cuBLAS was as fast: measured by engine/bench_skinny.py on the H200.
-# qwen3-8b's shapes, PERF.md run 5 (second call); each beat cuBLAS at 8 rows in that run.
+# (N, K) -> config, or None where cuBLAS was as fast: measured by engine/dev/bench_skinny.py on the H200.
+# qwen3-8b's shapes, engine/dev/PERF.md run 5 (second call); each beat cuBLAS at 8 rows in that run.
 CONFIGS: dict[tuple[int, int], SkinnyConfig | None] = {
     (6144, 4096): SkinnyConfig(64, 256, 4, 4),     # q/k/v   15.7 us vs 15.9
     (4096, 4096): SkinnyConfig(32, 128, 4, 6),     # o       11.8 us vs 13.3

@@ -1,8 +1,9 @@
 """ModelRunner: the real engine.backend.Backend. Only this module turns lanes and ids into tensors.
 
-- `prefill_step(lane, tokens, start, end)`: one cut of one lane, causal over the lane's rows
-  [0, end); on the prompt's last cut returns the greedy token (lm_head for the last row only).
-- `decode(lanes, tokens, positions)`: one batched forward at the FIXED padded shape `parallel`:
+- `prefill_step(lane, tokens, start, end, sampling=None, logprobs=None)`: one cut of one lane,
+  causal over the lane's rows [0, end); on the prompt's last cut returns the first token (lm_head
+  for the last row only): greedy, or drawn per `sampling` (engine/sampler.py).
+- `decode(lanes, tokens, positions, sampling=None, logprobs=None)`: one batched forward at the FIXED padded shape `parallel`:
   row r always carries lane r; rows of lanes not decoding point at a spare KV lane whose writes
   go nowhere harmful. Linear layers thus always see the same shape, and each row's attention
   reads its own lane's rows [0, pos] in an order that depends on that length only, so a row's
@@ -11,25 +12,19 @@
   only host sync is reading the new ids); decode attention is a Triton split-K kernel with a
   fixed split size (engine/kernels.py); prompt cuts go through SDPA's flash kernel. On CPU, or
   when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
+- Sampling: greedy rows take the round's argmax as always; a sampled row (or one asking for
+  logprobs) is drawn outside the graph from the logits the graph writes, from its own row only.
+  `sampling` is one SamplingParams per entry (None: all greedy); `logprobs`, when given, gets
+  one TokenLogprob or None appended per returned token.
 
-EngineConfig.extra knobs: {"cuda_graph": bool} (default on for CUDA; asking for it on the CPU
-falls back and records why), {"fused": bool} (CUDA: Triton kernels around the matmuls, default on),
-{"skinny": bool} (CUDA, with fused: decode rounds' matmuls in Triton, engine/kernels_skinny.py).
-
-Environment, for tests of the lane host:
-- TFENGINE_FAIL_STEP=k: the k-th call of prefill_step in this process (1-based, counted over
-  all runners) raises RuntimeError("injected failure at prefill step k").
-- TFENGINE_DECODE_SLEEP_MS=x: every decode round sleeps x milliseconds first (simulates a
-  slower build for the CI gate).
+Kernel choices come from `EngineConfig.kernels` (engine.config.KernelConfig). Fault and
+slow-down hooks for tests live in a wrapper backend (engine/faults.py), not here.
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import os
 import shutil
 import subprocess
-import time
 from typing import Sequence
 
 import torch
@@ -39,28 +34,12 @@ from engine.kv_cache import KVCache
 import engine.model as model_mod
 from engine.model import decode_attention_loop
 from engine.presets import resolve_model
+from engine.sampler import choose
+from engine.sampling import SamplingParams
 from engine.tokenizer import load_tokenizer
 from engine.weights import DTYPES, load_model
 
 log = logging.getLogger("engine.runner")
-# The Triton skinny matmuls in decode rounds (engine/kernels_skinny.py), on the shapes where they
-# measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (PERF.md run 5).
-SKINNY_DEFAULT = True
-
-_prefill_calls = itertools.count(1)
-
-
-def reset_fault_counter() -> None:
-    """Restart the TFENGINE_FAIL_STEP count (tests)."""
-    global _prefill_calls
-    _prefill_calls = itertools.count(1)
-
-
-def _maybe_fail() -> None:
-    n = next(_prefill_calls)
-    raw = os.environ.get("TFENGINE_FAIL_STEP")
-    if raw and raw.strip().lstrip("-").isdigit() and int(raw) == n:
-        raise RuntimeError(f"injected failure at prefill step {n}")
 
 
 class ModelRunner:
@@ -81,7 +60,8 @@ class ModelRunner:
         self.max_model_len: int = cfg.max_model_len
         self.prefill_rows: int = cfg.prefill_rows
         self.vocab_size: int = mcfg.vocab_size
-        self.eos_token_id: int = mcfg.eos_token_id
+        self.eos_token_id: int = mcfg.eos_token_id  # the first of eos_token_ids (old callers)
+        self.eos_token_ids: tuple[int, ...] = mcfg.eos_token_ids  # a reply stops at any of them
         self.tokenizer = load_tokenizer(model_dir, mcfg.vocab_size, mcfg.eos_token_id)
 
         if model is None:
@@ -93,25 +73,24 @@ class ModelRunner:
         self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
-        # CUDA: fused Triton kernels around the matmuls (extra={"fused": False} for the plain ops)
-        self.fused = self.device.type == "cuda" and cfg.extra.get("fused", True)
-        # decode rounds' matmuls through engine.kernels_skinny instead of cuBLAS (extra={"skinny": bool})
-        self.skinny = self.fused and cfg.extra.get("skinny", SKINNY_DEFAULT)
+        knobs = cfg.kernels
+        self.fused = self.device.type == "cuda" and knobs.fused
+        self.skinny = self.fused and knobs.skinny
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
         if self.device.type == "cuda":
             from engine.kernels import decode_attention
             self._attend_cuda = decode_attention
-            if cfg.extra.get("cuda_graph", True):
+            if knobs.cuda_graph is not False:
                 self.capture_graph()
-        elif cfg.extra.get("cuda_graph", False):
+        elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
 
     # ---- prompt cuts -----------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
-        _maybe_fail()
+    def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int,
+                     sampling: SamplingParams | None = None, logprobs: list | None = None) -> int | None:
         n = len(tokens)
         if not (0 <= lane < self.parallel):
             raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
@@ -122,19 +101,22 @@ class ModelRunner:
         ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
         logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
         if end == n:
-            return int(logits.argmax(-1).item())
+            tok = int(logits.argmax(-1).item())
+            if sampling is None or sampling.plain:
+                return tok
+            return choose(logits.reshape(1, -1), [tok], [sampling], [n], logprobs)[0]
         if self.device.type == "cuda":
             # The host times each step to charge the decoders' share: a step must not return
             # while its kernels are still queued, or the next decode round pays for it.
             torch.cuda.synchronize(self.device)
         return None
 
-    def prefill(self, lane: int, tokens: Sequence[int], start: int = 0) -> int:
+    def prefill(self, lane: int, tokens: Sequence[int], start: int = 0, sampling: SamplingParams | None = None) -> int:
         """The whole prompt from `start`, cut by cut on the grid: the same forwards as stepping."""
         from engine.backend import cuts
         out = None
         for s, e in cuts(start, len(tokens), self.prefill_rows):
-            out = self.prefill_step(lane, tokens, s, e)
+            out = self.prefill_step(lane, tokens, s, e, sampling)
         return out
 
     # ---- decode rounds -----------------------------------------------------------------------
@@ -166,6 +148,7 @@ class ModelRunner:
         return [tok, pos, ln], where
 
     def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
+        """The round's logits [parallel, vocab]."""
         tokens, positions, lanes = inp[0], inp[1], inp[2]
         if self._attend_cuda is not None:
             attend = self._attend_cuda
@@ -173,15 +156,13 @@ class ModelRunner:
             def attend(kv, i, q, lanes_t, positions_t):
                 return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
         return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused,
-                                 skinny=self.skinny).argmax(-1)
+                                 skinny=self.skinny)
 
     @torch.inference_mode()
-    def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
+    def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
+               sampling: Sequence[SamplingParams] | None = None, logprobs: list | None = None) -> list[int]:
         if not (len(lanes) == len(tokens) == len(positions)):
             raise ValueError("lanes, tokens and positions differ in length")
-        sleep_ms = os.environ.get("TFENGINE_DECODE_SLEEP_MS")
-        if sleep_ms:
-            time.sleep(float(sleep_ms) / 1000.0)
         if not lanes:
             return []
         rows, where = self._padded(lanes, tokens, positions)
@@ -189,11 +170,16 @@ class ModelRunner:
             self._h_in.copy_(torch.tensor(rows, dtype=torch.long))
             self._s_in.copy_(self._h_in, non_blocking=True)
             self.graph.replay()
-            out = self._s_out.tolist()
+            logits, out = self._s_logits, self._s_out.tolist()
         else:
             inp = torch.tensor(rows, dtype=torch.long, device=self.device)
-            out = self._decode_body(inp, rows=list(zip(rows[2], rows[1]))).tolist()
-        return [out[row] for row in where]
+            logits = self._decode_body(inp, rows=list(zip(rows[2], rows[1])))
+            out = logits.argmax(-1).tolist()
+        ids = [out[row] for row in where]
+        if sampling is None or all(sp.plain for sp in sampling):
+            return ids
+        # the new token of an entry fed at position q sits at q + 1
+        return choose(logits[where], ids, sampling, [q + 1 for q in positions], logprobs)
 
     def capture_graph(self) -> bool:
         """Capture the decode round at the fixed padded shape; on CPU (or failure) fall back to
@@ -216,7 +202,8 @@ class ModelRunner:
                 torch.cuda.current_stream().wait_stream(s)
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
-                    self._s_out = self._decode_body(self._s_in)
+                    self._s_logits = self._decode_body(self._s_in)
+                    self._s_out = self._s_logits.argmax(-1)
             torch.cuda.synchronize()
             self.graph = g
             return True
@@ -227,14 +214,15 @@ class ModelRunner:
             return False
 
     # ---- helpers -----------------------------------------------------------------------------
-    def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False) -> list[int]:
-        """Greedy tokens for one prompt alone in `lane` (tests, checks, bench)."""
-        out = [self.prefill(lane, tokens)]
+    def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False,
+                 sampling: SamplingParams | None = None) -> list[int]:
+        """Tokens for one prompt alone in `lane` (tests, checks, bench): greedy unless `sampling`."""
+        out = [self.prefill(lane, tokens, sampling=sampling)]
         pos = len(tokens)
         while len(out) < max_tokens and pos < self.max_model_len:
-            if stop_at_eos and out[-1] == self.eos_token_id:
+            if stop_at_eos and out[-1] in self.eos_token_ids:
                 break
-            out.append(self.decode([lane], [out[-1]], [pos])[0])
+            out.append(self.decode([lane], [out[-1]], [pos], None if sampling is None else [sampling])[0])
             pos += 1
         return out
 

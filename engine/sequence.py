@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .sampling import SamplingParams, TokenLogprob
+
 _ids = itertools.count()
 
 
@@ -27,6 +29,7 @@ class Sequence:
     background: bool = False  # priority: "background" fills after foreground prompts
     draft: bool = True
     arrival: float = 0.0
+    sampling: SamplingParams = SamplingParams()  # greedy unless temperature > 0
     # emit(kind, payload) is called on the host thread: kind is "token" (an int), "done"
     # (finish reason) or "error" (a message). The server turns it into SSE events.
     emit: Callable[[str, object], None] = lambda kind, payload: None
@@ -36,6 +39,8 @@ class Sequence:
     filled: int = 0  # prompt rows whose KV the lane holds
     cached: int = 0  # prompt rows reused from the prompt cache
     output: list[int] = field(default_factory=list)
+    # with sampling.logprobs set: one per output token, appended before the token is emitted
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     undrained: int = 0  # tokens emitted but not yet taken by the client
     cancel_requested: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -38,6 +38,7 @@ class ServedModel:
     tokenizer: Any  # encode(str) -> ids, decode(ids) -> str, chat_prompt(messages) -> ids
     describe: dict
     commit: str | None = None
+    nonce: str | None = None  # a launcher's token, echoed by /v1/engine
 
 
 def _field(body: dict, name: str, kind, default):
@@ -82,12 +83,13 @@ class Api:
     async def engine(self, request: web.Request) -> web.Response:
         cfg = asdict(self.host.cfg)
         return web.json_response({"engine": self.model.describe, "config": cfg,
-                                  "commit": self.model.commit, "prefill_share": self.host.share})
+                                  "commit": self.model.commit, "prefill_share": self.host.share,
+                                  "nonce": self.model.nonce})
 
     async def trace(self, request: web.Request) -> web.Response:
         if self.host.trace is None:
             return _error(404, "the trace is off: start the engine with --trace")
-        return web.json_response({"steps": self.host.trace_steps()})
+        return web.Response(body=self.host.trace.json(), content_type="application/json")
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=render_metrics(self.host), content_type="text/plain")
@@ -196,7 +198,7 @@ class Api:
             if kind == "token":
                 await resp.write(_sse(self._chunk(rid, chat, [payload], None)))
                 seq.drained()
-                if seq.undrained == self.host.cfg.out_queue - 1:
+                if self.host.resumes(seq):
                     self.host.wake()  # it may have been paused on us
             elif kind == "done":
                 last = self._chunk(rid, chat, [], payload)
@@ -245,11 +247,11 @@ def build_app(host: LaneHost, model: ServedModel) -> web.Application:
     return app
 
 
-async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=None) -> None:
+async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=None, sock=None) -> None:
     """Serve until cancelled. The client's disconnect cancels its handler, and so its stream."""
     runner = web.AppRunner(build_app(host, model), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, bind, port)
+    site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, bind, port)
     await site.start()
     log.info("serving %s on http://%s:%d", model.name, bind, port)
     if ready is not None:

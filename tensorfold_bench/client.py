@@ -5,20 +5,28 @@ uses, so the harness's and the server's times line up on one host. Metrics are c
 (metrics.py); nothing here aggregates.
 
 Chunk rule: a server-sent event carrying k tokens counts as k tokens that all arrived at that
-event's arrival time. Token ids come from `token_ids` (tfengine); from other servers, from
-logprobs entries of the form "token_id:123" (vLLM's --return-tokens-as-token-ids), else each
-non-empty text chunk counts as one token of unknown id (None).
+event's arrival time. Every request asks for `return_token_ids: true` (tfengine and vLLM >= 0.10
+answer with `token_ids` per event) and `stream_options: {include_usage: true}`. `logprobs` is sent
+only on the logprobs route (`Request.token_ids="logprobs"`, for vLLM started with
+--return-tokens-as-token-ids: entries "token_id:123"), since a server without a tokenizer
+refuses it. An event with neither counts each non-empty text chunk as one token of unknown id
+(None); the record then says it was counted by chunks and `tokens` prefers the server's
+`usage.completion_tokens`. Unknown ids make the reply's hash unknown, never a mismatch.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import httpx
 
 clock = time.monotonic
+
+# How a record's tokens were counted, strongest first; a record keeps the weakest it met.
+COUNTED_BY = ("ids", "logprobs", "chunks")
+TOKEN_ID_ROUTES = ("ids", "logprobs", "chunks")  # what a request asks for: ids, logprobs, nothing
 
 
 @dataclass
@@ -31,6 +39,7 @@ class Request:
     max_tokens: int = 16
     ignore_eos: bool = True
     extra: dict = field(default_factory=dict)  # extra body fields (e.g. for vLLM)
+    token_ids: str = "ids"  # TOKEN_ID_ROUTES: return_token_ids, logprobs "token_id:N", or neither
 
     @property
     def prompt_len(self) -> int:
@@ -43,6 +52,13 @@ class Request:
             b["prompt"] = self.prompt
         else:
             b["messages"] = self.messages
+        b["stream_options"] = {"include_usage": True}
+        if self.token_ids == "ids":
+            b["return_token_ids"] = True
+        elif self.token_ids == "logprobs":
+            b["logprobs"] = 1 if self.prompt is not None else True
+        elif self.token_ids != "chunks":
+            raise ValueError(f"token_ids must be one of {', '.join(TOKEN_ID_ROUTES)}, not {self.token_ids!r}")
         b.update(self.extra)
         return b
 
@@ -69,17 +85,30 @@ class StreamRecord:
     server_sha: str | None = None  # the server's token_sha (12 hex), if it sent one
     cancelled: bool = False  # we closed the stream before it finished
     ended: float | None = None  # finish, error or cancel time
+    counted_by: str | None = None  # COUNTED_BY: the weakest way any of its tokens was counted
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens; None: not reported
+    system_fingerprint: str | None = None
 
     @property
-    def first_token(self) -> float | None:
-        return self.token_times[0] if self.token_times else None
+    def tokens(self) -> int:
+        """Completion tokens: the server's usage count when we could only count chunks."""
+        reported = (self.usage or {}).get("completion_tokens")
+        if self.counted_by == "chunks" and isinstance(reported, int):
+            return reported
+        return len(self.token_ids)
+
+    @property
+    def known_ids(self) -> list[int] | None:
+        """The reply's ids, or None when any is unknown (then its hash is unknown, not different)."""
+        return None if any(i is None for i in self.token_ids) else list(self.token_ids)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "StreamRecord":
-        return cls(**d)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def _ids_from_logprobs(choice: dict) -> list[int | None] | None:
@@ -100,36 +129,61 @@ def _ids_from_logprobs(choice: dict) -> list[int | None] | None:
     return out
 
 
-def chunk_tokens(event: dict) -> list[int | None]:
-    """The tokens one event carries (see the chunk rule in this module's docstring)."""
+def event_tokens(event: dict) -> tuple[list[int | None], str | None]:
+    """The tokens one event carries and how they were counted (COUNTED_BY; None: no tokens)."""
     choices = event.get("choices") or []
     if not choices:
-        return []
+        return [], None
     ch = choices[0]
-    if ch.get("token_ids") is not None:
-        return [int(t) for t in ch["token_ids"]]
+    ids = ch.get("token_ids")
+    if ids is None:
+        ids = (ch.get("delta") or {}).get("token_ids")
+    if ids is not None:
+        return [int(t) for t in ids], "ids"
     ids = _ids_from_logprobs(ch)
     if ids is not None:
-        return ids
+        return ids, "logprobs"
     text = ch.get("text")
     if text is None:
         text = (ch.get("delta") or {}).get("content")
-    return [None] if text else []
+    return ([None], "chunks") if text else ([], None)
+
+
+def chunk_tokens(event: dict) -> list[int | None]:
+    """The tokens one event carries (see the chunk rule in this module's docstring)."""
+    return event_tokens(event)[0]
+
+
+def _error_message(event: dict) -> str | None:
+    if "error" in event:
+        err = event["error"]
+        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    if event.get("object") == "error":  # vLLM's in-stream error form
+        return str(event.get("message", event))
+    return None
 
 
 def _apply_event(rec: StreamRecord, event: dict, now: float) -> None:
-    if "error" in event:
-        err = event["error"]
-        rec.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    err = _error_message(event)
+    if err is not None:
+        rec.error = err
         return
-    toks = chunk_tokens(event)
+    toks, how = event_tokens(event)
     rec.token_ids.extend(toks)
     rec.token_times.extend([now] * len(toks))
+    if toks and (rec.counted_by is None or COUNTED_BY.index(how) > COUNTED_BY.index(rec.counted_by)):
+        rec.counted_by = how
     for ch in event.get("choices") or []:
         if ch.get("finish_reason"):
             rec.finish_reason = ch["finish_reason"]
-    if event.get("usage"):
-        rec.usage = event["usage"]
+    usage = event.get("usage")
+    if isinstance(usage, dict) and usage:
+        rec.usage = usage
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if isinstance(cached, int) and not isinstance(cached, bool):
+            rec.cached_tokens = cached
+    if event.get("system_fingerprint"):
+        rec.system_fingerprint = str(event["system_fingerprint"])
     sha = event.get("token_sha") or (event.get("tensorfold") or {}).get("token_sha")
     if sha:
         rec.server_sha = sha
@@ -173,17 +227,3 @@ async def stream(client: httpx.AsyncClient, base_url: str, req: Request, rec: St
 
 def new_record(req: Request, scheduled: float | None = None) -> StreamRecord:
     return StreamRecord(req.name, req.path, req.prompt_len, req.max_tokens, scheduled=scheduled)
-
-
-async def get_json(client: httpx.AsyncClient, base_url: str, path: str) -> dict | None:
-    """GET a JSON endpoint; None when the server does not have it (foreign servers)."""
-    try:
-        r = await client.get(base_url.rstrip("/") + path, timeout=10)
-    except httpx.HTTPError:
-        return None
-    if r.status_code != 200:
-        return None
-    try:
-        return r.json()
-    except ValueError:
-        return None

@@ -1,13 +1,20 @@
-"""The launcher: a server that dies at start fails fast with its log; the group is gone after."""
+"""The launcher: a server that dies at start fails fast with its log; the group is gone after;
+the server measured is the one launched; any server can be launched by command."""
 import os
+import socket
+import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tensorfold_bench.errors import ServerError
-from tensorfold_bench.launcher import group_alive, launch
+from tensorfold_bench.errors import BenchError, ServerError
+from tensorfold_bench.launcher import check_reachable, existing, free_port, group_alive, launch
+
+FOREIGN = [sys.executable, "-m", "tensorfold_bench.foreignserver", "serve", "--port", "{port}"]
 
 
 def test_server_exiting_at_start_fails_fast_with_log_tail(tmp_path):
@@ -31,12 +38,12 @@ def test_server_command_from_env(tmp_path, monkeypatch):
 
 def test_fake_server_group_killed_on_exit_and_error(tmp_path):
     cmd = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
-    with launch([], tmp_path / "ok.log", command=cmd) as srv:
+    with launch([], tmp_path / "ok.log", engine_cmd=cmd) as srv:
         pgid = srv.pgid
         assert group_alive(pgid)
     assert not group_alive(pgid)
     with pytest.raises(RuntimeError):
-        with launch([], tmp_path / "err.log", command=cmd) as srv:
+        with launch([], tmp_path / "err.log", command=cmd) as srv:  # the old meaning of command=
             pgid = srv.pgid
             raise RuntimeError("client failed")
     assert not group_alive(pgid)
@@ -87,3 +94,119 @@ def test_ctrl_c_mid_run_stops_the_server_group(tmp_path):
     assert p.returncode == 130, err
     assert "Traceback" not in err
     assert not group_alive(server[0])
+
+
+@pytest.fixture
+def foreign_on_a_port(tmp_path):
+    """A server tfbench did not launch, already listening on a port."""
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "tensorfold_bench.foreignserver", "serve", "--port", str(port)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield port, p.pid
+    p.kill()
+    p.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+def test_a_foreign_server_on_the_chosen_port_is_never_measured(tmp_path, foreign_on_a_port):
+    port, pid = foreign_on_a_port
+    # a launched command that never binds: health is answered, by the foreign server
+    nap = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(ServerError) as e:
+        with launch(log=tmp_path / "nap.log", command=nap, port=port, start_timeout=30):
+            pytest.fail("measured a server tfbench did not launch")
+    assert "not the one launched" in str(e.value) and f"pid {pid}" in str(e.value)
+
+
+def test_a_tfengine_whose_port_points_elsewhere_fails_the_nonce(tmp_path, foreign_on_a_port):
+    port, _ = foreign_on_a_port
+    liar = tmp_path / "liar.py"  # reports the foreign server's port as its own
+    liar.write_text(textwrap.dedent(f"""\
+        import sys, time
+        from pathlib import Path
+        Path(sys.argv[sys.argv.index("--port-file") + 1]).write_text("{port}")
+        time.sleep(60)
+    """))
+    with pytest.raises(ServerError) as e:
+        with launch([], tmp_path / "liar.log", engine_cmd=[sys.executable, str(liar)], start_timeout=30):
+            pytest.fail("measured a server tfbench did not launch")
+    assert "nonce" in str(e.value) and "not the one launched" in str(e.value)
+
+
+def test_tfengine_stand_in_binds_port_0_and_echoes_the_nonce(tmp_path):
+    with launch([], tmp_path / "f.log", engine_cmd=[sys.executable, "-m", "tensorfold_bench.fakeserver"]) as srv:
+        assert "--port" in srv.argv and srv.argv[srv.argv.index("--port") + 1] == "0"
+        assert srv.port and srv.url.endswith(f":{srv.port}")
+        assert httpx.get(srv.url + "/v1/engine").json()["nonce"] == srv.nonce
+        assert srv.checked[0] == "nonce echoed by /v1/engine"
+
+
+def test_launch_any_command_string_with_host_port_env_and_health_fallback(tmp_path):
+    cmd = (f"{sys.executable} -m tensorfold_bench.foreignserver serve --host {{host}} --port {{port}} --no-health "
+           "--model $NAME")  # not a shell: $NAME stays as written
+    with launch(log=tmp_path / "c.log", command=cmd, env={"TFB_TEST_VAR": "x"}) as srv:
+        models = httpx.get(srv.url + "/v1/models").json()
+        assert models["data"][0]["id"] == "$NAME"
+        assert httpx.get(srv.url + "/health").status_code == 404  # healthy by /v1/models
+        assert srv.command_line.endswith("--no-health --model '$NAME'") and f"--port {srv.port}" in srv.command_line
+        env = Path(f"/proc/{srv.proc.pid}/environ").read_bytes().split(b"\0")
+        assert b"TFB_TEST_VAR=x" in env
+        pgid = srv.pgid
+    assert not group_alive(pgid)
+    assert (tmp_path / "c.log").read_text().startswith("$ ")
+
+
+def test_a_command_that_exits_at_once_quotes_its_last_line(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('starting'); sys.exit('no such model: {port}')"]
+    with pytest.raises(ServerError) as e:
+        with launch(log=tmp_path / "x.log", command=cmd):
+            pass
+    assert "exited with code 1" in str(e.value) and e.value.last_line.startswith("no such model: ")
+
+
+def test_a_command_that_never_answers_health_quotes_its_last_line(tmp_path):
+    cmd = [sys.executable, "-c", "import time; print('warming up on {port}', flush=True); time.sleep(60)"]
+    with pytest.raises(ServerError) as e:
+        with launch(log=tmp_path / "h.log", command=cmd, start_timeout=1.5) as srv:
+            pass
+    assert "not healthy after 2 s" in str(e.value) and e.value.last_line.startswith("warming up on ")
+
+
+def test_an_unreachable_url_is_one_line():
+    port = free_port()
+    with pytest.raises(BenchError) as e:
+        check_reachable(f"http://127.0.0.1:{port}")
+    assert str(e.value).startswith(f"--url http://127.0.0.1:{port}: cannot reach") and "\n" not in str(e.value)
+    with pytest.raises(BenchError, match="not an http"):
+        with existing("127.0.0.1:8000"):
+            pass
+
+
+def test_engine_flags_are_checked_without_serving(tmp_path):
+    from tensorfold_bench.launcher import check_engine_flags
+
+    assert check_engine_flags(["--model", "tiny", "--prefill-mode", "whole"]) == "ok: tiny on cpu, float32"
+    for flags, said in ((["--model", "nosuch"], "--model 'nosuch' is neither a preset"),
+                        (["--dtype", "float8"], "--dtype must be float32 or bfloat16"),
+                        (["--bogus"], "No such option: --bogus")):
+        with pytest.raises(BenchError) as e:
+            check_engine_flags(flags)
+        assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
+    fake = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
+    assert check_engine_flags(["--model", "m"], engine_cmd=fake) == "ok: m (fake)"
+    old = tmp_path / "old"  # a source from before --check: nothing to ask
+    (old / "engine").mkdir(parents=True)
+    assert check_engine_flags(["--bogus"], root=old) is None
+
+
+def test_a_string_command_must_say_where_to_listen(tmp_path):
+    with pytest.raises(ValueError, match="has no {port}"):
+        with launch(log=tmp_path / "p.log", command="vllm serve some/model"):
+            pass

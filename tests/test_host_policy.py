@@ -5,7 +5,9 @@ import math
 import pytest
 
 from engine.config import EngineConfig
-from engine.host import DEBT_CAP_S, LaneHost, checked_share
+from engine.host import LaneHost
+from engine.faults import Faults, FaultyBackend
+from engine.policy import DEBT_CAP_S, PrefillBudget, checked_share
 from engine.sequence import Sequence, Status
 
 R = 256
@@ -129,7 +131,7 @@ def test_fill_order_foreground_then_aged_then_fewest_rows():
         host.submit(s)
     host._take_inbox()
     host._admit()
-    order = host._fill_order(list(host.prompts))
+    order = host.policy.fill_order(list(host.prompts))
     assert order == [aged_big, young_small, young_big, background_small]
 
 
@@ -178,7 +180,7 @@ def test_whole_mode_runs_a_long_prompt_before_the_next_round():
 
 @pytest.mark.parametrize("bad", [0.001, 0.0, -1, 1.5, math.nan, math.inf])
 def test_bad_share_falls_back_to_one_with_a_warning(bad, caplog):
-    with caplog.at_level(logging.WARNING, logger="tfengine.host"):
+    with caplog.at_level(logging.WARNING, logger="tfengine.policy"):
         assert checked_share(bad) == 1.0
     assert len(caplog.records) == 1 and "prefill share" in caplog.text
 
@@ -265,3 +267,68 @@ def test_max_tokens_and_eos_finish_streams():
 def test_blocks_instead_of_spinning_when_idle():
     host, backend, _ = make()
     assert host.turn() is False
+
+
+# ---- the prefill budget alone ----------------------------------------------------------------
+def test_budget_charges_a_step_at_the_share_and_rounds_pay_it_down():
+    b = PrefillBudget(0.25)
+    assert not b.owes
+    b.charge(1.0)  # a 1 s step at p = 1/4 owes 3 s of rounds
+    assert b.debt == pytest.approx(3.0) and b.owes
+    b.pay(1.0)
+    assert b.debt == pytest.approx(2.0)
+    b.pay(5.0)
+    assert b.debt == 0.0 and not b.owes  # paid off, never negative
+
+
+def test_budget_reads_the_clock_only_for_steps_that_can_owe():
+    assert PrefillBudget(0.5).times_step(decoders_waiting=True)
+    assert not PrefillBudget(0.5).times_step(decoders_waiting=False)  # no one to owe
+    assert not PrefillBudget(1.0).times_step(decoders_waiting=True)  # p = 1 never owes
+
+
+@pytest.mark.parametrize("prompts,decoders,kept", [(True, True, True), (True, False, False),
+                                                   (False, True, False), (False, False, False)])
+def test_budget_forgives_when_either_side_is_gone(prompts, decoders, kept):
+    b = PrefillBudget(0.5)
+    b.charge(2.0)
+    b.settle(prompts_waiting=prompts, decoders_waiting=decoders)
+    assert b.debt == (pytest.approx(2.0) if kept else 0.0)
+
+
+def test_budget_saturates_and_a_bad_share_means_one():
+    b = PrefillBudget(0.01)
+    b.charge(1e6)
+    assert b.debt == DEBT_CAP_S
+    assert PrefillBudget(math.nan).share == 1.0
+
+
+def test_one_pause_rule_for_the_host_and_the_server():
+    host, backend, _ = make()  # out_queue 4
+    a = start_decoder(host, backend)
+    a.undrained = 4
+    assert host.policy.is_paused(a) and not host.policy.runnable(a) and host.paused == 1
+    a.drained()  # the server: the client took one token
+    assert host.resumes(a) and host.policy.runnable(a) and host.paused == 0
+    a.drained()
+    assert not host.resumes(a)  # only the drain that crosses the threshold wakes the loop
+    a.cancel()
+    assert not host.policy.runnable(a)
+
+
+def test_failed_decode_round_ends_its_streams_and_frees_their_lanes_without_cache():
+    host, backend, _ = make(parallel=3)
+    a, b = seq(10, tag=1), seq(12, tag=2)
+    host.backend = FaultyBackend(backend, Faults(fail_round=2))
+    host.submit(a)
+    host.submit(b)
+    run_turns(host, 1, a, b)
+    lanes = {a.lane, b.lane}
+    host.turn()  # round 2 fails
+    for s in (a, b):
+        assert s.status == Status.FAILED and s.events[-1][0] == "error" and "decode round 2" in s.events[-1][1]
+    assert sorted(host.free) == [0, 1, 2] and all(host.lane_rows[lane] == [] for lane in lanes)
+    c = seq(10, tag=1, max_tokens=3)
+    host.submit(c)
+    run_turns(host, 3, c)
+    assert c.status == Status.FINISHED and c.cached == 0 and host.counters.failed == 2

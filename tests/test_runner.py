@@ -1,10 +1,10 @@
-"""ModelRunner on CPU: exactness of cuts, lanes and padded rounds; graph fallback; fault injection."""
+"""ModelRunner on CPU: exactness of cuts, lanes and padded rounds; graph fallback."""
 import pytest
 import torch
 
 from engine.backend import cuts
-from engine.config import ConfigError, EngineConfig
-from engine.runner import ModelRunner, build_runner, reset_fault_counter
+from engine.config import ConfigError, EngineConfig, KernelConfig
+from engine.runner import ModelRunner, build_runner
 
 R = 16
 
@@ -106,7 +106,7 @@ def test_padded_round_is_row_invariant(runner):
 
 def test_graph_path_falls_back_on_cpu():
     r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=64, prefill_rows=8,
-                                  extra={"cuda_graph": True}))
+                                  kernels=KernelConfig(cuda_graph=True)))
     assert r.graph is None and "no CUDA graphs" in r.graph_fallback_reason
     assert r.capture_graph() is False
     plain = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=64, prefill_rows=8))
@@ -118,28 +118,6 @@ def test_cuda_unavailable_is_a_config_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="CUDA"):
         build_runner(EngineConfig(model="tiny", device="cuda"))
-
-
-def test_fault_injection(monkeypatch, runner):
-    reset_fault_counter()
-    monkeypatch.setenv("TFENGINE_FAIL_STEP", "3")
-    toks = prompt(3 * R + 1)
-    runner.prefill_step(0, toks, 0, R)
-    runner.prefill_step(0, toks, R, 2 * R)
-    with pytest.raises(RuntimeError, match="injected failure at prefill step 3"):
-        runner.prefill_step(0, toks, 2 * R, 3 * R)
-    runner.prefill_step(0, toks, 2 * R, 3 * R)  # only the 3rd call fails
-    monkeypatch.delenv("TFENGINE_FAIL_STEP")
-    reset_fault_counter()
-
-
-def test_decode_sleep(monkeypatch, runner):
-    import time
-    runner.prefill(0, prompt(5))
-    monkeypatch.setenv("TFENGINE_DECODE_SLEEP_MS", "60")
-    t = time.perf_counter()
-    runner.decode([0], [1], [5])
-    assert time.perf_counter() - t >= 0.06
 
 
 def test_backend_surface_and_describe(runner):

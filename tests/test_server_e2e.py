@@ -1,6 +1,5 @@
 """The engine served for real on loopback (tiny preset), driven by a real streaming client."""
 import asyncio
-import hashlib
 import json
 import time
 
@@ -8,6 +7,7 @@ import httpx
 import pytest
 
 from engine.metrics import parse_metrics
+from engine.server import token_sha as sha12  # the engine's one rule; the harness checks it with its own
 from tensorfold_bench.launcher import launch
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "4096", "--prefill-rows", "8"]
@@ -25,10 +25,6 @@ def plain_server(tmp_path_factory):
     flags = FLAGS + ["--no-prompt-cache", "--prefill-mode", "whole"]
     with launch(flags, tmp_path_factory.mktemp("plain") / "server.log") as srv:
         yield srv.url
-
-
-def sha12(ids):
-    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:12]
 
 
 def prompt_ids(n, seed):

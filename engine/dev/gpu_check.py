@@ -1,6 +1,6 @@
-"""Correctness checks of the CUDA path, run on the device before the bench (engine/gpu_check.sh).
+"""Correctness checks of the CUDA path, run on the device before the bench (engine/dev/gpu_check.sh).
 
-    PYTHONPATH=. python3 -m engine.gpu_check --out $OUT/check.json
+    PYTHONPATH=. python3 -m engine.dev.gpu_check --out $OUT/check.json
 
 1. the Triton decode kernel against the per-row SDPA loop (bf16, lengths across split edges),
    and bitwise row invariance (same row, other neighbours);
@@ -18,7 +18,7 @@ import time
 import torch
 
 from engine.backend import cuts
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 from engine.model import decode_attention_loop
 from engine.runner import build_runner
 
@@ -36,7 +36,7 @@ def prompt(n, salt):
 def check_kernel(res):
     from engine.kernels import decode_attention
     r = build_runner(EngineConfig(model="qwen3-0.6b", device="cuda", dtype="bfloat16", parallel=4,
-                                  max_model_len=4096, prefill_rows=1024, extra={"cuda_graph": False}))
+                                  max_model_len=4096, prefill_rows=1024, kernels=KernelConfig(cuda_graph=False)))
     lens = [1, 255, 257, 3000]
     torch.manual_seed(0)
     for i in range(r.model_config.num_hidden_layers):  # random KV rows, not zeros
@@ -61,7 +61,7 @@ def check_kernel(res):
 def check_vs_fp32(res):
     common = dict(model="qwen3-0.6b", device="cuda", parallel=4, max_model_len=2048, prefill_rows=256)
     bf = build_runner(EngineConfig(dtype="bfloat16", **common))
-    ref = build_runner(EngineConfig(dtype="float32", extra={"cuda_graph": False, "fused": False}, **common))
+    ref = build_runner(EngineConfig(dtype="float32", kernels=KernelConfig(cuda_graph=False, fused=False), **common))
     with torch.no_grad():  # the reference holds the bf16 weights exactly, upcast
         for p32, p16 in zip(ref.model.parameters(), bf.model.parameters()):
             p32.copy_(p16.float())

@@ -1,6 +1,6 @@
 """Decode-round matmuls: cuBLAS against engine.kernels_skinny, per weight shape and in the round.
 
-    PYTHONPATH=. python3 -m engine.bench_skinny --model qwen3-8b --device cuda --json out.json
+    PYTHONPATH=. python3 -m engine.dev.bench_skinny --model qwen3-8b --device cuda --json out.json
 
 1. Each weight shape of one decode round (q/k/v, o, gate/up, down after silu*up, and lm_head) at the round's fixed row count: cuBLAS at that count and at one row, and each
    candidate config of the skinny kernel. On CUDA every product runs over enough distinct weight
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import typer
 
 import engine.kernels_skinny as S
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 from engine.presets import resolve_model
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -141,12 +141,12 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
 
 
 def bench_round(model: str, device: str, dtype: str, rows: int, out: dict, say, rounds: int, reps: int) -> None:
-    from engine.bench import bench_decode, prompt
+    from engine.dev.bench import bench_decode, prompt
     from engine.runner import ModelRunner
     cfg = EngineConfig(model=model, device=device, dtype=dtype, parallel=rows, max_model_len=512,
                        prefill_rows=4096 if device.startswith("cuda") else 64, seed=0)
-    base = ModelRunner(replace(cfg, extra={"skinny": False}))
-    sk = ModelRunner(replace(cfg, extra={"skinny": True}), model=base.model)
+    base = ModelRunner(replace(cfg, kernels=KernelConfig(skinny=False)))
+    sk = ModelRunner(replace(cfg, kernels=KernelConfig(skinny=True)), model=base.model)
     if device == "cpu":  # the dry run: Triton's interpreter in place of CUDA
         sk.fused = sk.skinny = True
     out["round"] = {"graph": [base.graph is not None, sk.graph is not None],
@@ -185,7 +185,7 @@ def main(model: Annotated[str, typer.Option(help="preset")] = "qwen3-8b",
             json_path.write_text(json.dumps(out, indent=2, default=str))
     bw = None
     if cuda:
-        from engine.bench import copy_bandwidth
+        from engine.dev.bench import copy_bandwidth
         bw = out["copy_bandwidth_Bps"] = copy_bandwidth(device)
         say(f"copy bandwidth {bw / 1e12:.2f} TB/s; {torch.cuda.get_device_name(0)}")
     cands = CANDIDATES if cuda else [S.SkinnyConfig(16, 32), S.SkinnyConfig(32, 32)]

@@ -1,7 +1,7 @@
 """Engine benchmark: prompt tok/s and decode tok/s at 1, 2, 4, 8 streams for a preset and device.
 
-    python -m engine.bench --model cpu --device cpu
-    PYTHONPATH=. python3 -m engine.bench --model qwen3-8b --device cuda --dtype bfloat16 --json out.json
+    python -m engine.dev.bench --model cpu --device cpu
+    PYTHONPATH=. python3 -m engine.dev.bench --model qwen3-8b --device cuda --dtype bfloat16 --json out.json
 
 Prompts run whole (cut by cut on the --prefill-rows grid, as the server's whole mode does); each
 figure is the median of several rounds after a warm-up. On CUDA the same run first measures the
@@ -133,7 +133,7 @@ def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
     print(f"decode 1 stream shape 1 | {s1 * 1e3:.2f} ms", flush=True)
     del r1
     r3 = ModelRunner(replace(cfg, parallel=parallel, max_model_len=ctx + rounds + 64,
-                             extra={"skinny": not r.skinny}), model=r.model)
+                             kernels=replace(cfg.kernels, skinny=not r.skinny)), model=r.model)
     s4 = bench_decode(r3, 1, rounds, reps, ctx)
     matmuls = r3.describe()["decode_matmuls"]
     label = f"decode 1 stream, {matmuls} matmuls"
@@ -142,7 +142,7 @@ def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
     print(f"{label} | {s4 * 1e3:.2f} ms", flush=True)
     del r3
     r2 = ModelRunner(replace(cfg, parallel=parallel, max_model_len=max(min(plens), ctx + rounds) + 64,
-                             extra={"fused": False}), model=r.model)
+                             kernels=replace(cfg.kernels, fused=False)), model=r.model)
     s2 = bench_decode(r2, 1, rounds, reps, ctx)
     out["decode_plain_ops_1"] = {"round_s": s2, "tok_s": 1 / s2}
     table.add_row("decode 1 stream, plain torch ops", f"{s2 * 1e3:.2f} ms", f"{1 / s2:,.1f}", "", "")

@@ -1,0 +1,138 @@
+"""What a server is, asked of the server itself, and the vocabulary random prompts are drawn from.
+
+`identify(url)` reads what any OpenAI-compatible server offers: `/v1/models` (id, owned_by,
+root, max_model_len, vocab_size where given), `/version` when present (vLLM), and tfengine's
+`/v1/engine` when present. The result is a plain dataclass the receipt can print: the server's
+own name and version, the model, and the command line tfbench launched (None under --url).
+
+`discover_vocab(...)` finds how many token ids a random prompt may use: the server's vocab_size,
+else a tokenizer or model directory (config.json's vocab_size, capped by tokenizer.json's
+largest id, since a server with a tokenizer refuses ids beyond it).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tensorfold_bench.errors import BenchError
+
+
+@dataclass
+class ServerIdentity:
+    url: str
+    name: str  # tfengine, the models' owned_by (vllm, ...), or "unknown"
+    version: str | None = None  # /version's version; tfengine: its source commit
+    model: str | None = None  # the first /v1/models id: the name requests must use
+    owned_by: str | None = None
+    root: str | None = None  # where the model came from (vLLM: the path or hub id it loaded)
+    max_model_len: int | None = None
+    vocab_size: int | None = None  # as the server reports it; None: not reported
+    launched: bool = False  # False: reached by --url, run by someone else
+    command: str | None = None  # the command line as launched (tfengine: with the flags applied)
+    checked: list[str] = field(default_factory=list)  # how tfbench knows it launched this server
+    engine: dict | None = None  # tfengine's /v1/engine payload
+    models: list[dict] = field(default_factory=list)  # /v1/models data, as served
+
+    @property
+    def label(self) -> str:
+        """One line for a receipt: `vllm 0.10.1, model Qwen/Qwen3-0.6B`."""
+        head = self.name + (f" {self.version}" if self.version else "")
+        return head + (f", model {self.model}" if self.model else "")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _get(client: httpx.Client, url: str, must_answer: bool = False) -> dict | None:
+    """A JSON object from GET url; None when the server has no such endpoint."""
+    try:
+        r = client.get(url)
+    except httpx.HTTPError as e:
+        if must_answer:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise BenchError(f"{url}: cannot reach the server ({reason})") from None
+        return None
+    if r.status_code != 200:
+        return None
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def identify(url: str, server=None, timeout: float = 10.0) -> ServerIdentity:
+    """Ask the server at `url` what it is. `server`: the launcher's Server when tfbench launched it."""
+    base = url.rstrip("/")
+    with httpx.Client(timeout=timeout) as c:
+        models = (_get(c, base + "/v1/models", must_answer=True) or {}).get("data") or []
+        version = _get(c, base + "/version")
+        engine = _get(c, base + "/v1/engine")
+    first = models[0] if models and isinstance(models[0], dict) else {}
+    is_tfengine = engine is not None and isinstance(engine.get("engine"), dict)
+    ident = ServerIdentity(
+        url=base, name="tfengine" if is_tfengine else str(first.get("owned_by") or "unknown"),
+        version=(version or {}).get("version") or (engine or {}).get("commit"),
+        model=first.get("id"), owned_by=first.get("owned_by"), root=first.get("root"),
+        max_model_len=_int(first.get("max_model_len")), vocab_size=_int(first.get("vocab_size")),
+        engine=engine if is_tfengine else None, models=[m for m in models if isinstance(m, dict)])
+    if ident.vocab_size is None and is_tfengine:
+        shape = (engine.get("engine") or {}).get("shape") or {}
+        ident.vocab_size = _int(shape.get("vocab")) or _int(shape.get("vocab_size"))
+    if server is not None:
+        ident.launched, ident.command, ident.checked = True, server.command_line, list(server.checked)
+    return ident
+
+
+def vocab_from_dir(path: Path) -> int | None:
+    """config.json's vocab_size (or text_config's), capped by tokenizer.json's largest id + 1."""
+    sizes = []
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+        v = _int(cfg.get("vocab_size")) or _int((cfg.get("text_config") or {}).get("vocab_size"))
+        if v:
+            sizes.append(v)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        tok = json.loads((path / "tokenizer.json").read_text())
+        ids = list(((tok.get("model") or {}).get("vocab") or {}).values())
+        ids += [t.get("id") for t in tok.get("added_tokens") or [] if isinstance(t, dict)]
+        ids = [i for i in ids if _int(i) is not None]
+        if ids:
+            sizes.append(max(ids) + 1)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return min(sizes) if sizes else None
+
+
+def discover_vocab(ident: ServerIdentity | None = None, tokenizer: str | Path | None = None,
+                   model_dir: str | Path | None = None) -> int:
+    """How many token ids random prompts may draw from. In order: the server's own vocab_size,
+    `tokenizer` (--tokenizer DIR), `model_dir`, and the server's `root` when it is a local
+    directory (vLLM serving a path). Raises BenchError naming the flags to pass otherwise."""
+    if ident is not None and ident.vocab_size:
+        return ident.vocab_size
+    for flag, d in (("--tokenizer", tokenizer), ("the model directory", model_dir)):
+        if d is None:
+            continue
+        if not Path(d).is_dir():
+            raise BenchError(f"{flag} {d}: not a directory")
+        v = vocab_from_dir(Path(d))
+        if v is None:
+            raise BenchError(f"{flag} {d}: no vocab_size in config.json and no tokenizer.json; pass --vocab N")
+        return v
+    if ident is not None and ident.root and Path(ident.root).is_dir():
+        v = vocab_from_dir(Path(ident.root))
+        if v is not None:
+            return v
+    where = f"{ident.url} reports no vocab_size in /v1/models" if ident else "no server to ask"
+    raise BenchError(f"no vocabulary size for random prompt ids: {where}; pass --vocab N, or "
+                     "--tokenizer DIR (a directory with config.json or tokenizer.json)")

@@ -1,0 +1,86 @@
+"""Servers never outlive tfbench: SIGTERM, SIGHUP or SIGKILL of a tfbench-like parent leaves no
+server process (nor its children, even one that left the group) and nothing on the port."""
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tensorfold_bench.lifeline import members
+from tensorfold_bench.ports import listening_inodes
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+
+# A `command:` server with children of its own, as vLLM has: one stays in the group, one
+# calls setsid() (it is still the server's descendant, so the subreaper finds it).
+SERVER = textwrap.dedent("""\
+    import os, subprocess, sys
+    nap = [sys.executable, "-c", "import time; time.sleep(600)"]
+    subprocess.Popen(nap)
+    subprocess.Popen(nap, start_new_session=True)
+    from tensorfold_bench.foreignserver import main
+    main(["serve", "--port", sys.argv[1]])
+""")
+
+# tfbench as far as the launcher goes: launch, report, then wait to be killed.
+PARENT = textwrap.dedent("""\
+    import json, sys, time
+    from pathlib import Path
+    from tensorfold_bench.launcher import launch
+    from tensorfold_bench.lifeline import members
+    kind, log, server = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    if kind == "command":
+        ctx = launch(log=log, command=[sys.executable, server, "{port}"])
+    elif kind == "stand-in":
+        ctx = launch([], log, engine_cmd=[sys.executable, "-m", "tensorfold_bench.fakeserver"])
+    else:
+        ctx = launch(["--model", "tiny"], log, start_timeout=120)
+    with ctx as srv:
+        time.sleep(0.5)  # let the server's children start
+        print(json.dumps({"port": srv.port, "pids": members(srv.pgid, srv.pgid)}), flush=True)
+        time.sleep(600)
+""")
+
+
+def alive(pids):
+
+    out = []
+    for pid in pids:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+@pytest.mark.parametrize("kind, sig", [("command", signal.SIGTERM), ("command", signal.SIGKILL),
+                                       ("command", signal.SIGHUP), ("stand-in", signal.SIGKILL),
+                                       ("tfengine", signal.SIGKILL)],
+                         ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
+def test_killing_tfbench_stops_the_server_group(tmp_path, kind, sig):
+    (tmp_path / "server.py").write_text(SERVER)
+    (tmp_path / "parent.py").write_text(PARENT)
+    p = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), kind, str(tmp_path / "s.log"),
+                          str(tmp_path / "server.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line, (tmp_path / "s.log").read_text() if (tmp_path / "s.log").exists() else "no log"
+        facts = json.loads(line)
+        want = 4 if kind == "command" else 2  # supervisor, server (+ its two children)
+        assert len(facts["pids"]) == want and listening_inodes(facts["port"])
+        p.send_signal(sig)
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while (alive(facts["pids"]) or listening_inodes(facts["port"])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(facts["pids"]), f"left running: {alive(facts['pids'])}"
+        assert not listening_inodes(facts["port"])
+        assert "lifeline closed" in (tmp_path / "s.log").read_text()
+    finally:
+        if p.poll() is None:
+            p.kill()
