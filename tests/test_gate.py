@@ -158,3 +158,19 @@ def test_a_base_that_will_not_serve_falls_back_to_a_a(tmp_path, monkeypatch):
     assert "this engine is broken" in Path(log).read_text()  # the A/A runs went to a folder of their own
     assert d["variants"][0]["source"]["path"] == str(r) and len(d["runs"]) == 2
     assert not any("differs" in x for x in d["reasons"]), d["reasons"]
+
+
+def test_a_receipt_with_a_changed_token_fails_and_renders_why():
+    """gate.analyse wires figures, hashes and verdicts together on a saved receipt's runs."""
+    runs = [hash_run(1, "base"), hash_run(2, "new", ("aaa", "XXX")), hash_run(3, "new"), hash_run(4, "base")]
+    for r, tok in zip(runs, (100, 101, 99, 100)):
+        r["figures"] = figs(tok)
+        r["sweep"]["errors"] = []
+        r["long_prompt"]["figures"] = {"valid": True, "invalid_reasons": []}
+    data = {"settings": {"engine": {"prefill_rows": 256}, "margin": 0.05, "long_margin": 0.25, "preset": "cpu",
+                         "preset_values": {"levels": [1, 2], "b_tokens": 1024, "judge_long": True}},
+            "runs": runs, "accepted_outputs": False, "missing_base": None}
+    d = gate.analyse(data)
+    assert not d["passed"] and d["reasons"] == ["token hash differs (all runs): c0s1: level 2 cell 0 rep 0 of new "
+                                                "(run 2): XXX != bbb"]
+    assert d["exactness"]["sweep"]["all runs"]["equal"] == 11 and any("cut period" in n for n in d["notes"])
