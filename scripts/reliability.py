@@ -1,9 +1,9 @@
 """The large reliability run against a real tiny engine on loopback: fuzzed bodies, disconnects
 mid-prompt and mid-decode, a soak with queueing, slow connections; then leaks and RSS. Writes a
-receipt (JSON + Markdown table) under receipts/.
+receipt (JSON + Markdown table) under receipts/reliability/.
 
     PYTHONPATH=$PWD python scripts/reliability.py [--fuzz 10000] [--disconnects 1000]
-        [--soak 10000] [--slow 300] [--out receipts]
+        [--soak 10000] [--slow 300] [--out receipts/reliability]
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def main() -> None:
     ap.add_argument("--disconnects", type=int, default=1_000)
     ap.add_argument("--soak", type=int, default=10_000)
     ap.add_argument("--slow", type=int, default=300)
-    ap.add_argument("--out", type=Path, default=Path("receipts"))
+    ap.add_argument("--out", type=Path, default=Path("receipts/reliability"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
