@@ -24,7 +24,8 @@ class Backend(Protocol):
     parallel: int
     max_model_len: int
     vocab_size: int
-    eos_token_id: int
+    eos_token_id: int  # the first of eos_token_ids
+    eos_token_ids: tuple[int, ...]  # a reply stops at any of them (optional: defaults to (eos_token_id,))
 
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int, *,
                      sampling=None, logprobs: list | None = None) -> int | None:

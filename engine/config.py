@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 SHORT_ROWS = 512  # a prompt with at most this many rows left goes in whole, before the next round
@@ -15,8 +15,39 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class GenerationDefaults:
+    """Sampling defaults a checkpoint's `generation_config.json` sets (None: not set). A server
+    applies them to requests that leave the field out, as vLLM's `--generation-config auto`."""
+
+    FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "do_sample", "max_new_tokens")
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    do_sample: bool | None = None
+    max_new_tokens: int | None = None
+
+    def __post_init__(self):
+        for name in self.FIELDS:
+            v = getattr(self, name)
+            want = bool if name == "do_sample" else int if name in ("top_k", "max_new_tokens") else (int, float)
+            if v is not None and (not isinstance(v, want) or (want is not bool and isinstance(v, bool))):
+                raise ValueError(f"{name} must be {getattr(want, '__name__', 'a number')}, not {v!r}")
+
+    def sampling_defaults(self) -> dict:
+        """The fields that are set, under OpenAI request names (max_new_tokens -> max_tokens)."""
+        out = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+               if getattr(self, k) is not None}
+        if self.max_new_tokens is not None:
+            out["max_tokens"] = self.max_new_tokens
+        return out
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """The subset of a Hugging Face Qwen3 `config.json` that the model uses."""
+    """The subset of a Hugging Face Qwen3 `config.json` that the model uses (engine/hf_config.py
+    reads one). `eos_token_ids`: every id that ends a reply; `eos_token_id` is the first of them."""
 
     vocab_size: int
     hidden_size: int
@@ -31,25 +62,33 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     eos_token_id: int = 0
     bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    # Not the shape: what the checkpoint was saved in, and its generation_config.json defaults.
+    dtype: str | None = field(default=None, compare=False)
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults, compare=False)
+
+    def __post_init__(self):
+        # eos_token_ids always starts with eos_token_id (so dataclasses.replace of either stays coherent)
+        rest = tuple(i for i in self.eos_token_ids if i != self.eos_token_id)
+        object.__setattr__(self, "eos_token_ids", (self.eos_token_id, *rest))
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        if isinstance(kw.get("eos_token_id"), list):
-            kw["eos_token_id"] = kw["eos_token_id"][0]
-        if "head_dim" not in kw:
-            kw["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
-        return cls(**kw)
+    def from_dict(cls, d: dict, generation: dict | None = None) -> "ModelConfig":
+        from engine.hf_config import from_hf_dict
+        return from_hf_dict(d, generation)
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def to_hf_dict(self) -> dict:
-        d = asdict(self)
+        """config.json as transformers writes it; RoPE both ways, so 4.x and 5.x read the same base."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("eos_token_ids", "dtype", "generation")}
+        d["eos_token_id"] = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id
+        d["rope_parameters"] = {"rope_theta": self.rope_theta, "rope_type": "default"}
         d.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu",
-                 attention_bias=False, torch_dtype="float32")
+                 attention_bias=False, torch_dtype=self.dtype or "float32")
         return d
 
     def num_parameters(self) -> int:
@@ -89,6 +128,10 @@ class KernelConfig:
     # CPU: matmuls on weights prepacked once (oneDNN bf16 / MKL fp32) and the decode round's
     # attention batched by span (engine/cpu_kernels.py); off: plain torch ops, one SDPA a row.
     cpu_fast: bool = True
+    # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant Triton tiles, alone
+    # or several in one forward (ModelRunner.prefill_many). Off: the tiles take 1.5-2x cuBLAS's
+    # time, so one short prompt alone fills slower (engine/dev/PERF.md runs 8-10).
+    batch_cuts: bool = False
 
 
 @dataclass

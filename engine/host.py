@@ -6,7 +6,9 @@ rounds that the policy (engine/policy.py) decides, and emits each stream's token
 A turn:
   1. take new requests and cancels; admit waiting requests into free lanes (prompt cache: the
      free lane holding the longest prefix of the prompt, rounded down to a cut boundary);
-  2. run the prompts the policy sends in whole, then the long step it allows, if any;
+  2. run the prompts the policy sends in whole, then the long step it allows, if any (a backend
+     with `batch_cuts` set fills several short greedy prompts' cuts in one `prefill_many`
+     forward, each cut with the bits it has alone);
   3. one decode round for every runnable stream;
   4. with nothing to do, block until something arrives.
 """
@@ -21,10 +23,12 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from .backend import Backend, next_cut
-from .config import EngineConfig
+from .config import SHORT_ROWS, EngineConfig
 from .policy import LanePolicy
 from .sequence import Sequence, Status
 from .trace import TraceRing
+
+BATCH_ROWS = 4096  # rows of short cuts a backend with prefill_many fills in one forward
 
 log = logging.getLogger("tfengine.host")
 
@@ -188,12 +192,12 @@ class LaneHost:
             self.policy.budget.forgive()  # no prompt waits: nothing to pay for, and no clock reads
             return False
         ordered = self.policy.fill_order(self.prompts)
-        worked = False
-        for seq in ordered:
-            if self.policy.goes_whole(seq):
-                while seq in self.prompts and not seq.cancel_requested:
-                    self._prompt_step(seq, timed=False)
-                    worked = True
+        shorts = [s for s in ordered if self.policy.goes_whole(s)]
+        worked = getattr(self.backend, "batch_cuts", False) and self._fill_together(shorts)
+        for seq in shorts:
+            while seq in self.prompts and not seq.cancel_requested:
+                self._prompt_step(seq, timed=False)
+                worked = True
         long_ = [s for s in ordered if s in self.prompts and not s.cancel_requested]
         decoders = any(self.policy.runnable(s) for s in self.decoding)
         step = self.policy.long_step(long_, bool(self.prompts), decoders)
@@ -201,6 +205,33 @@ class LaneHost:
             self._prompt_step(*step)
             worked = True
         return worked
+
+    def _fill_together(self, shorts: list[Sequence]) -> bool:
+        """A backend that fills several short cuts in one forward, each with the bits it has
+        alone (`prefill_many`), takes the greedy short prompts' next cuts together, in fill order,
+        up to BATCH_ROWS rows a forward; what is left goes one cut at a time as before."""
+        worked = False
+        while True:
+            group, rows = [], 0
+            for seq in shorts:
+                if seq in self.prompts and not seq.cancel_requested and seq.sampling.plain:
+                    end = next_cut(seq.filled, len(seq.prompt), self.rows)
+                    if end - seq.filled <= SHORT_ROWS and rows + end - seq.filled <= BATCH_ROWS:
+                        group.append((seq, seq.filled, end))
+                        rows += end - seq.filled
+            if len(group) < 2:
+                return worked
+            items = [(seq.lane, seq.prompt, start, end) for seq, start, end in group]
+            try:
+                toks, t0, dur = self._timed(False, lambda: self.backend.prefill_many(items))
+            except Exception as exc:  # a failed forward ends the streams in it
+                log.error("prompt steps of streams %s failed together: %s", [g[0].id for g in group], exc)
+                for seq, _, _ in group:
+                    self._end(seq, Status.FAILED, f"backend failure during prompt step: {exc}")
+                return True
+            worked = True
+            for (seq, start, end), tok in zip(group, toks):
+                self._after_step(seq, start, end, tok, None, t0, dur, False)
 
     def _timed(self, charge: bool, call: Callable[[], object]) -> tuple[object, float, float]:
         """Run `call`, reading the clock around it only when the budget needs the time or the
@@ -226,6 +257,9 @@ class LaneHost:
             log.error("prompt step %d..%d of stream %d failed: %s", start, end, seq.id, exc)
             self._end(seq, Status.FAILED, f"backend failure during prompt step: {exc}")
             return
+        self._after_step(seq, start, end, tok, lps, t0, dur, timed)
+
+    def _after_step(self, seq: Sequence, start: int, end: int, tok, lps, t0: float, dur: float, timed: bool) -> None:
         self.counters.prompt_steps += 1
         seq.filled = end
         if timed:
@@ -309,7 +343,8 @@ class LaneHost:
         seq.pushed()
         self.counters.tokens_out += 1
         seq.emit("token", tok)
-        if tok == self.backend.eos_token_id and not seq.ignore_eos:
+        eos = getattr(self.backend, "eos_token_ids", None) or (self.backend.eos_token_id,)  # any EOS ends it
+        if tok in eos and not seq.ignore_eos:
             self._end(seq, Status.FINISHED, "stop")
         elif len(seq.output) >= seq.max_tokens or len(seq.prompt) + len(seq.output) >= self.backend.max_model_len:
             self._end(seq, Status.FINISHED, "length")

@@ -1,14 +1,18 @@
-"""Skinny matmuls for decode rounds: y [M, N] = x [M, K] @ W [N, K]^T with M <= 16 rows.
+"""Skinny matmuls for decode rounds: y [M, N] = x [M, K] @ W [N, K]^T with M <= 64 rows.
 
 A decode round multiplies a handful of rows by every weight matrix, so its time is the time to
 stream the weights. At the round's fixed 8 rows cuBLAS picks a GEMM tile that reads qwen3-8b's
 weights at ~82 % of copy bandwidth (86 % at one row; engine/dev/PERF.md run 4). Here each program owns
 BLOCK_N output columns and walks all of K in BLOCK_K steps, the rows padded to 16 for the tensor
-cores, so the weights stream through once with several tiles in flight per program.
+cores (to 32 or 64 for rounds of that many lanes), so the weights stream through once with
+several tiles in flight per program. A config may also cut K into `split_k` fixed ranges (more
+programs in flight for the narrow matrices): each range's float32 partial goes to a scratch
+buffer and the last program of a column block to arrive (an atomic counter) sums the partials
+in range order 0, 1, 2, ...: which program arrives last never changes a bit.
 
 Row invariance: an output element is its row times its column, summed over K in BLOCK_K chunks
-in order, with one MMA shape whatever the other rows hold; the row count M never changes a
-row's bits. BLOCK_K sets that order, so a config is part of the numerics: configs are fixed
+in order (then over the K ranges in order), with one MMA shape whatever the other rows hold; a
+row count up to 16 never changes a row's bits (a round runs at one fixed row count anyway). BLOCK_K sets that order, so a config is part of the numerics: configs are fixed
 per weight shape (CONFIGS, measured on the H200), never autotuned at run time.
 
 Shapes are taken only where they were measured faster than cuBLAS (CONFIGS); any other goes to
@@ -27,7 +31,7 @@ import triton.language as tl
 
 from engine.kernels import INTERPRET
 
-MAX_ROWS = 16
+MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -36,31 +40,62 @@ class SkinnyConfig:
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 4
+    split_k: int = 1
 
 
 # Shapes not in CONFIGS use DEFAULT; None: cuBLAS (tests set a DEFAULT to run the kernel on any shape).
 DEFAULT: SkinnyConfig | None = None
-# (N, K) -> config, or None where cuBLAS was as fast: measured by engine/dev/bench_skinny.py on the H200.
-# qwen3-8b's shapes, engine/dev/PERF.md run 5 (second call); each beat cuBLAS at 8 rows in that run.
-CONFIGS: dict[tuple[int, int], SkinnyConfig | None] = {
-    (6144, 4096): SkinnyConfig(64, 256, 4, 4),     # q/k/v   15.7 us vs 15.9
-    (4096, 4096): SkinnyConfig(32, 128, 4, 6),     # o       11.8 us vs 13.3
-    (24576, 4096): SkinnyConfig(32, 128, 4, 6),    # gate/up 50.6 us vs 54.1
-    (4096, 12288): SkinnyConfig(32, 128, 4, 6),    # down    30.8 us vs 32.5 (with silu_mul)
-    (151936, 4096): SkinnyConfig(64, 128, 4, 6),   # lm_head 282.5 us vs 330.3
+# (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast. Measured on the H200
+# (us per product over >= 1 GiB of weight copies in one CUDA graph, cuBLAS beside it; engine/dev/PERF.md
+# runs 6 and 7): qwen3-8b at 16 rows (1 to 16 lanes), 32 rows (17 to 32) and 64 rows (33 to 64);
+# qwen3-32b at 16 rows (its other row counts: cuBLAS).
+CONFIGS: dict[tuple, SkinnyConfig | None] = {
+    (6144, 4096): SkinnyConfig(64, 256, 4, 4),        # q/k/v   15.7 us vs cuBLAS 15.8
+    (4096, 4096): SkinnyConfig(32, 128, 4, 6),        # o       12.0 us vs 13.4
+    (24576, 4096): SkinnyConfig(32, 256, 4, 4),       # gate/up 51.7 us vs 56.2
+    (4096, 12288): SkinnyConfig(32, 128, 4, 6, 2),    # down    28.9 us vs 31.9 (K in 2 ranges)
+    (151936, 4096): SkinnyConfig(64, 128, 4, 6),      # lm_head 291.6 us vs 352.5
+    (6144, 4096, 32): None,                           # cuBLAS 16.4 us, best skinny 19.0
+    (4096, 4096, 32): SkinnyConfig(32, 128, 4, 6),    # 13.4 us vs 14.2
+    (24576, 4096, 32): None,                          # cuBLAS 52.0 us, best skinny 52.7
+    (4096, 12288, 32): SkinnyConfig(32, 128, 4, 6, 2),  # 30.3 us vs 30.6
+    (151936, 4096, 32): SkinnyConfig(64, 128, 4, 4),  # 299.3 us vs 301.8
+    (6144, 4096, 64): None,                           # cuBLAS 16.3 us, best skinny 21.3
+    (4096, 4096, 64): None,                           # cuBLAS 12.3 us, best skinny 12.4
+    (24576, 4096, 64): None,                          # cuBLAS 53.4 us, best skinny 55.4
+    (4096, 12288, 64): SkinnyConfig(32, 128, 4, 6),   # 30.5 us vs 33.1
+    (151936, 4096, 64): SkinnyConfig(128, 128, 4, 4),  # 300.0 us vs 358.5
+    # qwen3-32b, 16 rows (q/k/v 10240 x 5120: cuBLAS 31.5 us, best skinny 33.2)
+    (5120, 8192, 16): SkinnyConfig(32, 256, 4, 4),     # o       27.6 us vs 29.4
+    (51200, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 124.7 us vs 132.3
+    (5120, 25600, 16): SkinnyConfig(32, 128, 4, 6, 2),  # down    70.5 us vs 72.1
+    (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
 }
+SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
 
 
-def config_for(n: int, k: int) -> SkinnyConfig | None:
-    return CONFIGS.get((n, k), DEFAULT)
+def block_m(m: int) -> int:
+    """Rows a product is padded to for the tensor cores: 16, 32 or 64."""
+    return max(16, triton.next_power_of_2(m))
+
+
+def config_for(n: int, k: int, rows: int = 1) -> SkinnyConfig | None:
+    """The config for weight shape (N, K) at `rows` rows: (N, K, padded rows) first, then (N, K)."""
+    return CONFIGS.get((n, k, block_m(rows)), CONFIGS.get((n, k), DEFAULT))
+
+
+def smem(c: SkinnyConfig, bm: int) -> int:
+    """Shared memory the pipelined x and W tiles take (bf16); Triton refuses a launch above the limit."""
+    return (bm + c.block_n) * c.block_k * 2 * c.num_stages
 
 
 def supports(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> bool:
     """Whether skinny() takes this product (else use F.linear)."""
     n, k = w.shape
-    c = config or config_for(n, k)
+    c = config or config_for(n, k, x.shape[0])
     return (c is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.shape[1] == k
-            and k % c.block_k == 0 and w.is_contiguous() and x.stride(1) == 1 and x.dtype == w.dtype)
+            and smem(c, block_m(x.shape[0])) <= SMEM_LIMIT
+            and k % (c.block_k * c.split_k) == 0 and w.is_contiguous() and x.stride(1) == 1 and x.dtype == w.dtype)
 
 
 @triton.jit
@@ -71,47 +106,138 @@ def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _skinny_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr):
+def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
+                   SPLIT_K: tl.constexpr):
     pid = tl.program_id(0)
+    sk = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     xm = rm[:, None] < M
     wn = rn[:, None] < N
-    xp = X + rm[:, None] * stride_xm + rk[None, :]
-    wp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    k0 = sk * (K // SPLIT_K)
+    xp = X + rm[:, None] * stride_xm + k0 + rk[None, :]
+    wp = W + rn[:, None].to(tl.int64) * stride_wn + k0 + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_STEPS:  # the interpreter (older Triton's cannot loop to a run-time bound)
         for _ in range(0, K_STEPS):
             acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     else:
-        for _ in range(0, K, BLOCK_K):
+        for _ in range(0, K // SPLIT_K, BLOCK_K):
             acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
-    tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=xm & (rn[None, :] < N))
+    ymask = xm & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=ymask)
+    else:
+        tile = rm[:, None] * N + rn[None, :]
+        tl.store(Part + sk * BLOCK_M * N + tile, acc, mask=ymask)
+        # every thread's partial stored, then release it and acquire the others' (acq_rel, gpu
+        # scope); the last to arrive sums the ranges in order
+        tl.debug_barrier()
+        if tl.atomic_add(Count + pid, 1) == SPLIT_K - 1:
+            total = tl.load(Part + tile, mask=ymask, other=0.0, cache_modifier=".cg")
+            for s in range(1, SPLIT_K):
+                total += tl.load(Part + s * BLOCK_M * N + tile, mask=ymask, other=0.0, cache_modifier=".cg")
+            tl.store(Y + rm[:, None] * stride_ym + rn[None, :], total.to(Y.dtype.element_ty), mask=ymask)
+            tl.atomic_xchg(Count + pid, 0)  # ready for the next launch (graph replays too)
+
+
+@triton.jit
+def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr):
+    x = tl.load(xp, mask=xm, other=0.0)
+    accg = tl.dot(x, tl.trans(tl.load(gp, mask=wn, other=0.0)), accg)
+    accu = tl.dot(x, tl.trans(tl.load(up, mask=wn, other=0.0)), accu)
+    return accg, accu, xp + BLOCK_K, gp + BLOCK_K, up + BLOCK_K
+
+
+@triton.jit
+def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr):
+    """silu(x @ Wg^T) * (x @ Wu^T) for W = [Wg; Wu] ([2I, K]): each program owns BLOCK_N columns of
+    both halves, then rounds as the unfused path does (each product to Y's dtype, silu to it)."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    xm = rm[:, None] < M
+    wn = rn[:, None] < I
+    xp = X + rm[:, None] * stride_xm + rk[None, :]
+    gp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    up = gp + I * stride_wn
+    accg = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if K_STEPS:  # the interpreter
+        for _ in range(0, K_STEPS):
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
+    else:
+        for _ in range(0, K, BLOCK_K):
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
+    g = accg.to(Y.dtype.element_ty).to(tl.float32)
+    u = accu.to(Y.dtype.element_ty).to(tl.float32)
+    sg = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + rm[:, None] * stride_ym + rn[None, :], (sg * u).to(Y.dtype.element_ty), mask=xm & (rn[None, :] < I))
+
+
+# (2I, K, padded rows) -> config of the gated kernel (gate/up with silu*up folded in); absent:
+# the two kernels (linear, then silu_mul).
+# qwen3-8b at 16 rows, engine/dev/PERF.md run 7: 54.5 us against 58.2 for the two, bitwise equal to them.
+GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
+
+
+def gated_smem(c: SkinnyConfig, bm: int) -> int:
+    return (bm + 2 * c.block_n) * c.block_k * 2 * c.num_stages
+
+
+def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
+    """silu(gate) * up of x times the fused gate/up matrix w ([2I, K]) -> [M, I]: one kernel where
+    GATED (or `config`) has the shape, else linear() then silu_mul."""
+    m, (n, k) = x.shape[0], w.shape
+    c = config or GATED.get((n, k, block_m(m)))
+    if c is None or not supports(x, w, c) or n % 2 or gated_smem(c, block_m(m)) > SMEM_LIMIT:
+        from engine.kernels_fused import silu_mul
+        return silu_mul(linear(x, w))
+    y = torch.empty(m, n // 2, dtype=w.dtype, device=w.device)
+    _gated_kernel[(triton.cdiv(n // 2, c.block_n),)](
+        x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=block_m(m), BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
+        num_warps=c.num_warps, num_stages=c.num_stages)
+    return y
 
 
 def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """x [M, K] times w [N, K]^T -> [M, N] in w's dtype."""
-    c = config or config_for(*w.shape)
+    c = config or config_for(*w.shape, x.shape[0])
     if not supports(x, w, c):
         raise ValueError(f"skinny: unsupported product x {tuple(x.shape)} {x.dtype} by w {tuple(w.shape)} "
                          f"{w.dtype} (no config, or shape/dtype/layout it does not take)")
     return _launch(x, w, c)
 
 
+_scratch: dict = {}  # split-K partials and arrival counters, one pair per shape
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig) -> torch.Tensor:
     m, (n, k) = x.shape[0], w.shape
+    bm, grid_n = block_m(m), triton.cdiv(n, c.block_n)
     y = torch.empty(m, n, dtype=w.dtype, device=w.device)
-    _skinny_kernel[(triton.cdiv(n, c.block_n),)](
-        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=MAX_ROWS, BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
+    part = count = y
+    if c.split_k > 1:  # allocated once per shape, before a graph capture uses it (warm-up rounds)
+        key = (n, bm, grid_n, c.split_k, w.device)
+        if key not in _scratch:
+            _scratch[key] = (torch.empty(c.split_k, bm, n, dtype=torch.float32, device=w.device),
+                             torch.zeros(grid_n, dtype=torch.int32, device=w.device))
+        part, count = _scratch[key]
+    _skinny_kernel[(grid_n, c.split_k)](
+        x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        K_STEPS=k // (c.block_k * c.split_k) if INTERPRET else 0, SPLIT_K=c.split_k,
         num_warps=c.num_warps, num_stages=c.num_stages)
     return y
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) for a decode round: skinny when it takes the shape."""
-    c = config_for(*w.shape)
+    c = config_for(*w.shape, x.shape[0])
     return _launch(x, w, c) if supports(x, w, c) else F.linear(x, w)
 

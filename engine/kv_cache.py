@@ -20,6 +20,12 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.lanes, self.max_len, self.spare = lanes, max_len, lanes
 
+    @staticmethod
+    def bytes_for(cfg: ModelConfig, lanes: int, max_len: int, dtype: torch.dtype) -> int:
+        """What a cache of `lanes` lanes (plus the spare) of `max_len` rows takes, K and V."""
+        row = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+        return row * (lanes + 1) * max_len * torch.empty(0, dtype=dtype).element_size()
+
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 

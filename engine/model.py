@@ -204,13 +204,17 @@ class Qwen3ForCausalLM(nn.Module):
 
         return packed.mm(self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed), "lm_head")
 
-    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False) -> torch.Tensor:
+    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
-        rows) engine.kernels_skinny's where it measured faster."""
+        rows) engine.kernels_skinny's where it measured faster, or `mm`'s."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
-        from engine.kernels_skinny import linear
-        mm = linear if skinny else F.linear
+        from engine.kernels_skinny import gate_up_silu, linear
+        if mm is None:
+            mm = linear if skinny else F.linear
+            act = gate_up_silu if skinny else (lambda h, w: silu_mul(F.linear(h, w)))
+        else:
+            act = lambda h, w: silu_mul(mm(h, w))  # noqa: E731
         cfg, layers = self.config, self.model.layers
         eps = cfg.rms_norm_eps
         x, h = add_rmsnorm(self.model.embed_tokens(tokens), None, layers[0].input_layernorm.weight, eps)
@@ -220,7 +224,7 @@ class Qwen3ForCausalLM(nn.Module):
                                    kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
             x, h = add_rmsnorm(x, mm(attend(i, q), a.o_proj.weight), layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = add_rmsnorm(x, mm(silu_mul(mm(h, m.w_gate_up)), m.down_proj.weight), nxt, eps)
+            x, h = add_rmsnorm(x, mm(act(h, m.w_gate_up), m.down_proj.weight), nxt, eps)
         return h
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
@@ -228,13 +232,37 @@ class Qwen3ForCausalLM(nn.Module):
         """One cut: tokens [T] at positions [start, start+T) of `lane`. Returns the logits of the
         last row ([vocab], the lm_head runs for that row only), or of every row if all_logits.
         fused: run the trunk through the Triton kernels (CUDA, or the interpreter)."""
-        positions, write_kv, attend = cut_io(tokens, lane, start, kv, prefill_attention)
+        attention = prefill_attention
+        if fused:  # the CUDA path's cut attention, also under the interpreter (tests)
+            from engine.kernels_prefill import cut_attention
+            attention = cut_attention
+        positions, write_kv, attend = cut_io(tokens, lane, start, kv, attention)
         if fused:
             lanes = torch.full_like(positions, lane)
             x = self.trunk_fused(tokens, positions, lanes, kv, attend)
         else:
             x = self.trunk(tokens, positions, write_kv, attend)
         return self.lm_head(x if all_logits else x[-1])
+
+    def prefill_many(self, seqs: list[tuple[torch.Tensor, int, int]], kv, mm) -> torch.Tensor:
+        """Several cuts in one forward through the fused kernels: seqs = [(tokens [T], lane, start)],
+        their rows one after another. Each cut's attention reads only its own lane (cut_attention)
+        and `mm` must give a row's bits whatever the other rows (engine.kernels_batch.matmul), so
+        a cut's results do not depend on the cuts beside it. Returns each cut's last-row logits."""
+        from engine.kernels_prefill import cut_attention
+        dev = seqs[0][0].device
+        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
+        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
+        tokens = torch.cat([t for t, _, _ in seqs])
+        positions = torch.cat([torch.arange(s, s + b - a, device=dev) for a, b, _, s in spans])
+        lanes = torch.cat([torch.full((b - a,), lane, device=dev) for a, b, lane, _ in spans])
+
+        def attend(i, q):
+            return torch.cat([cut_attention(q[a:b], kv.k[i, lane, :s + b - a], kv.v[i, lane, :s + b - a], s)
+                              for a, b, lane, s in spans])
+
+        h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm)
+        return mm(h[[b - 1 for _, b, _, _ in spans]], self.lm_head.weight)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn,
                fused: bool = False, skinny: bool = False) -> torch.Tensor:
@@ -276,31 +304,15 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     aligned at the bottom right (query row t sees keys [0, start + t]). Returns [T, H*d]."""
     t, h, d = q.shape
     qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    if q.is_cuda:  # flash's causal mask is bottom-right aligned; it takes GQA natively
-        o = _flash_lower_right(qh, kh, vh)
-    elif start == 0:
+    if q.is_cuda:  # cuDNN halves, no offset mask (engine/kernels_prefill.py)
+        from engine.kernels_prefill import cut_attention
+        return cut_attention(q, k, v, start)
+    if start == 0:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
     else:
         mask = torch.arange(k.shape[0], device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
     return o[0].transpose(0, 1).reshape(t, h * d)
-
-
-_FLASH_OK = True
-
-
-def _flash_lower_right(q, k, v):
-    """Causal attention of a later cut (more keys than queries) through SDPA's flash kernel."""
-    global _FLASH_OK
-    if _FLASH_OK and q.dtype in (torch.bfloat16, torch.float16):
-        try:
-            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True)[0]
-        except RuntimeError:
-            _FLASH_OK = False  # e.g. no GQA in this build: expand the KV heads instead
-    from torch.nn.attention.bias import causal_lower_right
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
 
 
 def decode_attention_loop(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,

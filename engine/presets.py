@@ -5,12 +5,14 @@
   a 4,096-token prompt prefills whole in 3 to 10 s, so a long prompt visibly stalls decoders.
 - `qwen3-0.6b`, `qwen3-8b`, `qwen3-32b`: the real Qwen3 shapes (vocab 151,936), for the GPU.
 Byte-level tokenization: ids 0..255 are bytes; tiny/cpu put EOS at 256 (vocab 512).
+A directory is read by engine/hf_config.py (config.json and generation_config.json).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from engine.config import ConfigError, ModelConfig
+from engine.hf_config import read_model_dir
 
 _QWEN = dict(vocab_size=151_936, head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
              max_position_embeddings=40_960, eos_token_id=151_645, bos_token_id=151_643)
@@ -37,11 +39,5 @@ def resolve_model(name_or_dir: str) -> tuple[ModelConfig, str, Path | None]:
         return PRESETS[name_or_dir], name_or_dir, None
     d = Path(name_or_dir)
     if d.is_dir():
-        cfg_path = d / "config.json"
-        if not cfg_path.is_file():
-            raise ConfigError(f"--model {name_or_dir}: directory has no config.json")
-        try:
-            return ModelConfig.from_json(cfg_path), d.resolve().name, d
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"--model {name_or_dir}: bad config.json ({e})") from None
+        return read_model_dir(d, f"--model {name_or_dir}"), d.resolve().name, d
     raise ConfigError(f"--model {name_or_dir!r} is neither a preset ({', '.join(PRESETS)}) nor a directory")

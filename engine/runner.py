@@ -10,7 +10,9 @@
   bits never depend on how many neighbours decode or how long they are.
 - CUDA: the decode round is captured as one CUDA graph (inputs copied into static buffers, the
   only host sync is reading the new ids); decode attention is a Triton split-K kernel with a
-  fixed split size (engine/kernels.py); prompt cuts go through SDPA's flash kernel. On CPU, or
+  fixed split size (engine/kernels.py); a prompt cut's attention is its prefix and its diagonal
+  through cuDNN (or flash), merged (engine/kernels_prefill.py). Up to 64 lanes (the round's
+  matmuls pad to 16, 32 or 64 rows); the KV cache must fit beside the weights. On CPU, or
   when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
 - Sampling: greedy rows take the round's argmax as always; a sampled row (or one asking for
   logprobs) is drawn outside the graph from the logits the graph writes, from its own row only.
@@ -25,13 +27,13 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import torch
 
-from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.kv_cache import KVCache
-import engine.model as model_mod
 from engine.model import decode_attention_loop
 from engine.presets import resolve_model
 from engine.sampler import choose
@@ -40,6 +42,8 @@ from engine.tokenizer import load_tokenizer
 from engine.weights import DTYPES, load_model
 
 log = logging.getLogger("engine.runner")
+# CUDA memory kept free beside the weights and the KV cache: a prompt cut's activations, scratch.
+KV_HEADROOM = 4 << 30
 
 
 class ModelRunner:
@@ -60,7 +64,8 @@ class ModelRunner:
         self.max_model_len: int = cfg.max_model_len
         self.prefill_rows: int = cfg.prefill_rows
         self.vocab_size: int = mcfg.vocab_size
-        self.eos_token_id: int = mcfg.eos_token_id
+        self.eos_token_id: int = mcfg.eos_token_id  # the first of eos_token_ids (old callers)
+        self.eos_token_ids: tuple[int, ...] = mcfg.eos_token_ids  # a reply stops at any of them
         self.tokenizer = load_tokenizer(model_dir, mcfg.vocab_size, mcfg.eos_token_id)
 
         if model is None:
@@ -69,12 +74,17 @@ class ModelRunner:
         self.model = model
         if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
             model.setup_rope(cfg.max_model_len)
+        if self.device.type == "cuda":
+            self._check_kv_fits(mcfg)
         self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
         knobs = cfg.kernels
         self.fused = self.device.type == "cuda" and knobs.fused
         self.skinny = self.fused and knobs.skinny
+        # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
+        # forward (prefill_many); off by default (KernelConfig.batch_cuts)
+        self.batch_cuts = self.fused and knobs.batch_cuts
         # CPU: matmuls on prepacked weights, batched span-grouped decode attention
         # (engine/cpu_kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
         self.cpu_mm = None
@@ -84,32 +94,47 @@ class ModelRunner:
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
+        self._cut_thread: ThreadPoolExecutor | None = None
         if self.device.type == "cuda":
             from engine.kernels import decode_attention
             self._attend_cuda = decode_attention
             if knobs.cuda_graph is not False:
                 self.capture_graph()
+            # Prompt cuts run in one thread of their own, which builds cuDNN's graphs for the full
+            # cuts first (in the background, after the capture), so no request waits for a build.
+            self._cut_thread = ThreadPoolExecutor(1, thread_name_prefix="prompt-cuts")
+            self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
+
+    def _check_kv_fits(self, mcfg: ModelConfig) -> None:
+        """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""
+        need = KVCache.bytes_for(mcfg, self.parallel, self.max_model_len, self.dtype)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if need > free - KV_HEADROOM:
+            per_lane = (free - KV_HEADROOM) // max(1, KVCache.bytes_for(mcfg, self.parallel, 1, self.dtype))
+            raise ConfigError(
+                f"--parallel {self.parallel} with --max-model-len {self.max_model_len}: the KV cache needs "
+                f"{need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free on {self.device} (keeping "
+                f"{KV_HEADROOM / 2**30:.0f} GiB for activations); at this --parallel, --max-model-len "
+                f"{max(0, per_lane)} fits")
 
     # ---- prompt cuts -----------------------------------------------------------------------
     @torch.inference_mode()
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int,
                      sampling: SamplingParams | None = None, logprobs: list | None = None) -> int | None:
         n = len(tokens)
-        if not (0 <= lane < self.parallel):
-            raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
-        if not (0 <= start < end <= n):
-            raise ValueError(f"bad cut [{start}, {end}) of a {n}-token prompt")
-        if end > self.max_model_len:
-            raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
-        ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
-        if self.cpu_mm is not None and not self.fused:
-            logits = self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm)
+        self._check_cut(lane, n, start, end)
+        if self.batch_cuts and end - start <= SHORT_ROWS:  # the same forward as beside other cuts
+            (tok,), logits = self._many([(lane, tokens, start, end)])
         else:
-            logits = self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
+            ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
+            if self._cut_thread is not None:  # CUDA: where cuDNN's graphs for cuts were built
+                logits = self._cut_thread.submit(self._forward_cut, ids, lane, start).result()
+            else:
+                logits = self._forward_cut(ids, lane, start)
+            tok = int(logits.argmax(-1).item()) if end == n else None
         if end == n:
-            tok = int(logits.argmax(-1).item())
             if sampling is None or sampling.plain:
                 return tok
             return choose(logits.reshape(1, -1), [tok], [sampling], [n], logprobs)[0]
@@ -118,6 +143,55 @@ class ModelRunner:
             # while its kernels are still queued, or the next decode round pays for it.
             torch.cuda.synchronize(self.device)
         return None
+
+    def _check_cut(self, lane: int, n: int, start: int, end: int) -> None:
+        if not (0 <= lane < self.parallel):
+            raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
+        if not (0 <= start < end <= n):
+            raise ValueError(f"bad cut [{start}, {end}) of a {n}-token prompt")
+        if end > self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
+
+    @torch.inference_mode()
+    def prefill_many(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[int | None]:
+        """Several prompt cuts [(lane, tokens, start, end)], one per lane. CUDA: cuts of at most
+        SHORT_ROWS rows go in one forward through row-invariant matmuls (engine/kernels_batch.py),
+        so each cut's bits equal its bits alone; otherwise one after another. Returns per cut the
+        greedy first token if it ends its prompt, else None."""
+        if not (self.batch_cuts and all(e - s <= SHORT_ROWS for _, _, s, e in items)):
+            return [self.prefill_step(*it) for it in items]
+        if len({it[0] for it in items}) < len(items):
+            raise ValueError("two cuts of one lane in one forward")
+        for lane, tokens, start, end in items:
+            self._check_cut(lane, len(tokens), start, end)
+        return self._many(items)[0]
+
+    def _many(self, items) -> list[int | None]:
+        seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in items]
+        if self._cut_thread is not None:
+            logits = self._cut_thread.submit(self._forward_many, seqs).result()
+        else:
+            logits = self._forward_many(seqs)
+        firsts = logits.argmax(-1).tolist()  # the one sync: the cuts' work is done when it returns
+        return [int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, items)], logits
+
+    @torch.inference_mode()
+    def _forward_many(self, seqs) -> torch.Tensor:
+        from engine.kernels_batch import matmul
+        return self.model.prefill_many(seqs, self.kv, matmul)
+
+    @torch.inference_mode()
+    def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
+        if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
+            return self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm)
+        return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
+
+    @torch.inference_mode()
+    def _warm_cuts(self) -> int:
+        """Build cuDNN's graphs for full cuts at every grid start (engine/kernels_prefill.py)."""
+        from engine.kernels_prefill import warm
+        a = self.model.model.layers[0].self_attn
+        return warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows)
 
     def prefill(self, lane: int, tokens: Sequence[int], start: int = 0, sampling: SamplingParams | None = None) -> int:
         """The whole prompt from `start`, cut by cut on the grid: the same forwards as stepping."""
@@ -237,7 +311,7 @@ class ModelRunner:
         out = [self.prefill(lane, tokens, sampling=sampling)]
         pos = len(tokens)
         while len(out) < max_tokens and pos < self.max_model_len:
-            if stop_at_eos and out[-1] == self.eos_token_id:
+            if stop_at_eos and out[-1] in self.eos_token_ids:
                 break
             out.append(self.decode([lane], [out[-1]], [pos], None if sampling is None else [sampling])[0])
             pos += 1
@@ -290,8 +364,7 @@ class ModelRunner:
             "max_model_len": self.max_model_len,
             "prefill_rows": self.prefill_rows,
             "cuda_graph": self.graph is not None,
-            "prefill_attention": ("flash" if model_mod._FLASH_OK else "sdpa, expanded kv")
-            if self.device.type == "cuda" else "sdpa",
+            "prefill_attention": self._prefill_attention_name(),
             "threads": torch.get_num_threads(),
             **(self._describe_cpu() if self.device.type == "cpu" else {}),
         }
@@ -303,6 +376,13 @@ class ModelRunner:
         kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
         return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
                 "decode_attention": "sdpa a row" if mm is None else "batched matmuls a span group"}
+
+    def _prefill_attention_name(self) -> str:
+        if self.device.type != "cuda":
+            return "sdpa" if self.cpu_mm is None else "prefix + diagonal halves merged (flash, fp32)"
+        from engine import kernels_prefill as kp
+        return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
+                "flash below")
 
 
 def build_runner(cfg: EngineConfig) -> ModelRunner:

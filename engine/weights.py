@@ -4,8 +4,11 @@
   seeded from (seed, tensor name), so weights are deterministic for (preset, seed, dtype, device
   type) and independent of the order tensors are made in. Linear weights and embeddings are
   normal with std 0.02 (HF's initializer_range), norms are 1.
-- `safetensors`: config.json + *.safetensors (sharded with model.safetensors.index.json or not),
-  names and shapes checked strictly against the model; a clear ConfigError otherwise.
+- `safetensors`: config.json + *.safetensors (sharded with model.safetensors.index.json or not;
+  an index naming a file outside the directory is refused), names and shapes checked strictly
+  against the model; a clear ConfigError otherwise. Tied embeddings: lm_head.weight may be
+  absent (transformers does not save it) and is then the embedding. Tensors are cast from the
+  checkpoint's dtype to the engine's.
 The model is built on the meta device and the tensors are assigned (load_state_dict(assign=True)).
 `save_pretrained` writes config.json + model.safetensors (optionally sharded) for tests and users.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
 
@@ -52,21 +55,39 @@ def dummy_state(cfg: ModelConfig, seed: int, dtype: torch.dtype, device) -> dict
     return out
 
 
+def _index_files(model_dir: Path, index: Path) -> list[Path]:
+    """The shards an index names; a name that leaves the directory is refused (checked by name,
+    not by resolving links, so a Hugging Face cache snapshot's symlinked blobs still load)."""
+    where = f"--model {model_dir}"
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = set(weight_map.values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{where}: bad {index.name} ({e!r})") from None
+    for name in sorted(names):
+        parts = PurePosixPath(str(name)).parts if isinstance(name, str) else ()
+        if (not parts or PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute()
+                or ".." in parts or "\\" in name):
+            raise ConfigError(f"{where}: {index.name} names a file outside the directory: {name!r}")
+    return [model_dir / n for n in sorted(names)]
+
+
 def read_safetensors(model_dir: Path, device) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted({model_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
-    else:
-        files = sorted(model_dir.glob("*.safetensors"))
+    files = _index_files(model_dir, index) if index.is_file() else sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"--model {model_dir}: no *.safetensors files (try --load-format dummy)")
     sd = {}
     for f in files:
         if not f.is_file():
             raise ConfigError(f"--model {model_dir}: missing shard {f.name}")
-        sd.update(load_file(str(f), device=str(device)))
+        try:
+            sd.update(load_file(str(f), device=str(device)))
+        except (SafetensorError, OSError) as e:
+            raise ConfigError(f"--model {model_dir}: cannot read {f.name} ({e})") from None
     return sd
 
 

@@ -1,19 +1,21 @@
 #!/bin/bash
-# One device call: the H200 receipts of issue 6, written under $OUT (flat: the device tool brings
+# One device call: the H200 receipts of issue 14, written under $OUT (flat: the device tool brings
 # back at most 8 files). Predictions are committed under receipts/predictions/ before the call.
 #   long-prompt: qwen3-8b, B of 32,000 tokens, whole vs stepped p=1 and p=0.5, plain check
-#   sweep: --levels 1,2,4,8 --tokens 256 --cells 4 --reps 2 (2 reps: the call fits 10 min), whole vs stepped p=0.5
+#   sweep: --levels 1,2,4,8,16,32,64 --tokens 256 --cells 2 --reps 2 (the call fits 10 min), whole vs p=0.5
 # Usage: TFBENCH_COMMIT=<sha> bash scripts/h200_receipts.sh
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > /tmp/gpu.txt 2>&1
-timeout 260 python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b --share 1,0.5 \
-  --plain-check --predict receipts/predictions/h200-long-prompt.yaml --out /tmp/lp 2>&1 | tail -40
-timeout 320 python3 -m tensorfold_bench sweep --device cuda --model qwen3-8b --levels 1,2,4,8 --tokens 256 \
-  --cells 4 --reps 2 --share 0.5 --predict receipts/predictions/h200-sweep.yaml --out /tmp/sw 2>&1 | tail -40
-for d in lp sw; do
-  for f in /tmp/$d/*.md /tmp/$d/*.json /tmp/$d/*.png; do [ -f "$f" ] && cp "$f" "$OUT/$d-$(basename "$f")"; done
-done
+keep() {  # copy a run's receipt files under $OUT as soon as it ends (a later timeout keeps them)
+  for f in /tmp/$1/*.md /tmp/$1/*.json /tmp/$1/*.png; do [ -f "$f" ] && cp "$f" "$OUT/$1-$(basename "$f")"; done
+}
+timeout 250 python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b --share 1,0.5 \
+  --plain-check --predict receipts/predictions/h200-long-prompt.yaml --out /tmp/lp 2>&1 | tail -30
+keep lp
+timeout 310 python3 -m tensorfold_bench sweep --device cuda --model qwen3-8b --levels 1,2,4,8,16,32,64 \
+  --tokens 256 --cells 2 --reps 2 --share 0.5 --predict receipts/predictions/h200-sweep.yaml --out /tmp/sw 2>&1 | tail -30
+keep sw
 tar czf "$OUT/logs.tgz" -C /tmp gpu.txt lp sw 2>/dev/null  # the run logs beside each receipt
 ls -la "$OUT"

@@ -1,12 +1,11 @@
-"""`tfbench`: each command is a thin adapter over a library call (bench.run_long_prompt,
-receipt.write / receipt.render_markdown). Shared options are Annotated aliases defined once, so
-later commands (sweep) reuse the variant and engine flags."""
+"""`tfbench`: each command turns its flags into settings (the scenario's `settings_from_flags`,
+which checks them), makes one library call under a progress display, writes the receipt
+(`report.write`) and prints its tables. Shared options are Annotated aliases defined once."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -20,12 +19,11 @@ try:  # typer >= 0.29 vendors its own click
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from tensorfold_bench import bench, predictions, receipt, stats
 from tensorfold_bench import gate as gate_mod
-from tensorfold_bench import sweep as sweep_mod
-from tensorfold_bench.errors import BenchError, FlagError
-from tensorfold_bench.scenario import LongPromptScript
-from tensorfold_bench.variants import Variant, default_order, order_for, parse_floats, parse_order, select_variants, share_variants
+from tensorfold_bench import predictions, report, stats
+from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
+from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
+from tensorfold_bench.scenarios import sweep as sweep_mod
 
 console = Console(stderr=True)
 out = Console()
@@ -59,24 +57,9 @@ Margin = Annotated[float, typer.Option("--margin", help="Verdict margin: a chang
 EngineArg = Annotated[Optional[list[str]], typer.Option("--engine-arg", help="Extra engine flag for every variant (repeatable), e.g. --engine-arg=--no-drafts.")]
 
 
-@dataclass(frozen=True)
-class Preset:
-    model: str
-    b_at: float
-    b_tokens: int
-    prefill_rows: int
-    dtype: str | None
-
-
-PRESETS = {"cpu": Preset("cpu", 3.0, 4096, 256, None), "cuda": Preset("qwen3-8b", 5.0, 32000, 1024, "bfloat16")}
-
-
-def positive(flag: str, v: float | int | None) -> None:
-    if v is not None and not v > 0:
-        raise FlagError(flag, f"must be positive, not {v}")
-
-
 class RichReporter:
+    """The progress bar and the notes under it, on stderr."""
+
     def __init__(self, progress: Progress):
         self.p, self.task = progress, None
 
@@ -93,78 +76,21 @@ class RichReporter:
         self.p.console.print(f"  {text}")
 
 
-def variants_and_order(share: str | None, order: str | None, variants_file: Path | None = None,
-                       base_ref: str | None = None, new_ref: str | None = None,
-                       aa: bool = False) -> tuple[list[Variant], list[str]]:
-    """--share / --variants / --base / --new / --aa and --order -> [base, others...] and the run
-    order (shared by every scenario; see variants.select_variants)."""
-    vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
-    return order_for(vs, order, aa)
+def with_progress(run: Callable[..., dict], settings) -> dict:
+    """`run(settings, reporter)` under one progress display."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
+                  transient=False) as progress:
+        return run(settings, RichReporter(progress))
 
 
-def engine_setup(*, model, device, dtype, parallel, prefill_rows, max_model_len, seed, trace, engine_args,
-                 url=None) -> bench.EngineSetup:
-    """The shared engine flags, with the device preset's defaults."""
-    pre = preset(device)
-    for flag, v in (("--parallel", parallel), ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len)):
-        positive(flag, v)
-    return bench.EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype,
-                             parallel=parallel or 4, prefill_rows=prefill_rows or pre.prefill_rows,
-                             max_model_len=None if url else max_model_len, seed=seed, trace=trace,
-                             extra_args=list(engine_args or []))
+def write_receipt(data: dict, out_dir: Path) -> dict[str, Path]:
+    return report.write(data, out_dir, Path(data["settings"]["run_dir"]).name)
 
 
-def preset(device: str) -> Preset:
-    if device not in PRESETS:
-        raise FlagError("--device", f"must be cpu or cuda, not {device!r}")
-    return PRESETS[device]
-
-
-def long_prompt_settings(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
-                         max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
-                         vocab=None, stamp="", variants_file=None, base_ref=None, new_ref=None,
-                         aa=False) -> bench.LongPromptSettings:
-    """Flags -> settings, with the device preset's defaults; every bad value names its flag."""
-    pre = preset(device)
-    for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens),
-                    ("--vocab", vocab)):
-        positive(flag, v)
-    if c_after < 0:
-        raise FlagError("--c-after", f"must be at least 0, not {c_after}")
-    variants, order_names = variants_and_order(share, order, variants_file, base_ref, new_ref, aa)
-    b_tokens = b_tokens or pre.b_tokens
-    mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
-    script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
-                              c_tokens=c_tokens, seed=seed)
-    script = replace(script, a_max_tokens=a_tokens or (mml - script.a_prompt_tokens - 1))
-    engine = engine_setup(model=model, device=device, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
-                          max_model_len=mml, seed=seed, trace=trace, engine_args=engine_args, url=url)
-    return bench.LongPromptSettings(engine=engine, script=script, variants=variants, order=order_names,
-                                    out_dir=out_dir, url=url, plain_check=plain_check, stamp=stamp, vocab=vocab)
-
-
-def execute(settings: bench.LongPromptSettings, preds: "predictions.Predictions | None" = None,
-            margin: float = stats.DEFAULT_MARGIN) -> dict[str, Path]:
-    """Run with a progress display, write the receipt, print the tables; return the paths.
-    `preds` were read (and stamped) before this call, so before the first run."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        data = bench.run_long_prompt(settings, RichReporter(progress))
-    data["settings"]["margin"] = margin
-    if preds is not None:
-        data["predictions"] = preds.check(receipt.medians_by_variant(data)).to_dict()
-    paths = receipt.write(data, settings.out_dir, settings.run_dir.name)
-    show(data)
+def print_paths(paths: dict[str, Path]) -> None:
     for kind, p in paths.items():
         out.print(f"receipt {kind}: {p}")
-    if data["runs"] and all(r.get("error") for r in data["runs"]):
-        raise BenchError(f"every run's server failed; see {paths['md']}\n{data['runs'][0]['error']}")
-    return paths
-
-
-def show(data: dict) -> None:
-    md = "\n".join(receipt.table(data) + ["", "**Exactness.**", *receipt.exactness_lines(data)])
-    out.print(Markdown(md))
 
 
 @run_app.command("long-prompt")
@@ -197,46 +123,18 @@ def long_prompt(
     a_tokens: Annotated[Optional[int], typer.Option("--a-tokens", help="A's max_tokens (default: as long as the context allows; A is cancelled when B and C are done).")] = None,
 ):
     """A decodes; B sends a long cold prompt; C a short chat. Whole prompts vs stepped at each --share."""
-    settings = long_prompt_settings(model=model, device=device, dtype=dtype, share=share, order=order, url=url,
-                                    out_dir=out_dir, plain_check=plain_check, parallel=parallel,
-                                    prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed, trace=trace,
-                                    engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens,
-                                    c_tokens=c_tokens, a_tokens=a_tokens, vocab=vocab, variants_file=variants_file,
-                                    base_ref=base_ref, new_ref=new_ref, aa=aa)
-    if not 0 <= margin < 1:
-        raise FlagError("--margin", f"must be a fraction in [0, 1), not {margin}")
-    execute(settings, read_predictions(predict, settings.variants), margin)
-
-
-# ---- issue 5: variants from refs and files, predictions, sweep, gate, compare ------------
-def read_predictions(path: Path | None, variants: list) -> "predictions.Predictions | None":
-    return predictions.read(path, [v.name for v in variants]) if path else None
-
-
-def sweep_settings(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
-                   parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens, cells, reps,
-                   prompt_tokens, predict, margin, stamp="") -> sweep_mod.SweepSettings:
-    """Flags -> settings for `tfbench sweep`; predictions are read here, before any run."""
-    if device not in PRESETS:
-        raise FlagError("--device", f"must be cpu or cuda, not {device!r}")
-    pre = PRESETS[device]
-    for flag, v in (("--parallel", parallel), ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len)):
-        positive(flag, v)
-    if not 0 <= margin < 1:
-        raise FlagError("--margin", f"must be a fraction in [0, 1), not {margin}")
-    script = sweep_mod.SweepScript(levels=sweep_mod.parse_levels(levels), tokens=tokens, cells=cells, reps=reps,
-                                   prompt_tokens=prompt_tokens, seed=seed)
-    vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
-    vs, names = order_for(vs, order, aa)
-    preds = read_predictions(predict, vs)
-    need = script.prompt_tokens + script.tokens + 1
-    mml = max_model_len or max(1024, -(-need // 256) * 256)
-    engine = bench.EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype,
-                               parallel=max(parallel or 0, script.max_level), prefill_rows=prefill_rows or pre.prefill_rows,
-                               max_model_len=None if url else mml, seed=seed, trace=False,
-                               extra_args=list(engine_args or []))
-    return sweep_mod.SweepSettings(engine=engine, script=script, variants=vs, order=names, out_dir=out_dir,
-                                   url=url, predictions=preds, margin=margin, stamp=stamp)
+    settings = long_prompt_mod.settings_from_flags(
+        model=model, device=device, dtype=dtype, share=share, order=order, url=url, out_dir=out_dir,
+        plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
+        trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
+        a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
+        predict=predict, margin=margin)
+    data = with_progress(long_prompt_mod.run, settings)
+    paths = write_receipt(data, out_dir)
+    out.print(Markdown(report.long_prompt.summary_markdown(data)))
+    print_paths(paths)
+    if data["runs"] and all(r.get("error") for r in data["runs"]):
+        raise BenchError(f"every run's server failed; see {paths['md']}\n{data['runs'][0]['error']}")
 
 
 @app.command("sweep")
@@ -266,21 +164,18 @@ def sweep(
     engine_arg: EngineArg = None,
 ):
     """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
-    settings = sweep_settings(model=model, device=device, dtype=dtype, share=share, variants_file=variants_file,
-                              base_ref=base_ref, new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir,
-                              parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
-                              engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells, reps=reps,
-                              prompt_tokens=prompt_tokens, predict=predict, margin=margin)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        data = sweep_mod.run_sweep(settings, RichReporter(progress))
-    paths = receipt.write(data, settings.out_dir, settings.run_dir.name)
-    out.print(Markdown("\n".join(sweep_mod.stats_table(data))))
-    out.print(sweep_mod.exactness_line(data))
+    settings = sweep_mod.settings_from_flags(
+        model=model, device=device, dtype=dtype, share=share, variants_file=variants_file, base_ref=base_ref,
+        new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
+        max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
+        reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin)
+    data = with_progress(sweep_mod.run, settings)
+    paths = write_receipt(data, out_dir)
+    out.print(Markdown("\n".join(report.sweep.tok_s_table(data))))
+    out.print(report.sweep.exactness_line(data))
     if data.get("predictions"):
         out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
-    for kind, p in paths.items():
-        out.print(f"receipt {kind}: {p}")
+    print_paths(paths)
 
 
 @app.command("gate")
@@ -295,22 +190,14 @@ def gate(
     order: Annotated[str, typer.Option("--order", help="Run order, a comma sequence of base and new, e.g. base,new,new,base,new,base,base,new: a burst of load in the middle then cannot hit only one side.")] = "base,new,new,base",
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
-    env = {}
-    for kv in new_env or []:
-        k, sep, v = kv.partition("=")
-        if not sep or not k:
-            raise FlagError("--new-env", f"expected KEY=VALUE, got {kv!r}")
-        env[k] = v
     settings = gate_mod.GateSettings(base_ref=base_ref, preset=preset, margin=margin, long_margin=long_margin,
-                                     accept_new_outputs=accept_new_outputs, out_dir=out_dir, new_env=env,
-                                     order=[x.strip() for x in order.split(",")])
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        data = gate_mod.run_gate(settings, RichReporter(progress))
-    paths = receipt.write(data, out_dir, f"{settings.stamp}-gate")
-    sys.stdout.write(gate_mod.render_markdown(data))
+                                     accept_new_outputs=accept_new_outputs, out_dir=out_dir,
+                                     new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")])
+    data = with_progress(gate_mod.run_gate, settings)
+    paths = write_receipt(data, out_dir)
+    sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")
-    raise Exit(gate_mod.PASS if data["passed"] else gate_mod.FAIL)
+    raise Exit(PASS if data["passed"] else FAIL)
 
 
 @app.command("compare")
@@ -320,21 +207,16 @@ def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's JSON (
     for p in (a, b):
         if not p.exists():
             raise FlagError("RECEIPT", f"{p} does not exist")
-    sys.stdout.write(receipt.compare_markdown(receipt.load(a), receipt.load(b), str(a), str(b)))
+    sys.stdout.write(report.compare.markdown(report.load(a), report.load(b), str(a), str(b)))
 
 
 @app.command("report")
-def report(path: Annotated[Path, typer.Argument(help="A receipt's JSON.")],
-           png: Annotated[bool, typer.Option("--png/--no-png", help="Redraw the timeline beside the JSON.")] = True):
+def report_command(path: Annotated[Path, typer.Argument(help="A receipt's JSON.")],
+                   png: Annotated[bool, typer.Option("--png/--no-png", help="Redraw the timeline beside the JSON.")] = True):
     """Re-render a receipt's Markdown (and timeline) from its JSON alone; print the Markdown."""
     if not path.exists():
         raise FlagError("RECEIPT", f"{path} does not exist")
-    data = receipt.load(path)
-    png_path = receipt.render_png(data, path.with_suffix(".png")) if png else path.with_suffix(".png")
-    png_path = png_path if png_path is not None and png_path.exists() else None
-    md = receipt.render_markdown(data, png_path.name if png_path else None)
-    path.with_suffix(".md").write_text(md)
-    sys.stdout.write(md)
+    sys.stdout.write(report.rerender(path, png))
 
 
 def main() -> None:

@@ -1,6 +1,8 @@
 """The errors tfbench expects: `cli.main` turns each into one red line and exit code 2."""
 from __future__ import annotations
 
+PASS, FAIL = 0, 1  # the gate's exit codes: pass, regression (2: a BenchError, usage or infrastructure)
+
 
 class BenchError(Exception):
     """A known failure (bad flag value, server that would not start, ...): one line, no traceback."""
@@ -20,6 +22,7 @@ class ServerError(BenchError):
     def __init__(self, what: str, log: str = "", tail: str = ""):
         super().__init__(f"{what} (log {log})" + (f":\n{tail}" if tail else "") if log else what)
         self.what, self.log, self.tail = what, log, tail
+        self.variant: str | None = None  # the variant whose run failed, set by the session
 
     @property
     def last_line(self) -> str:

@@ -1,19 +1,20 @@
-"""Token hashes and the exactness comparison.
+"""Every token-hash comparison the harness makes: long-prompt runs against each other and the
+plain reference, sweep replies across reps, levels and runs, the gate's sides.
 
 Hash convention (TensorFold's): sha256 over the comma-joined decimal token ids of a reply
 ("12,7,900"), as hex. Servers report the first 12 hex characters (`token_sha`); we keep the
-full hash and compare at 12 characters with a server's.
+full hash and compare at 12 characters with a server's. `token_sha(ids)` is that one rule.
 
-A (the decoding stream) is cancelled once B and C are done, so its length varies from run to
-run. A's reply is therefore compared on a prefix: a run's A equals the reference when its ids
-equal the reference's first len(A) ids (the plain reference's A is generated long enough to
-cover the longest A); A's hash in the tables is over the first `a_prefix` ids, the shortest A
-among the runs compared.
+A (the long-prompt decoding stream) is cancelled once B and C are done, so its length varies
+from run to run. A's reply is therefore compared on a prefix: a run's A equals the reference
+when its ids equal the reference's first len(A) ids (the plain reference's A is generated long
+enough to cover the longest A); A's hash in the tables is over the first `a_prefix` ids, the
+shortest A among the runs compared.
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 SHORT = 12
 
@@ -24,6 +25,11 @@ def token_hash(ids: list[int]) -> str:
 
 def short(h: str | None) -> str | None:
     return h[:SHORT] if h else None
+
+
+def token_sha(ids: list[int]) -> str:
+    """The server-side convention: the first 12 hex of token_hash."""
+    return token_hash(ids)[:SHORT]
 
 
 def known_ids(ids: list[int | None]) -> list[int] | None:
@@ -37,6 +43,12 @@ def server_sha_matches(ids: list[int | None], server_sha: str | None) -> bool | 
     if server_sha is None or ks is None:
         return None
     return token_hash(ks)[:len(server_sha)] == server_sha
+
+
+def reply_sha(ids: list[int | None], server_sha: str | None = None) -> str | None:
+    """A reply's 12-hex hash: ours from the ids, else the server's, else None."""
+    ks = known_ids(ids)
+    return token_sha(ks) if ks else short(server_sha)
 
 
 @dataclass
@@ -63,3 +75,153 @@ def compare_reply(name: str, ids: list[int | None], ref: list[int | None], prefi
             return Comparison(name, a[:n] == r, f"on the reference's {n} tokens")
         return Comparison(name, a == r[:len(a)], f"on {len(a)} tokens")
     return Comparison(name, a == r, f"{len(a)} tokens")
+
+
+# ---- long-prompt ---------------------------------------------------------------------------
+
+def reply_hashes(records: dict[str, dict]) -> dict[str, dict]:
+    """Per stream: its length, our full hash, the server's token_sha and whether they agree."""
+    out = {}
+    for k, r in records.items():
+        ids = known_ids(r["token_ids"])
+        out[k] = {"tokens": len(r["token_ids"]), "sha256": token_hash(ids) if ids is not None else None,
+                  "server_sha": r["server_sha"], "server_sha_matches": server_sha_matches(r["token_ids"], r["server_sha"])}
+    return out
+
+
+def compare_run(run: dict, ref: dict, ref_a: dict | None = None) -> list[dict]:
+    """A, B and C of `run` against `ref` (A against `ref_a` if given: the longest A, so that each
+    run's A is compared on its whole length)."""
+    out = []
+    for k in ("A", "B", "C"):
+        r, f = run["records"][k], (ref_a if k == "A" and ref_a is not None else ref)["records"][k]
+        c = compare_reply(k, r["token_ids"], f["token_ids"], prefix=(k == "A"), server_sha=r["server_sha"],
+                          ref_sha=f["server_sha"])
+        out.append({"stream": k, "equal": c.equal, "detail": c.detail})
+    return out
+
+
+def long_prompt(data: dict) -> dict:
+    """Each run's replies against the other runs (B and C against the first complete run, A against
+    the longest A) and against the plain reference (if run); the servers' token_sha against our
+    own hashes; A's table hash over the common prefix."""
+    runs = [r for r in data["runs"] if r["records"] and not any(rec["error"] for rec in r["records"].values())]
+    out: dict = {"across_runs": {}, "refs": None, "vs_plain": {}, "server_sha": {"match": 0, "mismatch": 0, "absent": 0},
+                 "a_prefix": None, "hashes": {}}
+    if not runs:
+        return out
+    first = runs[0]
+    longest = max(runs, key=lambda r: len(r["records"]["A"]["token_ids"]))
+    out["refs"] = {"BC": first["index"], "A": longest["index"]}
+    same_prompts = not data["settings"].get("url")
+    for r in data["runs"]:
+        if not r["records"]:
+            continue
+        if same_prompts:
+            out["across_runs"][str(r["index"])] = compare_run(r, first, longest)
+        if data.get("plain"):
+            out["vs_plain"][str(r["index"])] = compare_run(r, data["plain"])
+        for h in r["hashes"].values():
+            m = h["server_sha_matches"]
+            out["server_sha"]["absent" if m is None else ("match" if m else "mismatch")] += 1
+    a_lens = [len(r["records"]["A"]["token_ids"]) for r in runs]
+    if data.get("plain"):
+        a_lens.append(len(data["plain"]["records"]["A"]["token_ids"]))
+    n = min(a_lens)
+    out["a_prefix"] = n
+    for r in runs:
+        ids = known_ids(r["records"]["A"]["token_ids"])
+        out["hashes"][str(r["index"])] = {
+            "A": short(token_hash(ids[:n])) if ids is not None and len(ids) >= n else None,
+            "A_tokens": len(r["records"]["A"]["token_ids"]),
+            "B": short(r["hashes"]["B"]["sha256"]), "C": short(r["hashes"]["C"]["sha256"])}
+    return out
+
+
+# ---- sweep ---------------------------------------------------------------------------------
+
+def prompt_key(cell: int, stream_i: int) -> str:
+    """A sweep prompt's name: cell c's stream s gets the same prompt at every level and rep."""
+    return f"c{cell}s{stream_i}"
+
+
+@dataclass
+class HashCheck:
+    """Each prompt's reply across every batch of every run: equal, or flagged."""
+
+    prompts: int
+    replies: int
+    equal: int  # replies equal to their prompt's reference reply
+    reference: dict[str, str | None]  # prompt key -> the reference hash
+    flagged: list[str]  # "c0s1: level 8 cell 0 rep 2 of new (run 3): abc != def"
+
+    @property
+    def ok(self) -> bool:
+        return not self.flagged
+
+    def summary(self) -> str:
+        return f"{self.equal} of {self.replies} replies equal" + (
+            "" if self.ok else f"; {len(self.flagged)} differ")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+def sweep(runs: list[tuple[str, list[dict]]], reference_run: int = 0) -> HashCheck:
+    """Compare every sweep reply with its prompt's reference: the first reply to that prompt in
+    `runs[reference_run]` (the first base run), else in any run. `runs`: (variant, batches)."""
+    seen: dict[str, list[tuple[int, dict, str | None]]] = {}
+    for ri, (_, batches) in enumerate(runs):
+        for b in batches:
+            for s, h in enumerate(b["hashes"]):
+                seen.setdefault(prompt_key(b["cell"], s), []).append((ri, b, h))
+    ref: dict[str, str | None] = {}
+    for key, obs in seen.items():
+        pref = [h for ri, _, h in obs if ri == reference_run and h] or [h for _, _, h in obs if h]
+        ref[key] = pref[0] if pref else None
+    equal, replies, flagged = 0, 0, []
+    for key in sorted(seen):
+        for ri, b, h in seen[key]:
+            replies += 1
+            if h is not None and h == ref[key]:
+                equal += 1
+            else:
+                flagged.append(f"{key}: level {b['level']} cell {b['cell']} rep {b['rep']} of "
+                               f"{runs[ri][0]} (run {ri + 1}): {h} != {ref[key]}")
+    return HashCheck(len(seen), replies, equal, ref, flagged)
+
+
+# ---- the gate ------------------------------------------------------------------------------
+
+def gate_sides(runs: list[dict], accepted: bool) -> dict[str, list[dict]]:
+    """The groups whose replies must agree: every run, or (a change of outputs acknowledged)
+    base's runs and new's runs each among themselves."""
+    if not accepted:
+        return {"all runs": runs}
+    return {side: [r for r in runs if r["variant"] == side] for side in ("base", "new")}
+
+
+def gate(runs: list[dict], accepted: bool) -> dict:
+    """The gate's hash checks: each side's sweep replies (per prompt) and long-prompt replies
+    (B and C whole, A on the group's common prefix). Returns {"sweep": {group: HashCheck dict},
+    "long_prompt": {"group:K": {equal, of}}, "differ": [reason, ...]}."""
+    sweep_checks, lp, differ = {}, {}, []
+    for label, group in gate_sides(runs, accepted).items():
+        hc = sweep([(r["variant"], r["sweep"]["batches"]) for r in group])
+        sweep_checks[label] = hc.to_dict()
+        differ += [f"token hash differs ({label}): {f}" for f in hc.flagged[:5]]
+        if len(hc.flagged) > 5:
+            differ.append(f"token hash differs ({label}): … {len(hc.flagged) - 5} more")
+        ids = {r["index"]: {k: known_ids(rec["token_ids"]) or [] for k, rec in r["long_prompt"]["records"].items()}
+               for r in group}
+        n_a = min((len(i["A"]) for i in ids.values()), default=0)
+        for k in ("A", "B", "C"):
+            hs = [(i, (token_sha(x["A"][:n_a]) if n_a else None) if k == "A" else (token_sha(x[k]) if x[k] else None))
+                  for i, x in ids.items()]
+            ref = hs[0][1] if hs else None
+            bad = [f"run {i}: {h} != {ref}" for i, h in hs if h != ref or h is None]
+            lp[f"{label}:{k}"] = {"equal": len(hs) - len(bad), "of": len(hs)}
+            if bad:
+                on = f", on its first {n_a} tokens" if k == "A" else ""
+                differ.append(f"long-prompt {k}'s reply differs ({label}{on}): " + "; ".join(bad))
+    return {"sweep": sweep_checks, "long_prompt": lp, "differ": differ}

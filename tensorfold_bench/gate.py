@@ -34,43 +34,24 @@ Exit codes: 0 pass, 1 regression (throughput, a long-prompt figure, or a token h
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import json
-import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
-from tensorfold_bench import bench, stats, sweep, worktree
+from tensorfold_bench import exactness, figures, session, stats, worktree
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
-from tensorfold_bench.exactness import known_ids, token_hash
-from tensorfold_bench.metrics import long_prompt_figures
-from tensorfold_bench.scenario import LongPromptScript, make_prompts, play_long_prompt
+from tensorfold_bench.report.fmt import num
+from tensorfold_bench.scenarios import long_prompt, sweep
+from tensorfold_bench.session import Reporter, Run, Session
 from tensorfold_bench.variants import Variant
 
-PASS, FAIL = 0, 1
 DEFAULT_BASE = "HEAD~1"
 ACCEPT_FILE = ".ci/accept-new-outputs"
-# figure -> higher is better
-LONG_FIGURES = {"b_first_token": False, "c_first_token": False, "a_longest_pause": False, "a_rate_during": True}
+LONG_JUDGED = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_during")
 # Figures set by where C lands inside one of B's cuts: C waits for the cut in progress (from
 # nothing to a whole cut), and A's longest pause is a cut, or a cut plus C's prompt. An
 # unchanged tree's C swung 0.08 s to 0.40 s here (CI, 2 cores, 256-row cuts of ~0.3 s), so
 # these must also move by more than one cut period to count.
 PHASE_FIGURES = ("c_first_token", "a_longest_pause")
-
-
-def cut_period(data: dict) -> float:
-    """Seconds per cut of B's prompt in base's runs (B's first token over its cut count; the
-    decode rounds between cuts included): the slack of PHASE_FIGURES. 0 when unknown."""
-    st = data["settings"]
-    flags, b_tokens = st.get("engine_flags") or [], st["preset_values"].get("b_tokens")
-    if "--prefill-rows" not in flags or not b_tokens:
-        return 0.0
-    rows = int(flags[flags.index("--prefill-rows") + 1])
-    b = [r["long_prompt"]["b_first_token"] for r in data["runs"]
-         if r["variant"] == "base" and r["long_prompt"]["valid"]]
-    return statistics.median(b) / -(-b_tokens // rows) if b else 0.0
 
 
 @dataclass(frozen=True)
@@ -107,20 +88,27 @@ class GateSettings:
     out_dir: Path = Path("runs/gate")
     order: list[str] = field(default_factory=lambda: ["base", "new", "new", "base"])
     new_env: dict[str, str] = field(default_factory=dict)  # e.g. TFENGINE_DECODE_SLEEP_MS (tests)
-    base_env: dict[str, str] = field(default_factory=dict)
     repo: Path | None = None
     stamp: str = ""
 
     def __post_init__(self):
         if self.preset not in PRESETS:
             raise FlagError("--preset", f"must be one of {', '.join(PRESETS)}, not {self.preset!r}")
-        for flag, v in (("--margin", self.margin), ("--long-margin", self.long_margin)):
-            if not 0 <= v < 1:
-                raise FlagError(flag, f"must be a fraction in [0, 1), not {v}")
+        session.check_margin(self.margin)
+        session.check_margin(self.long_margin, "--long-margin")
         if set(self.order) != {"base", "new"}:
             raise FlagError("--order", "the gate's order names base and new, each at least once")
-        if not self.stamp:
-            self.stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def parse_env(items: list[str] | None) -> dict[str, str]:
+    """`--new-env KEY=VALUE` (repeatable) -> a mapping."""
+    env = {}
+    for kv in items or []:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise FlagError("--new-env", f"expected KEY=VALUE, got {kv!r}")
+        env[k] = v
+    return env
 
 
 def accepted_by_file(root: Path, base_commit: str | None) -> bool:
@@ -148,100 +136,85 @@ def sources(settings: GateSettings) -> tuple[worktree.Source, worktree.Source, s
     return worktree.checkout(settings.base_ref, root), new, None
 
 
-def play_run(url: str, info: dict, p: GatePreset, name: str, note: Callable[[str], None]) -> dict:
-    model, vocab, _ = bench.model_facts(info)
-    if vocab is None:
+def play(p: GatePreset, run: Run) -> dict:
+    """One run: a short sweep, then a short long-prompt run, on one server; raw records."""
+    if run.vocab is None:
         raise BenchError("the server reports no vocabulary size (GET /v1/engine)")
     sw = sweep.SweepScript(levels=p.levels, tokens=p.tokens, cells=1, reps=p.reps, prompt_tokens=p.prompt_tokens)
-    run = asyncio.run(sweep.play_sweep(url, sw, vocab, name, model))
-    script = LongPromptScript(b_at=p.b_at, c_after=p.c_after, b_tokens=p.b_tokens,
-                              a_max_tokens=p.max_model_len - 32)
-    recs = asyncio.run(play_long_prompt(url, script, make_prompts(script, vocab), model))
-    figs = long_prompt_figures(recs["A"], recs["B"], recs["C"])
-    ids = {k: known_ids(r.token_ids) or [] for k, r in recs.items()}
-    note(f"{name}: " + ", ".join(f"{k} {sweep.fmt(v)}" for k, v in run.figures().items())
-         + f"; B first token {sweep.fmt(figs.b_first_token, 2)} s, C {sweep.fmt(figs.c_first_token, 2)} s"
-         + ("" if figs.valid else f" (long-prompt run invalid: {'; '.join(figs.invalid_reasons)})"))
-    return {"sweep": run.to_dict(), "sweep_errors": run.errors(), "long_prompt": figs.to_dict(),
-            "ids": {"A": ids["A"], "B": token_hash(ids["B"])[:12] if ids["B"] else None,
-                    "C": token_hash(ids["C"])[:12] if ids["C"] else None}}
+    batches = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
+    script = long_prompt.LongPromptScript(b_at=p.b_at, c_after=p.c_after, b_tokens=p.b_tokens,
+                                          a_max_tokens=p.max_model_len - 32)
+    prompts = long_prompt.make_prompts(script, run.vocab)
+    recs = asyncio.run(long_prompt.play_script(run.url, script, prompts, run.model))
+    return {"sweep": {"batches": batches}, "long_prompt": {"records": long_prompt.records_dict(recs)}}
 
 
-def run_gate(settings: GateSettings, reporter=None, _fallback: str | None = None) -> dict:
-    """Run base/new/new/base and judge; the returned data carries `passed` and `reasons`.
+def finish(entry: dict) -> str:
+    """The run's figures: the sweep's, and the long-prompt ones when that run is valid."""
+    sw = figures.sweep_run(entry["sweep"]["batches"])
+    entry["sweep"]["errors"] = figures.batch_errors(entry["sweep"]["batches"])
+    lp = figures.long_prompt_of(entry["long_prompt"]["records"])
+    entry["long_prompt"]["figures"] = lp.to_dict()
+    entry["figures"] = {**sw, **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}
+    return (f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in sw.items() if k.startswith("tok_s"))
+            + f"; B first token {num(lp.b_first_token, 2, '–')} s, C {num(lp.c_first_token, 2, '–')} s"
+            + ("" if lp.valid else f" (long-prompt run invalid: {'; '.join(lp.invalid_reasons)})"))
+
+
+def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback: str | None = None) -> dict:
+    """Run base and new in the order and judge; the returned data carries `passed` and `reasons`.
     A base whose engine will not serve (an old or broken commit) is reported, and the working
     tree is then compared with itself, as for a missing base; a new side that will not serve
     is an error (exit 2)."""
-    rep = reporter or bench.QuietReporter()
+    rep = reporter or session.QuietReporter()
     p = PRESETS[settings.preset]
     base_src, new_src, missing = sources(settings)
     missing = _fallback or missing
-    root = worktree.repo_root(settings.repo)
-    accepted = settings.accept_new_outputs or accepted_by_file(root, base_src.commit if not missing else None)
-    variants = {"base": Variant("base", [], dict(settings.base_env), base_src.ref and base_src.commit),
-                "new": Variant("new", [], dict(settings.new_env), None)}
+    accepted = settings.accept_new_outputs or accepted_by_file(worktree.repo_root(settings.repo),
+                                                               base_src.commit if not missing else None)
+    base = Variant("base", [], {}, base_src.ref and base_src.commit)
+    engine = session.EngineSetup(model=p.model, parallel=max(p.levels), max_model_len=p.max_model_len, trace=False)
+    s = Session(engine, [base, Variant("new", [], dict(settings.new_env))], list(settings.order), settings.out_dir,
+                "gate", margin=settings.margin, stamp=settings.stamp, repo=settings.repo)
     srcs = {"base": base_src, "new": new_src}
-    engine = bench.EngineSetup(model=p.model, parallel=max(p.levels), max_model_len=p.max_model_len, trace=False)
-    run_dir = settings.out_dir / f"{settings.stamp}-gate"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    data: dict = {"schema": "tfbench.receipt/1", "scenario": "gate",
-                  "created": dt.datetime.now().isoformat(timespec="seconds"), "host": bench.host_info(),
-                  "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
-                               "preset_values": asdict(p), "engine_flags": engine.flags(), "url": None,
-                               "base": "base", "run_dir": str(run_dir)},
-                  "variants": [{**variants[k].to_dict(), "source": srcs[k].to_dict()} for k in ("base", "new")],
-                  "missing_base": missing, "accepted_outputs": accepted, "runs": [], "environment": None}
+    data = session.header(s, srcs, {"preset": settings.preset, "preset_values": asdict(p), "base_ref": settings.base_ref,
+                                    "long_margin": settings.long_margin, "new_env": settings.new_env,
+                                    "accept_new_outputs": settings.accept_new_outputs})
+    data.update(missing_base=missing, accepted_outputs=accepted)
     if missing:
         rep.note(missing)
-    rep.start(len(settings.order))
-    for i, name in enumerate(settings.order, 1):
-        v = variants[name]
-        rep.step(f"gate run {i}/{len(settings.order)}: {name}")
-        log = run_dir / f"run{i}-{name}.log"
-        try:
-            with bench.launch(engine.flags() + v.args, log, env=v.env, root=Path(srcs[name].path)) as srv:
-                info = bench.server_info(srv.url)
-                if data["environment"] is None:
-                    data["environment"] = info
-                entry = play_run(srv.url, info, p, name, rep.note)
-        except ServerError as e:
-            if name != "base" or srcs["base"].path == srcs["new"].path:
-                raise
-            lines = str(e).splitlines()
-            why = lines[0].rstrip(":; ") + (f"; its log ends: {lines[-1].strip()}" if len(lines) > 1 else "")
-            rep.note(f"base {base_src.label} will not serve: {why}")
-            return run_gate(replace(settings, base_ref=None), reporter,
-                            f"base {base_src.label} would not serve ({why}; log {log}): the working tree "
-                            "is compared with itself (A/A): outputs must still agree across fresh servers; "
-                            "throughput checks only the noise.")
-        data["runs"].append({"index": i, "variant": name, "log": str(log), **entry})
-        rep.advance()
-    return judge(data)
+    rep.start(len(s.order))
+    try:
+        session.run_all(s, data, srcs, lambda r: play(p, r), rep, finish)
+    except ServerError as e:
+        if e.variant != "base" or base_src.path == new_src.path:
+            raise
+        lines = str(e).splitlines()
+        why = lines[0].rstrip(":; ") + (f"; its log ends: {lines[-1].strip()}" if len(lines) > 1 else "")
+        rep.note(f"base {base_src.label} will not serve: {why}")
+        # a run folder of its own, so the failed base's log stays where the note says
+        return run_gate(replace(settings, base_ref=None, stamp=s.stamp + "-aa"), reporter,
+                        f"base {base_src.label} would not serve ({why}; log {e.log}): the working tree "
+                        "is compared with itself (A/A): outputs must still agree across fresh servers; "
+                        "throughput checks only the noise.")
+    return analyse(data)
 
 
-def judge(data: dict) -> dict:
-    """Verdicts and reasons from the runs alone (re-runnable on a saved receipt)."""
-    st = data["settings"]
-    order = [r["variant"] for r in data["runs"]]
-    reasons, notes, figs = [], [], {}
-    for level in st["preset_values"]["levels"]:
-        name = sweep.figure(level)
-        vals = [r["sweep"]["figures"].get(name) for r in data["runs"]]
-        figs[name] = stats.figure_stats(name, order, vals, "base", higher_is_better=True, margin=st["margin"])
-    period = cut_period(data)
-    for key, hib in LONG_FIGURES.items():
-        vals = [r["long_prompt"][key] if r["long_prompt"]["valid"] else None for r in data["runs"]]
-        figs[key] = stats.figure_stats(key, order, vals, "base", higher_is_better=hib, margin=st["long_margin"],
-                                       slack=period if key in PHASE_FIGURES else 0.0)
-    judge_long = st["preset_values"].get("judge_long", True)
+def judge(order: list[str], run_figures: list[dict], *, levels: list[int], margin: float, long_margin: float,
+          period: float = 0.0, judge_long: bool = True) -> tuple[dict[str, stats.FigureStats], list[str], list[str]]:
+    """The verdicts, from each run's figures alone: (statistics, reasons to fail, notes). New
+    fails where a figure is "worse" than base beyond the noise plus its margin; C's first token
+    and A's longest pause must also have moved by more than `period` (one cut of B's prompt)."""
+    figs = figures.stats_for([figures.at("tok_s", lv) for lv in levels], order, run_figures, "base", margin)
+    figs.update(figures.stats_for(list(LONG_JUDGED), order, run_figures, "base", long_margin,
+                                  slack={k: period for k in PHASE_FIGURES}))
+    reasons, notes = [], []
     if period and judge_long:
         notes.append(f"C's first token and A's longest pause had to move by more than one cut period of B's "
                      f"prompt ({period:.2f} s, from base's B) as well: where C lands inside a cut is luck.")
-    if not judge_long:
-        notes.append(f"Preset {st.get('preset')}: long-prompt figures are shown, not judged (B fills in milliseconds).")
     for name, fs in figs.items():
         c = fs.comparisons.get("new")
-        if c is None or (name in LONG_FIGURES and not judge_long):
+        if c is None or (name in LONG_JUDGED and not judge_long):
             continue
         if c.verdict == stats.WORSE:
             slack = f" and one cut period ({c.slack:.2f} s)" if c.slack else ""
@@ -249,91 +222,33 @@ def judge(data: dict) -> dict:
                            f"{stats.describe(c)}")
         elif c.verdict == stats.NA:
             notes.append(f"{name}: too few valid runs for a verdict")
+    return figs, reasons, notes
+
+
+def analyse(data: dict) -> dict:
+    """Statistics, hash checks, verdicts and notes from the runs alone."""
+    st, p = data["settings"], data["settings"]["preset_values"]
+    base_b = [r["figures"].get("b_first_token") for r in data["runs"] if r["variant"] == "base"]
+    period = figures.cut_period(st["engine"]["prefill_rows"], p["b_tokens"], [b for b in base_b if b is not None])
+    figs, reasons, notes = judge([r["variant"] for r in data["runs"]], [r["figures"] for r in data["runs"]],
+                                 levels=p["levels"], margin=st["margin"], long_margin=st["long_margin"],
+                                 period=period, judge_long=p["judge_long"])
+    if not p["judge_long"]:
+        notes.append(f"Preset {st['preset']}: long-prompt figures are shown, not judged (B fills in milliseconds).")
     data["stats"] = {k: fs.to_dict() for k, fs in figs.items()}
-    # hashes: the sweep's per prompt, and B, C (A on the common prefix)
-    runs = sweep.runs_of({"runs": [{"variant": r["variant"], "batches": r["sweep"]["batches"]} for r in data["runs"]]})
-    accepted = data.get("accepted_outputs")
-    checks = {}
-    groups = [("base", [r for r in runs if r.variant == "base"]), ("new", [r for r in runs if r.variant == "new"])]
-    if not accepted:
-        groups = [("all runs", runs)]
-    for label, group in groups:
-        hc = sweep.check_hashes(group)
-        checks[label] = hc.to_dict()
-        for f in hc.flagged[:5]:
-            reasons.append(f"token hash differs ({label}): {f}")
-        if len(hc.flagged) > 5:
-            reasons.append(f"token hash differs ({label}): … {len(hc.flagged) - 5} more")
-    lp_runs = {lab: [r for r in data["runs"] if lab == "all runs" or r["variant"] == lab] for lab, _ in groups}
-    lp_equal = {}
-    for label, rs in lp_runs.items():
-        n_a = min((len(r["ids"]["A"]) for r in rs), default=0)
-        for k in ("A", "B", "C"):
-            hs = [(r["index"], token_hash(r["ids"]["A"][:n_a])[:12] if k == "A" and n_a else r["ids"].get(k)) for r in rs]
-            ref = hs[0][1] if hs else None
-            bad = [f"run {i}: {h} != {ref}" for i, h in hs if h != ref or h is None]
-            lp_equal[f"{label}:{k}"] = {"equal": len(hs) - len(bad), "of": len(hs)}
-            if bad:
-                reasons.append(f"long-prompt {k}'s reply differs ({label}{', on its first %d tokens' % n_a if k == 'A' else ''}): "
-                               + "; ".join(bad))
-    data["hash_checks"], data["long_prompt_hashes"] = checks, lp_equal
+    checks = exactness.gate(data["runs"], bool(data["accepted_outputs"]))
+    data["exactness"] = {"sweep": checks["sweep"], "long_prompt": checks["long_prompt"]}
+    reasons += checks["differ"]
     for r in data["runs"]:
-        for e in r.get("sweep_errors", []):
-            reasons.append(f"run {r['index']} ({r['variant']}): sweep {e}")
-        if not r["long_prompt"]["valid"]:
+        reasons += [f"run {r['index']} ({r['variant']}): sweep {e}" for e in r["sweep"]["errors"]]
+        lp = r["long_prompt"]["figures"]
+        if not lp["valid"]:
             notes.append(f"run {r['index']} ({r['variant']}): long-prompt run invalid, left out: "
-                         + "; ".join(r["long_prompt"]["invalid_reasons"]))
+                         + "; ".join(lp["invalid_reasons"]))
     if data.get("missing_base"):
         notes.append(data["missing_base"])
-    if accepted:
+    if data["accepted_outputs"]:
         notes.append("Outputs: a change of outputs was acknowledged (--accept-new-outputs or "
                      f"{ACCEPT_FILE}); base's and new's replies were each checked against their own side only.")
     data["passed"], data["reasons"], data["notes"] = not reasons, reasons, notes
     return data
-
-
-def render_markdown(data: dict, png_name: str | None = None) -> str:
-    from tensorfold_bench import receipt
-
-    verdict = "PASS" if data["passed"] else "FAIL"
-    srcs = {v["name"]: worktree.Source(**v["source"]).label for v in data["variants"]}
-    st = data["settings"]
-    lines = [f"## tfbench gate: {verdict}", "",
-             f"base = {srcs['base']}{' ' + json.dumps(data['variants'][0]['env']) if data['variants'][0]['env'] else ''}; "
-             f"new = {srcs['new']}{' ' + json.dumps(data['variants'][1]['env']) if data['variants'][1]['env'] else ''}; "
-             f"order {'/'.join(order_of(data))}, preset `{st['preset']}`, margins {st['margin'] * 100:g} % "
-             f"(throughput) and {st['long_margin'] * 100:g} % (long-prompt figures).", ""]
-    if data["reasons"]:
-        lines += ["**Why it failed.**", *[f"- {r}" for r in data["reasons"]], ""]
-    p = st["preset_values"]
-    lines += ["**Environment.**", *receipt.environment_lines(data), "",
-              f"**The test.** Each run starts a fresh server and plays a sweep (levels "
-              f"{', '.join(map(str, p['levels']))}, {p['tokens']} tokens a stream, {p['prompt_tokens']}-token "
-              f"prompts, {p['reps']} reps) and then a long-prompt run (B: {p['b_tokens']} tokens sent "
-              f"{p['b_at']:g} s into A's decoding; C {p['c_after']:g} s later).", "",
-              "| figure | variant | runs (in run order) | median | vs base | paired 95 % interval | verdict |",
-              "|---|---|---|---|---|---|---|"]
-    for name, d in data["stats"].items():
-        fs = stats.FigureStats.from_dict(d)
-        for v in ("base", "new"):
-            vals = " / ".join(sweep.fmt(x, 3) for x in fs.runs.get(v, [])) or "–"
-            if v == "base" or "new" not in fs.comparisons:
-                span = f" (span {sweep.fmt(fs.base_span[0], 3)}–{sweep.fmt(fs.base_span[1], 3)})" if fs.base_span and v == "base" else ""
-                lines.append(f"| {name} | {v} | {vals} | **{sweep.fmt(fs.medians.get(v), 3)}**{span} | | | |")
-            else:
-                c = fs.comparisons["new"]
-                iv = "–" if c.interval_pct is None else f"{c.interval_pct[0]:+.1f} % to {c.interval_pct[1]:+.1f} %"
-                lines.append(f"| {name} | new | {vals} | **{sweep.fmt(c.median, 3)}** | {stats.fmt_pct(c.pct)} | {iv} | {c.verdict} |")
-    lines += ["", "**Exactness.**"]
-    for label, hc in data["hash_checks"].items():
-        lines.append(f"- Sweep replies ({label}): {hc['equal']} of {hc['replies']} equal.")
-    lp = data["long_prompt_hashes"]
-    lines.append("- Long-prompt replies: " + ", ".join(f"{k} {v['equal']} of {v['of']}" for k, v in lp.items()) + ".")
-    if data["notes"]:
-        lines += ["", "**Notes.**", *[f"- {n}" for n in data["notes"]]]
-    lines += ["", f"Exit code {PASS if data['passed'] else FAIL} (0 pass, 1 regression, 2 usage or infrastructure error)."]
-    return "\n".join(lines) + "\n"
-
-
-def order_of(data: dict) -> list[str]:
-    return [r["variant"] for r in data["runs"]] or data["settings"]["order"]

@@ -1,9 +1,25 @@
-"""Variants (named engine configurations) and the order runs go in."""
+"""Variants (named engine configurations), read from flags or a YAML file, and the order runs go in.
+
+Variants file (`--variants FILE`), YAML, a list or a mapping by name:
+
+```yaml
+- name: main
+  ref: main            # optional: a git ref of this repository; absent = the working tree
+  flags: [--prefill-mode, whole]   # or one string: "--prefill-mode whole"
+  env: {TENSORFOLD_PREFILL_SHARE: "0.5"}
+- name: new
+  flags: --prefill-mode stepped --prefill-share 0.5
+```
+"""
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
-from tensorfold_bench.errors import FlagError
+import yaml
+
+from tensorfold_bench.errors import BenchError, FlagError
 
 
 @dataclass(frozen=True)
@@ -108,12 +124,7 @@ def select_variants(share: str | None, variants_file: str | None = None, base_re
     if variants_file:
         if share is not None or base_ref or new_ref:
             raise FlagError("--variants", "give either --variants FILE or --share/--base/--new, not both")
-        from tensorfold_bench.worktree import read_variants
-
-        specs = read_variants(variants_file)
-        if len(specs) < 2 and not specs:
-            raise FlagError("--variants", f"{variants_file} names no variant")
-        return [Variant(s.name, s.args, s.env, s.ref) for s in specs]
+        return read_variants(variants_file)
     if share is None and (base_ref or new_ref):
         return [Variant("base", [], {}, base_ref), Variant("new", [], {}, new_ref)]
     base, news = share_variants(parse_floats("--share", share or default_share))
@@ -124,3 +135,53 @@ def order_for(variants: list[Variant], order: str | None, aa: bool = False) -> t
     """`--order` (any sequence of names), else base/news/reversed news/base; `--aa` appended."""
     names = parse_order(order, variants) if order else default_order(variants[0], variants[1:])
     return with_aa(variants, names) if aa else (variants, names)
+
+
+def _flags(path: str, name: str, x) -> list[str]:
+    if x is None:
+        return []
+    if isinstance(x, str):
+        return shlex.split(x)
+    if isinstance(x, list) and all(isinstance(a, (str, int, float)) for a in x):
+        return [str(a) for a in x]
+    raise BenchError(f"{path}: {name}: flags must be a list of strings or one string")
+
+
+def parse_variants(text: str, path: str = "<variants>") -> list[Variant]:
+    """Validate a variants file's YAML (see the module docstring)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise BenchError(f"{path}: not valid YAML: {e}") from None
+    if isinstance(doc, dict):
+        doc = [{"name": k, **(v or {})} for k, v in doc.items()]
+    if not isinstance(doc, list) or not doc:
+        raise BenchError(f"{path}: expected a list of variants (name, ref, flags, env)")
+    out, seen = [], set()
+    for i, d in enumerate(doc):
+        if not isinstance(d, dict) or not d.get("name"):
+            raise BenchError(f"{path}: entry {i + 1}: expected a mapping with a name")
+        name = str(d["name"])
+        unknown = set(d) - {"name", "ref", "flags", "args", "env"}
+        if unknown:
+            raise BenchError(f"{path}: {name}: unknown key(s) {', '.join(sorted(unknown))} "
+                             "(known: name, ref, flags, env)")
+        if name in seen:
+            raise BenchError(f"{path}: {name}: defined twice")
+        seen.add(name)
+        env = d.get("env") or {}
+        if not isinstance(env, dict):
+            raise BenchError(f"{path}: {name}: env must be a mapping")
+        ref = d.get("ref")
+        out.append(Variant(name, _flags(path, name, d.get("flags", d.get("args"))),
+                               {str(k): str(v) for k, v in env.items()},
+                               None if ref is None else str(ref)))
+    return out
+
+
+def read_variants(path: str | Path) -> list[Variant]:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise BenchError(f"{path}: cannot read: {e.strerror}") from None
+    return parse_variants(text, str(path))

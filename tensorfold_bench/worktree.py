@@ -1,5 +1,4 @@
-"""Where a variant's engine comes from: the working tree, or a git ref checked out in a worktree;
-and variants read from a YAML file.
+"""Where a variant's engine comes from: the working tree, or a git ref checked out in a worktree.
 
 A variant that names a git ref of this repository runs that commit's engine: the ref is
 resolved to its full commit and checked out with `git worktree add --detach` into
@@ -7,30 +6,15 @@ resolved to its full commit and checked out with `git worktree add --detach` int
 by every later variant or run of the same commit; a broken or stale one is removed and made
 again. The working tree (the current checkout) is a source too: its HEAD commit plus a dirty
 flag (uncommitted changes to tracked files, or untracked files git does not ignore).
-
-Variants file (`--variants FILE`), YAML, a list or a mapping by name:
-
-```yaml
-- name: main
-  ref: main            # optional: a git ref of this repository; absent = the working tree
-  flags: [--prefill-mode, whole]   # or one string: "--prefill-mode whole"
-  env: {TENSORFOLD_PREFILL_SHARE: "0.5"}
-- name: new
-  flags: --prefill-mode stepped --prefill-share 0.5
-```
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
-import shlex
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import yaml
 
 from tensorfold_bench.errors import BenchError
 
@@ -93,9 +77,13 @@ def working_tree(repo: str | Path | None = None) -> Source:
         root = repo_root(repo)
     except GitError:
         return Source(str(Path(repo or Path(__file__).resolve().parent.parent)), None)
-    head = resolve("HEAD", root)
-    status = git(root, "status", "--porcelain", "--untracked-files=normal")
-    return Source(str(root), head, None, bool(status))
+    return Source(str(root), resolve("HEAD", root), None, dirty(root))
+
+
+def dirty(path: str | Path) -> bool:
+    """Uncommitted changes to tracked files, or untracked files git does not ignore: the one
+    probe (a working tree's label, a reused worktree's check, the receipt's harness commit)."""
+    return bool(git(path, "status", "--porcelain", "--untracked-files=normal", check=False))
 
 
 @contextlib.contextmanager
@@ -119,7 +107,7 @@ def checkout(ref: str, repo: str | Path | None = None) -> Source:
     path = root / WORKTREES / commit[:SHORT]
     with _lock(root):
         if path.exists():
-            if resolve("HEAD", path) == commit and not git(path, "status", "--porcelain", check=False):
+            if resolve("HEAD", path) == commit and not dirty(path):
                 return Source(str(path), commit, ref)
             git(root, "worktree", "remove", "--force", str(path), check=False)
             shutil.rmtree(path, ignore_errors=True)
@@ -131,63 +119,3 @@ def checkout(ref: str, repo: str | Path | None = None) -> Source:
 def source(ref: str | None, repo: str | Path | None = None) -> Source:
     """A variant's source: the working tree when `ref` is None, else the ref's worktree."""
     return working_tree(repo) if ref is None else checkout(ref, repo)
-
-
-@dataclass
-class VariantSpec:
-    """One entry of a variants file; `tensorfold_bench.variants.Variant` is made from it."""
-
-    name: str
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    ref: str | None = None
-
-
-def _flags(path: str, name: str, x) -> list[str]:
-    if x is None:
-        return []
-    if isinstance(x, str):
-        return shlex.split(x)
-    if isinstance(x, list) and all(isinstance(a, (str, int, float)) for a in x):
-        return [str(a) for a in x]
-    raise BenchError(f"{path}: {name}: flags must be a list of strings or one string")
-
-
-def parse_variants(text: str, path: str = "<variants>") -> list[VariantSpec]:
-    """Validate a variants file's YAML (see the module docstring)."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise BenchError(f"{path}: not valid YAML: {e}") from None
-    if isinstance(doc, dict):
-        doc = [{"name": k, **(v or {})} for k, v in doc.items()]
-    if not isinstance(doc, list) or not doc:
-        raise BenchError(f"{path}: expected a list of variants (name, ref, flags, env)")
-    out, seen = [], set()
-    for i, d in enumerate(doc):
-        if not isinstance(d, dict) or not d.get("name"):
-            raise BenchError(f"{path}: entry {i + 1}: expected a mapping with a name")
-        name = str(d["name"])
-        unknown = set(d) - {"name", "ref", "flags", "args", "env"}
-        if unknown:
-            raise BenchError(f"{path}: {name}: unknown key(s) {', '.join(sorted(unknown))} "
-                             "(known: name, ref, flags, env)")
-        if name in seen:
-            raise BenchError(f"{path}: {name}: defined twice")
-        seen.add(name)
-        env = d.get("env") or {}
-        if not isinstance(env, dict):
-            raise BenchError(f"{path}: {name}: env must be a mapping")
-        ref = d.get("ref")
-        out.append(VariantSpec(name, _flags(path, name, d.get("flags", d.get("args"))),
-                               {str(k): str(v) for k, v in env.items()},
-                               None if ref is None else str(ref)))
-    return out
-
-
-def read_variants(path: str | Path) -> list[VariantSpec]:
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise BenchError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_variants(text, str(path))

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tensorfold_bench.cli import app
+from tensorfold_bench.errors import FlagError
 from tensorfold_bench.launcher import group_alive, launch
 
 SHORT = ["--model", "tiny", "--b-at", "0.5", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64"]
@@ -72,8 +73,16 @@ def test_url_targets_running_server(tmp_path):
 
 
 @pytest.mark.parametrize("args, flag", [(["--share", "2"], "--share"), (["--order", "whole,bogus"], "--order"),
-                                        (["--b-at", "x"], "--b-at"), (["--b-tokens", "0"], "--b-tokens")])
+                                        (["--b-tokens", "0"], "--b-tokens"), (["--c-after", "-1"], "--c-after"),
+                                        (["--device", "tpu"], "--device"), (["--margin", "1.5"], "--margin")])
+def test_a_bad_flag_value_is_an_error_naming_the_flag(args, flag):
+    res = CliRunner().invoke(app, ["run", "long-prompt", *args])
+    assert isinstance(res.exception, FlagError) and res.exception.flag == flag, (res.output, res.exception)
+
+
+@pytest.mark.parametrize("args, flag", [(["--b-at", "x"], "--b-at"), (["--b-tokens", "0"], "--b-tokens")])
 def test_bad_flag_is_one_red_line_exit_2(args, flag):
+    """Through the real entry point: a usage error (click's) and a bad value (the library's)."""
     p = subprocess.run([sys.executable, "-m", "tensorfold_bench", "run", "long-prompt", *args],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2

@@ -50,6 +50,13 @@ def test_fake_server_group_killed_on_exit_and_error(tmp_path):
     assert "serve" in (tmp_path / "ok.log").read_text().splitlines()[0]
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:  # gone since it was listed (a short-lived git, say)
+        return ""
+
+
 def children(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
@@ -79,7 +86,7 @@ def test_ctrl_c_mid_run_stops_the_server_group(tmp_path):
     server = []
     while time.monotonic() < deadline and not server:
         time.sleep(0.2)
-        server = [c for c in children(p.pid) if "fakeserver" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+        server = [c for c in children(p.pid) if "fakeserver" in cmdline(c)]
     assert server, "no server started"
     time.sleep(1.0)  # inside the scenario: A is streaming, B not yet sent
     p.send_signal(signal.SIGINT)

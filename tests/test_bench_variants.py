@@ -1,8 +1,11 @@
-from tensorfold_bench.variants import WHOLE, Variant, default_order, parse_floats, parse_order, plain, share_variants
+"""Variants from shares, files and refs, and the order runs go in."""
+import textwrap
 
 import pytest
 
-from tensorfold_bench.errors import FlagError
+from tensorfold_bench import variants
+from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.variants import WHOLE, Variant, default_order, parse_floats, parse_order, plain, share_variants
 
 
 def test_share_variants_and_default_order():
@@ -29,3 +32,35 @@ def test_plain_reference_flags_win():
 def test_round_trip():
     v = Variant("n", ["--a"], {"K": "v"}, ref="HEAD~1")
     assert Variant.from_dict(v.to_dict()) == v
+
+
+def test_variants_file(tmp_path):
+    f = tmp_path / "v.yaml"
+    f.write_text(textwrap.dedent("""\
+        - name: main
+          ref: main
+          flags: [--prefill-mode, whole]
+        - name: new
+          flags: --prefill-mode stepped --prefill-share 0.5
+          env: {TFENGINE_DECODE_SLEEP_MS: 5}
+    """))
+    main, new = variants.read_variants(f)
+    assert (main.name, main.ref, main.args, main.env) == ("main", "main", ["--prefill-mode", "whole"], {})
+    assert new.args == ["--prefill-mode", "stepped", "--prefill-share", "0.5"]
+    assert new.env == {"TFENGINE_DECODE_SLEEP_MS": "5"} and new.ref is None
+    by_name = variants.parse_variants("old: {ref: HEAD~1}\nnew: {}\n")
+    assert [(v.name, v.ref) for v in by_name] == [("old", "HEAD~1"), ("new", None)]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("- name: a\n  colour: red\n", "a: unknown key(s) colour"),
+    ("- name: a\n- name: a\n", "a: defined twice"),
+    ("- {flags: x}\n", "entry 1: expected a mapping with a name"),
+    ("- name: a\n  env: [1]\n", "a: env must be a mapping"),
+    ("- name: a\n  flags: {x: 1}\n", "a: flags must be"),
+    ("3\n", "expected a list of variants"),
+])
+def test_variants_file_errors(text, needle):
+    with pytest.raises(BenchError) as e:
+        variants.parse_variants(text, "v.yaml")
+    assert "v.yaml" in str(e.value) and needle in str(e.value)

@@ -1,4 +1,4 @@
-"""Model pieces: HF names, presets, resolve_model, tokenizer."""
+"""Model pieces: HF names, presets, resolve_model (tokenizers: tests/test_tokenizer.py)."""
 import json
 
 import pytest
@@ -7,7 +7,6 @@ import torch
 from engine.config import ConfigError, EngineConfig
 from engine.model import Qwen3ForCausalLM
 from engine.presets import PRESETS, resolve_model
-from engine.tokenizer import ByteTokenizer, chat_text, load_tokenizer
 
 
 def test_hf_parameter_names():
@@ -45,27 +44,6 @@ def test_resolve_model(tmp_path):
     assert cfg2 == PRESETS["tiny"] and d2 == tmp_path
 
 
-def test_byte_tokenizer():
-    t = ByteTokenizer()
-    ids = t.encode("héllo")
-    assert ids == list("héllo".encode()) and t.decode(ids + [256, 300]) == "héllo"
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    assert chat_text(msgs) == "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n"
-    assert t.chat_prompt(msgs) == list(chat_text(msgs).encode())
-    assert isinstance(load_tokenizer(None, 512, 256), ByteTokenizer)
-
-
 def test_config_errors():
     with pytest.raises(ConfigError):
         EngineConfig(dtype="float64")
-
-
-def test_tokenizer_json_is_used(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    tok = tokenizers.Tokenizer(WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, unk_token="[UNK]"))
-    tok.pre_tokenizer = Whitespace()
-    tok.save(str(tmp_path / "tokenizer.json"))
-    t = load_tokenizer(tmp_path, 3, 2)
-    assert t.name == "tokenizer.json" and t.encode("hello world") == [0, 1]

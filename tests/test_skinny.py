@@ -31,12 +31,12 @@ assert S.supports(x, w) and torch.equal(S.linear(x, w), y)
 S.CONFIGS[(48, 96)] = None  # measured no faster than cuBLAS
 assert not S.supports(x, w)
 S.DEFAULT = c
-assert not S.supports(torch.randn(17, 96), w) and not S.supports(torch.randn(4, 80), torch.randn(8, 80))
-x17 = torch.randn(17, 96, generator=g)
-assert torch.equal(S.linear(x17, w), F.linear(x17, w))
+assert not S.supports(torch.randn(65, 96), w) and not S.supports(torch.randn(4, 80), torch.randn(8, 80))
+x65 = torch.randn(65, 96, generator=g)
+assert torch.equal(S.linear(x65, w), F.linear(x65, w))
 try:
-    S.skinny(torch.randn(17, 96), w)
-    raise SystemExit("no error for 17 rows")
+    S.skinny(torch.randn(65, 96), w)
+    raise SystemExit("no error for 65 rows")
 except ValueError as e:
     assert "unsupported" in str(e)
 print("ok")
@@ -72,5 +72,58 @@ for _ in range(5):
     t0, t1 = r.decode([1, 0], [t0, t1], pos)
     pos = [p + 1 for p in pos]
 assert outs == plain[:5], (outs, plain)
+print("ok")
+''')
+
+
+def test_skinny_split_k_and_64_rows(interpret):
+    """Rounds of up to 64 lanes pad to 32 or 64 rows; a config may cut K into fixed ranges whose
+    partials the last-arriving program sums in range order. Both agree with torch, a row's bits do
+    not depend on the other rows, repeated launches give the same bits, the arrival counters are
+    back at 0 after each launch, and a (N, K, rows) config wins over the (N, K) one."""
+    interpret(r'''
+import torch
+import engine.kernels_skinny as S
+g = torch.Generator().manual_seed(1)
+w = torch.randn(40, 192, generator=g)
+for rows in (8, 40, 64):
+    x = torch.randn(rows, 192, generator=g)
+    for c in (S.SkinnyConfig(16, 32), S.SkinnyConfig(16, 32, split_k=2), S.SkinnyConfig(32, 32, split_k=3)):
+        y = S.skinny(x, w, config=c)
+        assert (y - x @ w.T).abs().max() < 1e-4, (rows, c)
+        assert torch.equal(y, S.skinny(x, w, config=c))
+        other = torch.randn(rows, 192, generator=g); other[rows // 2] = x[rows // 2]
+        assert torch.equal(S.skinny(other, w, config=c)[rows // 2], y[rows // 2])
+assert S._scratch and all(int(cnt.abs().sum()) == 0 for _, cnt in S._scratch.values())
+try:
+    S.skinny(torch.randn(4, 192), w, config=S.SkinnyConfig(16, 128, split_k=2))  # 192 % 256 != 0
+    raise SystemExit("no error for K not a multiple of block_k * split_k")
+except ValueError:
+    pass
+S.CONFIGS[(40, 192)] = S.SkinnyConfig(16, 32)
+S.CONFIGS[(40, 192, 64)] = S.SkinnyConfig(32, 64, split_k=3)
+assert S.config_for(40, 192, 8).split_k == 1 and S.config_for(40, 192, 33).split_k == 3
+print("ok")
+''')
+
+
+def test_gated_gate_up_equals_two_kernels(interpret):
+    """The gate/up product with silu*up folded in (one kernel) rounds as the two-kernel path does:
+    bitwise equal to silu_mul of the plain product with the same config, row-invariant, and a
+    shape without a gated config takes the two kernels."""
+    interpret(r'''
+import torch, torch.nn.functional as F
+import engine.kernels_skinny as S
+from engine.kernels_fused import silu_mul
+g = torch.Generator().manual_seed(2)
+w = torch.randn(96, 64, generator=g)
+for rows, c in ((5, S.SkinnyConfig(16, 32)), (40, S.SkinnyConfig(32, 16))):
+    x = torch.randn(rows, 64, generator=g)
+    a = S.gate_up_silu(x, w, config=c)
+    assert a.shape == (rows, 48) and torch.equal(a, silu_mul(S.skinny(x, w, config=c)))
+    other = torch.randn(rows, 64, generator=g); other[1] = x[1]
+    assert torch.equal(S.gate_up_silu(other, w, config=c)[1], a[1])
+x = torch.randn(3, 64, generator=g)
+assert torch.equal(S.gate_up_silu(x, w), silu_mul(F.linear(x, w)))
 print("ok")
 ''')

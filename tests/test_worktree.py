@@ -7,7 +7,6 @@ import httpx
 import pytest
 
 from tensorfold_bench import worktree
-from tensorfold_bench.errors import BenchError
 
 # A stand-in engine: `python -m engine serve --host H --port P ...` answering /health and
 # telling which version of the source it is.
@@ -95,35 +94,3 @@ def test_run_the_refs_engine(repo, tmp_path):
         with launcher.launch([], tmp_path / f"{ref}.log", root=Path(src.path),
                              health_timeout=30) as server:
             assert httpx.get(server.url + "/health").json()["version"] == version
-
-
-def test_variants_file(tmp_path):
-    f = tmp_path / "v.yaml"
-    f.write_text(textwrap.dedent("""\
-        - name: main
-          ref: main
-          flags: [--prefill-mode, whole]
-        - name: new
-          flags: --prefill-mode stepped --prefill-share 0.5
-          env: {TFENGINE_DECODE_SLEEP_MS: 5}
-    """))
-    main, new = worktree.read_variants(f)
-    assert (main.name, main.ref, main.args, main.env) == ("main", "main", ["--prefill-mode", "whole"], {})
-    assert new.args == ["--prefill-mode", "stepped", "--prefill-share", "0.5"]
-    assert new.env == {"TFENGINE_DECODE_SLEEP_MS": "5"} and new.ref is None
-    by_name = worktree.parse_variants("old: {ref: HEAD~1}\nnew: {}\n")
-    assert [(v.name, v.ref) for v in by_name] == [("old", "HEAD~1"), ("new", None)]
-
-
-@pytest.mark.parametrize("text,needle", [
-    ("- name: a\n  colour: red\n", "a: unknown key(s) colour"),
-    ("- name: a\n- name: a\n", "a: defined twice"),
-    ("- {flags: x}\n", "entry 1: expected a mapping with a name"),
-    ("- name: a\n  env: [1]\n", "a: env must be a mapping"),
-    ("- name: a\n  flags: {x: 1}\n", "a: flags must be"),
-    ("3\n", "expected a list of variants"),
-])
-def test_variants_file_errors(text, needle):
-    with pytest.raises(BenchError) as e:
-        worktree.parse_variants(text, "v.yaml")
-    assert "v.yaml" in str(e.value) and needle in str(e.value)

@@ -1,8 +1,10 @@
-"""Long-prompt metrics on hand-made timestamp traces."""
+"""Figures on hand-made timestamp traces: long-prompt, the sweep's batches and levels, latencies."""
 import pytest
 
+from tensorfold_bench import figures
 from tensorfold_bench.client import StreamRecord, _apply_event, chunk_tokens
-from tensorfold_bench.metrics import count_in, long_prompt_figures, longest_pause, medians, rate_before
+from tensorfold_bench.figures import count_in, longest_pause, medians, rate_before
+from tensorfold_bench.figures import long_prompt as long_prompt_figures
 
 
 def rec(name, sent, times, scheduled=None, cancelled=False, ended=None, ids=None, **kw):
@@ -121,3 +123,54 @@ def test_medians_skip_invalid_runs():
     bad.valid = False
     m = medians([good, bad, good])
     assert m["b_first_token"] == pytest.approx(2.0)
+
+
+# ---- sweep ---------------------------------------------------------------------------------
+
+def srec(sent, times, ids=None, error=None):
+    return StreamRecord("s", "/v1/completions", 10, len(times), sent=sent, token_times=list(times),
+                        token_ids=list(ids if ids is not None else range(len(times))), error=error)
+
+
+def test_batch_figure_is_all_tokens_over_first_send_to_last_token():
+    a = srec(10.0, [10.5, 11.0, 11.5, 12.0])
+    b = srec(10.1, [10.6, 11.1, 11.6, 14.0])
+    batch = figures.sweep_batch(2, 0, 0, [a, b], 4, ["h0", "h1"])
+    assert batch["tokens"] == 8 and batch["wall_s"] == pytest.approx(4.0) and batch["tok_s"] == pytest.approx(2.0)
+    assert not batch["errors"] and batch["hashes"] == ["h0", "h1"]
+    # every token's time kept, compactly: from the send, then gap by gap, in microseconds
+    assert batch["gaps_us"] == [[500000] * 4, [500000, 500000, 500000, 2400000]]
+
+
+def test_a_short_or_failed_stream_voids_the_batch():
+    batch = figures.sweep_batch(2, 0, 0, [srec(0.0, [1.0, 2.0]), srec(0.0, [1.0], error="HTTP 500: boom")], 2, [None, None])
+    assert batch["tok_s"] is None and "stream 1: HTTP 500: boom" in batch["errors"]
+    short = figures.sweep_batch(1, 0, 0, [srec(0.0, [1.0])], 2, [None])
+    assert short["tok_s"] is None and "1 of 2 tokens" in short["errors"][0]
+
+
+def batch(level, cell, rep, tok_s, gaps=None):
+    return {"level": level, "cell": cell, "rep": rep, "tok_s": tok_s, "hashes": [], "errors": [], "gaps_us": gaps}
+
+
+def test_cell_is_median_over_reps_and_level_median_over_cells():
+    bs = [batch(1, 0, 0, 10), batch(1, 0, 1, 12), batch(1, 0, 2, 30),
+          batch(1, 1, 0, 20), batch(1, 1, 1, 20), batch(1, 1, 2, None)]
+    assert figures.cell_tok_s(bs, 1, 0) == 12 and figures.cell_tok_s(bs, 1, 1) == 20
+    assert figures.sweep_run(bs) == {"tok_s@1": 16}  # no kept times (an older receipt): no latencies
+
+
+def test_latencies_come_from_the_kept_token_times():
+    # two streams: first tokens after 100 and 300 ms; then gaps of 10 ms, one 0 (a chunk of two), one 50 ms
+    bs = [batch(2, 0, 0, 1.0, gaps=[[100000, 10000, 10000], [300000, 0, 50000]])]
+    f = figures.sweep_run(bs)
+    assert f["ttft_p50@2"] == pytest.approx(200.0)
+    assert f["itl_p50@2"] == pytest.approx(10.0)
+    assert f["itl_p99@2"] == pytest.approx(10 + 0.97 * 40)  # numpy's linear percentile over 0, 10, 10, 50
+
+
+def test_the_registry_names_every_figure_a_receipt_shows():
+    for name in (*figures.LONG_PROMPT, "b_alone", "tok_s@8", "ttft_p50@1", "itl_p99@4"):
+        s = figures.spec(name)
+        assert s.unit and s.label and s.digits >= 0
+    assert figures.spec("tok_s@2").higher_is_better and not figures.spec("c_first_token").higher_is_better

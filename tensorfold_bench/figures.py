@@ -1,0 +1,376 @@
+"""Every figure a receipt shows, as pure functions of raw records (no I/O, no clock), and the
+one registry of their names, units, directions, digits and labels that renderers read.
+
+Long-prompt figures, with W = (B send, B first token]:
+- B first token: B's first token time - B's send time; C likewise from C's send.
+- A's longest pause: the largest gap t[i+1] - t[i] between consecutive A tokens such that the
+  gap overlaps W: t[i] < B first token and t[i+1] > B send. A gap that spans B's send (or B's
+  first token) counts whole. A gap that ends exactly at B's send, or starts exactly at B's first
+  token, does not. Tokens of one chunk share a time, so their gaps are 0.
+- A during B: A tokens with B send < t <= B first token, divided by the length of W.
+- A before: the window (s, B send] of the same length, where s = max(B send - |W|, A's first
+  token): A tokens inside it divided by its length (A's first token itself is its start and
+  is not counted).
+
+Sweep figures, per level L: `tok_s@L` = all tokens of a burst / (last token time - first send
+time), the median over reps per cell, then over cells; `ttft_p50@L` (each stream's first token
+from its own send), `itl_p50@L` and `itl_p99@L` (gaps between consecutive tokens, 0 inside a
+chunk), pooled over every stream of the level, from the per-token times the sweep keeps.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from tensorfold_bench import stats
+from tensorfold_bench.client import StreamRecord
+
+LATE_LIMIT_S = 0.25  # a send later than this against its script time makes the run invalid
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str
+    unit: str
+    higher_is_better: bool
+    digits: int
+    label: str
+
+
+REGISTRY = {s.name: s for s in (
+    FigureSpec("b_first_token", "s", False, 2, "B first token"),
+    FigureSpec("c_first_token", "s", False, 2, "C first token"),
+    FigureSpec("a_longest_pause", "s", False, 2, "A longest pause"),
+    FigureSpec("a_rate_during", "tok/s", True, 1, "A during B"),
+    FigureSpec("a_rate_before", "tok/s", True, 1, "A before"),
+    FigureSpec("b_alone", "s", False, 2, "B alone"),
+    FigureSpec("tok_s", "tok/s", True, 1, "aggregate tok/s"),
+    FigureSpec("ttft_p50", "ms", False, 1, "first token p50"),
+    FigureSpec("itl_p50", "ms", False, 1, "inter-token p50"),
+    FigureSpec("itl_p99", "ms", False, 1, "inter-token p99"),
+)}
+LONG_PROMPT = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_during", "a_rate_before")
+LATENCY = ("ttft_p50", "itl_p50", "itl_p99")
+
+
+def spec(name: str) -> FigureSpec:
+    """A figure's spec; a per-level figure `tok_s@8` is the family `tok_s`."""
+    return REGISTRY[name.split("@", 1)[0]]
+
+
+def at(family: str, level: int) -> str:
+    return f"{family}@{level}"
+
+
+def median(values: list[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
+
+
+def stats_for(names: list[str], order: list[str], values: list[dict], base: str, margin: float,
+              slack: dict[str, float] | None = None) -> dict[str, stats.FigureStats]:
+    """Each named figure's statistics over the runs (`values[i]`: run i's figures; None leaves a
+    run out), its direction from the registry."""
+    return {n: stats.figure_stats(n, order, [v.get(n) for v in values], base, margin=margin,
+                                  higher_is_better=spec(n).higher_is_better, slack=(slack or {}).get(n, 0.0))
+            for n in names}
+
+
+# ---- long-prompt ---------------------------------------------------------------------------
+
+@dataclass
+class LongPromptFigures:
+    b_first_token: float | None
+    c_first_token: float | None
+    a_longest_pause: float | None
+    a_rate_during: float | None  # A tok/s while B fills
+    a_rate_before: float | None  # A tok/s in the equal window before B's send
+    a_tokens_during: int
+    window: float | None  # |W| in seconds
+    lateness: dict[str, float | None]  # per stream: send - script time
+    valid: bool
+    invalid_reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LongPromptFigures":
+        return cls(**d)
+
+
+def first_token_latency(rec: StreamRecord) -> float | None:
+    if rec.sent is None or not rec.token_times:
+        return None
+    return rec.token_times[0] - rec.sent
+
+
+def longest_pause(times: list[float], lo: float, hi: float) -> float | None:
+    """Largest gap between consecutive times that overlaps the window (lo, hi); None if no gap
+    does (fewer than two tokens, or every gap outside the window)."""
+    best = None
+    for a, b in zip(times, times[1:]):
+        if a < hi and b > lo:
+            g = b - a
+            best = g if best is None or g > best else best
+    return best
+
+
+def count_in(times: list[float], lo: float, hi: float) -> int:
+    """Tokens with lo < t <= hi."""
+    return sum(1 for t in times if lo < t <= hi)
+
+
+def rate_before(times: list[float], b_send: float, length: float) -> float | None:
+    if not times or length <= 0:
+        return None
+    start = max(b_send - length, times[0])
+    if start >= b_send:
+        return None
+    return count_in(times, start, b_send) / (b_send - start)
+
+
+def lateness(rec: StreamRecord) -> float | None:
+    if rec.scheduled is None or rec.sent is None:
+        return None
+    return rec.sent - rec.scheduled
+
+
+def _validity(a: StreamRecord, b: StreamRecord, c: StreamRecord, late: dict, late_limit: float) -> list[str]:
+    reasons = [f"{rec.name} failed: {rec.error}" for rec in (a, b, c) if rec.error]
+    reasons += [f"{name} was sent {v:.3f} s late (limit {late_limit} s)" for name, v in late.items()
+                if v is not None and v > late_limit]
+    if first_token_latency(b) is None:
+        reasons.append("B got no token")
+    if first_token_latency(c) is None:
+        reasons.append("C got no token")
+    cached = ((b.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached:
+        reasons.append(f"B's prompt hit the prompt cache ({cached} tokens): not cold")
+    return reasons
+
+
+def long_prompt(a: StreamRecord, b: StreamRecord, c: StreamRecord,
+                late_limit: float = LATE_LIMIT_S) -> LongPromptFigures:
+    """One run's figures from A's, B's and C's raw records (see the module docstring)."""
+    late = {r.name: lateness(r) for r in (a, b, c)}
+    reasons = _validity(a, b, c, late, late_limit)
+    b_ft, c_ft = first_token_latency(b), first_token_latency(c)
+    pause = during = before = None
+    n_during, window = 0, None
+    times = a.token_times
+    if b_ft is not None and b.sent is not None:
+        lo, hi = b.sent, b.token_times[0]
+        window = hi - lo
+        if not times or times[0] >= lo:
+            reasons.append("A had no token before B's send: B did not overlap A's decoding")
+        a_end = a.ended if a.ended is not None else (times[-1] if times else None)
+        a_done_early = (not a.cancelled) and (a_end is not None and a_end < hi)
+        if a_done_early or not times or times[-1] < lo:
+            reasons.append("A stopped decoding before B's first token: B did not overlap A's decoding")
+        pause = longest_pause(times, lo, hi)
+        if pause is None and times and times[0] < lo:
+            pause = window  # A's last token came before the window and none after it
+        n_during = count_in(times, lo, hi)
+        during = n_during / window if window > 0 else None
+        before = rate_before(times, lo, window)
+    return LongPromptFigures(b_ft, c_ft, pause, during, before, n_during, window, late,
+                             valid=not reasons, invalid_reasons=reasons)
+
+
+def long_prompt_of(records: dict[str, dict]) -> LongPromptFigures:
+    """The figures of a run as saved (records as dicts)."""
+    a, b, c = (StreamRecord.from_dict(records[k]) for k in "ABC")
+    return long_prompt(a, b, c)
+
+
+def failed_long_prompt(why: str) -> LongPromptFigures:
+    """A run whose server failed: no figure, invalid."""
+    return LongPromptFigures(None, None, None, None, None, 0, None, {}, valid=False,
+                             invalid_reasons=[f"the server failed: {why}"])
+
+
+def b_alone(record: dict) -> float | None:
+    """B's first token with nothing else running, from its saved record."""
+    return first_token_latency(StreamRecord.from_dict(record))
+
+
+def medians(figs: list[LongPromptFigures]) -> dict[str, float | None]:
+    """Median of each figure over the valid runs only."""
+    ok = [f for f in figs if f.valid]
+    return {k: median([getattr(f, k) for f in ok]) for k in LONG_PROMPT}
+
+
+def long_prompt_summary(data: dict) -> dict[str, dict]:
+    """Per variant: its runs and their figures (in order), the medians over the valid ones, B
+    alone, B's median against alone (`x_alone`) and A's rate during B as a percentage of before."""
+    out = {}
+    for v in data["variants"]:
+        runs = [r for r in data["runs"] if r["variant"] == v["name"]]
+        if not runs:
+            continue
+        figs = [LongPromptFigures.from_dict(r["figures"]) for r in runs]
+        med = medians(figs)
+        alone = (data.get("alone") or {}).get(v["name"], {}).get("b_first_token")
+        x_alone = med["b_first_token"] / alone if alone and med["b_first_token"] else None
+        pct = 100 * (med["a_rate_during"] or 0) / med["a_rate_before"] if med["a_rate_before"] else None
+        out[v["name"]] = {"runs": runs, "figures": figs, "median": med, "alone": alone, "x_alone": x_alone,
+                          "during_pct": pct}
+    return out
+
+
+def long_prompt_stats(data: dict) -> dict:
+    """Each long-prompt figure's statistics over the runs, invalid runs left out."""
+    order = [r["variant"] for r in data["runs"]]
+    values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
+    margin = data["settings"].get("margin", stats.DEFAULT_MARGIN)
+    return {k: fs.to_dict() for k, fs in
+            stats_for(list(LONG_PROMPT), order, values, data["variants"][0]["name"], margin).items()}
+
+
+def long_prompt_predicted(data: dict) -> dict[str, dict[str, float | None]]:
+    """variant -> figure -> median, for predictions: the long-prompt figures (also as `_s`, and
+    `a_rate_during_b_pct` = during / before in percent) and `b_alone`."""
+    out: dict[str, dict] = {}
+    for name, s in long_prompt_summary(data).items():
+        m = dict(s["median"])
+        for k in ("b_first_token", "c_first_token", "a_longest_pause"):
+            m[k + "_s"] = m.get(k)
+        if m.get("a_rate_during") is not None and m.get("a_rate_before"):
+            m["a_rate_during_b_pct"] = m["a_rate_during"] / m["a_rate_before"] * 100
+        m["b_alone"] = m["b_alone_s"] = s.get("alone")
+        out[name] = m
+    return out
+
+
+# ---- sweep ---------------------------------------------------------------------------------
+
+def gaps_us(rec: StreamRecord) -> list[int]:
+    """Every token's time, compactly: microseconds from the send to the first token, then from
+    each token to the next (0 inside a chunk)."""
+    if rec.sent is None:
+        return []
+    prev, out = rec.sent, []
+    for t in rec.token_times:
+        out.append(round((t - prev) * 1e6))
+        prev = t
+    return out
+
+
+def sweep_batch(level: int, cell: int, rep: int, recs: list[StreamRecord], tokens: int, hashes: list) -> dict:
+    """One burst of `level` streams: aggregate tok/s = all tokens / (last token time - first send
+    time), None when a stream failed or came short; the raw times are kept beside it."""
+    errors = []
+    for i, r in enumerate(recs):
+        if r.error:
+            errors.append(f"stream {i}: {r.error}")
+        elif len(r.token_times) != tokens:
+            errors.append(f"stream {i}: {len(r.token_times)} of {tokens} tokens")
+    n = sum(len(r.token_times) for r in recs)
+    sends = [r.sent for r in recs if r.sent is not None]
+    lasts = [r.token_times[-1] for r in recs if r.token_times]
+    wall = (max(lasts) - min(sends)) if sends and lasts else None
+    tok_s = n / wall if wall and not errors else None
+    return {"level": level, "cell": cell, "rep": rep, "tok_s": tok_s, "tokens": n, "wall_s": wall, "hashes": hashes,
+            "errors": errors, "sent": [r.sent for r in recs],
+            "last_token": [r.token_times[-1] if r.token_times else None for r in recs],
+            "gaps_us": [gaps_us(r) for r in recs]}
+
+
+def cell_tok_s(batches: list[dict], level: int, cell: int) -> float | None:
+    return median([b["tok_s"] for b in batches if b["level"] == level and b["cell"] == cell])
+
+
+def level_tok_s(batches: list[dict], level: int) -> float | None:
+    cells = sorted({b["cell"] for b in batches if b["level"] == level})
+    return median([cell_tok_s(batches, level, c) for c in cells])
+
+
+def latency(batches: list[dict], level: int) -> dict[str, float | None]:
+    """ttft_p50, itl_p50, itl_p99 in ms for one level, pooled over its streams; {} without times."""
+    lv = [b for b in batches if b["level"] == level]
+    if not lv or any(b.get("gaps_us") is None for b in lv):
+        return {}
+    ttft = [g[0] / 1000 for b in lv for g in b["gaps_us"] if g]
+    itl = [x / 1000 for b in lv for g in b["gaps_us"] for x in g[1:]]
+    return {at("ttft_p50", level): median(ttft),
+            at("itl_p50", level): float(np.percentile(itl, 50)) if itl else None,
+            at("itl_p99", level): float(np.percentile(itl, 99)) if itl else None}
+
+
+def sweep_run(batches: list[dict]) -> dict[str, float | None]:
+    """A run's figures: tok_s@L for each level, then (when the times were kept) its latencies."""
+    levels = sorted({b["level"] for b in batches})
+    out: dict[str, float | None] = {at("tok_s", lv): level_tok_s(batches, lv) for lv in levels}
+    for lv in levels:
+        out.update(latency(batches, lv))
+    return out
+
+
+def batch_errors(batches: list[dict]) -> list[str]:
+    return [f"level {b['level']} cell {b['cell']} rep {b['rep']}: {e}" for b in batches for e in b["errors"]]
+
+
+def sweep_stats(data: dict) -> dict:
+    """tok_s@L's statistics for every level."""
+    st = data["settings"]
+    names = [at("tok_s", lv) for lv in st["script"]["levels"]]
+    return {k: fs.to_dict() for k, fs in stats_for(
+        names, [r["variant"] for r in data["runs"]], [r["figures"] for r in data["runs"]], st["base"],
+        st.get("margin", stats.DEFAULT_MARGIN)).items()}
+
+
+def sweep_latency(data: dict) -> dict[str, dict[str, float | None]]:
+    """figure -> variant -> median over runs, for the latency figures a sweep kept; {} if none."""
+    out: dict[str, dict] = {}
+    for r in data["runs"]:
+        for name, v in r["figures"].items():
+            if spec(name).name in LATENCY:
+                out.setdefault(name, {}).setdefault(r["variant"], []).append(v)
+    return {n: {v: median(xs) for v, xs in by.items()} for n, by in out.items()}
+
+
+def stats_medians(figs: dict) -> dict[str, dict[str, float | None]]:
+    """variant -> figure -> median, from a receipt's statistics (for predictions)."""
+    out: dict[str, dict] = {}
+    for name, fs in figs.items():
+        for v, m in fs["medians"].items():
+            out.setdefault(v, {})[name] = m
+    return out
+
+
+# ---- the gate and comparisons --------------------------------------------------------------
+
+def cut_period(prefill_rows: int | None, b_tokens: int | None, b_first_tokens: list[float]) -> float:
+    """Seconds per cut of B's prompt (B's first token over its cut count; the decode rounds
+    between cuts included): where C lands inside a cut is luck up to this much. 0 when unknown."""
+    if not prefill_rows or not b_tokens or not b_first_tokens:
+        return 0.0
+    return statistics.median(b_first_tokens) / -(-b_tokens // prefill_rows)
+
+
+def token_gaps(times: list[float]) -> list[tuple[float, float]]:
+    """(time, gap before it) for every token after the first: what the timeline draws."""
+    return [(b, b - a) for a, b in zip(times, times[1:])]
+
+
+def across_sessions(xa: list[float], xb: list[float]) -> dict:
+    """Two sessions' runs of one figure (not drift-paired): each median, B's against A's in
+    percent, and whether B's median lies inside A's span of runs (None: cannot tell)."""
+    ma, mb = median(xa), median(xb)
+    return {"a": ma, "b": mb, "pct": (mb / ma - 1) * 100 if ma and mb is not None else None,
+            "within": None if not xa or mb is None else min(xa) <= mb <= max(xa)}
+
+
+def figure_runs(data: dict) -> dict[str, dict[str, list[float]]]:
+    """figure -> variant -> the valid runs' values, for any scenario's receipt."""
+    if data.get("scenario") == "long-prompt":
+        names = list(LONG_PROMPT)
+        values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
+    else:
+        names = list(dict.fromkeys(n for r in data["runs"] for n in r["figures"]))
+        values = [r["figures"] for r in data["runs"]]
+    order = [r["variant"] for r in data["runs"]]
+    return {n: stats.by_variant(order, [v.get(n) for v in values]) for n in names}

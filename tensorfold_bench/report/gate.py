@@ -1,0 +1,38 @@
+"""The gate receipt's Markdown, from its JSON alone."""
+from __future__ import annotations
+
+import json
+
+from tensorfold_bench.errors import FAIL, PASS
+from tensorfold_bench.report.fmt import environment_lines, stats_table
+from tensorfold_bench.worktree import Source
+
+
+def _side(v: dict) -> str:
+    return Source(**v["source"]).label + (f" {json.dumps(v['env'])}" if v["env"] else "")
+
+
+def markdown(data: dict, png_name: str | None = None) -> str:
+    st, p = data["settings"], data["settings"]["preset_values"]
+    base, new = data["variants"]
+    order = [r["variant"] for r in data["runs"]] or st["order"]
+    lines = [f"## tfbench gate: {'PASS' if data['passed'] else 'FAIL'}", "",
+             f"base = {_side(base)}; new = {_side(new)}; order {'/'.join(order)}, preset `{st['preset']}`, margins "
+             f"{st['margin'] * 100:g} % (throughput) and {st['long_margin'] * 100:g} % (long-prompt figures).", ""]
+    if data["reasons"]:
+        lines += ["**Why it failed.**", *[f"- {r}" for r in data["reasons"]], ""]
+    lines += ["**Environment.**", *environment_lines(data), "",
+              f"**The test.** Each run starts a fresh server and plays a sweep (levels "
+              f"{', '.join(map(str, p['levels']))}, {p['tokens']} tokens a stream, {p['prompt_tokens']}-token "
+              f"prompts, {p['reps']} reps) and then a long-prompt run (B: {p['b_tokens']} tokens sent "
+              f"{p['b_at']:g} s into A's decoding; C {p['c_after']:g} s later).", "",
+              *stats_table(data["stats"], "base", base_mark=""), "", "**Exactness.**"]
+    ex = data["exactness"]
+    for label, hc in ex["sweep"].items():
+        lines.append(f"- Sweep replies ({label}): {hc['equal']} of {hc['replies']} equal.")
+    lines.append("- Long-prompt replies: " + ", ".join(f"{k} {v['equal']} of {v['of']}"
+                                                       for k, v in ex["long_prompt"].items()) + ".")
+    if data["notes"]:
+        lines += ["", "**Notes.**", *[f"- {n}" for n in data["notes"]]]
+    lines += ["", f"Exit code {PASS if data['passed'] else FAIL} (0 pass, 1 regression, 2 usage or infrastructure error)."]
+    return "\n".join(lines) + "\n"

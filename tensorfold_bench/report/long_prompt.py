@@ -1,0 +1,136 @@
+"""The long-prompt receipt's Markdown, from its JSON alone."""
+from __future__ import annotations
+
+from tensorfold_bench.figures import LongPromptFigures, long_prompt_summary, spec
+from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.report.fmt import environment_lines, not_run_lines, num, stats_table
+
+
+def cell(figs: list[LongPromptFigures], key: str, med: float | None, digits: int | None = None) -> str:
+    """Every run's value (invalid ones marked †, failed ones "failed"), then the median in bold."""
+    n = spec(key).digits if digits is None else digits
+    unit = "" if spec(key).unit == "tok/s" else f" {spec(key).unit}"
+    vals = [("" if f.valid else "†") + (num(getattr(f, key), n) if f.window is not None or getattr(f, key) is not None
+                                          else "failed") for f in figs]
+    return f"{' / '.join(vals)} → **{num(med, n)}{unit}**"
+
+
+def test_paragraph(data: dict) -> str:
+    s = data["settings"]["script"]
+    order = "/".join(data["settings"]["order"])
+    return (f"**The test.** Stream A is decoding a long reply (a {s['a_prompt_tokens']}-token prompt, ignore_eos). "
+            f"{s['b_at']:g} s in, B sends a cold prompt of {s['b_tokens']:,} random token ids; "
+            f"{s['c_after']:g} s later, C sends a {s['c_tokens']}-token prompt for a {s['c_max_tokens']}-token reply. "
+            "When B and C are done, A is cancelled. Measured: B's and C's first token (each from its own send), "
+            "A's longest pause (largest gap between two A tokens overlapping B's send to B's first token), and A's rate "
+            "while B fills (before: the same length of time just before B's send). "
+            f"Runs in the order {order}; each cell lists every run, then the median of the valid ones "
+            "(† marks an invalid run, left out). \"alone\": B's first token with nothing else running, once per variant.")
+
+
+def table(data: dict) -> list[str]:
+    """Per variant: each figure's runs and median; B against alone, A's rate during B against before."""
+    rows = ["| variant | B first token | C first token | A longest pause | A during B (before), tok/s |",
+            "|---|---|---|---|---|"]
+    for name, s in long_prompt_summary(data).items():
+        figs, med = s["figures"], s["median"]
+        b = cell(figs, "b_first_token", med["b_first_token"])
+        if s["x_alone"] is not None:
+            b += f" ({s['x_alone']:.1f}x alone: {num(s['alone'])} s)"
+        during = cell(figs, "a_rate_during", med["a_rate_during"])
+        if s["during_pct"] is not None:
+            during += f" ({s['during_pct']:.0f} % of {num(med['a_rate_before'], 1)})"
+        rows.append(f"| {name} | {b} | {cell(figs, 'c_first_token', med['c_first_token'])} | "
+                    f"{cell(figs, 'a_longest_pause', med['a_longest_pause'])} | {during} |")
+    return rows
+
+
+def runs_table(data: dict) -> list[str]:
+    rows = ["| run | variant | B first token | C first token | A longest pause | A during B | A before | "
+            "late A / B / C (ms) | B cached | load | valid |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["runs"]:
+        f = LongPromptFigures.from_dict(r["figures"])
+        late = " / ".join("-" if f.lateness.get(k) is None else f"{1000 * f.lateness[k]:.0f}" for k in "ABC")
+        b_usage = (r["records"]["B"].get("usage") if r.get("records") else None) or {}
+        cached = (b_usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        load = (r.get("server") or {}).get("load_before")
+        rows.append(f"| {r['index']} | {r['variant']} | {num(f.b_first_token)} s | {num(f.c_first_token)} s | "
+                    f"{num(f.a_longest_pause)} s | {num(f.a_rate_during, 1)} | {num(f.a_rate_before, 1)} | {late} | "
+                    f"{'-' if cached is None else cached} | {num(load, 1)} | "
+                    f"{'yes' if f.valid else 'no: ' + '; '.join(f.invalid_reasons)} |")
+    return rows
+
+
+def count_equal(data: dict, key: str) -> list[str]:
+    ex = (data.get("exactness") or {}).get(key) or {}
+    if not ex:
+        return []
+    per: dict[str, list[int]] = {}
+    diffs = []
+    for r in data["runs"]:
+        cmp = ex.get(str(r["index"]))
+        if cmp is None:
+            continue
+        k_n = per.setdefault(r["variant"], [0, 0, 0])
+        for c in cmp:
+            k_n[1] += 1
+            if c["equal"]:
+                k_n[0] += 1
+            elif c["equal"] is None:
+                k_n[2] += 1
+            else:
+                diffs.append(f"run {r['index']} {c['stream']}")
+    parts = [f"{name} {k} of {n} equal" + (f" ({u} unknown)" if u else "") for name, (k, n, u) in per.items()]
+    return ["; ".join(parts) + "." + (f" Differ: {', '.join(diffs)}." if diffs else "")]
+
+
+def exactness_lines(data: dict) -> list[str]:
+    ex = data.get("exactness") or {}
+    lines = []
+    refs = ex.get("refs") or {}
+    across = count_equal(data, "across_runs")
+    if across and refs:
+        lines.append(f"- Across runs (B and C against run {refs['BC']}; A against the longest A, run {refs['A']}, "
+                     "on each A's own length), replies A, B and C per run: " + across[0])
+    vs_plain = count_equal(data, "vs_plain")
+    if vs_plain:
+        lines.append("- Against the plain reference (each request alone, one stream, whole prompt, no prompt cache, "
+                     "no drafts): " + vs_plain[0])
+    ss = ex.get("server_sha") or {}
+    if ss:
+        lines.append(f"- The servers' token_sha against our sha256 of the ids received: {ss.get('match', 0)} match, "
+                     f"{ss.get('mismatch', 0)} differ, {ss.get('absent', 0)} absent (A is cancelled, so it ends without one).")
+    hashes = ex.get("hashes") or {}
+    if hashes:
+        distinct = {k: sorted({h[k] for h in hashes.values() if h.get(k)}) for k in "ABC"}
+        lines.append(f"- Hashes (sha256 of the comma-joined ids, first 12 hex; A over its first {ex.get('a_prefix')} "
+                     "tokens, the shortest A): " + "; ".join(f"{k} {', '.join('`' + h + '`' for h in v) or '-'}"
+                                                  for k, v in distinct.items()) + ".")
+    lens = [h.get("A_tokens") for h in hashes.values() if h.get("A_tokens") is not None]
+    lines.append("- A is cancelled, so its length varies" + (f" ({min(lens)} to {max(lens)} tokens)" if lens else "")
+                 + ": each run's A is compared on its own length with the reference's prefix"
+                 + (" (the plain reference's A is generated as long as the longest A)." if data.get("plain") else "."))
+    return lines
+
+
+def summary_markdown(data: dict) -> str:
+    """What the command prints: the table and the exactness lines."""
+    return "\n".join(table(data) + ["", "**Exactness.**", *exactness_lines(data)])
+
+
+def markdown(data: dict, png_name: str | None = None) -> str:
+    out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(data), "",
+           test_paragraph(data), "", *table(data), "",
+           "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "
+           "started):", "", *runs_table(data), "",
+           "**Exactness.**", *exactness_lines(data), ""]
+    if png_name:
+        out += [f"![timeline: A's inter-token gaps, B and C marked]({png_name})", ""]
+    if data.get("stats"):  # receipts from before verdicts (no margin) have none
+        out += ["**Statistics.** Each run paired with its adjacent base runs; a verdict needs the paired 95 % "
+                f"interval beyond a {data['settings'].get('margin', 0.02) * 100:g} % margin (invalid runs left out).", "",
+                *stats_table(data["stats"], data["variants"][0]["name"], digits=2), ""]
+    if data.get("predictions"):
+        out += [*Predictions.from_dict(data["predictions"]).markdown(), ""]
+    out += not_run_lines(data.get("not_run") or [])
+    return "\n".join(out) + "\n"

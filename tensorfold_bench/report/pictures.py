@@ -1,0 +1,148 @@
+"""The receipts' pictures: the long-prompt timeline and the sweep's tok/s by streams."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+
+from tensorfold_bench.figures import at, token_gaps  # noqa: E402
+from tensorfold_bench.report.fmt import num  # noqa: E402
+
+GAP_FLOOR = 0.005  # two tokens read together (one TCP read) have a gap of ~0: drawn here
+
+
+def representative(runs: list[dict]) -> dict | None:
+    """The valid run whose B first token is the median (the lower middle of an even count)."""
+    ok = [r for r in runs if r["figures"]["valid"] and r["figures"]["b_first_token"] is not None] or runs
+    if not ok:
+        return None
+    ok = sorted(ok, key=lambda r: r["figures"]["b_first_token"] or 0.0)
+    return ok[(len(ok) - 1) // 2]
+
+
+def _axes(fig, n: int, has_trace: bool) -> tuple[list, list]:
+    outer = fig.add_gridspec(n, 1, hspace=0.32)
+    axes, strips = [], []
+    for k in range(n):
+        share = {"sharex": axes[0]} if axes else {}
+        if has_trace:
+            inner = outer[k].subgridspec(2, 1, height_ratios=[4, 1], hspace=0.06)
+            axes.append(fig.add_subplot(inner[0], **share))
+            strips.append(fig.add_subplot(inner[1], sharex=axes[0]))
+            axes[-1].tick_params(labelbottom=False)
+        else:
+            axes.append(fig.add_subplot(outer[k], **share))
+    return axes, strips
+
+
+def _gaps_panel(ax, name: str, run: dict) -> None:
+    recs = run["records"]
+    t0 = recs["A"]["sent"]
+    gaps = token_gaps(recs["A"]["token_times"])
+    gaps_x = [t - t0 for t, _ in gaps]
+    gaps_y = [max(g, GAP_FLOOR) for _, g in gaps]
+    ax.plot(gaps_x, gaps_y, ".", ms=2.5, color="0.25",
+            label=f"A: gap before each token (below {GAP_FLOOR * 1000:g} ms: at the floor)")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("A gap (s)")
+    f = run["figures"]
+    b, c = recs["B"], recs["C"]
+    marks = [(b["sent"], "tab:blue", "--", "B send"),
+             (b["token_times"][0] if b["token_times"] else None, "tab:blue", "-", "B first token"),
+             (c["sent"], "tab:orange", "--", "C send"),
+             (c["token_times"][0] if c["token_times"] else None, "tab:orange", "-", "C first token")]
+    for t, col, ls, lab in marks:
+        if t is not None:
+            ax.axvline(t - t0, color=col, ls=ls, lw=1.2, label=lab)
+    if b["sent"] is not None and b["token_times"]:
+        ax.axvspan(b["sent"] - t0, b["token_times"][0] - t0, color="tab:blue", alpha=0.07)
+    s, r = (lambda v: f"{num(v, 2)} s"), (lambda v: f"{num(v, 1)} tok/s")
+    title = (f"{name} (run {run['index']}): B first token {s(f['b_first_token'])}, C {s(f['c_first_token'])}, "
+             f"A longest pause {s(f['a_longest_pause'])}, A {r(f['a_rate_during'])} during B "
+             f"({r(f['a_rate_before'])} before)")
+    ax.set_title(title + ("" if f["valid"] else "  [INVALID]"), fontsize=9, loc="left")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_ylim(GAP_FLOOR * 0.8, max(gaps_y + [1.0]) * 2)
+
+
+def _trace_strip(sx, run: dict) -> None:
+    t0 = run["records"]["A"]["sent"]
+    steps = run.get("trace") or []
+    pre = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] == "prefill" and s["t"] + s["dur"] >= t0]
+    dec = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] != "prefill" and s["t"] + s["dur"] >= t0]
+    sx.broken_barh(dec, (0, 1), color="0.6")
+    sx.broken_barh(pre, (1.1, 1), color="tab:red")
+    sx.set_yticks([0.5, 1.6], ["decode", "prompt"], fontsize=7)
+    sx.set_ylim(0, 2.2)
+    sx.tick_params(axis="y", length=0)
+    if not steps:
+        sx.text(0.5, 0.5, "no trace", transform=sx.transAxes, ha="center", va="center", fontsize=7)
+
+
+def timeline(data: dict, path: Path) -> Path | None:
+    """Per variant (its representative run), A's inter-token gaps over time with B's and C's send
+    and first token marked; under it, when the engine kept a trace, its prompt steps and decode
+    rounds as a strip."""
+    panels = []
+    for v in data["variants"]:
+        rep = representative([r for r in data["runs"] if r["variant"] == v["name"] and r.get("records")])
+        if rep is not None:
+            panels.append((v["name"], rep))
+    if not panels:
+        return None
+    has_trace = any(r.get("trace") for _, r in panels)
+    fig = plt.figure(figsize=(11, 3.1 * len(panels) + 0.4))
+    axes, strips = _axes(fig, len(panels), has_trace)
+    for k, (name, run) in enumerate(panels):
+        _gaps_panel(axes[k], name, run)
+        if k == 0:
+            fig.legend(*axes[k].get_legend_handles_labels(), loc="upper center", fontsize=8, ncol=5, frameon=False,
+                       bbox_to_anchor=(0.5, 0.955))
+        if has_trace:
+            _trace_strip(strips[k], run)
+    end = max((r["records"]["A"]["ended"] or 0) - r["records"]["A"]["sent"] for _, r in panels)
+    last = strips[-1] if strips else axes[-1]
+    last.set_xlim(0, end * 1.02 if end > 0 else None)
+    for a in axes + strips:
+        if a is not last:
+            a.tick_params(labelbottom=False)
+    last.set_xlabel("seconds since A's send")
+    fig.suptitle("A's inter-token gaps while B's cold prompt fills"
+                 + ("; strips: the engine's prompt steps and decode rounds" if has_trace else ""), fontsize=11)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def sweep(data: dict, path: Path) -> Path | None:
+    """Aggregate tok/s against streams: each run a dot, each variant's medians a line."""
+    levels = data["settings"]["script"]["levels"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for k, v in enumerate(data["variants"]):
+        name = v["name"]
+        med = [data["stats"][at("tok_s", lv)]["medians"].get(name) for lv in levels]
+        if all(m is None for m in med):
+            continue
+        color = f"C{k}"
+        ax.plot(levels, [m if m is not None else float("nan") for m in med], "-", color=color, label=name)
+        for lv in levels:
+            ys = data["stats"][at("tok_s", lv)]["runs"].get(name, [])
+            ax.plot([lv * (1 + 0.03 * (k - 0.5))] * len(ys), ys, "o", color=color, alpha=0.6, ms=4)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(lv) for lv in levels])
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("aggregate tok/s")
+    ax.set_title("sweep: median per variant, dots = runs")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

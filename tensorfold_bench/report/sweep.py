@@ -1,0 +1,84 @@
+"""The sweep receipt's Markdown and picture, from its JSON alone."""
+from __future__ import annotations
+
+from tensorfold_bench import stats
+from tensorfold_bench.figures import LATENCY, at, spec, sweep_latency
+from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.report.fmt import environment_lines, not_run_lines, num, stats_table
+from tensorfold_bench.worktree import Source
+
+DASH = "–"  # sweep receipts have always shown a missing value as an en dash
+
+
+def tok_s_table(data: dict) -> list[str]:
+    return stats_table(data["stats"], data["settings"]["base"], label="streams", runs_header="runs (tok/s, in run order)",
+                       digits=2, none=DASH, span_sep="–", key=lambda n: n.split("@", 1)[1] if "@" in n else n)
+
+
+def latency_table(data: dict) -> list[str]:
+    """Per level and variant, the median over runs of each latency figure (receipts that kept
+    every token's time)."""
+    med = sweep_latency(data)
+    if not med:
+        return []
+    names = [v["name"] for v in data["variants"]]
+    heads = [f"{spec(f).label} ({spec(f).unit})" for f in LATENCY]
+    lines = ["| streams | variant | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(LATENCY)]
+    for lv in data["settings"]["script"]["levels"]:
+        for v in names:
+            if v in med.get(at(LATENCY[0], lv), {}):
+                cells = [num(med.get(at(f, lv), {}).get(v), spec(f).digits, DASH) for f in LATENCY]
+                lines.append(f"| {lv} | {v} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def exactness_line(data: dict) -> str:
+    h = data["hashes"]
+    return (f"Token hashes: {h['equal']} of {h['replies']} replies equal ({h['prompts']} prompts)"
+            + ("." if h["ok"] else f"; {len(h['flagged'])} differ (see the receipt)."))
+
+
+def test_paragraph(data: dict) -> str:
+    s = data["settings"]["script"]
+    order = "/".join(data["settings"]["order"])
+    return (f"**The test.** At each level ({', '.join(map(str, s['levels']))} streams), that many streams start "
+            f"together, each sending a {s['prompt_tokens']}-token prompt (seeded token ids) and generating "
+            f"{s['tokens']} tokens with ignore_eos; {s['cells']} distinct prompt sets (cells), {s['reps']} reps "
+            f"each. Aggregate tok/s = all tokens / (last token time - first send time); the median over reps is "
+            f"a cell's figure, the median over cells the run's. A fresh server per run, in the order {order}. "
+            "Verdicts pair each run with its adjacent base runs (a bootstrap interval of the median log-ratio, "
+            f"margin {data['settings'].get('margin', stats.DEFAULT_MARGIN) * 100:g} %).")
+
+
+def markdown(data: dict, png_name: str | None = None) -> str:
+    st = data["settings"]
+    names = [v["name"] for v in data["variants"]]
+    lines = [f"## tfbench sweep: {' vs '.join(names)}", "", "**Environment.**", *environment_lines(data)]
+    srcs = [f"{v['name']}: {Source(**v['source']).label}" for v in data["variants"] if v.get("source")]
+    if srcs:
+        lines.append("- Engine sources: " + "; ".join(srcs) + ".")
+    lines += ["", test_paragraph(data), ""]
+    if data.get("predictions"):
+        p = data["predictions"]
+        first = data["runs"][0]["started"] if data["runs"] else DASH
+        lines += [f"Predictions read {p['read_at']} (sha256 `{p['sha256'][:16]}`); the first run started {first}.", ""]
+    if png_name:
+        lines += [f"![aggregate tok/s by streams]({png_name})", ""]
+    lines += ["**Aggregate tok/s.**", "", *tok_s_table(data), ""]
+    lat = latency_table(data)
+    if lat:
+        lines += ["**Latency** (every stream's tokens pooled per level; the median over a variant's runs).", "",
+                  *lat, ""]
+    h = data["hashes"]
+    lines += ["**Exactness.** Each prompt's reply is compared across reps, levels and runs with "
+              + f"its first reply in a {st['base']} run."
+              + f" {h['equal']} of {h['replies']} replies equal ({h['prompts']} prompts)"
+              + ("." if h["ok"] else "; these differ:")]
+    lines += [f"- {f}" for f in h["flagged"][:20]]
+    if len(h["flagged"]) > 20:
+        lines.append(f"- … and {len(h['flagged']) - 20} more (see the JSON)")
+    lines.append("")
+    if data.get("predictions"):
+        lines += Predictions.from_dict(data["predictions"]).markdown() + [""]
+    lines += not_run_lines(data["not_run"])
+    return "\n".join(lines) + "\n"

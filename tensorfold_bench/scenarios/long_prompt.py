@@ -1,0 +1,266 @@
+"""The long-prompt scenario: pacing (when each request goes out) apart from sending (client.py).
+
+Stream A decodes a long reply (ignore_eos). `b_at` seconds after A's send, B sends a cold
+prompt of `b_tokens` random token ids; `c_after` seconds later, C sends a short prompt of
+`c_tokens` ids with a short reply. When B and C are done, A is cancelled (its stream closed).
+Once per variant, B's first token is also measured alone (nothing else running, a prompt of its
+own); with `plain_check`, a plain reference server (whole prompts, no cache, no drafts, one
+stream) answers each request alone, for the exactness check.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from tensorfold_bench import exactness, figures, session
+from tensorfold_bench.client import Request, StreamRecord, clock, new_record, stream
+from tensorfold_bench.errors import BenchError, FlagError, ServerError
+from tensorfold_bench.predictions import read as read_predictions
+from tensorfold_bench.report.fmt import num
+from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
+from tensorfold_bench.session import Reporter, Run, Session
+from tensorfold_bench.variants import order_for, plain, select_variants
+
+A_PROMPT_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class LongPromptScript:
+    b_at: float
+    c_after: float
+    b_tokens: int
+    c_tokens: int = 34
+    a_prompt_tokens: int = A_PROMPT_TOKENS
+    a_max_tokens: int = 4000  # large enough that A outlasts B; A is cancelled at the end
+    b_max_tokens: int = 8
+    c_max_tokens: int = 16
+    seed: int = 0
+    timeout_s: float = 900.0  # B and C must be done by then
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    a: list[int]
+    b: list[int]
+    c: list[int]
+
+
+def make_prompts(script: LongPromptScript, vocab: int, key: str = "") -> Prompts:
+    """A's, B's and C's prompts. `key` distinguishes runs that share one server (--url), so each
+    run's B is cold; fresh servers use one key, so every run's replies compare."""
+    return Prompts(prompt_ids(script.seed, f"A{key}", script.a_prompt_tokens, vocab),
+                   prompt_ids(script.seed, f"B{key}", script.b_tokens, vocab),
+                   prompt_ids(script.seed, f"C{key}", script.c_tokens, vocab))
+
+
+def requests(script: LongPromptScript, prompts: Prompts, extra: dict | None = None) -> tuple[Request, Request, Request]:
+    extra = extra or {}
+    return (Request("A", prompts.a, max_tokens=script.a_max_tokens, ignore_eos=True, extra=extra),
+            Request("B", prompts.b, max_tokens=script.b_max_tokens, ignore_eos=True, extra=extra),
+            Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, extra=extra))
+
+
+def foreign_extra(foreign: bool) -> dict:
+    """Extra request fields for servers other than tfengine: usage in the stream, and token ids
+    (vLLM's `return_token_ids`; else logprobs "token_id:N" with --return-tokens-as-token-ids)."""
+    return {"stream_options": {"include_usage": True}, "logprobs": 1, "return_token_ids": True} if foreign else {}
+
+
+async def play_script(url: str, script: LongPromptScript, prompts: Prompts, model: str = "default",
+                      extra: dict | None = None) -> dict[str, StreamRecord]:
+    """Play A, B and C on the script; return their raw records."""
+    ra, rb, rc = requests(script, prompts, extra)
+    async with http_client() as client:
+        t0 = clock()
+        a = new_record(ra, t0)
+        b = new_record(rb, t0 + script.b_at)
+        c = new_record(rc, t0 + script.b_at + script.c_after)
+        a_task = asyncio.create_task(stream(client, url, ra, a, model))
+        try:
+            await sleep_until(b.scheduled)
+            b_task = asyncio.create_task(stream(client, url, rb, b, model))
+            await sleep_until(c.scheduled)
+            c_task = asyncio.create_task(stream(client, url, rc, c, model))
+            done, pending = await asyncio.wait({b_task, c_task}, timeout=script.timeout_s)
+            for t in pending:
+                t.cancel()
+                rec = b if t is b_task else c
+                rec.error = rec.error or f"not done after {script.timeout_s:.0f} s"
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            if not a_task.done():
+                a_task.cancel()
+            await asyncio.gather(a_task, return_exceptions=True)
+    return {"A": a, "B": b, "C": c}
+
+
+async def play_sequence(url: str, reqs: list[Request], model: str = "default") -> dict[str, StreamRecord]:
+    """Each request alone, one after another (the plain reference)."""
+    return {r.name: await play_alone(url, r, model) for r in reqs}
+
+
+def records_dict(recs: dict[str, StreamRecord]) -> dict[str, dict]:
+    return {k: v.to_dict() for k, v in recs.items()}
+
+
+# ---- a session of runs ---------------------------------------------------------------------
+
+@dataclass
+class LongPromptSettings:
+    session: Session
+    script: LongPromptScript
+    plain_check: bool = False
+    vocab: int | None = None  # prompt ids are drawn below this; default: what the server reports
+
+
+def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
+                        max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
+                        vocab=None, stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False,
+                        predict=None, margin=0.02) -> LongPromptSettings:
+    """`tfbench run long-prompt`'s flags -> settings, with the device preset's defaults; every bad
+    value names its flag; predictions are read (and stamped) here, before any run."""
+    pre = session.device_preset(device)
+    for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens),
+                    ("--vocab", vocab)):
+        session.positive(flag, v)
+    if c_after < 0:
+        raise FlagError("--c-after", f"must be at least 0, not {c_after}")
+    variants = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
+    variants, names = order_for(variants, order, aa)
+    b_tokens = b_tokens or pre.b_tokens
+    mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
+    script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
+                              c_tokens=c_tokens, seed=seed)
+    script = replace(script, a_max_tokens=a_tokens or (mml - script.a_prompt_tokens - 1))
+    engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
+                                  max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args)
+    session.check_margin(margin)
+    preds = read_predictions(predict, [v.name for v in variants]) if predict else None
+    return LongPromptSettings(Session(engine, variants, names, Path(out_dir), "long-prompt", url=url, margin=margin,
+                                      predictions=preds, stamp=stamp), script, plain_check, vocab)
+
+
+def check_script(script: LongPromptScript, vocab: int | None, mml: int | None) -> None:
+    if vocab is not None and vocab < 2:
+        raise BenchError(f"server reports a vocabulary of {vocab}")
+    if mml is not None and script.b_tokens + script.b_max_tokens > mml:
+        raise FlagError("--b-tokens", f"{script.b_tokens} + {script.b_max_tokens} reply tokens exceed the server's "
+                                      f"max_model_len {mml}")
+
+
+def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
+    """A's reply as long as the server's context allows (it is cancelled anyway)."""
+    if mml is None or script.a_prompt_tokens + script.a_max_tokens <= mml:
+        return script
+    return replace(script, a_max_tokens=max(1, mml - script.a_prompt_tokens - 1))
+
+
+def play_b_alone(run: Run, s: LongPromptScript, vocab: int, traced: bool) -> dict:
+    """B's first token with nothing else running (checked on /metrics), on a prompt of its own."""
+    idle = session.wait_idle(run.url)
+    req = Request("B", make_prompts(s, vocab, f"-alone{run.index}").b, max_tokens=s.b_max_tokens,
+                  extra=foreign_extra(run.shared))
+    rec = asyncio.run(play_alone(run.url, req, run.model))
+    tr = session.fetch_trace(run.url) if traced else None
+    return {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
+            "b_first_token": figures.b_alone(rec.to_dict()),
+            "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
+
+
+def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
+    """One run on its server: A/B/C on the script, the engine's trace, and B alone once per
+    variant; raw records only."""
+    vocab = settings.vocab or run.vocab
+    if vocab is None:
+        raise FlagError("--vocab", "the server reports no vocabulary size (GET /v1/engine, /v1/models): give it")
+    check_script(settings.script, vocab, run.max_model_len)
+    s = fit_script(settings.script, run.max_model_len)
+    data["settings"]["script"], data["vocab"] = s.to_dict(), vocab
+    prompts = make_prompts(s, vocab, f"-run{run.index}" if run.shared else "")
+    recs = asyncio.run(play_script(run.url, s, prompts, run.model, foreign_extra(run.shared)))
+    trace = session.fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
+    if run.variant.name not in data["alone"]:
+        run.note(f"{run.variant.name}: B alone")
+        data["alone"][run.variant.name] = play_b_alone(run, s, vocab, trace is not None)
+    records = records_dict(recs)
+    return {"records": records, "hashes": exactness.reply_hashes(records), "trace": trace}
+
+
+def finish(entry: dict) -> str:
+    """The run's figures (a failed run's: none, invalid) and its progress line."""
+    if entry.get("error"):
+        entry.update(records=None, hashes=None, trace=None)
+        f = figures.failed_long_prompt(entry["failure"])
+    else:
+        f = figures.long_prompt_of(entry["records"])
+    entry["figures"] = f.to_dict()
+    s = lambda v: "-" if v is None else f"{num(v)} s"  # noqa: E731
+    return (f"{entry['variant']}: B first token {s(f.b_first_token)}, C {s(f.c_first_token)}, "
+            f"A pause {s(f.a_longest_pause)}" + ("" if f.valid else f"  INVALID: {'; '.join(f.invalid_reasons)}"))
+
+
+def run_plain(settings: LongPromptSettings, data: dict, base_source, vocab: int) -> dict:
+    """Each request alone, whole prompt, no cache, no drafts, one stream, on the base's source."""
+    pv = plain(settings.session.variants[0])
+    a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"] if r["records"]] + [1])
+    ra, rb, rc = requests(settings.script, make_prompts(settings.script, vocab, ""))
+    ra.max_tokens = a_len
+    log, facts = settings.session.run_dir / "plain.log", {}
+    with session.serve(settings.session, pv, base_source, log, facts) as url:
+        info = session.server_info(url)
+        model, _, _ = session.model_facts(info)
+        recs = asyncio.run(play_sequence(url, [ra, rb, rc], model))
+    records = records_dict(recs)
+    return {"variant": pv.to_dict(), "records": records, "hashes": exactness.reply_hashes(records), "log": str(log),
+            "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": info.get("engine")}
+
+
+def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
+    out, url = [], settings.session.url
+    if settings.session.engine.device == "cpu" and not url:
+        out.append("CUDA: this receipt is the cpu preset (fp32 on the host's cores). The same command with "
+                   "--device cuda runs qwen3-8b in bf16 with a 32,000-token B at 5 s.")
+    if url:
+        out.append(f"Fresh servers: --url {url} targets a running server, so every variant ran on it "
+                   "as it is configured and each run used its own prompts (cold B) instead of a restart.")
+    if not settings.plain_check:
+        out.append("The plain reference (--plain-check): not asked for; replies are compared across runs only.")
+    elif url:
+        out.append("The plain reference: needs launched servers, not --url.")
+    elif data.get("plain_error"):
+        out.append(f"The plain reference: its server failed: {data['plain_error'].splitlines()[0]}")
+    for r in [r for r in data["runs"] if not r["figures"]["valid"]]:
+        out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
+                   + "; ".join(r["figures"]["invalid_reasons"]) + (f" (log: {r['log']})" if r.get("error") else ""))
+    return out
+
+
+def run(settings: LongPromptSettings, reporter: Reporter | None = None) -> dict:
+    """Every run in order, a fresh server each, then the plain reference; the receipt data, its
+    figures, exactness, statistics and predictions checked. A server that dies or never gets
+    healthy makes that run a failed one (kept, with the log's tail, left out of the medians)."""
+    rep, s = reporter or session.QuietReporter(), settings.session
+    srcs = session.sources(s)
+    data = session.header(s, srcs, {"script": settings.script.to_dict(), "plain_check": settings.plain_check})
+    data.update(alone={}, plain=None, vocab=None)
+    rep.start(len(s.order) + (1 if settings.plain_check and not s.url else 0))
+    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, finish, keep_failed=True)
+    if settings.plain_check and not s.url:
+        rep.step("plain reference")
+        try:
+            data["plain"] = run_plain(settings, data, srcs[s.variants[0].name], data["vocab"]) if data["vocab"] else None
+        except ServerError as e:
+            data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
+        rep.advance()
+    data["exactness"] = exactness.long_prompt(data)
+    data["not_run"] = not_run(settings, data)
+    if len(s.variants) > 1 and data["runs"]:
+        data["stats"] = figures.long_prompt_stats(data)
+    if s.predictions:
+        data["predictions"] = s.predictions.check(figures.long_prompt_predicted(data)).to_dict()
+    return data

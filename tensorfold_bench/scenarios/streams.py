@@ -1,0 +1,40 @@
+"""What every scenario sends with: seeded prompt token ids, one HTTP client setup, and one
+request played alone."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import httpx
+import numpy as np
+
+from tensorfold_bench.client import Request, StreamRecord, clock, new_record, stream
+
+PROMPT_ID_FLOOR = 256  # stay clear of the low (byte / special) ids
+
+
+def prompt_ids(seed: int, key: str, n: int, vocab: int) -> list[int]:
+    """n random token ids in [PROMPT_ID_FLOOR, vocab), from a generator seeded by (seed, key)."""
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    lo = min(PROMPT_ID_FLOOR, max(vocab // 4, 0))
+    return rng.integers(lo, vocab, size=n).tolist()
+
+
+def http_client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                             limits=httpx.Limits(max_connections=64, max_keepalive_connections=0))
+
+
+async def sleep_until(t: float) -> None:
+    d = t - clock()
+    if d > 0:
+        await asyncio.sleep(d)
+
+
+async def play_alone(url: str, req: Request, model: str = "default") -> StreamRecord:
+    """One request with nothing else running."""
+    async with http_client() as client:
+        rec = new_record(req)
+        await stream(client, url, req, rec, model)
+        return rec

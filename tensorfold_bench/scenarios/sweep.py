@@ -1,0 +1,199 @@
+"""The `sweep` scenario (concurrent decode): does anything else get slower?
+
+At each level L of `levels` (1, 2, 4, 8), for each cell c of `cells`, `reps` times: L streams
+start together, stream s sending prompt P(c, s) (seeded token ids, `prompt_tokens` long) and
+generating `tokens` tokens with `ignore_eos`. One such burst is a *batch*; its figure (aggregate
+tok/s) and each level's are computed in tensorfold_bench.figures, and every token's time is kept
+(compactly) so first-token and inter-token latencies come from the saved receipt too.
+
+Prompt P(c, s) is the same at every level, rep and variant, so its reply must be too (greedy
+decoding is exact whatever the batch): each prompt's token hash is compared across reps, levels
+and runs. The engine's `--parallel` must be at least the largest level (the harness gives the
+shared engine flags `--parallel max(levels)` and checks `/v1/engine`).
+
+Reps of a cell run on the same server, so from the second rep on the prompt cache may hold the
+prompts: every variant sees the same, and the median over reps is the warm figure.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from tensorfold_bench import exactness, figures, session
+from tensorfold_bench.client import Request, StreamRecord, new_record, stream
+from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.predictions import read as read_predictions
+from tensorfold_bench.report.fmt import num
+from tensorfold_bench.scenarios.streams import http_client, prompt_ids
+from tensorfold_bench.session import Reporter, Run, Session
+from tensorfold_bench.variants import order_for, select_variants
+
+
+@dataclass(frozen=True)
+class SweepScript:
+    levels: tuple[int, ...] = (1, 2, 4, 8)
+    tokens: int = 256
+    cells: int = 4
+    reps: int = 3
+    prompt_tokens: int = 200
+    seed: int = 0
+    timeout_s: float = 900.0  # per batch
+
+    def __post_init__(self):
+        if not self.levels or any(lv < 1 for lv in self.levels):
+            raise FlagError("--levels", "each level must be a positive stream count")
+        for flag, v in (("--tokens", self.tokens), ("--cells", self.cells), ("--reps", self.reps),
+                        ("--prompt-tokens", self.prompt_tokens)):
+            if v < 1:
+                raise FlagError(flag, f"must be at least 1, not {v}")
+
+    @property
+    def max_level(self) -> int:
+        return max(self.levels)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split(","):
+        try:
+            v = int(part.strip())
+        except ValueError:
+            raise FlagError("--levels", f"{part.strip()!r} is not a stream count (e.g. 1,2,4,8)") from None
+        if v < 1:
+            raise FlagError("--levels", f"{v} is not a positive stream count")
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise FlagError("--levels", f"{text!r} repeats a level")
+    return tuple(out)
+
+
+def cell_prompts(script: SweepScript, cell: int, level: int, vocab: int) -> list[list[int]]:
+    return [prompt_ids(script.seed, "sweep:" + exactness.prompt_key(cell, s), script.prompt_tokens, vocab)
+            for s in range(level)]
+
+
+async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
+                     timeout_s: float = 900.0) -> list[StreamRecord]:
+    """All streams of one burst, started together."""
+    reqs = [Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True) for i, p in enumerate(prompts)]
+    recs = [new_record(r) for r in reqs]
+    async with http_client() as client:
+        tasks = [asyncio.create_task(stream(client, url, q, r, model)) for q, r in zip(reqs, recs)]
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for r, t in zip(recs, tasks):
+        if t in pending and not r.error:
+            r.error = f"not done after {timeout_s:.0f} s"
+    return recs
+
+
+async def play_levels(url: str, script: SweepScript, vocab: int, label: str, model: str = "default",
+                      progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Every level, cell and rep on one server: each batch's records, reduced (figures.sweep_batch)."""
+    batches = []
+    for level in script.levels:
+        for cell in range(script.cells):
+            prompts = cell_prompts(script, cell, level, vocab)
+            for rep in range(script.reps):
+                recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s)
+                hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
+                b = figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
+                batches.append(b)
+                if progress:
+                    tok = "failed" if b["tok_s"] is None else f"{b['tok_s']:.1f} tok/s"
+                    progress(f"{label}: {level} streams, cell {cell + 1}/{script.cells}, "
+                             f"rep {rep + 1}/{script.reps}: {tok}")
+    return batches
+
+
+# ---- a session of runs ---------------------------------------------------------------------
+
+@dataclass
+class SweepSettings:
+    session: Session
+    script: SweepScript
+
+    def __post_init__(self):
+        if self.session.engine.parallel < self.script.max_level:
+            self.session.engine = replace(self.session.engine, parallel=self.script.max_level)
+
+
+def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
+                        parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens, cells, reps,
+                        prompt_tokens, predict, margin, stamp="") -> SweepSettings:
+    """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
+    session.check_margin(margin)
+    script = SweepScript(levels=parse_levels(levels), tokens=tokens, cells=cells, reps=reps,
+                         prompt_tokens=prompt_tokens, seed=seed)
+    session.positive("--parallel", parallel)
+    parallel = max(parallel or 0, script.max_level)  # every stream of the largest level gets a lane
+    engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
+                                  max_model_len=max_model_len, seed=seed, trace=False, engine_args=engine_args)
+    need = script.prompt_tokens + script.tokens + 1
+    engine.max_model_len = None if url else (max_model_len or max(1024, -(-need // 256) * 256))
+    vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
+    vs, names = order_for(vs, order, aa)
+    preds = read_predictions(predict, [v.name for v in vs]) if predict else None
+    return SweepSettings(Session(engine, vs, names, Path(out_dir), "sweep", url=url, margin=margin,
+                                 predictions=preds, stamp=stamp), script)
+
+
+def check_server(run: Run, script: SweepScript) -> int:
+    """The server's vocabulary, once its parallel and context are known to fit the script."""
+    if run.vocab is None:
+        raise BenchError("the server reports no vocabulary size (GET /v1/engine); pass a tfengine server")
+    par = ((run.info.get("engine") or {}).get("config") or {}).get("parallel")
+    if par is not None and par < script.max_level:
+        raise FlagError("--levels", f"the server has --parallel {par}, below the largest level {script.max_level}")
+    if run.max_model_len is not None and script.prompt_tokens + script.tokens > run.max_model_len:
+        raise FlagError("--tokens", f"{script.prompt_tokens} prompt + {script.tokens} tokens exceed the server's "
+                                    f"max_model_len {run.max_model_len}")
+    return run.vocab
+
+
+def play(script: SweepScript, run: Run) -> dict:
+    """One run on its server: every batch, raw times kept."""
+    vocab = check_server(run, script)
+    return {"batches": asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.note))}
+
+
+def finish(entry: dict) -> str:
+    entry["figures"] = figures.sweep_run(entry["batches"])
+    entry["errors"] = figures.batch_errors(entry["batches"])
+    return f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in entry["figures"].items()
+                                               if k.startswith("tok_s"))
+
+
+def analyse(data: dict) -> dict:
+    """The statistics, the hash check, the predictions and what was not run, from the runs."""
+    st = data["settings"]
+    data["stats"] = figures.sweep_stats(data)
+    ref = next((i for i, r in enumerate(data["runs"]) if r["variant"] == st["base"]), 0)
+    data["hashes"] = exactness.sweep([(r["variant"], r["batches"]) for r in data["runs"]], ref).to_dict()
+    notes = []
+    if st.get("url"):
+        notes.append(f"Fresh servers: --url {st['url']} targets a running server; every variant ran on it as it is.")
+    for r in data["runs"]:
+        notes += [f"Run {r['index']} ({r['variant']}): {e}: that batch is left out." for e in r.get("errors", [])]
+    data["not_run"] = notes
+    return data
+
+
+def run(settings: SweepSettings, reporter: Reporter | None = None) -> dict:
+    """Every run in order, a fresh server each (unless --url); the receipt's data."""
+    rep, s = reporter or session.QuietReporter(), settings.session
+    srcs = session.sources(s)
+    data = session.header(s, srcs, {"script": settings.script.to_dict()})
+    rep.start(len(s.order))
+    session.run_all(s, data, srcs, lambda r: play(settings.script, r), rep, finish)
+    analyse(data)
+    if s.predictions:
+        data["predictions"] = s.predictions.check(figures.stats_medians(data["stats"])).to_dict()
+    return data

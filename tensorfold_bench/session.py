@@ -1,0 +1,301 @@
+"""The one run loop every scenario plays through: variants -> their engine sources -> a fresh
+server per run, in the run order (or one running server, `--url`) -> per-run records, under one
+receipt header. A scenario gives `run_all` a function that plays one run on a ready server and
+returns its raw records; figures are computed elsewhere (tensorfold_bench.figures).
+
+Also the shared engine flags (`EngineSetup`), the device presets and the flag checks that every
+command's settings use.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+import httpx
+
+from tensorfold_bench import __version__, stats, worktree
+from tensorfold_bench.errors import FlagError, ServerError
+from tensorfold_bench.launcher import REPO_ROOT, existing, launch
+from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.variants import Variant
+
+SCHEMA = "tfbench.receipt/1"
+
+
+@dataclass
+class EngineSetup:
+    """Engine flags every variant shares (a variant's own args come after and win)."""
+
+    model: str = "cpu"
+    device: str = "cpu"
+    dtype: str | None = None
+    parallel: int = 4
+    prefill_rows: int = 256
+    max_model_len: int | None = None
+    seed: int = 0
+    trace: bool = True
+    extra_args: list[str] = field(default_factory=list)
+
+    def flags(self) -> list[str]:
+        f = ["--model", self.model, "--device", self.device, "--parallel", str(self.parallel),
+             "--prefill-rows", str(self.prefill_rows), "--seed", str(self.seed)]
+        if self.dtype:
+            f += ["--dtype", self.dtype]
+        if self.max_model_len:
+            f += ["--max-model-len", str(self.max_model_len)]
+        if self.trace:
+            f += ["--trace"]
+        return f + list(self.extra_args)
+
+
+@dataclass(frozen=True)
+class DevicePreset:
+    model: str
+    b_at: float
+    b_tokens: int
+    prefill_rows: int
+    dtype: str | None
+
+
+DEVICE_PRESETS = {"cpu": DevicePreset("cpu", 3.0, 4096, 256, None),
+                  "cuda": DevicePreset("qwen3-8b", 5.0, 32000, 1024, "bfloat16")}
+
+
+def device_preset(device: str) -> DevicePreset:
+    if device not in DEVICE_PRESETS:
+        raise FlagError("--device", f"must be cpu or cuda, not {device!r}")
+    return DEVICE_PRESETS[device]
+
+
+def positive(flag: str, v: float | int | None) -> None:
+    if v is not None and not v > 0:
+        raise FlagError(flag, f"must be positive, not {v}")
+
+
+def check_margin(margin: float, flag: str = "--margin") -> None:
+    if not 0 <= margin < 1:
+        raise FlagError(flag, f"must be a fraction in [0, 1), not {margin}")
+
+
+def engine_setup(*, device: str, model: str | None, dtype: str | None, parallel: int | None,
+                 prefill_rows: int | None, max_model_len: int | None, seed: int, trace: bool,
+                 engine_args: list[str] | None) -> EngineSetup:
+    """The shared engine flags from the command's flags, with the device preset's defaults."""
+    pre = device_preset(device)
+    for flag, v in (("--parallel", parallel), ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len)):
+        positive(flag, v)
+    return EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype, parallel=parallel or 4,
+                       prefill_rows=prefill_rows or pre.prefill_rows, max_model_len=max_model_len, seed=seed,
+                       trace=trace, extra_args=list(engine_args or []))
+
+
+@dataclass
+class Session:
+    """What every scenario's session shares: engine flags, variants (the base first), run order."""
+
+    engine: EngineSetup
+    variants: list[Variant]
+    order: list[str]
+    out_dir: Path
+    scenario: str  # long-prompt, sweep, gate: the receipt's kind and the run folder's suffix
+    url: str | None = None  # a running server: nothing is launched
+    margin: float = stats.DEFAULT_MARGIN
+    predictions: Predictions | None = None  # read (and stamped) before the first run
+    stamp: str = ""
+    repo: Path | None = None  # the repository variants' refs name (default: this one)
+
+    def __post_init__(self):
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise FlagError("--variants", f"variant names repeat: {names}")
+        for n in self.order:
+            if n not in names:
+                raise FlagError("--order", f"unknown variant {n!r}; known: {', '.join(names)}")
+        check_margin(self.margin)
+        if not self.stamp:
+            self.stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out_dir / f"{self.stamp}-{self.scenario}"
+
+
+class Reporter(Protocol):
+    def start(self, total: int) -> None: ...
+    def step(self, text: str) -> None: ...
+    def advance(self) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+class QuietReporter:
+    def start(self, total): pass
+    def step(self, text): pass
+    def advance(self): pass
+    def note(self, text): pass
+
+
+@dataclass
+class Run:
+    """One run, its server up: what a scenario's play function gets."""
+
+    index: int
+    variant: Variant
+    url: str
+    info: dict  # GET /v1/engine and /v1/models
+    model: str
+    vocab: int | None
+    max_model_len: int | None
+    shared: bool  # --url: every run goes to one server, so prompts must differ per run
+    note: Callable[[str], None]
+
+
+def harness_commit() -> str | None:
+    """This harness's commit ('+dirty' with uncommitted changes), or TFBENCH_COMMIT for a copy
+    without git."""
+    src = worktree.working_tree(REPO_ROOT)
+    if src.commit:
+        return src.commit + ("+dirty" if src.dirty else "")
+    return os.environ.get("TFBENCH_COMMIT") or None
+
+
+def host_info() -> dict:
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
+            "tfbench": __version__, "harness_commit": harness_commit()}
+
+
+def server_info(url: str) -> dict:
+    """GET /v1/engine and /v1/models (either may be missing on foreign servers)."""
+    out: dict = {}
+    with httpx.Client(timeout=10) as c:
+        for path, key in (("/v1/engine", "engine"), ("/v1/models", "models")):
+            try:
+                r = c.get(url + path)
+                out[key] = r.json() if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                out[key] = None
+    return out
+
+
+def model_facts(info: dict) -> tuple[str, int | None, int | None]:
+    """(model id, vocab size, max_model_len) from /v1/engine and /v1/models."""
+    model, vocab, mml = "default", None, None
+    models = (info.get("models") or {}).get("data") or []
+    if models:
+        model = models[0].get("id", model)
+        mml = models[0].get("max_model_len")
+        vocab = models[0].get("vocab_size")
+    eng = info.get("engine") or {}
+    desc = eng.get("engine") or {}
+    shape = desc.get("shape") or {}
+    vocab = vocab or shape.get("vocab") or shape.get("vocab_size")
+    mml = mml or desc.get("max_model_len") or (eng.get("config") or {}).get("max_model_len")
+    return model, vocab, mml
+
+
+def wait_idle(url: str, timeout: float = 15.0) -> dict:
+    """Wait until a tfengine server runs and queues no stream (GET /metrics); other servers: no wait.
+    Returns {"confirmed": bool | None, "waited_s": float}."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            r = httpx.get(url + "/metrics", timeout=5)
+            text = r.text if r.status_code == 200 else ""
+        except httpx.HTTPError:
+            text = ""
+        vals = {}
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] in ("tfengine_running_streams", "tfengine_waiting_streams"):
+                vals[parts[0]] = float(parts[1])
+        if len(vals) < 2:
+            return {"confirmed": None, "waited_s": time.monotonic() - t0}
+        if not any(vals.values()):
+            return {"confirmed": True, "waited_s": time.monotonic() - t0}
+        if time.monotonic() - t0 > timeout:
+            return {"confirmed": False, "waited_s": time.monotonic() - t0}
+        time.sleep(0.05)
+
+
+def fetch_trace(url: str) -> list[dict] | None:
+    try:
+        r = httpx.get(url + "/v1/trace", timeout=30)
+        return r.json().get("steps") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in name).strip("-")
+
+
+def sources(session: Session) -> dict[str, worktree.Source]:
+    """Each variant's engine source (worktrees made now, before any run); none with --url."""
+    return {} if session.url else {v.name: worktree.source(v.ref, session.repo) for v in session.variants}
+
+
+@contextlib.contextmanager
+def serve(session: Session, variant: Variant, source: worktree.Source | None, log: Path,
+          facts: dict) -> Iterator[str]:
+    """The run's server URL; `facts` gets the launched server's pid (= its process group) and argv."""
+    if session.url:
+        with existing(session.url) as url:
+            yield url
+        return
+    with launch(session.engine.flags() + variant.args, log, env=variant.env, root=Path(source.path)) as srv:
+        facts.update(pgid=srv.pgid, argv=srv.argv, root=source.path)
+        yield srv.url
+
+
+def header(session: Session, srcs: dict[str, worktree.Source], settings: dict) -> dict:
+    """The receipt's data before its runs: what ran where, with which settings."""
+    return {"schema": SCHEMA, "scenario": session.scenario, "created": dt.datetime.now().isoformat(timespec="seconds"),
+            "host": host_info(),
+            "settings": {"engine": asdict(session.engine), "engine_flags": session.engine.flags(),
+                         "order": session.order, "url": session.url, "base": session.variants[0].name,
+                         "margin": session.margin, "run_dir": str(session.run_dir), **settings},
+            "variants": [{**v.to_dict(), "source": srcs[v.name].to_dict() if v.name in srcs else None}
+                         for v in session.variants],
+            "predictions": session.predictions.to_dict() if session.predictions else None,
+            "runs": [], "environment": None, "not_run": []}
+
+
+def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play: Callable[[Run], dict],
+            rep: Reporter, finish: Callable[[dict], str], keep_failed: bool = False) -> None:
+    """Every run in order, a fresh server each, appended to data["runs"]: index, variant, start
+    time, `play`'s records, log, server facts. `finish(entry)` adds the run's figures and returns
+    the line shown. A server that dies or never gets healthy raises ServerError (its variant
+    named), or with `keep_failed` makes a failed run (its error kept) and the others go on."""
+    by_name = {v.name: v for v in session.variants}
+    session.run_dir.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(session.order, 1):
+        rep.step(f"run {i}/{len(session.order)}: {name}")
+        log = session.run_dir / f"run{i}-{slug(name)}.log"
+        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        server: dict = {"load_before": os.getloadavg()[0]}
+        info: dict = {}
+        try:
+            with serve(session, by_name[name], srcs.get(name), log, server) as url:
+                info = server_info(url)
+                if data["environment"] is None:
+                    data["environment"] = info
+                if session.url:
+                    server["idle"] = wait_idle(url)  # the last run's streams are gone
+                model, vocab, mml = model_facts(info)
+                entry = play(Run(i, by_name[name], url, info, model, vocab, mml, bool(session.url), rep.note))
+        except ServerError as e:
+            e.variant = name
+            if not keep_failed:
+                raise
+            entry = {"error": str(e), "failure": e.what + (f": {e.last_line}" if e.last_line else "")}
+        entry = {"index": i, "variant": name, "started": started, **entry,
+                 "log": None if session.url else str(log), "server": server, "engine": info.get("engine")}
+        data["runs"].append(entry)
+        rep.note(finish(entry))
+        rep.advance()
