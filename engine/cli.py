@@ -110,12 +110,12 @@ def serve(
     if check:
         typer.echo(check_config(cfg))
         return
-    if chose:
-        logging.getLogger("engine.cli").info(chose)
     from .host import LaneHost
     from .runner import build_runner
 
     runner = build_runner(cfg)
+    if chose:  # once the model loaded: a failed start stays one line
+        logging.getLogger("engine.cli").info(chose)
     lane_host = LaneHost(with_faults(runner, faults), cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
