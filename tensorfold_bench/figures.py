@@ -55,6 +55,17 @@ LONG_PROMPT = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_duri
 LATENCY = ("ttft_p50", "itl_p50", "itl_p99")
 
 
+def predictable_long_prompt() -> set[str]:
+    """The names a long-prompt prediction may use (see long_prompt_predicted)."""
+    return {*LONG_PROMPT, *(k + "_s" for k in ("b_first_token", "c_first_token", "a_longest_pause")),
+            "a_rate_during_b_pct", "b_alone", "b_alone_s"}
+
+
+def predictable_sweep(levels) -> set[str]:
+    """The names a sweep prediction may use: tok/s and the latencies at each level run."""
+    return {at(f, lv) for f in ("tok_s", *LATENCY) for lv in levels}
+
+
 def spec(name: str) -> FigureSpec:
     """A figure's spec; a per-level figure `tok_s@8` is the family `tok_s`."""
     return REGISTRY[name.split("@", 1)[0]]

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from tensorfold_bench import exactness, figures, session, stats, worktree
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
@@ -161,7 +162,8 @@ def finish(entry: dict) -> str:
             + ("" if lp.valid else f" (long-prompt run invalid: {'; '.join(lp.invalid_reasons)})"))
 
 
-def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback: str | None = None) -> dict:
+def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None,
+             _fallback: str | None = None) -> dict:
     """Run base and new in the order and judge; the returned data carries `passed` and `reasons`.
     A base whose engine will not serve (an old or broken commit) is reported, and the working
     tree is then compared with itself, as for a missing base; a new side that will not serve
@@ -185,7 +187,8 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback
         rep.note(missing)
     rep.start(len(s.order))
     try:
-        session.run_all(s, data, srcs, lambda r: play(p, r), rep, finish)
+        session.run_all(s, data, srcs, lambda r: play(p, r), rep, finish,
+                        checkpoint=(lambda: save(analyse(data))) if save else None)
     except ServerError as e:
         if e.variant != "base" or base_src.path == new_src.path:
             raise
@@ -193,10 +196,11 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback
         why = lines[0].rstrip(":; ") + (f"; its log ends: {lines[-1].strip()}" if len(lines) > 1 else "")
         rep.note(f"base {base_src.label} will not serve: {why}")
         # a run folder of its own, so the failed base's log stays where the note says
-        return run_gate(replace(settings, base_ref=None, stamp=s.stamp + "-aa"), reporter,
+        return run_gate(replace(settings, base_ref=None, stamp=s.stamp + "-aa"), reporter, save,
                         f"base {base_src.label} would not serve ({why}; log {e.log}): the working tree "
                         "is compared with itself (A/A): outputs must still agree across fresh servers; "
                         "throughput checks only the noise.")
+    data["partial"] = None
     return analyse(data)
 
 

@@ -9,6 +9,7 @@ command's settings use.
 from __future__ import annotations
 
 import contextlib
+import math
 import datetime as dt
 import os
 import platform
@@ -21,8 +22,8 @@ from typing import Callable, Iterator, Protocol
 import httpx
 
 from tensorfold_bench import __version__, stats, worktree
-from tensorfold_bench.errors import FlagError, ServerError
-from tensorfold_bench.launcher import REPO_ROOT, existing, launch
+from tensorfold_bench.errors import BenchError, FlagError, ServerError
+from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, existing, launch
 from tensorfold_bench.predictions import Predictions
 from tensorfold_bench.variants import Variant
 
@@ -57,15 +58,22 @@ class EngineSetup:
 
 @dataclass(frozen=True)
 class DevicePreset:
+    """A device's defaults. The sweep's are sized so that `tfbench sweep --levels 1,2,4,8` ends in
+    minutes: on two CPU cores the cuda sizes (256 tokens, 4 cells, 3 reps) took about 27 minutes."""
+
     model: str
     b_at: float
     b_tokens: int
     prefill_rows: int
     dtype: str | None
+    sweep_tokens: int = 256
+    sweep_cells: int = 4
+    sweep_reps: int = 3
 
 
-DEVICE_PRESETS = {"cpu": DevicePreset("cpu", 3.0, 4096, 256, None),
+DEVICE_PRESETS = {"cpu": DevicePreset("cpu", 3.0, 4096, 256, None, sweep_tokens=64, sweep_cells=2, sweep_reps=2),
                   "cuda": DevicePreset("qwen3-8b", 5.0, 32000, 1024, "bfloat16")}
+FULL = "cuda"  # the device whose defaults are not scaled down
 
 
 def device_preset(device: str) -> DevicePreset:
@@ -74,9 +82,32 @@ def device_preset(device: str) -> DevicePreset:
     return DEVICE_PRESETS[device]
 
 
+def sized(device: str, given: dict[str, object], fields: dict[str, str]) -> tuple[dict[str, object], list[str]]:
+    """Each flag's value: as given, else the device preset's; and a line for every default that is
+    smaller than on the full device (the receipt says what was scaled down).
+    `given`: flag -> value or None; `fields`: flag -> DevicePreset field."""
+    pre, full = device_preset(device), DEVICE_PRESETS[FULL]
+    out, notes = {}, []
+    for flag, v in given.items():
+        if v is not None:
+            out[flag] = v
+            continue
+        mine, theirs = getattr(pre, fields[flag]), getattr(full, fields[flag])
+        out[flag] = mine
+        if mine != theirs:
+            notes.append(f"{flag} {mine} ({theirs} on {FULL})")
+    return out, notes
+
+
+def scaled_note(device: str, notes: list[str]) -> dict:
+    """The receipt's settings entry for what the device's defaults scaled down."""
+    return {"scaled_down": f"Sized to the {device} device: " + ", ".join(notes) + "." if notes else None}
+
+
 def positive(flag: str, v: float | int | None) -> None:
-    if v is not None and not v > 0:
-        raise FlagError(flag, f"must be positive, not {v}")
+    """A finite positive number (NaN and infinity would hang or pass every check)."""
+    if v is not None and not (v > 0 and math.isfinite(v)):
+        raise FlagError(flag, f"must be a finite positive number, not {v}")
 
 
 def check_margin(margin: float, flag: str = "--margin") -> None:
@@ -129,14 +160,16 @@ class Session:
 
 class Reporter(Protocol):
     def start(self, total: int) -> None: ...
-    def step(self, text: str) -> None: ...
+    def step(self, text: str) -> None: ...  # a run (or step) begins: what it is
+    def status(self, text: str) -> None: ...  # where the current run is (a level, a cell): shown in place
     def advance(self) -> None: ...
-    def note(self, text: str) -> None: ...
+    def note(self, text: str) -> None: ...  # a line kept on screen (one per finished run)
 
 
 class QuietReporter:
     def start(self, total): pass
     def step(self, text): pass
+    def status(self, text): pass
     def advance(self): pass
     def note(self, text): pass
 
@@ -154,6 +187,7 @@ class Run:
     max_model_len: int | None
     shared: bool  # --url: every run goes to one server, so prompts must differ per run
     note: Callable[[str], None]
+    status: Callable[[str], None] = lambda text: None  # where the run is (progress display only)
 
 
 def harness_commit() -> str | None:
@@ -263,18 +297,53 @@ def header(session: Session, srcs: dict[str, worktree.Source], settings: dict) -
             "variants": [{**v.to_dict(), "source": srcs[v.name].to_dict() if v.name in srcs else None}
                          for v in session.variants],
             "predictions": session.predictions.to_dict() if session.predictions else None,
-            "runs": [], "environment": None, "not_run": []}
+            "runs": [], "environment": None, "not_run": [], "partial": None}
+
+
+def partial_mark(order: list[str], done: int, after: list[str] = (), why: str = "in progress") -> dict:
+    """The receipt's `partial` field while runs are missing: how many are done and which are not."""
+    missing = [f"run {j} ({n})" for j, n in enumerate(order[done:], done + 1)] + list(after)
+    return {"why": why, "done": done, "total": len(order), "missing": missing}
+
+
+def check_engines(session: Session, srcs: dict[str, worktree.Source]) -> None:
+    """Ask each variant's engine to validate its flags (`serve --check`) before any server starts:
+    a bad flag is one line and exit 2 now, not a failed run after others were launched. Raises
+    ServerError naming the variant (the gate falls back to A/A on a base that will not serve)."""
+    if session.url:
+        return
+    asked = set()
+    for v in session.variants:
+        flags, root = session.engine.flags() + v.args, Path(srcs[v.name].path)
+        key = (tuple(flags), tuple(sorted(v.env.items())), root)
+        if key in asked:
+            continue
+        asked.add(key)
+        try:
+            check_engine_flags(flags, root=root, env=v.env)
+        except BenchError as e:
+            log = session.run_dir / f"check-{slug(v.name)}.log"  # where the gate's fallback note points
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(f"{e}\n")
+            err = ServerError(f"variant {v.name!r}: {e}", str(log))
+            err.variant = v.name
+            raise err from None
 
 
 def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play: Callable[[Run], dict],
-            rep: Reporter, finish: Callable[[dict], str], keep_failed: bool = False) -> None:
+            rep: Reporter, finish: Callable[[dict], str], keep_failed: bool = False,
+            checkpoint: Callable[[], None] | None = None, after: list[str] = ()) -> None:
     """Every run in order, a fresh server each, appended to data["runs"]: index, variant, start
     time, `play`'s records, log, server facts. `finish(entry)` adds the run's figures and returns
     the line shown. A server that dies or never gets healthy raises ServerError (its variant
-    named), or with `keep_failed` makes a failed run (its error kept) and the others go on."""
+    named), or with `keep_failed` makes a failed run (its error kept) and the others go on.
+    After each run data["partial"] says what is still missing (the runs left, then `after`) and
+    `checkpoint()` writes the receipt so far: a stop or crash keeps every finished run."""
     by_name = {v.name: v for v in session.variants}
+    check_engines(session, srcs)
     session.run_dir.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(session.order, 1):
+        data["partial"] = partial_mark(session.order, i - 1, after)
         rep.step(f"run {i}/{len(session.order)}: {name}")
         log = session.run_dir / f"run{i}-{slug(name)}.log"
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
@@ -288,7 +357,8 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
                 if session.url:
                     server["idle"] = wait_idle(url)  # the last run's streams are gone
                 model, vocab, mml = model_facts(info)
-                entry = play(Run(i, by_name[name], url, info, model, vocab, mml, bool(session.url), rep.note))
+                entry = play(Run(i, by_name[name], url, info, model, vocab, mml, bool(session.url), rep.note,
+                                 rep.status))
         except ServerError as e:
             e.variant = name
             if not keep_failed:
@@ -298,4 +368,7 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
                  "log": None if session.url else str(log), "server": server, "engine": info.get("engine")}
         data["runs"].append(entry)
         rep.note(finish(entry))
+        data["partial"] = partial_mark(session.order, i, after) if i < len(session.order) or after else None
+        if checkpoint:
+            checkpoint()
         rep.advance()

@@ -57,8 +57,13 @@ def plain(base: Variant) -> Variant:
                                                "--no-drafts", "--parallel", "1"], dict(base.env), base.ref)
 
 
+MIN_SHARE = 0.01  # the engine treats a share below this as 1: refuse it rather than mislabel the run
+
+
 def parse_floats(flag: str, text: str) -> list[float]:
-    """'1,0.75,0.5' -> [1.0, 0.75, 0.5]; each a share in (0, 1]."""
+    """'1,0.75,0.5' -> [1.0, 0.75, 0.5]; each a share in [0.01, 1]. Empty is an error, not the default."""
+    if not text.strip():
+        raise FlagError(flag, "empty (expected e.g. 1,0.75,0.5)")
     out = []
     for part in text.split(","):
         part = part.strip()
@@ -66,8 +71,9 @@ def parse_floats(flag: str, text: str) -> list[float]:
             v = float(part)
         except ValueError:
             raise FlagError(flag, f"{part!r} is not a number (expected e.g. 1,0.75,0.5)") from None
-        if not 0.0 < v <= 1.0:
-            raise FlagError(flag, f"{part} is outside (0, 1]")
+        if not MIN_SHARE <= v <= 1.0:  # NaN fails too
+            why = " (the engine runs a share below 0.01 as 1)" if 0 < v < MIN_SHARE else ""
+            raise FlagError(flag, f"{part} is outside [{MIN_SHARE:g}, 1]{why}")
         out.append(v)
     if len(set(out)) != len(out):
         raise FlagError(flag, f"{text!r} repeats a value")
@@ -89,6 +95,8 @@ def default_order(base: Variant, news: list[Variant]) -> list[str]:
 def parse_order(text: str, variants: list[Variant]) -> list[str]:
     """`--order` as a comma sequence of variant names; 'base' and 'new' alias the base and the
     only new variant."""
+    if not text.strip():
+        raise FlagError("--order", "empty (expected a comma sequence of variant names, e.g. base,new,new,base)")
     by_name = {v.name: v for v in variants}
     aliases = {"base": variants[0].name}
     if len(variants) == 2:
@@ -127,13 +135,13 @@ def select_variants(share: str | None, variants_file: str | None = None, base_re
         return read_variants(variants_file)
     if share is None and (base_ref or new_ref):
         return [Variant("base", [], {}, base_ref), Variant("new", [], {}, new_ref)]
-    base, news = share_variants(parse_floats("--share", share or default_share))
+    base, news = share_variants(parse_floats("--share", default_share if share is None else share))
     return [replace(base, ref=base_ref), *[replace(n, ref=new_ref) for n in news]]
 
 
 def order_for(variants: list[Variant], order: str | None, aa: bool = False) -> tuple[list[Variant], list[str]]:
     """`--order` (any sequence of names), else base/news/reversed news/base; `--aa` appended."""
-    names = parse_order(order, variants) if order else default_order(variants[0], variants[1:])
+    names = parse_order(order, variants) if order is not None else default_order(variants[0], variants[1:])
     return with_aa(variants, names) if aa else (variants, names)
 
 
@@ -141,10 +149,18 @@ def _flags(path: str, name: str, x) -> list[str]:
     if x is None:
         return []
     if isinstance(x, str):
-        return shlex.split(x)
+        try:
+            return shlex.split(x)
+        except ValueError as e:  # an unterminated quote
+            raise BenchError(f"{path}: {name}: flags {x!r}: {e}") from None
     if isinstance(x, list) and all(isinstance(a, (str, int, float)) for a in x):
         return [str(a) for a in x]
     raise BenchError(f"{path}: {name}: flags must be a list of strings or one string")
+
+
+def one_line(e: Exception) -> str:
+    """A YAML error's message on one line (PyYAML spreads it over several, with a caret)."""
+    return " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip() and ln.strip() != "^")
 
 
 def parse_variants(text: str, path: str = "<variants>") -> list[Variant]:
@@ -152,8 +168,11 @@ def parse_variants(text: str, path: str = "<variants>") -> list[Variant]:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise BenchError(f"{path}: not valid YAML: {e}") from None
+        raise BenchError(f"{path}: not valid YAML: {one_line(e)}") from None
     if isinstance(doc, dict):
+        bad = [k for k, v in doc.items() if v is not None and not isinstance(v, dict)]
+        if bad:
+            raise BenchError(f"{path}: {bad[0]}: expected a mapping (ref, flags, env), got {doc[bad[0]]!r}")
         doc = [{"name": k, **(v or {})} for k, v in doc.items()]
     if not isinstance(doc, list) or not doc:
         raise BenchError(f"{path}: expected a list of variants (name, ref, flags, env)")

@@ -93,7 +93,8 @@ def test_bad_flag_is_one_red_line_exit_2(args, flag):
 def test_a_variant_whose_server_dies_is_a_failed_run_not_a_lost_receipt(tmp_path, monkeypatch):
     srv = tmp_path / "srv.py"
     srv.write_text("import sys\nfrom tensorfold_bench import fakeserver\n"
-                   "if '--prefill-share' in sys.argv:\n    sys.exit('refusing --prefill-share (a broken new side)')\n"
+                   "if '--prefill-share' in sys.argv and '--check' not in sys.argv:\n"
+                   "    sys.exit('refusing --prefill-share (a broken new side: its flags check, it will not serve)')\n"
                    "fakeserver.main(sys.argv[1:])\n")
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} {srv}")
     res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--plain-check", "--out", str(tmp_path / "r")])

@@ -10,8 +10,10 @@ stream) answers each request alone, for the exactness check.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, replace
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from tensorfold_bench import exactness, figures, session
 from tensorfold_bench.client import Request, StreamRecord, clock, new_record, stream
@@ -116,6 +118,7 @@ class LongPromptSettings:
     script: LongPromptScript
     plain_check: bool = False
     vocab: int | None = None  # prompt ids are drawn below this; default: what the server reports
+    scaled: dict = field(default_factory=dict)  # settings.scaled_down: what the device's defaults cut
 
 
 def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
@@ -128,8 +131,8 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens),
                     ("--vocab", vocab)):
         session.positive(flag, v)
-    if c_after < 0:
-        raise FlagError("--c-after", f"must be at least 0, not {c_after}")
+    if not (math.isfinite(c_after) and c_after >= 0):
+        raise FlagError("--c-after", f"must be a finite number of seconds, at least 0, not {c_after}")
     variants = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
     variants, names = order_for(variants, order, aa)
     b_tokens = b_tokens or pre.b_tokens
@@ -140,9 +143,10 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args)
     session.check_margin(margin)
-    preds = read_predictions(predict, [v.name for v in variants]) if predict else None
+    preds = read_predictions(predict, [v.name for v in variants], figures.predictable_long_prompt()) if predict else None
     return LongPromptSettings(Session(engine, variants, names, Path(out_dir), "long-prompt", url=url, margin=margin,
-                                      predictions=preds, stamp=stamp), script, plain_check, vocab)
+                                      predictions=preds, stamp=stamp), script, plain_check, vocab,
+                              session.scaled_note(device, []))  # the cpu B's size is said under "Not run"
 
 
 def check_script(script: LongPromptScript, vocab: int | None, mml: int | None) -> None:
@@ -185,7 +189,7 @@ def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
     recs = asyncio.run(play_script(run.url, s, prompts, run.model, foreign_extra(run.shared)))
     trace = session.fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
     if run.variant.name not in data["alone"]:
-        run.note(f"{run.variant.name}: B alone")
+        run.status("B alone")
         data["alone"][run.variant.name] = play_b_alone(run, s, vocab, trace is not None)
     records = records_dict(recs)
     return {"records": records, "hashes": exactness.reply_hashes(records), "trace": trace}
@@ -222,6 +226,8 @@ def run_plain(settings: LongPromptSettings, data: dict, base_source, vocab: int)
 
 def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
     out, url = [], settings.session.url
+    if data["settings"].get("scaled_down"):
+        out.append(data["settings"]["scaled_down"])
     if settings.session.engine.device == "cpu" and not url:
         out.append("CUDA: this receipt is the cpu preset (fp32 on the host's cores). The same command with "
                    "--device cuda runs qwen3-8b in bf16 with a 32,000-token B at 5 s.")
@@ -240,23 +246,10 @@ def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
     return out
 
 
-def run(settings: LongPromptSettings, reporter: Reporter | None = None) -> dict:
-    """Every run in order, a fresh server each, then the plain reference; the receipt data, its
-    figures, exactness, statistics and predictions checked. A server that dies or never gets
-    healthy makes that run a failed one (kept, with the log's tail, left out of the medians)."""
-    rep, s = reporter or session.QuietReporter(), settings.session
-    srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": settings.script.to_dict(), "plain_check": settings.plain_check})
-    data.update(alone={}, plain=None, vocab=None)
-    rep.start(len(s.order) + (1 if settings.plain_check and not s.url else 0))
-    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, finish, keep_failed=True)
-    if settings.plain_check and not s.url:
-        rep.step("plain reference")
-        try:
-            data["plain"] = run_plain(settings, data, srcs[s.variants[0].name], data["vocab"]) if data["vocab"] else None
-        except ServerError as e:
-            data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
-        rep.advance()
+def analyse(settings: LongPromptSettings, data: dict) -> dict:
+    """Exactness, what was not run, statistics and predictions, from the runs so far (idempotent:
+    it runs after every run for the partial receipt, and once at the end)."""
+    s = settings.session
     data["exactness"] = exactness.long_prompt(data)
     data["not_run"] = not_run(settings, data)
     if len(s.variants) > 1 and data["runs"]:
@@ -264,3 +257,30 @@ def run(settings: LongPromptSettings, reporter: Reporter | None = None) -> dict:
     if s.predictions:
         data["predictions"] = s.predictions.check(figures.long_prompt_predicted(data)).to_dict()
     return data
+
+
+def run(settings: LongPromptSettings, reporter: Reporter | None = None,
+        save: Callable[[dict], None] | None = None) -> dict:
+    """Every run in order, a fresh server each, then the plain reference; the receipt data, its
+    figures, exactness, statistics and predictions checked. A server that dies or never gets
+    healthy makes that run a failed one (kept, with the log's tail, left out of the medians).
+    `save(data)` gets the receipt so far after every run (marked partial until the last)."""
+    rep, s = reporter or session.QuietReporter(), settings.session
+    srcs = session.sources(s)
+    data = session.header(s, srcs, {"script": settings.script.to_dict(), "plain_check": settings.plain_check,
+                                    **settings.scaled})
+    data.update(alone={}, plain=None, vocab=None)
+    plain_ref = settings.plain_check and not s.url
+    rep.start(len(s.order) + (1 if plain_ref else 0))
+    checkpoint = (lambda: save(analyse(settings, data))) if save else None
+    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, finish, keep_failed=True,
+                    checkpoint=checkpoint, after=["the plain reference"] if plain_ref else [])
+    if plain_ref:
+        rep.step("plain reference")
+        try:
+            data["plain"] = run_plain(settings, data, srcs[s.variants[0].name], data["vocab"]) if data["vocab"] else None
+        except ServerError as e:
+            data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
+        rep.advance()
+    data["partial"] = None
+    return analyse(settings, data)

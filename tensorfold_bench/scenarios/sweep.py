@@ -17,7 +17,7 @@ prompts: every variant sees the same, and the median over reps is the warm figur
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -119,6 +119,7 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
 class SweepSettings:
     session: Session
     script: SweepScript
+    scaled: dict = field(default_factory=dict)  # settings.scaled_down: what the device's defaults cut
 
     def __post_init__(self):
         if self.session.engine.parallel < self.script.max_level:
@@ -126,11 +127,13 @@ class SweepSettings:
 
 
 def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
-                        parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens, cells, reps,
-                        prompt_tokens, predict, margin, stamp="") -> SweepSettings:
+                        parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens=None, cells=None,
+                        reps=None, prompt_tokens=200, predict=None, margin=0.02, stamp="") -> SweepSettings:
     """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
     session.check_margin(margin)
-    script = SweepScript(levels=parse_levels(levels), tokens=tokens, cells=cells, reps=reps,
+    v, notes = session.sized(device, {"--tokens": tokens, "--cells": cells, "--reps": reps},
+                             {"--tokens": "sweep_tokens", "--cells": "sweep_cells", "--reps": "sweep_reps"})
+    script = SweepScript(levels=parse_levels(levels), tokens=v["--tokens"], cells=v["--cells"], reps=v["--reps"],
                          prompt_tokens=prompt_tokens, seed=seed)
     session.positive("--parallel", parallel)
     parallel = max(parallel or 0, script.max_level)  # every stream of the largest level gets a lane
@@ -140,9 +143,9 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
     engine.max_model_len = None if url else (max_model_len or max(1024, -(-need // 256) * 256))
     vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
     vs, names = order_for(vs, order, aa)
-    preds = read_predictions(predict, [v.name for v in vs]) if predict else None
+    preds = read_predictions(predict, [v.name for v in vs], figures.predictable_sweep(script.levels)) if predict else None
     return SweepSettings(Session(engine, vs, names, Path(out_dir), "sweep", url=url, margin=margin,
-                                 predictions=preds, stamp=stamp), script)
+                                 predictions=preds, stamp=stamp), script, session.scaled_note(device, notes))
 
 
 def check_server(run: Run, script: SweepScript) -> int:
@@ -161,10 +164,13 @@ def check_server(run: Run, script: SweepScript) -> int:
 def play(script: SweepScript, run: Run) -> dict:
     """One run on its server: every batch, raw times kept."""
     vocab = check_server(run, script)
-    return {"batches": asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.note))}
+    return {"batches": asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.status))}
 
 
 def finish(entry: dict) -> str:
+    if entry.get("error"):  # the server failed: a run with no batches, its error kept
+        entry.update(batches=[], figures={}, errors=[f"the server failed: {entry['failure']}"])
+        return f"{entry['variant']}: FAILED: {entry['failure']}"
     entry["figures"] = figures.sweep_run(entry["batches"])
     entry["errors"] = figures.batch_errors(entry["batches"])
     return f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in entry["figures"].items()
@@ -177,7 +183,7 @@ def analyse(data: dict) -> dict:
     data["stats"] = figures.sweep_stats(data)
     ref = next((i for i, r in enumerate(data["runs"]) if r["variant"] == st["base"]), 0)
     data["hashes"] = exactness.sweep([(r["variant"], r["batches"]) for r in data["runs"]], ref).to_dict()
-    notes = []
+    notes = [st["scaled_down"]] if st.get("scaled_down") else []
     if st.get("url"):
         notes.append(f"Fresh servers: --url {st['url']} targets a running server; every variant ran on it as it is.")
     for r in data["runs"]:
@@ -186,13 +192,21 @@ def analyse(data: dict) -> dict:
     return data
 
 
-def run(settings: SweepSettings, reporter: Reporter | None = None) -> dict:
-    """Every run in order, a fresh server each (unless --url); the receipt's data."""
+def run(settings: SweepSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
+    """Every run in order, a fresh server each (unless --url); the receipt's data. `save(data)`
+    gets the receipt so far after every run (marked partial until the last)."""
     rep, s = reporter or session.QuietReporter(), settings.session
     srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": settings.script.to_dict()})
+    data = session.header(s, srcs, {"script": settings.script.to_dict(), **settings.scaled})
     rep.start(len(s.order))
-    session.run_all(s, data, srcs, lambda r: play(settings.script, r), rep, finish)
+    session.run_all(s, data, srcs, lambda r: play(settings.script, r), rep, finish, keep_failed=True,
+                    checkpoint=(lambda: save(complete(s, data))) if save else None)
+    data["partial"] = None
+    return complete(s, data)
+
+
+def complete(s: Session, data: dict) -> dict:
+    """analyse() and the predictions checked (idempotent: after every run, and at the end)."""
     analyse(data)
     if s.predictions:
         data["predictions"] = s.predictions.check(figures.stats_medians(data["stats"])).to_dict()
