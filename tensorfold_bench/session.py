@@ -233,6 +233,16 @@ def model_facts(info: dict) -> tuple[str, int | None, int | None]:
     return model, vocab, mml
 
 
+def healthy(url: str, timeout: float = 5.0) -> bool:
+    """Does the server still serve (GET /health, else /v1/models: 200)?"""
+    with httpx.Client(timeout=timeout) as c:
+        for path in ("/health", "/v1/models"):
+            with contextlib.suppress(httpx.HTTPError):
+                if c.get(url + path).status_code == 200:
+                    return True
+    return False
+
+
 def wait_idle(url: str, timeout: float = 15.0) -> dict:
     """Wait until a tfengine server runs and queues no stream (GET /metrics); other servers: no wait.
     Returns {"confirmed": bool | None, "waited_s": float}."""

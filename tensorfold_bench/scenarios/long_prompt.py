@@ -176,6 +176,25 @@ def play_b_alone(run: Run, s: LongPromptScript, vocab: int, traced: bool) -> dic
             "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
 
 
+def alone_or_defer(settings: LongPromptSettings, data: dict, run: Run, measure: Callable[[], dict]) -> None:
+    """B alone on this run's server, if it still serves. A server that died during the run is not
+    measured: B alone waits for the variant's next run, or, with none left, is recorded as failed;
+    either way data["alone_notes"] says which."""
+    name = run.variant.name
+    if session.healthy(run.url):
+        run.status("B alone")
+        data["alone"][name] = measure()
+        return
+    later = [j for j, n in enumerate(settings.session.order, 1) if n == name and j > run.index]
+    why = f"{name}: the server stopped serving during run {run.index}, so B alone was not measured on it"
+    if later and not settings.session.url:
+        data.setdefault("alone_notes", []).append(f"{why}; it is measured on run {later[0]}, a fresh server.")
+    else:
+        data.setdefault("alone_notes", []).append(f"{why}; no later run of {name} to measure it on: B alone failed.")
+        data["alone"][name] = {"record": None, "run": run.index, "idle": None, "trace": None, "b_first_token": None,
+                               "error": f"the server stopped serving during run {run.index}"}
+
+
 def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
     """One run on its server: A/B/C on the script, the engine's trace, and B alone once per
     variant; raw records only."""
@@ -189,8 +208,7 @@ def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
     recs = asyncio.run(play_script(run.url, s, prompts, run.model, foreign_extra(run.shared)))
     trace = session.fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
     if run.variant.name not in data["alone"]:
-        run.status("B alone")
-        data["alone"][run.variant.name] = play_b_alone(run, s, vocab, trace is not None)
+        alone_or_defer(settings, data, run, lambda: play_b_alone(run, s, vocab, trace is not None))
     records = records_dict(recs)
     return {"records": records, "hashes": exactness.reply_hashes(records), "trace": trace}
 
@@ -240,6 +258,7 @@ def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
         out.append("The plain reference: needs launched servers, not --url.")
     elif data.get("plain_error"):
         out.append(f"The plain reference: its server failed: {data['plain_error'].splitlines()[0]}")
+    out += data.get("alone_notes") or []
     for r in [r for r in data["runs"] if not r["figures"]["valid"]]:
         out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
                    + "; ".join(r["figures"]["invalid_reasons"]) + (f" (log: {r['log']})" if r.get("error") else ""))
