@@ -39,7 +39,9 @@ Device = Annotated[str, typer.Option("--device", help="cpu or cuda: picks the pr
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 (default: the engine's; bfloat16 on cuda).")]
 Share = Annotated[Optional[str], typer.Option("--share", help="Prefill shares for the new side: each value is a variant 'stepped p=V' against the base 'whole'.")]
 Order = Annotated[Optional[str], typer.Option("--order", help="Comma sequence of variant names ('base'/'new' alias them). Default: base, news..., reversed news..., base.")]
-Url = Annotated[Optional[str], typer.Option("--url", help="Target a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched.")]
+Url = Annotated[Optional[list[str]], typer.Option("--url", help="Measure a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched, no verdicts. URL, or NAME=URL repeated to compare several, in the order given.")]
+TokenIds = Annotated[str, typer.Option("--token-ids", help="How replies' token ids are asked for: ids (return_token_ids), logprobs (a server started with --return-tokens-as-token-ids), or chunks (none: count text chunks; hashes unknown).")]
+Tokenizer = Annotated[Optional[Path], typer.Option("--tokenizer", help="A tokenizer or model directory (config.json / tokenizer.json) to read the vocabulary from, when the server reports none.")]
 OutDir = Annotated[Path, typer.Option("--out", help="Directory for the receipt (Markdown, JSON, PNG) and the run's logs.")]
 PlainCheck = Annotated[bool, typer.Option("--plain-check", help="Also run the plain reference (each request alone, whole prompt, no cache, no drafts, 1 stream) and count equal replies.")]
 Parallel = Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default 4).")]
@@ -47,7 +49,7 @@ PrefillRows = Annotated[Optional[int], typer.Option("--prefill-rows", help="Rows
 MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts.")]
 Trace = Annotated[bool, typer.Option("--trace/--no-trace", help="Run the engine with --trace and draw its steps under the timeline.")]
-Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: what the server reports; needed for vLLM/SGLang).")]
+Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: the server's vocab_size, else --tokenizer DIR, else the --model directory).")]
 VariantsFile = Annotated[Optional[Path], typer.Option("--variants", help="YAML file of variants (name, ref, flags, env); the first is the base. Replaces --share/--base/--new.")]
 BaseRef = Annotated[Optional[str], typer.Option("--base", help="Git ref of this repository the base runs (checked out in .worktrees/<sha>). Without --share: 'base' at REF vs 'new', both with the engine's default flags.")]
 NewRef = Annotated[Optional[str], typer.Option("--new", help="Git ref the new side runs (default: the working tree).")]
@@ -93,6 +95,16 @@ def print_paths(paths: dict[str, Path]) -> None:
         out.print(f"receipt {kind}: {p}")
 
 
+def no_valid_run(data: dict, paths: dict[str, Path], valid: Callable[[dict], bool]) -> None:
+    """Exit 1, the receipt written, with one line, when every run failed or was invalid."""
+    runs = data["runs"]
+    if runs and not any(not r.get("error") and valid(r) for r in runs):
+        why = next((r["failure"] for r in runs if r.get("failure")), None) or "see the receipt"
+        console.print(f"every run failed or was invalid ({why}); receipt {paths['md']}", style="red",
+                      highlight=False, soft_wrap=True, markup=False)
+        raise Exit(FAIL)
+
+
 @run_app.command("long-prompt")
 def long_prompt(
     model: Model = None,
@@ -116,6 +128,8 @@ def long_prompt(
     trace: Trace = True,
     engine_arg: EngineArg = None,
     vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    token_ids: TokenIds = "ids",
     b_at: Annotated[Optional[float], typer.Option("--b-at", help="Seconds after A's send that B sends (default 3 on cpu, 5 on cuda).")] = None,
     c_after: Annotated[float, typer.Option("--c-after", help="Seconds after B's send that C sends.")] = 0.5,
     b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default 4096 on cpu, 32000 on cuda).")] = None,
@@ -128,13 +142,12 @@ def long_prompt(
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
-        predict=predict, margin=margin)
+        predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids)
     data = with_progress(long_prompt_mod.run, settings)
     paths = write_receipt(data, out_dir)
     out.print(Markdown(report.long_prompt.summary_markdown(data)))
     print_paths(paths)
-    if data["runs"] and all(r.get("error") for r in data["runs"]):
-        raise BenchError(f"every run's server failed; see {paths['md']}\n{data['runs'][0]['error']}")
+    no_valid_run(data, paths, lambda r: r["figures"]["valid"])
 
 
 @app.command("sweep")
@@ -162,13 +175,17 @@ def sweep(
     max_model_len: MaxModelLen = None,
     seed: Seed = 0,
     engine_arg: EngineArg = None,
+    vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    token_ids: TokenIds = "ids",
 ):
     """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
     settings = sweep_mod.settings_from_flags(
         model=model, device=device, dtype=dtype, share=share, variants_file=variants_file, base_ref=base_ref,
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
         max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
-        reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin)
+        reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
+        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids)
     data = with_progress(sweep_mod.run, settings)
     paths = write_receipt(data, out_dir)
     out.print(Markdown("\n".join(report.sweep.tok_s_table(data))))
@@ -176,6 +193,7 @@ def sweep(
     if data.get("predictions"):
         out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
     print_paths(paths)
+    no_valid_run(data, paths, lambda r: any(v is not None for v in r["figures"].values()))
 
 
 @app.command("gate")
@@ -188,11 +206,14 @@ def gate(
     new_env: Annotated[Optional[list[str]], typer.Option("--new-env", help="KEY=VALUE for the new side's engine environment (repeatable), e.g. TFENGINE_DECODE_SLEEP_MS=20 to see the gate fail.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's receipt and logs.")] = Path("runs/gate"),
     order: Annotated[str, typer.Option("--order", help="Run order, a comma sequence of base and new, e.g. base,new,new,base,new,base,base,new: a burst of load in the middle then cannot hit only one side.")] = "base,new,new,base",
+    vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
     settings = gate_mod.GateSettings(base_ref=base_ref, preset=preset, margin=margin, long_margin=long_margin,
                                      accept_new_outputs=accept_new_outputs, out_dir=out_dir,
-                                     new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")])
+                                     new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")],
+                                     vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None)
     data = with_progress(gate_mod.run_gate, settings)
     paths = write_receipt(data, out_dir)
     sys.stdout.write(paths["md"].read_text())

@@ -154,6 +154,7 @@ class HashCheck:
     equal: int  # replies equal to their prompt's reference reply
     reference: dict[str, str | None]  # prompt key -> the reference hash
     flagged: list[str]  # "c0s1: level 8 cell 0 rep 2 of new (run 3): abc != def"
+    unknown: int = 0  # replies without token ids (a server that streams text only): not compared
 
     @property
     def ok(self) -> bool:
@@ -161,6 +162,7 @@ class HashCheck:
 
     def summary(self) -> str:
         return f"{self.equal} of {self.replies} replies equal" + (
+            f", {self.unknown} unknown (no token ids)" if self.unknown else "") + (
             "" if self.ok else f"; {len(self.flagged)} differ")
 
     def to_dict(self) -> dict:
@@ -179,16 +181,18 @@ def sweep(runs: list[tuple[str, list[dict]]], reference_run: int = 0) -> HashChe
     for key, obs in seen.items():
         pref = [h for ri, _, h in obs if ri == reference_run and h] or [h for _, _, h in obs if h]
         ref[key] = pref[0] if pref else None
-    equal, replies, flagged = 0, 0, []
+    equal, replies, unknown, flagged = 0, 0, 0, []
     for key in sorted(seen):
         for ri, b, h in seen[key]:
             replies += 1
-            if h is not None and h == ref[key]:
+            if h is None or ref[key] is None:
+                unknown += 1  # no ids to hash: unknown, never "differ"
+            elif h == ref[key]:
                 equal += 1
             else:
                 flagged.append(f"{key}: level {b['level']} cell {b['cell']} rep {b['rep']} of "
                                f"{runs[ri][0]} (run {ri + 1}): {h} != {ref[key]}")
-    return HashCheck(len(seen), replies, equal, ref, flagged)
+    return HashCheck(len(seen), replies, equal, ref, flagged, unknown)
 
 
 # ---- the gate ------------------------------------------------------------------------------
