@@ -68,7 +68,8 @@ def environment_lines(data: dict) -> list[str]:
     eng = env.get("engine") or {}
     desc = eng.get("engine") or {}
     cfg = eng.get("config") or {}
-    host = data.get("host") or {}
+    if not eng and "identities" in data:  # no tfengine ran: the servers' own accounts, below
+        return [*server_lines(data), host_line(data)]
     dev = desc.get("device_name") or desc.get("device") or "unknown device"
     bits = [f"{dev}"]
     if desc.get("compute_capability"):
@@ -85,7 +86,14 @@ def environment_lines(data: dict) -> list[str]:
     lines.append(f"- Model: `{desc.get('model') or cfg.get('model') or '?'}` ({desc.get('dtype') or cfg.get('dtype') or '?'}"
                  + (f", {params:,} parameters" if isinstance(params, int) else "") + ")"
                  + (f"; shape: {shape_s}." if shape_s else "."))
-    st = data["settings"]
+    return [*lines, *server_lines(data), host_line(data)]
+
+
+def server_lines(data: dict) -> list[str]:
+    """Where the servers came from, each variant, and each server's account of itself."""
+    lines, st = [], data["settings"]
+    if "identities" in data and not (data.get("environment") or {}).get("engine"):
+        lines.append("- Device: not reported (only tfengine's /v1/engine reports it; this session ran none).")
     if st.get("url"):
         lines.append(f"- Servers: {st['url']}: not launched by tfbench, so a fresh server per run and a cold "
                      "cache are not guaranteed.")
@@ -99,9 +107,13 @@ def environment_lines(data: dict) -> list[str]:
         lines.append(f"- Tokens counted by {' and '.join(counted)}: the server sent no token ids "
                      "(`--token-ids`), so replies' hashes are unknown, never \"differ\"; counts use the "
                      "server's usage.completion_tokens where given.")
-    lines.append(f"- Host: Python {host.get('python')}, {host.get('platform')}; tfbench {host.get('tfbench')}"
-                 + f" @ {short_commit(host.get('harness_commit'))}; {data.get('created')}.")
     return lines
+
+
+def host_line(data: dict) -> str:
+    host = data.get("host") or {}
+    return (f"- Host: Python {host.get('python')}, {host.get('platform')}; tfbench {host.get('tfbench')}"
+            + f" @ {short_commit(host.get('harness_commit'))}; {data.get('created')}.")
 
 
 def variant_label(v: dict, ident: dict | None) -> str:
@@ -110,8 +122,9 @@ def variant_label(v: dict, ident: dict | None) -> str:
         return f"{v['name']} = {v['url']} (not launched by tfbench)"
     env = f" env {v['env']}" if v.get("env") else ""
     if v.get("command") is not None:
-        cmd = (ident or {}).get("command") or " ".join(v["command"] + v["args"])
-        return f"{v['name']} `{cmd}`{env}"
+        if (ident or {}).get("command"):
+            return f"{v['name']} (a command, as launched below){env}"
+        return f"{v['name']} `{' '.join(v['command'] + v['args'])}` (never launched){env}"
     return (f"{v['name']} `{' '.join(v['args']) or '(no flags)'}`" + env + (f" @ {v['ref']}" if v.get("ref") else ""))
 
 
