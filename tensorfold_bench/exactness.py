@@ -56,6 +56,16 @@ class Comparison:
     stream: str
     equal: bool | None  # None: cannot tell (unknown ids, or missing reply)
     detail: str = ""
+    diverge_at: int | None = None  # unequal: the index of the first token that differs
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where a and b differ (the shorter one's length if one is a prefix of the
+    other), or None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def compare_reply(name: str, ids: list[int | None], ref: list[int | None], prefix: bool,
@@ -70,11 +80,11 @@ def compare_reply(name: str, ids: list[int | None], ref: list[int | None], prefi
     if not a:
         return Comparison(name, None, "empty reply")
     if prefix:
-        if len(r) < len(a):
-            n = len(r)
-            return Comparison(name, a[:n] == r, f"on the reference's {n} tokens")
-        return Comparison(name, a == r[:len(a)], f"on {len(a)} tokens")
-    return Comparison(name, a == r, f"{len(a)} tokens")
+        n = min(len(a), len(r))
+        at = first_divergence(a[:n], r[:n])
+        return Comparison(name, at is None, f"on the reference's {n} tokens" if len(r) < len(a) else f"on {n} tokens",
+                          at)
+    return Comparison(name, a == r, f"{len(a)} tokens", first_divergence(a, r))
 
 
 # ---- long-prompt ---------------------------------------------------------------------------
@@ -97,7 +107,7 @@ def compare_run(run: dict, ref: dict, ref_a: dict | None = None) -> list[dict]:
         r, f = run["records"][k], (ref_a if k == "A" and ref_a is not None else ref)["records"][k]
         c = compare_reply(k, r["token_ids"], f["token_ids"], prefix=(k == "A"), server_sha=r["server_sha"],
                           ref_sha=f["server_sha"])
-        out.append({"stream": k, "equal": c.equal, "detail": c.detail})
+        out.append({"stream": k, "equal": c.equal, "detail": c.detail, "diverge_at": c.diverge_at})
     return out
 
 

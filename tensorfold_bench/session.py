@@ -125,6 +125,8 @@ class Session:
         for n in self.order:
             if n not in names:
                 raise FlagError("--order", f"unknown variant {n!r}; known: {', '.join(names)}")
+        # --order picks which variants run (the first of them in the file's order is the base)
+        self.variants = [v for v in self.variants if v.name in self.order]
         check_margin(self.margin)
         if self.token_ids not in TOKEN_ID_ROUTES:
             raise FlagError("--token-ids", f"must be one of {', '.join(TOKEN_ID_ROUTES)}, not {self.token_ids!r}")
@@ -284,9 +286,13 @@ def shared_fields(engine: EngineSetup) -> dict[str, str]:
 
 
 def command_argv(variant: Variant, engine: EngineSetup) -> list[str]:
-    """A command variant's argv with the shared fields filled in ({host}, {port}: the launcher)."""
+    """A command variant's argv with $VARS expanded from tfbench's environment (an unset one is a
+    flag error) and the shared fields filled in ({host}, {port}: the launcher)."""
     out = []
     for a in variant.command or []:
+        a = os.path.expandvars(a)
+        if "$" in a:
+            raise FlagError("--variants", f"variant {variant.name}'s command says {a!r}: set that variable")
         for k, v in shared_fields(engine).items():
             if k in a and not v:
                 raise FlagError("--max-model-len", f"variant {variant.name}'s command says {k}: give it")

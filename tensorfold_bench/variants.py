@@ -20,7 +20,8 @@ Variants file (`--variants FILE`), YAML, a list or a mapping by name:
 
 A command must say `{port}` (tfbench picks a free port and proves the listener is the launched
 process group's); `{host}`, and the shared `--model`, `--dtype` and `--max-model-len` as
-`{model}`, `{dtype}` and `{max_model_len}`, are filled in too. The shared tfengine flags are
+`{model}`, `{dtype}` and `{max_model_len}`, are filled in too, and `$VAR` / `${VAR}` are
+expanded from tfbench's environment (which every server inherits, `env:` on top). The shared tfengine flags are
 never applied to a command variant: what it runs is its command line, as the receipt shows.
 """
 from __future__ import annotations

@@ -125,12 +125,15 @@ def test_variants_launch_commands_as_process_groups(tmp_path):
 - name: whole
   command: RAWPY -m tensorfold_bench.foreignserver serve --host {host} --port {port} --model {model}
   flags: [--prefill-mode, whole]
+- name: not run
+  flags: [--prefill-mode, stepped]
 """)
     res = invoke("run", "long-prompt", *SHORT, "--variants", str(vf), "--model", "rq", "--vocab", "1000",
-                 "--order", "base,whole", "--out", str(tmp_path / "r"))
+                 "--order", "budget 256,whole", "--out", str(tmp_path / "r"))
     assert res.exit_code == 0, (res.output, res.exception)
     data, md = receipt(tmp_path / "r")
     assert [r["variant"] for r in data["runs"]] == ["budget 256", "whole"]
+    assert [v["name"] for v in data["variants"]] == ["budget 256", "whole"]  # --order picks the variants
     for r in data["runs"]:
         assert r["figures"]["valid"] and not group_alive(r["server"]["pgid"]), r["server"]
         assert Path(r["log"]).exists() and Path(r["log"]).parent == Path(data["settings"]["run_dir"])
@@ -198,3 +201,16 @@ def test_unknown_hashes_are_not_differences():
     batch = {"level": 1, "cell": 0, "rep": 0, "hashes": [None]}
     hc = exactness.sweep([("x", [batch]), ("y", [{**batch, "hashes": ["abc"]}])])
     assert hc.ok and hc.unknown == 1 and hc.equal == 1 and "1 unknown" in hc.summary()
+
+
+@pytest.mark.parametrize("name", ["vllm-cpu.yaml", "vllm-cuda.yaml"])
+def test_the_example_variants_files_read(name, monkeypatch):
+    from tensorfold_bench.session import EngineSetup, command_argv
+    from tensorfold_bench.variants import read_variants
+    vs = read_variants(Path(__file__).resolve().parents[1] / "examples" / "variants" / name)
+    assert [v.command is not None for v in vs] == [True, True, False, False]
+    monkeypatch.setenv("VLLM_PYTHON", "/venv/bin/python")
+    monkeypatch.setenv("VLLM", "/venv/bin/vllm")
+    argv = command_argv(vs[1], EngineSetup(model="/m", dtype="bfloat16", max_model_len=4352))
+    assert argv[0].startswith("/venv/bin/") and "/m" in argv and "4352" in argv and "{port}" in argv
+    assert "--max-num-batched-tokens" in vs[1].args

@@ -82,7 +82,8 @@ def count_equal(data: dict, key: str) -> list[str]:
             elif c["equal"] is None:
                 k_n[2] += 1
             else:
-                diffs.append(f"run {r['index']} {c['stream']}")
+                diffs.append(f"run {r['index']} {c['stream']}"
+                             + (f" (from token {c['diverge_at']})" if c.get("diverge_at") is not None else ""))
     parts = [f"{name} {k} of {n} equal" + (f" ({u} unknown)" if u else "") for name, (k, n, u) in per.items()]
     return ["; ".join(parts) + "." + (f" Differ: {', '.join(diffs)}." if diffs else "")]
 
