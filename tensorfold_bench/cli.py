@@ -40,7 +40,9 @@ Device = Annotated[str, typer.Option("--device", help="cpu or cuda: picks the pr
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 (default: the engine's; bfloat16 on cuda).")]
 Share = Annotated[Optional[str], typer.Option("--share", help="Prefill shares for the new side: each value is a variant 'stepped p=V' against the base 'whole'.")]
 Order = Annotated[Optional[str], typer.Option("--order", help="Comma sequence of variant names ('base'/'new' alias them). Default: base, news..., reversed news..., base.")]
-Url = Annotated[Optional[str], typer.Option("--url", help="Target a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched.")]
+Url = Annotated[Optional[list[str]], typer.Option("--url", help="Measure a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched, no verdicts. URL, or NAME=URL repeated to compare several, in the order given.")]
+TokenIds = Annotated[str, typer.Option("--token-ids", help="How replies' token ids are asked for: ids (return_token_ids), logprobs (a server started with --return-tokens-as-token-ids), or chunks (none: count text chunks; hashes unknown).")]
+Tokenizer = Annotated[Optional[Path], typer.Option("--tokenizer", help="A tokenizer or model directory (config.json / tokenizer.json) to read the vocabulary from, when the server reports none.")]
 OutDir = Annotated[Path, typer.Option("--out", help="Directory for the receipt (Markdown, JSON, PNG) and the run's logs.")]
 PlainCheck = Annotated[bool, typer.Option("--plain-check", help="Also run the plain reference (each request alone, whole prompt, no cache, no drafts, 1 stream) and count equal replies.")]
 Parallel = Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default 4).")]
@@ -48,7 +50,7 @@ PrefillRows = Annotated[Optional[int], typer.Option("--prefill-rows", help="Rows
 MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts.")]
 Trace = Annotated[bool, typer.Option("--trace/--no-trace", help="Run the engine with --trace and draw its steps under the timeline.")]
-Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: what the server reports; needed for vLLM/SGLang).")]
+Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: the server's vocab_size, else --tokenizer DIR, else the --model directory).")]
 VariantsFile = Annotated[Optional[Path], typer.Option("--variants", help="YAML file of variants (name, ref, flags, env); the first is the base. Replaces --share/--base/--new.")]
 BaseRef = Annotated[Optional[str], typer.Option("--base", help="Git ref of this repository the base runs (checked out in .worktrees/<sha>). Without --share: 'base' at REF vs 'new', both with the engine's default flags.")]
 NewRef = Annotated[Optional[str], typer.Option("--new", help="Git ref the new side runs (default: the working tree).")]
@@ -83,20 +85,19 @@ def execute(run: Callable[..., dict], settings, out_dir: Path, verbose: bool) ->
     return data, writer.final(data)
 
 
-def all_failed(data: dict, paths: dict[str, Path], bad: Callable[[dict], bool]) -> None:
-    """Exit 1, in one line, when every run failed or was invalid (the receipt is written)."""
-    if data["runs"] and all(bad(r) for r in data["runs"]):
-        first = data["runs"][0]
-        why = first.get("failure") or "; ".join((first.get("figures") or {}).get("invalid_reasons") or []) \
-            or "; ".join(first.get("errors") or []) or "no figures"
-        console.print(f"[red]error: every run failed or was invalid (run 1: {why}); receipt {paths['md']}[/red]",
-                      highlight=False, soft_wrap=True)
-        raise Exit(lifecycle.ALL_FAILED)
-
-
 def print_paths(paths: dict[str, Path]) -> None:
     for kind, p in paths.items():
         out.print(f"receipt {kind}: {p}")
+
+
+def no_valid_run(data: dict, paths: dict[str, Path], valid: Callable[[dict], bool]) -> None:
+    """Exit 1, the receipt written, with one line, when every run failed or was invalid."""
+    runs = data["runs"]
+    if runs and not any(not r.get("error") and valid(r) for r in runs):
+        why = next((r["failure"] for r in runs if r.get("failure")), None) or "see the receipt"
+        console.print(f"every run failed or was invalid ({why}); receipt {paths['md']}", style="red",
+                      highlight=False, soft_wrap=True, markup=False)
+        raise Exit(FAIL)
 
 
 @run_app.command("long-prompt")
@@ -122,6 +123,8 @@ def long_prompt(
     trace: Trace = True,
     engine_arg: EngineArg = None,
     vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    token_ids: TokenIds = "ids",
     b_at: Annotated[Optional[float], typer.Option("--b-at", help="Seconds after A's send that B sends (default 3 on cpu, 5 on cuda).")] = None,
     c_after: Annotated[float, typer.Option("--c-after", help="Seconds after B's send that C sends.")] = 0.5,
     b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default 4096 on cpu, 32000 on cuda).")] = None,
@@ -136,13 +139,13 @@ def long_prompt(
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
-        predict=predict, margin=margin)
+        predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids)
     if dry_run:
         return print(plan.long_prompt(settings))
     data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.long_prompt.summary_markdown(data)))
     print_paths(paths)
-    all_failed(data, paths, lambda r: not r["figures"]["valid"])
+    no_valid_run(data, paths, lambda r: r["figures"]["valid"])
 
 
 @app.command("sweep")
@@ -170,6 +173,9 @@ def sweep(
     max_model_len: MaxModelLen = None,
     seed: Seed = 0,
     engine_arg: EngineArg = None,
+    vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    token_ids: TokenIds = "ids",
     verbose: Verbose = False,
     dry_run: DryRun = False,
 ):
@@ -178,7 +184,8 @@ def sweep(
         model=model, device=device, dtype=dtype, share=share, variants_file=variants_file, base_ref=base_ref,
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
         max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
-        reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin)
+        reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
+        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids)
     if dry_run:
         return print(plan.sweep(settings))
     data, paths = execute(sweep_mod.run, settings, out_dir, verbose)
@@ -187,7 +194,7 @@ def sweep(
     if data.get("predictions"):
         out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
     print_paths(paths)
-    all_failed(data, paths, lambda r: not any(v is not None for k, v in r["figures"].items() if k.startswith("tok_s")))
+    no_valid_run(data, paths, lambda r: any(v is not None for v in r["figures"].values()))
 
 
 @app.command("gate")
@@ -200,12 +207,15 @@ def gate(
     new_env: Annotated[Optional[list[str]], typer.Option("--new-env", help="KEY=VALUE for the new side's engine environment (repeatable), e.g. TFENGINE_DECODE_SLEEP_MS=20 to see the gate fail.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's receipt and logs.")] = Path("runs/gate"),
     order: Annotated[str, typer.Option("--order", help="Run order, a comma sequence of base and new, e.g. base,new,new,base,new,base,base,new: a burst of load in the middle then cannot hit only one side.")] = "base,new,new,base",
+    vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
     verbose: Verbose = False,
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
     settings = gate_mod.GateSettings(base_ref=base_ref, preset=preset, margin=margin, long_margin=long_margin,
                                      accept_new_outputs=accept_new_outputs, out_dir=out_dir,
-                                     new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")])
+                                     new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")],
+                                     vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None)
     data, paths = execute(gate_mod.run_gate, settings, out_dir, verbose)
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")

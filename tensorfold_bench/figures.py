@@ -274,12 +274,12 @@ def sweep_batch(level: int, cell: int, rep: int, recs: list[StreamRecord], token
     """One burst of `level` streams: aggregate tok/s = all tokens / (last token time - first send
     time), None when a stream failed or came short; the raw times are kept beside it."""
     errors = []
-    for i, r in enumerate(recs):
+    for i, r in enumerate(recs):  # r.tokens: the server's usage count where only chunks were seen
         if r.error:
             errors.append(f"stream {i}: {r.error}")
-        elif len(r.token_times) != tokens:
-            errors.append(f"stream {i}: {len(r.token_times)} of {tokens} tokens")
-    n = sum(len(r.token_times) for r in recs)
+        elif r.tokens != tokens:
+            errors.append(f"stream {i}: {r.tokens} of {tokens} tokens")
+    n = sum(r.tokens for r in recs)
     sends = [r.sent for r in recs if r.sent is not None]
     lasts = [r.token_times[-1] for r in recs if r.token_times]
     wall = (max(lasts) - min(sends)) if sends and lasts else None
@@ -287,7 +287,18 @@ def sweep_batch(level: int, cell: int, rep: int, recs: list[StreamRecord], token
     return {"level": level, "cell": cell, "rep": rep, "tok_s": tok_s, "tokens": n, "wall_s": wall, "hashes": hashes,
             "errors": errors, "sent": [r.sent for r in recs],
             "last_token": [r.token_times[-1] if r.token_times else None for r in recs],
-            "gaps_us": [gaps_us(r) for r in recs]}
+            "gaps_us": [gaps_us(r) for r in recs],
+            "counted_by": sorted({r.counted_by for r in recs if r.counted_by}),
+            "system_fingerprint": next((r.system_fingerprint for r in recs if r.system_fingerprint), None)}
+
+
+def sweep_counted_by(batches: list[dict]) -> str | None:
+    """The weakest way any reply's tokens were counted in a run (ids, logprobs, chunks)."""
+    ways = {w for b in batches for w in b.get("counted_by") or []}
+    for w in ("chunks", "logprobs", "ids"):
+        if w in ways:
+            return w
+    return None
 
 
 def cell_tok_s(batches: list[dict], level: int, cell: int) -> float | None:

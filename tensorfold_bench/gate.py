@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from tensorfold_bench import exactness, figures, session, stats, worktree
-from tensorfold_bench.errors import BenchError, FlagError, ServerError
+from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.report.fmt import num
 from tensorfold_bench.scenarios import long_prompt, sweep
 from tensorfold_bench.session import Reporter, Run, Session
@@ -91,6 +91,8 @@ class GateSettings:
     new_env: dict[str, str] = field(default_factory=dict)  # e.g. TFENGINE_DECODE_SLEEP_MS (tests)
     repo: Path | None = None
     stamp: str = ""
+    vocab: int | None = None  # --vocab (default: the server's)
+    tokenizer: str | None = None  # --tokenizer DIR
 
     def __post_init__(self):
         if self.preset not in PRESETS:
@@ -139,8 +141,6 @@ def sources(settings: GateSettings) -> tuple[worktree.Source, worktree.Source, s
 
 def play(p: GatePreset, run: Run) -> dict:
     """One run: a short sweep, then a short long-prompt run, on one server; raw records."""
-    if run.vocab is None:
-        raise BenchError("the server reports no vocabulary size (GET /v1/engine)")
     sw = sweep.SweepScript(levels=p.levels, tokens=p.tokens, cells=1, reps=p.reps, prompt_tokens=p.prompt_tokens)
     batches = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
     script = long_prompt.LongPromptScript(b_at=p.b_at, c_after=p.c_after, b_tokens=p.b_tokens,
@@ -177,7 +177,8 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
     base = Variant("base", [], {}, base_src.ref and base_src.commit)
     engine = session.EngineSetup(model=p.model, parallel=max(p.levels), max_model_len=p.max_model_len, trace=False)
     s = Session(engine, [base, Variant("new", [], dict(settings.new_env))], list(settings.order), settings.out_dir,
-                "gate", margin=settings.margin, stamp=settings.stamp, repo=settings.repo)
+                "gate", margin=settings.margin, stamp=settings.stamp, repo=settings.repo,
+                vocab=settings.vocab, tokenizer=settings.tokenizer)
     srcs = {"base": base_src, "new": new_src}
     data = session.header(s, srcs, {"preset": settings.preset, "preset_values": asdict(p), "base_ref": settings.base_ref,
                                     "long_margin": settings.long_margin, "new_env": settings.new_env,

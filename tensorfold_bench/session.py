@@ -13,9 +13,10 @@ import math
 import datetime as dt
 import os
 import platform
+import secrets
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -23,9 +24,11 @@ import httpx
 
 from tensorfold_bench import __version__, stats, worktree
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
-from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, existing, launch
+from tensorfold_bench.client import TOKEN_ID_ROUTES
+from tensorfold_bench.identity import ServerIdentity, discover_vocab, identify
+from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, check_reachable, existing, launch
 from tensorfold_bench.predictions import Predictions
-from tensorfold_bench.variants import Variant
+from tensorfold_bench.variants import Variant, order_for, parse_order, select_variants, url_variants
 
 SCHEMA = "tfbench.receipt/1"
 
@@ -136,11 +139,15 @@ class Session:
     order: list[str]
     out_dir: Path
     scenario: str  # long-prompt, sweep, gate: the receipt's kind and the run folder's suffix
-    url: str | None = None  # a running server: nothing is launched
+    url: str | None = None  # --url: running servers (the variants say which); nothing is launched
     margin: float = stats.DEFAULT_MARGIN
     predictions: Predictions | None = None  # read (and stamped) before the first run
     stamp: str = ""
     repo: Path | None = None  # the repository variants' refs name (default: this one)
+    vocab: int | None = None  # --vocab: prompt ids are drawn below it (default: discovered)
+    tokenizer: str | None = None  # --tokenizer DIR: where the vocabulary may be read
+    token_ids: str = "ids"  # --token-ids: how replies' token ids are asked for (client.TOKEN_ID_ROUTES)
+    salt: str = ""  # --url: a fresh key per session, so no earlier prompt is a prefix of this one's
 
     def __post_init__(self):
         names = [v.name for v in self.variants]
@@ -149,13 +156,40 @@ class Session:
         for n in self.order:
             if n not in names:
                 raise FlagError("--order", f"unknown variant {n!r}; known: {', '.join(names)}")
+        # --order picks which variants run (the first of them in the file's order is the base)
+        self.variants = [v for v in self.variants if v.name in self.order]
         check_margin(self.margin)
+        if self.token_ids not in TOKEN_ID_ROUTES:
+            raise FlagError("--token-ids", f"must be one of {', '.join(TOKEN_ID_ROUTES)}, not {self.token_ids!r}")
+        positive("--vocab", self.vocab)
+        if self.tokenizer is not None and not Path(self.tokenizer).is_dir():
+            raise FlagError("--tokenizer", f"{self.tokenizer} is not a directory")
+        if self.url and not self.salt:
+            self.salt = "-" + secrets.token_hex(4)
         if not self.stamp:
             self.stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
     @property
     def run_dir(self) -> Path:
         return self.out_dir / f"{self.stamp}-{self.scenario}"
+
+
+def targets(url: list[str] | str | None, share: str | None, variants_file, base_ref: str | None,
+            new_ref: str | None, order: str | None, aa: bool) -> tuple[list[Variant], list[str], str | None]:
+    """(variants, run order, the --url line): launched variants from --share/--variants/--base/
+    --new, or with --url the running servers, each reachable (else one line, exit 2), named as
+    given (NAME=URL) or by the server itself, in the order given, once each unless --order."""
+    if not url:
+        vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
+        return (*order_for(vs, order, aa), None)
+    for flag, v in (("--share", share), ("--variants", variants_file), ("--base", base_ref), ("--new", new_ref),
+                    ("--aa", aa or None)):
+        if v is not None:
+            raise FlagError("--url", f"measures running servers as they are; {flag} needs servers tfbench launches")
+    vs = url_variants([url] if isinstance(url, str) else list(url), lambda u: identify(check_reachable(u)).name)
+    vs = [replace(v, url=check_reachable(v.url)) for v in vs]
+    names = parse_order(order, vs) if order is not None else [v.name for v in vs]
+    return vs, names, ", ".join(v.url for v in vs)
 
 
 class Reporter(Protocol):
@@ -185,8 +219,11 @@ class Run:
     model: str
     vocab: int | None
     max_model_len: int | None
-    shared: bool  # --url: every run goes to one server, so prompts must differ per run
+    shared: bool  # --url: a server tfbench did not start, so prompts must differ per run
     note: Callable[[str], None]
+    identity: ServerIdentity | None = None
+    token_ids: str = "ids"
+    salt: str = ""
     status: Callable[[str], None] = lambda text: None  # where the run is (progress display only)
 
 
@@ -280,21 +317,69 @@ def slug(name: str) -> str:
 
 
 def sources(session: Session) -> dict[str, worktree.Source]:
-    """Each variant's engine source (worktrees made now, before any run); none with --url."""
-    return {} if session.url else {v.name: worktree.source(v.ref, session.repo) for v in session.variants}
+    """Each tfengine variant's source (worktrees made now, before any run); none for a command
+    variant or a --url server."""
+    return {v.name: worktree.source(v.ref, session.repo) for v in session.variants
+            if v.launched and v.command is None}
+
+
+def shared_fields(engine: EngineSetup) -> dict[str, str]:
+    """What a command variant may say besides {host} and {port}: the shared flags' values."""
+    return {"{model}": engine.model, "{dtype}": engine.dtype or "auto",
+            "{max_model_len}": str(engine.max_model_len or "")}
+
+
+def command_argv(variant: Variant, engine: EngineSetup) -> list[str]:
+    """A command variant's argv with $VARS expanded from tfbench's environment (an unset one is a
+    flag error) and the shared fields filled in ({host}, {port}: the launcher)."""
+    out = []
+    for a in variant.command or []:
+        a = os.path.expandvars(a)
+        if "$" in a:
+            raise FlagError("--variants", f"variant {variant.name}'s command says {a!r}: set that variable")
+        for k, v in shared_fields(engine).items():
+            if k in a and not v:
+                raise FlagError("--max-model-len", f"variant {variant.name}'s command says {k}: give it")
+            a = a.replace(k, v)
+        out.append(a)
+    return out
 
 
 @contextlib.contextmanager
 def serve(session: Session, variant: Variant, source: worktree.Source | None, log: Path,
           facts: dict) -> Iterator[str]:
-    """The run's server URL; `facts` gets the launched server's pid (= its process group) and argv."""
-    if session.url:
-        with existing(session.url) as url:
+    """The run's server URL; `facts` gets the launched server's pid (= its process group), argv,
+    command line and how tfbench knows it is the one launched."""
+    if variant.url:
+        with existing(variant.url) as url:
             yield url
         return
-    with launch(session.engine.flags() + variant.args, log, env=variant.env, root=Path(source.path)) as srv:
-        facts.update(pgid=srv.pgid, argv=srv.argv, root=source.path)
+    if variant.command is not None:
+        cm = launch(variant.args, log, env=variant.env, command=command_argv(variant, session.engine),
+                    health=variant.health, start_timeout=variant.start_timeout)
+    else:
+        cm = launch(session.engine.flags() + variant.args, log, env=variant.env, root=Path(source.path))
+    with cm as srv:
+        facts.update(pgid=srv.pgid, argv=srv.argv, command=srv.command_line, checked=list(srv.checked))
+        if source is not None:
+            facts["root"] = source.path
         yield srv.url
+
+
+def run_identity(url: str, facts: dict) -> ServerIdentity:
+    """The server's own account of itself, with the command line tfbench launched (if any)."""
+    ident = identify(url)
+    if facts.get("command"):
+        ident.launched, ident.command, ident.checked = True, facts["command"], facts.get("checked", [])
+    return ident
+
+
+def run_vocab(session: Session, ident: ServerIdentity) -> int:
+    """--vocab, else the server's vocab_size, --tokenizer DIR or the --model directory."""
+    if session.vocab:
+        return session.vocab
+    model_dir = session.engine.model if Path(session.engine.model).is_dir() else None
+    return discover_vocab(ident, session.tokenizer, model_dir)
 
 
 def header(session: Session, srcs: dict[str, worktree.Source], settings: dict) -> dict:
@@ -303,7 +388,9 @@ def header(session: Session, srcs: dict[str, worktree.Source], settings: dict) -
             "host": host_info(),
             "settings": {"engine": asdict(session.engine), "engine_flags": session.engine.flags(),
                          "order": session.order, "url": session.url, "base": session.variants[0].name,
-                         "margin": session.margin, "run_dir": str(session.run_dir), **settings},
+                         "margin": session.margin, "run_dir": str(session.run_dir),
+                         "token_ids": session.token_ids, **settings},
+            "identities": {},
             "variants": [{**v.to_dict(), "source": srcs[v.name].to_dict() if v.name in srcs else None}
                          for v in session.variants],
             "predictions": session.predictions.to_dict() if session.predictions else None,
@@ -320,10 +407,10 @@ def check_engines(session: Session, srcs: dict[str, worktree.Source]) -> None:
     """Ask each variant's engine to validate its flags (`serve --check`) before any server starts:
     a bad flag is one line and exit 2 now, not a failed run after others were launched. Raises
     ServerError naming the variant (the gate falls back to A/A on a base that will not serve)."""
-    if session.url:
-        return
     asked = set()
     for v in session.variants:
+        if not v.launched or v.command is not None or v.name not in srcs:
+            continue  # a running server, or another program: tfengine's --check does not apply
         flags, root = session.engine.flags() + v.args, Path(srcs[v.name].path)
         key = (tuple(flags), tuple(sorted(v.env.items())), root)
         if key in asked:
@@ -338,6 +425,14 @@ def check_engines(session: Session, srcs: dict[str, worktree.Source]) -> None:
             err = ServerError(f"variant {v.name!r}: {e}", str(log))
             err.variant = v.name
             raise err from None
+
+
+def identity_record(ident: ServerIdentity, fingerprint: str | None = None) -> dict:
+    """The identity as the receipt keeps it (tfengine's /v1/engine is kept once, beside it), with
+    the streams' system_fingerprint."""
+    d = ident.to_dict()
+    d.pop("engine", None)
+    return {**d, "system_fingerprint": fingerprint}
 
 
 def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play: Callable[[Run], dict],
@@ -359,23 +454,31 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
         server: dict = {"load_before": os.getloadavg()[0]}
         info: dict = {}
+        ident = None
+        variant = by_name[name]
         try:
-            with serve(session, by_name[name], srcs.get(name), log, server) as url:
+            with serve(session, variant, srcs.get(name), log, server) as url:
                 info = server_info(url)
-                if data["environment"] is None:
-                    data["environment"] = info
-                if session.url:
+                ident = run_identity(url, server)
+                data["identities"].setdefault(name, identity_record(ident))
+                if data["environment"] is None or (info.get("engine") and not data["environment"].get("engine")):
+                    data["environment"] = info  # tfengine's account of the device, where one ran
+                if not variant.launched:
                     server["idle"] = wait_idle(url)  # the last run's streams are gone
-                model, vocab, mml = model_facts(info)
-                entry = play(Run(i, by_name[name], url, info, model, vocab, mml, bool(session.url), rep.note,
-                                 rep.status))
+                model, _, mml = model_facts(info)
+                entry = play(Run(i, variant, url, info, ident.model or model, run_vocab(session, ident),
+                                 ident.max_model_len or mml, not variant.launched, rep.note, ident,
+                                 session.token_ids, session.salt, rep.status))
         except ServerError as e:
             e.variant = name
             if not keep_failed:
                 raise
             entry = {"error": str(e), "failure": e.what + (f": {e.last_line}" if e.last_line else "")}
         entry = {"index": i, "variant": name, "started": started, **entry,
-                 "log": None if session.url else str(log), "server": server, "engine": info.get("engine")}
+                 "log": str(log) if variant.launched else None, "server": server, "engine": info.get("engine"),
+                 "identity": identity_record(ident, entry.get("system_fingerprint")) if ident else None}
+        if entry["identity"] and entry["identity"]["system_fingerprint"]:
+            data["identities"][name]["system_fingerprint"] = entry["identity"]["system_fingerprint"]
         data["runs"].append(entry)
         rep.note(finish(entry))
         data["partial"] = partial_mark(session.order, i, after) if i < len(session.order) or after else None
