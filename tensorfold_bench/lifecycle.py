@@ -19,7 +19,6 @@ from typing import Callable
 
 from tensorfold_bench import report
 
-OK, ALL_FAILED, USAGE = 0, 1, 2
 
 
 class Interrupted(KeyboardInterrupt):
