@@ -3,131 +3,35 @@ server per run, in the run order (or one running server, `--url`) -> per-run rec
 receipt header. A scenario gives `run_all` a function that plays one run on a ready server and
 returns its raw records; figures are computed elsewhere (tensorfold_bench.figures).
 
-Also the shared engine flags (`EngineSetup`), the device presets and the flag checks that every
-command's settings use.
+The shared engine flags, device presets and flag checks live in tensorfold_bench.defaults, what a
+running server says about itself in tensorfold_bench.probe; both are re-exported here, where the
+scenarios have always found them.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import datetime as dt
 import os
 import platform
 import secrets
 import sys
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-import httpx
 
 from tensorfold_bench import __version__, stats, worktree
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.client import TOKEN_ID_ROUTES
 from tensorfold_bench.identity import ServerIdentity, discover_vocab, identify
 from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, check_reachable, existing, launch
+from tensorfold_bench.defaults import (DEVICE_PRESETS, FULL, DevicePreset, EngineSetup, check_margin,  # noqa: F401
+                                       device_preset, engine_setup, positive, scaled_note, sized)
 from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.probe import fetch_trace, healthy, model_facts, server_info, wait_idle  # noqa: F401
 from tensorfold_bench.variants import Variant, order_for, parse_order, select_variants, url_variants
 
 SCHEMA = "tfbench.receipt/1"
-
-
-@dataclass
-class EngineSetup:
-    """Engine flags every variant shares (a variant's own args come after and win)."""
-
-    model: str = "cpu"
-    device: str = "cpu"
-    dtype: str | None = None
-    parallel: int = 4
-    prefill_rows: int = 256
-    max_model_len: int | None = None
-    seed: int = 0
-    trace: bool = True
-    extra_args: list[str] = field(default_factory=list)
-
-    def flags(self) -> list[str]:
-        f = ["--model", self.model, "--device", self.device, "--parallel", str(self.parallel),
-             "--prefill-rows", str(self.prefill_rows), "--seed", str(self.seed)]
-        if self.dtype:
-            f += ["--dtype", self.dtype]
-        if self.max_model_len:
-            f += ["--max-model-len", str(self.max_model_len)]
-        if self.trace:
-            f += ["--trace"]
-        return f + list(self.extra_args)
-
-
-@dataclass(frozen=True)
-class DevicePreset:
-    """A device's defaults. The sweep's are sized so that `tfbench sweep --levels 1,2,4,8` ends in
-    minutes: on two CPU cores the cuda sizes (256 tokens, 4 cells, 3 reps) took about 27 minutes."""
-
-    model: str
-    b_at: float
-    b_tokens: int
-    prefill_rows: int
-    dtype: str | None
-    sweep_tokens: int = 256
-    sweep_cells: int = 4
-    sweep_reps: int = 3
-
-
-DEVICE_PRESETS = {"cpu": DevicePreset("cpu", 3.0, 4096, 256, None, sweep_tokens=64, sweep_cells=2, sweep_reps=2),
-                  "cuda": DevicePreset("qwen3-8b", 5.0, 32000, 1024, "bfloat16")}
-FULL = "cuda"  # the device whose defaults are not scaled down
-
-
-def device_preset(device: str) -> DevicePreset:
-    if device not in DEVICE_PRESETS:
-        raise FlagError("--device", f"must be cpu or cuda, not {device!r}")
-    return DEVICE_PRESETS[device]
-
-
-def sized(device: str, given: dict[str, object], fields: dict[str, str]) -> tuple[dict[str, object], list[str]]:
-    """Each flag's value: as given, else the device preset's; and a line for every default that is
-    smaller than on the full device (the receipt says what was scaled down).
-    `given`: flag -> value or None; `fields`: flag -> DevicePreset field."""
-    pre, full = device_preset(device), DEVICE_PRESETS[FULL]
-    out, notes = {}, []
-    for flag, v in given.items():
-        if v is not None:
-            out[flag] = v
-            continue
-        mine, theirs = getattr(pre, fields[flag]), getattr(full, fields[flag])
-        out[flag] = mine
-        if mine != theirs:
-            notes.append(f"{flag} {mine} ({theirs} on {FULL})")
-    return out, notes
-
-
-def scaled_note(device: str, notes: list[str]) -> dict:
-    """The receipt's settings entry for what the device's defaults scaled down."""
-    return {"scaled_down": f"Sized to the {device} device: " + ", ".join(notes) + "." if notes else None}
-
-
-def positive(flag: str, v: float | int | None) -> None:
-    """A finite positive number (NaN and infinity would hang or pass every check)."""
-    if v is not None and not (v > 0 and math.isfinite(v)):
-        raise FlagError(flag, f"must be a finite positive number, not {v}")
-
-
-def check_margin(margin: float, flag: str = "--margin") -> None:
-    if not 0 <= margin < 1:
-        raise FlagError(flag, f"must be a fraction in [0, 1), not {margin}")
-
-
-def engine_setup(*, device: str, model: str | None, dtype: str | None, parallel: int | None,
-                 prefill_rows: int | None, max_model_len: int | None, seed: int, trace: bool,
-                 engine_args: list[str] | None) -> EngineSetup:
-    """The shared engine flags from the command's flags, with the device preset's defaults."""
-    pre = device_preset(device)
-    for flag, v in (("--parallel", parallel), ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len)):
-        positive(flag, v)
-    return EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype, parallel=parallel or 4,
-                       prefill_rows=prefill_rows or pre.prefill_rows, max_model_len=max_model_len, seed=seed,
-                       trace=trace, extra_args=list(engine_args or []))
 
 
 @dataclass
@@ -239,77 +143,6 @@ def harness_commit() -> str | None:
 def host_info() -> dict:
     return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
             "tfbench": __version__, "harness_commit": harness_commit()}
-
-
-def server_info(url: str) -> dict:
-    """GET /v1/engine and /v1/models (either may be missing on foreign servers)."""
-    out: dict = {}
-    with httpx.Client(timeout=10) as c:
-        for path, key in (("/v1/engine", "engine"), ("/v1/models", "models")):
-            try:
-                r = c.get(url + path)
-                out[key] = r.json() if r.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                out[key] = None
-    return out
-
-
-def model_facts(info: dict) -> tuple[str, int | None, int | None]:
-    """(model id, vocab size, max_model_len) from /v1/engine and /v1/models."""
-    model, vocab, mml = "default", None, None
-    models = (info.get("models") or {}).get("data") or []
-    if models:
-        model = models[0].get("id", model)
-        mml = models[0].get("max_model_len")
-        vocab = models[0].get("vocab_size")
-    eng = info.get("engine") or {}
-    desc = eng.get("engine") or {}
-    shape = desc.get("shape") or {}
-    vocab = vocab or shape.get("vocab") or shape.get("vocab_size")
-    mml = mml or desc.get("max_model_len") or (eng.get("config") or {}).get("max_model_len")
-    return model, vocab, mml
-
-
-def healthy(url: str, timeout: float = 5.0) -> bool:
-    """Does the server still serve (GET /health, else /v1/models: 200)?"""
-    with httpx.Client(timeout=timeout) as c:
-        for path in ("/health", "/v1/models"):
-            with contextlib.suppress(httpx.HTTPError):
-                if c.get(url + path).status_code == 200:
-                    return True
-    return False
-
-
-def wait_idle(url: str, timeout: float = 15.0) -> dict:
-    """Wait until a tfengine server runs and queues no stream (GET /metrics); other servers: no wait.
-    Returns {"confirmed": bool | None, "waited_s": float}."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            r = httpx.get(url + "/metrics", timeout=5)
-            text = r.text if r.status_code == 200 else ""
-        except httpx.HTTPError:
-            text = ""
-        vals = {}
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0] in ("tfengine_running_streams", "tfengine_waiting_streams"):
-                vals[parts[0]] = float(parts[1])
-        if len(vals) < 2:
-            return {"confirmed": None, "waited_s": time.monotonic() - t0}
-        if not any(vals.values()):
-            return {"confirmed": True, "waited_s": time.monotonic() - t0}
-        if time.monotonic() - t0 > timeout:
-            return {"confirmed": False, "waited_s": time.monotonic() - t0}
-        time.sleep(0.05)
-
-
-def fetch_trace(url: str) -> list[dict] | None:
-    try:
-        r = httpx.get(url + "/v1/trace", timeout=30)
-        return r.json().get("steps") if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
 
 
 def slug(name: str) -> str:
