@@ -32,8 +32,8 @@ def commands(a, dtype: str) -> dict[str, dict]:
         "vllm": {"flags": [], "command": [a.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", a.model,
                                           "--host", "{host}", "--port", "{port}", "--dtype", dtype,
                                           "--max-model-len", mml, "--seed", "0"], "env": VLLM_ENV, "start_timeout": 900},
-        "tfengine": {"flags": ["--model", a.model, "--device", "cpu", "--dtype", dtype, "--max-model-len", mml,
-                               "--parallel", "1", "--seed", "0"]},
+        "tfengine": {"flags": ["--model", a.model, "--load-format", "safetensors", "--device", "cpu", "--dtype", dtype,
+                               "--max-model-len", mml, "--parallel", "1", "--seed", "0"]},
     }
 
 
