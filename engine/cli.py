@@ -88,6 +88,10 @@ def serve(
     port_file: Annotated[Optional[Path], typer.Option(help="Once serving, write the bound port here (a launcher's way to learn a --port 0 port).")] = None,
     nonce: Annotated[Optional[str], typer.Option(help="A launcher's token, echoed by GET /v1/engine, so it knows it measures the server it launched.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Only validate the flags (the model and device exist too), print one line and exit: nothing loaded or served.")] = False,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body accepted (MiB); larger is a 413.")] = 8.0,
+    stall_timeout_s: Annotated[float, typer.Option(help="A stream whose client reads nothing this long is cancelled and its lane freed.")] = 30.0,
+    idle_timeout_s: Annotated[float, typer.Option(help="A connection with no request in progress (or unfinished headers) this long is closed.")] = 30.0,
+    body_timeout_s: Annotated[float, typer.Option(help="A request body must arrive within this (else 408).")] = 30.0,
 ):
     """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -99,23 +103,28 @@ def serve(
                        prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
                        seed=seed, trace=trace, trace_len=trace_len)
     faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment
+    from .server import HttpConfig, ServedModel, serve as serve_http
+
+    http = HttpConfig(max_body_mb=max_body_mb, stall_timeout_s=stall_timeout_s, idle_timeout_s=idle_timeout_s,
+                      body_timeout_s=body_timeout_s)
     if check:
         typer.echo(check_config(cfg))
         return
     from .host import LaneHost
     from .runner import build_runner
-    from .server import ServedModel, serve as serve_http
 
     runner = build_runner(cfg)
     lane_host = LaneHost(with_faults(runner, faults), cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
-                         describe=runner.describe(), commit=engine_commit(), nonce=nonce)
+                         describe=runner.describe(), commit=engine_commit(), nonce=nonce,
+                         defaults=runner.model_config.generation.sampling_defaults())
     sock = socket.create_server((host, port))  # bound here, so --port 0's port is known before serving
     port = sock.getsockname()[1]
     lane_host.start()
     try:
-        asyncio.run(serve_http(lane_host, served, host, port, ready=lambda: write_port(port_file, port), sock=sock))
+        asyncio.run(serve_http(lane_host, served, host, port, ready=lambda: write_port(port_file, port), sock=sock,
+                               http=http))
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,31 +1,49 @@
-"""OpenAI-compatible HTTP over the lane host (aiohttp). The server validates requests, hands
-`Sequence`s to the host and streams what the host emits; it never touches the model."""
+"""OpenAI-compatible HTTP over the lane host (aiohttp): routes, error middleware and connection
+time-outs. Request parsing, text, replies and streams live in `engine.api`; the server hands
+`Sequence`s to the host and never touches the model."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
+import itertools
 import logging
+import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from .api.body import INLINE_BYTES, BodyReader
+from .api.errors import ApiError, BadRequest, error_response, model_not_found
+from .api.fields import get_bool
+from .api.generate import Generation
+from .api.params import (chat_messages, chat_prompt, check_fields, check_model, encode, parse_chat,
+                          parse_completion)
+from .api.reply import collect, StreamWriter
+from .config import ConfigError
 from .host import LaneHost
 from .metrics import render_metrics
-from .sequence import Sequence
 
 log = logging.getLogger("tfengine.server")
 
 
-def token_sha(ids: list[int]) -> str:
-    """TensorFold's convention: sha256 over the comma-joined decimal ids, first 12 hex chars."""
-    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:12]
+@dataclass(frozen=True)
+class HttpConfig:
+    """Limits that keep one client from holding the server (`tfengine serve` flags)."""
 
+    max_body_mb: float = 8.0  # a larger body is a 413
+    stall_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cancelled
+    idle_timeout_s: float = 30.0  # a connection with no request in progress (or half its headers)
+    body_timeout_s: float = 30.0  # a request body must arrive within this
 
-class BadRequest(Exception):
-    pass
+    def __post_init__(self):
+        for name in ("max_body_mb", "stall_timeout_s", "idle_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, not {value!r}")
 
 
 @dataclass
@@ -39,46 +57,65 @@ class ServedModel:
     describe: dict
     commit: str | None = None
     nonce: str | None = None  # a launcher's token, echoed by /v1/engine
+    root: str | None = None  # where the weights come from (a directory), as vLLM's `root`
+    # generation_config.json's sampling defaults under request names (temperature, top_p, top_k,
+    # max_tokens; min_p / repetition_penalty are not implemented): applied to fields a request leaves out
+    defaults: dict = field(default_factory=dict)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Names a request's `model` may use: the served name, or the root."""
+        return (self.name,) if not self.root else (self.name, self.root)
 
 
-def _field(body: dict, name: str, kind, default):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    # bool is an int in Python: never accept one for the other
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise BadRequest(f"'{name}' must be an integer")
-    if kind is bool and not isinstance(value, bool):
-        raise BadRequest(f"'{name}' must be true or false")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise BadRequest(f"'{name}' must be a number")
-    return value
+def _version() -> str:
+    try:
+        return metadata.version("tfbench")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 class Api:
-    def __init__(self, host: LaneHost, model: ServedModel):
-        self.host = host
-        self.model = model
+    def __init__(self, host: LaneHost, model: ServedModel, http: HttpConfig | None = None):
+        self.host, self.model, self.http = host, model, http or HttpConfig()
         self.started = time.time()
-        self._next_id = 0
+        self._ids = itertools.count(1)
+        self.bodies = BodyReader(int(self.http.max_body_mb * 2 ** 20),
+                                 max(65_536, 4 * model.max_model_len), self.http.body_timeout_s)
+        self.active: dict[object, int] = {}  # connection -> requests in progress
+        self.last_end: dict[object, float] = {}  # connection -> when its last request ended
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{id:.+}", self.model_entry)
         app.router.add_get("/v1/engine", self.engine)
         app.router.add_get("/v1/trace", self.trace)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": _version()})
+
+    def _card(self) -> dict:
+        return {"id": self.model.name, "object": "model", "created": int(self.started), "owned_by": "tfengine",
+                "root": self.model.root or self.model.name, "parent": None,
+                "max_model_len": self.model.max_model_len, "vocab_size": self.model.vocab_size, "permission": []}
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{
-            "id": self.model.name, "object": "model", "created": int(self.started),
-            "owned_by": "tfengine", "max_model_len": self.model.max_model_len,
-            "vocab_size": self.model.vocab_size}]})
+        return web.json_response({"object": "list", "data": [self._card()]})
+
+    async def model_entry(self, request: web.Request) -> web.Response:
+        if request.match_info["id"] not in self.model.names:
+            raise model_not_found(request.match_info["id"][:200])
+        return web.json_response(self._card())
 
     async def engine(self, request: web.Request) -> web.Response:
         cfg = asdict(self.host.cfg)
@@ -88,175 +125,202 @@ class Api:
 
     async def trace(self, request: web.Request) -> web.Response:
         if self.host.trace is None:
-            return _error(404, "the trace is off: start the engine with --trace")
+            raise ApiError("the trace is off: start the engine with --trace", 404)
         return web.Response(body=self.host.trace.json(), content_type="application/json")
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=render_metrics(self.host), content_type="text/plain")
 
-    # ---- generation -----------------------------------------------------------------------
+    # ---- tokenizer endpoints (vLLM's shapes) ---------------------------------------------------
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self._object(request)
+        check_model(body, self.model.names)
+        if "messages" in body:
+            check_fields(body, {"model", "messages", "return_token_strs"},
+                         {"add_generation_prompt": (True,), "add_special_tokens": (False,)})
+            tokens = chat_prompt(self.model, chat_messages(body["messages"]))
+        else:
+            check_fields(body, {"model", "prompt", "add_special_tokens", "return_token_strs"}, {})
+            if not isinstance(body.get("prompt"), str):
+                raise BadRequest("'prompt' must be a string (or send 'messages')", "prompt")
+            tokens = encode(self.model, body["prompt"], "prompt", get_bool(body, "add_special_tokens", True))
+        strs = get_bool(body, "return_token_strs", False)
+        return web.json_response({"count": len(tokens), "max_model_len": self.model.max_model_len, "tokens": tokens,
+                                  "token_strs": [self.model.tokenizer.decode([t]) for t in tokens] if strs else None})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self._object(request)
+        check_model(body, self.model.names)
+        check_fields(body, {"model", "tokens"}, {})
+        tokens = body.get("tokens")
+        vocab = self.model.vocab_size
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                                   for t in tokens):
+            raise BadRequest(f"'tokens' must be a list of token ids in 0..{vocab - 1}", "tokens")
+        return web.json_response({"prompt": self.model.tokenizer.decode(tokens)})
+
+    async def _object(self, request: web.Request) -> dict:
+        body = await self.bodies.json(request)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return body
+
+    # ---- generation -----------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
-    def _parse(self, body: Any, chat: bool) -> tuple[Sequence, bool]:
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs or not all(
-                    isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
-                    for m in msgs):
-                raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
-            prompt = list(self.model.tokenizer.chat_prompt(msgs))
-        else:
-            raw = body.get("prompt")
-            if raw is None:
-                raise BadRequest("'prompt' is required")
-            if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
-                raw = raw[0]  # OpenAI's batch form with one prompt
-            if isinstance(raw, str):
-                prompt = list(self.model.tokenizer.encode(raw))
-            elif isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-                prompt = raw
-                bad = next((t for t in prompt if not 0 <= t < self.model.vocab_size), None)
-                if bad is not None:
-                    raise BadRequest(f"token id {bad} is outside the vocabulary (0..{self.model.vocab_size - 1})")
-            else:
-                raise BadRequest("'prompt' must be a string or a list of token ids")
-        if not prompt:
-            raise BadRequest("the prompt is empty")
-        max_tokens = _field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                            else "max_tokens", int, 16)
-        if max_tokens < 1:
-            raise BadRequest("'max_tokens' must be at least 1")
-        limit = self.model.max_model_len
-        if len(prompt) + max_tokens > limit:
-            raise BadRequest(f"this model's maximum context length is {limit} tokens; the request asks for "
-                             f"{len(prompt) + max_tokens} ({len(prompt)} in the prompt, {max_tokens} in the completion)")
-        stream = _field(body, "stream", bool, False)
-        ignore_eos = _field(body, "ignore_eos", bool, False)
-        draft = _field(body, "draft", bool, True)
-        temperature = _field(body, "temperature", float, 0.0)
-        if temperature != 0:
-            raise BadRequest("only greedy decoding is served: 'temperature' must be 0")
-        if _field(body, "n", int, 1) != 1:
-            raise BadRequest("'n' must be 1")
-        priority = body.get("priority", "foreground") or "foreground"
-        if priority not in ("foreground", "background"):
-            raise BadRequest("'priority' must be \"foreground\" or \"background\"")
-        seq = Sequence(prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                       background=priority == "background", draft=draft, arrival=time.monotonic())
-        return seq, stream
-
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await self.bodies.json(request)
+        parse = parse_chat if chat else parse_completion
+        if request.get("body_bytes", 0) > INLINE_BYTES:  # tokenizing a long text: off the loop
+            req = await asyncio.to_thread(parse, body, self.model)
+        else:
+            req = parse(body, self.model)
+        gen = Generation(self.host, self.model, req)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
+        gen.submit()
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
-            return _error(400, "the request body is not valid JSON")
-        try:
-            seq, stream = self._parse(body, chat)
-        except BadRequest as exc:
-            return _error(400, str(exc))
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        seq.emit = lambda kind, payload: loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
-        self._next_id += 1
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._next_id}"
-        self.host.submit(seq)
-        try:
-            if stream:
-                return await self._stream(request, seq, events, rid, chat)
-            return await self._collect(seq, events, rid, chat)
-        except (asyncio.CancelledError, ConnectionResetError):
-            seq.cancel()  # the client went away: free the lane at the next boundary
-            self.host.wake()
+            if req.stream:
+                return await StreamWriter(request, gen, rid, self.http.stall_timeout_s).run()
+            return await collect(gen, rid)
+        except asyncio.CancelledError:
+            log.info("%s: the client went away", rid)
             raise
+        finally:
+            gen.cancel()  # frees the lanes of choices still running (a no-op for finished ones)
 
-    def _chunk(self, rid: str, chat: bool, ids: list[int], finish: str | None) -> dict:
-        text = self.model.tokenizer.decode(ids) if ids else ""
-        choice: dict = {"index": 0, "token_ids": ids, "finish_reason": finish}
-        if chat:
-            choice["delta"] = {"content": text} if ids else {}
-        else:
-            choice["text"] = text
-        return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model.name, "choices": [choice]}
+    # ---- connections ------------------------------------------------------------------------------
+    @web.middleware
+    async def middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        """Every error as JSON in OpenAI's shape; requests in progress counted per connection."""
+        conn = request.protocol
+        self.active[conn] = self.active.get(conn, 0) + 1
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.param)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            allow = exc.headers.get("Allow")
+            message = {404: f"no route for {request.method} {request.path[:200]}",
+                       405: f"{request.method} is not allowed on {request.path[:200]} (allowed: {allow})",
+                       413: "the request body is too large (tfengine serve --max-body-mb)"}.get(exc.status, exc.reason)
+            return error_response(exc.status, message, headers={"Allow": allow} if allow else None)
+        except ConnectionResetError:  # an ordinary disconnect: info, not an ERROR traceback
+            log.info("%s %s: the client went away", request.method, request.path[:200])
+            return web.Response(status=499)  # never sent: the connection is gone
+        except Exception as exc:  # a bug: say so in JSON, keep serving
+            log.exception("%s %s failed", request.method, request.path[:200])
+            return error_response(500, f"internal error: {type(exc).__name__}", kind="server_error")
+        finally:
+            self.active[conn] -= 1
+            self.last_end[conn] = time.monotonic()
 
-    def _usage(self, seq: Sequence) -> dict:
-        return {"prompt_tokens": len(seq.prompt), "completion_tokens": len(seq.output),
-                "total_tokens": len(seq.prompt) + len(seq.output),
-                "prompt_tokens_details": {"cached_tokens": seq.cached}}
-
-    async def _stream(self, request, seq, events, rid, chat) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+    async def reap_idle(self, server: web.Server) -> None:
+        """Close connections that have had no request in progress for idle_timeout_s: a client
+        that sends half its headers, or keeps an idle connection open, cannot hold an fd."""
+        first_seen: dict[object, float] = {}
+        period = min(1.0, self.http.idle_timeout_s / 4)
         while True:
-            kind, payload = await events.get()
-            if kind == "token":
-                await resp.write(_sse(self._chunk(rid, chat, [payload], None)))
-                seq.drained()
-                if self.host.resumes(seq):
-                    self.host.wake()  # it may have been paused on us
-            elif kind == "done":
-                last = self._chunk(rid, chat, [], payload)
-                last["usage"] = self._usage(seq)
-                last["token_sha"] = token_sha(seq.output)
-                await resp.write(_sse(last))
-                break
-            else:
-                await resp.write(_sse({"error": {"message": payload, "type": "server_error", "code": 500}}))
-                break
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            live = server.connections
+            for conn in live:
+                since = max(first_seen.setdefault(conn, now), self.last_end.get(conn, 0.0))
+                if not self.active.get(conn) and now - since > self.http.idle_timeout_s:
+                    conn.force_close()
+            alive = set(live)
+            for table in (first_seen, self.last_end, self.active):
+                for conn in [c for c in table if c not in alive and not self.active.get(c)]:
+                    table.pop(conn, None)
 
-    async def _collect(self, seq, events, rid, chat) -> web.Response:
-        while True:
-            kind, payload = await events.get()
-            if kind == "token":
-                seq.drained()
-                continue
-            if kind == "error":
-                return _error(500, payload, "server_error")
-            break
-        text = self.model.tokenizer.decode(seq.output)
-        choice: dict = {"index": 0, "token_ids": seq.output, "finish_reason": payload}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
+
+def build_app(host: LaneHost, model: ServedModel, http: HttpConfig | None = None) -> tuple[web.Application, Api]:
+    http = http or HttpConfig()
+    api = Api(host, model, http)
+    app = web.Application(client_max_size=int(http.max_body_mb * 2 ** 20), middlewares=[api.middleware])
+    api.routes(app)
+    return app, api
+
+
+class _LogOncePerSecond:
+    """asyncio's exception handler, each message at most once a second (accept() at the fd
+    limit would otherwise fill the log)."""
+
+    def __init__(self):
+        self.last: dict[str, float] = {}
+        self.dropped: dict[str, int] = {}
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        key, now = str(context.get("message")), time.monotonic()
+        if now - self.last.get(key, -1e9) < 1.0:
+            self.dropped[key] = self.dropped.get(key, 0) + 1
+            return
+        dropped = self.dropped.pop(key, 0)
+        if dropped:
+            context = {**context, "message": f"{key} ({dropped} more in the last second, not shown)"}
+        if len(self.last) > 1000:
+            self.last.clear()
+        self.last[key] = now
+        exc = context.get("exception")
+        if isinstance(exc, OSError):  # the fd limit, mostly: one line, no traceback
+            log.warning("%s: %s", context["message"], exc)
         else:
-            choice["text"] = text
-        return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                                  "created": int(time.time()), "model": self.model.name, "choices": [choice],
-                                  "usage": self._usage(seq), "token_sha": token_sha(seq.output)})
+            loop.default_exception_handler(context)
 
 
-def _sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+class _QuietProtocolErrors(logging.Filter):
+    """A message that is not valid HTTP (aiohttp's parser answers 400 itself) is the client's
+    fault: one INFO line at most once a second, not an ERROR traceback per message."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        now = time.monotonic()
+        if now - self.last < 1.0:
+            return False
+        self.last = now
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.msg, record.args = "malformed HTTP from a client: %s", (str(exc.message).splitlines()[0][:200],)
+        record.exc_info = record.exc_text = None
+        return True
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+_PROTOCOL_FILTER = _QuietProtocolErrors()
 
 
-def build_app(host: LaneHost, model: ServedModel) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    Api(host, model).routes(app)
-    return app
-
-
-async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=None, sock=None) -> None:
+async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=None, sock=None,
+                http: HttpConfig | None = None) -> None:
     """Serve until cancelled. The client's disconnect cancels its handler, and so its stream."""
-    runner = web.AppRunner(build_app(host, model), handler_cancellation=True, access_log=None)
+    asyncio.get_running_loop().set_exception_handler(_LogOncePerSecond())
+    logging.getLogger("aiohttp.server").addFilter(_PROTOCOL_FILTER)
+    if model.root is None and Path(str(host.cfg.model)).is_dir():
+        model.root = str(Path(str(host.cfg.model)).resolve())
+    unserved = {k: v for k, v in model.defaults.items() if (k, v) not in (("min_p", 0), ("repetition_penalty", 1))
+                and k in ("min_p", "repetition_penalty")}
+    if unserved:
+        log.warning("generation_config.json sets %s: not implemented, replies are sampled without it", unserved)
+    app, api = build_app(host, model, http)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, bind, port)
     await site.start()
+    reaper = asyncio.create_task(api.reap_idle(runner.server))
     log.info("serving %s on http://%s:%d", model.name, bind, port)
     if ready is not None:
         ready()
     try:
         await asyncio.Event().wait()
     finally:
+        reaper.cancel()
+        api.bodies.close()
         await runner.cleanup()

@@ -47,7 +47,7 @@ class Request:
 
     def body(self, model: str) -> dict:
         b = {"model": model, "max_tokens": self.max_tokens, "stream": True, "temperature": 0,
-             "ignore_eos": self.ignore_eos}
+             "ignore_eos": self.ignore_eos, "stream_options": {"include_usage": True}}
         if self.prompt is not None:
             b["prompt"] = self.prompt
         else:
