@@ -32,8 +32,8 @@ def commands(a, dtype: str) -> dict[str, dict]:
         "vllm": {"flags": [], "command": [a.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", a.model,
                                           "--host", "{host}", "--port", "{port}", "--dtype", dtype,
                                           "--max-model-len", mml, "--seed", "0"], "env": VLLM_ENV, "start_timeout": 900},
-        "tfengine": {"flags": ["--model", a.model, "--device", "cpu", "--dtype", dtype, "--max-model-len", mml,
-                               "--parallel", "1", "--seed", "0"]},
+        "tfengine": {"flags": ["--model", a.model, "--load-format", "safetensors", "--device", "cpu", "--dtype", dtype,
+                               "--max-model-len", mml, "--parallel", "1", "--seed", "0"]},
     }
 
 
@@ -97,7 +97,6 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=8192)
     a = ap.parse_args()
-    a.model = str(Path(a.model).resolve())
     prompts = [prompt_ids(0, f"greedy{i}", a.prompt_tokens, a.vocab) for i in range(a.prompts)]
     logs = a.out.with_name(a.out.name + "-logs")
     doc = {"created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "model": a.model,

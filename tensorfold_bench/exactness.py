@@ -134,6 +134,8 @@ def long_prompt(data: dict) -> dict:
         for h in r["hashes"].values():
             m = h["server_sha_matches"]
             out["server_sha"]["absent" if m is None else ("match" if m else "mismatch")] += 1
+        if not any(h["server_sha"] for h in r["hashes"].values()):  # a server that sends none
+            out["server_sha"].setdefault("none_from_runs", []).append(r["index"])
     a_lens = [len(r["records"]["A"]["token_ids"]) for r in runs]
     if data.get("plain"):
         a_lens.append(len(data["plain"]["records"]["A"]["token_ids"]))

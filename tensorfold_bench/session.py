@@ -15,21 +15,21 @@ import os
 import platform
 import secrets
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-
 from tensorfold_bench import __version__, stats, worktree
-from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.client import TOKEN_ID_ROUTES
+from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.identity import ServerIdentity, discover_vocab, identify
-from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, check_reachable, existing, launch
+from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, existing, launch
 from tensorfold_bench.defaults import (DEVICE_PRESETS, FULL, DevicePreset, EngineSetup, check_margin,  # noqa: F401
                                        device_preset, engine_setup, positive, scaled_note, sized)
 from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.targets import command_argv
 from tensorfold_bench.probe import fetch_trace, healthy, model_facts, server_info, wait_idle  # noqa: F401
-from tensorfold_bench.variants import Variant, order_for, parse_order, select_variants, url_variants
+from tensorfold_bench.variants import Variant
 
 SCHEMA = "tfbench.receipt/1"
 
@@ -76,24 +76,6 @@ class Session:
     @property
     def run_dir(self) -> Path:
         return self.out_dir / f"{self.stamp}-{self.scenario}"
-
-
-def targets(url: list[str] | str | None, share: str | None, variants_file, base_ref: str | None,
-            new_ref: str | None, order: str | None, aa: bool) -> tuple[list[Variant], list[str], str | None]:
-    """(variants, run order, the --url line): launched variants from --share/--variants/--base/
-    --new, or with --url the running servers, each reachable (else one line, exit 2), named as
-    given (NAME=URL) or by the server itself, in the order given, once each unless --order."""
-    if not url:
-        vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
-        return (*order_for(vs, order, aa), None)
-    for flag, v in (("--share", share), ("--variants", variants_file), ("--base", base_ref), ("--new", new_ref),
-                    ("--aa", aa or None)):
-        if v is not None:
-            raise FlagError("--url", f"measures running servers as they are; {flag} needs servers tfbench launches")
-    vs = url_variants([url] if isinstance(url, str) else list(url), lambda u: identify(check_reachable(u)).name)
-    vs = [replace(v, url=check_reachable(v.url)) for v in vs]
-    names = parse_order(order, vs) if order is not None else [v.name for v in vs]
-    return vs, names, ", ".join(v.url for v in vs)
 
 
 class Reporter(Protocol):
@@ -154,28 +136,6 @@ def sources(session: Session) -> dict[str, worktree.Source]:
     variant or a --url server."""
     return {v.name: worktree.source(v.ref, session.repo) for v in session.variants
             if v.launched and v.command is None}
-
-
-def shared_fields(engine: EngineSetup) -> dict[str, str]:
-    """What a command variant may say besides {host} and {port}: the shared flags' values."""
-    return {"{model}": engine.model, "{dtype}": engine.dtype or "auto",
-            "{max_model_len}": str(engine.max_model_len or "")}
-
-
-def command_argv(variant: Variant, engine: EngineSetup) -> list[str]:
-    """A command variant's argv with $VARS expanded from tfbench's environment (an unset one is a
-    flag error) and the shared fields filled in ({host}, {port}: the launcher)."""
-    out = []
-    for a in variant.command or []:
-        a = os.path.expandvars(a)
-        if "$" in a:
-            raise FlagError("--variants", f"variant {variant.name}'s command says {a!r}: set that variable")
-        for k, v in shared_fields(engine).items():
-            if k in a and not v:
-                raise FlagError("--max-model-len", f"variant {variant.name}'s command says {k}: give it")
-            a = a.replace(k, v)
-        out.append(a)
-    return out
 
 
 @contextlib.contextmanager

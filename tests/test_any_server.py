@@ -205,7 +205,8 @@ def test_unknown_hashes_are_not_differences():
 
 @pytest.mark.parametrize("name", ["vllm-cpu.yaml", "vllm-cuda.yaml"])
 def test_the_example_variants_files_read(name, monkeypatch):
-    from tensorfold_bench.session import EngineSetup, command_argv
+    from tensorfold_bench.session import EngineSetup
+    from tensorfold_bench.targets import command_argv
     from tensorfold_bench.variants import read_variants
     vs = read_variants(Path(__file__).resolve().parents[1] / "examples" / "variants" / name)
     assert [v.command is not None for v in vs] == [True, True, False, False]

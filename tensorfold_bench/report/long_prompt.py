@@ -104,8 +104,11 @@ def exactness_lines(data: dict) -> list[str]:
     if ss and not ss.get("match") and not ss.get("mismatch") and ss.get("absent"):
         lines.append("- The server sends no token_sha: the hashes below are ours, of the ids received.")
     elif ss:
+        none = ss.get("none_from_runs")
+        why = "A is cancelled, so it ends without one" + (
+            f"; runs {', '.join(map(str, none))}: the server sends none" if none else "")
         lines.append(f"- The servers' token_sha against our sha256 of the ids received: {ss.get('match', 0)} match, "
-                     f"{ss.get('mismatch', 0)} differ, {ss.get('absent', 0)} absent (A is cancelled, so it ends without one).")
+                     f"{ss.get('mismatch', 0)} differ, {ss.get('absent', 0)} absent ({why}).")
     hashes = ex.get("hashes") or {}
     if hashes:
         distinct = {k: sorted({h[k] for h in hashes.values() if h.get(k)}) for k in "ABC"}

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, session
+from tensorfold_bench import exactness, figures, session, targets
 from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, new_record, stream
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
@@ -126,7 +126,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
         session.positive(flag, v)
     if not (math.isfinite(c_after) and c_after >= 0):
         raise FlagError("--c-after", f"must be a finite number of seconds, at least 0, not {c_after}")
-    variants, names, url = session.targets(url, share, variants_file, base_ref, new_ref, order, aa)
+    variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa)
     b_tokens = b_tokens or pre.b_tokens
     mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, session
+from tensorfold_bench import exactness, figures, session, targets
 from tensorfold_bench.client import Request, StreamRecord, new_record, stream
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.predictions import read as read_predictions
@@ -141,7 +141,7 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
                                   max_model_len=max_model_len, seed=seed, trace=False, engine_args=engine_args)
     need = script.prompt_tokens + script.tokens + 1
     engine.max_model_len = None if url else (max_model_len or max(1024, -(-need // 256) * 256))
-    vs, names, url = session.targets(url, share, variants_file, base_ref, new_ref, order, aa)
+    vs, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa)
     preds = read_predictions(predict, [v.name for v in vs], figures.predictable_sweep(script.levels)) if predict else None
     return SweepSettings(Session(engine, vs, names, Path(out_dir), "sweep", url=url, margin=margin,
                                  predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
