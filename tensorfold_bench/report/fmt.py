@@ -75,12 +75,23 @@ def environment_lines(data: dict) -> list[str]:
         lines.append(f"- Server: {st['url']} (not launched by tfbench).")
     else:
         lines.append(f"- Shared engine flags: `{' '.join(st['engine_flags'])}`; a fresh server per run.")
+    if st.get("sampling"):  # receipts from before sampling have none
+        lines.append(sampling_line(st["sampling"]))
     lines.append("- Variants: " + "; ".join(f"{v['name']} `{' '.join(v['args']) or '(no flags)'}`"
                                             + (f" env {v['env']}" if v.get("env") else "")
                                             + (f" @ {v['ref']}" if v.get("ref") else "") for v in data["variants"]) + ".")
     lines.append(f"- Host: Python {host.get('python')}, {host.get('platform')}; tfbench {host.get('tfbench')}"
                  + f" @ {short_commit(host.get('harness_commit'))}; {data.get('created')}.")
     return lines
+
+
+def sampling_line(d: dict) -> str:
+    """`--temperature` and `--seed` as the receipt stored them (tensorfold_bench.sampling)."""
+    if not d["temperature"]:
+        return "- Sampling: greedy (temperature 0)."
+    return (f"- Sampling: temperature {d['temperature']:g}, seed {d['seed']}; each request's seed is derived from "
+            f"it and the request's role ({d['request_seed']}), so a prompt gets the same seed on every server, "
+            "run and variant and in the plain reference.")
 
 
 def not_run_lines(notes: list[str]) -> list[str]:

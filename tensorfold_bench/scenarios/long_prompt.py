@@ -18,6 +18,7 @@ from tensorfold_bench.client import Request, StreamRecord, clock, new_record, st
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
+from tensorfold_bench.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
 from tensorfold_bench.session import Reporter, Run, Session
 from tensorfold_bench.variants import order_for, plain, select_variants
@@ -37,9 +38,12 @@ class LongPromptScript:
     c_max_tokens: int = 16
     seed: int = 0
     timeout_s: float = 900.0  # B and C must be done by then
+    sampling: Sampling = GREEDY  # stored in the receipt's settings, not the script's
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["sampling"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,10 @@ def make_prompts(script: LongPromptScript, vocab: int, key: str = "") -> Prompts
 
 
 def requests(script: LongPromptScript, prompts: Prompts, extra: dict | None = None) -> tuple[Request, Request, Request]:
-    extra = extra or {}
-    return (Request("A", prompts.a, max_tokens=script.a_max_tokens, ignore_eos=True, extra=extra),
-            Request("B", prompts.b, max_tokens=script.b_max_tokens, ignore_eos=True, extra=extra),
-            Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, extra=extra))
+    extra, sample = extra or {}, script.sampling.apply
+    return (sample(Request("A", prompts.a, max_tokens=script.a_max_tokens, ignore_eos=True, extra=extra), "A"),
+            sample(Request("B", prompts.b, max_tokens=script.b_max_tokens, ignore_eos=True, extra=extra), "B"),
+            sample(Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, extra=extra), "C"))
 
 
 def foreign_extra(foreign: bool) -> dict:
@@ -121,7 +125,7 @@ class LongPromptSettings:
 def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
                         max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
                         vocab=None, stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False,
-                        predict=None, margin=0.02) -> LongPromptSettings:
+                        predict=None, margin=0.02, temperature=0.0) -> LongPromptSettings:
     """`tfbench run long-prompt`'s flags -> settings, with the device preset's defaults; every bad
     value names its flag; predictions are read (and stamped) here, before any run."""
     pre = session.device_preset(device)
@@ -135,7 +139,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     b_tokens = b_tokens or pre.b_tokens
     mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
-                              c_tokens=c_tokens, seed=seed)
+                              c_tokens=c_tokens, seed=seed, sampling=Sampling(temperature, seed))
     script = replace(script, a_max_tokens=a_tokens or (mml - script.a_prompt_tokens - 1))
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args)
@@ -163,8 +167,8 @@ def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
 def play_b_alone(run: Run, s: LongPromptScript, vocab: int, traced: bool) -> dict:
     """B's first token with nothing else running (checked on /metrics), on a prompt of its own."""
     idle = session.wait_idle(run.url)
-    req = Request("B", make_prompts(s, vocab, f"-alone{run.index}").b, max_tokens=s.b_max_tokens,
-                  extra=foreign_extra(run.shared))
+    req = s.sampling.apply(Request("B", make_prompts(s, vocab, f"-alone{run.index}").b, max_tokens=s.b_max_tokens,
+                                   extra=foreign_extra(run.shared)), "B")
     rec = asyncio.run(play_alone(run.url, req, run.model))
     tr = session.fetch_trace(run.url) if traced else None
     return {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
@@ -246,7 +250,8 @@ def run(settings: LongPromptSettings, reporter: Reporter | None = None) -> dict:
     healthy makes that run a failed one (kept, with the log's tail, left out of the medians)."""
     rep, s = reporter or session.QuietReporter(), settings.session
     srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": settings.script.to_dict(), "plain_check": settings.plain_check})
+    data = session.header(s, srcs, {"script": settings.script.to_dict(), "plain_check": settings.plain_check,
+                                    "sampling": settings.script.sampling.to_dict()})
     data.update(alone={}, plain=None, vocab=None)
     rep.start(len(s.order) + (1 if settings.plain_check and not s.url else 0))
     session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, finish, keep_failed=True)

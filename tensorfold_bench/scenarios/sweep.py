@@ -26,6 +26,7 @@ from tensorfold_bench.client import Request, StreamRecord, new_record, stream
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
+from tensorfold_bench.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios.streams import http_client, prompt_ids
 from tensorfold_bench.session import Reporter, Run, Session
 from tensorfold_bench.variants import order_for, select_variants
@@ -40,6 +41,7 @@ class SweepScript:
     prompt_tokens: int = 200
     seed: int = 0
     timeout_s: float = 900.0  # per batch
+    sampling: Sampling = GREEDY  # stored in the receipt's settings, not the script's
 
     def __post_init__(self):
         if not self.levels or any(lv < 1 for lv in self.levels):
@@ -54,7 +56,9 @@ class SweepScript:
         return max(self.levels)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["sampling"]
+        return d
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -78,9 +82,10 @@ def cell_prompts(script: SweepScript, cell: int, level: int, vocab: int) -> list
 
 
 async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
-                     timeout_s: float = 900.0) -> list[StreamRecord]:
-    """All streams of one burst, started together."""
-    reqs = [Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True) for i, p in enumerate(prompts)]
+                     timeout_s: float = 900.0, sampling: Sampling = GREEDY, cell: int = 0) -> list[StreamRecord]:
+    """All streams of one burst, started together; stream s samples with prompt P(cell, s)'s seed."""
+    reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True),
+                           "sweep:" + exactness.prompt_key(cell, i)) for i, p in enumerate(prompts)]
     recs = [new_record(r) for r in reqs]
     async with http_client() as client:
         tasks = [asyncio.create_task(stream(client, url, q, r, model)) for q, r in zip(reqs, recs)]
@@ -102,7 +107,7 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
         for cell in range(script.cells):
             prompts = cell_prompts(script, cell, level, vocab)
             for rep in range(script.reps):
-                recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s)
+                recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s, script.sampling, cell)
                 hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
                 b = figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
                 batches.append(b)
@@ -127,11 +132,11 @@ class SweepSettings:
 
 def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
                         parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens, cells, reps,
-                        prompt_tokens, predict, margin, stamp="") -> SweepSettings:
+                        prompt_tokens, predict, margin, stamp="", temperature=0.0) -> SweepSettings:
     """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
     session.check_margin(margin)
     script = SweepScript(levels=parse_levels(levels), tokens=tokens, cells=cells, reps=reps,
-                         prompt_tokens=prompt_tokens, seed=seed)
+                         prompt_tokens=prompt_tokens, seed=seed, sampling=Sampling(temperature, seed))
     session.positive("--parallel", parallel)
     parallel = max(parallel or 0, script.max_level)  # every stream of the largest level gets a lane
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
@@ -190,7 +195,7 @@ def run(settings: SweepSettings, reporter: Reporter | None = None) -> dict:
     """Every run in order, a fresh server each (unless --url); the receipt's data."""
     rep, s = reporter or session.QuietReporter(), settings.session
     srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": settings.script.to_dict()})
+    data = session.header(s, srcs, {"script": settings.script.to_dict(), "sampling": settings.script.sampling.to_dict()})
     rep.start(len(s.order))
     session.run_all(s, data, srcs, lambda r: play(settings.script, r), rep, finish)
     analyse(data)
