@@ -16,6 +16,10 @@ Fails (exit 1), with a receipt saying why, when
 - any token hash differs: each sweep prompt's reply and B's and C's replies (A's on the common
   prefix, A being cancelled) must be equal across every run of both sides.
 
+With `--temperature T --seed S` every request samples with T and its role's seed
+(tensorfold_bench.sampling), and the same hash checks cover the sampled replies; `--seed` also
+seeds the engine's dummy weights and the prompts.
+
 **A deliberate change of outputs** is acknowledged by `--accept-new-outputs`, or by committing a
 file `.ci/accept-new-outputs` whose first line is the full or abbreviated commit of the base
 it applies to (`git rev-parse HEAD > .ci/accept-new-outputs` before committing the change): the

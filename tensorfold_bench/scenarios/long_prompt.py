@@ -5,7 +5,8 @@ prompt of `b_tokens` random token ids; `c_after` seconds later, C sends a short 
 `c_tokens` ids with a short reply. When B and C are done, A is cancelled (its stream closed).
 Once per variant, B's first token is also measured alone (nothing else running, a prompt of its
 own); with `plain_check`, a plain reference server (whole prompts, no cache, no drafts, one
-stream) answers each request alone, for the exactness check.
+stream) answers each request alone, for the exactness check. With `--temperature`, A, B and C
+each sample with their role's seed (tensorfold_bench.sampling), in every run and the reference.
 """
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ tok/s) and each level's are computed in tensorfold_bench.figures, and every toke
 (compactly) so first-token and inter-token latencies come from the saved receipt too.
 
 Prompt P(c, s) is the same at every level, rep and variant, so its reply must be too (greedy
-decoding is exact whatever the batch): each prompt's token hash is compared across reps, levels
-and runs. The engine's `--parallel` must be at least the largest level (the harness gives the
+decoding is exact whatever the batch, and so is sampling with `--temperature`: P(c, s) always
+sends the seed of its key, tensorfold_bench.sampling): each prompt's token hash is compared
+across reps, levels and runs. The engine's `--parallel` must be at least the largest level (the harness gives the
 shared engine flags `--parallel max(levels)` and checks `/v1/engine`).
 
 Reps of a cell run on the same server, so from the second rep on the prompt cache may hold the
