@@ -77,16 +77,20 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def prompt_name(cell: int, stream_i: int) -> str:
+    """P(c, s)'s name: it seeds the prompt's ids and, sampling, the request's seed."""
+    return "sweep:" + exactness.prompt_key(cell, stream_i)
+
+
 def cell_prompts(script: SweepScript, cell: int, level: int, vocab: int) -> list[list[int]]:
-    return [prompt_ids(script.seed, "sweep:" + exactness.prompt_key(cell, s), script.prompt_tokens, vocab)
-            for s in range(level)]
+    return [prompt_ids(script.seed, prompt_name(cell, s), script.prompt_tokens, vocab) for s in range(level)]
 
 
 async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
                      timeout_s: float = 900.0, sampling: Sampling = GREEDY, cell: int = 0) -> list[StreamRecord]:
     """All streams of one burst, started together; stream s samples with prompt P(cell, s)'s seed."""
-    reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True),
-                           "sweep:" + exactness.prompt_key(cell, i)) for i, p in enumerate(prompts)]
+    reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True), prompt_name(cell, i))
+            for i, p in enumerate(prompts)]
     recs = [new_record(r) for r in reqs]
     async with http_client() as client:
         tasks = [asyncio.create_task(stream(client, url, q, r, model)) for q, r in zip(reqs, recs)]
