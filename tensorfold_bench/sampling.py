@@ -51,4 +51,3 @@ class Sampling:
 
 
 GREEDY = Sampling()
-
