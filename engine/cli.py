@@ -71,8 +71,9 @@ def serve(
     model: Annotated[str, typer.Option(help="Preset (tiny, cpu, qwen3-0.6b, qwen3-8b, qwen3-32b) or a local Hugging Face layout directory.")] = "tiny",
     load_format: Annotated[str, typer.Option(help="dummy: seeded random weights (timings real, words not); safetensors: weights from the --model directory.")] = "dummy",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: bfloat16 on cuda, float32 on cpu).")] = None,
-    parallel: Annotated[int, typer.Option(help="Lanes: streams decoding at once, each with its own KV region.")] = 4,
+    dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: bfloat16 on cuda; on cpu bfloat16 where the CPU has AMX or avx512_bf16, else float32).")] = None,
+    parallel: Annotated[Optional[int], typer.Option(help="Lanes: streams decoding at once, each with its own KV region (default: 8 on cpu, 4 on cuda).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="cpu: compute threads (default: every core but one, at least 1, leaving a core to the HTTP thread).")] = None,
     max_model_len: Annotated[int, typer.Option(help="Tokens per lane (prompt + completion).")] = 4096,
     prefill_rows: Annotated[int, typer.Option(help="Rows per prompt cut R: cut boundaries are multiples of R.")] = 256,
     prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline).")] = "stepped",
@@ -96,9 +97,8 @@ def serve(
     """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     draft = make_drafter(drafter)
-    cfg = EngineConfig(model=model, load_format=load_format, device=device,
-                       dtype=dtype or ("bfloat16" if device == "cuda" else "float32"),
-                       parallel=parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
+    dtype, parallel, chose = device_defaults(device, dtype, parallel, threads)
+    cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
                        prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
                        seed=seed, trace=trace, trace_len=trace_len)
@@ -114,6 +114,8 @@ def serve(
     from .runner import build_runner
 
     runner = build_runner(cfg)
+    if chose:  # once the model loaded: a failed start stays one line
+        logging.getLogger("engine.cli").info(chose)
     lane_host = LaneHost(with_faults(runner, faults), cfg, drafter=draft)
     served = ServedModel(name=runner.model_name, vocab_size=runner.vocab_size,
                          max_model_len=runner.max_model_len, tokenizer=runner.tokenizer,
@@ -129,6 +131,25 @@ def serve(
         pass
     finally:
         lane_host.stop()
+
+
+def device_defaults(device: str, dtype: str | None, parallel: int | None, threads: int | None) -> tuple[str, int, str]:
+    """(dtype, parallel, what was chosen and why) with the device's defaults filled in; on the
+    CPU also sets the compute threads."""
+    if device != "cpu":
+        if threads is not None:
+            raise ConfigError("--threads is for --device cpu")
+        return dtype or "bfloat16", 4 if parallel is None else parallel, ""
+    from .cpu_kernels import cpu_dtype, cpu_threads
+    if threads is not None and threads < 1:
+        raise ConfigError("--threads must be at least 1")
+    auto, why = cpu_dtype()
+    dtype, why = (dtype, "--dtype") if dtype else (auto, why)
+    parallel = 8 if parallel is None else parallel  # an 8-stream sweep never queues
+    import torch
+    torch.set_num_threads(threads or cpu_threads())
+    return dtype, parallel, (f"cpu: dtype {dtype} ({why}), parallel {parallel}, threads {torch.get_num_threads()}"
+                             + ("" if threads else " (every core but one)"))
 
 
 @app.callback()

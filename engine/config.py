@@ -125,6 +125,9 @@ class KernelConfig:
     # CUDA, with fused: decode rounds' matmuls in Triton (engine/kernels_skinny.py) on the shapes
     # where they measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (engine/dev/PERF.md run 5).
     skinny: bool = True
+    # CPU: matmuls on weights prepacked once (oneDNN bf16 / MKL fp32) and the decode round's
+    # attention batched by span (engine/cpu_kernels.py); off: plain torch ops, one SDPA a row.
+    cpu_fast: bool = True
     # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant Triton tiles, alone
     # or several in one forward (ModelRunner.prefill_many). Off: the tiles take 1.5-2x cuBLAS's
     # time, so one short prompt alone fills slower (engine/dev/PERF.md runs 8-10).

@@ -70,11 +70,15 @@ class Attention(nn.Module):
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x: [rows, hidden] -> q [rows, H, d], k and v [rows, KVH, d], q and k normed and rotated."""
-        rows, d = x.shape[0], self.head_dim
         if self.wqkv is not None:
-            q, k, v = F.linear(x, self.wqkv).split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            return self.heads(F.linear(x, self.wqkv), cos, sin)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.heads(torch.cat([q, k, v], dim=-1), cos, sin)
+
+    def heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """qkv [rows, (H + 2 KVH) * d] (the fused projection's output) -> q, k, v as qkv() gives."""
+        rows, d = qkv.shape[0], self.head_dim
+        q, k, v = qkv.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
         q = self.q_norm(q.reshape(rows, self.n_heads, d))
         k = self.k_norm(k.reshape(rows, self.n_kv, d))
         v = v.reshape(rows, self.n_kv, d)
@@ -168,6 +172,38 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
+    def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed) -> torch.Tensor:
+        """The trunk with the CPU's kernels (engine.cpu_kernels.PackedLinears): packed.mm(x, key)
+        multiplies by a prepacked matrix, packed.heads(i, qkv, cos, sin) norms and rotates q and
+        k in one pass; the same arithmetic as `trunk` otherwise."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = self.model.embed_tokens(tokens)
+        mm = packed.mm
+        for i, layer in enumerate(self.model.layers):
+            q, k, v = packed.heads(i, mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
+            write_kv(i, k, v)
+            x = x + mm(attend(i, q), (i, "o"))
+            gate, up = mm(layer.post_attention_layernorm(x), (i, "gate_up")).chunk(2, dim=-1)
+            x = x + mm(F.silu(gate) * up, (i, "down"))
+        return self.model.norm(x)
+
+    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed) -> torch.Tensor:
+        """`prefill` through trunk_cpu: the greedy logits of the cut's last row."""
+        from engine.cpu_kernels import prefill_attention_cpu
+        positions, write_kv, attend = cut_io(tokens, lane, start, kv, prefill_attention_cpu)
+        x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
+        return packed.mm(x[-1:], "lm_head")[0]
+
+    def decode_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv,
+                   attend_fn: Callable[[int, torch.Tensor], torch.Tensor], packed) -> torch.Tensor:
+        """`decode` through trunk_cpu; attend_fn(layer, q) reads each row's own lane."""
+
+        def write_kv(i, k, v):
+            kv.k[i, lanes, positions] = k
+            kv.v[i, lanes, positions] = v
+
+        return packed.mm(self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed), "lm_head")
+
     def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
@@ -196,20 +232,11 @@ class Qwen3ForCausalLM(nn.Module):
         """One cut: tokens [T] at positions [start, start+T) of `lane`. Returns the logits of the
         last row ([vocab], the lm_head runs for that row only), or of every row if all_logits.
         fused: run the trunk through the Triton kernels (CUDA, or the interpreter)."""
-        end = start + tokens.shape[0]
-        positions = torch.arange(start, end, device=tokens.device)
-
-        def write_kv(i, k, v):
-            kv.k[i, lane, start:end] = k
-            kv.v[i, lane, start:end] = v
-
-        def attend(i, q):
-            k, v = kv.k[i, lane, :end], kv.v[i, lane, :end]
-            if fused:  # the CUDA path's cut attention, also under the interpreter (tests)
-                from engine.kernels_prefill import cut_attention
-                return cut_attention(q, k, v, start)
-            return prefill_attention(q, k, v, start)
-
+        attention = prefill_attention
+        if fused:  # the CUDA path's cut attention, also under the interpreter (tests)
+            from engine.kernels_prefill import cut_attention
+            attention = cut_attention
+        positions, write_kv, attend = cut_io(tokens, lane, start, kv, attention)
         if fused:
             lanes = torch.full_like(positions, lane)
             x = self.trunk_fused(tokens, positions, lanes, kv, attend)
@@ -255,6 +282,21 @@ class Qwen3ForCausalLM(nn.Module):
             h = self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=skinny)
             return (linear if skinny else F.linear)(h, self.lm_head.weight)
         return self.lm_head(self.trunk(tokens, positions, write_kv, attend))
+
+
+def cut_io(tokens: torch.Tensor, lane: int, start: int, kv, attention):
+    """A prompt cut's positions, its K/V writer into rows [start, end) of `lane`, and its
+    attention(q, k, v, start) over the lane's rows [0, end)."""
+    end = start + tokens.shape[0]
+
+    def write_kv(i, k, v):
+        kv.k[i, lane, start:end] = k
+        kv.v[i, lane, start:end] = v
+
+    def attend(i, q):
+        return attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
+
+    return torch.arange(start, end, device=tokens.device), write_kv, attend
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:

@@ -85,6 +85,12 @@ class ModelRunner:
         # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
         # forward (prefill_many); off by default (KernelConfig.batch_cuts)
         self.batch_cuts = self.fused and knobs.batch_cuts
+        # CPU: matmuls on prepacked weights, batched span-grouped decode attention
+        # (engine/cpu_kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
+        self.cpu_mm = None
+        if self.device.type == "cpu" and knobs.cpu_fast:
+            from engine.cpu_kernels import PackedLinears
+            self.cpu_mm = PackedLinears(model, cfg.parallel)
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -176,6 +182,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
+        if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
+            return self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm)
         return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
 
     @torch.inference_mode()
@@ -224,6 +232,8 @@ class ModelRunner:
     def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
         """The round's logits [parallel, vocab]."""
         tokens, positions, lanes = inp[0], inp[1], inp[2]
+        if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
+            return self._decode_cpu(tokens, positions, lanes, rows)
         if self._attend_cuda is not None:
             attend = self._attend_cuda
         else:
@@ -231,6 +241,13 @@ class ModelRunner:
                 return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
         return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused,
                                  skinny=self.skinny)
+
+    def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
+        from engine.cpu_kernels import BucketPlan, decode_attention_buckets
+        plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
+        logits = self.model.decode_cpu(tokens, positions, lanes, self.kv,
+                                       lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm)
+        return logits
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
@@ -349,12 +366,20 @@ class ModelRunner:
             "cuda_graph": self.graph is not None,
             "prefill_attention": self._prefill_attention_name(),
             "threads": torch.get_num_threads(),
+            **(self._describe_cpu() if self.device.type == "cpu" else {}),
         }
 
 
+    def _describe_cpu(self) -> dict:
+        from engine.cpu_kernels import cpu_bf16_native
+        mm = self.cpu_mm
+        kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
+        return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
+                "decode_attention": "sdpa a row" if mm is None else "batched matmuls a span group"}
+
     def _prefill_attention_name(self) -> str:
         if self.device.type != "cuda":
-            return "sdpa"
+            return "sdpa" if self.cpu_mm is None else "prefix + diagonal halves merged (flash, fp32)"
         from engine import kernels_prefill as kp
         return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
                 "flash below")

@@ -192,7 +192,9 @@ def test_an_unreachable_url_is_one_line():
 def test_engine_flags_are_checked_without_serving(tmp_path):
     from tensorfold_bench.launcher import check_engine_flags
 
-    assert check_engine_flags(["--model", "tiny", "--prefill-mode", "whole"]) == "ok: tiny on cpu, float32"
+    # the CPU's default dtype is bfloat16 where it has AMX or avx512_bf16, else float32
+    assert check_engine_flags(["--model", "tiny", "--prefill-mode", "whole"]) in (
+        "ok: tiny on cpu, float32", "ok: tiny on cpu, bfloat16")
     for flags, said in ((["--model", "nosuch"], "--model 'nosuch' is neither a preset"),
                         (["--dtype", "float8"], "--dtype must be float32 or bfloat16"),
                         (["--bogus"], "No such option: --bogus")):

@@ -1,0 +1,187 @@
+"""CPU fast paths: matmuls on weights prepacked once, and a batched row-invariant decode attention.
+
+- `PackedLinears`: every matrix of the trunk and the lm_head reordered once into oneDNN's
+  blocked layout (bf16: `mkldnn._linear_pointwise`, AMX or avx512_bf16 where the CPU has them)
+  or MKL's packed sgemm layout (fp32 decode rounds: `mkl._mkl_linear` at the round's fixed row
+  count). Plain `F.linear` reorders a bf16 weight on every call; on one core of a Xeon with AMX
+  that cost 9.7 ms against 7.1 ms packed for the `cpu` preset's 66 MB of bf16 matrices at 8 rows
+  (PERF.md, issue 13). A given shape always takes the same kernel, so rows stay exact.
+- `decode_attention_buckets`: the decode round's attention batched over rows. Each row attends
+  over a span that depends on its own position only (its length rounded up to SPAN multiples,
+  later keys masked to exactly zero weight), and rows of the same span go through one batched
+  matmul whose entries are independent problems of the same shape. So a row's bits depend on its
+  own lane and position, never on its neighbours, as with the one-SDPA-a-row reference loop
+  (engine.model.decode_attention_loop), at a few ops a span group instead of a dozen a row.
+- `cpu_dtype()`: bfloat16 where the CPU does bf16 matmuls natively (AMX or avx512_bf16), else
+  float32; `cpu_threads()`: compute threads, leaving one core to the HTTP thread.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from engine.model import rotate
+
+SPAN = 64  # decode attention spans are multiples of this many keys
+
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU multiplies bf16 natively (AMX tiles or avx512_bf16)."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    except (AttributeError, RuntimeError):  # an older torch without the probes
+        return False
+
+
+def cpu_dtype() -> tuple[str, str]:
+    """(dtype, why) for `--dtype` left unset on the CPU."""
+    if cpu_bf16_native():
+        what = "AMX" if torch.cpu._is_amx_tile_supported() else "avx512_bf16"
+        return "bfloat16", f"bfloat16: the CPU has {what}"
+    return "float32", "float32: the CPU has neither AMX nor avx512_bf16"
+
+
+def cpu_threads() -> int:
+    """Compute threads for `--threads` left unset: every core but one (at least one), so the
+    HTTP thread never preempts an OpenMP worker mid-barrier."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+class PackedLinears:
+    """The trunk's matrices (fused q/k/v, o, fused gate/up, down, per layer) and the lm_head,
+    reordered once for the CPU's matmul libraries. `mm(x, key)` multiplies by one of them:
+    key is (layer, "qkv" | "o" | "gate_up" | "down") or "lm_head"."""
+
+    def __init__(self, model, decode_rows: int):
+        self.rows = decode_rows
+        self.plain: dict = {}
+        for i, layer in enumerate(model.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            self.plain[(i, "qkv")] = a.wqkv
+            self.plain[(i, "o")] = a.o_proj.weight
+            self.plain[(i, "gate_up")] = m.w_gate_up
+            self.plain[(i, "down")] = m.down_proj.weight
+        self.plain["lm_head"] = model.lm_head.weight
+        # q and k heads normed as one [rows, H + KVH, d] block: each head's own norm weight
+        a = model.model.layers[0].self_attn if len(model.model.layers) else None
+        self.shape = (a.n_heads, a.n_kv, a.head_dim) if a is not None else None
+        self.eps = model.config.rms_norm_eps if a is not None else 0.0
+        self.qk_norm = [torch.cat([layer.self_attn.q_norm.weight.detach().expand(a.n_heads, -1),
+                                   layer.self_attn.k_norm.weight.detach().expand(a.n_kv, -1)])
+                        for layer in model.model.layers]
+        self.dtype = model.lm_head.weight.dtype
+        self.bf16 = self.dtype == torch.bfloat16
+        self.mkl = self.dtype == torch.float32 and torch.backends.mkl.is_available()
+        with torch.no_grad():
+            if self.bf16:
+                self.packed = {k: torch.ops.mkldnn._reorder_linear_weight(w.detach(), decode_rows)
+                               for k, w in self.plain.items()}
+            elif self.mkl:  # packed for the decode round's row count; prompt cuts take F.linear
+                self.packed = {k: torch.ops.mkl._mkl_reorder_linear_weight(w.detach().contiguous(), decode_rows)
+                               for k, w in self.plain.items()}
+            else:
+                self.packed = {}
+
+    def heads(self, i: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """qkv [rows, (H + 2 KVH) d] -> q [rows, H, d], k and v [rows, KVH, d]: q and k RMSNormed
+        (float32, as HF's RMSNorm) and rotated together, half the ops of doing each on its own."""
+        h, kvh, d = self.shape
+        rows = qkv.shape[0]
+        qk = qkv[:, :(h + kvh) * d].reshape(rows, h + kvh, d)
+        f = qk.float()
+        qk = self.qk_norm[i] * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)).to(qkv.dtype)
+        qk = rotate(qk, cos, sin)
+        return qk[:, :h], qk[:, h:], qkv[:, (h + kvh) * d:].reshape(rows, kvh, d)
+
+    def mm(self, x: torch.Tensor, key) -> torch.Tensor:
+        if self.bf16:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed[key], None, "none", [], "")
+        if self.mkl and x.dim() == 2 and x.shape[0] == self.rows:
+            return torch.ops.mkl._mkl_linear(x, self.packed[key], self.plain[key], None, self.rows)
+        return F.linear(x, self.plain[key])
+
+
+class BucketPlan:
+    """Per decode round, computed once and used by every layer: the active rows grouped by span
+    (and, for a drafter's extra rows of a lane, by which entry of the lane they are, so a group
+    holds each lane once). A group covers the lane range [lo, hi] as one strided view of the
+    cache, no copy; lanes of the range outside the group are computed and dropped."""
+
+    def __init__(self, rows: list[tuple[int, int]], spare: int, max_len: int, device):
+        groups: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+        for r, (lane, pos) in enumerate(rows):
+            if lane == spare:
+                continue
+            span = min(max_len, (pos // SPAN + 1) * SPAN)
+            nth = 0
+            while lane in groups.get((span, nth), {}):
+                nth += 1
+            groups.setdefault((span, nth), {})[lane] = (r, pos)
+        self.groups = []
+        for (span, _), members in sorted(groups.items()):
+            lo, hi = min(members), max(members)
+            any_row = next(iter(members.values()))[0]
+            q_rows = [members.get(lane, (any_row, 0))[0] for lane in range(lo, hi + 1)]
+            pos = torch.tensor([members[lane][1] if lane in members else span - 1 for lane in range(lo, hi + 1)])
+            mask = torch.zeros(hi + 1 - lo, span, 1, device=device)
+            mask.masked_fill_((torch.arange(span)[None, :] > pos[:, None])[..., None].to(device), float("-inf"))
+            at = torch.tensor([lane - lo for lane in sorted(members)], device=device)
+            rows_out = torch.tensor([members[lane][0] for lane in sorted(members)], device=device)
+            self.groups.append((lo, hi + 1, span, torch.tensor(q_rows, device=device), mask, at, rows_out))
+
+
+def decode_attention_buckets(kv, i: int, q: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
+    """q [P, H, d] of a padded round -> [P, H*d]; padding rows get zeros.
+
+    A group is two batched matmuls on the model's dtype, one batch entry a lane, so no cache copy
+    and no conversion: scores = K [span, KVH*d] @ Q, where Q [KVH*d, H] holds each query head in
+    the rows of its KV head and exact zeros elsewhere (GQA without repeating K); softmax in
+    float32 over the span; out = P^T @ V [span, KVH*d], of which each head keeps its KV head's
+    block. Every entry's arithmetic is set by its span alone (the batched kernel does each entry
+    as its own problem), so a row's bits depend on its own lane and position only. In bf16 the
+    scores are rounded to bf16 before the softmax (max abs error ~2e-3 on unit-scale values
+    against float32 attention; one-SDPA-a-row bf16: ~1e-3)."""
+    p, h, d = q.shape
+    kvh = kv.k.shape[3]
+    eye = torch.eye(kvh, dtype=q.dtype)[None, :, None, :, None]
+    out = torch.zeros(p, h * d, dtype=q.dtype, device=q.device)
+    for lo, hi, span, q_rows, mask, at, rows_out in plan.groups:
+        n = hi - lo
+        k = kv.k[i, lo:hi, :span].view(n, span, kvh * d)
+        v = kv.v[i, lo:hi, :span].view(n, span, kvh * d)
+        qg = q.index_select(0, q_rows).view(n, kvh, h // kvh, d).transpose(2, 3)  # [n, KVH, d, rep]
+        qbd = (qg[:, :, :, None, :] * eye).reshape(n, kvh * d, h)  # block-diagonal
+        s = torch.bmm(k, qbd).float().mul_(d ** -0.5).add_(mask).softmax(1).to(q.dtype)  # [n, span, H]
+        o = torch.bmm(s.transpose(1, 2), v).view(n, kvh, h // kvh, kvh, d)
+        o = torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(n, h * d)
+        out.index_copy_(0, rows_out, o.index_select(0, at))
+    return out
+
+
+def prefill_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """A prompt cut's causal attention without a mask tensor: q [T, H, d] at positions
+    [start, start+T); k, v [end, KVH, d] of one lane; returns [T, H*d] in q's dtype. The keys
+    before the cut are seen by every row (one flash call, no mask) and the cut's own keys form a
+    square causal block (one flash call, is_causal); the two halves merge by their log-sum-exps.
+    In float32: the CPU's flash kernel has no fast bf16 path without AMX, and a mask tensor sends
+    it down a slower one (256 rows x 2,304 keys: 32 ms against 41 ms with the mask, this box).
+    Stepped and whole prompts run the same cuts, so the same calls and the same bits."""
+    t, h, d = q.shape
+    rep = h // k.shape[1]
+    qh = q.float().transpose(0, 1)[None]
+    kh = k.float().transpose(0, 1).repeat_interleave(rep, 0)[None]  # the private op takes no GQA
+    vh = v.float().transpose(0, 1).repeat_interleave(rep, 0)[None]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    o, lse = flash(qh, kh[:, :, start:], vh[:, :, start:], 0.0, True)[:2]
+    if start:
+        o0, lse0 = flash(qh, kh[:, :, :start], vh[:, :, :start], 0.0, False)[:2]
+        m = torch.maximum(lse, lse0)
+        a, b = (lse0 - m).exp()[..., None], (lse - m).exp()[..., None]
+        o = (o0 * a + o * b) / (a + b)
+    return o[0].transpose(0, 1).reshape(t, h * d).to(q.dtype)

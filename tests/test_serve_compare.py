@@ -1,0 +1,39 @@
+"""engine/dev/serve_compare.py's table (the engine bench's side-by-side column) and its skip note."""
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from engine.dev import serve_compare as sc
+from engine.dev.bench import served_comparison
+
+
+def fig(agg1, agg8, long_s):
+    sweep = {k: {"agg_tok_s": agg1 * k if k < 8 else agg8, "stream_tok_s": agg1, "first_token_s": 0.1}
+             for k in sc.STREAMS}
+    return {"sweep": sweep, "long_first_token_s": long_s, "runs": 3}
+
+
+def test_rows_put_tfengine_beside_vllm_with_the_ratio():
+    rows = sc.table_rows({"tfengine": fig(50, 300, 2.0), "vLLM": fig(100, 600, 1.0)})
+    assert rows[0] == ["aggregate tok/s, 1 stream", "50", "100", "0.50x"]
+    assert rows[3] == ["aggregate tok/s, 8 streams", "300", "600", "0.50x"]
+    assert rows[-1][1:] == ["2.00", "1.00", "2.00x"]
+
+
+def test_one_engine_has_no_ratio_and_json_keys_read_back():
+    med = json.loads(json.dumps({"tfengine": fig(50, 300, 2.0)}))  # sweep keys become strings
+    rows = sc.table_rows(med)
+    assert rows[0] == ["aggregate tok/s, 1 stream", "50"]
+    out = {"engines": med, "vllm_skipped": "no --vllm python given", "loadavg": (1.0, 1.0, 1.0), "command": "x"}
+    md = sc.markdown(out)
+    assert "| aggregate tok/s, 8 streams | 300 |" in md and "vLLM skipped: no --vllm python given" in md
+
+
+def test_bench_says_why_the_vllm_column_is_skipped(tmp_path):
+    console = Console(record=True, width=200)
+    assert served_comparison(None, tmp_path / "m", 1, console) is None
+    assert served_comparison(Path(tmp_path / "no" / "python"), tmp_path / "m", 1, console) is None
+    text = console.export_text()
+    assert "skipped: no --vllm / TFENGINE_VLLM_PYTHON" in text and "does not exist" in text
+    assert not (tmp_path / "m").exists()  # nothing written, nothing started
