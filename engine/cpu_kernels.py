@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from engine.model import rotate
 
 SPAN = 64  # decode attention spans are multiples of this many keys
+ROW_TILE = 8  # decode rounds multiply this many rows a call, whatever --parallel is
 
 
 def cpu_bf16_native() -> bool:
@@ -58,8 +59,8 @@ class PackedLinears:
     reordered once for the CPU's matmul libraries. `mm(x, key)` multiplies by one of them:
     key is (layer, "qkv" | "o" | "gate_up" | "down") or "lm_head"."""
 
-    def __init__(self, model, decode_rows: int):
-        self.rows = decode_rows
+    def __init__(self, model):
+        self.rows = ROW_TILE
         self.plain: dict = {}
         for i, layer in enumerate(model.model.layers):
             a, m = layer.self_attn, layer.mlp
@@ -80,10 +81,10 @@ class PackedLinears:
         self.mkl = self.dtype == torch.float32 and torch.backends.mkl.is_available()
         with torch.no_grad():
             if self.bf16:
-                self.packed = {k: torch.ops.mkldnn._reorder_linear_weight(w.detach(), decode_rows)
+                self.packed = {k: torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROW_TILE)
                                for k, w in self.plain.items()}
-            elif self.mkl:  # packed for the decode round's row count; prompt cuts take F.linear
-                self.packed = {k: torch.ops.mkl._mkl_reorder_linear_weight(w.detach().contiguous(), decode_rows)
+            elif self.mkl:  # packed for the decode round's row tile; prompt cuts take F.linear
+                self.packed = {k: torch.ops.mkl._mkl_reorder_linear_weight(w.detach().contiguous(), ROW_TILE)
                                for k, w in self.plain.items()}
             else:
                 self.packed = {}
@@ -98,6 +99,18 @@ class PackedLinears:
         qk = self.qk_norm[i] * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps)).to(qkv.dtype)
         qk = rotate(qk, cos, sin)
         return qk[:, :h], qk[:, h:], qkv[:, (h + kvh) * d:].reshape(rows, kvh, d)
+
+    def mm_tiled(self, x: torch.Tensor, key) -> torch.Tensor:
+        """A decode round's product, ROW_TILE rows a call (the last tile padded with zeros): the
+        library picks its kernel by row count, and a bf16 kernel's bits differ between row counts
+        (1 and 4 rows parted at token 22 of 64), so every round multiplies tiles of one shape and a
+        row's bits do not depend on --parallel: the plain reference (1 lane) equals any server."""
+        rows = x.shape[0]
+        pad = -rows % ROW_TILE
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+        out = [self.mm(x[r:r + ROW_TILE], key) for r in range(0, rows + pad, ROW_TILE)]
+        return (out[0] if len(out) == 1 else torch.cat(out))[:rows]
 
     def mm(self, x: torch.Tensor, key) -> torch.Tensor:
         if self.bf16:

@@ -67,6 +67,8 @@ def _half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
         k, v = _expand(k, q.shape[1]), _expand(v, q.shape[1])
         o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)[:2]
         return o, lse
+    if q.dtype == torch.float32:  # flash and cuDNN take no float32: a float32 CUDA runner (a reference) does the math
+        return _half_math(q, _expand(k, q.shape[1]), _expand(v, q.shape[1]), causal)
     global BACKEND
     if backend_for(q.shape[2]) == "cudnn":
         try:
@@ -77,6 +79,14 @@ def _half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
             BACKEND = "flash"
     o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[:2]
     return o, lse
+
+
+def _half_math(q, k, v, causal: bool):
+    """The same (o, lse) by plain matmuls; causal halves are square (the cut's own rows)."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
 @triton.jit

@@ -172,13 +172,15 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
-    def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed) -> torch.Tensor:
+    def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed,
+                  tiled: bool = False) -> torch.Tensor:
         """The trunk with the CPU's kernels (engine.cpu_kernels.PackedLinears): packed.mm(x, key)
         multiplies by a prepacked matrix, packed.heads(i, qkv, cos, sin) norms and rotates q and
-        k in one pass; the same arithmetic as `trunk` otherwise."""
+        k in one pass; the same arithmetic as `trunk` otherwise. tiled: a decode round's products
+        in tiles of a fixed row count (packed.mm_tiled)."""
         cos, sin = self.cos[positions], self.sin[positions]
         x = self.model.embed_tokens(tokens)
-        mm = packed.mm
+        mm = packed.mm_tiled if tiled else packed.mm
         for i, layer in enumerate(self.model.layers):
             q, k, v = packed.heads(i, mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
             write_kv(i, k, v)
@@ -202,7 +204,7 @@ class Qwen3ForCausalLM(nn.Module):
             kv.k[i, lanes, positions] = k
             kv.v[i, lanes, positions] = v
 
-        return packed.mm(self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed), "lm_head")
+        return packed.mm_tiled(self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed, tiled=True), "lm_head")
 
     def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +

@@ -90,7 +90,7 @@ class ModelRunner:
         self.cpu_mm = None
         if self.device.type == "cpu" and knobs.cpu_fast:
             from engine.cpu_kernels import PackedLinears
-            self.cpu_mm = PackedLinears(model, cfg.parallel)
+            self.cpu_mm = PackedLinears(model)
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None

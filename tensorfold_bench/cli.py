@@ -3,6 +3,8 @@ which checks them), makes one library call under a progress display, writes the 
 (`report.write`) and prints its tables. Shared options are Annotated aliases defined once."""
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Callable, Optional
@@ -10,7 +12,6 @@ from typing import Annotated, Callable, Optional
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from typer import Abort, Exit
 
@@ -20,7 +21,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 from tensorfold_bench import gate as gate_mod
-from tensorfold_bench import predictions, report, stats
+from tensorfold_bench import lifecycle, plan, predictions, progress, report, stats
 from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
 from tensorfold_bench.sampling import Sampling
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
@@ -40,7 +41,9 @@ Device = Annotated[str, typer.Option("--device", help="cpu or cuda: picks the pr
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 (default: the engine's; bfloat16 on cuda).")]
 Share = Annotated[Optional[str], typer.Option("--share", help="Prefill shares for the new side: each value is a variant 'stepped p=V' against the base 'whole'.")]
 Order = Annotated[Optional[str], typer.Option("--order", help="Comma sequence of variant names ('base'/'new' alias them). Default: base, news..., reversed news..., base.")]
-Url = Annotated[Optional[str], typer.Option("--url", help="Target a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched.")]
+Url = Annotated[Optional[list[str]], typer.Option("--url", help="Measure a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched, no verdicts. URL, or NAME=URL repeated to compare several, in the order given.")]
+TokenIds = Annotated[str, typer.Option("--token-ids", help="How replies' token ids are asked for: ids (return_token_ids), logprobs (a server started with --return-tokens-as-token-ids), or chunks (none: count text chunks; hashes unknown).")]
+Tokenizer = Annotated[Optional[Path], typer.Option("--tokenizer", help="A tokenizer or model directory (config.json / tokenizer.json) to read the vocabulary from, when the server reports none.")]
 OutDir = Annotated[Path, typer.Option("--out", help="Directory for the receipt (Markdown, JSON, PNG) and the run's logs.")]
 PlainCheck = Annotated[bool, typer.Option("--plain-check", help="Also run the plain reference (each request alone, whole prompt, no cache, no drafts, 1 stream) and count equal replies.")]
 Parallel = Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default 4).")]
@@ -49,7 +52,7 @@ MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Eng
 Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts; with --temperature, each request's sampling seed is derived from it and the request's role.")]
 Temperature = Annotated[float, typer.Option("--temperature", help="Sampling temperature of every request (0: greedy). Above 0, each request also sends a seed derived from --seed and its role, so replies still compare across runs and with the plain reference.")]
 Trace = Annotated[bool, typer.Option("--trace/--no-trace", help="Run the engine with --trace and draw its steps under the timeline.")]
-Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: what the server reports; needed for vLLM/SGLang).")]
+Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: the server's vocab_size, else --tokenizer DIR, else the --model directory).")]
 VariantsFile = Annotated[Optional[Path], typer.Option("--variants", help="YAML file of variants (name, ref, flags, env); the first is the base. Replaces --share/--base/--new.")]
 BaseRef = Annotated[Optional[str], typer.Option("--base", help="Git ref of this repository the base runs (checked out in .worktrees/<sha>). Without --share: 'base' at REF vs 'new', both with the engine's default flags.")]
 NewRef = Annotated[Optional[str], typer.Option("--new", help="Git ref the new side runs (default: the working tree).")]
@@ -59,40 +62,44 @@ Margin = Annotated[float, typer.Option("--margin", help="Verdict margin: a chang
 EngineArg = Annotated[Optional[list[str]], typer.Option("--engine-arg", help="Extra engine flag for every variant (repeatable), e.g. --engine-arg=--no-drafts.")]
 
 
-class RichReporter:
-    """The progress bar and the notes under it, on stderr."""
-
-    def __init__(self, progress: Progress):
-        self.p, self.task = progress, None
-
-    def start(self, total):
-        self.task = self.p.add_task("starting", total=total)
-
-    def step(self, text):
-        self.p.update(self.task, description=text)
-
-    def advance(self):
-        self.p.advance(self.task)
-
-    def note(self, text):
-        self.p.console.print(f"  {text}")
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also print a line per sweep cell and rep.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the variants, the run order, the engine command lines and the estimated time; launch nothing.")]
 
 
-def with_progress(run: Callable[..., dict], settings) -> dict:
-    """`run(settings, reporter)` under one progress display."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
-                  transient=False) as progress:
-        return run(settings, RichReporter(progress))
-
-
-def write_receipt(data: dict, out_dir: Path) -> dict[str, Path]:
-    return report.write(data, out_dir, Path(data["settings"]["run_dir"]).name)
+def execute(run: Callable[..., dict], settings, out_dir: Path, verbose: bool) -> tuple[dict, dict[str, Path]]:
+    """`run(settings, reporter, save)` under one progress display, the receipt written after every
+    run (partial until the last). A signal marks the last receipt interrupted and exits 128 + its
+    number; an error marks it stopped and goes on up (exit 2)."""
+    writer = lifecycle.ReceiptWriter(out_dir)
+    try:
+        with progress.display(console, verbose) as rep:
+            data = run(settings, rep, writer.save)
+    except KeyboardInterrupt as e:
+        sig = lifecycle.signum_of(e)
+        console.print(f"[red]{writer.stopped('interrupted by ' + signal.Signals(sig).name)}[/red]", highlight=False,
+                      soft_wrap=True)
+        raise Exit(lifecycle.exit_code(sig)) from None
+    except BenchError as e:
+        if writer.last is not None:
+            console.print(writer.stopped("stopped: " + str(e).splitlines()[0]), highlight=False, soft_wrap=True,
+                          style="dim")
+        raise
+    return data, writer.final(data)
 
 
 def print_paths(paths: dict[str, Path]) -> None:
     for kind, p in paths.items():
         out.print(f"receipt {kind}: {p}")
+
+
+def no_valid_run(data: dict, paths: dict[str, Path], valid: Callable[[dict], bool]) -> None:
+    """Exit 1, the receipt written, with one line, when every run failed or was invalid."""
+    runs = data["runs"]
+    if runs and not any(not r.get("error") and valid(r) for r in runs):
+        why = next((r["failure"] for r in runs if r.get("failure")), None) or "see the receipt"
+        console.print(f"every run failed or was invalid ({why}); receipt {paths['md']}", style="red",
+                      highlight=False, soft_wrap=True, markup=False)
+        raise Exit(FAIL)
 
 
 @run_app.command("long-prompt")
@@ -119,11 +126,15 @@ def long_prompt(
     trace: Trace = True,
     engine_arg: EngineArg = None,
     vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    token_ids: TokenIds = "ids",
     b_at: Annotated[Optional[float], typer.Option("--b-at", help="Seconds after A's send that B sends (default 3 on cpu, 5 on cuda).")] = None,
     c_after: Annotated[float, typer.Option("--c-after", help="Seconds after B's send that C sends.")] = 0.5,
     b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default 4096 on cpu, 32000 on cuda).")] = None,
     c_tokens: Annotated[int, typer.Option("--c-tokens", help="C's prompt length.")] = 34,
     a_tokens: Annotated[Optional[int], typer.Option("--a-tokens", help="A's max_tokens (default: as long as the context allows; A is cancelled when B and C are done).")] = None,
+    verbose: Verbose = False,
+    dry_run: DryRun = False,
 ):
     """A decodes; B sends a long cold prompt; C a short chat. Whole prompts vs stepped at each --share."""
     settings = long_prompt_mod.settings_from_flags(
@@ -131,21 +142,22 @@ def long_prompt(
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
-        predict=predict, margin=margin, temperature=temperature)
-    data = with_progress(long_prompt_mod.run, settings)
-    paths = write_receipt(data, out_dir)
+        predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
+        temperature=temperature)
+    if dry_run:
+        return print(plan.long_prompt(settings))
+    data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.long_prompt.summary_markdown(data)))
     print_paths(paths)
-    if data["runs"] and all(r.get("error") for r in data["runs"]):
-        raise BenchError(f"every run's server failed; see {paths['md']}\n{data['runs'][0]['error']}")
+    no_valid_run(data, paths, lambda r: r["figures"]["valid"])
 
 
 @app.command("sweep")
 def sweep(
     levels: Annotated[str, typer.Option("--levels", help="Stream counts, each a level: that many streams start together.")] = "1,2,4,8",
-    tokens: Annotated[int, typer.Option("--tokens", help="Tokens each stream generates (ignore_eos).")] = 256,
-    cells: Annotated[int, typer.Option("--cells", help="Distinct prompt sets per level.")] = 4,
-    reps: Annotated[int, typer.Option("--reps", help="Repetitions of each cell; the median is the cell's figure.")] = 3,
+    tokens: Annotated[Optional[int], typer.Option("--tokens", help="Tokens each stream generates (ignore_eos). Default 256; 64 on cpu.")] = None,
+    cells: Annotated[Optional[int], typer.Option("--cells", help="Distinct prompt sets per level. Default 4; 2 on cpu.")] = None,
+    reps: Annotated[Optional[int], typer.Option("--reps", help="Repetitions of each cell; the median is the cell's figure. Default 3; 2 on cpu.")] = None,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Each stream's prompt length (seeded token ids).")] = 200,
     model: Model = None,
     device: Device = "cpu",
@@ -166,20 +178,28 @@ def sweep(
     seed: Seed = 0,
     temperature: Temperature = 0.0,
     engine_arg: EngineArg = None,
+    vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    token_ids: TokenIds = "ids",
+    verbose: Verbose = False,
+    dry_run: DryRun = False,
 ):
     """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
     settings = sweep_mod.settings_from_flags(
         model=model, device=device, dtype=dtype, share=share, variants_file=variants_file, base_ref=base_ref,
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
         max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
-        reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, temperature=temperature)
-    data = with_progress(sweep_mod.run, settings)
-    paths = write_receipt(data, out_dir)
+        reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
+        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature)
+    if dry_run:
+        return print(plan.sweep(settings))
+    data, paths = execute(sweep_mod.run, settings, out_dir, verbose)
     out.print(Markdown("\n".join(report.sweep.tok_s_table(data))))
     out.print(report.sweep.exactness_line(data))
     if data.get("predictions"):
         out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
     print_paths(paths)
+    no_valid_run(data, paths, lambda r: any(v is not None for v in r["figures"].values()))
 
 
 @app.command("gate")
@@ -194,14 +214,17 @@ def gate(
     order: Annotated[str, typer.Option("--order", help="Run order, a comma sequence of base and new, e.g. base,new,new,base,new,base,base,new: a burst of load in the middle then cannot hit only one side.")] = "base,new,new,base",
     temperature: Temperature = 0.0,
     seed: Seed = 0,
+    vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    verbose: Verbose = False,
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
     settings = gate_mod.GateSettings(base_ref=base_ref, preset=preset, margin=margin, long_margin=long_margin,
                                      accept_new_outputs=accept_new_outputs, out_dir=out_dir,
                                      new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")],
+                                     vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None,
                                      sampling=Sampling(temperature, seed))
-    data = with_progress(gate_mod.run_gate, settings)
-    paths = write_receipt(data, out_dir)
+    data, paths = execute(gate_mod.run_gate, settings, out_dir, verbose)
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")
     raise Exit(PASS if data["passed"] else FAIL)
@@ -214,7 +237,8 @@ def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's JSON (
     for p in (a, b):
         if not p.exists():
             raise FlagError("RECEIPT", f"{p} does not exist")
-    sys.stdout.write(report.compare.markdown(report.load(a), report.load(b), str(a), str(b)))
+    with incomplete_receipt(f"{a} or {b}"):
+        sys.stdout.write(report.compare.markdown(report.load(a), report.load(b), str(a), str(b)))
 
 
 @app.command("report")
@@ -223,10 +247,25 @@ def report_command(path: Annotated[Path, typer.Argument(help="A receipt's JSON."
     """Re-render a receipt's Markdown (and timeline) from its JSON alone; print the Markdown."""
     if not path.exists():
         raise FlagError("RECEIPT", f"{path} does not exist")
-    sys.stdout.write(report.rerender(path, png))
+    with incomplete_receipt(str(path)):
+        sys.stdout.write(report.rerender(path, png))
+        partial = report.load(path).get("partial")
+    if partial:
+        console.print(f"partial receipt ({partial.get('why', 'in progress')}): {lifecycle.missing_line(partial)}",
+                      highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def incomplete_receipt(what: str):
+    """A receipt with the schema but a field missing or of the wrong kind: one line, no traceback."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        raise BenchError(f"{what}: not a complete tfbench receipt ({type(e).__name__}: {e})") from None
 
 
 def main() -> None:
+    lifecycle.install_signals()
     try:
         rv = app(standalone_mode=False)
     except BenchError as e:
@@ -244,9 +283,10 @@ def main() -> None:
             hint = f" (see {ctx.command_path} --help)" if ctx else ""
             console.print(f"[red]error: {msg}{hint}[/red]", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except (KeyboardInterrupt, Abort):
-        console.print("[red]interrupted[/red]")
-        sys.exit(130)
+    except (KeyboardInterrupt, Abort) as e:  # before or after the runs: nothing to keep
+        sig = lifecycle.signum_of(e)
+        console.print(f"[red]interrupted by {signal.Signals(sig).name}[/red]")
+        sys.exit(lifecycle.exit_code(sig))
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

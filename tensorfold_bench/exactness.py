@@ -56,6 +56,16 @@ class Comparison:
     stream: str
     equal: bool | None  # None: cannot tell (unknown ids, or missing reply)
     detail: str = ""
+    diverge_at: int | None = None  # unequal: the index of the first token that differs
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where a and b differ (the shorter one's length if one is a prefix of the
+    other), or None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def compare_reply(name: str, ids: list[int | None], ref: list[int | None], prefix: bool,
@@ -70,11 +80,11 @@ def compare_reply(name: str, ids: list[int | None], ref: list[int | None], prefi
     if not a:
         return Comparison(name, None, "empty reply")
     if prefix:
-        if len(r) < len(a):
-            n = len(r)
-            return Comparison(name, a[:n] == r, f"on the reference's {n} tokens")
-        return Comparison(name, a == r[:len(a)], f"on {len(a)} tokens")
-    return Comparison(name, a == r, f"{len(a)} tokens")
+        n = min(len(a), len(r))
+        at = first_divergence(a[:n], r[:n])
+        return Comparison(name, at is None, f"on the reference's {n} tokens" if len(r) < len(a) else f"on {n} tokens",
+                          at)
+    return Comparison(name, a == r, f"{len(a)} tokens", first_divergence(a, r))
 
 
 # ---- long-prompt ---------------------------------------------------------------------------
@@ -97,7 +107,7 @@ def compare_run(run: dict, ref: dict, ref_a: dict | None = None) -> list[dict]:
         r, f = run["records"][k], (ref_a if k == "A" and ref_a is not None else ref)["records"][k]
         c = compare_reply(k, r["token_ids"], f["token_ids"], prefix=(k == "A"), server_sha=r["server_sha"],
                           ref_sha=f["server_sha"])
-        out.append({"stream": k, "equal": c.equal, "detail": c.detail})
+        out.append({"stream": k, "equal": c.equal, "detail": c.detail, "diverge_at": c.diverge_at})
     return out
 
 
@@ -154,6 +164,7 @@ class HashCheck:
     equal: int  # replies equal to their prompt's reference reply
     reference: dict[str, str | None]  # prompt key -> the reference hash
     flagged: list[str]  # "c0s1: level 8 cell 0 rep 2 of new (run 3): abc != def"
+    unknown: int = 0  # replies without token ids (a server that streams text only): not compared
 
     @property
     def ok(self) -> bool:
@@ -161,6 +172,7 @@ class HashCheck:
 
     def summary(self) -> str:
         return f"{self.equal} of {self.replies} replies equal" + (
+            f", {self.unknown} unknown (no token ids)" if self.unknown else "") + (
             "" if self.ok else f"; {len(self.flagged)} differ")
 
     def to_dict(self) -> dict:
@@ -179,16 +191,18 @@ def sweep(runs: list[tuple[str, list[dict]]], reference_run: int = 0) -> HashChe
     for key, obs in seen.items():
         pref = [h for ri, _, h in obs if ri == reference_run and h] or [h for _, _, h in obs if h]
         ref[key] = pref[0] if pref else None
-    equal, replies, flagged = 0, 0, []
+    equal, replies, unknown, flagged = 0, 0, 0, []
     for key in sorted(seen):
         for ri, b, h in seen[key]:
             replies += 1
-            if h is not None and h == ref[key]:
+            if h is None or ref[key] is None:
+                unknown += 1  # no ids to hash: unknown, never "differ"
+            elif h == ref[key]:
                 equal += 1
             else:
                 flagged.append(f"{key}: level {b['level']} cell {b['cell']} rep {b['rep']} of "
                                f"{runs[ri][0]} (run {ri + 1}): {h} != {ref[key]}")
-    return HashCheck(len(seen), replies, equal, ref, flagged)
+    return HashCheck(len(seen), replies, equal, ref, flagged, unknown)
 
 
 # ---- the gate ------------------------------------------------------------------------------

@@ -55,6 +55,17 @@ LONG_PROMPT = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_duri
 LATENCY = ("ttft_p50", "itl_p50", "itl_p99")
 
 
+def predictable_long_prompt() -> set[str]:
+    """The names a long-prompt prediction may use (see long_prompt_predicted)."""
+    return {*LONG_PROMPT, *(k + "_s" for k in ("b_first_token", "c_first_token", "a_longest_pause")),
+            "a_rate_during_b_pct", "b_alone", "b_alone_s"}
+
+
+def predictable_sweep(levels) -> set[str]:
+    """The names a sweep prediction may use: tok/s and the latencies at each level run."""
+    return {at(f, lv) for f in ("tok_s", *LATENCY) for lv in levels}
+
+
 def spec(name: str) -> FigureSpec:
     """A figure's spec; a per-level figure `tok_s@8` is the family `tok_s`."""
     return REGISTRY[name.split("@", 1)[0]]
@@ -263,12 +274,12 @@ def sweep_batch(level: int, cell: int, rep: int, recs: list[StreamRecord], token
     """One burst of `level` streams: aggregate tok/s = all tokens / (last token time - first send
     time), None when a stream failed or came short; the raw times are kept beside it."""
     errors = []
-    for i, r in enumerate(recs):
+    for i, r in enumerate(recs):  # r.tokens: the server's usage count where only chunks were seen
         if r.error:
             errors.append(f"stream {i}: {r.error}")
-        elif len(r.token_times) != tokens:
-            errors.append(f"stream {i}: {len(r.token_times)} of {tokens} tokens")
-    n = sum(len(r.token_times) for r in recs)
+        elif r.tokens != tokens:
+            errors.append(f"stream {i}: {r.tokens} of {tokens} tokens")
+    n = sum(r.tokens for r in recs)
     sends = [r.sent for r in recs if r.sent is not None]
     lasts = [r.token_times[-1] for r in recs if r.token_times]
     wall = (max(lasts) - min(sends)) if sends and lasts else None
@@ -276,7 +287,18 @@ def sweep_batch(level: int, cell: int, rep: int, recs: list[StreamRecord], token
     return {"level": level, "cell": cell, "rep": rep, "tok_s": tok_s, "tokens": n, "wall_s": wall, "hashes": hashes,
             "errors": errors, "sent": [r.sent for r in recs],
             "last_token": [r.token_times[-1] if r.token_times else None for r in recs],
-            "gaps_us": [gaps_us(r) for r in recs]}
+            "gaps_us": [gaps_us(r) for r in recs],
+            "counted_by": sorted({r.counted_by for r in recs if r.counted_by}),
+            "system_fingerprint": next((r.system_fingerprint for r in recs if r.system_fingerprint), None)}
+
+
+def sweep_counted_by(batches: list[dict]) -> str | None:
+    """The weakest way any reply's tokens were counted in a run (ids, logprobs, chunks)."""
+    ways = {w for b in batches for w in b.get("counted_by") or []}
+    for w in ("chunks", "logprobs", "ids"):
+        if w in ways:
+            return w
+    return None
 
 
 def cell_tok_s(batches: list[dict], level: int, cell: int) -> float | None:

@@ -30,6 +30,8 @@ REFUSAL = "Unable to get tokenizer because skip_tokenizer_init=True"
 
 class Foreign(Fake):
     def check(self, body: dict) -> str | None:
+        if body.get("model") != self.args.model:  # vLLM answers only to the name it serves
+            return f"The model `{body.get('model')}` does not exist."
         if body.get("logprobs") not in (None, False) and self.args.logprobs == "refuse":
             return REFUSAL
         return None

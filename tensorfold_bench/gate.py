@@ -40,9 +40,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from tensorfold_bench import exactness, figures, session, stats, worktree
-from tensorfold_bench.errors import BenchError, FlagError, ServerError
+from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.report.fmt import num
 from tensorfold_bench.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios import long_prompt, sweep
@@ -96,6 +97,8 @@ class GateSettings:
     repo: Path | None = None
     stamp: str = ""
     sampling: Sampling = GREEDY  # --temperature, --seed (which also seeds the weights and prompts)
+    vocab: int | None = None  # --vocab (default: the server's)
+    tokenizer: str | None = None  # --tokenizer DIR
 
     def __post_init__(self):
         if self.preset not in PRESETS:
@@ -144,8 +147,6 @@ def sources(settings: GateSettings) -> tuple[worktree.Source, worktree.Source, s
 
 def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY) -> dict:
     """One run: a short sweep, then a short long-prompt run, on one server; raw records."""
-    if run.vocab is None:
-        raise BenchError("the server reports no vocabulary size (GET /v1/engine)")
     sw = sweep.SweepScript(levels=p.levels, tokens=p.tokens, cells=1, reps=p.reps, prompt_tokens=p.prompt_tokens,
                            seed=sampling.seed, sampling=sampling)
     batches = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
@@ -168,7 +169,8 @@ def finish(entry: dict) -> str:
             + ("" if lp.valid else f" (long-prompt run invalid: {'; '.join(lp.invalid_reasons)})"))
 
 
-def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback: str | None = None) -> dict:
+def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None,
+             _fallback: str | None = None) -> dict:
     """Run base and new in the order and judge; the returned data carries `passed` and `reasons`.
     A base whose engine will not serve (an old or broken commit) is reported, and the working
     tree is then compared with itself, as for a missing base; a new side that will not serve
@@ -183,7 +185,8 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback
     engine = session.EngineSetup(model=p.model, parallel=max(p.levels), max_model_len=p.max_model_len, trace=False,
                                  seed=settings.sampling.seed)
     s = Session(engine, [base, Variant("new", [], dict(settings.new_env))], list(settings.order), settings.out_dir,
-                "gate", margin=settings.margin, stamp=settings.stamp, repo=settings.repo)
+                "gate", margin=settings.margin, stamp=settings.stamp, repo=settings.repo,
+                vocab=settings.vocab, tokenizer=settings.tokenizer)
     srcs = {"base": base_src, "new": new_src}
     data = session.header(s, srcs, {"preset": settings.preset, "preset_values": asdict(p), "base_ref": settings.base_ref,
                                     "long_margin": settings.long_margin, "new_env": settings.new_env,
@@ -194,7 +197,8 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback
         rep.note(missing)
     rep.start(len(s.order))
     try:
-        session.run_all(s, data, srcs, lambda r: play(p, r, settings.sampling), rep, finish)
+        session.run_all(s, data, srcs, lambda r: play(p, r, settings.sampling), rep, finish,
+                        checkpoint=(lambda: save(analyse(data))) if save else None)
     except ServerError as e:
         if e.variant != "base" or base_src.path == new_src.path:
             raise
@@ -202,10 +206,11 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, _fallback
         why = lines[0].rstrip(":; ") + (f"; its log ends: {lines[-1].strip()}" if len(lines) > 1 else "")
         rep.note(f"base {base_src.label} will not serve: {why}")
         # a run folder of its own, so the failed base's log stays where the note says
-        return run_gate(replace(settings, base_ref=None, stamp=s.stamp + "-aa"), reporter,
+        return run_gate(replace(settings, base_ref=None, stamp=s.stamp + "-aa"), reporter, save,
                         f"base {base_src.label} would not serve ({why}; log {e.log}): the working tree "
                         "is compared with itself (A/A): outputs must still agree across fresh servers; "
                         "throughput checks only the noise.")
+    data["partial"] = None
     return analyse(data)
 
 

@@ -29,7 +29,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Mapping
+from typing import Collection, Mapping
 
 import yaml
 
@@ -118,7 +118,8 @@ def parse(text: str, path: str = "<predictions>") -> list[Prediction]:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PredictionError(f"{path}: not valid YAML: {e}") from None
+        msg = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip() and ln.strip() != "^")
+        raise PredictionError(f"{path}: not valid YAML: {msg}") from None
     if not isinstance(doc, dict) or not doc:
         raise PredictionError(f"{path}: expected a mapping of variant name to figure ranges")
     out = []
@@ -140,9 +141,23 @@ def parse(text: str, path: str = "<predictions>") -> list[Prediction]:
     return out
 
 
-def read(path: str | Path, variants: list[str] | None = None) -> Predictions:
+def check_key(path: str, item: Prediction, known: Collection[str], variants: Collection[str]) -> None:
+    """A key must name a figure this command measures (or a ratio of two): an error now, before
+    the runs, not a "not measured" after them."""
+    m = _SPLIT.match(item.key)
+    parts = [item.key] if item.key in known or not m else [m["left"]]
+    if m and item.key not in known and m["right"] not in variants:
+        parts.append(m["right"])
+    bad = [x for x in parts if x not in known]
+    if bad:
+        raise PredictionError(f"{path}: {item.variant}: {item.key}: {bad[0]!r} is no figure of this command "
+                              f"(figures: {', '.join(sorted(known))})")
+
+
+def read(path: str | Path, variants: list[str] | None = None, figures: Collection[str] | None = None) -> Predictions:
     """Read, validate, hash and stamp a predictions file. With `variants`, a variant name the
-    runs will not have is an error now, not a silent miss later."""
+    runs will not have is an error now, not a silent miss later; with `figures`, so is a key
+    that names no figure the command measures."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -154,6 +169,9 @@ def read(path: str | Path, variants: list[str] | None = None) -> Predictions:
             if it.variant not in variants:
                 raise PredictionError(f"{path}: {it.variant}: no such variant in this run "
                                       f"(variants: {', '.join(variants)})")
+    if figures is not None:
+        for it in items:
+            check_key(str(path), it, figures, variants or [])
     return Predictions(str(path), hashlib.sha256(data).hexdigest(),
                        datetime.now(timezone.utc).isoformat(timespec="milliseconds"), items)
 

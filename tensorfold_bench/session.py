@@ -3,8 +3,9 @@ server per run, in the run order (or one running server, `--url`) -> per-run rec
 receipt header. A scenario gives `run_all` a function that plays one run on a ready server and
 returns its raw records; figures are computed elsewhere (tensorfold_bench.figures).
 
-Also the shared engine flags (`EngineSetup`), the device presets and the flag checks that every
-command's settings use.
+The shared engine flags, device presets and flag checks live in tensorfold_bench.defaults, what a
+running server says about itself in tensorfold_bench.probe; both are re-exported here, where the
+scenarios have always found them.
 """
 from __future__ import annotations
 
@@ -12,88 +13,25 @@ import contextlib
 import datetime as dt
 import os
 import platform
+import secrets
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-import httpx
 
 from tensorfold_bench import __version__, stats, worktree
-from tensorfold_bench.errors import FlagError, ServerError
-from tensorfold_bench.launcher import REPO_ROOT, existing, launch
+from tensorfold_bench.errors import BenchError, FlagError, ServerError
+from tensorfold_bench.client import TOKEN_ID_ROUTES
+from tensorfold_bench.identity import ServerIdentity, discover_vocab, identify
+from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, check_reachable, existing, launch
+from tensorfold_bench.defaults import (DEVICE_PRESETS, FULL, DevicePreset, EngineSetup, check_margin,  # noqa: F401
+                                       device_preset, engine_setup, positive, scaled_note, sized)
 from tensorfold_bench.predictions import Predictions
-from tensorfold_bench.variants import Variant
+from tensorfold_bench.probe import fetch_trace, healthy, model_facts, server_info, wait_idle  # noqa: F401
+from tensorfold_bench.variants import Variant, order_for, parse_order, select_variants, url_variants
 
 SCHEMA = "tfbench.receipt/1"
-
-
-@dataclass
-class EngineSetup:
-    """Engine flags every variant shares (a variant's own args come after and win)."""
-
-    model: str = "cpu"
-    device: str = "cpu"
-    dtype: str | None = None
-    parallel: int = 4
-    prefill_rows: int = 256
-    max_model_len: int | None = None
-    seed: int = 0
-    trace: bool = True
-    extra_args: list[str] = field(default_factory=list)
-
-    def flags(self) -> list[str]:
-        f = ["--model", self.model, "--device", self.device, "--parallel", str(self.parallel),
-             "--prefill-rows", str(self.prefill_rows), "--seed", str(self.seed)]
-        if self.dtype:
-            f += ["--dtype", self.dtype]
-        if self.max_model_len:
-            f += ["--max-model-len", str(self.max_model_len)]
-        if self.trace:
-            f += ["--trace"]
-        return f + list(self.extra_args)
-
-
-@dataclass(frozen=True)
-class DevicePreset:
-    model: str
-    b_at: float
-    b_tokens: int
-    prefill_rows: int
-    dtype: str | None
-
-
-DEVICE_PRESETS = {"cpu": DevicePreset("cpu", 3.0, 4096, 256, None),
-                  "cuda": DevicePreset("qwen3-8b", 5.0, 32000, 1024, "bfloat16")}
-
-
-def device_preset(device: str) -> DevicePreset:
-    if device not in DEVICE_PRESETS:
-        raise FlagError("--device", f"must be cpu or cuda, not {device!r}")
-    return DEVICE_PRESETS[device]
-
-
-def positive(flag: str, v: float | int | None) -> None:
-    if v is not None and not v > 0:
-        raise FlagError(flag, f"must be positive, not {v}")
-
-
-def check_margin(margin: float, flag: str = "--margin") -> None:
-    if not 0 <= margin < 1:
-        raise FlagError(flag, f"must be a fraction in [0, 1), not {margin}")
-
-
-def engine_setup(*, device: str, model: str | None, dtype: str | None, parallel: int | None,
-                 prefill_rows: int | None, max_model_len: int | None, seed: int, trace: bool,
-                 engine_args: list[str] | None) -> EngineSetup:
-    """The shared engine flags from the command's flags, with the device preset's defaults."""
-    pre = device_preset(device)
-    for flag, v in (("--parallel", parallel), ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len)):
-        positive(flag, v)
-    return EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype, parallel=parallel or 4,
-                       prefill_rows=prefill_rows or pre.prefill_rows, max_model_len=max_model_len, seed=seed,
-                       trace=trace, extra_args=list(engine_args or []))
 
 
 @dataclass
@@ -105,11 +43,15 @@ class Session:
     order: list[str]
     out_dir: Path
     scenario: str  # long-prompt, sweep, gate: the receipt's kind and the run folder's suffix
-    url: str | None = None  # a running server: nothing is launched
+    url: str | None = None  # --url: running servers (the variants say which); nothing is launched
     margin: float = stats.DEFAULT_MARGIN
     predictions: Predictions | None = None  # read (and stamped) before the first run
     stamp: str = ""
     repo: Path | None = None  # the repository variants' refs name (default: this one)
+    vocab: int | None = None  # --vocab: prompt ids are drawn below it (default: discovered)
+    tokenizer: str | None = None  # --tokenizer DIR: where the vocabulary may be read
+    token_ids: str = "ids"  # --token-ids: how replies' token ids are asked for (client.TOKEN_ID_ROUTES)
+    salt: str = ""  # --url: a fresh key per session, so no earlier prompt is a prefix of this one's
 
     def __post_init__(self):
         names = [v.name for v in self.variants]
@@ -118,7 +60,16 @@ class Session:
         for n in self.order:
             if n not in names:
                 raise FlagError("--order", f"unknown variant {n!r}; known: {', '.join(names)}")
+        # --order picks which variants run (the first of them in the file's order is the base)
+        self.variants = [v for v in self.variants if v.name in self.order]
         check_margin(self.margin)
+        if self.token_ids not in TOKEN_ID_ROUTES:
+            raise FlagError("--token-ids", f"must be one of {', '.join(TOKEN_ID_ROUTES)}, not {self.token_ids!r}")
+        positive("--vocab", self.vocab)
+        if self.tokenizer is not None and not Path(self.tokenizer).is_dir():
+            raise FlagError("--tokenizer", f"{self.tokenizer} is not a directory")
+        if self.url and not self.salt:
+            self.salt = "-" + secrets.token_hex(4)
         if not self.stamp:
             self.stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
@@ -127,16 +78,36 @@ class Session:
         return self.out_dir / f"{self.stamp}-{self.scenario}"
 
 
+def targets(url: list[str] | str | None, share: str | None, variants_file, base_ref: str | None,
+            new_ref: str | None, order: str | None, aa: bool) -> tuple[list[Variant], list[str], str | None]:
+    """(variants, run order, the --url line): launched variants from --share/--variants/--base/
+    --new, or with --url the running servers, each reachable (else one line, exit 2), named as
+    given (NAME=URL) or by the server itself, in the order given, once each unless --order."""
+    if not url:
+        vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
+        return (*order_for(vs, order, aa), None)
+    for flag, v in (("--share", share), ("--variants", variants_file), ("--base", base_ref), ("--new", new_ref),
+                    ("--aa", aa or None)):
+        if v is not None:
+            raise FlagError("--url", f"measures running servers as they are; {flag} needs servers tfbench launches")
+    vs = url_variants([url] if isinstance(url, str) else list(url), lambda u: identify(check_reachable(u)).name)
+    vs = [replace(v, url=check_reachable(v.url)) for v in vs]
+    names = parse_order(order, vs) if order is not None else [v.name for v in vs]
+    return vs, names, ", ".join(v.url for v in vs)
+
+
 class Reporter(Protocol):
     def start(self, total: int) -> None: ...
-    def step(self, text: str) -> None: ...
+    def step(self, text: str) -> None: ...  # a run (or step) begins: what it is
+    def status(self, text: str) -> None: ...  # where the current run is (a level, a cell): shown in place
     def advance(self) -> None: ...
-    def note(self, text: str) -> None: ...
+    def note(self, text: str) -> None: ...  # a line kept on screen (one per finished run)
 
 
 class QuietReporter:
     def start(self, total): pass
     def step(self, text): pass
+    def status(self, text): pass
     def advance(self): pass
     def note(self, text): pass
 
@@ -152,8 +123,12 @@ class Run:
     model: str
     vocab: int | None
     max_model_len: int | None
-    shared: bool  # --url: every run goes to one server, so prompts must differ per run
+    shared: bool  # --url: a server tfbench did not start, so prompts must differ per run
     note: Callable[[str], None]
+    identity: ServerIdentity | None = None
+    token_ids: str = "ids"
+    salt: str = ""
+    status: Callable[[str], None] = lambda text: None  # where the run is (progress display only)
 
 
 def harness_commit() -> str | None:
@@ -170,87 +145,74 @@ def host_info() -> dict:
             "tfbench": __version__, "harness_commit": harness_commit()}
 
 
-def server_info(url: str) -> dict:
-    """GET /v1/engine and /v1/models (either may be missing on foreign servers)."""
-    out: dict = {}
-    with httpx.Client(timeout=10) as c:
-        for path, key in (("/v1/engine", "engine"), ("/v1/models", "models")):
-            try:
-                r = c.get(url + path)
-                out[key] = r.json() if r.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                out[key] = None
-    return out
-
-
-def model_facts(info: dict) -> tuple[str, int | None, int | None]:
-    """(model id, vocab size, max_model_len) from /v1/engine and /v1/models."""
-    model, vocab, mml = "default", None, None
-    models = (info.get("models") or {}).get("data") or []
-    if models:
-        model = models[0].get("id", model)
-        mml = models[0].get("max_model_len")
-        vocab = models[0].get("vocab_size")
-    eng = info.get("engine") or {}
-    desc = eng.get("engine") or {}
-    shape = desc.get("shape") or {}
-    vocab = vocab or shape.get("vocab") or shape.get("vocab_size")
-    mml = mml or desc.get("max_model_len") or (eng.get("config") or {}).get("max_model_len")
-    return model, vocab, mml
-
-
-def wait_idle(url: str, timeout: float = 15.0) -> dict:
-    """Wait until a tfengine server runs and queues no stream (GET /metrics); other servers: no wait.
-    Returns {"confirmed": bool | None, "waited_s": float}."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            r = httpx.get(url + "/metrics", timeout=5)
-            text = r.text if r.status_code == 200 else ""
-        except httpx.HTTPError:
-            text = ""
-        vals = {}
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0] in ("tfengine_running_streams", "tfengine_waiting_streams"):
-                vals[parts[0]] = float(parts[1])
-        if len(vals) < 2:
-            return {"confirmed": None, "waited_s": time.monotonic() - t0}
-        if not any(vals.values()):
-            return {"confirmed": True, "waited_s": time.monotonic() - t0}
-        if time.monotonic() - t0 > timeout:
-            return {"confirmed": False, "waited_s": time.monotonic() - t0}
-        time.sleep(0.05)
-
-
-def fetch_trace(url: str) -> list[dict] | None:
-    try:
-        r = httpx.get(url + "/v1/trace", timeout=30)
-        return r.json().get("steps") if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
 def slug(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in name).strip("-")
 
 
 def sources(session: Session) -> dict[str, worktree.Source]:
-    """Each variant's engine source (worktrees made now, before any run); none with --url."""
-    return {} if session.url else {v.name: worktree.source(v.ref, session.repo) for v in session.variants}
+    """Each tfengine variant's source (worktrees made now, before any run); none for a command
+    variant or a --url server."""
+    return {v.name: worktree.source(v.ref, session.repo) for v in session.variants
+            if v.launched and v.command is None}
+
+
+def shared_fields(engine: EngineSetup) -> dict[str, str]:
+    """What a command variant may say besides {host} and {port}: the shared flags' values."""
+    return {"{model}": engine.model, "{dtype}": engine.dtype or "auto",
+            "{max_model_len}": str(engine.max_model_len or "")}
+
+
+def command_argv(variant: Variant, engine: EngineSetup) -> list[str]:
+    """A command variant's argv with $VARS expanded from tfbench's environment (an unset one is a
+    flag error) and the shared fields filled in ({host}, {port}: the launcher)."""
+    out = []
+    for a in variant.command or []:
+        a = os.path.expandvars(a)
+        if "$" in a:
+            raise FlagError("--variants", f"variant {variant.name}'s command says {a!r}: set that variable")
+        for k, v in shared_fields(engine).items():
+            if k in a and not v:
+                raise FlagError("--max-model-len", f"variant {variant.name}'s command says {k}: give it")
+            a = a.replace(k, v)
+        out.append(a)
+    return out
 
 
 @contextlib.contextmanager
 def serve(session: Session, variant: Variant, source: worktree.Source | None, log: Path,
           facts: dict) -> Iterator[str]:
-    """The run's server URL; `facts` gets the launched server's pid (= its process group) and argv."""
-    if session.url:
-        with existing(session.url) as url:
+    """The run's server URL; `facts` gets the launched server's pid (= its process group), argv,
+    command line and how tfbench knows it is the one launched."""
+    if variant.url:
+        with existing(variant.url) as url:
             yield url
         return
-    with launch(session.engine.flags() + variant.args, log, env=variant.env, root=Path(source.path)) as srv:
-        facts.update(pgid=srv.pgid, argv=srv.argv, root=source.path)
+    if variant.command is not None:
+        cm = launch(variant.args, log, env=variant.env, command=command_argv(variant, session.engine),
+                    health=variant.health, start_timeout=variant.start_timeout)
+    else:
+        cm = launch(session.engine.flags() + variant.args, log, env=variant.env, root=Path(source.path))
+    with cm as srv:
+        facts.update(pgid=srv.pgid, argv=srv.argv, command=srv.command_line, checked=list(srv.checked))
+        if source is not None:
+            facts["root"] = source.path
         yield srv.url
+
+
+def run_identity(url: str, facts: dict) -> ServerIdentity:
+    """The server's own account of itself, with the command line tfbench launched (if any)."""
+    ident = identify(url)
+    if facts.get("command"):
+        ident.launched, ident.command, ident.checked = True, facts["command"], facts.get("checked", [])
+    return ident
+
+
+def run_vocab(session: Session, ident: ServerIdentity) -> int:
+    """--vocab, else the server's vocab_size, --tokenizer DIR or the --model directory."""
+    if session.vocab:
+        return session.vocab
+    model_dir = session.engine.model if Path(session.engine.model).is_dir() else None
+    return discover_vocab(ident, session.tokenizer, model_dir)
 
 
 def header(session: Session, srcs: dict[str, worktree.Source], settings: dict) -> dict:
@@ -259,43 +221,100 @@ def header(session: Session, srcs: dict[str, worktree.Source], settings: dict) -
             "host": host_info(),
             "settings": {"engine": asdict(session.engine), "engine_flags": session.engine.flags(),
                          "order": session.order, "url": session.url, "base": session.variants[0].name,
-                         "margin": session.margin, "run_dir": str(session.run_dir), **settings},
+                         "margin": session.margin, "run_dir": str(session.run_dir),
+                         "token_ids": session.token_ids, **settings},
+            "identities": {},
             "variants": [{**v.to_dict(), "source": srcs[v.name].to_dict() if v.name in srcs else None}
                          for v in session.variants],
             "predictions": session.predictions.to_dict() if session.predictions else None,
-            "runs": [], "environment": None, "not_run": []}
+            "runs": [], "environment": None, "not_run": [], "partial": None}
+
+
+def partial_mark(order: list[str], done: int, after: list[str] = (), why: str = "in progress") -> dict:
+    """The receipt's `partial` field while runs are missing: how many are done and which are not."""
+    missing = [f"run {j} ({n})" for j, n in enumerate(order[done:], done + 1)] + list(after)
+    return {"why": why, "done": done, "total": len(order), "missing": missing}
+
+
+def check_engines(session: Session, srcs: dict[str, worktree.Source]) -> None:
+    """Ask each variant's engine to validate its flags (`serve --check`) before any server starts:
+    a bad flag is one line and exit 2 now, not a failed run after others were launched. Raises
+    ServerError naming the variant (the gate falls back to A/A on a base that will not serve)."""
+    asked = set()
+    for v in session.variants:
+        if not v.launched or v.command is not None or v.name not in srcs:
+            continue  # a running server, or another program: tfengine's --check does not apply
+        flags, root = session.engine.flags() + v.args, Path(srcs[v.name].path)
+        key = (tuple(flags), tuple(sorted(v.env.items())), root)
+        if key in asked:
+            continue
+        asked.add(key)
+        try:
+            check_engine_flags(flags, root=root, env=v.env)
+        except BenchError as e:
+            log = session.run_dir / f"check-{slug(v.name)}.log"  # where the gate's fallback note points
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(f"{e}\n")
+            err = ServerError(f"variant {v.name!r}: {e}", str(log))
+            err.variant = v.name
+            raise err from None
+
+
+def identity_record(ident: ServerIdentity, fingerprint: str | None = None) -> dict:
+    """The identity as the receipt keeps it (tfengine's /v1/engine is kept once, beside it), with
+    the streams' system_fingerprint."""
+    d = ident.to_dict()
+    d.pop("engine", None)
+    return {**d, "system_fingerprint": fingerprint}
 
 
 def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play: Callable[[Run], dict],
-            rep: Reporter, finish: Callable[[dict], str], keep_failed: bool = False) -> None:
+            rep: Reporter, finish: Callable[[dict], str], keep_failed: bool = False,
+            checkpoint: Callable[[], None] | None = None, after: list[str] = ()) -> None:
     """Every run in order, a fresh server each, appended to data["runs"]: index, variant, start
     time, `play`'s records, log, server facts. `finish(entry)` adds the run's figures and returns
     the line shown. A server that dies or never gets healthy raises ServerError (its variant
-    named), or with `keep_failed` makes a failed run (its error kept) and the others go on."""
+    named), or with `keep_failed` makes a failed run (its error kept) and the others go on.
+    After each run data["partial"] says what is still missing (the runs left, then `after`) and
+    `checkpoint()` writes the receipt so far: a stop or crash keeps every finished run."""
     by_name = {v.name: v for v in session.variants}
+    check_engines(session, srcs)
     session.run_dir.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(session.order, 1):
+        data["partial"] = partial_mark(session.order, i - 1, after)
         rep.step(f"run {i}/{len(session.order)}: {name}")
         log = session.run_dir / f"run{i}-{slug(name)}.log"
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
         server: dict = {"load_before": os.getloadavg()[0]}
         info: dict = {}
+        ident = None
+        variant = by_name[name]
         try:
-            with serve(session, by_name[name], srcs.get(name), log, server) as url:
+            with serve(session, variant, srcs.get(name), log, server) as url:
                 info = server_info(url)
-                if data["environment"] is None:
-                    data["environment"] = info
-                if session.url:
+                ident = run_identity(url, server)
+                data["identities"].setdefault(name, identity_record(ident))
+                if data["environment"] is None or (info.get("engine") and not data["environment"].get("engine")):
+                    data["environment"] = info  # tfengine's account of the device, where one ran
+                if not variant.launched:
                     server["idle"] = wait_idle(url)  # the last run's streams are gone
-                model, vocab, mml = model_facts(info)
-                entry = play(Run(i, by_name[name], url, info, model, vocab, mml, bool(session.url), rep.note))
+                model, _, mml = model_facts(info)
+                entry = play(Run(i, variant, url, info, ident.model or model, run_vocab(session, ident),
+                                 ident.max_model_len or mml, not variant.launched, rep.note, ident,
+                                 session.token_ids, session.salt, rep.status))
         except ServerError as e:
             e.variant = name
             if not keep_failed:
                 raise
             entry = {"error": str(e), "failure": e.what + (f": {e.last_line}" if e.last_line else "")}
         entry = {"index": i, "variant": name, "started": started, **entry,
-                 "log": None if session.url else str(log), "server": server, "engine": info.get("engine")}
+                 "log": str(log) if variant.launched else None, "server": server, "engine": info.get("engine"),
+                 "identity": identity_record(ident, entry.get("system_fingerprint")) if ident else None}
+        if entry["identity"] and entry["identity"]["system_fingerprint"]:
+            data["identities"][name]["system_fingerprint"] = entry["identity"]["system_fingerprint"]
         data["runs"].append(entry)
         rep.note(finish(entry))
+        data["partial"] = partial_mark(session.order, i, after) if i < len(session.order) or after else None
+        if checkpoint:
+            checkpoint()
         rep.advance()

@@ -61,11 +61,12 @@ def test_long_prompt_tiny_engine(tmp_path):
 def test_url_targets_running_server(tmp_path):
     cmd = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
     with launch(["--trace"], tmp_path / "fake.log", command=cmd) as srv:
-        res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--url", srv.url, "--order", "base,new",
+        res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--url", srv.url, "--order", "base,base",
                                        "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, (res.output, res.exception)
     data = receipt_json(tmp_path / "r")
     assert all("pgid" not in r["server"] for r in data["runs"])  # nothing launched
+    assert [v["name"] for v in data["variants"]] == ["tfengine"] and "stats" not in data  # its own name, no verdicts
     b_prompts = {r["hashes"]["B"]["sha256"] for r in data["runs"]}
     assert len(b_prompts) == 2  # each run its own cold prompt on a shared server
     assert all(r["figures"]["valid"] for r in data["runs"]), [r["figures"]["invalid_reasons"] for r in data["runs"]]
@@ -93,7 +94,8 @@ def test_bad_flag_is_one_red_line_exit_2(args, flag):
 def test_a_variant_whose_server_dies_is_a_failed_run_not_a_lost_receipt(tmp_path, monkeypatch):
     srv = tmp_path / "srv.py"
     srv.write_text("import sys\nfrom tensorfold_bench import fakeserver\n"
-                   "if '--prefill-share' in sys.argv:\n    sys.exit('refusing --prefill-share (a broken new side)')\n"
+                   "if '--prefill-share' in sys.argv and '--check' not in sys.argv:\n"
+                   "    sys.exit('refusing --prefill-share (a broken new side: its flags check, it will not serve)')\n"
                    "fakeserver.main(sys.argv[1:])\n")
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} {srv}")
     res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--plain-check", "--out", str(tmp_path / "r")])

@@ -94,3 +94,21 @@ def test_cut_backend_rule_and_cut_thread():
     assert r.generate(toks, 4, lane=1) == here
     assert r._warm_cuts() == 0  # nothing to build on the CPU
     r._cut_thread.shutdown()
+
+
+def test_float32_half_by_plain_math_equals_the_flash_half(interpret):
+    """Flash and cuDNN take no float32, so a float32 CUDA runner's halves are plain matmuls
+    (engine.kernels_prefill._half_math): the same output and log-sum-exp as the flash half."""
+    interpret(r'''
+import torch
+from engine.kernels_prefill import _expand, _half_math
+g = torch.Generator().manual_seed(1)
+q = torch.randn(1, 4, 9, 16, generator=g)
+for causal, s in ((True, 9), (False, 23)):
+    k, v = torch.randn(1, 2, s, 16, generator=g), torch.randn(1, 2, s, 16, generator=g)
+    ke, ve = _expand(k, 4), _expand(v, 4)
+    o_ref, l_ref = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, causal)[:2]
+    o, l = _half_math(q, ke, ve, causal)
+    assert (o - o_ref).abs().max() < 1e-5 and (l - l_ref).abs().max() < 1e-5, causal
+print("ok")
+''')

@@ -153,6 +153,46 @@ def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
     del r2
 
 
+def _prompt_rows(r, plens, reps, rate, out, table, console) -> None:
+    """Whole prompts of each length: time, tok/s and, with a measured matrix rate, the roofline."""
+    out["prefill"] = {}
+    for n in plens:
+        s = bench_prefill(r, n, reps)
+        rec = {"seconds": s, "tok_s": n / s}
+        row = [f"prompt {n} tokens (whole)", f"{s:.3f} s", f"{n / s:,.0f}", "", ""]
+        if rate:
+            roof = n / (prompt_flops(r, n) / rate)
+            rec.update(roofline_tok_s=roof, ratio=(n / s) / roof, flops=prompt_flops(r, n))
+            row[3:] = [f"{roof:,.0f}", f"{(n / s) / roof:.0%}"]
+        out["prefill"][n] = rec
+        table.add_row(*row)
+        console.print(" | ".join(row), highlight=False)
+
+
+def _decode_rows(r, levels, parallel, rounds, reps, ctx, decode_ctx, cuda, bw, out, table, console) -> None:
+    """Decode rounds at each stream count (and, on CUDA, one stream at longer contexts)."""
+    out["decode"] = {}
+    ctxs = [(k, ctx) for k in levels if k <= parallel]
+    if cuda:
+        ctxs += [(1, int(c)) for c in decode_ctx.split(",") if c and int(c) + rounds + 8 < r.max_model_len]
+    for k, c in ctxs:
+        s = bench_decode(r, k, rounds, reps, c)
+        rec = {"round_s": s, "tok_s": k / s, "stream_tok_s": 1 / s, "ctx": c}
+        row = [f"decode {k} stream{'s' if k > 1 else ''}" + (f" at {c} tokens" if c != ctx else ""),
+               f"{s * 1e3:.2f} ms", f"{k / s:,.1f}", "", ""]
+        if bw:
+            kv_bytes = k * (c + rounds / 2) * r.kv.row_bytes()
+            roof = k / ((weight_bytes(r) + kv_bytes) / bw)
+            rec.update(roofline_tok_s=roof, ratio=(k / s) / roof)
+            row[3:] = [f"{roof:,.1f}", f"{(k / s) / roof:.1%}"]
+        if c == ctx:
+            out["decode"][k] = rec
+        else:
+            out.setdefault("decode_long", {})[f"{k} streams, ctx {c}"] = rec
+        table.add_row(*row)
+        console.print(" | ".join(row), highlight=False)
+
+
 @app.command()
 def main(
     model: Annotated[str, typer.Option(help="preset name or HF layout directory")] = "cpu",
@@ -203,38 +243,8 @@ def main(
     if cuda:
         table.add_row("copy bandwidth (read+write)", "", "", f"{bw / 1e12:.2f} TB/s", "")
         table.add_row("bf16 matmul 8192^3", "", "", f"{rate / 1e12:.0f} TFLOP/s", "")
-    out["prefill"] = {}
-    for n in plens:
-        s = bench_prefill(r, n, reps)
-        rec = {"seconds": s, "tok_s": n / s}
-        row = [f"prompt {n} tokens (whole)", f"{s:.3f} s", f"{n / s:,.0f}", "", ""]
-        if rate:
-            roof = n / (prompt_flops(r, n) / rate)
-            rec.update(roofline_tok_s=roof, ratio=(n / s) / roof, flops=prompt_flops(r, n))
-            row[3:] = [f"{roof:,.0f}", f"{(n / s) / roof:.0%}"]
-        out["prefill"][n] = rec
-        table.add_row(*row)
-        console.print(" | ".join(row), highlight=False)
-    out["decode"] = {}
-    ctxs = [(k, ctx) for k in levels if k <= parallel]
-    if cuda:
-        ctxs += [(1, int(c)) for c in decode_ctx.split(",") if c and int(c) + rounds + 8 < r.max_model_len]
-    for k, c in ctxs:
-        s = bench_decode(r, k, rounds, reps, c)
-        rec = {"round_s": s, "tok_s": k / s, "stream_tok_s": 1 / s, "ctx": c}
-        row = [f"decode {k} stream{'s' if k > 1 else ''}" + (f" at {c} tokens" if c != ctx else ""),
-               f"{s * 1e3:.2f} ms", f"{k / s:,.1f}", "", ""]
-        if bw:
-            kv_bytes = k * (c + rounds / 2) * r.kv.row_bytes()
-            roof = k / ((weight_bytes(r) + kv_bytes) / bw)
-            rec.update(roofline_tok_s=roof, ratio=(k / s) / roof)
-            row[3:] = [f"{roof:,.1f}", f"{(k / s) / roof:.1%}"]
-        if c == ctx:
-            out["decode"][k] = rec
-        else:
-            out.setdefault("decode_long", {})[f"{k} streams, ctx {c}"] = rec
-        table.add_row(*row)
-        console.print(" | ".join(row), highlight=False)
+    _prompt_rows(r, plens, reps, rate, out, table, console)
+    _decode_rows(r, levels, parallel, rounds, reps, ctx, decode_ctx, cuda, bw, out, table, console)
     if cuda and 1 in levels and 1 in out["decode"]:  # what the fixed padded shape and the fused kernels buy
         try:
             _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel)

@@ -15,8 +15,21 @@ MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate"
 PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep}  # a gate receipt has none
 
 
+def partial_banner(partial: dict) -> str:
+    """What a partial receipt lacks, said first: it was stopped (or is still running)."""
+    miss = ", ".join(partial.get("missing") or []) or "nothing"
+    return (f"**Partial receipt ({partial.get('why', 'in progress')}).** {partial['done']} of {partial['total']} "
+            f"runs finished; missing: {miss}. Medians, verdicts and checks below use the finished runs only.")
+
+
 def render_markdown(data: dict, png_name: str | None = None) -> str:
-    return MARKDOWN[data.get("scenario", "long-prompt")](data, png_name)
+    md = MARKDOWN[data.get("scenario", "long-prompt")](data, png_name)
+    if not data.get("partial"):
+        return md
+    title, sep, rest = md.partition("\n")
+    if not title.startswith("#"):
+        title, sep, rest = "", "", md
+    return f"{title}{sep}\n{partial_banner(data['partial'])}\n\n{rest.lstrip(chr(10))}"
 
 
 def render_png(data: dict, path: Path) -> Path | None:
@@ -24,21 +37,34 @@ def render_png(data: dict, path: Path) -> Path | None:
     return draw(data, path) if draw else None
 
 
-def write(data: dict, out_dir: Path, stem: str) -> dict[str, Path]:
-    """Write STEM.json, STEM.md and (but for a gate) STEM.png under out_dir; return their paths."""
+def write(data: dict, out_dir: Path, stem: str, png: bool = True) -> dict[str, Path]:
+    """Write STEM.json, STEM.md and (but for a gate, or with png=False) STEM.png under out_dir;
+    return their paths. Each file is written whole and then renamed, so a reader (or a stop
+    mid-write) never sees half a receipt."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
-    paths["json"].write_text(json.dumps(data, indent=1) + "\n")
-    png = render_png(data, paths["png"])
+    _atomic(paths["json"], json.dumps(data, indent=1) + "\n")
+    png = render_png(data, paths["png"]) if png else None
     if png is None:
         del paths["png"]
-    paths["md"].write_text(render_markdown(data, png.name if png else None))
+    _atomic(paths["md"], render_markdown(data, png.name if png else None))
     return paths
 
 
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def load(path: Path) -> dict:
-    data = json.loads(Path(path).read_text())
-    if not str(data.get("schema", "")).startswith("tfbench.receipt/"):
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise BenchError(f"{path}: cannot read: {e.strerror}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BenchError(f"{path} is not a tfbench receipt (not JSON: {e})") from None
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("tfbench.receipt/"):
         raise BenchError(f"{path} is not a tfbench receipt (no schema field)")
     return data
 

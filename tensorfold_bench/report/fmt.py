@@ -25,9 +25,12 @@ def short_commit(c: str | None) -> str:
 
 def stats_table(figs: dict, base: str, *, label: str = "figure", runs_header: str = "runs (in run order)",
                 digits: int | None = None, none: str = "-", span_sep: str = " to ",
-                key: Callable[[str], str] = str, base_mark: str = " (base)") -> list[str]:
+                key: Callable[[str], str] = str, base_mark: str = " (base)", verdicts: bool = True) -> list[str]:
     """One row per (figure, variant): every run's value in run order, the median (base: with its
-    span), new vs base, the paired 95 % interval and the verdict. `digits` None: the registry's."""
+    span), new vs base, the paired 95 % interval and the verdict. `digits` None: the registry's.
+    `verdicts` False (servers tfbench did not launch): runs and medians only."""
+    if not verdicts:
+        return medians_table(figs, base, label=label, runs_header=runs_header, digits=digits, none=none, key=key)
     lines = [f"| {label} | variant | {runs_header} | median | vs {base} | paired 95 % interval | verdict |",
              "|---|---|---|---|---|---|---|"]
     for name, d in figs.items():
@@ -47,13 +50,26 @@ def stats_table(figs: dict, base: str, *, label: str = "figure", runs_header: st
     return lines
 
 
+def medians_table(figs: dict, base: str, *, label: str, runs_header: str, digits: int | None, none: str,
+                  key: Callable[[str], str]) -> list[str]:
+    lines = [f"| {label} | variant | {runs_header} | median |", "|---|---|---|---|"]
+    for name, d in figs.items():
+        fs = stats.FigureStats.from_dict(d)
+        n = spec(name).digits if digits is None else digits
+        for v in [base] + [x for x in fs.runs if x != base]:
+            vals = " / ".join(num(x, n, none) for x in fs.runs.get(v, [])) or none
+            lines.append(f"| {key(name)} | {v} | {vals} | **{num(fs.medians.get(v), n, none)}** |")
+    return lines
+
+
 def environment_lines(data: dict) -> list[str]:
     """Device, model, server, variants and host, from the receipt's header."""
     env = data.get("environment") or {}
     eng = env.get("engine") or {}
     desc = eng.get("engine") or {}
     cfg = eng.get("config") or {}
-    host = data.get("host") or {}
+    if not eng and "identities" in data:  # no tfengine ran: the servers' own accounts, below
+        return [*server_lines(data), host_line(data)]
     dev = desc.get("device_name") or desc.get("device") or "unknown device"
     bits = [f"{dev}"]
     if desc.get("compute_capability"):
@@ -70,18 +86,29 @@ def environment_lines(data: dict) -> list[str]:
     lines.append(f"- Model: `{desc.get('model') or cfg.get('model') or '?'}` ({desc.get('dtype') or cfg.get('dtype') or '?'}"
                  + (f", {params:,} parameters" if isinstance(params, int) else "") + ")"
                  + (f"; shape: {shape_s}." if shape_s else "."))
-    st = data["settings"]
+    return [*lines, *server_lines(data), host_line(data)]
+
+
+def server_lines(data: dict) -> list[str]:
+    """Where the servers came from, each variant, and each server's account of itself."""
+    lines, st = [], data["settings"]
+    if "identities" in data and not (data.get("environment") or {}).get("engine"):
+        lines.append("- Device: not reported (only tfengine's /v1/engine reports it; this session ran none).")
     if st.get("url"):
-        lines.append(f"- Server: {st['url']} (not launched by tfbench).")
-    else:
+        lines.append(f"- Servers: {st['url']}: not launched by tfbench, so a fresh server per run and a cold "
+                     "cache are not guaranteed.")
+    if any(v.get("url") is None and v.get("command") is None for v in data["variants"]):
         lines.append(f"- Shared engine flags: `{' '.join(st['engine_flags'])}`; a fresh server per run.")
+    idents = data.get("identities") or {}
     if st.get("sampling"):  # receipts from before sampling have none
         lines.append(sampling_line(st["sampling"]))
-    lines.append("- Variants: " + "; ".join(f"{v['name']} `{' '.join(v['args']) or '(no flags)'}`"
-                                            + (f" env {v['env']}" if v.get("env") else "")
-                                            + (f" @ {v['ref']}" if v.get("ref") else "") for v in data["variants"]) + ".")
-    lines.append(f"- Host: Python {host.get('python')}, {host.get('platform')}; tfbench {host.get('tfbench')}"
-                 + f" @ {short_commit(host.get('harness_commit'))}; {data.get('created')}.")
+    lines.append("- Variants: " + "; ".join(variant_label(v, idents.get(v["name"])) for v in data["variants"]) + ".")
+    lines += [f"- {name}: {identity_line(i)}." for name, i in idents.items()]
+    counted = sorted({r.get("counted_by") for r in data["runs"] if r.get("counted_by") not in (None, "ids")})
+    if counted:
+        lines.append(f"- Tokens counted by {' and '.join(counted)}: the server sent no token ids "
+                     "(`--token-ids`), so replies' hashes are unknown, never \"differ\"; counts use the "
+                     "server's usage.completion_tokens where given.")
     return lines
 
 
@@ -92,6 +119,38 @@ def sampling_line(d: dict) -> str:
     return (f"- Sampling: temperature {d['temperature']:g}, seed {d['seed']}; each request's seed is derived from "
             f"it and the request's role ({d['request_seed']}), so a prompt gets the same seed on every server, "
             "run and variant and in the plain reference.")
+
+
+def host_line(data: dict) -> str:
+    host = data.get("host") or {}
+    return (f"- Host: Python {host.get('python')}, {host.get('platform')}; tfbench {host.get('tfbench')}"
+            + f" @ {short_commit(host.get('harness_commit'))}; {data.get('created')}.")
+
+
+def variant_label(v: dict, ident: dict | None) -> str:
+    """What a variant ran: a --url server, a command as launched, or tfengine's flags applied."""
+    if v.get("url"):
+        return f"{v['name']} = {v['url']} (not launched by tfbench)"
+    env = f" env {v['env']}" if v.get("env") else ""
+    if v.get("command") is not None:
+        if (ident or {}).get("command"):
+            return f"{v['name']} (a command, as launched below){env}"
+        return f"{v['name']} `{' '.join(v['command'] + v['args'])}` (never launched){env}"
+    return (f"{v['name']} `{' '.join(v['args']) or '(no flags)'}`" + env + (f" @ {v['ref']}" if v.get("ref") else ""))
+
+
+def identity_line(i: dict) -> str:
+    """The server's own account of itself: /v1/models, /version, system_fingerprint, how launched."""
+    bits = [i.get("name") or "unknown"]
+    if i.get("version"):
+        bits[0] += f" {i['version']}"
+    facts = [f"{k} {i[k]}" for k in ("owned_by", "root", "max_model_len") if i.get(k) is not None]
+    bits.append(f"model `{i.get('model') or '?'}`" + (f" ({', '.join(facts)})" if facts else ""))
+    if i.get("system_fingerprint"):
+        bits.append(f"system_fingerprint `{i['system_fingerprint']}`")
+    bits.append(f"launched as `{i['command']}`" if i.get("launched") and i.get("command")
+                else "not launched by tfbench" if not i.get("launched") else "launched by tfbench")
+    return ", ".join(bits)
 
 
 def not_run_lines(notes: list[str]) -> list[str]:

@@ -16,7 +16,8 @@ def markdown(data: dict, png_name: str | None = None) -> str:
     st, p = data["settings"], data["settings"]["preset_values"]
     base, new = data["variants"]
     order = [r["variant"] for r in data["runs"]] or st["order"]
-    lines = [f"## tfbench gate: {'PASS' if data['passed'] else 'FAIL'}", "",
+    verdict = "PARTIAL" if data.get("partial") else "PASS" if data["passed"] else "FAIL"
+    lines = [f"## tfbench gate: {verdict}", "",
              f"base = {_side(base)}; new = {_side(new)}; order {'/'.join(order)}, preset `{st['preset']}`, margins "
              f"{st['margin'] * 100:g} % (throughput) and {st['long_margin'] * 100:g} % (long-prompt figures).", ""]
     if data["reasons"]:

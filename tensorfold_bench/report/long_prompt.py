@@ -53,10 +53,13 @@ def runs_table(data: dict) -> list[str]:
         late = " / ".join("-" if f.lateness.get(k) is None else f"{1000 * f.lateness[k]:.0f}" for k in "ABC")
         b_usage = (r["records"]["B"].get("usage") if r.get("records") else None) or {}
         cached = (b_usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        cached = "-" if cached is None else cached
+        if cached == "-" and (r.get("cold") or {}).get("by") == "fresh random prompt":
+            cached = "- (fresh prompt)"
         load = (r.get("server") or {}).get("load_before")
         rows.append(f"| {r['index']} | {r['variant']} | {num(f.b_first_token)} s | {num(f.c_first_token)} s | "
                     f"{num(f.a_longest_pause)} s | {num(f.a_rate_during, 1)} | {num(f.a_rate_before, 1)} | {late} | "
-                    f"{'-' if cached is None else cached} | {num(load, 1)} | "
+                    f"{cached} | {num(load, 1)} | "
                     f"{'yes' if f.valid else 'no: ' + '; '.join(f.invalid_reasons)} |")
     return rows
 
@@ -79,7 +82,8 @@ def count_equal(data: dict, key: str) -> list[str]:
             elif c["equal"] is None:
                 k_n[2] += 1
             else:
-                diffs.append(f"run {r['index']} {c['stream']}")
+                diffs.append(f"run {r['index']} {c['stream']}"
+                             + (f" (from token {c['diverge_at']})" if c.get("diverge_at") is not None else ""))
     parts = [f"{name} {k} of {n} equal" + (f" ({u} unknown)" if u else "") for name, (k, n, u) in per.items()]
     return ["; ".join(parts) + "." + (f" Differ: {', '.join(diffs)}." if diffs else "")]
 
@@ -97,7 +101,9 @@ def exactness_lines(data: dict) -> list[str]:
         lines.append("- Against the plain reference (each request alone, one stream, whole prompt, no prompt cache, "
                      "no drafts): " + vs_plain[0])
     ss = ex.get("server_sha") or {}
-    if ss:
+    if ss and not ss.get("match") and not ss.get("mismatch") and ss.get("absent"):
+        lines.append("- The server sends no token_sha: the hashes below are ours, of the ids received.")
+    elif ss:
         lines.append(f"- The servers' token_sha against our sha256 of the ids received: {ss.get('match', 0)} match, "
                      f"{ss.get('mismatch', 0)} differ, {ss.get('absent', 0)} absent (A is cancelled, so it ends without one).")
     hashes = ex.get("hashes") or {}
@@ -113,6 +119,19 @@ def exactness_lines(data: dict) -> list[str]:
     return lines
 
 
+def cold_lines(data: dict) -> list[str]:
+    """Which check held that each run's B was cold (receipts from before it: none)."""
+    by: dict[str, list[str]] = {}
+    for r in data["runs"]:
+        c = r.get("cold")
+        if c:
+            what = c["by"] if c["cached_tokens"] is None else f"the server's cached_tokens = {c['cached_tokens']}"
+            by.setdefault(what + ("" if c["held"] else " (NOT cold)"), []).append(str(r["index"]))
+    if not by:
+        return []
+    return ["B's cold prompt, checked by: " + "; ".join(f"{k} (run {', '.join(v)})" for k, v in by.items()) + ".", ""]
+
+
 def summary_markdown(data: dict) -> str:
     """What the command prints: the table and the exactness lines."""
     return "\n".join(table(data) + ["", "**Exactness.**", *exactness_lines(data)])
@@ -122,7 +141,7 @@ def markdown(data: dict, png_name: str | None = None) -> str:
     out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(data), "",
            test_paragraph(data), "", *table(data), "",
            "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "
-           "started):", "", *runs_table(data), "",
+           "started):", "", *runs_table(data), "", *cold_lines(data),
            "**Exactness.**", *exactness_lines(data), ""]
     if png_name:
         out += [f"![timeline: A's inter-token gaps, B and C marked]({png_name})", ""]

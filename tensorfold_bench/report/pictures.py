@@ -124,6 +124,8 @@ def timeline(data: dict, path: Path) -> Path | None:
 def sweep(data: dict, path: Path) -> Path | None:
     """Aggregate tok/s against streams: each run a dot, each variant's medians a line."""
     levels = data["settings"]["script"]["levels"]
+    if not any(m is not None for lv in levels for m in data["stats"][at("tok_s", lv)]["medians"].values()):
+        return None  # every run failed: nothing to draw
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     for k, v in enumerate(data["variants"]):
         name = v["name"]

@@ -12,7 +12,8 @@ DASH = "–"  # sweep receipts have always shown a missing value as an en dash
 
 def tok_s_table(data: dict) -> list[str]:
     return stats_table(data["stats"], data["settings"]["base"], label="streams", runs_header="runs (tok/s, in run order)",
-                       digits=2, none=DASH, span_sep="–", key=lambda n: n.split("@", 1)[1] if "@" in n else n)
+                       digits=2, none=DASH, span_sep="–", key=lambda n: n.split("@", 1)[1] if "@" in n else n,
+                       verdicts=not data["settings"].get("url"))
 
 
 def latency_table(data: dict) -> list[str]:
@@ -35,19 +36,28 @@ def latency_table(data: dict) -> list[str]:
 def exactness_line(data: dict) -> str:
     h = data["hashes"]
     return (f"Token hashes: {h['equal']} of {h['replies']} replies equal ({h['prompts']} prompts)"
-            + ("." if h["ok"] else f"; {len(h['flagged'])} differ (see the receipt)."))
+            + unknown_part(h) + ("." if h["ok"] else f"; {len(h['flagged'])} differ (see the receipt)."))
+
+
+def unknown_part(h: dict) -> str:
+    return f", {h['unknown']} unknown (the server sent no token ids)" if h.get("unknown") else ""
 
 
 def test_paragraph(data: dict) -> str:
     s = data["settings"]["script"]
-    order = "/".join(data["settings"]["order"])
     return (f"**The test.** At each level ({', '.join(map(str, s['levels']))} streams), that many streams start "
             f"together, each sending a {s['prompt_tokens']}-token prompt (seeded token ids) and generating "
             f"{s['tokens']} tokens with ignore_eos; {s['cells']} distinct prompt sets (cells), {s['reps']} reps "
             f"each. Aggregate tok/s = all tokens / (last token time - first send time); the median over reps is "
-            f"a cell's figure, the median over cells the run's. A fresh server per run, in the order {order}. "
-            "Verdicts pair each run with its adjacent base runs (a bootstrap interval of the median log-ratio, "
-            f"margin {data['settings'].get('margin', stats.DEFAULT_MARGIN) * 100:g} %).")
+            f"a cell's figure, the median over cells the run's. " + runs_sentence(data))
+
+
+def runs_sentence(data: dict) -> str:
+    st, order = data["settings"], "/".join(data["settings"]["order"])
+    if st.get("url"):
+        return f"Servers tfbench did not launch, in the order {order}; no verdicts."
+    return (f"A fresh server per run, in the order {order}. Verdicts pair each run with its adjacent base runs "
+            f"(a bootstrap interval of the median log-ratio, margin {st.get('margin', stats.DEFAULT_MARGIN) * 100:g} %).")
 
 
 def markdown(data: dict, png_name: str | None = None) -> str:
@@ -72,7 +82,7 @@ def markdown(data: dict, png_name: str | None = None) -> str:
     h = data["hashes"]
     lines += ["**Exactness.** Each prompt's reply is compared across reps, levels and runs with "
               + f"its first reply in a {st['base']} run."
-              + f" {h['equal']} of {h['replies']} replies equal ({h['prompts']} prompts)"
+              + f" {h['equal']} of {h['replies']} replies equal ({h['prompts']} prompts)" + unknown_part(h)
               + ("." if h["ok"] else "; these differ:")]
     lines += [f"- {f}" for f in h["flagged"][:20]]
     if len(h["flagged"]) > 20:

@@ -11,18 +11,20 @@ each sample with their role's seed (tensorfold_bench.sampling), in every run and
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, replace
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from tensorfold_bench import exactness, figures, session
-from tensorfold_bench.client import Request, StreamRecord, clock, new_record, stream
+from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, new_record, stream
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
 from tensorfold_bench.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
 from tensorfold_bench.session import Reporter, Run, Session
-from tensorfold_bench.variants import order_for, plain, select_variants
+from tensorfold_bench.variants import plain
 
 A_PROMPT_TOKENS = 16
 
@@ -62,23 +64,18 @@ def make_prompts(script: LongPromptScript, vocab: int, key: str = "") -> Prompts
                    prompt_ids(script.seed, f"C{key}", script.c_tokens, vocab))
 
 
-def requests(script: LongPromptScript, prompts: Prompts, extra: dict | None = None) -> tuple[Request, Request, Request]:
-    extra, sample = extra or {}, script.sampling.apply
-    return (sample(Request("A", prompts.a, max_tokens=script.a_max_tokens, ignore_eos=True, extra=extra), "A"),
-            sample(Request("B", prompts.b, max_tokens=script.b_max_tokens, ignore_eos=True, extra=extra), "B"),
-            sample(Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, extra=extra), "C"))
-
-
-def foreign_extra(foreign: bool) -> dict:
-    """Extra request fields for servers other than tfengine: usage in the stream, and token ids
-    (vLLM's `return_token_ids`; else logprobs "token_id:N" with --return-tokens-as-token-ids)."""
-    return {"stream_options": {"include_usage": True}, "logprobs": 1, "return_token_ids": True} if foreign else {}
+def requests(script: LongPromptScript, prompts: Prompts, token_ids: str = "ids") -> tuple[Request, Request, Request]:
+    """A, B and C; `token_ids`: how reply ids are asked for (client.TOKEN_ID_ROUTES)."""
+    sample = script.sampling.apply
+    return (sample(Request("A", prompts.a, max_tokens=script.a_max_tokens, ignore_eos=True, token_ids=token_ids), "A"),
+            sample(Request("B", prompts.b, max_tokens=script.b_max_tokens, ignore_eos=True, token_ids=token_ids), "B"),
+            sample(Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, token_ids=token_ids), "C"))
 
 
 async def play_script(url: str, script: LongPromptScript, prompts: Prompts, model: str = "default",
-                      extra: dict | None = None) -> dict[str, StreamRecord]:
+                      token_ids: str = "ids") -> dict[str, StreamRecord]:
     """Play A, B and C on the script; return their raw records."""
-    ra, rb, rc = requests(script, prompts, extra)
+    ra, rb, rc = requests(script, prompts, token_ids)
     async with http_client() as client:
         t0 = clock()
         a = new_record(ra, t0)
@@ -120,23 +117,23 @@ class LongPromptSettings:
     session: Session
     script: LongPromptScript
     plain_check: bool = False
-    vocab: int | None = None  # prompt ids are drawn below this; default: what the server reports
+    scaled: dict = field(default_factory=dict)  # settings.scaled_down: what the device's defaults cut
 
 
 def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
                         max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
                         vocab=None, stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False,
-                        predict=None, margin=0.02, temperature=0.0) -> LongPromptSettings:
+                        predict=None, margin=0.02, tokenizer=None, token_ids="ids",
+                        temperature=0.0) -> LongPromptSettings:
     """`tfbench run long-prompt`'s flags -> settings, with the device preset's defaults; every bad
     value names its flag; predictions are read (and stamped) here, before any run."""
     pre = session.device_preset(device)
     for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens),
                     ("--vocab", vocab)):
         session.positive(flag, v)
-    if c_after < 0:
-        raise FlagError("--c-after", f"must be at least 0, not {c_after}")
-    variants = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
-    variants, names = order_for(variants, order, aa)
+    if not (math.isfinite(c_after) and c_after >= 0):
+        raise FlagError("--c-after", f"must be a finite number of seconds, at least 0, not {c_after}")
+    variants, names, url = session.targets(url, share, variants_file, base_ref, new_ref, order, aa)
     b_tokens = b_tokens or pre.b_tokens
     mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
@@ -145,9 +142,11 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args)
     session.check_margin(margin)
-    preds = read_predictions(predict, [v.name for v in variants]) if predict else None
+    preds = read_predictions(predict, [v.name for v in variants], figures.predictable_long_prompt()) if predict else None
     return LongPromptSettings(Session(engine, variants, names, Path(out_dir), "long-prompt", url=url, margin=margin,
-                                      predictions=preds, stamp=stamp), script, plain_check, vocab)
+                                      predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
+                                      token_ids=token_ids), script, plain_check,
+                              session.scaled_note(device, []))  # the cpu B's size is said under "Not run"
 
 
 def check_script(script: LongPromptScript, vocab: int | None, mml: int | None) -> None:
@@ -168,8 +167,8 @@ def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
 def play_b_alone(run: Run, s: LongPromptScript, vocab: int, traced: bool) -> dict:
     """B's first token with nothing else running (checked on /metrics), on a prompt of its own."""
     idle = session.wait_idle(run.url)
-    req = s.sampling.apply(Request("B", make_prompts(s, vocab, f"-alone{run.index}").b, max_tokens=s.b_max_tokens,
-                                   extra=foreign_extra(run.shared)), "B")
+    req = s.sampling.apply(Request("B", make_prompts(s, vocab, f"-alone{run.index}{run.salt}").b,
+                                   max_tokens=s.b_max_tokens, token_ids=run.token_ids), "B")
     rec = asyncio.run(play_alone(run.url, req, run.model))
     tr = session.fetch_trace(run.url) if traced else None
     return {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
@@ -177,23 +176,57 @@ def play_b_alone(run: Run, s: LongPromptScript, vocab: int, traced: bool) -> dic
             "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
 
 
+def alone_or_defer(settings: LongPromptSettings, data: dict, run: Run, measure: Callable[[], dict]) -> None:
+    """B alone on this run's server, if it still serves. A server that died during the run is not
+    measured: B alone waits for the variant's next run, or, with none left, is recorded as failed;
+    either way data["alone_notes"] says which."""
+    name = run.variant.name
+    if session.healthy(run.url):
+        run.status("B alone")
+        data["alone"][name] = measure()
+        return
+    later = [j for j, n in enumerate(settings.session.order, 1) if n == name and j > run.index]
+    why = f"{name}: the server stopped serving during run {run.index}, so B alone was not measured on it"
+    if later and not settings.session.url:
+        data.setdefault("alone_notes", []).append(f"{why}; it is measured on run {later[0]}, a fresh server.")
+    else:
+        data.setdefault("alone_notes", []).append(f"{why}; no later run of {name} to measure it on: B alone failed.")
+        data["alone"][name] = {"record": None, "run": run.index, "idle": None, "trace": None, "b_first_token": None,
+                               "error": f"the server stopped serving during run {run.index}"}
+
+
 def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
     """One run on its server: A/B/C on the script, the engine's trace, and B alone once per
     variant; raw records only."""
-    vocab = settings.vocab or run.vocab
-    if vocab is None:
-        raise FlagError("--vocab", "the server reports no vocabulary size (GET /v1/engine, /v1/models): give it")
+    vocab = run.vocab
     check_script(settings.script, vocab, run.max_model_len)
     s = fit_script(settings.script, run.max_model_len)
     data["settings"]["script"], data["vocab"] = s.to_dict(), vocab
-    prompts = make_prompts(s, vocab, f"-run{run.index}" if run.shared else "")
-    recs = asyncio.run(play_script(run.url, s, prompts, run.model, foreign_extra(run.shared)))
+    # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
+    # the salt) prompts are fresh random ids, so none of them is a prefix of an earlier one
+    prompts = make_prompts(s, vocab, f"-run{run.index}{run.salt}" if run.shared else "")
+    recs = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
     trace = session.fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
     if run.variant.name not in data["alone"]:
-        run.note(f"{run.variant.name}: B alone")
-        data["alone"][run.variant.name] = play_b_alone(run, s, vocab, trace is not None)
+        alone_or_defer(settings, data, run, lambda: play_b_alone(run, s, vocab, trace is not None))
     records = records_dict(recs)
-    return {"records": records, "hashes": exactness.reply_hashes(records), "trace": trace}
+    return {"records": records, "hashes": exactness.reply_hashes(records), "trace": trace,
+            "cold": cold_check(recs["B"], run.shared), "counted_by": counted_by(recs.values()),
+            "system_fingerprint": next((r.system_fingerprint for r in recs.values() if r.system_fingerprint), None)}
+
+
+def counted_by(recs) -> str | None:
+    """The weakest way any reply's tokens were counted (ids, logprobs, chunks)."""
+    ways = [r.counted_by for r in recs if r.counted_by]
+    return max(ways, key=COUNTED_BY.index) if ways else None
+
+
+def cold_check(b: StreamRecord, shared: bool) -> dict:
+    """Which check says B's prompt was cold: the server's cached_tokens where it reports them,
+    else a fresh server (launched) or a fresh random prompt (--url)."""
+    if b.cached_tokens is not None:
+        return {"by": "cached_tokens", "cached_tokens": b.cached_tokens, "held": b.cached_tokens == 0}
+    return {"by": "fresh random prompt" if shared else "fresh server", "cached_tokens": None, "held": True}
 
 
 def finish(entry: dict) -> str:
@@ -203,6 +236,10 @@ def finish(entry: dict) -> str:
         f = figures.failed_long_prompt(entry["failure"])
     else:
         f = figures.long_prompt_of(entry["records"])
+        cold = entry.get("cold") or {}
+        if not cold.get("held", True):
+            f.valid = False
+            f.invalid_reasons.append(f"B was not cold: the server reports {cold['cached_tokens']} cached tokens")
     entry["figures"] = f.to_dict()
     s = lambda v: "-" if v is None else f"{num(v)} s"  # noqa: E731
     return (f"{entry['variant']}: B first token {s(f.b_first_token)}, C {s(f.c_first_token)}, "
@@ -213,7 +250,7 @@ def run_plain(settings: LongPromptSettings, data: dict, base_source, vocab: int)
     """Each request alone, whole prompt, no cache, no drafts, one stream, on the base's source."""
     pv = plain(settings.session.variants[0])
     a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"] if r["records"]] + [1])
-    ra, rb, rc = requests(settings.script, make_prompts(settings.script, vocab, ""))
+    ra, rb, rc = requests(settings.script, make_prompts(settings.script, vocab, ""), settings.session.token_ids)
     ra.max_tokens = a_len
     log, facts = settings.session.run_dir / "plain.log", {}
     with session.serve(settings.session, pv, base_source, log, facts) as url:
@@ -227,46 +264,65 @@ def run_plain(settings: LongPromptSettings, data: dict, base_source, vocab: int)
 
 def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
     out, url = [], settings.session.url
+    if data["settings"].get("scaled_down"):
+        out.append(data["settings"]["scaled_down"])
     if settings.session.engine.device == "cpu" and not url:
-        out.append("CUDA: this receipt is the cpu preset (fp32 on the host's cores). The same command with "
+        out.append("CUDA: this receipt ran on the host's cores. The same command with "
                    "--device cuda runs qwen3-8b in bf16 with a 32,000-token B at 5 s.")
     if url:
-        out.append(f"Fresh servers: --url {url} targets a running server, so every variant ran on it "
-                   "as it is configured and each run used its own prompts (cold B) instead of a restart.")
+        out.append(f"Fresh servers: --url {url}: servers tfbench did not launch, measured as they are "
+                   "configured; no fresh server per run and no cold cache is guaranteed (B's cold check: "
+                   "cached_tokens where reported, else a fresh random prompt per run), and no verdicts.")
     if not settings.plain_check:
         out.append("The plain reference (--plain-check): not asked for; replies are compared across runs only.")
     elif url:
         out.append("The plain reference: needs launched servers, not --url.")
+    elif settings.session.variants[0].command is not None:
+        out.append("The plain reference: runs tfengine only; the base is a command variant.")
     elif data.get("plain_error"):
         out.append(f"The plain reference: its server failed: {data['plain_error'].splitlines()[0]}")
+    out += data.get("alone_notes") or []
     for r in [r for r in data["runs"] if not r["figures"]["valid"]]:
         out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
                    + "; ".join(r["figures"]["invalid_reasons"]) + (f" (log: {r['log']})" if r.get("error") else ""))
     return out
 
 
-def run(settings: LongPromptSettings, reporter: Reporter | None = None) -> dict:
+def analyse(settings: LongPromptSettings, data: dict) -> dict:
+    """Exactness, what was not run, statistics and predictions, from the runs so far (idempotent:
+    it runs after every run for the partial receipt, and once at the end)."""
+    s = settings.session
+    data["exactness"] = exactness.long_prompt(data)
+    data["not_run"] = not_run(settings, data)
+    if len(s.variants) > 1 and data["runs"] and not s.url:  # servers not launched: no verdicts
+        data["stats"] = figures.long_prompt_stats(data)
+    if s.predictions:
+        data["predictions"] = s.predictions.check(figures.long_prompt_predicted(data)).to_dict()
+    return data
+
+
+def run(settings: LongPromptSettings, reporter: Reporter | None = None,
+        save: Callable[[dict], None] | None = None) -> dict:
     """Every run in order, a fresh server each, then the plain reference; the receipt data, its
     figures, exactness, statistics and predictions checked. A server that dies or never gets
-    healthy makes that run a failed one (kept, with the log's tail, left out of the medians)."""
+    healthy makes that run a failed one (kept, with the log's tail, left out of the medians).
+    `save(data)` gets the receipt so far after every run (marked partial until the last)."""
     rep, s = reporter or session.QuietReporter(), settings.session
     srcs = session.sources(s)
     data = session.header(s, srcs, {"script": settings.script.to_dict(), "plain_check": settings.plain_check,
-                                    "sampling": settings.script.sampling.to_dict()})
+                                    "sampling": settings.script.sampling.to_dict(), **settings.scaled})
     data.update(alone={}, plain=None, vocab=None)
-    rep.start(len(s.order) + (1 if settings.plain_check and not s.url else 0))
-    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, finish, keep_failed=True)
-    if settings.plain_check and not s.url:
+    plain_ref = settings.plain_check and not s.url and s.variants[0].command is None
+    rep.start(len(s.order) + (1 if plain_ref else 0))
+    checkpoint = (lambda: save(analyse(settings, data))) if save else None
+    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, finish, keep_failed=True,
+                    checkpoint=checkpoint, after=["the plain reference"] if plain_ref else [])
+    if plain_ref:
         rep.step("plain reference")
         try:
             data["plain"] = run_plain(settings, data, srcs[s.variants[0].name], data["vocab"]) if data["vocab"] else None
         except ServerError as e:
             data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
         rep.advance()
-    data["exactness"] = exactness.long_prompt(data)
-    data["not_run"] = not_run(settings, data)
-    if len(s.variants) > 1 and data["runs"]:
-        data["stats"] = figures.long_prompt_stats(data)
-    if s.predictions:
-        data["predictions"] = s.predictions.check(figures.long_prompt_predicted(data)).to_dict()
-    return data
+    data["partial"] = None
+    return analyse(settings, data)

@@ -18,19 +18,18 @@ prompts: every variant sees the same, and the median over reps is the warm figur
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from tensorfold_bench import exactness, figures, session
 from tensorfold_bench.client import Request, StreamRecord, new_record, stream
-from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.errors import FlagError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
 from tensorfold_bench.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios.streams import http_client, prompt_ids
 from tensorfold_bench.session import Reporter, Run, Session
-from tensorfold_bench.variants import order_for, select_variants
 
 
 @dataclass(frozen=True)
@@ -87,10 +86,11 @@ def cell_prompts(script: SweepScript, cell: int, level: int, vocab: int) -> list
 
 
 async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
-                     timeout_s: float = 900.0, sampling: Sampling = GREEDY, cell: int = 0) -> list[StreamRecord]:
+                     timeout_s: float = 900.0, token_ids: str = "ids", sampling: Sampling = GREEDY,
+                     cell: int = 0) -> list[StreamRecord]:
     """All streams of one burst, started together; stream s samples with prompt P(cell, s)'s seed."""
-    reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True), prompt_name(cell, i))
-            for i, p in enumerate(prompts)]
+    reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True, token_ids=token_ids),
+                           prompt_name(cell, i)) for i, p in enumerate(prompts)]
     recs = [new_record(r) for r in reqs]
     async with http_client() as client:
         tasks = [asyncio.create_task(stream(client, url, q, r, model)) for q, r in zip(reqs, recs)]
@@ -105,14 +105,15 @@ async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str
 
 
 async def play_levels(url: str, script: SweepScript, vocab: int, label: str, model: str = "default",
-                      progress: Callable[[str], None] | None = None) -> list[dict]:
+                      progress: Callable[[str], None] | None = None, token_ids: str = "ids") -> list[dict]:
     """Every level, cell and rep on one server: each batch's records, reduced (figures.sweep_batch)."""
     batches = []
     for level in script.levels:
         for cell in range(script.cells):
             prompts = cell_prompts(script, cell, level, vocab)
             for rep in range(script.reps):
-                recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s, script.sampling, cell)
+                recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s, token_ids,
+                                        script.sampling, cell)
                 hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
                 b = figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
                 batches.append(b)
@@ -129,6 +130,7 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
 class SweepSettings:
     session: Session
     script: SweepScript
+    scaled: dict = field(default_factory=dict)  # settings.scaled_down: what the device's defaults cut
 
     def __post_init__(self):
         if self.session.engine.parallel < self.script.max_level:
@@ -136,11 +138,14 @@ class SweepSettings:
 
 
 def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
-                        parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens, cells, reps,
-                        prompt_tokens, predict, margin, stamp="", temperature=0.0) -> SweepSettings:
+                        parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens=None, cells=None,
+                        reps=None, prompt_tokens=200, predict=None, margin=0.02, stamp="", vocab=None, tokenizer=None,
+                        token_ids="ids", temperature=0.0) -> SweepSettings:
     """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
     session.check_margin(margin)
-    script = SweepScript(levels=parse_levels(levels), tokens=tokens, cells=cells, reps=reps,
+    v, notes = session.sized(device, {"--tokens": tokens, "--cells": cells, "--reps": reps},
+                             {"--tokens": "sweep_tokens", "--cells": "sweep_cells", "--reps": "sweep_reps"})
+    script = SweepScript(levels=parse_levels(levels), tokens=v["--tokens"], cells=v["--cells"], reps=v["--reps"],
                          prompt_tokens=prompt_tokens, seed=seed, sampling=Sampling(temperature, seed))
     session.positive("--parallel", parallel)
     parallel = max(parallel or 0, script.max_level)  # every stream of the largest level gets a lane
@@ -148,17 +153,15 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
                                   max_model_len=max_model_len, seed=seed, trace=False, engine_args=engine_args)
     need = script.prompt_tokens + script.tokens + 1
     engine.max_model_len = None if url else (max_model_len or max(1024, -(-need // 256) * 256))
-    vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref)
-    vs, names = order_for(vs, order, aa)
-    preds = read_predictions(predict, [v.name for v in vs]) if predict else None
+    vs, names, url = session.targets(url, share, variants_file, base_ref, new_ref, order, aa)
+    preds = read_predictions(predict, [v.name for v in vs], figures.predictable_sweep(script.levels)) if predict else None
     return SweepSettings(Session(engine, vs, names, Path(out_dir), "sweep", url=url, margin=margin,
-                                 predictions=preds, stamp=stamp), script)
+                                 predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
+                                 token_ids=token_ids), script, session.scaled_note(device, notes))
 
 
 def check_server(run: Run, script: SweepScript) -> int:
-    """The server's vocabulary, once its parallel and context are known to fit the script."""
-    if run.vocab is None:
-        raise BenchError("the server reports no vocabulary size (GET /v1/engine); pass a tfengine server")
+    """The run's vocabulary, once the server's parallel and context are known to fit the script."""
     par = ((run.info.get("engine") or {}).get("config") or {}).get("parallel")
     if par is not None and par < script.max_level:
         raise FlagError("--levels", f"the server has --parallel {par}, below the largest level {script.max_level}")
@@ -171,12 +174,19 @@ def check_server(run: Run, script: SweepScript) -> int:
 def play(script: SweepScript, run: Run) -> dict:
     """One run on its server: every batch, raw times kept."""
     vocab = check_server(run, script)
-    return {"batches": asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.note))}
+    batches = asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.status, run.token_ids))
+    return {"batches": batches,
+            "system_fingerprint": next((b["system_fingerprint"] for b in batches if b["system_fingerprint"]), None)}
 
 
 def finish(entry: dict) -> str:
+    """The run's figures; a failed run (its server never served) has none."""
+    if entry.get("error"):
+        entry.update(batches=[], figures={}, errors=[entry["failure"]])
+        return f"{entry['variant']}: FAILED: {entry['failure']}"
     entry["figures"] = figures.sweep_run(entry["batches"])
     entry["errors"] = figures.batch_errors(entry["batches"])
+    entry["counted_by"] = figures.sweep_counted_by(entry["batches"])
     return f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in entry["figures"].items()
                                                if k.startswith("tok_s"))
 
@@ -187,22 +197,35 @@ def analyse(data: dict) -> dict:
     data["stats"] = figures.sweep_stats(data)
     ref = next((i for i, r in enumerate(data["runs"]) if r["variant"] == st["base"]), 0)
     data["hashes"] = exactness.sweep([(r["variant"], r["batches"]) for r in data["runs"]], ref).to_dict()
-    notes = []
+    notes = [st["scaled_down"]] if st.get("scaled_down") else []
     if st.get("url"):
-        notes.append(f"Fresh servers: --url {st['url']} targets a running server; every variant ran on it as it is.")
+        notes.append(f"Fresh servers: --url {st['url']}: servers tfbench did not launch, measured as they are "
+                     "configured; no fresh server per run and no cold cache is guaranteed, and no verdicts.")
     for r in data["runs"]:
+        if r.get("error"):
+            notes.append(f"Run {r['index']} ({r['variant']}) failed and is left out: {r['failure']} (log: {r['log']})")
+            continue
         notes += [f"Run {r['index']} ({r['variant']}): {e}: that batch is left out." for e in r.get("errors", [])]
     data["not_run"] = notes
     return data
 
 
-def run(settings: SweepSettings, reporter: Reporter | None = None) -> dict:
-    """Every run in order, a fresh server each (unless --url); the receipt's data."""
+def run(settings: SweepSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
+    """Every run in order, a fresh server each (unless --url); the receipt's data. `save(data)`
+    gets the receipt so far after every run (marked partial until the last)."""
     rep, s = reporter or session.QuietReporter(), settings.session
     srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": settings.script.to_dict(), "sampling": settings.script.sampling.to_dict()})
+    data = session.header(s, srcs, {"script": settings.script.to_dict(), "sampling": settings.script.sampling.to_dict(),
+                                    **settings.scaled})
     rep.start(len(s.order))
-    session.run_all(s, data, srcs, lambda r: play(settings.script, r), rep, finish)
+    session.run_all(s, data, srcs, lambda r: play(settings.script, r), rep, finish, keep_failed=True,
+                    checkpoint=(lambda: save(complete(s, data))) if save else None)
+    data["partial"] = None
+    return complete(s, data)
+
+
+def complete(s: Session, data: dict) -> dict:
+    """analyse() and the predictions checked (idempotent: after every run, and at the end)."""
     analyse(data)
     if s.predictions:
         data["predictions"] = s.predictions.check(figures.stats_medians(data["stats"])).to_dict()

