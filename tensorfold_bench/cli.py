@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover
 from tensorfold_bench import gate as gate_mod
 from tensorfold_bench import lifecycle, plan, predictions, progress, report, stats
 from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
+from tensorfold_bench.sampling import Sampling
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
 from tensorfold_bench.scenarios import sweep as sweep_mod
 
@@ -48,7 +49,8 @@ PlainCheck = Annotated[bool, typer.Option("--plain-check", help="Also run the pl
 Parallel = Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default 4).")]
 PrefillRows = Annotated[Optional[int], typer.Option("--prefill-rows", help="Rows per prompt cut (default 256 on cpu, 1024 on cuda).")]
 MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin).")]
-Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts; with --temperature, each request's sampling seed is derived from it and the request's role.")]
+Temperature = Annotated[float, typer.Option("--temperature", help="Sampling temperature of every request (0: greedy). Above 0, each request also sends a seed derived from --seed and its role, so replies still compare across runs and with the plain reference.")]
 Trace = Annotated[bool, typer.Option("--trace/--no-trace", help="Run the engine with --trace and draw its steps under the timeline.")]
 Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: the server's vocab_size, else --tokenizer DIR, else the --model directory).")]
 VariantsFile = Annotated[Optional[Path], typer.Option("--variants", help="YAML file of variants (name, ref, flags, env); the first is the base. Replaces --share/--base/--new.")]
@@ -120,6 +122,7 @@ def long_prompt(
     prefill_rows: PrefillRows = None,
     max_model_len: MaxModelLen = None,
     seed: Seed = 0,
+    temperature: Temperature = 0.0,
     trace: Trace = True,
     engine_arg: EngineArg = None,
     vocab: Vocab = None,
@@ -139,7 +142,8 @@ def long_prompt(
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
-        predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids)
+        predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
+        temperature=temperature)
     if dry_run:
         return print(plan.long_prompt(settings))
     data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
@@ -172,6 +176,7 @@ def sweep(
     prefill_rows: PrefillRows = None,
     max_model_len: MaxModelLen = None,
     seed: Seed = 0,
+    temperature: Temperature = 0.0,
     engine_arg: EngineArg = None,
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
@@ -185,7 +190,7 @@ def sweep(
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
         max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
         reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
-        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids)
+        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature)
     if dry_run:
         return print(plan.sweep(settings))
     data, paths = execute(sweep_mod.run, settings, out_dir, verbose)
@@ -207,6 +212,8 @@ def gate(
     new_env: Annotated[Optional[list[str]], typer.Option("--new-env", help="KEY=VALUE for the new side's engine environment (repeatable), e.g. TFENGINE_DECODE_SLEEP_MS=20 to see the gate fail.")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the gate's receipt and logs.")] = Path("runs/gate"),
     order: Annotated[str, typer.Option("--order", help="Run order, a comma sequence of base and new, e.g. base,new,new,base,new,base,base,new: a burst of load in the middle then cannot hit only one side.")] = "base,new,new,base",
+    temperature: Temperature = 0.0,
+    seed: Seed = 0,
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     verbose: Verbose = False,
@@ -215,7 +222,8 @@ def gate(
     settings = gate_mod.GateSettings(base_ref=base_ref, preset=preset, margin=margin, long_margin=long_margin,
                                      accept_new_outputs=accept_new_outputs, out_dir=out_dir,
                                      new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")],
-                                     vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None)
+                                     vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None,
+                                     sampling=Sampling(temperature, seed))
     data, paths = execute(gate_mod.run_gate, settings, out_dir, verbose)
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")

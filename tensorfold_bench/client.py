@@ -40,14 +40,18 @@ class Request:
     ignore_eos: bool = True
     extra: dict = field(default_factory=dict)  # extra body fields (e.g. for vLLM)
     token_ids: str = "ids"  # TOKEN_ID_ROUTES: return_token_ids, logprobs "token_id:N", or neither
+    temperature: float = 0.0  # 0: greedy
+    seed: int | None = None  # sent only when sampling (tensorfold_bench.sampling derives it)
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt) if self.prompt is not None else 0
 
     def body(self, model: str) -> dict:
-        b = {"model": model, "max_tokens": self.max_tokens, "stream": True, "temperature": 0,
+        b = {"model": model, "max_tokens": self.max_tokens, "stream": True, "temperature": self.temperature or 0,
              "ignore_eos": self.ignore_eos, "stream_options": {"include_usage": True}}
+        if self.temperature and self.seed is not None:
+            b["seed"] = self.seed
         if self.prompt is not None:
             b["prompt"] = self.prompt
         else:

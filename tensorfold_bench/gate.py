@@ -16,6 +16,10 @@ Fails (exit 1), with a receipt saying why, when
 - any token hash differs: each sweep prompt's reply and B's and C's replies (A's on the common
   prefix, A being cancelled) must be equal across every run of both sides.
 
+With `--temperature T --seed S` every request samples with T and its role's seed
+(tensorfold_bench.sampling), and the same hash checks cover the sampled replies; `--seed` also
+seeds the engine's dummy weights and the prompts.
+
 **A deliberate change of outputs** is acknowledged by `--accept-new-outputs`, or by committing a
 file `.ci/accept-new-outputs` whose first line is the full or abbreviated commit of the base
 it applies to (`git rev-parse HEAD > .ci/accept-new-outputs` before committing the change): the
@@ -41,6 +45,7 @@ from typing import Callable
 from tensorfold_bench import exactness, figures, session, stats, worktree
 from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.report.fmt import num
+from tensorfold_bench.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios import long_prompt, sweep
 from tensorfold_bench.session import Reporter, Run, Session
 from tensorfold_bench.variants import Variant
@@ -91,6 +96,7 @@ class GateSettings:
     new_env: dict[str, str] = field(default_factory=dict)  # e.g. TFENGINE_DECODE_SLEEP_MS (tests)
     repo: Path | None = None
     stamp: str = ""
+    sampling: Sampling = GREEDY  # --temperature, --seed (which also seeds the weights and prompts)
     vocab: int | None = None  # --vocab (default: the server's)
     tokenizer: str | None = None  # --tokenizer DIR
 
@@ -139,12 +145,13 @@ def sources(settings: GateSettings) -> tuple[worktree.Source, worktree.Source, s
     return worktree.checkout(settings.base_ref, root), new, None
 
 
-def play(p: GatePreset, run: Run) -> dict:
+def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY) -> dict:
     """One run: a short sweep, then a short long-prompt run, on one server; raw records."""
-    sw = sweep.SweepScript(levels=p.levels, tokens=p.tokens, cells=1, reps=p.reps, prompt_tokens=p.prompt_tokens)
+    sw = sweep.SweepScript(levels=p.levels, tokens=p.tokens, cells=1, reps=p.reps, prompt_tokens=p.prompt_tokens,
+                           seed=sampling.seed, sampling=sampling)
     batches = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
     script = long_prompt.LongPromptScript(b_at=p.b_at, c_after=p.c_after, b_tokens=p.b_tokens,
-                                          a_max_tokens=p.max_model_len - 32)
+                                          a_max_tokens=p.max_model_len - 32, seed=sampling.seed, sampling=sampling)
     prompts = long_prompt.make_prompts(script, run.vocab)
     recs = asyncio.run(long_prompt.play_script(run.url, script, prompts, run.model))
     return {"sweep": {"batches": batches}, "long_prompt": {"records": long_prompt.records_dict(recs)}}
@@ -175,20 +182,22 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
     accepted = settings.accept_new_outputs or accepted_by_file(worktree.repo_root(settings.repo),
                                                                base_src.commit if not missing else None)
     base = Variant("base", [], {}, base_src.ref and base_src.commit)
-    engine = session.EngineSetup(model=p.model, parallel=max(p.levels), max_model_len=p.max_model_len, trace=False)
+    engine = session.EngineSetup(model=p.model, parallel=max(p.levels), max_model_len=p.max_model_len, trace=False,
+                                 seed=settings.sampling.seed)
     s = Session(engine, [base, Variant("new", [], dict(settings.new_env))], list(settings.order), settings.out_dir,
                 "gate", margin=settings.margin, stamp=settings.stamp, repo=settings.repo,
                 vocab=settings.vocab, tokenizer=settings.tokenizer)
     srcs = {"base": base_src, "new": new_src}
     data = session.header(s, srcs, {"preset": settings.preset, "preset_values": asdict(p), "base_ref": settings.base_ref,
                                     "long_margin": settings.long_margin, "new_env": settings.new_env,
-                                    "accept_new_outputs": settings.accept_new_outputs})
+                                    "accept_new_outputs": settings.accept_new_outputs,
+                                    "sampling": settings.sampling.to_dict()})
     data.update(missing_base=missing, accepted_outputs=accepted)
     if missing:
         rep.note(missing)
     rep.start(len(s.order))
     try:
-        session.run_all(s, data, srcs, lambda r: play(p, r), rep, finish,
+        session.run_all(s, data, srcs, lambda r: play(p, r, settings.sampling), rep, finish,
                         checkpoint=(lambda: save(analyse(data))) if save else None)
     except ServerError as e:
         if e.variant != "base" or base_src.path == new_src.path:

@@ -100,6 +100,8 @@ def server_lines(data: dict) -> list[str]:
     if any(v.get("url") is None and v.get("command") is None for v in data["variants"]):
         lines.append(f"- Shared engine flags: `{' '.join(st['engine_flags'])}`; a fresh server per run.")
     idents = data.get("identities") or {}
+    if st.get("sampling"):  # receipts from before sampling have none
+        lines.append(sampling_line(st["sampling"]))
     lines.append("- Variants: " + "; ".join(variant_label(v, idents.get(v["name"])) for v in data["variants"]) + ".")
     lines += [f"- {name}: {identity_line(i)}." for name, i in idents.items()]
     counted = sorted({r.get("counted_by") for r in data["runs"] if r.get("counted_by") not in (None, "ids")})
@@ -108,6 +110,15 @@ def server_lines(data: dict) -> list[str]:
                      "(`--token-ids`), so replies' hashes are unknown, never \"differ\"; counts use the "
                      "server's usage.completion_tokens where given.")
     return lines
+
+
+def sampling_line(d: dict) -> str:
+    """`--temperature` and `--seed` as the receipt stored them (tensorfold_bench.sampling)."""
+    if not d["temperature"]:
+        return "- Sampling: greedy (temperature 0)."
+    return (f"- Sampling: temperature {d['temperature']:g}, seed {d['seed']}; each request's seed is derived from "
+            f"it and the request's role ({d['request_seed']}), so a prompt gets the same seed on every server, "
+            "run and variant and in the plain reference.")
 
 
 def host_line(data: dict) -> str:

@@ -5,7 +5,8 @@ prompt of `b_tokens` random token ids; `c_after` seconds later, C sends a short 
 `c_tokens` ids with a short reply. When B and C are done, A is cancelled (its stream closed).
 Once per variant, B's first token is also measured alone (nothing else running, a prompt of its
 own); with `plain_check`, a plain reference server (whole prompts, no cache, no drafts, one
-stream) answers each request alone, for the exactness check.
+stream) answers each request alone, for the exactness check. With `--temperature`, A, B and C
+each sample with their role's seed (tensorfold_bench.sampling), in every run and the reference.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, ne
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
+from tensorfold_bench.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
 from tensorfold_bench.session import Reporter, Run, Session
 from tensorfold_bench.variants import plain
@@ -39,9 +41,12 @@ class LongPromptScript:
     c_max_tokens: int = 16
     seed: int = 0
     timeout_s: float = 900.0  # B and C must be done by then
+    sampling: Sampling = GREEDY  # stored in the receipt's settings, not the script's
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["sampling"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,10 @@ def make_prompts(script: LongPromptScript, vocab: int, key: str = "") -> Prompts
 
 def requests(script: LongPromptScript, prompts: Prompts, token_ids: str = "ids") -> tuple[Request, Request, Request]:
     """A, B and C; `token_ids`: how reply ids are asked for (client.TOKEN_ID_ROUTES)."""
-    return (Request("A", prompts.a, max_tokens=script.a_max_tokens, ignore_eos=True, token_ids=token_ids),
-            Request("B", prompts.b, max_tokens=script.b_max_tokens, ignore_eos=True, token_ids=token_ids),
-            Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, token_ids=token_ids))
+    sample = script.sampling.apply
+    return (sample(Request("A", prompts.a, max_tokens=script.a_max_tokens, ignore_eos=True, token_ids=token_ids), "A"),
+            sample(Request("B", prompts.b, max_tokens=script.b_max_tokens, ignore_eos=True, token_ids=token_ids), "B"),
+            sample(Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, token_ids=token_ids), "C"))
 
 
 async def play_script(url: str, script: LongPromptScript, prompts: Prompts, model: str = "default",
@@ -117,7 +123,8 @@ class LongPromptSettings:
 def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
                         max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
                         vocab=None, stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False,
-                        predict=None, margin=0.02, tokenizer=None, token_ids="ids") -> LongPromptSettings:
+                        predict=None, margin=0.02, tokenizer=None, token_ids="ids",
+                        temperature=0.0) -> LongPromptSettings:
     """`tfbench run long-prompt`'s flags -> settings, with the device preset's defaults; every bad
     value names its flag; predictions are read (and stamped) here, before any run."""
     pre = session.device_preset(device)
@@ -130,7 +137,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     b_tokens = b_tokens or pre.b_tokens
     mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
-                              c_tokens=c_tokens, seed=seed)
+                              c_tokens=c_tokens, seed=seed, sampling=Sampling(temperature, seed))
     script = replace(script, a_max_tokens=a_tokens or (mml - script.a_prompt_tokens - 1))
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args)
@@ -160,8 +167,8 @@ def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
 def play_b_alone(run: Run, s: LongPromptScript, vocab: int, traced: bool) -> dict:
     """B's first token with nothing else running (checked on /metrics), on a prompt of its own."""
     idle = session.wait_idle(run.url)
-    req = Request("B", make_prompts(s, vocab, f"-alone{run.index}{run.salt}").b, max_tokens=s.b_max_tokens,
-                  token_ids=run.token_ids)
+    req = s.sampling.apply(Request("B", make_prompts(s, vocab, f"-alone{run.index}{run.salt}").b,
+                                   max_tokens=s.b_max_tokens, token_ids=run.token_ids), "B")
     rec = asyncio.run(play_alone(run.url, req, run.model))
     tr = session.fetch_trace(run.url) if traced else None
     return {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
@@ -303,7 +310,7 @@ def run(settings: LongPromptSettings, reporter: Reporter | None = None,
     rep, s = reporter or session.QuietReporter(), settings.session
     srcs = session.sources(s)
     data = session.header(s, srcs, {"script": settings.script.to_dict(), "plain_check": settings.plain_check,
-                                    **settings.scaled})
+                                    "sampling": settings.script.sampling.to_dict(), **settings.scaled})
     data.update(alone={}, plain=None, vocab=None)
     plain_ref = settings.plain_check and not s.url and s.variants[0].command is None
     rep.start(len(s.order) + (1 if plain_ref else 0))

@@ -7,8 +7,9 @@ tok/s) and each level's are computed in tensorfold_bench.figures, and every toke
 (compactly) so first-token and inter-token latencies come from the saved receipt too.
 
 Prompt P(c, s) is the same at every level, rep and variant, so its reply must be too (greedy
-decoding is exact whatever the batch): each prompt's token hash is compared across reps, levels
-and runs. The engine's `--parallel` must be at least the largest level (the harness gives the
+decoding is exact whatever the batch, and so is sampling with `--temperature`: P(c, s) always
+sends the seed of its key, tensorfold_bench.sampling): each prompt's token hash is compared
+across reps, levels and runs. The engine's `--parallel` must be at least the largest level (the harness gives the
 shared engine flags `--parallel max(levels)` and checks `/v1/engine`).
 
 Reps of a cell run on the same server, so from the second rep on the prompt cache may hold the
@@ -26,6 +27,7 @@ from tensorfold_bench.client import Request, StreamRecord, new_record, stream
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
+from tensorfold_bench.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios.streams import http_client, prompt_ids
 from tensorfold_bench.session import Reporter, Run, Session
 
@@ -39,6 +41,7 @@ class SweepScript:
     prompt_tokens: int = 200
     seed: int = 0
     timeout_s: float = 900.0  # per batch
+    sampling: Sampling = GREEDY  # stored in the receipt's settings, not the script's
 
     def __post_init__(self):
         if not self.levels or any(lv < 1 for lv in self.levels):
@@ -53,7 +56,9 @@ class SweepScript:
         return max(self.levels)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["sampling"]
+        return d
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -71,15 +76,21 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def prompt_name(cell: int, stream_i: int) -> str:
+    """P(c, s)'s name: it seeds the prompt's ids and, sampling, the request's seed."""
+    return "sweep:" + exactness.prompt_key(cell, stream_i)
+
+
 def cell_prompts(script: SweepScript, cell: int, level: int, vocab: int) -> list[list[int]]:
-    return [prompt_ids(script.seed, "sweep:" + exactness.prompt_key(cell, s), script.prompt_tokens, vocab)
-            for s in range(level)]
+    return [prompt_ids(script.seed, prompt_name(cell, s), script.prompt_tokens, vocab) for s in range(level)]
 
 
 async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
-                     timeout_s: float = 900.0, token_ids: str = "ids") -> list[StreamRecord]:
-    """All streams of one burst, started together."""
-    reqs = [Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True, token_ids=token_ids) for i, p in enumerate(prompts)]
+                     timeout_s: float = 900.0, token_ids: str = "ids", sampling: Sampling = GREEDY,
+                     cell: int = 0) -> list[StreamRecord]:
+    """All streams of one burst, started together; stream s samples with prompt P(cell, s)'s seed."""
+    reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True, token_ids=token_ids),
+                           prompt_name(cell, i)) for i, p in enumerate(prompts)]
     recs = [new_record(r) for r in reqs]
     async with http_client() as client:
         tasks = [asyncio.create_task(stream(client, url, q, r, model)) for q, r in zip(reqs, recs)]
@@ -101,7 +112,8 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
         for cell in range(script.cells):
             prompts = cell_prompts(script, cell, level, vocab)
             for rep in range(script.reps):
-                recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s, token_ids)
+                recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s, token_ids,
+                                        script.sampling, cell)
                 hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
                 b = figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
                 batches.append(b)
@@ -128,13 +140,13 @@ class SweepSettings:
 def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
                         parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens=None, cells=None,
                         reps=None, prompt_tokens=200, predict=None, margin=0.02, stamp="", vocab=None, tokenizer=None,
-                        token_ids="ids") -> SweepSettings:
+                        token_ids="ids", temperature=0.0) -> SweepSettings:
     """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
     session.check_margin(margin)
     v, notes = session.sized(device, {"--tokens": tokens, "--cells": cells, "--reps": reps},
                              {"--tokens": "sweep_tokens", "--cells": "sweep_cells", "--reps": "sweep_reps"})
     script = SweepScript(levels=parse_levels(levels), tokens=v["--tokens"], cells=v["--cells"], reps=v["--reps"],
-                         prompt_tokens=prompt_tokens, seed=seed)
+                         prompt_tokens=prompt_tokens, seed=seed, sampling=Sampling(temperature, seed))
     session.positive("--parallel", parallel)
     parallel = max(parallel or 0, script.max_level)  # every stream of the largest level gets a lane
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
@@ -203,7 +215,8 @@ def run(settings: SweepSettings, reporter: Reporter | None = None, save: Callabl
     gets the receipt so far after every run (marked partial until the last)."""
     rep, s = reporter or session.QuietReporter(), settings.session
     srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": settings.script.to_dict(), **settings.scaled})
+    data = session.header(s, srcs, {"script": settings.script.to_dict(), "sampling": settings.script.sampling.to_dict(),
+                                    **settings.scaled})
     rep.start(len(s.order))
     session.run_all(s, data, srcs, lambda r: play(settings.script, r), rep, finish, keep_failed=True,
                     checkpoint=(lambda: save(complete(s, data))) if save else None)
