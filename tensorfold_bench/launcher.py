@@ -243,7 +243,7 @@ def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str,
     /health). `health_timeout` is the old name of `start_timeout`."""
     if log is None:
         raise TypeError("launch() needs a log path")
-    log = Path(log)
+    log = Path(log).absolute()  # the server runs in its source root (a worktree's, for a git ref)
     timeout = start_timeout or health_timeout or HEALTH_TIMEOUT_S
     root = Path(root or REPO_ROOT)
     if command is not None and port is None and "{port}" not in " ".join(

@@ -94,3 +94,41 @@ def test_run_the_refs_engine(repo, tmp_path):
         with launcher.launch([], tmp_path / f"{ref}.log", root=Path(src.path),
                              health_timeout=30) as server:
             assert httpx.get(server.url + "/health").json()["version"] == version
+
+
+# A stand-in engine that speaks --port-file/--nonce, as tfengine does (the launcher reads
+# engine/cli.py to tell): it binds port 0 and writes the port where it is told.
+PORT_FILE_ENGINE = textwrap.dedent('''\
+    import json, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    args = sys.argv[1:]
+    port_file, nonce = args[args.index("--port-file") + 1], args[args.index("--nonce") + 1]
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"status": "ok", "nonce": nonce}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body)))
+            self.end_headers(); self.wfile.write(body)
+        def log_message(self, *a): pass
+    srv = HTTPServer(("127.0.0.1", 0), H)
+    with open(port_file, "w") as f:
+        f.write(str(srv.server_address[1]))
+    srv.serve_forever()
+''')
+
+
+def test_a_refs_engine_launches_with_a_relative_log_path(repo, tmp_path, monkeypatch):
+    """The ref's engine runs in its worktree, so a relative log path (the gate's `runs/gate/...`)
+    must reach it as an absolute one: as a relative --port-file it named a folder the worktree
+    lacks, the base would not serve, and the gate fell back to A/A on every CI run."""
+    from tensorfold_bench import launcher
+
+    (repo / "engine" / "__main__.py").write_text(PORT_FILE_ENGINE)
+    (repo / "engine" / "cli.py").write_text("port_file = True  # speaks --port-file\n")
+    sh(repo, "add", "-A")
+    sh(repo, "commit", "-q", "-m", "port file")
+    src = worktree.source("main", repo)
+    monkeypatch.chdir(tmp_path)
+    Path("runs/gate").mkdir(parents=True)
+    with launcher.launch([], Path("runs/gate/run1-base.log"), root=Path(src.path), health_timeout=30) as server:
+        assert httpx.get(server.url + "/health").json()["status"] == "ok"
+        assert "nonce echoed by /v1/engine" in server.checked
