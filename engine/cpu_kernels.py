@@ -101,16 +101,17 @@ class PackedLinears:
         return qk[:, :h], qk[:, h:], qkv[:, (h + kvh) * d:].reshape(rows, kvh, d)
 
     def mm_tiled(self, x: torch.Tensor, key) -> torch.Tensor:
-        """A decode round's product, ROW_TILE rows a call (the last tile padded with zeros): the
-        library picks its kernel by row count, and a bf16 kernel's bits differ between row counts
-        (1 and 4 rows parted at token 22 of 64), so every round multiplies tiles of one shape and a
-        row's bits do not depend on --parallel: the plain reference (1 lane) equals any server."""
+        """A decode round's product, ROW_TILE rows a call (the runner pads every round to whole
+        tiles): the library picks its kernel by row count, and a bf16 kernel's bits differ between
+        row counts (1 and 4 rows parted at token 22 of 64), so every round multiplies tiles of one
+        shape and a row's bits do not depend on --parallel: the plain reference (1 lane) equals
+        any server."""
         rows = x.shape[0]
-        pad = -rows % ROW_TILE
-        if pad:
-            x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-        out = [self.mm(x[r:r + ROW_TILE], key) for r in range(0, rows + pad, ROW_TILE)]
-        return (out[0] if len(out) == 1 else torch.cat(out))[:rows]
+        if rows % ROW_TILE:
+            raise ValueError(f"a decode round of {rows} rows: the runner pads rounds to multiples of {ROW_TILE}")
+        if rows == ROW_TILE:
+            return self.mm(x, key)
+        return torch.cat([self.mm(x[r:r + ROW_TILE], key) for r in range(0, rows, ROW_TILE)])
 
     def mm(self, x: torch.Tensor, key) -> torch.Tensor:
         if self.bf16:

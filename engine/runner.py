@@ -33,6 +33,7 @@ from typing import Sequence
 import torch
 
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
+from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets
 from engine.kv_cache import KVCache
 from engine.model import decode_attention_loop
 from engine.presets import resolve_model
@@ -88,9 +89,11 @@ class ModelRunner:
         # CPU: matmuls on prepacked weights, batched span-grouped decode attention
         # (engine/cpu_kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
         self.cpu_mm = None
+        self.round_rows = cfg.parallel  # rows of every decode round: the fixed padded shape
         if self.device.type == "cpu" and knobs.cpu_fast:
-            from engine.cpu_kernels import PackedLinears
             self.cpu_mm = PackedLinears(model)
+            # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
+            self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -208,7 +211,7 @@ class ModelRunner:
         same lane (a drafter's tokens to verify, at the next positions) take rows no lane of
         this round owns. Every row writes its K/V before any row attends, so a draft row sees
         the rows before it exactly as a later plain round would."""
-        p = self.parallel
+        p = self.round_rows
         tok, pos, ln = [0] * p, [0] * p, [self.spare] * p
         if len(lanes) > p:
             raise ValueError(f"{len(lanes)} rows in one decode round; the round has {p}")
@@ -216,8 +219,8 @@ class ModelRunner:
         spare_rows = (r for r in range(p) if r not in owned)
         where = []
         for lane, t, q in zip(lanes, tokens, positions):
-            if not (0 <= lane < p):
-                raise ValueError(f"lane {lane} outside 0..{p - 1}")
+            if not (0 <= lane < self.parallel):
+                raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
             if not (0 <= q < self.max_model_len):
                 raise ValueError(f"position {q} outside the lane (max_model_len {self.max_model_len})")
             if not (0 <= t < self.vocab_size):
@@ -243,7 +246,6 @@ class ModelRunner:
                                  skinny=self.skinny)
 
     def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
-        from engine.cpu_kernels import BucketPlan, decode_attention_buckets
         plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
         logits = self.model.decode_cpu(tokens, positions, lanes, self.kv,
                                        lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm)

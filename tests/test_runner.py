@@ -135,7 +135,7 @@ def test_bad_inputs(runner):
     with pytest.raises(ValueError):
         runner.prefill_step(0, prompt(300), 0, 256 + 1)
     with pytest.raises(ValueError, match="rows"):  # more entries than the round has rows
-        p = runner.parallel
+        p = runner.round_rows  # the round's rows: --parallel, in whole 8-row tiles on the CPU
         runner.decode([0] * (p + 1), [1] * (p + 1), list(range(3, p + 4)))
     with pytest.raises(ValueError):
         runner.decode([0], [600], [3])
