@@ -148,6 +148,9 @@ class BucketPlan:
             at = torch.tensor([lane - lo for lane in sorted(members)], device=device)
             rows_out = torch.tensor([members[lane][0] for lane in sorted(members)], device=device)
             self.groups.append((lo, hi + 1, span, torch.tensor(q_rows, device=device), mask, at, rows_out))
+        # the same plan as flat lists, for the C++ round (engine/cpu_round.py)
+        self.tensors = [t for g in self.groups for t in g[3:]]
+        self.ints = [n for g in self.groups for n in g[:3]]
 
 
 def decode_attention_buckets(kv, i: int, q: torch.Tensor, plan: BucketPlan) -> torch.Tensor:

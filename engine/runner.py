@@ -34,6 +34,7 @@ import torch
 
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets
+from engine.cpu_round import CppRound
 from engine.kv_cache import KVCache
 from engine.model import decode_attention_loop
 from engine.presets import resolve_model
@@ -89,11 +90,15 @@ class ModelRunner:
         # CPU: matmuls on prepacked weights, batched span-grouped decode attention
         # (engine/cpu_kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
         self.cpu_mm = None
+        self.cpu_round: CppRound | None = None
         self.round_rows = cfg.parallel  # rows of every decode round: the fixed padded shape
         if self.device.type == "cpu" and knobs.cpu_fast:
             self.cpu_mm = PackedLinears(model)
             # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
             self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
+            if knobs.cpu_cpp is not False:  # the round in C++ once built (engine/cpu_round.py)
+                self.cpu_round = CppRound(model, self.cpu_mm)
+                self.cpu_round.start(wait=bool(knobs.cpu_cpp))
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -247,6 +252,8 @@ class ModelRunner:
 
     def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
         plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
+        if self.cpu_round is not None and self.cpu_round.ready:  # the same bits, without Python a call
+            return self.cpu_round(tokens, positions, lanes, self.kv, plan)
         logits = self.model.decode_cpu(tokens, positions, lanes, self.kv,
                                        lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm)
         return logits

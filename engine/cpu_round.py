@@ -1,0 +1,126 @@
+"""The CPU decode round in C++ (engine/cpu_round.cpp), built once with the machine's C++ compiler.
+
+The Python round (Qwen3ForCausalLM.decode_cpu) makes ~700 torch calls; each pays Python's
+argument parsing and the GIL, and while the HTTP thread streams tokens the two threads take
+turns on the GIL at every call. The C++ round makes the same ATen calls on the same shapes and
+layouts, in the same order, so the same kernels run and the logits are the same bits; it runs
+with the GIL released, once a round.
+
+Building takes about a minute of one core (torch's headers), so it never delays start-up: the
+runner builds in a background thread (`start`), through a subprocess at lower priority, into a
+cache keyed by the source, torch and Python (`$TFENGINE_CACHE`, default ~/.cache/tfengine), and
+takes the C++ round from the first round after it loads; a later start finds the library built
+and loads it in milliseconds. Without a compiler, or when the build fails, the Python round stays,
+and `status` says why.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("engine.cpu_round")
+
+NAME = "tfengine_cpu_round"
+SOURCE = Path(__file__).with_name("cpu_round.cpp")
+ONEDNN, MKL, PLAIN = 0, 1, 2  # the matmul kinds of cpu_round.cpp
+BUILD = ("import sys, torch.utils.cpp_extension as e; "
+         "e.load(sys.argv[1], [sys.argv[2]], build_directory=sys.argv[3], is_python_module=False, "
+         "extra_cflags=['-O2'], verbose=False)")
+
+_lock = threading.Lock()
+_loaded: str | None = None  # the library this process loaded
+
+
+def library() -> Path:
+    """Where the built library lives for this source, torch and Python."""
+    key = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()).hexdigest()[:16]
+    base = Path(os.environ.get("TFENGINE_CACHE") or Path.home() / ".cache" / "tfengine")
+    return base / f"cpu_round-{key}" / f"{NAME}.so"
+
+
+def build(timeout: float = 900.0) -> Path:
+    """The library, compiled first if the cache lacks it. Raises RuntimeError saying why not."""
+    so = library()
+    if so.is_file():
+        return so
+    cxx = os.environ.get("CXX", "c++")
+    if not shutil.which(cxx):
+        raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")
+    so.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-c", BUILD, NAME, str(SOURCE), str(so.parent)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=lambda: os.nice(10))  # a background build yields to serving
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the build took over {timeout:.0f} s") from None
+    if r.returncode != 0 or not so.is_file():
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(tail)[:400]}")
+    return so
+
+
+def load() -> None:
+    """Build if needed and load into this process (once). Raises RuntimeError saying why not."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            so = build()
+            torch.ops.load_library(str(so))
+            _loaded = str(so)
+
+
+class CppRound:
+    """The model's decode round through the C++ library: `__call__` has decode_cpu's arguments
+    (the attention's BucketPlan instead of its closure). `status`: "building", "on" or why off."""
+
+    def __init__(self, model, packed):
+        layers = model.model.layers
+        keys = [(i, w) for i in range(len(layers)) for w in ("qkv", "o", "gate_up", "down")] + ["lm_head"]
+        self.kind = ONEDNN if packed.bf16 else MKL if packed.mkl else PLAIN
+        self.plain = [packed.plain[k] for k in keys]
+        self.mats = [packed.packed[k] for k in keys] if self.kind != PLAIN else self.plain
+        self.norms = [w for i, layer in enumerate(layers)
+                      for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                                packed.qk_norm[i])] + [model.model.norm.weight]
+        self.model = model
+        self.shape = packed.shape
+        self.eps = float(model.config.rms_norm_eps)
+        self.status = "off: not started"
+        self._ready = threading.Event()
+
+    def start(self, wait: bool = False) -> None:
+        """Build and load in the background (or now, with wait); from then on `ready`."""
+        self.status = "building"
+        if wait:
+            self._load()
+        else:
+            threading.Thread(target=self._load, name="cpu-round-build", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            load()
+        except Exception as e:  # a missing compiler, a failed build: the Python round stays
+            self.status = f"off: {e}"
+            log.warning("C++ decode round unavailable, the Python round runs: %s", e)
+            return
+        self.status = "on"
+        self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def __call__(self, tokens, positions, lanes, kv, plan) -> torch.Tensor:
+        m = self.model
+        h, kvh, d = self.shape
+        return torch.ops.tfengine_cpu.decode_round(
+            tokens, positions, lanes, m.model.embed_tokens.weight, m.cos, m.sin, kv.k, kv.v, self.mats,
+            self.plain, self.norms, plan.tensors, plan.ints, self.kind, h, kvh, d, self.eps)
