@@ -122,7 +122,7 @@ class PackedLinears:
 
 
 class BucketPlan:
-    """Per decode round, computed once and used by every layer: the active rows grouped by span
+    """(Mirrored in C++ by engine/cpu_round.cpp's bucket_plan.) Per decode round, computed once and used by every layer: the active rows grouped by span
     (and, for a drafter's extra rows of a lane, by which entry of the lane they are, so a group
     holds each lane once). A group covers the lane range [lo, hi] as one strided view of the
     cache, no copy; lanes of the range outside the group are computed and dropped."""
@@ -148,9 +148,6 @@ class BucketPlan:
             at = torch.tensor([lane - lo for lane in sorted(members)], device=device)
             rows_out = torch.tensor([members[lane][0] for lane in sorted(members)], device=device)
             self.groups.append((lo, hi + 1, span, torch.tensor(q_rows, device=device), mask, at, rows_out))
-        # the same plan as flat lists, for the C++ round (engine/cpu_round.py)
-        self.tensors = [t for g in self.groups for t in g[3:]]
-        self.ints = [n for g in self.groups for n in g[:3]]
 
 
 def decode_attention_buckets(kv, i: int, q: torch.Tensor, plan: BucketPlan) -> torch.Tensor:

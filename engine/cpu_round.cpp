@@ -8,6 +8,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <limits>
+#include <map>
+
 namespace {
 
 constexpr int64_t ROW_TILE = 8;  // engine.cpu_kernels.ROW_TILE
@@ -90,6 +94,54 @@ at::Tensor attention(const at::Tensor& kc, const at::Tensor& vc, const at::Tenso
   return out;
 }
 
+// engine.cpu_kernels.BucketPlan, from the round's rows (lane, position; row r is entry r):
+// rows grouped by (span, nth entry of a lane), groups in that order, each over the lane range
+// [lo, hi]; lanes of the range outside the group point at the group's first row and are dropped.
+struct Plan {
+  std::vector<at::Tensor> tensors;  // q_rows, mask, at, rows_out a group
+  std::vector<int64_t> ints;        // lo, hi + 1, span a group
+};
+
+Plan bucket_plan(at::IntArrayRef lanes, at::IntArrayRef positions, int64_t spare, int64_t max_len, int64_t span_unit) {
+  // (span, nth) -> lane -> (row, position), each in insertion order
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::tuple<int64_t, int64_t, int64_t>>> groups;
+  for (size_t r = 0; r < lanes.size(); ++r) {
+    int64_t lane = lanes[r], pos = positions[r];
+    if (lane == spare) continue;
+    int64_t span = std::min(max_len, (pos / span_unit + 1) * span_unit), nth = 0;
+    auto has = [&](int64_t n) {
+      auto it = groups.find({span, n});
+      if (it == groups.end()) return false;
+      for (auto& m : it->second) if (std::get<0>(m) == lane) return true;
+      return false;
+    };
+    while (has(nth)) ++nth;
+    groups[{span, nth}].emplace_back(lane, static_cast<int64_t>(r), pos);
+  }
+  Plan plan;
+  auto i64 = at::TensorOptions().dtype(at::kLong);
+  for (auto& [key, members] : groups) {
+    int64_t span = key.first, lo = INT64_MAX, hi = -1, any_row = std::get<1>(members.front());
+    for (auto& m : members) lo = std::min(lo, std::get<0>(m)), hi = std::max(hi, std::get<0>(m));
+    int64_t n = hi + 1 - lo;
+    std::vector<int64_t> q_rows(n, any_row), pos(n, span - 1), at_, rows_out;
+    for (auto& [lane, row, p] : members) q_rows[lane - lo] = row, pos[lane - lo] = p;
+    auto mask = at::zeros({n, span, 1}, at::kFloat);
+    auto* mp = mask.data_ptr<float>();
+    for (int64_t l = 0; l < n; ++l)
+      for (int64_t j = pos[l] + 1; j < span; ++j) mp[l * span + j] = -std::numeric_limits<float>::infinity();
+    auto sorted = members;
+    std::sort(sorted.begin(), sorted.end());
+    for (auto& [lane, row, p] : sorted) at_.push_back(lane - lo), rows_out.push_back(row);
+    plan.tensors.push_back(at::tensor(q_rows, i64));
+    plan.tensors.push_back(mask);
+    plan.tensors.push_back(at::tensor(at_, i64));
+    plan.tensors.push_back(at::tensor(rows_out, i64));
+    plan.ints.insert(plan.ints.end(), {lo, hi + 1, span});
+  }
+  return plan;
+}
+
 // Qwen3ForCausalLM.decode_cpu: the round's logits [rows, vocab]. mats and plain: 4 a layer (qkv,
 // o, gate_up, down), then the lm_head; norms: 3 a layer (input, post-attention, q/k block), then
 // the final norm.
@@ -119,11 +171,28 @@ at::Tensor decode_round(const at::Tensor& tokens, const at::Tensor& positions, c
   return mm_tiled(x, mats[4 * layers], plain[4 * layers], kind);
 }
 
+// ModelRunner.decode's CPU round from plain ints (the padded rows): the plan built here, the
+// logits and each row's greedy id (argmax over the logits widened to float32: the same index,
+// without bf16's slow argmax), so a round takes one call with the GIL released.
+std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntArrayRef positions, at::IntArrayRef lanes,
+                                               int64_t spare, int64_t span_unit, const at::Tensor& embed,
+                                               const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& kcache,
+                                               const at::Tensor& vcache, at::TensorList mats, at::TensorList plain,
+                                               at::TensorList norms, int64_t kind, int64_t n_heads, int64_t kv_heads,
+                                               int64_t head_dim, double eps) {
+  auto i64 = at::TensorOptions().dtype(at::kLong);
+  auto plan = bucket_plan(lanes, positions, spare, kcache.size(2), span_unit);
+  auto logits = decode_round(at::tensor(tokens, i64), at::tensor(positions, i64), at::tensor(lanes, i64), embed, cos,
+                             sin, kcache, vcache, mats, plain, norms, plan.tensors, plan.ints, kind, n_heads, kv_heads,
+                             head_dim, eps);
+  return {logits, logits.to(at::kFloat).argmax(-1)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(tfengine_cpu, m) {
-  m.def("decode_round(Tensor tokens, Tensor positions, Tensor lanes, Tensor embed, Tensor cos, Tensor sin, "
-        "Tensor kcache, Tensor vcache, Tensor[] mats, Tensor[] plain, Tensor[] norms, Tensor[] plan, "
-        "int[] groups, int kind, int n_heads, int kv_heads, int head_dim, float eps) -> Tensor",
-        decode_round);
+  m.def("decode_rows(int[] tokens, int[] positions, int[] lanes, int spare, int span_unit, Tensor embed, Tensor cos, "
+        "Tensor sin, Tensor kcache, Tensor vcache, Tensor[] mats, Tensor[] plain, Tensor[] norms, int kind, "
+        "int n_heads, int kv_heads, int head_dim, float eps) -> (Tensor, Tensor)",
+        decode_rows);
 }

@@ -15,16 +15,20 @@ and `status` says why.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import torch
+
+from engine.cpu_kernels import SPAN
 
 log = logging.getLogger("engine.cpu_round")
 
@@ -47,7 +51,9 @@ def library() -> Path:
 
 
 def build(timeout: float = 900.0) -> Path:
-    """The library, compiled first if the cache lacks it. Raises RuntimeError saying why not."""
+    """The library, compiled first if the cache lacks it. Raises RuntimeError saying why not.
+    One build at a time per cache (a file lock: servers started together wait for the first),
+    into a scratch folder renamed into place, so a build killed midway leaves nothing half done."""
     so = library()
     if so.is_file():
         return so
@@ -55,15 +61,23 @@ def build(timeout: float = 900.0) -> Path:
     if not shutil.which(cxx):
         raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")
     so.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-c", BUILD, NAME, str(SOURCE), str(so.parent)]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           preexec_fn=lambda: os.nice(10))  # a background build yields to serving
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the build took over {timeout:.0f} s") from None
-    if r.returncode != 0 or not so.is_file():
-        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(tail)[:400]}")
+    with open(so.parent / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if so.is_file():
+            return so
+        scratch = Path(tempfile.mkdtemp(prefix="build-", dir=so.parent))
+        nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # a background build yields to serving
+        cmd = [*nice, sys.executable, "-c", BUILD, NAME, str(SOURCE), str(scratch)]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            if r.returncode != 0 or not (scratch / so.name).is_file():
+                tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+                raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(tail)[:400]}")
+            os.replace(scratch / so.name, so)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the build took over {timeout:.0f} s") from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     return so
 
 
@@ -78,8 +92,8 @@ def load() -> None:
 
 
 class CppRound:
-    """The model's decode round through the C++ library: `__call__` has decode_cpu's arguments
-    (the attention's BucketPlan instead of its closure). `status`: "building", "on" or why off."""
+    """The model's decode round through the C++ library (`rows`). `status`: "building", "on" or
+    why off; `ready` once loaded."""
 
     def __init__(self, model, packed):
         layers = model.model.layers
@@ -118,9 +132,11 @@ class CppRound:
     def ready(self) -> bool:
         return self._ready.is_set()
 
-    def __call__(self, tokens, positions, lanes, kv, plan) -> torch.Tensor:
+    def rows(self, rows: list[list[int]], spare: int, kv) -> tuple[torch.Tensor, torch.Tensor]:
+        """ModelRunner._padded's [tokens, positions, lanes] -> (logits [rows, vocab], greedy ids [rows]):
+        decode_cpu's logits with decode_attention_buckets' plan, bit for bit."""
         m = self.model
         h, kvh, d = self.shape
-        return torch.ops.tfengine_cpu.decode_round(
-            tokens, positions, lanes, m.model.embed_tokens.weight, m.cos, m.sin, kv.k, kv.v, self.mats,
-            self.plain, self.norms, plan.tensors, plan.ints, self.kind, h, kvh, d, self.eps)
+        return torch.ops.tfengine_cpu.decode_rows(
+            rows[0], rows[1], rows[2], spare, SPAN, m.model.embed_tokens.weight, m.cos, m.sin, kv.k, kv.v,
+            self.mats, self.plain, self.norms, self.kind, h, kvh, d, self.eps)

@@ -252,8 +252,6 @@ class ModelRunner:
 
     def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
         plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
-        if self.cpu_round is not None and self.cpu_round.ready:  # the same bits, without Python a call
-            return self.cpu_round(tokens, positions, lanes, self.kv, plan)
         logits = self.model.decode_cpu(tokens, positions, lanes, self.kv,
                                        lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm)
         return logits
@@ -271,6 +269,9 @@ class ModelRunner:
             self._s_in.copy_(self._h_in, non_blocking=True)
             self.graph.replay()
             logits, out = self._s_logits, self._s_out.tolist()
+        elif self.cpu_round is not None and self.cpu_round.ready and not self.fused:
+            logits, ids_t = self.cpu_round.rows(rows, self.spare, self.kv)  # the same bits as below
+            out = ids_t.tolist()
         else:
             inp = torch.tensor(rows, dtype=torch.long, device=self.device)
             logits = self._decode_body(inp, rows=list(zip(rows[2], rows[1])))
