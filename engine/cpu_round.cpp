@@ -95,15 +95,15 @@ at::Tensor attention(const at::Tensor& kc, const at::Tensor& vc, const at::Tenso
 }
 
 // engine.cpu_kernels.BucketPlan, from the round's rows (lane, position; row r is entry r):
-// rows grouped by (span, nth entry of a lane), groups in that order, each over the lane range
-// [lo, hi]; lanes of the range outside the group point at the group's first row and are dropped.
+// rows grouped by (span, nth entry of a lane), groups in that order, each split into runs of
+// consecutive lanes.
 struct Plan {
-  std::vector<at::Tensor> tensors;  // q_rows, mask, at, rows_out a group
-  std::vector<int64_t> ints;        // lo, hi + 1, span a group
+  std::vector<at::Tensor> tensors;  // q_rows, mask, at, rows_out a run
+  std::vector<int64_t> ints;        // first lane, last lane + 1, span a run
 };
 
 Plan bucket_plan(at::IntArrayRef lanes, at::IntArrayRef positions, int64_t spare, int64_t max_len, int64_t span_unit) {
-  // (span, nth) -> lane -> (row, position), each in insertion order
+  // (span, nth) -> (lane, row, position) of its members
   std::map<std::pair<int64_t, int64_t>, std::vector<std::tuple<int64_t, int64_t, int64_t>>> groups;
   for (size_t r = 0; r < lanes.size(); ++r) {
     int64_t lane = lanes[r], pos = positions[r];
@@ -112,7 +112,8 @@ Plan bucket_plan(at::IntArrayRef lanes, at::IntArrayRef positions, int64_t spare
     auto has = [&](int64_t n) {
       auto it = groups.find({span, n});
       if (it == groups.end()) return false;
-      for (auto& m : it->second) if (std::get<0>(m) == lane) return true;
+      for (auto& m : it->second)
+        if (std::get<0>(m) == lane) return true;
       return false;
     };
     while (has(nth)) ++nth;
@@ -121,23 +122,22 @@ Plan bucket_plan(at::IntArrayRef lanes, at::IntArrayRef positions, int64_t spare
   Plan plan;
   auto i64 = at::TensorOptions().dtype(at::kLong);
   for (auto& [key, members] : groups) {
-    int64_t span = key.first, lo = INT64_MAX, hi = -1, any_row = std::get<1>(members.front());
-    for (auto& m : members) lo = std::min(lo, std::get<0>(m)), hi = std::max(hi, std::get<0>(m));
-    int64_t n = hi + 1 - lo;
-    std::vector<int64_t> q_rows(n, any_row), pos(n, span - 1), at_, rows_out;
-    for (auto& [lane, row, p] : members) q_rows[lane - lo] = row, pos[lane - lo] = p;
-    auto mask = at::zeros({n, span, 1}, at::kFloat);
-    auto* mp = mask.data_ptr<float>();
-    for (int64_t l = 0; l < n; ++l)
-      for (int64_t j = pos[l] + 1; j < span; ++j) mp[l * span + j] = -std::numeric_limits<float>::infinity();
-    auto sorted = members;
-    std::sort(sorted.begin(), sorted.end());
-    for (auto& [lane, row, p] : sorted) at_.push_back(lane - lo), rows_out.push_back(row);
-    plan.tensors.push_back(at::tensor(q_rows, i64));
-    plan.tensors.push_back(mask);
-    plan.tensors.push_back(at::tensor(at_, i64));
-    plan.tensors.push_back(at::tensor(rows_out, i64));
-    plan.ints.insert(plan.ints.end(), {lo, hi + 1, span});
+    int64_t span = key.first;
+    std::sort(members.begin(), members.end());
+    for (size_t a = 0, b; a < members.size(); a = b) {
+      for (b = a + 1; b < members.size() && std::get<0>(members[b]) == std::get<0>(members[b - 1]) + 1; ++b) {}
+      int64_t n = b - a;
+      std::vector<int64_t> rows, at_;
+      auto mask = at::zeros({n, span, 1}, at::kFloat);
+      auto* mp = mask.data_ptr<float>();
+      for (int64_t l = 0; l < n; ++l) {
+        auto [lane, row, pos] = members[a + l];
+        rows.push_back(row), at_.push_back(l);
+        for (int64_t j = pos + 1; j < span; ++j) mp[l * span + j] = -std::numeric_limits<float>::infinity();
+      }
+      plan.tensors.insert(plan.tensors.end(), {at::tensor(rows, i64), mask, at::tensor(at_, i64), at::tensor(rows, i64)});
+      plan.ints.insert(plan.ints.end(), {std::get<0>(members[a]), std::get<0>(members[b - 1]) + 1, span});
+    }
   }
   return plan;
 }

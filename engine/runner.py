@@ -385,7 +385,9 @@ class ModelRunner:
         mm = self.cpu_mm
         kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
         return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
-                "decode_attention": "sdpa a row" if mm is None else "batched matmuls a span group"}
+                "decode_attention": "sdpa a row" if mm is None else "batched matmuls a span group",
+                "cpu_round": "python" if self.cpu_round is None else (
+                    "C++" if self.cpu_round.ready else f"python (C++ {self.cpu_round.status})")}
 
     def _prefill_attention_name(self) -> str:
         if self.device.type != "cuda":

@@ -1,0 +1,96 @@
+"""The CPU decode round in C++ (engine/cpu_round.py, engine/cpu_round.cpp) gives the Python round's
+bits, and the engine keeps decoding through the Python round when it cannot be built."""
+import pytest
+import torch
+
+import engine.cpu_round as cr
+from engine.config import EngineConfig, KernelConfig
+from engine.cpu_kernels import BucketPlan
+from engine.runner import build_runner
+
+# (lanes, tokens, positions): one row; spans apart; a drafter's second entry; lanes apart in one
+# span (lanes a server hands out after others finish); every lane across span edges
+ROUNDS = [([2], [65], [70]), ([0, 2, 3, 5], [3, 65, 99, 200], [10, 70, 71, 250]), ([2, 2, 4], [65, 66, 9], [70, 71, 150]),
+          ([0, 2, 5], [7, 8, 9], [100, 101, 102]), ([5, 0, 1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [250, 63, 64, 127, 128, 200])]
+
+
+@pytest.fixture(scope="module")
+def built():
+    try:
+        cr.load()
+    except RuntimeError as e:  # no compiler here: the fallback tests below still run
+        pytest.skip(f"the C++ round cannot be built here: {e}")
+
+
+@pytest.fixture(scope="module", params=[("float32", 6), ("bfloat16", 6), ("bfloat16", 11)])
+def runner(request, built):
+    dtype, parallel = request.param  # 11 lanes: rounds of two 8-row tiles
+    r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=parallel, max_model_len=320, prefill_rows=16,
+                                  seed=3, kernels=KernelConfig(cpu_cpp=True)))
+    for lane in range(6):
+        r.prefill(lane, [(i * 29 + lane * 13 + 3) % 256 for i in range(40 + 30 * lane)])
+    return r
+
+
+def test_cpp_round_is_on(runner):
+    assert runner.cpu_round.ready and runner.describe()["cpu_round"] == "C++"
+
+
+@pytest.mark.parametrize("case", range(len(ROUNDS)))
+def test_cpp_round_gives_the_python_rounds_bits(runner, case):
+    """Logits, greedy ids and the K/V rows written: equal, bit for bit."""
+    r = runner
+    lanes, tokens, positions = ROUNDS[case]
+    rows, where = r._padded(lanes, tokens, positions)
+    with torch.inference_mode():
+        before = r.kv.k.clone(), r.kv.v.clone()
+        logits, ids = r.cpu_round.rows(rows, r.spare, r.kv)
+        written = r.kv.k[:, :r.spare].clone(), r.kv.v[:, :r.spare].clone()
+        r.kv.k.copy_(before[0])
+        r.kv.v.copy_(before[1])
+        ref = r._decode_body(torch.tensor(rows), rows=list(zip(rows[2], rows[1])))
+    assert torch.equal(logits[where], ref[where])
+    assert ids[where].tolist() == ref[where].argmax(-1).tolist()
+    assert torch.equal(written[0], r.kv.k[:, :r.spare]) and torch.equal(written[1], r.kv.v[:, :r.spare])
+
+
+def test_generate_same_tokens_either_round(runner):
+    r = runner
+    prompt = [(i * 7 + 1) % 200 for i in range(50)]
+    with_cpp = r.generate(prompt, 40, lane=1)
+    r.cpu_round._ready.clear()
+    try:
+        python = r.generate(prompt, 40, lane=1)
+    finally:
+        r.cpu_round._ready.set()
+    assert with_cpp == python
+
+
+def test_plan_runs_of_consecutive_lanes():
+    """Lanes 0, 2, 5, 7 in one span attend as four runs of one lane (not one range of eight);
+    lanes 0-3 as one run; a second span is a group of its own."""
+    plan = BucketPlan([(0, 70), (2, 71), (5, 72), (7, 73)], spare=8, max_len=512, device="cpu")
+    assert [(lo, hi) for lo, hi, *_ in plan.groups] == [(0, 1), (2, 3), (5, 6), (7, 8)]
+    plan = BucketPlan([(1, 70), (0, 71), (3, 72), (2, 73), (4, 300)], spare=8, max_len=512, device="cpu")
+    assert [(lo, hi, span) for lo, hi, span, *_ in plan.groups] == [(0, 4, 128), (4, 5, 320)]
+    rows_out = plan.groups[0][6].tolist()
+    assert rows_out == [1, 0, 3, 2]  # each lane's own row
+
+
+def test_no_compiler_is_a_clear_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("TFENGINE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        cr.build()
+
+
+def test_python_round_when_the_build_fails(monkeypatch):
+    def fail():
+        raise RuntimeError("the build failed (1): test")
+
+    monkeypatch.setattr(cr, "load", fail)
+    r = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=128, prefill_rows=16,
+                                  kernels=KernelConfig(cpu_cpp=True)))
+    assert not r.cpu_round.ready
+    assert r.describe()["cpu_round"] == "python (C++ off: the build failed (1): test)"
+    assert len(r.generate([5, 6, 7], 4)) == 4
