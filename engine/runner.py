@@ -379,7 +379,6 @@ class ModelRunner:
             **(self._describe_cpu() if self.device.type == "cpu" else {}),
         }
 
-
     def _describe_cpu(self) -> dict:
         from engine.cpu_kernels import cpu_bf16_native
         mm = self.cpu_mm
