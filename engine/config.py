@@ -132,6 +132,13 @@ class KernelConfig:
     # or several in one forward (ModelRunner.prefill_many). Off: the tiles take 1.5-2x cuBLAS's
     # time, so one short prompt alone fills slower (engine/dev/PERF.md runs 8-10).
     batch_cuts: bool = False
+    # CUDA decode graph (Hopper): programmatic dependent launch for the round's Triton kernels, and
+    # each skinny product asking L2 for the next matrix's first bytes (engine/dev/PERF.md run 12).
+    # with batch_cuts: cuBLAS at the row counts a start-up check found bitwise row-invariant
+    # (engine/kernels_batch.py adopt_buckets), the tiles where it found none
+    batch_cublas: bool = True
+    pdl: int = 0  # 0 off, 1 wait only, 2 wait then launch the next kernel at once (engine.kernels.PDL)
+    l2_prefetch: bool = False
 
 
 @dataclass
