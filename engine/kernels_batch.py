@@ -107,8 +107,11 @@ def bucket_check(w: torch.Tensor, buckets: tuple[int, ...], shifts=(0, 1, 37, 64
     shift of the rows (another tile row, other neighbours): random rows, bitwise."""
     g = torch.Generator(device=w.device).manual_seed(seed)
     top = buckets[-1]
-    x = torch.randn(top + max(shifts), w.shape[1], device=w.device, generator=g).to(w.dtype)
-    ref = torch.cat([F.linear(x[:top], w), F.linear(x[-top:], w)[top - len(x):]])
+    n = top + max(shifts)
+    x = torch.randn(n, w.shape[1], device=w.device, generator=g).to(w.dtype)
+    ref = torch.empty(n, w.shape[0], dtype=w.dtype, device=w.device)
+    for a in sorted({*range(0, n - top + 1, top), n - top}):  # every reference row from a call of `top` rows
+        ref[a:a + top] = F.linear(x[a:a + top], w)
     ok = []
     for b in buckets:
         if all(torch.equal(F.linear(x[s:s + b], w), ref[s:s + b]) for s in shifts):
