@@ -1,7 +1,7 @@
 """Issue 14, round 3, second device call: PDL wait-only and smaller L2 prefetches beside the round
 (run 12 measured both full forms slower); the short-prompt forward through cuBLAS at the row
 counts the runner's start-up check adopts (padded once a forward), eight 200-token prompts at the
-lane host in one forward and in forwards of up to 800 rows.
+lane host in one forward and in forwards of up to 1,024 or 800 rows.
 
     PYTHONPATH=. python3 -m engine.dev.round3_call2 --out $OUT
 """
@@ -48,8 +48,9 @@ def sec_host(base):
     replies = {}
     for name, r, buckets, batch_rows in (("cublas, one by one", one, {}, 4096), ("tiles, batched", tiles, {}, 4096),
                                          ("cublas rows, batched", cub, adopted, 4096),
+                                         ("cublas rows, batched by 1024", cub, adopted, 1024),
                                          ("cublas rows, batched by 800", cub, adopted, 800),
-                                         ("tiles, batched by 800", tiles, {}, 800)):
+                                         ("tiles, batched by 1024", tiles, {}, 1024)):
         B.BUCKETS.clear(); B.BUCKETS.update(buckets)
         H.BATCH_ROWS = batch_rows
         c = replace(cfg, kernels=KernelConfig(batch_cuts=r.batch_cuts))
