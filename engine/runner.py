@@ -84,9 +84,9 @@ class ModelRunner:
         self.fused = self.device.type == "cuda" and knobs.fused
         self.skinny = self.fused and knobs.skinny
         # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
-        # forward (prefill_many); off by default (KernelConfig.batch_cuts)
-        self.batch_cuts = self.fused and knobs.batch_cuts
-        if self.batch_cuts and self.device.type == "cuda" and knobs.batch_cublas:  # cuBLAS where bitwise checked
+        # forward (prefill_many): cuBLAS at the row counts checked bitwise here, else the tiles
+        self.batch_cuts, self.batch_rows = self.fused and knobs.batch_cuts, ()
+        if self.batch_cuts and knobs.batch_cublas:
             from engine.kernels_batch import adopt_buckets
             a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
             self.batch_rows = adopt_buckets([a.wqkv, a.o_proj.weight, m.w_gate_up, m.down_proj.weight])
