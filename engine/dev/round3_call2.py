@@ -8,7 +8,6 @@ lane host in one forward and in forwards of up to 1,024 or 800 rows.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import replace
 
@@ -32,7 +31,6 @@ def sec_decode(base):
 
 
 def sec_host(base):
-    from engine.dev.round2_call4 import first_tokens
     from engine.runner import ModelRunner
     out = RES.setdefault("host", {})
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=1024,
@@ -53,22 +51,11 @@ def sec_host(base):
                                          ("tiles, batched by 1024", tiles, {}, 1024)):
         B.BUCKETS.clear(); B.BUCKETS.update(buckets)
         H.BATCH_ROWS = batch_rows
-        c = replace(cfg, kernels=KernelConfig(batch_cuts=r.batch_cuts))
-        for _ in range(2):
-            first_tokens(r, c, prompts[:1]); first_tokens(r, c, prompts)  # warm-up, compiles
-        alone = [first_tokens(r, c, [q])[0][0] for q in prompts[:5]]
-        eight, reps = zip(*[first_tokens(r, c, prompts) for _ in range(3)])
-        med8 = statistics.median(statistics.median(e) for e in eight)
-        last8 = statistics.median(max(e) for e in eight)
-        each = [first_tokens(r, c, [q])[1][0] for q in prompts]
-        replies[name] = reps[0]
-        out[name] = {"alone_median_s": statistics.median(alone), "alone_all": alone, "eight_median_s": med8,
-                     "eight_last_s": last8, "ratio": med8 / statistics.median(alone), "eight_all": eight,
-                     "together == each alone": list(reps[0]) == each,
-                     "replies same across reps": all(x == reps[0] for x in reps)}
-        say(f"{name:30s}: alone {statistics.median(alone) * 1e3:6.1f} ms; eight median {med8 * 1e3:6.1f} ms "
-            f"({med8 / statistics.median(alone):.2f}x), last {last8 * 1e3:6.1f} ms; "
-            f"together == alone {out[name]['together == each alone']}")
+        out[name], replies[name] = C1.host_figures(r, replace(cfg, kernels=KernelConfig(batch_cuts=r.batch_cuts)),
+                                                   prompts)
+        say(f"{name:30s}: alone {out[name]['alone_median_s'] * 1e3:6.1f} ms; eight median "
+            f"{out[name]['eight_median_s'] * 1e3:6.1f} ms ({out[name]['ratio']:.2f}x), last "
+            f"{out[name]['eight_last_s'] * 1e3:6.1f} ms; together == alone {out[name]['together == each alone']}")
         save()
     H.BATCH_ROWS = 4096
     names = list(replies)
