@@ -9,7 +9,13 @@ of that row and W alone, whatever M, whichever tile row it lands in.
 
 Programs walk the M tiles of one column block together (pid -> column block major), so the
 column block's weights come from HBM once and from L2 for the other row tiles.
-Runs under TRITON_INTERPRET=1 on the CPU (tests/test_prefill_many.py).
+
+The tiles take 1.5-2x cuBLAS's time (engine/dev/PERF.md runs 8-10). cuBLAS is row-invariant too
+at row counts where its kernel does not split K: `adopt_buckets` checks that bitwise for a
+model's shapes at start-up (on the H200 every multiple of 128 from 384 to 2,048 passed, run 13),
+and a shape it adopted runs cuBLAS at the smallest checked count >= M (ModelRunner.prefill_many
+pads the forward's rows once, `padded_rows`), in chunks of the largest.
+Runs under TRITON_INTERPRET=1 on the CPU (tests/test_prefill_many.py, tests/test_batch_buckets.py).
 """
 from __future__ import annotations
 
