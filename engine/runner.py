@@ -84,8 +84,12 @@ class ModelRunner:
         self.fused = self.device.type == "cuda" and knobs.fused
         self.skinny = self.fused and knobs.skinny
         # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
-        # forward (prefill_many); off by default (KernelConfig.batch_cuts)
-        self.batch_cuts = self.fused and knobs.batch_cuts
+        # forward (prefill_many): cuBLAS at the row counts checked bitwise here, else the tiles
+        self.batch_cuts, self.batch_rows = self.fused and knobs.batch_cuts, ()
+        if self.batch_cuts and knobs.batch_cublas:
+            from engine.kernels_batch import adopt_buckets
+            a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
+            self.batch_rows = adopt_buckets([a.wqkv, a.o_proj.weight, m.w_gate_up, m.down_proj.weight])
         # CPU: matmuls on prepacked weights, batched span-grouped decode attention
         # (engine/cpu_kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
         self.cpu_mm = None
@@ -286,7 +290,11 @@ class ModelRunner:
             self._h_in = torch.zeros(3, p, dtype=torch.long).pin_memory()
             self._s_in = torch.zeros(3, p, dtype=torch.long, device=self.device)
             self._s_in[2] = self.spare  # warm-up and capture write only the spare lane
-            with torch.inference_mode():
+            from engine.kernels_skinny import launch_mode, prefetch_plan
+            knobs = self.cfg.kernels
+            mode = launch_mode(pdl=knobs.pdl if self.fused else 0,
+                               prefetch=prefetch_plan(self.model_config) if self.skinny and knobs.l2_prefetch else None)
+            with torch.inference_mode(), mode:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
