@@ -171,3 +171,19 @@ def test_bad_tensor_parallel_values_are_one_line_errors(value, why):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--tensor-parallel" in lines[0] and why in lines[0], r.stderr
+
+
+def test_the_harness_passes_the_flag_and_names_every_gpu():
+    from tensorfold_bench.defaults import engine_setup
+    from tensorfold_bench.report.fmt import environment_lines
+
+    def setup(n):
+        return engine_setup(device="cuda", model=None, dtype=None, parallel=None, prefill_rows=None,
+                            max_model_len=None, seed=0, trace=False, engine_args=None, tensor_parallel=n)
+
+    flags = setup(2).flags()
+    assert flags[flags.index("--tensor-parallel") + 1] == "2"
+    assert "--tensor-parallel" not in setup(1).flags()
+    desc = {"device_name": "NVIDIA H200", "devices": ["NVIDIA H200", "NVIDIA H200"], "tensor_parallel": 2}
+    data = {"environment": {"engine": {"engine": desc, "config": {}}}, "settings": {}, "variants": [], "runs": []}
+    assert "- Device: 2 x NVIDIA H200 (tensor parallel 2)" in environment_lines(data)[0]
