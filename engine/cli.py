@@ -122,6 +122,8 @@ def serve(
         import torch
 
         from .tp_launch import start_tensor_parallel
+        if device == "cpu" and threads is None:  # the ranks share the cores: spinning threads would fight
+            torch.set_num_threads(max(1, torch.get_num_threads() // cfg.tensor_parallel))
         runner = start_tensor_parallel(cfg, torch.get_num_threads())
     else:
         runner = build_runner(cfg)
