@@ -230,7 +230,8 @@ class Qwen3ForCausalLM(nn.Module):
             a, m = layer.self_attn, layer.mlp
             q = qk_norm_rope_write(mm(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
                                    kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
-            x, h = add_rmsnorm(x, self._summed(mm(attend(i, q), a.o_proj.weight)), layer.post_attention_layernorm.weight, eps)
+            x, h = add_rmsnorm(x, self._summed(mm(attend(i, q), a.o_proj.weight)),
+                               layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
             x, h = add_rmsnorm(x, self._summed(mm(act(h, m.w_gate_up), m.down_proj.weight)), nxt, eps)
         return h

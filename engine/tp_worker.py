@@ -25,8 +25,10 @@ def _parent_watch(parent: int) -> None:
 
 
 def serve_plans(runner, stream) -> None:
-    """Run every plan frame until the stream ends. A plan that raises here raised on rank 0 too
-    (the same checks on the same inputs), where the lane host reports it; the next plan runs."""
+    """Run every plan frame until the stream ends. A ValueError is the runner's check of its
+    inputs, made before any collective on every rank alike: rank 0 reports it, the next plan runs.
+    Anything else may have left this rank out of step with the others: it raises, the worker
+    exits, and rank 0 ends the server naming this rank."""
     log = logging.getLogger("engine.tp_worker")
     while True:
         try:
@@ -35,15 +37,18 @@ def serve_plans(runner, stream) -> None:
             return
         try:
             getattr(runner, name)(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - rank 0 reports the same failure
-            log.debug("%s failed here as on rank 0: %s", name, exc)
+        except ValueError as exc:
+            log.debug("%s refused here as on rank 0: %s", name, exc)
 
 
 def main() -> None:
     parent = os.getppid()
     threading.Thread(target=_parent_watch, args=(parent,), name="parent-watch", daemon=True).start()
     stream = sys.stdin.buffer
-    start = pickle.load(stream)
+    try:
+        start = pickle.load(stream)
+    except EOFError:  # rank 0 went before telling this rank anything
+        os._exit(1)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank {start.rank} %(name)s: %(message)s")
     import torch
 
@@ -51,17 +56,23 @@ def main() -> None:
     from engine.presets import resolve_model
     from engine.tp_runner import TPRunner
 
-    if start.cfg.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(start.cfg.device))
-    else:
-        torch.set_num_threads(start.threads)
-    store = tcp_store(start.world, start.port)
-    join(start.cfg.device, start.rank, start.world, store)
-    vocab = resolve_model(start.cfg.model)[0].vocab_size
-    runner = TPRunner(start.cfg, TensorParallel(start.rank, start.world, vocab))
-    serve_plans(runner, stream)
-    sys.stdout.flush()
-    os._exit(0)  # no teardown of the group: rank 0 may be gone, and NCCL's would wait for it
+    code = 0
+    try:
+        if start.cfg.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(start.cfg.device))
+        else:
+            torch.set_num_threads(start.threads)
+        store = tcp_store(start.world, start.port)
+        join(start.cfg.device, start.rank, start.world, store)
+        vocab = resolve_model(start.cfg.model)[0].vocab_size
+        runner = TPRunner(start.cfg, TensorParallel(start.rank, start.world, vocab))
+        serve_plans(runner, stream)
+    except Exception as exc:  # one line; rank 0 ends the server naming this rank
+        logging.getLogger("engine.tp_worker").error("rank %d: %s: %s", start.rank, type(exc).__name__,
+                                                    str(exc).splitlines()[0] if str(exc) else "")
+        code = 1
+    sys.stderr.flush()
+    os._exit(code)  # no teardown of the group: rank 0 may be gone, and NCCL's would wait for it
 
 
 if __name__ == "__main__":
