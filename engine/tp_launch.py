@@ -21,6 +21,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 
 from engine.config import EngineConfig
@@ -29,6 +30,9 @@ from engine.presets import resolve_model
 
 log = logging.getLogger("engine.tp")
 EXIT_RANK_DIED = 3
+# A worker that fails while the ranks start (a bad checkpoint, the KV cache too large) fails as
+# rank 0 does: rank 0 gets this long to say it in its own words before the watcher says it.
+START_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class Workers:
     def __init__(self, cfg: EngineConfig, port: int, threads: int):
         n = cfg.tensor_parallel
         self.closing = False
+        self.started = False  # set once rank 0's runner is built
         self.procs: list[subprocess.Popen] = []
         for r in range(1, n):
             p = subprocess.Popen([sys.executable, "-m", "engine.tp_worker"], stdin=subprocess.PIPE)
@@ -74,6 +79,8 @@ class Workers:
 
     def _watch(self, rank: int, proc: subprocess.Popen) -> None:
         code = proc.wait()
+        if not self.started:
+            time.sleep(START_GRACE_S)
         if self.closing:
             return
         line = f"tensor parallel rank {rank} (pid {proc.pid}) exited with code {code}: the server stops"
@@ -152,4 +159,5 @@ def start_tensor_parallel(cfg: EngineConfig, threads: int) -> TPBackend:
     except BaseException:
         workers.close(grace_s=1.0)
         raise
+    workers.started = True
     return TPBackend(runner, workers, store)

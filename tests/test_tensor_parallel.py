@@ -6,11 +6,13 @@ sliced); the N > 2 sum is added in rank order, the same bits on every rank and f
 a killed rank ends the server with one line within seconds; bad --tensor-parallel values are a
 one-line CLI error."""
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -153,6 +155,14 @@ def test_a_killed_rank_ends_the_server_within_seconds(tmp_path):
     with launch(FLAGS, log, env=ENV) as srv:
         assert ids(srv.url, BODIES[0])
         pid = int(re.search(r"tensor parallel: rank 1 is pid (\d+)", log.read_text()).group(1))
+        long = {"prompt": prompt_ids(40, 1), "max_tokens": 400, "ignore_eos": True}  # in flight at the kill
+
+        def send():
+            with contextlib.suppress(httpx.HTTPError):  # the server goes away under it
+                httpx.post(srv.url + "/v1/completions", json=long, timeout=60)
+
+        threading.Thread(target=send, daemon=True).start()
+        time.sleep(0.5)
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while srv.proc.poll() is None and time.monotonic() < deadline:
@@ -187,3 +197,44 @@ def test_the_harness_passes_the_flag_and_names_every_gpu():
     desc = {"device_name": "NVIDIA H200", "devices": ["NVIDIA H200", "NVIDIA H200"], "tensor_parallel": 2}
     data = {"environment": {"engine": {"engine": desc, "config": {}}}, "settings": {}, "variants": [], "runs": []}
     assert "- Device: 2 x NVIDIA H200 (tensor parallel 2)" in environment_lines(data)[0]
+
+
+def test_a_worker_ends_when_rank_0_dies(tmp_path):
+    log = tmp_path / "server.log"
+    with launch(FLAGS, log, env=ENV) as srv:
+        worker = int(re.search(r"tensor parallel: rank 1 is pid (\d+)", log.read_text()).group(1))
+        rank0 = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
+        os.kill(rank0, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+            if Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # exited, not yet reaped
+            time.sleep(0.1)
+        assert not Path(f"/proc/{worker}").exists() or \
+            Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", "rank 1 outlived rank 0"
+        assert srv.url
+
+
+def test_safetensors_load_the_same_shards_as_dummy(tmp_path):
+    from dataclasses import replace
+
+    import torch
+
+    from engine.presets import PRESETS
+    from engine.tp_weights import load_shard
+    from engine.weights import load_model, save_pretrained
+
+    for tied in (False, True):
+        cfg = replace(PRESETS["tiny"], vocab_size=511, tie_word_embeddings=tied)  # 511: the last shard padded
+        full = load_model(cfg, "dummy", None, "cpu", "float32", seed=3)
+        d = save_pretrained(full, cfg, tmp_path / f"m{tied}", max_shard_bytes=200_000)
+        for rank in (0, 1):
+            a = load_shard(cfg, "dummy", None, "cpu", "float32", 3, rank, 2).state_dict()
+            b = load_shard(cfg, "safetensors", d, "cpu", "float32", 3, rank, 2).state_dict()
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        q = full.model.layers[1].self_attn.q_proj.weight
+        assert torch.equal(a["model.layers.1.self_attn.q_proj.weight"], q[q.shape[0] // 2:])
+        o = full.model.layers[0].mlp.down_proj.weight
+        assert torch.equal(a["model.layers.0.mlp.down_proj.weight"], o[:, o.shape[1] // 2:])
+        head = a["lm_head.weight"]
+        assert head.shape[0] == 256 and torch.equal(head[:255], full.lm_head.weight[256:]) and not head[255].any()
