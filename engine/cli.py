@@ -124,6 +124,7 @@ def serve(
         from .tp_launch import start_tensor_parallel
         if device == "cpu" and threads is None:  # the ranks share the cores: spinning threads would fight
             torch.set_num_threads(max(1, torch.get_num_threads() // cfg.tensor_parallel))
+            chose += f"; {cfg.tensor_parallel} ranks share them, {torch.get_num_threads()} each"
         runner = start_tensor_parallel(cfg, torch.get_num_threads())
     else:
         runner = build_runner(cfg)

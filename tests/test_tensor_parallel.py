@@ -37,7 +37,8 @@ SAMPLED = {"prompt": prompt_ids(21, 3), "max_tokens": 20, "ignore_eos": True, "t
 
 @pytest.fixture(scope="module")
 def stepped(tmp_path_factory):
-    with launch(FLAGS, tmp_path_factory.mktemp("tp") / "server.log", env=ENV) as srv:
+    """Stepped prompts, the prompt cache and the n-gram drafter's drafts checked in padding rows."""
+    with launch(FLAGS + ["--drafter", "ngram"], tmp_path_factory.mktemp("tp") / "server.log", env=ENV) as srv:
         yield srv.url
 
 
@@ -74,6 +75,8 @@ def test_replies_equal_among_schedules(stepped, whole):
     assert asyncio.run(together(stepped, BODIES)) == plain  # stepped, beside each other
     assert asyncio.run(together(whole, BODIES[::-1])) == plain[::-1]  # whole, beside each other
     assert [ids(stepped, b) for b in BODIES] == plain  # again: the prompt cache's reuse
+    m = httpx.get(stepped + "/metrics").text
+    assert float(re.search(r"^tfengine_drafted_tokens_total (\S+)", m, re.M).group(1)) > 0  # drafts were checked
 
 
 def test_seeded_sampling_alone_equals_beside_others(stepped, whole):
