@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -42,6 +43,8 @@ def serve_plans(runner, stream) -> None:
 
 
 def main() -> None:
+    # Ctrl-C reaches the whole process group: rank 0 handles it and closes this rank's stdin
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
     threading.Thread(target=_parent_watch, args=(parent,), name="parent-watch", daemon=True).start()
     stream = sys.stdin.buffer
