@@ -152,6 +152,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"  # float32 | bfloat16
     parallel: int = 4
+    tensor_parallel: int = 1  # ranks the model is split over (engine/parallel.py), one process each
     max_model_len: int = 4096
     prefill_rows: int = 256
     prefill_mode: str = "stepped"  # stepped | whole
@@ -175,6 +176,8 @@ class EngineConfig:
             raise ConfigError(f"--prefill-mode must be stepped or whole, not {self.prefill_mode!r}")
         if self.parallel < 1:
             raise ConfigError("--parallel must be at least 1")
+        if self.tensor_parallel < 1:
+            raise ConfigError(f"--tensor-parallel must be at least 1, not {self.tensor_parallel}")
         if self.max_model_len < 2:
             raise ConfigError("--max-model-len must be at least 2")
         if self.prefill_rows < 1:

@@ -133,6 +133,12 @@ class Qwen3ForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.cos: torch.Tensor | None = None  # [max_len, head_dim], model dtype (setup_rope)
         self.sin: torch.Tensor | None = None
+        # Tensor parallel (engine/parallel.py): the sum across ranks after the row-parallel o and
+        # down products; None (one rank): nothing to sum.
+        self.tp_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def _summed(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.tp_reduce is None else self.tp_reduce(y)
 
     # ---- set-up after the weights are in place -------------------------------------------
     def setup_rope(self, length: int) -> None:
@@ -168,8 +174,8 @@ class Qwen3ForCausalLM(nn.Module):
             a = layer.self_attn
             q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
             write_kv(i, k, v)
-            x = x + a.o_proj(attend(i, q))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._summed(a.o_proj(attend(i, q)))
+            x = x + self._summed(layer.mlp(layer.post_attention_layernorm(x)))
         return self.model.norm(x)
 
     def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed,
@@ -184,9 +190,9 @@ class Qwen3ForCausalLM(nn.Module):
         for i, layer in enumerate(self.model.layers):
             q, k, v = packed.heads(i, mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
             write_kv(i, k, v)
-            x = x + mm(attend(i, q), (i, "o"))
+            x = x + self._summed(mm(attend(i, q), (i, "o")))
             gate, up = mm(layer.post_attention_layernorm(x), (i, "gate_up")).chunk(2, dim=-1)
-            x = x + mm(F.silu(gate) * up, (i, "down"))
+            x = x + self._summed(mm(F.silu(gate) * up, (i, "down")))
         return self.model.norm(x)
 
     def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed) -> torch.Tensor:
@@ -227,9 +233,10 @@ class Qwen3ForCausalLM(nn.Module):
             a, m = layer.self_attn, layer.mlp
             q = qk_norm_rope_write(mm(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
                                    kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
-            x, h = add_rmsnorm(x, mm(attend(i, q), a.o_proj.weight), layer.post_attention_layernorm.weight, eps)
+            x, h = add_rmsnorm(x, self._summed(mm(attend(i, q), a.o_proj.weight)),
+                               layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = add_rmsnorm(x, mm(act(h, m.w_gate_up), m.down_proj.weight), nxt, eps)
+            x, h = add_rmsnorm(x, self._summed(mm(act(h, m.w_gate_up), m.down_proj.weight)), nxt, eps)
         return h
 
     def next_matrix(self) -> dict[int, torch.Tensor]:

@@ -75,9 +75,10 @@ class ModelRunner:
         self.model = model
         if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
             model.setup_rope(cfg.max_model_len)
+        # the model's own shape: a tensor-parallel rank's holds its share of the KV heads
         if self.device.type == "cuda":
-            self._check_kv_fits(mcfg)
-        self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
+            self._check_kv_fits(model.config)
+        self.kv = KVCache(model.config, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
         knobs = cfg.kernels
@@ -109,7 +110,9 @@ class ModelRunner:
                 self.capture_graph()
             # Prompt cuts run in one thread of their own, which builds cuDNN's graphs for the full
             # cuts first (in the background, after the capture), so no request waits for a build.
-            self._cut_thread = ThreadPoolExecutor(1, thread_name_prefix="prompt-cuts")
+            # (on this runner's device: a tensor-parallel rank's is not the thread's default, cuda:0)
+            self._cut_thread = ThreadPoolExecutor(1, thread_name_prefix="prompt-cuts",
+                                                  initializer=_on_device, initargs=(self.device,))
             self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
@@ -371,6 +374,8 @@ class ModelRunner:
                       "intermediate": m.intermediate_size, "vocab": m.vocab_size},
             "parameters": m.num_parameters(),
             "parallel": self.parallel,
+            "tensor_parallel": 1,  # engine/tp_runner.py: N, and every rank's device in `devices`
+            "devices": [dev["device_name"]],
             "max_model_len": self.max_model_len,
             "prefill_rows": self.prefill_rows,
             "cuda_graph": self.graph is not None,
@@ -393,6 +398,12 @@ class ModelRunner:
         from engine import kernels_prefill as kp
         return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
                 "flash below")
+
+
+def _on_device(device: torch.device) -> None:
+    """A thread's CUDA device, where the runner names one (Triton launches on the current device)."""
+    if device.index is not None:
+        torch.cuda.set_device(device)
 
 
 def build_runner(cfg: EngineConfig) -> ModelRunner:
