@@ -110,6 +110,20 @@ class CppRound:
         self.status = "off: not started"
         self._ready = threading.Event()
 
+    @classmethod
+    def started(cls, model, packed, when: bool | None) -> "CppRound | None":
+        """KernelConfig.cpu_cpp: None builds in the background, True before returning, False: no C++ round."""
+        if when is False:
+            return None
+        r = cls(model, packed)
+        r.start(wait=bool(when))
+        return r
+
+    @staticmethod
+    def describe(r: "CppRound | None") -> str:
+        """/v1/engine's `cpu_round`: which round runs, and why not C++."""
+        return "python" if r is None else "C++" if r.ready else f"python (C++ {r.status})"
+
     def start(self, wait: bool = False) -> None:
         """Build and load in the background (or now, with wait); from then on `ready`."""
         self.status = "building"
