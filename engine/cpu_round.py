@@ -1,17 +1,16 @@
 """The CPU decode round in C++ (engine/cpu_round.cpp), built once with the machine's C++ compiler.
 
-The Python round (Qwen3ForCausalLM.decode_cpu) makes ~700 torch calls; each pays Python's
-argument parsing and the GIL, and while the HTTP thread streams tokens the two threads take
-turns on the GIL at every call. The C++ round makes the same ATen calls on the same shapes and
-layouts, in the same order, so the same kernels run and the logits are the same bits; it runs
-with the GIL released, once a round.
+The Python round (Qwen3ForCausalLM.decode_cpu) makes ~700 torch calls, each paying Python's
+argument parsing and a GIL hand-off. The C++ round makes the same ATen calls on the same shapes
+and layouts, in the same order, so the same kernels run and the logits are the same bits; it is
+one call a round, with the GIL released (1.3-1.5x less CPU a round: engine/dev/PERF.md, issue 13).
 
-Building takes about a minute of one core (torch's headers), so it never delays start-up: the
-runner builds in a background thread (`start`), through a subprocess at lower priority, into a
-cache keyed by the source, torch and Python (`$TFENGINE_CACHE`, default ~/.cache/tfengine), and
-takes the C++ round from the first round after it loads; a later start finds the library built
-and loads it in milliseconds. Without a compiler, or when the build fails, the Python round stays,
-and `status` says why.
+Building takes 20-60 s of one core (ATen's headers), so it never delays start-up: the runner
+builds in a background thread (`start`), through a `nice` subprocess, into a cache keyed by the
+source, torch and Python (`$TFENGINE_CACHE`, default ~/.cache/tfengine), and takes the C++ round
+from the first round after it loads; a later start finds the library built and loads it in
+milliseconds. Without a compiler, or when the build fails, the Python round stays, and `status`
+says why.
 """
 from __future__ import annotations
 
