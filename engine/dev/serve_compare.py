@@ -285,6 +285,7 @@ def markdown(out: dict) -> str:
         f"Command: `{out.get('command', '')}`; medians of {next(iter(med.values()))['runs']} runs per figure, "
         f"engines in turns, the other paused; load average at the end {out['loadavg'][0]:.1f}.",
         f"tfengine {e.get('dtype')} (its default here), parallel {e.get('parallel')}, threads {e.get('threads')}, "
+        f"decode round {e.get('cpu_round')}, "
         f"{e.get('device_name')}, torch {e.get('torch')}, commit {(out.get('tfengine') or {}).get('commit')}.", "",
         *lines, "", f"vLLM skipped: {out['vllm_skipped']}" if out["vllm_skipped"] else "", ""])
 
@@ -305,7 +306,8 @@ def print_table(out: dict) -> None:
     c.print(t)
     e = (out.get("tfengine") or {}).get("engine", {})
     c.print(f"tfengine defaults: dtype {e.get('dtype')} (bf16-native CPU: {e.get('cpu_bf16_native')}), "
-            f"parallel {e.get('parallel')}, threads {e.get('threads')}, matmuls {e.get('cpu_matmuls')}")
+            f"parallel {e.get('parallel')}, threads {e.get('threads')}, matmuls {e.get('cpu_matmuls')}, "
+            f"decode round {e.get('cpu_round')}")
     if out["vllm_skipped"]:
         c.print(f"vLLM column skipped: {out['vllm_skipped']}")
 
