@@ -217,9 +217,9 @@ def main(
     from rich.table import Table
 
     cuda = device.startswith("cuda")
-    if not cuda:
-        from engine.cpu_kernels import cpu_dtype
-        dtype = dtype or cpu_dtype()[0]  # tfengine serve's default on this CPU
+    if not cuda:  # tfengine serve's defaults on this CPU: dtype, and threads (every core but one)
+        from engine.cli import device_defaults
+        dtype = device_defaults("cpu", dtype, parallel, None)[0]
     dtype = dtype or "bfloat16"
     rows = prefill_rows or (4096 if cuda else 256)
     plens = [int(x) for x in (prompts or ("4096,32768" if cuda else "512,4096")).split(",")]
