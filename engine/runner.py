@@ -101,7 +101,8 @@ class ModelRunner:
             self.cpu_mm = PackedLinears(model)
             # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
             self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
-            self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp)  # engine/cpu_round.py
+            if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
+                self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp)  # engine/cpu_round.py
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
