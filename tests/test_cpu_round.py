@@ -120,3 +120,17 @@ def test_python_round_when_the_build_fails(monkeypatch):
     assert not r.cpu_round.ready
     assert r.describe()["cpu_round"] == "python (C++ off: the build failed (1): test)"
     assert len(r.generate([5, 6, 7], 4)) == 4
+
+
+def test_a_runner_that_wraps_the_round_keeps_the_python_round():
+    """A tensor-parallel rank wraps _decode_body (sums across ranks, the vocabulary gathered):
+    the C++ round, which would skip both, stays off there."""
+    from engine.runner import ModelRunner
+
+    class Wrapped(ModelRunner):
+        def _decode_body(self, inp, rows=None):
+            return super()._decode_body(inp, rows)
+
+    r = Wrapped(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=128, prefill_rows=16,
+                             kernels=KernelConfig(cpu_cpp=True)))
+    assert r.cpu_round is None and r.describe()["cpu_round"] == "python"
