@@ -14,6 +14,7 @@ tells the other (a MIN over a one-element NCCL all_reduce) and both keep NCCL.
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 
@@ -35,8 +36,10 @@ class SymmReduce:
         self.group = group or dist.group.WORLD
         self.name = self.group.group_name
         self.dtype = dtype
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, a no-op later
-            symm_mem.enable_symm_mem_for_group(self.name)
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch; 2.11 warns it is not
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(self.name)
         self.buf = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buf, self.name)
         ops = torch.ops.symm_mem

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from engine.backend import cuts
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 
 
 def generate(be, lane: int, prompt: list[int], n: int, rows: int) -> list[int]:
@@ -131,11 +131,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--out", default="/tmp/out")
     ap.add_argument("--sums", default="", help="phase tp, world 2: ways to sum in turn, e.g. nccl,skip,symm")
+    ap.add_argument("--no-skinny", action="store_true", help="decode matmuls through cuBLAS, not the Triton skinny ones")
     ap.add_argument("--tag", default="", help="a suffix of the phase's json name")
     a = ap.parse_args()
     cuda = a.device == "cuda"
     cfg = EngineConfig(model=a.model, device=a.device, dtype="bfloat16" if cuda else "float32", parallel=4,
-                       max_model_len=max(2048, a.long + 1024), prefill_rows=1024 if cuda else 64)
+                       max_model_len=max(2048, a.long + 1024), prefill_rows=1024 if cuda else 64,
+                       kernels=KernelConfig(skinny=not a.no_skinny))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
