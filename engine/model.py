@@ -190,9 +190,14 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed) -> torch.Tensor:
-        """`prefill` through trunk_cpu: the greedy logits of the cut's last row."""
-        from engine.cpu_kernels import prefill_attention_cpu
-        positions, write_kv, attend = cut_io(tokens, lane, start, kv, prefill_attention_cpu)
+        """`prefill` through trunk_cpu: the greedy logits of the cut's last row. The attention
+        reads the whole lane: its tiles end at absolute positions, past the cut's own end."""
+        from engine.cpu_attention import cut_attention_cpu
+        positions, write_kv, _ = cut_io(tokens, lane, start, kv, None)
+
+        def attend(i, q):
+            return cut_attention_cpu(q, kv.k[i, lane], kv.v[i, lane], start)
+
         x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
         return packed.mm(x[-1:], "lm_head")[0]
 
