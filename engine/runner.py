@@ -381,7 +381,11 @@ class ModelRunner:
 
     def _prefill_attention_name(self) -> str:
         if self.device.type != "cuda":
-            return "sdpa" if self.cpu_mm is None else "prefix + diagonal halves merged (flash, fp32)"
+            if self.cpu_mm is None:
+                return "sdpa"
+            from engine.cpu_attention import TILE
+            how = "oneDNN matmuls + softmax, bf16" if self.dtype == torch.bfloat16 else "flash, fp32"
+            return f"query tiles of {TILE} at absolute positions ({how})"
         from engine import kernels_prefill as kp
         return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
                 "flash below")
