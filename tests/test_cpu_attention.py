@@ -76,3 +76,14 @@ def test_the_cache_end_clips_the_last_tile():
     assert torch.equal(in_cuts(q, k, v, [0, 70, 99, 100], 64), whole)
     ref = prefill_attention(q.float(), k.float(), v.float(), 0)
     torch.testing.assert_close(whole.float(), ref, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_helper_thread_changes_no_bit(dtype):
+    """Half the KV heads on the helper thread (the default where a core is spare) or all on the
+    caller: the same bits, cut by cut."""
+    q, k, v = lane(dtype)
+    for a, b in ((0, 40), (40, 100), (100, 150)):
+        one = cut_attention_cpu(q[a:b], k, v, a, 32, split=False)
+        assert torch.equal(cut_attention_cpu(q[a:b], k, v, a, 32, split=True), one)
+        assert torch.equal(cut_attention_cpu(q[a:b], k, v, a, 32), one)
