@@ -17,44 +17,21 @@ the cuts fall (R, a resumed prompt) nor on the other rows.
   path).
 Where the process may use a core beyond torch's compute threads (tfengine's CPU default leaves
 one to the HTTP thread, idle while a prompt fills), a helper thread takes half of each tile's KV
-heads (`helper`); which thread runs a head changes none of its bits.
+heads (engine.cpu_helper); which thread runs a head changes none of its bits.
 """
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import torch
 
+from engine.cpu_helper import helper, helper_pool
+
 TILE = 256  # query rows a tile: tile boundaries are multiples of this many positions
-_pool: list[ThreadPoolExecutor] = []  # the helper thread, made on first use
-
-
 def tile_for(rows: int) -> int:
     """The tile for cuts of `rows` rows (--prefill-rows R): R itself up to TILE, so a cut never
     pads a tile it only partly covers (cuts of 64 in tiles of 256 did 4x the attention work)."""
     return rows if rows <= TILE else TILE
-
-
-def _helper_pool() -> ThreadPoolExecutor:
-    if not _pool:  # the thread's own OpenMP team: torch's thread count, not the machine's
-        _pool.append(ThreadPoolExecutor(1, thread_name_prefix="cut-attention", initializer=torch.set_num_threads,
-                                        initargs=(torch.get_num_threads(),)))
-    return _pool[0]
-
-
-def helper() -> ThreadPoolExecutor | None:
-    """One helper thread for half of a tile's KV heads, when this process may run on more cores
-    than torch's compute threads: tfengine's CPU default keeps a core for the HTTP thread, and
-    that core idles while a prompt fills. A head's arithmetic does not depend on the thread that
-    runs it, so the bits are the same either way; and unlike a second OpenMP thread, a helper
-    that a busy machine leaves waiting costs its half's time, not spinning barriers."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return _helper_pool() if cores > torch.get_num_threads() else None
 
 
 @lru_cache(maxsize=8)
@@ -73,7 +50,7 @@ def cut_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     second half of the KV heads on the helper thread (None: when there is a spare core)."""
     t, h, d = q.shape
     end, rows, kvh = start + t, k.shape[0], k.shape[1]
-    pool = (helper() if split is None else _helper_pool() if split else None) if kvh > 1 else None
+    pool = (helper() if split is None else helper_pool() if split else None) if kvh > 1 else None
     tile_fn = _tile_bf16 if q.dtype == torch.bfloat16 else _tile_flash
     out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
     for ts in range(start // tile * tile, end, tile):
