@@ -22,9 +22,16 @@ MIN_ROWS = 64  # cuts shorter than this run on one thread: too little work to ha
 _pool: list[ThreadPoolExecutor] = []  # made on first use
 
 
+def _start(threads: int) -> None:
+    """The helper thread's own settings: torch's thread count for its OpenMP team (not the
+    machine's), and no autograd (grad mode is per thread; the caller runs in inference mode)."""
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(False)
+
+
 def helper_pool() -> ThreadPoolExecutor:
-    if not _pool:  # the thread's own OpenMP team: torch's thread count, not the machine's
-        _pool.append(ThreadPoolExecutor(1, thread_name_prefix="prompt-helper", initializer=torch.set_num_threads,
+    if not _pool:
+        _pool.append(ThreadPoolExecutor(1, thread_name_prefix="prompt-helper", initializer=_start,
                                         initargs=(torch.get_num_threads(),)))
     return _pool[0]
 
