@@ -103,9 +103,10 @@ class PackedLinears:
     def mm_tiled(self, x: torch.Tensor, key) -> torch.Tensor:
         """A decode round's product, ROW_TILE rows a call (the runner pads every round to whole
         tiles): the library picks its kernel by row count, and a bf16 kernel's bits differ between
-        row counts (1 and 4 rows parted at token 22 of 64), so every round multiplies tiles of one
-        shape and a row's bits do not depend on --parallel: the plain reference (1 lane) equals
-        any server."""
+        row counts (1 and 4 rows parted at token 22 of 64), as do float32's (MKL: one kernel for 1
+        to 3 rows, another for 4 or more; a sampled reply parted at token 267), so every round
+        multiplies tiles of one shape and a row's bits do not depend on --parallel: the plain
+        reference (1 lane) equals any server (tests/test_cpu_exactness.py)."""
         rows = x.shape[0]
         if rows % ROW_TILE:
             raise ValueError(f"a decode round of {rows} rows: the runner pads rounds to multiples of {ROW_TILE}")
