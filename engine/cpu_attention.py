@@ -15,17 +15,12 @@ the cuts fall (R, a resumed prompt) nor on the other rows.
 - float32: the CPU flash kernel a tile, over the keys before the tile (no mask) and the tile's
   own square causal block, merged by their log-sum-exps (a mask tensor sends flash down a slower
   path).
-Where the process may use a core beyond torch's compute threads (tfengine's CPU default leaves
-one to the HTTP thread, idle while a prompt fills), a helper thread takes half of each tile's KV
-heads (engine.cpu_helper); which thread runs a head changes none of its bits.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
 import torch
-
-from engine.cpu_helper import helper, helper_pool
 
 TILE = 256  # query rows a tile: tile boundaries are multiples of this many positions
 def tile_for(rows: int) -> int:
@@ -42,16 +37,13 @@ def _future(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
                                                              float("-inf"))
 
 
-def cut_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, tile: int = TILE,
-                      split: bool | None = None) -> torch.Tensor:
+def cut_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, tile: int = TILE) -> torch.Tensor:
     """q [T, H, d] at positions [start, start+T); k, v [L, KVH, d]: the lane's cache rows, at
     least up to the cut's end (rows past it are read by the last tile and weigh exactly zero, so
-    they must be finite: the cache is zero-filled). Returns [T, H*d] in q's dtype. split: the
-    second half of the KV heads on the helper thread (None: when there is a spare core)."""
+    they must be finite: the cache is zero-filled). Returns [T, H*d] in q's dtype."""
     t, h, d = q.shape
-    end, rows, kvh = start + t, k.shape[0], k.shape[1]
-    pool = (helper() if split is None else helper_pool() if split else None) if kvh > 1 else None
-    tile_fn = _tile_bf16 if q.dtype == torch.bfloat16 else _tile_flash
+    end, rows = start + t, k.shape[0]
+    one = _tile_bf16 if q.dtype == torch.bfloat16 else _tile_flash
     out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
     for ts in range(start // tile * tile, end, tile):
         te = min(ts + tile, rows)
@@ -59,44 +51,38 @@ def cut_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
         qt = q[a - start:b - start]
         if (a, b) != (ts, te):  # the cut covers part of the tile: the rest are zero rows
             qt = q.new_zeros(te - ts, h, d).index_copy_(0, torch.arange(a - ts, b - ts), qt)
-        kt, vt = k[:te], v[:te]
-        if pool is None:
-            o = tile_fn(qt, kt, vt, ts, 0, kvh)
-        else:
-            job = pool.submit(tile_fn, qt, kt, vt, ts, kvh // 2, kvh)
-            o = torch.cat([tile_fn(qt, kt, vt, ts, 0, kvh // 2), job.result()], 1)
-        out[a - start:b - start] = o[a - ts:b - ts]
+        out[a - start:b - start] = one(qt, k[:te], v[:te], ts)[a - ts:b - ts]
     return out
 
 
-def _tile_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int, j0: int, j1: int) -> torch.Tensor:
-    """KV heads [j0, j1) of one tile -> [n, (j1 - j0) * rep * d], one head at a time: 2-D
-    products on strided views of the cache (a batched product over KV heads copied them, and its
-    16 MB of scores left the cache: 283 against 240 ms for one layer of a 4,096-token prompt,
-    same run), the scores' buffer reused by every head and the softmax done in it (another 6 %)."""
+def _tile_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int) -> torch.Tensor:
+    """One tile, one KV head at a time: 2-D products on strided views of the cache (a batched
+    product over KV heads copied them, and its 16 MB of scores left the cache: 283 against
+    240 ms for one layer of a 4,096-token prompt, same run), the scores' buffer reused by every
+    head and the softmax done in it (another 6 %)."""
     n, h, d = q.shape
     s, kvh = k.shape[0], k.shape[1]
-    rep, m = h // kvh, j1 - j0
-    qs = (q[:, j0 * rep:j1 * rep].float() * d ** -0.5).to(q.dtype)  # the scale (exact when d is a power of 4)
-    qg = qs.view(n, m, rep, d).permute(1, 2, 0, 3).reshape(m, rep * n, d)
+    rep = h // kvh
+    qs = (q.float() * d ** -0.5).to(q.dtype)  # the scale on q (exact when d is a power of 4)
+    qg = qs.view(n, kvh, rep, d).permute(1, 2, 0, 3).reshape(kvh, rep * n, d)
     future = _future(n, s - ts, q.dtype)
-    out = torch.empty(m, rep * n, d, dtype=q.dtype, device=q.device)
+    out = torch.empty(kvh, rep * n, d, dtype=q.dtype, device=q.device)
     sc = torch.empty(rep * n, s, dtype=q.dtype, device=q.device)
-    for i in range(m):
-        torch.mm(qg[i], k[:, j0 + i].t(), out=sc)  # float32 sums, rounded to bf16
+    for j in range(kvh):
+        torch.mm(qg[j], k[:, j].t(), out=sc)  # float32 sums, rounded to bf16
         sc.view(rep, n, s)[..., ts:].add_(future)
         torch.softmax(sc, -1, out=sc)
-        torch.mm(sc, v[:, j0 + i], out=out[i])
-    return out.view(m, rep, n, d).permute(2, 0, 1, 3).reshape(n, m * rep * d)
+        torch.mm(sc, v[:, j], out=out[j])
+    return out.view(kvh, rep, n, d).permute(2, 0, 1, 3).reshape(n, h * d)
 
 
-def _tile_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int, j0: int, j1: int) -> torch.Tensor:
-    """KV heads [j0, j1) of one tile through the CPU's float32 flash kernel."""
+def _tile_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int) -> torch.Tensor:
+    """One tile through the CPU's float32 flash kernel."""
     n, h, d = q.shape
     rep = h // k.shape[1]
-    qh = q[:, j0 * rep:j1 * rep].float().transpose(0, 1)[None]
-    kh = k[:, j0:j1].float().transpose(0, 1).repeat_interleave(rep, 0)[None]  # the private op takes no GQA
-    vh = v[:, j0:j1].float().transpose(0, 1).repeat_interleave(rep, 0)[None]
+    qh = q.float().transpose(0, 1)[None]
+    kh = k.float().transpose(0, 1).repeat_interleave(rep, 0)[None]  # the private op takes no GQA
+    vh = v.float().transpose(0, 1).repeat_interleave(rep, 0)[None]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     o, lse = flash(qh, kh[:, :, ts:], vh[:, :, ts:], 0.0, True)[:2]
     if ts:
@@ -104,4 +90,4 @@ def _tile_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int, j0: 
         m = torch.maximum(lse, lse0)
         a, b = (lse0 - m).exp()[..., None], (lse - m).exp()[..., None]
         o = (o0 * a + o * b) / (a + b)
-    return o[0].transpose(0, 1).reshape(n, (j1 - j0) * rep * d).to(q.dtype)
+    return o[0].transpose(0, 1).reshape(n, h * d).to(q.dtype)

@@ -189,21 +189,17 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + mm(F.silu(gate) * up, (i, "down"))
         return self.model.norm(x)
 
-    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed, tile: int | None = None,
-                    split: bool | None = None) -> torch.Tensor:
+    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed, tile: int | None = None) -> torch.Tensor:
         """`prefill` through trunk_cpu: the greedy logits of the cut's last row. The attention
         reads the whole lane: its query tiles (`tile` rows, engine.cpu_attention.TILE unless
-        given) end at absolute positions, past the cut's own end. split: the cut's products and
-        attention shared with a helper thread (engine.cpu_helper; None: where a core is spare)."""
+        given) end at absolute positions, past the cut's own end."""
         from engine.cpu_attention import TILE, cut_attention_cpu
-        from engine.cpu_helper import HelpedLinears, helper, helper_pool
         positions, write_kv, _ = cut_io(tokens, lane, start, kv, None)
-        pool = helper() if split is None else helper_pool() if split else None
 
         def attend(i, q):
-            return cut_attention_cpu(q, kv.k[i, lane], kv.v[i, lane], start, tile or TILE, pool is not None)
+            return cut_attention_cpu(q, kv.k[i, lane], kv.v[i, lane], start, tile or TILE)
 
-        x = self.trunk_cpu(tokens, positions, write_kv, attend, packed if pool is None else HelpedLinears(packed, pool))
+        x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
         return packed.mm(x[-1:], "lm_head")[0]
 
     def decode_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv,

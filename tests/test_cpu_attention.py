@@ -77,31 +77,3 @@ def test_the_cache_end_clips_the_last_tile():
     ref = prefill_attention(q.float(), k.float(), v.float(), 0)
     torch.testing.assert_close(whole.float(), ref, rtol=3e-2, atol=3e-2)
 
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_the_helper_thread_changes_no_bit(dtype):
-    """Half the KV heads on the helper thread (the default where a core is spare) or all on the
-    caller: the same bits, cut by cut."""
-    q, k, v = lane(dtype)
-    for a, b in ((0, 40), (40, 100), (100, 150)):
-        one = cut_attention_cpu(q[a:b], k, v, a, 32, split=False)
-        assert torch.equal(cut_attention_cpu(q[a:b], k, v, a, 32, split=True), one)
-        assert torch.equal(cut_attention_cpu(q[a:b], k, v, a, 32), one)
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_a_cut_gives_the_same_logits_with_and_without_the_helper(dtype):
-    """The cpu preset's real shapes (hidden 512, fused q/k/v 1,024 and gate/up 3,072 columns):
-    every cut of a 400-token prompt (256 rows, then 144) and a short one (8 rows, where float32
-    takes MKL's packed kernel on one thread), products split by columns and attention by heads
-    on the helper thread or all on one: bitwise equal logits and K/V cache rows."""
-    from engine.config import EngineConfig
-    from engine.runner import build_runner
-    r = build_runner(EngineConfig(model="cpu", dtype=dtype, parallel=2, max_model_len=512, prefill_rows=256))
-    toks = torch.tensor([(i * 29 + 3) % 512 for i in range(408)])
-    with torch.inference_mode():
-        for start, end in ((0, 256), (256, 400), (400, 408)):
-            got = [r.model.prefill_cpu(toks[start:end], lane, start, r.kv, r.cpu_mm, split=split)
-                   for lane, split in ((0, False), (1, True))]
-            assert torch.equal(got[0], got[1]), (start, end)
-    assert torch.equal(r.kv.k[:, 0, :408], r.kv.k[:, 1, :408]) and torch.equal(r.kv.v[:, 0, :408], r.kv.v[:, 1, :408])
