@@ -10,8 +10,9 @@ the cuts fall (R, a resumed prompt) nor on the other rows.
 - bfloat16: two matmuls a tile and KV head through oneDNN (avx512_bf16 or AMX, accumulating in
   float32), GQA by stacking each KV head's query heads as rows (no repeated K/V), softmax over the
   bf16 scores with torch's float32 internals. The scores are rounded to bf16 once, as the decode
-  round's attention does (engine.cpu_kernels.decode_attention_buckets); on this box's AMD EPYC
-  (avx512_bf16, no AMX) one layer of a 4,096-key tile took 32 ms against 58 ms for float32 flash.
+  round's attention does (engine.cpu_kernels.decode_attention_buckets). On an AMD EPYC core
+  (avx512_bf16, no AMX) a 4,096-token prompt's attention, one layer: ~175 ms against ~300 ms for
+  float32 flash with its prefix converted every cut (engine/dev/PERF.md, issue 13).
 - float32: the CPU flash kernel a tile, over the keys before the tile (no mask) and the tile's
   own square causal block, merged by their log-sum-exps (a mask tensor sends flash down a slower
   path).
@@ -23,9 +24,12 @@ from functools import lru_cache
 import torch
 
 TILE = 256  # query rows a tile: tile boundaries are multiples of this many positions
+
+
 def tile_for(rows: int) -> int:
-    """The tile for cuts of `rows` rows (--prefill-rows R): R itself up to TILE, so a cut never
-    pads a tile it only partly covers (cuts of 64 in tiles of 256 did 4x the attention work)."""
+    """The tile for cuts of `rows` rows (--prefill-rows R): R itself up to TILE, so only a
+    prompt's last cut pads a tile (cuts of 64 in tiles of 256 did 4x the attention work); an R
+    above TILE and not a multiple of it pads up to two partial tiles a cut."""
     return rows if rows <= TILE else TILE
 
 

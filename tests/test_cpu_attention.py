@@ -76,4 +76,3 @@ def test_the_cache_end_clips_the_last_tile():
     assert torch.equal(in_cuts(q, k, v, [0, 70, 99, 100], 64), whole)
     ref = prefill_attention(q.float(), k.float(), v.float(), 0)
     torch.testing.assert_close(whole.float(), ref, rtol=3e-2, atol=3e-2)
-
