@@ -53,9 +53,10 @@ def write_port(path: Path | None, port: int) -> None:
 def check_config(cfg: EngineConfig) -> str:
     """What serve would refuse before loading weights, as a ConfigError (a launcher asks once,
     before starting any server). The runner checks the same when it starts."""
+    from .parallel import check_tensor_parallel
     from .presets import resolve_model
 
-    _, name, _ = resolve_model(cfg.model)
+    mcfg, name, _ = resolve_model(cfg.model)
     if cfg.device.startswith("cuda"):
         import torch
 
@@ -63,7 +64,9 @@ def check_config(cfg: EngineConfig) -> str:
             raise ConfigError(f"--device {cfg.device} asked for, but torch {torch.__version__} sees no CUDA device")
     elif cfg.device != "cpu":
         raise ConfigError(f"--device must be cpu or cuda, not {cfg.device!r}")
-    return f"ok: {name} on {cfg.device}, {cfg.dtype}"
+    check_tensor_parallel(mcfg, cfg.tensor_parallel, cfg.device)
+    tp = f", tensor parallel {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
+    return f"ok: {name} on {cfg.device}, {cfg.dtype}{tp}"
 
 
 @app.command()
@@ -73,6 +76,7 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: bfloat16 on cuda; on cpu bfloat16 where the CPU has AMX or avx512_bf16, else float32).")] = None,
     parallel: Annotated[Optional[int], typer.Option(help="Lanes: streams decoding at once, each with its own KV region (default: 8 on cpu, 4 on cuda).")] = None,
+    tensor_parallel: Annotated[int, typer.Option(help="Split the model over N ranks, one process each (NCCL on cuda:0..N-1, gloo on cpu): Megatron-style attention heads and MLP, vocabulary-split lm_head. N must divide the key-value heads and the intermediate size.")] = 1,
     threads: Annotated[Optional[int], typer.Option(help="cpu: compute threads (default: every core but one, at least 1, leaving a core to the HTTP thread).")] = None,
     max_model_len: Annotated[int, typer.Option(help="Tokens per lane (prompt + completion).")] = 4096,
     prefill_rows: Annotated[int, typer.Option(help="Rows per prompt cut R: cut boundaries are multiples of R.")] = 256,
@@ -98,7 +102,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     draft = make_drafter(drafter)
     dtype, parallel, chose = device_defaults(device, dtype, parallel, threads)
-    cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
+    cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel, tensor_parallel=tensor_parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
                        prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
                        seed=seed, trace=trace, trace_len=trace_len)
@@ -113,7 +117,17 @@ def serve(
     from .host import LaneHost
     from .runner import build_runner
 
-    runner = build_runner(cfg)
+    check_config(cfg)  # before any worker rank starts
+    if cfg.tensor_parallel > 1:
+        import torch
+
+        from .tp_launch import start_tensor_parallel
+        if device == "cpu" and threads is None:  # the ranks share the cores: spinning threads would fight
+            torch.set_num_threads(max(1, torch.get_num_threads() // cfg.tensor_parallel))
+            chose += f"; {cfg.tensor_parallel} ranks share them, {torch.get_num_threads()} each"
+        runner = start_tensor_parallel(cfg, torch.get_num_threads())
+    else:
+        runner = build_runner(cfg)
     if chose:  # once the model loaded: a failed start stays one line
         logging.getLogger("engine.cli").info(chose)
     lane_host = LaneHost(with_faults(runner, faults), cfg, drafter=draft)
@@ -131,6 +145,8 @@ def serve(
         pass
     finally:
         lane_host.stop()
+        if hasattr(runner, "close"):  # tensor parallel: the worker ranks
+            runner.close()
 
 
 def device_defaults(device: str, dtype: str | None, parallel: int | None, threads: int | None) -> tuple[str, int, str]:

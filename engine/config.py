@@ -128,10 +128,19 @@ class KernelConfig:
     # CPU: matmuls on weights prepacked once (oneDNN bf16 / MKL fp32) and the decode round's
     # attention batched by span (engine/cpu_kernels.py); off: plain torch ops, one SDPA a row.
     cpu_fast: bool = True
-    # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant Triton tiles, alone
-    # or several in one forward (ModelRunner.prefill_many). Off: the tiles take 1.5-2x cuBLAS's
-    # time, so one short prompt alone fills slower (engine/dev/PERF.md runs 8-10).
-    batch_cuts: bool = False
+    # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or
+    # several in one forward (ModelRunner.prefill_many), so the lane host fills short prompts that
+    # wait together in one forward with each prompt's bits equal to its bits alone. Eight
+    # 200-token prompts at qwen3-8b on the H200: median first token 75 -> 35 ms (engine/dev/PERF.md run 13).
+    batch_cuts: bool = True
+    # with batch_cuts: cuBLAS at the row counts a start-up check found bitwise row-invariant
+    # (engine/kernels_batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
+    batch_cublas: bool = True
+    # CUDA decode graph (Hopper): programmatic dependent launch for the round's Triton kernels (0 off,
+    # 1 wait only, 2 wait then launch the next kernel at once), and each skinny product asking L2 for
+    # the next matrix's first bytes. Measured no faster (engine/dev/PERF.md runs 12-13): off.
+    pdl: int = 0
+    l2_prefetch: bool = False
 
 
 @dataclass
@@ -143,6 +152,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"  # float32 | bfloat16
     parallel: int = 4
+    tensor_parallel: int = 1  # ranks the model is split over (engine/parallel.py), one process each
     max_model_len: int = 4096
     prefill_rows: int = 256
     prefill_mode: str = "stepped"  # stepped | whole
@@ -166,6 +176,8 @@ class EngineConfig:
             raise ConfigError(f"--prefill-mode must be stepped or whole, not {self.prefill_mode!r}")
         if self.parallel < 1:
             raise ConfigError("--parallel must be at least 1")
+        if self.tensor_parallel < 1:
+            raise ConfigError(f"--tensor-parallel must be at least 1, not {self.tensor_parallel}")
         if self.max_model_len < 2:
             raise ConfigError("--max-model-len must be at least 2")
         if self.prefill_rows < 1:

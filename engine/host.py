@@ -28,7 +28,10 @@ from .policy import LanePolicy
 from .sequence import Sequence, Status
 from .trace import TraceRing
 
-BATCH_ROWS = 4096  # rows of short cuts a backend with prefill_many fills in one forward
+# Rows of short cuts a backend with prefill_many fills in one forward. Eight 200-token prompts on
+# the H200 (engine/dev/PERF.md run 13): one forward of 1,600 rows gives all eight their first
+# token at 50 ms; forwards of <= 1,024 (5 prompts, then 3) give the first five theirs at 35 ms.
+BATCH_ROWS = 1024
 
 log = logging.getLogger("tfengine.host")
 

@@ -21,6 +21,31 @@ import triton.language as tl
 SPLIT = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 64
+# Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
+# be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
+# launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
+# 0: off; 1: wait only (the next kernel launches as this one's programs finish); 2: wait, then
+# let the next kernel launch at once (its programs wait on the GPU for this one).
+PDL = 0
+
+
+def launch_opts() -> dict:
+    """Extra launch arguments every kernel of the forward passes (launch_pdl when PDL is on)."""
+    return {"launch_pdl": True} if PDL and not INTERPRET else {}
+
+
+def pdl_on() -> int:
+    return 0 if INTERPRET else int(PDL)
+
+
+@triton.jit
+def pdl_enter(PDL_: tl.constexpr):
+    """First thing in a kernel launched with PDL: wait for the kernel before to finish (its writes
+    visible), then (PDL 2) let the next one launch. Every program calls it, before any load or store."""
+    if PDL_ > 0:
+        tl.extra.cuda.gdc_wait()
+    if PDL_ > 1:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -50,7 +75,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse,
                   stride_lr, stride_lh,
                   scale,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                  SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr):
+                  SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, PDL_: tl.constexpr = 0):
+    pdl_enter(PDL_)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
@@ -105,7 +131,9 @@ def _combine_kernel(Opart, Lse, Pos, Out,
                     stride_or, stride_oh, stride_os,
                     stride_lr, stride_lh,
                     stride_out,
-                    D: tl.constexpr, SPLIT_: tl.constexpr, NSPLIT: tl.constexpr, DYNAMIC: tl.constexpr):
+                    D: tl.constexpr, SPLIT_: tl.constexpr, NSPLIT: tl.constexpr, DYNAMIC: tl.constexpr,
+                    PDL_: tl.constexpr = 0):
+    pdl_enter(PDL_)
     row = tl.program_id(0)
     h = tl.program_id(1)
     length = tl.load(Pos + row).to(tl.int32) + 1
@@ -150,11 +178,11 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         lse.stride(0), lse.stride(1),
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
-        DYNAMIC=not INTERPRET, num_warps=4)
+        DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=4, **launch_opts())
     _combine_kernel[(p, h)](
         opart, lse, positions, out,
         opart.stride(0), opart.stride(1), opart.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0),
-        D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, num_warps=1)
+        D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=1, **launch_opts())
     return out

@@ -15,9 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import launch_opts, pdl_enter, pdl_on
+
 
 @triton.jit
-def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL_: tl.constexpr = 0):
+    pdl_enter(PDL_)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     m = c < N
@@ -37,14 +41,16 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: f
     y = torch.empty_like(x)
     xo = torch.empty_like(x) if r is not None else x
     _add_rmsnorm_kernel[(rows,)](x, r if r is not None else x, w, xo, y, n, eps, HAS_R=r is not None,
-                                 BLOCK=triton.next_power_of_2(n), num_warps=8 if n >= 2048 else 4)
+                                 BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(), num_warps=8 if n >= 2048 else 4,
+                                 **launch_opts())
     return xo, y
 
 
 @triton.jit
 def _qk_norm_rope_kernel(QKV, WQ, WK, Cos, Sin, QOut, KC, VC, Lanes, Pos,
                          stride_row, stride_cb, stride_ct, stride_ch, eps,
-                         H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):
+                         H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, PDL_: tl.constexpr = 0):
+    pdl_enter(PDL_)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # 0..H-1: q heads, H..H+KVH-1: k heads, then v heads
     half = tl.arange(0, D // 2)
@@ -94,12 +100,13 @@ def qk_norm_rope_write(qkv, wq, wk, cos, sin, kc, vc, lanes, positions, n_heads,
     _qk_norm_rope_kernel[(rows, n_heads + 2 * n_kv)](
         qkv, wq, wk, cos, sin, q, kc, vc, lanes, positions,
         qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), eps,
-        H=n_heads, KVH=n_kv, D=head_dim, num_warps=1)
+        H=n_heads, KVH=n_kv, D=head_dim, PDL_=pdl_on(), num_warps=1, **launch_opts())
     return q
 
 
 @triton.jit
-def _silu_mul_kernel(GU, Out, I, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, Out, I, BLOCK: tl.constexpr, PDL_: tl.constexpr = 0):
+    pdl_enter(PDL_)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < I
@@ -114,5 +121,6 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     i = two_i // 2
     out = torch.empty(rows, i, dtype=gu.dtype, device=gu.device)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, BLOCK=block, PDL_=pdl_on(), num_warps=4,
+                                                    **launch_opts())
     return out

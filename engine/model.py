@@ -133,6 +133,12 @@ class Qwen3ForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.cos: torch.Tensor | None = None  # [max_len, head_dim], model dtype (setup_rope)
         self.sin: torch.Tensor | None = None
+        # Tensor parallel (engine/parallel.py): the sum across ranks after the row-parallel o and
+        # down products; None (one rank): nothing to sum.
+        self.tp_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def _summed(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.tp_reduce is None else self.tp_reduce(y)
 
     # ---- set-up after the weights are in place -------------------------------------------
     def setup_rope(self, length: int) -> None:
@@ -168,8 +174,8 @@ class Qwen3ForCausalLM(nn.Module):
             a = layer.self_attn
             q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
             write_kv(i, k, v)
-            x = x + a.o_proj(attend(i, q))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._summed(a.o_proj(attend(i, q)))
+            x = x + self._summed(layer.mlp(layer.post_attention_layernorm(x)))
         return self.model.norm(x)
 
     def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed,
@@ -184,9 +190,9 @@ class Qwen3ForCausalLM(nn.Module):
         for i, layer in enumerate(self.model.layers):
             q, k, v = packed.heads(i, mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
             write_kv(i, k, v)
-            x = x + mm(attend(i, q), (i, "o"))
+            x = x + self._summed(mm(attend(i, q), (i, "o")))
             gate, up = mm(layer.post_attention_layernorm(x), (i, "gate_up")).chunk(2, dim=-1)
-            x = x + mm(F.silu(gate) * up, (i, "down"))
+            x = x + self._summed(mm(F.silu(gate) * up, (i, "down")))
         return self.model.norm(x)
 
     def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed, tile: int | None = None) -> torch.Tensor:
@@ -218,9 +224,12 @@ class Qwen3ForCausalLM(nn.Module):
         rows) engine.kernels_skinny's where it measured faster, or `mm`'s."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
         from engine.kernels_skinny import gate_up_silu, linear
-        if mm is None:
-            mm = linear if skinny else F.linear
-            act = gate_up_silu if skinny else (lambda h, w: silu_mul(F.linear(h, w)))
+        if mm is None and skinny:  # each product may prefetch the next one's weights (kernels_skinny.PREFETCH)
+            after = self.next_matrix()
+            mm = lambda h, w: linear(h, w, after.get(w.data_ptr()))  # noqa: E731
+            act = lambda h, w: gate_up_silu(h, w, nxt=after.get(w.data_ptr()))  # noqa: E731
+        elif mm is None:
+            mm, act = F.linear, (lambda h, w: silu_mul(F.linear(h, w)))
         else:
             act = lambda h, w: silu_mul(mm(h, w))  # noqa: E731
         cfg, layers = self.config, self.model.layers
@@ -230,10 +239,18 @@ class Qwen3ForCausalLM(nn.Module):
             a, m = layer.self_attn, layer.mlp
             q = qk_norm_rope_write(mm(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
                                    kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
-            x, h = add_rmsnorm(x, mm(attend(i, q), a.o_proj.weight), layer.post_attention_layernorm.weight, eps)
+            x, h = add_rmsnorm(x, self._summed(mm(attend(i, q), a.o_proj.weight)),
+                               layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = add_rmsnorm(x, mm(act(h, m.w_gate_up), m.down_proj.weight), nxt, eps)
+            x, h = add_rmsnorm(x, self._summed(mm(act(h, m.w_gate_up), m.down_proj.weight)), nxt, eps)
         return h
+
+    def next_matrix(self) -> dict[int, torch.Tensor]:
+        """A decode round's weight matrices in the order it multiplies them: {data_ptr: the next}."""
+        ws = [w for layer in self.model.layers for w in (layer.self_attn.wqkv, layer.self_attn.o_proj.weight,
+                                                         layer.mlp.w_gate_up, layer.mlp.down_proj.weight)]
+        ws.append(self.lm_head.weight)
+        return {a.data_ptr(): b for a, b in zip(ws, ws[1:]) if a is not None and b is not None}
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
                 fused: bool = False) -> torch.Tensor:
@@ -257,17 +274,22 @@ class Qwen3ForCausalLM(nn.Module):
         their rows one after another. Each cut's attention reads only its own lane (cut_attention)
         and `mm` must give a row's bits whatever the other rows (engine.kernels_batch.matmul), so
         a cut's results do not depend on the cuts beside it. Returns each cut's last-row logits."""
+        from engine.kernels_batch import padded_rows
         from engine.kernels_prefill import cut_attention
         dev = seqs[0][0].device
         ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
         spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
-        tokens = torch.cat([t for t, _, _ in seqs])
-        positions = torch.cat([torch.arange(s, s + b - a, device=dev) for a, b, _, s in spans])
-        lanes = torch.cat([torch.full((b - a,), lane, device=dev) for a, b, lane, _ in spans])
+        # rows up to a count every product was checked at (kernels_batch.BUCKETS): token 0 at
+        # position 0 of the spare lane, never attended to, never read back
+        pad = padded_rows(ends[-1]) - ends[-1]
+        zeros = torch.zeros(pad, dtype=torch.long, device=dev)
+        tokens = torch.cat([t for t, _, _ in seqs] + [zeros])
+        positions = torch.cat([torch.arange(s, s + b - a, device=dev) for a, b, _, s in spans] + [zeros])
+        lanes = torch.cat([torch.full((b - a,), lane, device=dev) for a, b, lane, _ in spans] + [zeros + kv.spare])
 
         def attend(i, q):
             return torch.cat([cut_attention(q[a:b], kv.k[i, lane, :s + b - a], kv.v[i, lane, :s + b - a], s)
-                              for a, b, lane, s in spans])
+                              for a, b, lane, s in spans] + [q.new_zeros(pad, q.shape[1] * q.shape[2])])
 
         h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm)
         return mm(h[[b - 1 for _, b, _, _ in spans]], self.lm_head.weight)

@@ -76,17 +76,22 @@ class ModelRunner:
         self.model = model
         if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
             model.setup_rope(cfg.max_model_len)
+        # the model's own shape: a tensor-parallel rank's holds its share of the KV heads
         if self.device.type == "cuda":
-            self._check_kv_fits(mcfg)
-        self.kv = KVCache(mcfg, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
+            self._check_kv_fits(model.config)
+        self.kv = KVCache(model.config, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
         self.spare = self.kv.spare
 
         knobs = cfg.kernels
         self.fused = self.device.type == "cuda" and knobs.fused
         self.skinny = self.fused and knobs.skinny
         # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
-        # forward (prefill_many); off by default (KernelConfig.batch_cuts)
-        self.batch_cuts = self.fused and knobs.batch_cuts
+        # forward (prefill_many): cuBLAS at the row counts checked bitwise here, else the tiles
+        self.batch_cuts, self.batch_rows = self.fused and knobs.batch_cuts, ()
+        if self.batch_cuts and knobs.batch_cublas:
+            from engine.kernels_batch import adopt_buckets
+            a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
+            self.batch_rows = adopt_buckets([a.wqkv, a.o_proj.weight, m.w_gate_up, m.down_proj.weight])
         # CPU: matmuls on prepacked weights, batched span-grouped decode attention
         # (engine/cpu_kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
         self.cpu_mm = None
@@ -106,7 +111,9 @@ class ModelRunner:
                 self.capture_graph()
             # Prompt cuts run in one thread of their own, which builds cuDNN's graphs for the full
             # cuts first (in the background, after the capture), so no request waits for a build.
-            self._cut_thread = ThreadPoolExecutor(1, thread_name_prefix="prompt-cuts")
+            # (on this runner's device: a tensor-parallel rank's is not the thread's default, cuda:0)
+            self._cut_thread = ThreadPoolExecutor(1, thread_name_prefix="prompt-cuts",
+                                                  initializer=_on_device, initargs=(self.device,))
             self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
@@ -287,7 +294,11 @@ class ModelRunner:
             self._h_in = torch.zeros(3, p, dtype=torch.long).pin_memory()
             self._s_in = torch.zeros(3, p, dtype=torch.long, device=self.device)
             self._s_in[2] = self.spare  # warm-up and capture write only the spare lane
-            with torch.inference_mode():
+            from engine.kernels_skinny import launch_mode, prefetch_plan
+            knobs = self.cfg.kernels
+            mode = launch_mode(pdl=knobs.pdl if self.fused else 0,
+                               prefetch=prefetch_plan(self.model_config) if self.skinny and knobs.l2_prefetch else None)
+            with torch.inference_mode(), mode:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
@@ -364,6 +375,8 @@ class ModelRunner:
                       "intermediate": m.intermediate_size, "vocab": m.vocab_size},
             "parameters": m.num_parameters(),
             "parallel": self.parallel,
+            "tensor_parallel": 1,  # engine/tp_runner.py: N, and every rank's device in `devices`
+            "devices": [dev["device_name"]],
             "max_model_len": self.max_model_len,
             "prefill_rows": self.prefill_rows,
             "cuda_graph": self.graph is not None,
@@ -389,6 +402,12 @@ class ModelRunner:
         from engine import kernels_prefill as kp
         return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
                 "flash below")
+
+
+def _on_device(device: torch.device) -> None:
+    """A thread's CUDA device, where the runner names one (Triton launches on the current device)."""
+    if device.index is not None:
+        torch.cuda.set_device(device)
 
 
 def build_runner(cfg: EngineConfig) -> ModelRunner:

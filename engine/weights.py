@@ -43,16 +43,17 @@ def dummy_state(cfg: ModelConfig, seed: int, dtype: torch.dtype, device) -> dict
     with torch.device("meta"):
         shapes = _wanted(Qwen3ForCausalLM(cfg))
     device = torch.device(device)
-    out = {}
-    for name, shape in shapes.items():
-        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-            out[name] = torch.ones(shape, dtype=dtype, device=device)
-            continue
-        g = torch.Generator(device=device)
-        g.manual_seed(_tensor_seed(seed, name))
-        t = torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, STD, generator=g)
-        out[name] = t.to(dtype)
-    return out
+    return {name: dummy_tensor(name, shape, seed, dtype, device) for name, shape in shapes.items()}
+
+
+def dummy_tensor(name: str, shape, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One dummy tensor, from its name and the seed alone (a tensor-parallel rank makes the full
+    tensor this way and keeps its slice, so every TP size has the same weights)."""
+    if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+        return torch.ones(shape, dtype=dtype, device=device)
+    g = torch.Generator(device=device)
+    g.manual_seed(_tensor_seed(seed, name))
+    return torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, STD, generator=g).to(dtype)
 
 
 def _index_files(model_dir: Path, index: Path) -> list[Path]:
@@ -92,7 +93,11 @@ def read_safetensors(model_dir: Path, device) -> dict[str, torch.Tensor]:
 
 
 def check_state(model: Qwen3ForCausalLM, sd: dict, where: str) -> None:
-    wanted = _wanted(model)
+    check_shapes(_wanted(model), sd, where)
+
+
+def check_shapes(wanted: dict, sd: dict, where: str) -> None:
+    """Every wanted name in `sd` (values: anything with a .shape) at its shape, and nothing else."""
     missing = [k for k in wanted if k not in sd]
     extra = [k for k in sd if k not in wanted and k != "lm_head.weight"]
     if missing:

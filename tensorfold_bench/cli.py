@@ -47,6 +47,7 @@ Tokenizer = Annotated[Optional[Path], typer.Option("--tokenizer", help="A tokeni
 OutDir = Annotated[Path, typer.Option("--out", help="Directory for the receipt (Markdown, JSON, PNG) and the run's logs.")]
 PlainCheck = Annotated[bool, typer.Option("--plain-check", help="Also run the plain reference (each request alone, whole prompt, no cache, no drafts, 1 stream) and count equal replies.")]
 Parallel = Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default 4).")]
+TensorParallel = Annotated[int, typer.Option("--tensor-parallel", help="Engine ranks: tfengine --tensor-parallel N (one GPU each; 1: not passed).")]
 PrefillRows = Annotated[Optional[int], typer.Option("--prefill-rows", help="Rows per prompt cut (default 256 on cpu, 1024 on cuda).")]
 MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts; with --temperature, each request's sampling seed is derived from it and the request's role.")]
@@ -119,6 +120,7 @@ def long_prompt(
     predict: Predict = None,
     margin: Margin = stats.DEFAULT_MARGIN,
     parallel: Parallel = None,
+    tensor_parallel: TensorParallel = 1,
     prefill_rows: PrefillRows = None,
     max_model_len: MaxModelLen = None,
     seed: Seed = 0,
@@ -143,7 +145,7 @@ def long_prompt(
         trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
         predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
-        temperature=temperature)
+        temperature=temperature, tensor_parallel=tensor_parallel)
     if dry_run:
         return print(plan.long_prompt(settings))
     data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
@@ -173,6 +175,7 @@ def sweep(
     url: Url = None,
     out_dir: OutDir = Path("receipts"),
     parallel: Parallel = None,
+    tensor_parallel: TensorParallel = 1,
     prefill_rows: PrefillRows = None,
     max_model_len: MaxModelLen = None,
     seed: Seed = 0,
@@ -190,7 +193,8 @@ def sweep(
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
         max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
         reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
-        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature)
+        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
+        tensor_parallel=tensor_parallel)
     if dry_run:
         return print(plan.sweep(settings))
     data, paths = execute(sweep_mod.run, settings, out_dir, verbose)

@@ -16,6 +16,7 @@ class EngineSetup:
     device: str = "cpu"
     dtype: str | None = None
     parallel: int = 4
+    tensor_parallel: int = 1  # engine ranks (tfengine --tensor-parallel); 1: the flag is not passed
     prefill_rows: int = 256
     max_model_len: int | None = None
     seed: int = 0
@@ -27,6 +28,8 @@ class EngineSetup:
              "--prefill-rows", str(self.prefill_rows), "--seed", str(self.seed)]
         if self.dtype:
             f += ["--dtype", self.dtype]
+        if self.tensor_parallel != 1:
+            f += ["--tensor-parallel", str(self.tensor_parallel)]
         if self.max_model_len:
             f += ["--max-model-len", str(self.max_model_len)]
         if self.trace:
@@ -95,11 +98,12 @@ def check_margin(margin: float, flag: str = "--margin") -> None:
 
 def engine_setup(*, device: str, model: str | None, dtype: str | None, parallel: int | None,
                  prefill_rows: int | None, max_model_len: int | None, seed: int, trace: bool,
-                 engine_args: list[str] | None) -> EngineSetup:
+                 engine_args: list[str] | None, tensor_parallel: int = 1) -> EngineSetup:
     """The shared engine flags from the command's flags, with the device preset's defaults."""
     pre = device_preset(device)
     for flag, v in (("--parallel", parallel), ("--prefill-rows", prefill_rows), ("--max-model-len", max_model_len)):
         positive(flag, v)
+    positive("--tensor-parallel", tensor_parallel)
     return EngineSetup(model=model or pre.model, device=device, dtype=dtype or pre.dtype, parallel=parallel or 4,
                        prefill_rows=prefill_rows or pre.prefill_rows, max_model_len=max_model_len, seed=seed,
-                       trace=trace, extra_args=list(engine_args or []))
+                       trace=trace, extra_args=list(engine_args or []), tensor_parallel=tensor_parallel)

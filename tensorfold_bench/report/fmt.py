@@ -71,6 +71,10 @@ def environment_lines(data: dict) -> list[str]:
     if not eng and "identities" in data:  # no tfengine ran: the servers' own accounts, below
         return [*server_lines(data), host_line(data)]
     dev = desc.get("device_name") or desc.get("device") or "unknown device"
+    devices, tp = desc.get("devices") or [], desc.get("tensor_parallel") or 1
+    if tp > 1 and devices:  # every rank's device, by name
+        names = sorted(set(devices), key=devices.index)
+        dev = (f"{len(devices)} x {names[0]}" if len(names) == 1 else " + ".join(devices)) + f" (tensor parallel {tp})"
     bits = [f"{dev}"]
     if desc.get("compute_capability"):
         bits.append(f"sm {desc['compute_capability']}")

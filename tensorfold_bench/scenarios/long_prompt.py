@@ -124,7 +124,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                         max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
                         vocab=None, stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False,
                         predict=None, margin=0.02, tokenizer=None, token_ids="ids",
-                        temperature=0.0) -> LongPromptSettings:
+                        temperature=0.0, tensor_parallel=1) -> LongPromptSettings:
     """`tfbench run long-prompt`'s flags -> settings, with the device preset's defaults; every bad
     value names its flag; predictions are read (and stamped) here, before any run."""
     pre = session.device_preset(device)
@@ -140,7 +140,8 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                               c_tokens=c_tokens, seed=seed, sampling=Sampling(temperature, seed))
     script = replace(script, a_max_tokens=a_tokens or (mml - script.a_prompt_tokens - 1))
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
-                                  max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args)
+                                  max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args,
+                                  tensor_parallel=tensor_parallel)
     session.check_margin(margin)
     preds = read_predictions(predict, [v.name for v in variants], figures.predictable_long_prompt()) if predict else None
     return LongPromptSettings(Session(engine, variants, names, Path(out_dir), "long-prompt", url=url, margin=margin,

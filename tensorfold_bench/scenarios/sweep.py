@@ -140,7 +140,7 @@ class SweepSettings:
 def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
                         parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens=None, cells=None,
                         reps=None, prompt_tokens=200, predict=None, margin=0.02, stamp="", vocab=None, tokenizer=None,
-                        token_ids="ids", temperature=0.0) -> SweepSettings:
+                        token_ids="ids", temperature=0.0, tensor_parallel=1) -> SweepSettings:
     """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
     session.check_margin(margin)
     v, notes = session.sized(device, {"--tokens": tokens, "--cells": cells, "--reps": reps},
@@ -150,7 +150,8 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
     session.positive("--parallel", parallel)
     parallel = max(parallel or 0, script.max_level)  # every stream of the largest level gets a lane
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
-                                  max_model_len=max_model_len, seed=seed, trace=False, engine_args=engine_args)
+                                  max_model_len=max_model_len, seed=seed, trace=False, engine_args=engine_args,
+                                  tensor_parallel=tensor_parallel)
     need = script.prompt_tokens + script.tokens + 1
     engine.max_model_len = None if url else (max_model_len or max(1024, -(-need // 256) * 256))
     vs, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa)

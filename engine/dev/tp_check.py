@@ -1,0 +1,137 @@
+"""Tensor parallel on the GPU: the engine at N = 1 against the same engine at N ranks, one phase a
+process (scripts/h200_tp.sh runs them in turn; predictions in engine/dev/PERF.md).
+
+    PYTHONPATH=. python3 -m engine.dev.tp_check --phase one --model qwen3-32b --out $OUT
+    PYTHONPATH=. python3 -m engine.dev.tp_check --phase tp --world 2 --model qwen3-32b --out $OUT
+
+- phase one: the plain ModelRunner: greedy tokens of two prompts (alone), decode ms a round at
+  one stream, and a long prompt's fill time; written to $OUT/tp_one.json.
+- phase tp, world >= 2: `start_tensor_parallel` (rank 0 here, the workers started by it), the same
+  figures, the tokens against phase one's, and exactness within the TP size: two prompts decoded
+  in the same rounds == each alone; the decode graph captured with the collectives inside.
+- phase tp, world 1: one NCCL rank with the collectives forced on (TensorParallel.collectives), so
+  the decode graph captures an all-reduce and an all-gather; tokens must equal phase one's bitwise
+  (the shard is the whole model, a one-rank sum and gather change no bit).
+Runs on the CPU too (--device cpu --model tiny: gloo), to check the script before a device call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from engine.backend import cuts
+from engine.config import EngineConfig
+
+
+def generate(be, lane: int, prompt: list[int], n: int, rows: int) -> list[int]:
+    """Greedy tokens through the backend's own calls (a TPBackend sends each as a plan)."""
+    for s, e in cuts(0, len(prompt), rows):
+        tok = be.prefill_step(lane, prompt, s, e)
+    out, pos = [tok], len(prompt)
+    while len(out) < n:
+        out.append(be.decode([lane], [out[-1]], [pos])[0])
+        pos += 1
+    return out
+
+
+def together(be, prompts: list[list[int]], n: int, rows: int) -> list[list[int]]:
+    """Each prompt filled in its lane, then all decoded in the same rounds."""
+    outs = [[generate(be, lane, p, 1, rows)[0]] for lane, p in enumerate(prompts)]
+    pos = [len(p) for p in prompts]
+    while len(outs[0]) < n:
+        new = be.decode(list(range(len(prompts))), [o[-1] for o in outs], pos)
+        for o, t in zip(outs, new):
+            o.append(t)
+        pos = [q + 1 for q in pos]
+    return outs
+
+
+def figures(be, cfg: EngineConfig, vocab: int, long_tokens: int, rounds: int) -> dict:
+    prompts = [[(i * 7919 + k * 104729) % min(vocab, 50_000) for i in range(300 + 37 * k)] for k in range(2)]
+    alone = [generate(be, k, p, 32, cfg.prefill_rows) for k, p in enumerate(prompts)]
+    both = together(be, prompts, 32, cfg.prefill_rows)
+    tok, pos, ms = alone[0][-1], len(prompts[0]) + 31, []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        tok = be.decode([0], [tok], [pos])[0]
+        ms.append((time.perf_counter() - t0) * 1e3)
+        pos += 1
+    fill = None
+    if long_tokens:
+        lp = [(i * 31 + 7) % min(vocab, 50_000) for i in range(long_tokens)]
+        generate(be, 2, lp[:cfg.prefill_rows + 5], 1, cfg.prefill_rows)  # warm: a cut with a prefix
+        t0 = time.perf_counter()
+        generate(be, 3, lp, 1, cfg.prefill_rows)
+        fill = time.perf_counter() - t0
+    d = be.describe()
+    return {"alone": alone, "together_equal_alone": both == alone, "decode_ms_median": statistics.median(ms[5:]),
+            "decode_tok_s": 1e3 / statistics.median(ms[5:]), "long_prompt_tokens": long_tokens,
+            "long_prompt_s": fill, "long_prompt_tok_s": long_tokens / fill if fill else None,
+            "cuda_graph": d.get("cuda_graph"), "devices": d.get("devices"), "tensor_parallel": d.get("tensor_parallel"),
+            "describe": d}
+
+
+def phase_tp(cfg: EngineConfig, world: int):
+    from engine.presets import resolve_model
+    if world > 1:
+        from engine.tp_launch import start_tensor_parallel
+        return start_tensor_parallel(EngineConfig(**{**cfg.__dict__, "tensor_parallel": world}),
+                                     torch.get_num_threads())
+    from engine.parallel import TensorParallel, join, tcp_store
+    from engine.tp_runner import TPRunner
+    dev = "cuda:0" if cfg.device.startswith("cuda") else "cpu"
+    join(dev, 0, 1, tcp_store(1))
+    tp = TensorParallel(0, 1, resolve_model(cfg.model)[0].vocab_size, collectives=True)
+    return TPRunner(cfg, tp)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phase", choices=("one", "tp"), required=True)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--model", default="qwen3-32b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--long", type=int, default=32_768)
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--out", default="/tmp/out")
+    a = ap.parse_args()
+    cuda = a.device == "cuda"
+    cfg = EngineConfig(model=a.model, device=a.device, dtype="bfloat16" if cuda else "float32", parallel=4,
+                       max_model_len=max(2048, a.long + 1024), prefill_rows=1024 if cuda else 64)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if a.phase == "one":
+        from engine.runner import ModelRunner
+        be = ModelRunner(cfg)
+    else:
+        be = phase_tp(cfg, a.world)
+    runner = getattr(be, "runner", be)
+    if getattr(runner, "cuts_warmed", None) is not None:
+        runner.cuts_warmed.result()
+    res = {"phase": a.phase, "world": a.world if a.phase == "tp" else 1, "model": a.model,
+           "start_s": time.perf_counter() - t0, "graph_fallback_reason": runner.graph_fallback_reason}
+    res.update(figures(be, cfg, runner.vocab_size, a.long, a.rounds))
+    one = out / "tp_one.json"
+    if a.phase == "tp" and one.is_file():
+        ref = json.loads(one.read_text())
+        res["tokens_equal_one"] = [x == y for x, y in zip(res["alone"], ref["alone"])]
+        res["equal_prefix_one"] = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x))
+                                   for x, y in zip(res["alone"], ref["alone"])]
+        res["decode_speedup"] = ref["decode_ms_median"] / res["decode_ms_median"]
+        if res["long_prompt_s"] and ref.get("long_prompt_s"):
+            res["long_prompt_speedup"] = ref["long_prompt_s"] / res["long_prompt_s"]
+    name = "tp_one.json" if a.phase == "one" else f"tp_{a.world}.json"
+    (out / name).write_text(json.dumps(res, indent=1, default=str))
+    print(json.dumps({k: v for k, v in res.items() if k not in ("alone", "describe")}, default=str), flush=True)
+    if hasattr(be, "close"):
+        be.close()
+
+
+if __name__ == "__main__":
+    main()
