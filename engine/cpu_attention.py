@@ -33,6 +33,12 @@ def tile_for(rows: int) -> int:
     return rows if rows <= TILE else TILE
 
 
+def describe(dtype: torch.dtype, rows: int) -> str:
+    """What /v1/engine says of the CPU cut attention."""
+    how = "oneDNN matmuls + softmax, bf16" if dtype == torch.bfloat16 else "flash, fp32"
+    return f"query tiles of {tile_for(rows)} at absolute positions ({how})"
+
+
 @lru_cache(maxsize=8)
 def _future(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     """Added to a tile's own block of scores: -inf where key column c lies after query row r,

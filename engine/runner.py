@@ -33,7 +33,6 @@ from typing import Sequence
 import torch
 
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
-from engine.cpu_attention import tile_for
 from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets
 from engine.kv_cache import KVCache
 from engine.model import decode_attention_loop
@@ -194,7 +193,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
         if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
-            return self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm, tile_for(self.prefill_rows))
+            return self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm, self.prefill_rows)
         return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
 
     @torch.inference_mode()
@@ -395,10 +394,8 @@ class ModelRunner:
 
     def _prefill_attention_name(self) -> str:
         if self.device.type != "cuda":
-            if self.cpu_mm is None:
-                return "sdpa"
-            how = "oneDNN matmuls + softmax, bf16" if self.dtype == torch.bfloat16 else "flash, fp32"
-            return f"query tiles of {tile_for(self.prefill_rows)} at absolute positions ({how})"
+            from engine.cpu_attention import describe
+            return "sdpa" if self.cpu_mm is None else describe(self.dtype, self.prefill_rows)
         from engine import kernels_prefill as kp
         return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
                 "flash below")
