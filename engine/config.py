@@ -144,6 +144,9 @@ class KernelConfig:
     # the next matrix's first bytes. Measured no faster (engine/dev/PERF.md runs 12-13): off.
     pdl: int = 0
     l2_prefetch: bool = False
+    # Tensor parallel on CUDA at two ranks: the decode round's sums through a one-shot all-reduce
+    # in symmetric memory (engine/tp_symm.py; the same bits as NCCL's) or NCCL's all_reduce.
+    tp_allreduce: str = "symm"  # symm | nccl
 
 
 @dataclass

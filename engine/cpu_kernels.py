@@ -181,25 +181,3 @@ def decode_attention_buckets(kv, i: int, q: torch.Tensor, plan: BucketPlan) -> t
         out.index_copy_(0, rows_out, o.index_select(0, at))
     return out
 
-
-def prefill_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-    """A prompt cut's causal attention without a mask tensor: q [T, H, d] at positions
-    [start, start+T); k, v [end, KVH, d] of one lane; returns [T, H*d] in q's dtype. The keys
-    before the cut are seen by every row (one flash call, no mask) and the cut's own keys form a
-    square causal block (one flash call, is_causal); the two halves merge by their log-sum-exps.
-    In float32: the CPU's flash kernel has no fast bf16 path without AMX, and a mask tensor sends
-    it down a slower one (256 rows x 2,304 keys: 32 ms against 41 ms with the mask, this box).
-    Stepped and whole prompts run the same cuts, so the same calls and the same bits."""
-    t, h, d = q.shape
-    rep = h // k.shape[1]
-    qh = q.float().transpose(0, 1)[None]
-    kh = k.float().transpose(0, 1).repeat_interleave(rep, 0)[None]  # the private op takes no GQA
-    vh = v.float().transpose(0, 1).repeat_interleave(rep, 0)[None]
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    o, lse = flash(qh, kh[:, :, start:], vh[:, :, start:], 0.0, True)[:2]
-    if start:
-        o0, lse0 = flash(qh, kh[:, :, :start], vh[:, :, :start], 0.0, False)[:2]
-        m = torch.maximum(lse, lse0)
-        a, b = (lse0 - m).exp()[..., None], (lse - m).exp()[..., None]
-        o = (o0 * a + o * b) / (a + b)
-    return o[0].transpose(0, 1).reshape(t, h * d).to(q.dtype)

@@ -195,10 +195,17 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + self._summed(mm(F.silu(gate) * up, (i, "down")))
         return self.model.norm(x)
 
-    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed) -> torch.Tensor:
-        """`prefill` through trunk_cpu: the greedy logits of the cut's last row."""
-        from engine.cpu_kernels import prefill_attention_cpu
-        positions, write_kv, attend = cut_io(tokens, lane, start, kv, prefill_attention_cpu)
+    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed, rows: int | None = None) -> torch.Tensor:
+        """`prefill` through trunk_cpu: the greedy logits of the cut's last row. The attention
+        reads the whole lane: its query tiles (engine.cpu_attention.tile_for(rows), rows being
+        --prefill-rows; TILE unless given) end at absolute positions, past the cut's own end."""
+        from engine.cpu_attention import TILE, cut_attention_cpu, tile_for
+        positions, write_kv, _ = cut_io(tokens, lane, start, kv, None)
+        tile = tile_for(rows) if rows else TILE
+
+        def attend(i, q):
+            return cut_attention_cpu(q, kv.k[i, lane], kv.v[i, lane], start, tile)
+
         x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
         return packed.mm(x[-1:], "lm_head")[0]
 

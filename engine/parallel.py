@@ -15,7 +15,8 @@ Exactness within a TP size. A row's bits must not depend on how many rows go thr
   partial sums and add them in rank order, elementwise: ((p0 + p1) + p2) + ...; the same order
   for every element, on every rank. It moves N-1 times the bytes of the ring's reduce-scatter.
 NVLink SHARP (NVLS) reduces inside the switch, in its own order and precision: it is turned off
-(NCCL_NVLS_ENABLE=0) before the communicator exists.
+(NCCL_NVLS_ENABLE=0) before the communicator exists, and so is symmetric memory's multicast
+(TORCH_SYMM_MEM_DISABLE_MULTICAST=1): the one-shot sum (engine/tp_symm.py) loads from the peer.
 """
 from __future__ import annotations
 
@@ -74,6 +75,10 @@ class TensorParallel:
     vocab: int
     group: object = None  # the torch.distributed process group (None: the default one)
     collectives: bool = False
+    # CUDA, two ranks: the one-shot symmetric-memory sum for small tensors (engine/tp_symm.py),
+    # the same bits as NCCL's; None: NCCL sums every tensor
+    symm: object = None
+    skip_sums: bool = False  # timing only (engine/dev/tp_check.py): the o/down sums left out, wrong logits
 
     @property
     def active(self) -> bool:
@@ -84,7 +89,11 @@ class TensorParallel:
         if not self.active:
             return y
         import torch.distributed as dist
+        if self.skip_sums:
+            return y
         if self.world <= 2:
+            if self.symm is not None and self.symm.fits(y):
+                return self.symm(y)
             dist.all_reduce(y, group=self.group)
             return y
         parts = torch.empty((self.world, *y.shape), dtype=y.dtype, device=y.device)
@@ -93,6 +102,13 @@ class TensorParallel:
         for r in range(2, self.world):
             out += parts[r]
         return out
+
+    def symm_agrees(self, y: torch.Tensor) -> bool:
+        """Whether the symmetric-memory sum of `y` has NCCL's bits (a check on the device)."""
+        import torch.distributed as dist
+        ref = y.clone()
+        dist.all_reduce(ref, group=self.group)
+        return self.symm is not None and self.symm.fits(y) and torch.equal(self.symm(y.clone()), ref)
 
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Each rank's logits over its vocabulary shard -> the full logits [..., vocab] on every rank."""
@@ -122,6 +138,7 @@ def join(device: str, rank: int, world: int, store) -> None:
     exists), and a collective's failure surfaces as an error rather than a hang."""
     import torch.distributed as dist
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     kw = {"device_id": torch.device(device)} if device.startswith("cuda") else {}
     dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world,

@@ -197,7 +197,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
         if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
-            return self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm)
+            return self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm, self.prefill_rows)
         return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
 
     @torch.inference_mode()
@@ -400,7 +400,8 @@ class ModelRunner:
 
     def _prefill_attention_name(self) -> str:
         if self.device.type != "cuda":
-            return "sdpa" if self.cpu_mm is None else "prefix + diagonal halves merged (flash, fp32)"
+            from engine.cpu_attention import describe
+            return "sdpa" if self.cpu_mm is None else describe(self.dtype, self.prefill_rows)
         from engine import kernels_prefill as kp
         return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
                 "flash below")

@@ -12,10 +12,10 @@ keep() {  # copy a run's receipt files under $OUT as soon as it ends (a later ti
   for f in /tmp/$1/*.md /tmp/$1/*.json /tmp/$1/*.png; do [ -f "$f" ] && cp "$f" "$OUT/$1-$(basename "$f")"; done
 }
 timeout 250 python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b --share 1,0.5 \
-  --plain-check --predict receipts/predictions/h200-long-prompt.yaml --out /tmp/lp 2>&1 | tail -30
+  --plain-check --predict ${LP_PRED:-receipts/predictions/h200-long-prompt.yaml} --out /tmp/lp 2>&1 | tail -30
 keep lp
 timeout 310 python3 -m tensorfold_bench sweep --device cuda --model qwen3-8b --levels 1,2,4,8,16,32,64 \
-  --tokens 256 --cells 2 --reps 2 --share 0.5 --predict receipts/predictions/h200-sweep.yaml --out /tmp/sw 2>&1 | tail -30
+  --tokens 256 --cells 2 --reps 2 --share 0.5 --predict ${SW_PRED:-receipts/predictions/h200-sweep.yaml} --out /tmp/sw 2>&1 | tail -30
 keep sw
 tar czf "$OUT/logs.tgz" -C /tmp gpu.txt lp sw 2>/dev/null  # the run logs beside each receipt
 ls -la "$OUT"

@@ -154,18 +154,6 @@ def test_cli_cpu_defaults(monkeypatch):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("start,t", [(0, 16), (16, 16), (48, 7), (5, 1)])
-def test_prefill_attention_cpu_matches_sdpa(start, t):
-    """The split (keys before the cut, the cut's causal block) merged by log-sum-exp is the
-    causal attention of the reference (engine.model.prefill_attention), float32."""
-    from engine.model import prefill_attention
-    g = torch.Generator().manual_seed(start + t)
-    end = start + t
-    q, k, v = torch.randn(t, 4, 16, generator=g), torch.randn(end, 2, 16, generator=g), torch.randn(end, 2, 16, generator=g)
-    torch.testing.assert_close(ck.prefill_attention_cpu(q, k, v, start), prefill_attention(q, k, v, start),
-                               rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_replies_do_not_depend_on_the_lane_count(dtype):
     """A decode round multiplies fixed tiles of rows (ROW_TILE), so the plain reference's one

@@ -153,6 +153,58 @@ def test_three_ranks_sum_in_rank_order():
         assert p.returncode == 0 and "ok" in out, err[-2000:]
 
 
+ROUTE = r"""
+import sys, torch, torch.distributed as dist
+from engine.parallel import TensorParallel, join
+from engine.tp_symm import symm_reduce
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+join("cpu", rank, 2, dist.TCPStore("127.0.0.1", port, 2, rank == 0, wait_for_workers=False))
+assert symm_reduce(None, torch.device("cpu"), torch.float32, 2) is None  # CPU: gloo sums, no collective
+
+
+class PeerSum:  # what the one-shot kernel computes, through gloo: p0 + p1, for tensors up to 8 values
+    calls = 0
+    def fits(self, y):
+        return y.numel() <= 8
+    def __call__(self, y):
+        PeerSum.calls += 1
+        parts = [torch.empty_like(y) for _ in range(2)]
+        dist.all_gather(parts, y)
+        return parts[0] + parts[1]
+
+
+class OffByOne(PeerSum):
+    def __call__(self, y):
+        return super().__call__(y) + 1
+
+
+tp = TensorParallel(rank, 2, vocab=10, symm=PeerSum())
+small, big = torch.arange(8.0) + rank, torch.arange(16.0) + rank
+want_small, want_big = 2 * torch.arange(8.0) + 1, 2 * torch.arange(16.0) + 1
+assert torch.equal(tp.reduce(small.clone()), want_small) and PeerSum.calls == 1, "small: not the peer sum"
+assert torch.equal(tp.reduce(big.clone()), want_big) and PeerSum.calls == 1, "big: not the collective's sum"
+assert tp.symm_agrees(small)
+tp.symm = OffByOne()
+assert not tp.symm_agrees(small), "a wrong sum passed the bit check"
+tp.skip_sums = True
+assert tp.reduce(small) is small  # timing only: no sum
+dist.barrier()
+print("ok", flush=True)
+import os; os._exit(0)
+"""
+
+
+def test_small_sums_go_to_the_peer_sum_and_the_bit_check_catches_a_wrong_one():
+    """TensorParallel's routing at two ranks (the one-shot kernel itself needs two GPUs)."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", ROUTE, str(r), str(port)], cwd=ROOT,
+                              env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and "ok" in out, err[-2000:]
+
+
 def test_a_killed_rank_ends_the_server_within_seconds(tmp_path):
     log = tmp_path / "server.log"
     with launch(FLAGS, log, env=ENV) as srv:

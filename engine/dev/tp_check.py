@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from engine.backend import cuts
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 
 
 def generate(be, lane: int, prompt: list[int], n: int, rows: int) -> list[int]:
@@ -55,12 +55,7 @@ def figures(be, cfg: EngineConfig, vocab: int, long_tokens: int, rounds: int) ->
     prompts = [[(i * 7919 + k * 104729) % min(vocab, 50_000) for i in range(300 + 37 * k)] for k in range(2)]
     alone = [generate(be, k, p, 32, cfg.prefill_rows) for k, p in enumerate(prompts)]
     both = together(be, prompts, 32, cfg.prefill_rows)
-    tok, pos, ms = alone[0][-1], len(prompts[0]) + 31, []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        tok = be.decode([0], [tok], [pos])[0]
-        ms.append((time.perf_counter() - t0) * 1e3)
-        pos += 1
+    ms = decode_ms(be, alone[0][-1], len(prompts[0]) + 31, rounds)
     fill = None
     if long_tokens:
         lp = [(i * 31 + 7) % min(vocab, 50_000) for i in range(long_tokens)]
@@ -69,11 +64,47 @@ def figures(be, cfg: EngineConfig, vocab: int, long_tokens: int, rounds: int) ->
         generate(be, 3, lp, 1, cfg.prefill_rows)
         fill = time.perf_counter() - t0
     d = be.describe()
-    return {"alone": alone, "together_equal_alone": both == alone, "decode_ms_median": statistics.median(ms[5:]),
-            "decode_tok_s": 1e3 / statistics.median(ms[5:]), "long_prompt_tokens": long_tokens,
+    return {"alone": alone, "together_equal_alone": both == alone, "decode_ms_median": ms,
+            "decode_tok_s": 1e3 / ms, "long_prompt_tokens": long_tokens,
             "long_prompt_s": fill, "long_prompt_tok_s": long_tokens / fill if fill else None,
             "cuda_graph": d.get("cuda_graph"), "devices": d.get("devices"), "tensor_parallel": d.get("tensor_parallel"),
             "describe": d}
+
+
+def decode_ms(be, tok: int, pos: int, rounds: int) -> float:
+    """Median ms of a decode round at one stream (the first 5 rounds left out)."""
+    ms = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        tok = be.decode([0], [tok], [pos])[0]
+        ms.append((time.perf_counter() - t0) * 1e3)
+        pos += 1
+    return statistics.median(ms[5:])
+
+
+def sums_split(be, cfg: EngineConfig, vocab: int, rounds: int, order: list[str]) -> dict:
+    """The decode round with its o/down sums through each way in `order` (TPRunner.set_sums, on
+    every rank), in turn: ms a round, and (but "skip", whose logits are wrong) the exactness
+    checks. Also whether the symmetric-memory sum has NCCL's bits at a few row counts."""
+    prompts = [[(i * 7919 + k * 104729) % min(vocab, 50_000) for i in range(300 + 37 * k)] for k in range(2)]
+    out = {"agrees": {r: be._both("symm_agrees", (r,), {}) for r in (1, 4, 64)}, "runs": []}
+    for how in order:
+        if not be._both("set_sums", (how,), {}):
+            out["runs"].append({"how": how, "set": False})
+            continue
+        run = {"how": how, "set": True, "cuda_graph": be.runner.graph is not None}
+        alone = [generate(be, k, p, 32, cfg.prefill_rows) for k, p in enumerate(prompts)]
+        if how != "skip":
+            run["alone"] = alone
+            run["together_equal_alone"] = together(be, prompts, 32, cfg.prefill_rows) == alone
+        run["decode_ms_median"] = decode_ms(be, alone[0][-1], len(prompts[0]) + 31, rounds)
+        out["runs"].append(run)
+    ran = [r for r in out["runs"] if r.get("alone")]
+    out["tokens_equal_among_sums"] = all(r["alone"] == ran[0]["alone"] for r in ran)
+    for how in ("nccl", "skip", "symm"):
+        ms = [r["decode_ms_median"] for r in out["runs"] if r["how"] == how and r["set"]]
+        out[f"{how}_ms"] = statistics.median(ms) if ms else None
+    return out
 
 
 def phase_tp(cfg: EngineConfig, world: int):
@@ -99,10 +130,14 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=32_768)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--out", default="/tmp/out")
+    ap.add_argument("--sums", default="", help="phase tp, world 2: ways to sum in turn, e.g. nccl,skip,symm")
+    ap.add_argument("--no-skinny", action="store_true", help="decode matmuls through cuBLAS, not the Triton skinny ones")
+    ap.add_argument("--tag", default="", help="a suffix of the phase's json name")
     a = ap.parse_args()
     cuda = a.device == "cuda"
     cfg = EngineConfig(model=a.model, device=a.device, dtype="bfloat16" if cuda else "float32", parallel=4,
-                       max_model_len=max(2048, a.long + 1024), prefill_rows=1024 if cuda else 64)
+                       max_model_len=max(2048, a.long + 1024), prefill_rows=1024 if cuda else 64,
+                       kernels=KernelConfig(skinny=not a.no_skinny))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -117,6 +152,8 @@ def main() -> None:
     res = {"phase": a.phase, "world": a.world if a.phase == "tp" else 1, "model": a.model,
            "start_s": time.perf_counter() - t0, "graph_fallback_reason": runner.graph_fallback_reason}
     res.update(figures(be, cfg, runner.vocab_size, a.long, a.rounds))
+    if a.sums and a.phase == "tp" and a.world == 2:
+        res["sums"] = sums_split(be, cfg, runner.vocab_size, a.rounds, a.sums.split(","))
     one = out / "tp_one.json"
     if a.phase == "tp" and one.is_file():
         ref = json.loads(one.read_text())
@@ -126,9 +163,13 @@ def main() -> None:
         res["decode_speedup"] = ref["decode_ms_median"] / res["decode_ms_median"]
         if res["long_prompt_s"] and ref.get("long_prompt_s"):
             res["long_prompt_speedup"] = ref["long_prompt_s"] / res["long_prompt_s"]
-    name = "tp_one.json" if a.phase == "one" else f"tp_{a.world}.json"
+    name = "tp_one.json" if a.phase == "one" else f"tp_{a.world}{a.tag}.json"
     (out / name).write_text(json.dumps(res, indent=1, default=str))
-    print(json.dumps({k: v for k, v in res.items() if k not in ("alone", "describe")}, default=str), flush=True)
+    brief = {k: v for k, v in res.items() if k not in ("alone", "describe", "sums")}
+    if "sums" in res:
+        brief["sums"] = {k: v for k, v in res["sums"].items() if k != "runs"}
+        brief["sums"]["runs"] = [{k: v for k, v in r.items() if k != "alone"} for r in res["sums"]["runs"]]
+    print(json.dumps(brief, default=str), flush=True)
     if hasattr(be, "close"):
         be.close()
 
