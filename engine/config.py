@@ -128,6 +128,9 @@ class KernelConfig:
     # CPU: matmuls on weights prepacked once (oneDNN bf16 / MKL fp32) and the decode round's
     # attention batched by span (engine/cpu_kernels.py); off: plain torch ops, one SDPA a row.
     cpu_fast: bool = True
+    # CPU, with cpu_fast: the decode round in C++ (engine/cpu_round.py), the same bits. None: built
+    # in the background, taken once loaded; True: built (or loaded) before the first round; False: never.
+    cpu_cpp: bool | None = None
     # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or
     # several in one forward (ModelRunner.prefill_many), so the lane host fills short prompts that
     # wait together in one forward with each prompt's bits equal to its bits alone. Eight

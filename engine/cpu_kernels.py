@@ -123,10 +123,12 @@ class PackedLinears:
 
 
 class BucketPlan:
-    """Per decode round, computed once and used by every layer: the active rows grouped by span
-    (and, for a drafter's extra rows of a lane, by which entry of the lane they are, so a group
-    holds each lane once). A group covers the lane range [lo, hi] as one strided view of the
-    cache, no copy; lanes of the range outside the group are computed and dropped."""
+    """(Mirrored in C++ by engine/cpu_round.cpp's bucket_plan.) Per decode round, computed once
+    and used by every layer: the active rows grouped by span (and, for a drafter's extra rows of
+    a lane, by which entry of the lane they are, so a group holds each lane once), and each such
+    group split into runs of consecutive lanes. A run is one strided view of the cache, no copy.
+    (Runs, not one lane range a group: four streams in lanes 0, 2, 5, 7, as a server hands out
+    lanes after others finish, computed the attention of eight.)"""
 
     def __init__(self, rows: list[tuple[int, int]], spare: int, max_len: int, device):
         groups: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
@@ -140,15 +142,16 @@ class BucketPlan:
             groups.setdefault((span, nth), {})[lane] = (r, pos)
         self.groups = []
         for (span, _), members in sorted(groups.items()):
-            lo, hi = min(members), max(members)
-            any_row = next(iter(members.values()))[0]
-            q_rows = [members.get(lane, (any_row, 0))[0] for lane in range(lo, hi + 1)]
-            pos = torch.tensor([members[lane][1] if lane in members else span - 1 for lane in range(lo, hi + 1)])
-            mask = torch.zeros(hi + 1 - lo, span, 1, device=device)
-            mask.masked_fill_((torch.arange(span)[None, :] > pos[:, None])[..., None].to(device), float("-inf"))
-            at = torch.tensor([lane - lo for lane in sorted(members)], device=device)
-            rows_out = torch.tensor([members[lane][0] for lane in sorted(members)], device=device)
-            self.groups.append((lo, hi + 1, span, torch.tensor(q_rows, device=device), mask, at, rows_out))
+            lanes = sorted(members)
+            cuts = [0] + [j for j in range(1, len(lanes)) if lanes[j] != lanes[j - 1] + 1] + [len(lanes)]
+            for a, b in zip(cuts, cuts[1:]):
+                run = lanes[a:b]
+                pos = torch.tensor([members[lane][1] for lane in run])
+                mask = torch.zeros(len(run), span, 1, device=device)
+                mask.masked_fill_((torch.arange(span)[None, :] > pos[:, None])[..., None].to(device), float("-inf"))
+                rows_of = torch.tensor([members[lane][0] for lane in run], device=device)
+                at = torch.arange(len(run), device=device)
+                self.groups.append((run[0], run[-1] + 1, span, rows_of, mask, at, rows_of))
 
 
 def decode_attention_buckets(kv, i: int, q: torch.Tensor, plan: BucketPlan) -> torch.Tensor:

@@ -34,6 +34,7 @@ import torch
 
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets
+from engine.cpu_round import CppRound
 from engine.kv_cache import KVCache
 from engine.model import decode_attention_loop
 from engine.presets import resolve_model
@@ -94,11 +95,14 @@ class ModelRunner:
         # CPU: matmuls on prepacked weights, batched span-grouped decode attention
         # (engine/cpu_kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
         self.cpu_mm = None
+        self.cpu_round: CppRound | None = None
         self.round_rows = cfg.parallel  # rows of every decode round: the fixed padded shape
         if self.device.type == "cpu" and knobs.cpu_fast:
             self.cpu_mm = PackedLinears(model)
             # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
             self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
+            if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
+                self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp)  # engine/cpu_round.py
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -254,9 +258,8 @@ class ModelRunner:
 
     def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
         plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
-        logits = self.model.decode_cpu(tokens, positions, lanes, self.kv,
-                                       lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm)
-        return logits
+        return self.model.decode_cpu(tokens, positions, lanes, self.kv,
+                                     lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm)
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
@@ -271,6 +274,9 @@ class ModelRunner:
             self._s_in.copy_(self._h_in, non_blocking=True)
             self.graph.replay()
             logits, out = self._s_logits, self._s_out.tolist()
+        elif self.cpu_round is not None and self.cpu_round.ready and not self.fused:
+            logits, ids_t = self.cpu_round.rows(rows, self.spare, self.kv)  # the same bits as below
+            out = ids_t.tolist()
         else:
             inp = torch.tensor(rows, dtype=torch.long, device=self.device)
             logits = self._decode_body(inp, rows=list(zip(rows[2], rows[1])))
@@ -384,13 +390,13 @@ class ModelRunner:
             **(self._describe_cpu() if self.device.type == "cpu" else {}),
         }
 
-
     def _describe_cpu(self) -> dict:
         from engine.cpu_kernels import cpu_bf16_native
         mm = self.cpu_mm
         kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
         return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
-                "decode_attention": "sdpa a row" if mm is None else "batched matmuls a span group"}
+                "decode_attention": "sdpa a row" if mm is None else "batched matmuls a span group",
+                "cpu_round": CppRound.describe(self.cpu_round)}
 
     def _prefill_attention_name(self) -> str:
         if self.device.type != "cuda":

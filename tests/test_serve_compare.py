@@ -35,5 +35,19 @@ def test_bench_says_why_the_vllm_column_is_skipped(tmp_path):
     assert served_comparison(None, tmp_path / "m", 1, console) is None
     assert served_comparison(Path(tmp_path / "no" / "python"), tmp_path / "m", 1, console) is None
     text = console.export_text()
-    assert "skipped: no --vllm / TFENGINE_VLLM_PYTHON" in text and "does not exist" in text
+    assert "skipped: vLLM for CPU not installed" in text and "does not exist" in text
     assert not (tmp_path / "m").exists()  # nothing written, nothing started
+
+
+def test_bench_finds_an_installed_vllm(monkeypatch, tmp_path):
+    """The side-by-side column runs whenever vLLM for CPU is installed, no flag needed."""
+    import engine.dev.bench as b
+    monkeypatch.setattr(b, "DEFAULT_VLLM", tmp_path / "venv" / "bin" / "python")
+    given = tmp_path / "other"
+    assert b.find_vllm(given) == given
+    found = b.find_vllm(None)
+    import importlib.util
+    assert found == (Path(b.sys.executable) if importlib.util.find_spec("vllm") else None)
+    b.DEFAULT_VLLM.parent.mkdir(parents=True)
+    b.DEFAULT_VLLM.touch()
+    assert b.find_vllm(None) == b.DEFAULT_VLLM

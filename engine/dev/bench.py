@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -209,16 +210,16 @@ def main(
     decode_ctx: Annotated[str, typer.Option(help="CUDA: extra decode contexts for 1 stream")] = "4000",
     seed: int = 0,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None,
-    vllm: Annotated[Optional[Path], typer.Option(envvar="TFENGINE_VLLM_PYTHON", help="cpu: python of a vLLM-for-CPU venv: both engines are then also served side by side on the same weights (engine/dev/serve_compare.py)")] = None,
+    vllm: Annotated[Optional[Path], typer.Option(envvar="TFENGINE_VLLM_PYTHON", help="cpu: python of a vLLM-for-CPU venv (default: the compare script's venv, or this python if it has vllm): both engines are then also served side by side on the same weights (engine/dev/serve_compare.py)")] = None,
     compare_dir: Annotated[Path, typer.Option(help="cpu: the checkpoint both engines serve (written by engine.dev.random_qwen3 if missing)")] = Path("runs/qwen3-random-512"),
 ):
     from rich.console import Console
     from rich.table import Table
 
     cuda = device.startswith("cuda")
-    if not cuda:
-        from engine.cpu_kernels import cpu_dtype
-        dtype = dtype or cpu_dtype()[0]  # tfengine serve's default on this CPU
+    if not cuda:  # tfengine serve's defaults on this CPU: dtype, and threads (every core but one)
+        from engine.cli import device_defaults
+        dtype = device_defaults("cpu", dtype, parallel, None)[0]
     dtype = dtype or "bfloat16"
     rows = prefill_rows or (4096 if cuda else 256)
     plens = [int(x) for x in (prompts or ("4096,32768" if cuda else "512,4096")).split(",")]
@@ -254,17 +255,33 @@ def main(
     console.print(f"model load {out['load_s']:.1f} s; parameters {r.model_config.num_parameters() / 1e9:.3f} B; "
                   f"cuda graph {r.graph is not None}; torch {torch.__version__}; threads {torch.get_num_threads()}")
     if not cuda:
-        out["served"] = served_comparison(vllm, compare_dir, reps, console)
+        out["served"] = served_comparison(find_vllm(vllm), compare_dir, reps, console)
     if json_path:
         json_path.write_text(json.dumps(out, indent=2, default=str))
     return out
+
+
+# where scripts/vllm_cpu_compare.sh installs vLLM for CPU by default
+DEFAULT_VLLM = Path("/work/venvs/vllm/bin/python")
+
+
+def find_vllm(given: Optional[Path]) -> Optional[Path]:
+    """The python of vLLM for CPU: --vllm / TFENGINE_VLLM_PYTHON, else the compare script's venv,
+    else this python when it imports vllm; None when none is installed."""
+    if given is not None:
+        return given
+    if DEFAULT_VLLM.exists():
+        return DEFAULT_VLLM
+    import importlib.util
+    return Path(sys.executable) if importlib.util.find_spec("vllm") is not None else None
 
 
 def served_comparison(vllm: Optional[Path], model_dir: Path, reps: int, console) -> dict | None:
     """tfengine and vLLM for CPU served side by side on one checkpoint; without vLLM, a note."""
     from engine.dev import serve_compare
     if vllm is None or not Path(vllm).exists():
-        why = "no --vllm / TFENGINE_VLLM_PYTHON" if vllm is None else f"{vllm} does not exist"
+        why = ("vLLM for CPU not installed (not in this python nor at " + str(DEFAULT_VLLM) + "; --vllm / "
+               "TFENGINE_VLLM_PYTHON name another)") if vllm is None else f"{vllm} does not exist"
         console.print(f"vLLM for CPU column skipped: {why} (scripts/vllm_cpu_compare.sh installs it and runs this)")
         return None
     if not (model_dir / "config.json").is_file():

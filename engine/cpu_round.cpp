@@ -1,0 +1,198 @@
+// The CPU decode round (engine/cpu_round.py builds and loads this): the same ATen calls, on the
+// same shapes and layouts and in the same order, as the Python round (Qwen3ForCausalLM.decode_cpu
+// with engine.cpu_kernels.decode_attention_buckets), so the same kernels run and every bit of the
+// logits is the same; only the ~700 Python-side calls a round go, and the GIL is released for the
+// whole round, so the HTTP thread runs beside it. Mirror any change to those two functions here
+// (tests/test_cpu_round.py compares the two paths bit for bit).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+namespace {
+
+constexpr int64_t ROW_TILE = 8;  // engine.cpu_kernels.ROW_TILE
+enum Kind : int64_t { ONEDNN = 0, MKL = 1, PLAIN = 2 };
+
+at::Tensor boxed(const c10::OperatorHandle& op, std::vector<c10::IValue> stack) {
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// PackedLinears.mm for a tile of ROW_TILE rows
+at::Tensor mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& plain, int64_t kind) {
+  static const auto onednn = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  static const auto mkl = c10::Dispatcher::singleton().findSchemaOrThrow("mkl::_mkl_linear", "");
+  if (kind == ONEDNN)
+    return boxed(onednn, {x, packed, c10::IValue(), std::string("none"),
+                          c10::impl::GenericList(c10::OptionalType::create(c10::NumberType::get())), std::string("")});
+  if (kind == MKL) return boxed(mkl, {x, packed, plain, c10::IValue(), ROW_TILE});
+  return at::linear(x, plain);
+}
+
+// PackedLinears.mm_tiled
+at::Tensor mm_tiled(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& plain, int64_t kind) {
+  int64_t rows = x.size(0);
+  if (rows == ROW_TILE) return mm(x, packed, plain, kind);
+  std::vector<at::Tensor> parts;
+  for (int64_t r = 0; r < rows; r += ROW_TILE) parts.push_back(mm(x.slice(0, r, r + ROW_TILE), packed, plain, kind));
+  return at::cat(parts);
+}
+
+// engine.model.RMSNorm.forward (float32 inside, as HF's)
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  auto f = x.to(at::kFloat);
+  f = f.mul(at::rsqrt(f.pow(2).mean({-1}, true).add(eps)));
+  return w.mul(f.to(x.scalar_type()));
+}
+
+// engine.model.rotate
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  int64_t half = x.size(-1) / 2;
+  auto rot = at::cat({x.slice(-1, half).neg(), x.slice(-1, 0, half)}, -1);
+  return x.mul(cos.unsqueeze(1)).add(rot.mul(sin.unsqueeze(1)));
+}
+
+struct Shape {
+  int64_t h, kvh, d;
+  double eps;
+};
+
+// PackedLinears.heads: q [rows, H, d], k and v [rows, KVH, d]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> heads(const at::Tensor& qkv, const at::Tensor& qk_norm,
+                                                      const at::Tensor& cos, const at::Tensor& sin, const Shape& s) {
+  int64_t rows = qkv.size(0), qk_cols = (s.h + s.kvh) * s.d;
+  auto qk = qkv.slice(1, 0, qk_cols).reshape({rows, s.h + s.kvh, s.d});
+  auto f = qk.to(at::kFloat);
+  qk = qk_norm.mul(f.mul(at::rsqrt(f.pow(2).mean({-1}, true).add(s.eps))).to(qkv.scalar_type()));
+  qk = rotate(qk, cos, sin);
+  return {qk.slice(1, 0, s.h), qk.slice(1, s.h), qkv.slice(1, qk_cols).reshape({rows, s.kvh, s.d})};
+}
+
+// engine.cpu_kernels.decode_attention_buckets; plan: 4 tensors a group (q_rows, mask, at,
+// rows_out), groups: 3 ints a group (lo, hi, span)
+at::Tensor attention(const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& q, const at::Tensor& eye,
+                     at::TensorList plan, at::IntArrayRef groups, const Shape& s) {
+  int64_t p = q.size(0), rep = s.h / s.kvh;
+  auto out = at::zeros({p, s.h * s.d}, q.options());
+  for (size_t g = 0; g * 3 < groups.size(); ++g) {
+    int64_t lo = groups[3 * g], hi = groups[3 * g + 1], span = groups[3 * g + 2], n = hi - lo;
+    const auto &q_rows = plan[4 * g], &mask = plan[4 * g + 1], &at_ = plan[4 * g + 2], &rows_out = plan[4 * g + 3];
+    auto k = kc.slice(0, lo, hi).slice(1, 0, span).view({n, span, s.kvh * s.d});
+    auto v = vc.slice(0, lo, hi).slice(1, 0, span).view({n, span, s.kvh * s.d});
+    auto qg = q.index_select(0, q_rows).view({n, s.kvh, rep, s.d}).transpose(2, 3);
+    auto qbd = qg.unsqueeze(3).mul(eye).reshape({n, s.kvh * s.d, s.h});
+    auto sc = at::bmm(k, qbd).to(at::kFloat).mul_(std::pow(static_cast<double>(s.d), -0.5)).add_(mask)
+                  .softmax(1).to(q.scalar_type());
+    auto o = at::bmm(sc.transpose(1, 2), v).view({n, s.kvh, rep, s.kvh, s.d});
+    o = at::diagonal(o, 0, 1, 3).permute({0, 3, 1, 2}).reshape({n, s.h * s.d});
+    out.index_copy_(0, rows_out, o.index_select(0, at_));
+  }
+  return out;
+}
+
+// engine.cpu_kernels.BucketPlan, from the round's rows (lane, position; row r is entry r):
+// rows grouped by (span, nth entry of a lane), groups in that order, each split into runs of
+// consecutive lanes.
+struct Plan {
+  std::vector<at::Tensor> tensors;  // q_rows, mask, at, rows_out a run
+  std::vector<int64_t> ints;        // first lane, last lane + 1, span a run
+};
+
+Plan bucket_plan(at::IntArrayRef lanes, at::IntArrayRef positions, int64_t spare, int64_t max_len, int64_t span_unit) {
+  // (span, nth) -> (lane, row, position) of its members
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::tuple<int64_t, int64_t, int64_t>>> groups;
+  for (size_t r = 0; r < lanes.size(); ++r) {
+    int64_t lane = lanes[r], pos = positions[r];
+    if (lane == spare) continue;
+    int64_t span = std::min(max_len, (pos / span_unit + 1) * span_unit), nth = 0;
+    auto has = [&](int64_t n) {
+      auto it = groups.find({span, n});
+      if (it == groups.end()) return false;
+      for (auto& m : it->second)
+        if (std::get<0>(m) == lane) return true;
+      return false;
+    };
+    while (has(nth)) ++nth;
+    groups[{span, nth}].emplace_back(lane, static_cast<int64_t>(r), pos);
+  }
+  Plan plan;
+  auto i64 = at::TensorOptions().dtype(at::kLong);
+  for (auto& [key, members] : groups) {
+    int64_t span = key.first;
+    std::sort(members.begin(), members.end());
+    for (size_t a = 0, b; a < members.size(); a = b) {
+      for (b = a + 1; b < members.size() && std::get<0>(members[b]) == std::get<0>(members[b - 1]) + 1; ++b) {}
+      int64_t n = b - a;
+      std::vector<int64_t> rows, at_;
+      auto mask = at::zeros({n, span, 1}, at::kFloat);
+      auto* mp = mask.data_ptr<float>();
+      for (int64_t l = 0; l < n; ++l) {
+        auto [lane, row, pos] = members[a + l];
+        rows.push_back(row), at_.push_back(l);
+        for (int64_t j = pos + 1; j < span; ++j) mp[l * span + j] = -std::numeric_limits<float>::infinity();
+      }
+      plan.tensors.insert(plan.tensors.end(), {at::tensor(rows, i64), mask, at::tensor(at_, i64), at::tensor(rows, i64)});
+      plan.ints.insert(plan.ints.end(), {std::get<0>(members[a]), std::get<0>(members[b - 1]) + 1, span});
+    }
+  }
+  return plan;
+}
+
+// Qwen3ForCausalLM.decode_cpu: the round's logits [rows, vocab]. mats and plain: 4 a layer (qkv,
+// o, gate_up, down), then the lm_head; norms: 3 a layer (input, post-attention, q/k block), then
+// the final norm.
+at::Tensor decode_round(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& lanes,
+                        const at::Tensor& embed, const at::Tensor& cos_t, const at::Tensor& sin_t,
+                        const at::Tensor& kcache, const at::Tensor& vcache, at::TensorList mats,
+                        at::TensorList plain, at::TensorList norms, at::TensorList plan, at::IntArrayRef groups,
+                        int64_t kind, int64_t n_heads, int64_t kv_heads, int64_t head_dim, double eps) {
+  at::NoGradGuard no_grad;
+  Shape s{n_heads, kv_heads, head_dim, eps};
+  int64_t layers = kcache.size(0);
+  auto cos = cos_t.index_select(0, positions), sin = sin_t.index_select(0, positions);
+  auto x = at::embedding(embed, tokens);
+  auto eye = at::eye(kv_heads, embed.options()).view({1, kv_heads, 1, kv_heads, 1});
+  for (int64_t i = 0; i < layers; ++i) {
+    auto w = [&](int j) { return mats[4 * i + j]; };
+    auto pw = [&](int j) { return plain[4 * i + j]; };
+    auto [q, k, v] = heads(mm_tiled(rms_norm(x, norms[3 * i], eps), w(0), pw(0), kind), norms[3 * i + 2], cos, sin, s);
+    auto kl = kcache.select(0, i), vl = vcache.select(0, i);
+    kl.index_put_({lanes, positions}, k);
+    vl.index_put_({lanes, positions}, v);
+    x = x.add(mm_tiled(attention(kl, vl, q, eye, plan, groups, s), w(1), pw(1), kind));
+    auto gu = mm_tiled(rms_norm(x, norms[3 * i + 1], eps), w(2), pw(2), kind).chunk(2, -1);
+    x = x.add(mm_tiled(at::silu(gu[0]).mul(gu[1]), w(3), pw(3), kind));
+  }
+  x = rms_norm(x, norms[3 * layers], eps);
+  return mm_tiled(x, mats[4 * layers], plain[4 * layers], kind);
+}
+
+// ModelRunner.decode's CPU round from plain ints (the padded rows): the plan built here, the
+// logits and each row's greedy id (argmax over the logits widened to float32: the same index,
+// without bf16's slow argmax), so a round takes one call with the GIL released.
+std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntArrayRef positions, at::IntArrayRef lanes,
+                                               int64_t spare, int64_t span_unit, const at::Tensor& embed,
+                                               const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& kcache,
+                                               const at::Tensor& vcache, at::TensorList mats, at::TensorList plain,
+                                               at::TensorList norms, int64_t kind, int64_t n_heads, int64_t kv_heads,
+                                               int64_t head_dim, double eps) {
+  auto i64 = at::TensorOptions().dtype(at::kLong);
+  auto plan = bucket_plan(lanes, positions, spare, kcache.size(2), span_unit);
+  auto logits = decode_round(at::tensor(tokens, i64), at::tensor(positions, i64), at::tensor(lanes, i64), embed, cos,
+                             sin, kcache, vcache, mats, plain, norms, plan.tensors, plan.ints, kind, n_heads, kv_heads,
+                             head_dim, eps);
+  return {logits, logits.to(at::kFloat).argmax(-1)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(tfengine_cpu, m) {
+  m.def("decode_rows(int[] tokens, int[] positions, int[] lanes, int spare, int span_unit, Tensor embed, Tensor cos, "
+        "Tensor sin, Tensor kcache, Tensor vcache, Tensor[] mats, Tensor[] plain, Tensor[] norms, int kind, "
+        "int n_heads, int kv_heads, int head_dim, float eps) -> (Tensor, Tensor)",
+        decode_rows);
+}
