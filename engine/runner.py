@@ -25,15 +25,14 @@ slow-down hooks for tests live in a wrapper backend (engine/faults.py), not here
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import torch
 
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
-from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets
+from engine import device_info
+from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, cpu_bf16_native, decode_attention_buckets
 from engine.cpu_round import CppRound
 from engine.kv_cache import KVCache
 from engine.model import decode_attention_loop
@@ -348,25 +347,7 @@ class ModelRunner:
 
     def describe(self) -> dict:
         m = self.model_config
-        dev = {"device": self.device.type, "device_name": "cpu", "compute_capability": None,
-               "cuda_version": torch.version.cuda, "driver": None}
-        if self.device.type == "cuda":
-            idx = self.device.index or 0
-            dev["device_name"] = torch.cuda.get_device_name(idx)
-            dev["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(idx)))
-        else:
-            try:
-                import platform
-                dev["device_name"] = platform.processor() or platform.machine()
-            except Exception:
-                pass
-        if shutil.which("nvidia-smi"):
-            try:
-                r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                   capture_output=True, text=True, timeout=10)
-                dev["driver"] = r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
-            except Exception:
-                pass
+        dev = device_info.identity(self.device)
         return {
             **dev,
             "fused_kernels": self.fused,
@@ -391,7 +372,6 @@ class ModelRunner:
         }
 
     def _describe_cpu(self) -> dict:
-        from engine.cpu_kernels import cpu_bf16_native
         mm = self.cpu_mm
         kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
         return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
