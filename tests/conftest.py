@@ -1,9 +1,19 @@
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
 import pytest
+
+# A test run started in the background (`nohup`, or `cmd &` in a shell without job control) hands
+# every child SIGHUP or SIGINT ignored, and an ignored signal stays ignored across exec: the tests
+# that stop tfbench or a server with a signal would wait in vain (a SIGHUP'd parent never dies, a
+# SIGINT'd tfbench finishes every run and exits 0). The children get the default dispositions.
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
