@@ -15,7 +15,7 @@
 #    base, news, news reversed, base;
 # 4. tfbench sweep --levels 1,2,4,8 with vLLM and tfengine (stepped), base/new/new/base;
 # 5. scripts/greedy_ids.py: both engines' greedy ids on the same prompts, fp32 and bf16.
-# Predictions (OUT_DIR/predictions/vllm-cpu-*.yaml) must exist, written and committed before this
+# Predictions (OUT_DIR/predictions/vllm-cpu-*.yaml, or the files LP_PRED and SW_PRED name) must exist, written and committed before this
 # runs. Scaled for a shared 2-core machine (see receipts/README.md). vLLM's caches stay under runs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,16 +40,18 @@ if [ ! -f "$DIR/tokenizer.json" ]; then
 from engine.dev.make_model_dir import write_tokenizer; d = Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); \
 write(d, 0); write_tokenizer(d)" "$DIR"
 fi
-for f in vllm-cpu-long-prompt.yaml vllm-cpu-sweep.yaml; do
-    [ -f "$OUT/predictions/$f" ] || { echo "write $OUT/predictions/$f first" >&2; exit 2; }
+LP_PRED=${LP_PRED:-$OUT/predictions/vllm-cpu-long-prompt.yaml}
+SW_PRED=${SW_PRED:-$OUT/predictions/vllm-cpu-sweep.yaml}
+for f in "$LP_PRED" "$SW_PRED"; do
+    [ -f "$f" ] || { echo "write $f first" >&2; exit 2; }
 done
 TF=("$PY" -m tensorfold_bench)
 SHARED=(--variants examples/variants/vllm-cpu.yaml --model "$DIR" --dtype bfloat16 --vocab 8192 --out "$OUT")
 echo "load before: $(cat /proc/loadavg)"
-time "${TF[@]}" run long-prompt "${SHARED[@]}" --b-tokens 4096 --predict "$OUT/predictions/vllm-cpu-long-prompt.yaml" \
+time "${TF[@]}" run long-prompt "${SHARED[@]}" --b-tokens 4096 --predict "$LP_PRED" \
     ${LONG_ARGS:-}
 echo "load between: $(cat /proc/loadavg)"
 time "${TF[@]}" sweep "${SHARED[@]}" --order "vllm,tfengine stepped,tfengine stepped,vllm" --levels 1,2,4,8 \
-    --tokens 64 --cells 1 --reps 2 --prompt-tokens 128 --predict "$OUT/predictions/vllm-cpu-sweep.yaml" ${SWEEP_ARGS:-}
+    --tokens 64 --cells 1 --reps 2 --prompt-tokens 128 --predict "$SW_PRED" ${SWEEP_ARGS:-}
 echo "load after: $(cat /proc/loadavg)"
 [ -n "${SKIP_GREEDY:-}" ] || "$PY" scripts/greedy_ids.py --model "$DIR" --out "$NOTES/greedy-ids"
