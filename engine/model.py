@@ -224,8 +224,10 @@ class Qwen3ForCausalLM(nn.Module):
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
         rows) engine.kernels_skinny's where it measured faster, or `mm`'s."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
-        from engine.kernels_skinny import gate_up_silu, linear
-        if mm is None and skinny:  # each product may prefetch the next one's weights (kernels_skinny.PREFETCH)
+        from engine.kernels_skinny import PREFETCH, gate_up_silu, linear
+        if mm is None and skinny and not PREFETCH:
+            mm, act = linear, gate_up_silu
+        elif mm is None and skinny:  # each product prefetches the next one's weights (kernels_skinny.PREFETCH)
             after = self.next_matrix()
             mm = lambda h, w: linear(h, w, after.get(w.data_ptr()))  # noqa: E731
             act = lambda h, w: gate_up_silu(h, w, nxt=after.get(w.data_ptr()))  # noqa: E731
