@@ -140,10 +140,10 @@ class KernelConfig:
     # (engine/kernels_batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
     batch_cublas: bool = True
     # CUDA decode graph (Hopper): programmatic dependent launch for the round's Triton kernels (0 off,
-    # 1 wait only, 2 wait then launch the next kernel at once), and each skinny product asking L2 for
-    # the next matrix's first bytes. Measured no faster (engine/dev/PERF.md runs 12-13): off.
+    # 1 wait only, 2 wait then launch the next kernel, 3 launch the next kernel then wait; engine/kernels.py
+    # PDL), and bytes of weights each skinny program loads before its wait (kernels_skinny.PRELOAD).
     pdl: int = 0
-    l2_prefetch: bool = False
+    preload: int = 0
     # Tensor parallel on CUDA at two ranks: the decode round's sums through a one-shot all-reduce
     # in symmetric memory (engine/tp_symm.py; the same bits as NCCL's) or NCCL's all_reduce.
     tp_allreduce: str = "symm"  # symm | nccl

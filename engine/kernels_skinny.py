@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.kernels import INTERPRET, launch_opts, pdl_enter, pdl_on
+from engine.kernels import INTERPRET, launch_opts, pdl_launch_early, pdl_on, pdl_wait
 
 MAX_ROWS = 64
 
@@ -72,18 +72,11 @@ CONFIGS: dict[tuple, SkinnyConfig | None] = {
     (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
 }
 SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
-
-# L2 prefetch of the round's next matrix (sm_90 bulk prefetch, engine/dev/PERF.md run 12): when a
-# product ends, its programs ask L2 for the first bytes of the matrix the round multiplies next,
-# so those bytes stream in while the small kernels between the two run (attention, norms: the
-# memory bus idles there). Next matrix's shape (N, K) -> bytes to prefetch; empty: off. With it,
-# this kernel's own weight loads are marked evict-first, so streamed weights do not push the
-# prefetched lines out. Neither changes an arithmetic step, so no bit moves.
-PREFETCH: dict[tuple[int, int], int] = {}
-EVICT_FIRST = True  # with PREFETCH: this product's own weight loads evict-first
-PF_CHUNK = 4096  # bytes one bulk prefetch asks for
-_PF_ASM = tl.constexpr("{ .reg .pred q; setp.ne.b32 q, $2, 0; @q cp.async.bulk.prefetch.L2.global [$1], "
-           f"{PF_CHUNK}; mov.u32 $0, 0; }}")
+# Bytes of weights each program loads (into registers) before its grid-dependency wait (PDL,
+# engine/kernels.py): the weights never depend on the kernel before, so with PDL they stream while
+# that kernel ends. The first PRE K steps are peeled off the loop, same order: no bit moves. 0: none.
+PRELOAD = 0
+PRE_MAX = 4  # K steps at most (two for the gated kernel: its steps hold two tiles)
 
 
 def block_m(m: int) -> int:
@@ -111,30 +104,23 @@ def supports(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = Non
 
 
 @triton.jit
-def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
-    w = tl.load(wp, mask=wn, other=0.0, eviction_policy=EVICT)
+def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
+    w = tl.load(wp, mask=wn, other=0.0)
     x = tl.load(xp, mask=xm, other=0.0)
     return tl.dot(x, tl.trans(w), acc), xp + BLOCK_K, wp + BLOCK_K
 
 
 @triton.jit
-def _l2_prefetch(Nxt, n_chunks, prog, nprog, PF_ITERS: tl.constexpr, LANES: tl.constexpr, CHUNK: tl.constexpr):
-    """This program's share of chunks [0, n_chunks) of Nxt (CHUNK elements each): one bulk L2
-    prefetch per thread and step, program-major so each step asks for LANES adjacent chunks."""
-    t = tl.arange(0, LANES)
-    for j in tl.static_range(PF_ITERS):
-        c = (j * nprog + prog) * LANES + t
-        ok = (c < n_chunks).to(tl.int32)
-        p = Nxt + tl.minimum(c, n_chunks - 1).to(tl.int64) * CHUNK
-        tl.inline_asm_elementwise(_PF_ASM, "=r,l,r", [p, ok], dtype=tl.int32, is_pure=False, pack=1)
+def _xdot(xp, w, xm, acc, i: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K step i of a peeled start: x's tile i times the weight tile loaded before the wait."""
+    return tl.dot(tl.load(xp + i * BLOCK_K, mask=xm, other=0.0), tl.trans(w), acc)
 
 
 @triton.jit
-def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym, Nxt, n_chunks,
+def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
-                   SPLIT_K: tl.constexpr, PF_ITERS: tl.constexpr = 0, LANES: tl.constexpr = 128,
-                   CHUNK: tl.constexpr = 2048, EVICT: tl.constexpr = "", PDL_: tl.constexpr = 0):
-    pdl_enter(PDL_)
+                   SPLIT_K: tl.constexpr, PRE: tl.constexpr = 0, PDL_: tl.constexpr = 0):
+    pdl_launch_early(PDL_)
     pid = tl.program_id(0)
     sk = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -145,15 +131,33 @@ def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_y
     k0 = sk * (K // SPLIT_K)
     xp = X + rm[:, None] * stride_xm + k0 + rk[None, :]
     wp = W + rn[:, None].to(tl.int64) * stride_wn + k0 + rk[None, :]
+    # the first PRE weight tiles before the wait (PRELOAD), then the same K steps in the same order
+    if PRE > 0:
+        w0 = tl.load(wp, mask=wn, other=0.0)
+    if PRE > 1:
+        w1 = tl.load(wp + BLOCK_K, mask=wn, other=0.0)
+    if PRE > 2:
+        w2 = tl.load(wp + 2 * BLOCK_K, mask=wn, other=0.0)
+    if PRE > 3:
+        w3 = tl.load(wp + 3 * BLOCK_K, mask=wn, other=0.0)
+    pdl_wait(PDL_)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if PRE > 0:
+        acc = _xdot(xp, w0, xm, acc, 0, BLOCK_K)
+    if PRE > 1:
+        acc = _xdot(xp, w1, xm, acc, 1, BLOCK_K)
+    if PRE > 2:
+        acc = _xdot(xp, w2, xm, acc, 2, BLOCK_K)
+    if PRE > 3:
+        acc = _xdot(xp, w3, xm, acc, 3, BLOCK_K)
+    xp += PRE * BLOCK_K
+    wp += PRE * BLOCK_K
     if K_STEPS:  # the interpreter (older Triton's cannot loop to a run-time bound)
-        for _ in range(0, K_STEPS):
-            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K, EVICT)
+        for _ in range(PRE, K_STEPS):
+            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     else:
-        for _ in range(0, K // SPLIT_K, BLOCK_K):
-            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K, EVICT)
-    if PF_ITERS:
-        _l2_prefetch(Nxt, n_chunks, pid * SPLIT_K + sk, tl.num_programs(0) * SPLIT_K, PF_ITERS, LANES, CHUNK)
+        for _ in range(PRE * BLOCK_K, K // SPLIT_K, BLOCK_K):
+            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     ymask = xm & (rn[None, :] < N)
     if SPLIT_K == 1:
         tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=ymask)
@@ -172,21 +176,27 @@ def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_y
 
 
 @triton.jit
-def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr):
     x = tl.load(xp, mask=xm, other=0.0)
-    accg = tl.dot(x, tl.trans(tl.load(gp, mask=wn, other=0.0, eviction_policy=EVICT)), accg)
-    accu = tl.dot(x, tl.trans(tl.load(up, mask=wn, other=0.0, eviction_policy=EVICT)), accu)
+    accg = tl.dot(x, tl.trans(tl.load(gp, mask=wn, other=0.0)), accg)
+    accu = tl.dot(x, tl.trans(tl.load(up, mask=wn, other=0.0)), accu)
     return accg, accu, xp + BLOCK_K, gp + BLOCK_K, up + BLOCK_K
 
 
 @triton.jit
-def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym, Nxt, n_chunks,
+def _gxdot(xp, g, u, xm, accg, accu, i: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Peeled K step i of the gated kernel: x's tile i times the two tiles loaded before the wait."""
+    x = tl.load(xp + i * BLOCK_K, mask=xm, other=0.0)
+    return tl.dot(x, tl.trans(g), accg), tl.dot(x, tl.trans(u), accu)
+
+
+@triton.jit
+def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
-                  PF_ITERS: tl.constexpr = 0, LANES: tl.constexpr = 128, CHUNK: tl.constexpr = 2048,
-                  EVICT: tl.constexpr = "", PDL_: tl.constexpr = 0):
+                  PRE: tl.constexpr = 0, PDL_: tl.constexpr = 0):
     """silu(x @ Wg^T) * (x @ Wu^T) for W = [Wg; Wu] ([2I, K]): each program owns BLOCK_N columns of
     both halves, then rounds as the unfused path does (each product to Y's dtype, silu to it)."""
-    pdl_enter(PDL_)
+    pdl_launch_early(PDL_)
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -196,16 +206,28 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym, Nxt, n_chun
     xp = X + rm[:, None] * stride_xm + rk[None, :]
     gp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
     up = gp + I * stride_wn
+    if PRE > 0:  # as _skinny_kernel: the first PRE steps' weights before the wait
+        g0 = tl.load(gp, mask=wn, other=0.0)
+        u0 = tl.load(up, mask=wn, other=0.0)
+    if PRE > 1:
+        g1 = tl.load(gp + BLOCK_K, mask=wn, other=0.0)
+        u1 = tl.load(up + BLOCK_K, mask=wn, other=0.0)
+    pdl_wait(PDL_)
     accg = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if PRE > 0:
+        accg, accu = _gxdot(xp, g0, u0, xm, accg, accu, 0, BLOCK_K)
+    if PRE > 1:
+        accg, accu = _gxdot(xp, g1, u1, xm, accg, accu, 1, BLOCK_K)
+    xp += PRE * BLOCK_K
+    gp += PRE * BLOCK_K
+    up += PRE * BLOCK_K
     if K_STEPS:  # the interpreter
-        for _ in range(0, K_STEPS):
-            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K, EVICT)
+        for _ in range(PRE, K_STEPS):
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
     else:
-        for _ in range(0, K, BLOCK_K):
-            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K, EVICT)
-    if PF_ITERS:
-        _l2_prefetch(Nxt, n_chunks, pid, tl.num_programs(0), PF_ITERS, LANES, CHUNK)
+        for _ in range(PRE * BLOCK_K, K, BLOCK_K):
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
     g = accg.to(Y.dtype.element_ty).to(tl.float32)
     u = accu.to(Y.dtype.element_ty).to(tl.float32)
     sg = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
@@ -218,69 +240,56 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym, Nxt, n_chun
 GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
 
 
-def prefetch_plan(cfg, window_bytes: int = 16 << 20) -> dict[tuple[int, int], int]:
-    """PREFETCH for a model: all of o_proj (attention's three kernels run between q/k/v and o: a
-    ~9 us window, ~35 MB at the bus's rate), `window_bytes` of q/k/v, gate/up and lm_head (one
-    add+norm kernel before each: ~2 us), half that of down (no kernel between gate/up and it)."""
-    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    return {(h, cfg.num_attention_heads * d): 1 << 40, ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d, h):
-            window_bytes, (2 * i, h): window_bytes, (h, i): window_bytes // 2, (cfg.vocab_size, h): window_bytes}
+def preload_steps(c: SkinnyConfig, w: torch.Tensor, k_steps: int, tiles: int = 1) -> int:
+    """K steps whose weight tiles (`tiles` of BLOCK_N x BLOCK_K each) a program loads before its
+    grid-dependency wait: PRELOAD bytes' worth, at least one when PRELOAD is set, at most
+    PRE_MAX // tiles and never more than the program's K steps."""
+    if not PRELOAD:
+        return 0
+    tile = c.block_n * c.block_k * w.element_size() * tiles
+    return min(k_steps, PRE_MAX // tiles, max(1, PRELOAD // tile))
 
 
 class launch_mode:
-    """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`) and the
-    skinny products prefetch the next matrix (`prefetch`, a PREFETCH plan); the runner captures
-    its decode graph inside it. Restores the previous settings on exit."""
+    """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
+    engine/kernels.py PDL) and the skinny products load `preload` bytes of weights a program before
+    their wait (PRELOAD); the runner captures its decode graph inside it. Restores both on exit."""
 
-    def __init__(self, pdl: int = 0, prefetch: dict | None = None):
-        self.pdl, self.prefetch = int(pdl), dict(prefetch or {})
+    def __init__(self, pdl: int = 0, preload: int = 0):
+        self.pdl, self.preload = int(pdl), int(preload)
 
     def __enter__(self):
+        global PRELOAD
         import engine.kernels as K
-        self.saved = K.PDL, dict(PREFETCH)
-        K.PDL = self.pdl
-        PREFETCH.clear(); PREFETCH.update(self.prefetch)
+        self.saved = K.PDL, PRELOAD
+        K.PDL, PRELOAD = self.pdl, self.preload
         return self
 
     def __exit__(self, *exc):
+        global PRELOAD
         import engine.kernels as K
-        K.PDL = self.saved[0]
-        PREFETCH.clear(); PREFETCH.update(self.saved[1])
+        K.PDL, PRELOAD = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
     return (bm + 2 * c.block_n) * c.block_k * 2 * c.num_stages
 
 
-def _prefetch(nxt: torch.Tensor | None, programs: int, c: SkinnyConfig, w: torch.Tensor) -> tuple[tuple, dict]:
-    """(Nxt, n_chunks) and the constexprs of the L2 prefetch of `nxt`'s first PREFETCH bytes
-    (nothing when off, under the interpreter, or for a matrix PREFETCH does not name)."""
-    want = 0 if nxt is None or INTERPRET else min(PREFETCH.get(tuple(nxt.shape), 0), nxt.numel() * nxt.element_size())
-    chunks = want // PF_CHUNK
-    if not chunks or not nxt.is_contiguous() or nxt.data_ptr() % 16:
-        return (w, 1), {}
-    lanes = 32 * c.num_warps
-    return (nxt, chunks), {"PF_ITERS": triton.cdiv(chunks, programs * lanes), "LANES": lanes,
-                           "CHUNK": PF_CHUNK // nxt.element_size(), "EVICT": "evict_first" if EVICT_FIRST else ""}
-
-
-def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None,
-                 nxt: torch.Tensor | None = None) -> torch.Tensor:
+def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """silu(gate) * up of x times the fused gate/up matrix w ([2I, K]) -> [M, I]: one kernel where
-    GATED (or `config`) has the shape, else linear() then silu_mul. nxt: the matrix multiplied
-    next (its first bytes prefetched into L2, PREFETCH)."""
+    GATED (or `config`) has the shape, else linear() then silu_mul."""
     m, (n, k) = x.shape[0], w.shape
     c = config or GATED.get((n, k, block_m(m)))
     if c is None or not supports(x, w, c) or n % 2 or gated_smem(c, block_m(m)) > SMEM_LIMIT:
         from engine.kernels_fused import silu_mul
-        return silu_mul(linear(x, w, nxt))
+        return silu_mul(linear(x, w))
     y = torch.empty(m, n // 2, dtype=w.dtype, device=w.device)
     grid = triton.cdiv(n // 2, c.block_n)
-    pf, pf_kw = _prefetch(nxt, grid, c, w)
     _gated_kernel[(grid,)](
-        x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0), *pf,
+        x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0),
         BLOCK_M=block_m(m), BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
-        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **pf_kw, **launch_opts())
+        PRE=preload_steps(c, w, k // c.block_k, tiles=2), PDL_=pdl_on(), num_warps=c.num_warps,
+        num_stages=c.num_stages, **launch_opts())
     return y
 
 
@@ -296,7 +305,7 @@ def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None)
 _scratch: dict = {}  # split-K partials and arrival counters, one pair per shape
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, nxt: torch.Tensor | None = None) -> torch.Tensor:
+def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig) -> torch.Tensor:
     m, (n, k) = x.shape[0], w.shape
     bm, grid_n = block_m(m), triton.cdiv(n, c.block_n)
     y = torch.empty(m, n, dtype=w.dtype, device=w.device)
@@ -307,18 +316,16 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, nxt: torch.Tensor
             _scratch[key] = (torch.empty(c.split_k, bm, n, dtype=torch.float32, device=w.device),
                              torch.zeros(grid_n, dtype=torch.int32, device=w.device))
         part, count = _scratch[key]
-    pf, pf_kw = _prefetch(nxt, grid_n * c.split_k, c, w)
+    steps = k // (c.block_k * c.split_k)
     _skinny_kernel[(grid_n, c.split_k)](
-        x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0), *pf,
-        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-        K_STEPS=k // (c.block_k * c.split_k) if INTERPRET else 0, SPLIT_K=c.split_k,
-        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **pf_kw, **launch_opts())
+        x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=steps if INTERPRET else 0, SPLIT_K=c.split_k,
+        PRE=preload_steps(c, w, steps), PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages,
+        **launch_opts())
     return y
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, nxt: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w) for a decode round: skinny when it takes the shape. nxt: the matrix the
-    round multiplies next (its first PREFETCH bytes asked into L2 as this product ends)."""
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w) for a decode round: skinny when it takes the shape."""
     c = config_for(*w.shape, x.shape[0])
-    return _launch(x, w, c, nxt) if supports(x, w, c) else F.linear(x, w)
-
+    return _launch(x, w, c) if supports(x, w, c) else F.linear(x, w)

@@ -224,13 +224,9 @@ class Qwen3ForCausalLM(nn.Module):
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
         rows) engine.kernels_skinny's where it measured faster, or `mm`'s."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
-        from engine.kernels_skinny import PREFETCH, gate_up_silu, linear
-        if mm is None and skinny and not PREFETCH:
+        from engine.kernels_skinny import gate_up_silu, linear
+        if mm is None and skinny:
             mm, act = linear, gate_up_silu
-        elif mm is None and skinny:  # each product prefetches the next one's weights (kernels_skinny.PREFETCH)
-            after = self.next_matrix()
-            mm = lambda h, w: linear(h, w, after.get(w.data_ptr()))  # noqa: E731
-            act = lambda h, w: gate_up_silu(h, w, nxt=after.get(w.data_ptr()))  # noqa: E731
         elif mm is None:
             mm, act = F.linear, (lambda h, w: silu_mul(F.linear(h, w)))
         else:
@@ -247,13 +243,6 @@ class Qwen3ForCausalLM(nn.Module):
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
             x, h = add_rmsnorm(x, self._summed(mm(act(h, m.w_gate_up), m.down_proj.weight)), nxt, eps)
         return h
-
-    def next_matrix(self) -> dict[int, torch.Tensor]:
-        """A decode round's weight matrices in the order it multiplies them: {data_ptr: the next}."""
-        ws = [w for layer in self.model.layers for w in (layer.self_attn.wqkv, layer.self_attn.o_proj.weight,
-                                                         layer.mlp.w_gate_up, layer.mlp.down_proj.weight)]
-        ws.append(self.lm_head.weight)
-        return {a.data_ptr(): b for a, b in zip(ws, ws[1:]) if a is not None and b is not None}
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
                 fused: bool = False) -> torch.Tensor:
