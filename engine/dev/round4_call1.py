@@ -38,7 +38,7 @@ VARIANTS = {  # name -> KernelConfig launch knobs
 }
 
 
-def replay_ms(r, k: int, chunks: int = 5, n: int = 40) -> list[float]:
+def replay_ms(r, k: int, chunks: int = 4, n: int = 30) -> list[float]:
     """ms per decode round: graph replays back to back (k lanes at ctx 128), the mean of each chunk of n."""
     lanes = list(range(k))
     toks = [r.prefill(lane, R2.prompt(128, 100 + lane)) for lane in lanes]
