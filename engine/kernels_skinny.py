@@ -72,11 +72,12 @@ CONFIGS: dict[tuple, SkinnyConfig | None] = {
     (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
 }
 SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
-# Bytes of weights each program loads (into registers) before its grid-dependency wait (PDL,
-# engine/kernels.py): the weights never depend on the kernel before, so with PDL they stream while
-# that kernel ends. The first PRE K steps are peeled off the loop, same order: no bit moves. 0: none.
+# Bytes of its own first weight tiles each program asks L2 for before its grid-dependency wait
+# (PDL, engine/kernels.py): the weights never depend on the kernel before, so with PDL they stream
+# into L2 while that kernel ends, and the pipelined loop's first loads hit L2. One prefetch per
+# 128-byte line, no register held, no arithmetic step touched. 0: none (and always under the interpreter).
 PRELOAD = 0
-PRE_MAX = 4  # K steps at most (two for the gated kernel: its steps hold two tiles)
+_PF_ASM = tl.constexpr("prefetch.global.L2 [$1]; mov.u32 $0, 0;")
 
 
 def block_m(m: int) -> int:
@@ -111,15 +112,17 @@ def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _xdot(xp, w, xm, acc, i: tl.constexpr, BLOCK_K: tl.constexpr):
-    """K step i of a peeled start: x's tile i times the weight tile loaded before the wait."""
-    return tl.dot(tl.load(xp + i * BLOCK_K, mask=xm, other=0.0), tl.trans(w), acc)
+def _prefetch_l2(rows, LINES: tl.constexpr, LINE: tl.constexpr):
+    """Ask L2 for the first LINES 128-byte lines (LINE elements each) from each row pointer."""
+    p = rows + tl.arange(0, LINES)[None, :] * LINE
+    tl.inline_asm_elementwise(_PF_ASM, "=r,l", [p], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
 def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
-                   SPLIT_K: tl.constexpr, PRE: tl.constexpr = 0, PDL_: tl.constexpr = 0):
+                   SPLIT_K: tl.constexpr, PF_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64,
+                   PDL_: tl.constexpr = 0):
     pdl_launch_early(PDL_)
     pid = tl.program_id(0)
     sk = tl.program_id(1)
@@ -131,32 +134,15 @@ def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_y
     k0 = sk * (K // SPLIT_K)
     xp = X + rm[:, None] * stride_xm + k0 + rk[None, :]
     wp = W + rn[:, None].to(tl.int64) * stride_wn + k0 + rk[None, :]
-    # the first PRE weight tiles before the wait (PRELOAD), then the same K steps in the same order
-    if PRE > 0:
-        w0 = tl.load(wp, mask=wn, other=0.0)
-    if PRE > 1:
-        w1 = tl.load(wp + BLOCK_K, mask=wn, other=0.0)
-    if PRE > 2:
-        w2 = tl.load(wp + 2 * BLOCK_K, mask=wn, other=0.0)
-    if PRE > 3:
-        w3 = tl.load(wp + 3 * BLOCK_K, mask=wn, other=0.0)
+    if PF_LINES:  # this program's first weights into L2 while the kernel before ends (PRELOAD)
+        _prefetch_l2(W + tl.minimum(rn, N - 1)[:, None].to(tl.int64) * stride_wn + k0, PF_LINES, LINE)
     pdl_wait(PDL_)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if PRE > 0:
-        acc = _xdot(xp, w0, xm, acc, 0, BLOCK_K)
-    if PRE > 1:
-        acc = _xdot(xp, w1, xm, acc, 1, BLOCK_K)
-    if PRE > 2:
-        acc = _xdot(xp, w2, xm, acc, 2, BLOCK_K)
-    if PRE > 3:
-        acc = _xdot(xp, w3, xm, acc, 3, BLOCK_K)
-    xp += PRE * BLOCK_K
-    wp += PRE * BLOCK_K
     if K_STEPS:  # the interpreter (older Triton's cannot loop to a run-time bound)
-        for _ in range(PRE, K_STEPS):
+        for _ in range(0, K_STEPS):
             acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     else:
-        for _ in range(PRE * BLOCK_K, K // SPLIT_K, BLOCK_K):
+        for _ in range(0, K // SPLIT_K, BLOCK_K):
             acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     ymask = xm & (rn[None, :] < N)
     if SPLIT_K == 1:
@@ -184,16 +170,9 @@ def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _gxdot(xp, g, u, xm, accg, accu, i: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Peeled K step i of the gated kernel: x's tile i times the two tiles loaded before the wait."""
-    x = tl.load(xp + i * BLOCK_K, mask=xm, other=0.0)
-    return tl.dot(x, tl.trans(g), accg), tl.dot(x, tl.trans(u), accu)
-
-
-@triton.jit
 def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
-                  PRE: tl.constexpr = 0, PDL_: tl.constexpr = 0):
+                  PF_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64, PDL_: tl.constexpr = 0):
     """silu(x @ Wg^T) * (x @ Wu^T) for W = [Wg; Wu] ([2I, K]): each program owns BLOCK_N columns of
     both halves, then rounds as the unfused path does (each product to Y's dtype, silu to it)."""
     pdl_launch_early(PDL_)
@@ -206,27 +185,18 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
     xp = X + rm[:, None] * stride_xm + rk[None, :]
     gp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
     up = gp + I * stride_wn
-    if PRE > 0:  # as _skinny_kernel: the first PRE steps' weights before the wait
-        g0 = tl.load(gp, mask=wn, other=0.0)
-        u0 = tl.load(up, mask=wn, other=0.0)
-    if PRE > 1:
-        g1 = tl.load(gp + BLOCK_K, mask=wn, other=0.0)
-        u1 = tl.load(up + BLOCK_K, mask=wn, other=0.0)
+    if PF_LINES:  # as _skinny_kernel: the first weights of both halves into L2 before the wait
+        rows = W + tl.minimum(rn, I - 1)[:, None].to(tl.int64) * stride_wn
+        _prefetch_l2(rows, PF_LINES, LINE)
+        _prefetch_l2(rows + I * stride_wn, PF_LINES, LINE)
     pdl_wait(PDL_)
     accg = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if PRE > 0:
-        accg, accu = _gxdot(xp, g0, u0, xm, accg, accu, 0, BLOCK_K)
-    if PRE > 1:
-        accg, accu = _gxdot(xp, g1, u1, xm, accg, accu, 1, BLOCK_K)
-    xp += PRE * BLOCK_K
-    gp += PRE * BLOCK_K
-    up += PRE * BLOCK_K
     if K_STEPS:  # the interpreter
-        for _ in range(PRE, K_STEPS):
+        for _ in range(0, K_STEPS):
             accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
     else:
-        for _ in range(PRE * BLOCK_K, K, BLOCK_K):
+        for _ in range(0, K, BLOCK_K):
             accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
     g = accg.to(Y.dtype.element_ty).to(tl.float32)
     u = accu.to(Y.dtype.element_ty).to(tl.float32)
@@ -240,20 +210,21 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
 GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
 
 
-def preload_steps(c: SkinnyConfig, w: torch.Tensor, k_steps: int, tiles: int = 1) -> int:
-    """K steps whose weight tiles (`tiles` of BLOCK_N x BLOCK_K each) a program loads before its
-    grid-dependency wait: PRELOAD bytes' worth, at least one when PRELOAD is set, at most
-    PRE_MAX // tiles and never more than the program's K steps."""
-    if not PRELOAD:
-        return 0
-    tile = c.block_n * c.block_k * w.element_size() * tiles
-    return min(k_steps, PRE_MAX // tiles, max(1, PRELOAD // tile))
+def prefetch_lines(c: SkinnyConfig, w: torch.Tensor, k_range: int, tiles: int = 1) -> dict:
+    """The prefetch constexprs of a launch: PF_LINES 128-byte lines from each of a program's
+    BLOCK_N x `tiles` weight rows, PRELOAD bytes' worth (at least a line a row when PRELOAD is set,
+    never past the program's K range, a power of two for tl.arange), LINE elements a line."""
+    line = 128 // w.element_size()
+    if not PRELOAD or INTERPRET or k_range < line:
+        return {}
+    lines = min(max(1, PRELOAD // (c.block_n * tiles * 128)), k_range // line)
+    return {"PF_LINES": 1 << (lines.bit_length() - 1), "LINE": line}
 
 
 class launch_mode:
     """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
-    engine/kernels.py PDL) and the skinny products load `preload` bytes of weights a program before
-    their wait (PRELOAD); the runner captures its decode graph inside it. Restores both on exit."""
+    engine/kernels.py PDL) and the skinny products ask L2 for `preload` bytes of their own weights a
+    program before their wait (PRELOAD); the runner captures its decode graph inside it. Restores both on exit."""
 
     def __init__(self, pdl: int = 0, preload: int = 0):
         self.pdl, self.preload = int(pdl), int(preload)
@@ -288,8 +259,8 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None =
     _gated_kernel[(grid,)](
         x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0),
         BLOCK_M=block_m(m), BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
-        PRE=preload_steps(c, w, k // c.block_k, tiles=2), PDL_=pdl_on(), num_warps=c.num_warps,
-        num_stages=c.num_stages, **launch_opts())
+        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **prefetch_lines(c, w, k, tiles=2),
+        **launch_opts())
     return y
 
 
@@ -316,11 +287,11 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig) -> torch.Tensor:
             _scratch[key] = (torch.empty(c.split_k, bm, n, dtype=torch.float32, device=w.device),
                              torch.zeros(grid_n, dtype=torch.int32, device=w.device))
         part, count = _scratch[key]
-    steps = k // (c.block_k * c.split_k)
     _skinny_kernel[(grid_n, c.split_k)](
         x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=steps if INTERPRET else 0, SPLIT_K=c.split_k,
-        PRE=preload_steps(c, w, steps), PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages,
+        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        K_STEPS=k // (c.block_k * c.split_k) if INTERPRET else 0, SPLIT_K=c.split_k,
+        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **prefetch_lines(c, w, k // c.split_k),
         **launch_opts())
     return y
 

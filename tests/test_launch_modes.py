@@ -1,69 +1,91 @@
 """The decode graph's launch knobs (engine/kernels.py PDL, engine/kernels_skinny.py PRELOAD,
-KernelConfig.pdl / preload; engine/dev/PERF.md runs 12-13 and round 4): how many K steps a skinny
-program loads before its grid-dependency wait, that a launch mode is scoped to the capture it
-wraps, and that peeling those first steps off the K loop leaves every bit where it was. The PTX side
-(griddepcontrol) needs sm_90; the interpreter runs the kernels with PDL off and the peel on."""
+KernelConfig.pdl / preload; engine/dev/PERF.md runs 12-16): how much of its own weights a skinny
+program asks L2 for before its grid-dependency wait, that a launch mode is scoped to the capture it
+wraps, and the device code's order (PTX for sm_90, compiled on the CPU): prefetches, wait, loads.
+The interpreter runs the kernels with both off."""
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 import engine.kernels as K  # noqa: E402
 import engine.kernels_skinny as S  # noqa: E402
 from engine.config import KernelConfig  # noqa: E402
 
 
-def test_preload_steps_follow_the_bytes_asked():
-    w = torch.zeros(8, 8, dtype=torch.bfloat16)
-    qkv, o = S.SkinnyConfig(64, 256), S.SkinnyConfig(32, 128)  # weight tiles of 32 KiB and 8 KiB
-    assert S.PRELOAD == 0 and S.preload_steps(qkv, w, 16) == 0  # off by default
+def test_prefetch_lines_follow_the_bytes_asked():
+    w, w32 = torch.zeros(8, 8, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.float32)
+    qkv, o = S.SkinnyConfig(64, 256), S.SkinnyConfig(32, 128)
+    assert S.PRELOAD == 0 and S.prefetch_lines(qkv, w, 4096) == {}  # off by default
     with S.launch_mode(preload=32 << 10):
-        assert S.preload_steps(qkv, w, 16) == 1
-        assert S.preload_steps(o, w, 32) == 4
-        assert S.preload_steps(o, w, 3) == 3                      # never past the program's K steps
-        assert S.preload_steps(qkv, w, 16, tiles=2) == 1          # at least one step when asked
-    with S.launch_mode(preload=1 << 20):
-        assert S.preload_steps(o, w, 32) == S.PRE_MAX == 4        # capped: the kernel names four tiles
-        assert S.preload_steps(o, w, 32, tiles=2) == 2            # the gated kernel: two pairs
-    with S.launch_mode(preload=8 << 10):
-        assert S.preload_steps(o, torch.zeros(1, dtype=torch.float32), 32) == 1  # element size counts
+        assert S.prefetch_lines(qkv, w, 4096) == {"PF_LINES": 4, "LINE": 64}  # 64 rows x 4 lines x 128 B
+        assert S.prefetch_lines(o, w, 4096) == {"PF_LINES": 8, "LINE": 64}
+        assert S.prefetch_lines(o, w, 256) == {"PF_LINES": 4, "LINE": 64}  # never past the K range
+        assert S.prefetch_lines(o, w, 32) == {}                              # less than a line a row
+        assert S.prefetch_lines(o, w, 4096, tiles=2) == {"PF_LINES": 4, "LINE": 64}  # gate and up rows
+        assert S.prefetch_lines(o, w32, 4096) == {"PF_LINES": 8, "LINE": 32}  # fp32: 32 elements a line
+    with S.launch_mode(preload=96 << 10):
+        assert S.prefetch_lines(qkv, w, 4096)["PF_LINES"] == 8  # 12 lines a row: down to a power of two
+    with S.launch_mode(preload=1):
+        assert S.prefetch_lines(qkv, w, 4096)["PF_LINES"] == 1  # at least a line a row
 
 
 def test_launch_mode_is_scoped_and_off_by_default():
     assert KernelConfig().pdl == 0 and KernelConfig().preload == 0
     assert K.PDL == 0 and S.PRELOAD == 0 and K.launch_opts() == {}
-    with S.launch_mode(pdl=3, preload=4096):
-        assert K.PDL == 3 and S.PRELOAD == 4096
+    with S.launch_mode(pdl=2, preload=4096):
+        assert K.PDL == 2 and S.PRELOAD == 4096
         assert K.launch_opts() == ({} if K.INTERPRET else {"launch_pdl": True})
-        assert K.pdl_on() == (0 if K.INTERPRET else 3)
+        assert K.pdl_on() == (0 if K.INTERPRET else 2)
     assert K.PDL == 0 and S.PRELOAD == 0 and K.launch_opts() == {}
 
 
-def test_preloaded_steps_leave_every_bit_in_place(interpret):
-    """Skinny (one K range, split K, 8 / 40 rows, all steps or some peeled) and gated products with
-    PRELOAD set give bitwise the outputs they give without it; PDL is never on in the interpreter."""
+def test_interpreter_runs_without_pdl_or_prefetch(interpret):
+    """Under the interpreter a launch mode changes nothing (no PDL, no inline-asm prefetch): the
+    products' bits are those outside it."""
     interpret(r'''
 import torch
 import engine.kernels as K
 import engine.kernels_skinny as S
-assert K.INTERPRET
 g = torch.Generator().manual_seed(3)
-w = torch.randn(40, 128, generator=g)
-wg = torch.randn(64, 128, generator=g)
-cases = [S.SkinnyConfig(16, 32), S.SkinnyConfig(16, 32, split_k=2), S.SkinnyConfig(32, 64, split_k=2)]
-for rows in (8, 40):
-    x = torch.randn(rows, 128, generator=g)
-    ref = {c: S.skinny(x, w, config=c) for c in cases}
-    gref = S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32))
-    for pre in (1, 4 << 10, 1 << 20):  # 1 step, 2 (8 KiB of 16x32 fp32 tiles: 4 KiB each), all
-        with S.launch_mode(pdl=3, preload=pre):
-            assert K.launch_opts() == {} and K.pdl_on() == 0
-            for c in cases:
-                steps = 128 // (c.block_k * c.split_k)
-                assert S.preload_steps(c, w, steps) == min(steps, 4, max(1, pre // (c.block_n * c.block_k * 4)))
-                assert torch.equal(S.skinny(x, w, config=c), ref[c]), (rows, pre, c)
-            assert torch.equal(S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32)), gref), (rows, pre)
-    assert (ref[cases[0]] - x @ w.T).abs().max() < 1e-4
-assert all(int(cnt.abs().sum()) == 0 for _, cnt in S._scratch.values())
+w, wg, x = torch.randn(40, 128, generator=g), torch.randn(64, 128, generator=g), torch.randn(8, 128, generator=g)
+c = S.SkinnyConfig(16, 32, split_k=2)
+ref, gref = S.skinny(x, w, config=c), S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32))
+with S.launch_mode(pdl=2, preload=1 << 20):
+    assert K.launch_opts() == {} and K.pdl_on() == 0 and S.prefetch_lines(c, w, 64) == {}
+    assert torch.equal(S.skinny(x, w, config=c), ref)
+    assert torch.equal(S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32)), gref)
 print("ok")
 ''')
+
+
+def _ptx_order(fn, sig: dict, consts: dict, **opts) -> list[str]:
+    """The kernel compiled for sm_90 (no GPU needed): its memory instructions in program order."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                         options=opts).asm["ptx"]
+    keys = ("prefetch.global.L2", "griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "cp.async")
+    return [k for line in ptx.splitlines() for k in keys if k in line]
+
+
+@pytest.mark.parametrize("pdl", [2, 3])
+def test_weight_prefetch_comes_before_the_wait_and_every_load_after(pdl):
+    """The device code's order (PTX for sm_90, compiled here): each program's weight prefetches,
+    then the grid-dependency wait, then every load; PDL 2 lets the next kernel launch after the
+    wait, 3 before anything."""
+    ptr = {n: "*bf16" for n in ("X", "W", "Y")}
+    ints = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym")
+    consts = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "K_STEPS": 0, "PF_LINES": 8, "LINE": 64, "PDL_": pdl}
+    sk = _ptx_order(S._skinny_kernel, {**ptr, "Part": "*fp32", "Count": "*i32", **{n: "i32" for n in ints}},
+                    {**consts, "SPLIT_K": 2}, num_warps=4, num_stages=4)
+    gated = _ptx_order(S._gated_kernel, {**ptr, **{n.replace("N", "I") if n == "N" else n: "i32" for n in ints}},
+                       consts, num_warps=4, num_stages=4)
+    for order in (sk, gated):
+        wait = order.index("griddepcontrol.wait")
+        assert order.count("griddepcontrol.wait") == 1 and order.count("griddepcontrol.launch_dependents") == 1
+        assert set(order[:wait]) <= {"prefetch.global.L2", "griddepcontrol.launch_dependents"}
+        assert order[:wait].count("prefetch.global.L2") >= 1 and "prefetch.global.L2" not in order[wait:]
+        assert "ld.global" in order[wait:] or "cp.async" in order[wait:]
+        launch = order.index("griddepcontrol.launch_dependents")
+        assert (launch == 0) if pdl == 3 else (launch == wait + 1)

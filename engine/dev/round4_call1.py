@@ -72,12 +72,13 @@ def tokens_of(r) -> dict:
     return {"alone": alone, "together": together, "logits": logits}
 
 
-def sec_decode(base):
+def sec_decode(base, variants: dict | None = None):
     from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
     out = RES.setdefault("decode", {})
     runners = {}
-    for name, kw in VARIANTS.items():
+    variants = variants or VARIANTS
+    for name, kw in variants.items():
         runners[name] = base if not kw else ModelRunner(replace(base.cfg, kernels=KernelConfig(**kw)), model=base.model)
         out[f"{name} graph"] = runners[name].graph is not None
     ref = None
@@ -107,11 +108,11 @@ def sec_decode(base):
         say(f"decode {name:36s} {k} streams: replay {ms:.3f} ms ({roof_ms / ms:6.1%}), "
             f"host-driven {hs:.3f} ms ({roof_ms / hs:6.1%}) of roofline {roof_ms:.3f} ms")
     save()
-    best = min((n for n in runners if VARIANTS[n]), key=lambda n: statistics.median(rep_t[(n, 1)]))
+    best = min((n for n in runners if variants[n]), key=lambda n: statistics.median(rep_t[(n, 1)]))
     RES["best variant"] = best
     for name in ("pdl off (default)", best):
         RES[f"profile {name}"] = profile_sum(runners[name])
-    return VARIANTS[best]
+    return variants[best]
 
 
 def profile_sum(r) -> dict:
@@ -161,7 +162,10 @@ def graph_us(g, reps: int = 15) -> float:
     return statistics.median(ts)
 
 
-def sec_chain(model):
+CHAIN_MODES = {"pdl off": (0, 0), "pdl 2": (2, 0), "pdl 2 + preload 32K": (2, 32 * KB), "pdl 3 + preload 32K": (3, 32 * KB)}
+
+
+def sec_chain(model, modes: dict | None = None):
     """Per product: 36 launches on the 36 layers' matrices in one graph, alone and each after an
     add+RMSNorm of its input (the round's pattern), under each launch mode: us a launch."""
     from engine.kernels_fused import add_rmsnorm
@@ -170,7 +174,7 @@ def sec_chain(model):
     layers = model.model.layers
     mats = {"q/k/v": [l.self_attn.wqkv for l in layers], "o": [l.self_attn.o_proj.weight for l in layers],
             "gate/up gated": [l.mlp.w_gate_up for l in layers], "down": [l.mlp.down_proj.weight for l in layers]}
-    modes = {"pdl off": (0, 0), "pdl 2": (2, 0), "pdl 2 + preload 32K": (2, 32 * KB), "pdl 3 + preload 32K": (3, 32 * KB)}
+    modes = modes or CHAIN_MODES
     for pname, ws in mats.items():
         k = ws[0].shape[1]
         x = torch.randn(8, k, device=ws[0].device).to(ws[0].dtype)
