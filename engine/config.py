@@ -140,10 +140,9 @@ class KernelConfig:
     # (engine/kernels_batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
     batch_cublas: bool = True
     # CUDA decode graph (Hopper): programmatic dependent launch for the round's Triton kernels (0 off,
-    # 1 wait only, 2 wait then launch the next kernel, 3 launch the next kernel then wait; engine/kernels.py
-    # PDL), and bytes of weights each skinny program loads before its wait (kernels_skinny.PRELOAD).
+    # 1 wait only, 2 wait then launch the next kernel at once; engine/kernels.py PDL). 2 measured
+    # -0.03 ms of a 4.76 ms qwen3-8b round, runs 12-13 +0.2 ms (engine/dev/PERF.md runs 12-16): off.
     pdl: int = 0
-    preload: int = 0
     # Tensor parallel on CUDA at two ranks: the decode round's sums through a one-shot all-reduce
     # in symmetric memory (engine/tp_symm.py; the same bits as NCCL's) or NCCL's all_reduce.
     tp_allreduce: str = "symm"  # symm | nccl

@@ -22,13 +22,11 @@ SPLIT = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 64
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
-# be launched while the one before it runs; it waits (gdc_wait) before touching what that kernel
-# writes, so its launch and set-up overlap the previous kernel's tail and no bit changes.
-# 0: off, plain launches; 1: wait only (the next kernel launches as this one's programs finish);
-# 2: wait, then let the next kernel launch (it is resident while this one runs: one kernel ahead);
-# 3: let the next kernel launch first, then wait (kernels may be resident two or more ahead).
-# The skinny products load their first weight tiles before the wait (kernels_skinny.PRELOAD):
-# weights never depend on the kernel before.
+# be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
+# launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
+# 0: off; 1: wait only (the next kernel launches as this one's programs finish); 2: wait, then
+# let the next kernel launch at once (its programs wait on the GPU for this one). Loading weights
+# before the wait, and letting the next kernel launch before it, measured no faster (PERF.md runs 15-16).
 PDL = 0
 
 
@@ -42,27 +40,13 @@ def pdl_on() -> int:
 
 
 @triton.jit
-def pdl_launch_early(PDL_: tl.constexpr):
-    """PDL 3: let the next kernel launch now, before this one waits for the one before it."""
-    if PDL_ > 2:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_wait(PDL_: tl.constexpr):
-    """Wait for the kernel before to finish (its writes visible); PDL 2: then let the next one
-    launch. Every program calls it before it loads anything the kernel before may write."""
+def pdl_enter(PDL_: tl.constexpr):
+    """First thing in a kernel launched with PDL: wait for the kernel before to finish (its writes
+    visible), then (PDL 2) let the next one launch. Every program calls it, before any load or store."""
     if PDL_ > 0:
         tl.extra.cuda.gdc_wait()
-    if PDL_ == 2:
+    if PDL_ > 1:
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_enter(PDL_: tl.constexpr):
-    """First thing in a kernel launched with PDL that has nothing to do before the wait."""
-    pdl_launch_early(PDL_)
-    pdl_wait(PDL_)
 
 
 @triton.jit

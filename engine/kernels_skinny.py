@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.kernels import INTERPRET, launch_opts, pdl_launch_early, pdl_on, pdl_wait
+from engine.kernels import INTERPRET, launch_opts, pdl_enter, pdl_on
 
 MAX_ROWS = 64
 
@@ -72,13 +72,6 @@ CONFIGS: dict[tuple, SkinnyConfig | None] = {
     (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
 }
 SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
-# Bytes of its own first weight tiles each program asks L2 for before its grid-dependency wait
-# (PDL, engine/kernels.py): the weights never depend on the kernel before, so with PDL they stream
-# into L2 while that kernel ends, and the pipelined loop's first loads hit L2. One prefetch per
-# 128-byte line, no register held, no arithmetic step touched. 0: none (and always under the interpreter).
-PRELOAD = 0
-_PF_ASM = tl.constexpr("prefetch.global.L2 [$1]; mov.u32 $0, 0;")
-
 
 def block_m(m: int) -> int:
     """Rows a product is padded to for the tensor cores: 16, 32 or 64."""
@@ -112,18 +105,10 @@ def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(rows, LINES: tl.constexpr, LINE: tl.constexpr):
-    """Ask L2 for the first LINES 128-byte lines (LINE elements each) from each row pointer."""
-    p = rows + tl.arange(0, LINES)[None, :] * LINE
-    tl.inline_asm_elementwise(_PF_ASM, "=r,l", [p], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
-                   SPLIT_K: tl.constexpr, PF_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64,
-                   PDL_: tl.constexpr = 0):
-    pdl_launch_early(PDL_)
+                   SPLIT_K: tl.constexpr, PDL_: tl.constexpr = 0):
+    pdl_enter(PDL_)
     pid = tl.program_id(0)
     sk = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -134,9 +119,6 @@ def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_y
     k0 = sk * (K // SPLIT_K)
     xp = X + rm[:, None] * stride_xm + k0 + rk[None, :]
     wp = W + rn[:, None].to(tl.int64) * stride_wn + k0 + rk[None, :]
-    if PF_LINES:  # this program's first weights into L2 while the kernel before ends (PRELOAD)
-        _prefetch_l2(W + tl.minimum(rn, N - 1)[:, None].to(tl.int64) * stride_wn + k0, PF_LINES, LINE)
-    pdl_wait(PDL_)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_STEPS:  # the interpreter (older Triton's cannot loop to a run-time bound)
         for _ in range(0, K_STEPS):
@@ -172,10 +154,10 @@ def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr):
 @triton.jit
 def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
-                  PF_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64, PDL_: tl.constexpr = 0):
+                  PDL_: tl.constexpr = 0):
     """silu(x @ Wg^T) * (x @ Wu^T) for W = [Wg; Wu] ([2I, K]): each program owns BLOCK_N columns of
     both halves, then rounds as the unfused path does (each product to Y's dtype, silu to it)."""
-    pdl_launch_early(PDL_)
+    pdl_enter(PDL_)
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -185,11 +167,6 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
     xp = X + rm[:, None] * stride_xm + rk[None, :]
     gp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
     up = gp + I * stride_wn
-    if PF_LINES:  # as _skinny_kernel: the first weights of both halves into L2 before the wait
-        rows = W + tl.minimum(rn, I - 1)[:, None].to(tl.int64) * stride_wn
-        _prefetch_l2(rows, PF_LINES, LINE)
-        _prefetch_l2(rows + I * stride_wn, PF_LINES, LINE)
-    pdl_wait(PDL_)
     accg = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_STEPS:  # the interpreter
@@ -210,36 +187,21 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
 GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
 
 
-def prefetch_lines(c: SkinnyConfig, w: torch.Tensor, k_range: int, tiles: int = 1) -> dict:
-    """The prefetch constexprs of a launch: PF_LINES 128-byte lines from each of a program's
-    BLOCK_N x `tiles` weight rows, PRELOAD bytes' worth (at least a line a row when PRELOAD is set,
-    never past the program's K range, a power of two for tl.arange), LINE elements a line."""
-    line = 128 // w.element_size()
-    if not PRELOAD or INTERPRET or k_range < line:
-        return {}
-    lines = min(max(1, PRELOAD // (c.block_n * tiles * 128)), k_range // line)
-    return {"PF_LINES": 1 << (lines.bit_length() - 1), "LINE": line}
-
-
 class launch_mode:
     """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
-    engine/kernels.py PDL) and the skinny products ask L2 for `preload` bytes of their own weights a
-    program before their wait (PRELOAD); the runner captures its decode graph inside it. Restores both on exit."""
+    engine/kernels.py PDL); the runner captures its decode graph inside it. Restores PDL on exit."""
 
-    def __init__(self, pdl: int = 0, preload: int = 0):
-        self.pdl, self.preload = int(pdl), int(preload)
+    def __init__(self, pdl: int = 0):
+        self.pdl = int(pdl)
 
     def __enter__(self):
-        global PRELOAD
         import engine.kernels as K
-        self.saved = K.PDL, PRELOAD
-        K.PDL, PRELOAD = self.pdl, self.preload
+        self.saved, K.PDL = K.PDL, self.pdl
         return self
 
     def __exit__(self, *exc):
-        global PRELOAD
         import engine.kernels as K
-        K.PDL, PRELOAD = self.saved
+        K.PDL = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
@@ -259,8 +221,7 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None =
     _gated_kernel[(grid,)](
         x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0),
         BLOCK_M=block_m(m), BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
-        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **prefetch_lines(c, w, k, tiles=2),
-        **launch_opts())
+        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
     return y
 
 
@@ -291,8 +252,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig) -> torch.Tensor:
         x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0),
         BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
         K_STEPS=k // (c.block_k * c.split_k) if INTERPRET else 0, SPLIT_K=c.split_k,
-        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **prefetch_lines(c, w, k // c.split_k),
-        **launch_opts())
+        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
     return y
 
 

@@ -1,10 +1,12 @@
-"""Issue 14, round 4, first device call: the qwen3-8b decode round with programmatic dependent
-launch in three forms (engine/kernels.py PDL 2 and 3) and with the skinny products loading their
-first weight tiles before the grid-dependency wait (kernels_skinny.PRELOAD), side by side with
-today's round (PDL off); the same tokens and logits in every variant; chains of one product (o,
-q/k/v, down, gated gate/up) alone and after an add+RMSNorm in one CUDA graph, to see the gap each
-launch costs; copy bandwidth in the same run; then qwen3-32b at one stream, base against the
-fastest variant.
+"""Issue 14, round 4: the qwen3-8b decode round under each programmatic-dependent-launch mode
+(engine/kernels.py PDL) side by side with PDL off, timed as graph replays and through the engine
+bench's timer; the same tokens and logits in every variant; chains of one product (o, q/k/v, down,
+gated gate/up) on the 36 layers' matrices in one CUDA graph, alone and each after an add+RMSNorm,
+to see what a launch costs; copy bandwidth in the same run; qwen3-32b at one stream, PDL off
+against the fastest variant.
+Runs 15 and 16 (engine/dev/PERF.md) ran this at commits cb2dd50 and 1530bab (round4_call2.py) with
+two more knobs, weights loaded before the wait (`preload`) and PDL 3; both measured no faster and
+were removed: those commits have the variants.
 
     PYTHONPATH=. python3 -m engine.dev.round4_call1 --out $OUT [--sections decode,chain,32b] [--budget-s 300]
 """
@@ -24,17 +26,12 @@ import engine.kernels_skinny as S
 from engine.config import EngineConfig, KernelConfig
 
 RES, say, save = R2.RES, R2.say, R2.save
-KB = 1 << 10
 # what runs where (a CPU dry run of this script sets tiny / cpu / float32)
 MODEL_8B, MODEL_32B, DEVICE, DTYPE = "qwen3-8b", "qwen3-32b", "cuda", "bfloat16"
 VARIANTS = {  # name -> KernelConfig launch knobs
     "pdl off (default)": {},
+    "pdl 1 (wait only)": {"pdl": 1},
     "pdl 2 (wait, launch next)": {"pdl": 2},
-    "pdl 2 + preload 32K": {"pdl": 2, "preload": 32 * KB},
-    "pdl 2 + preload 64K": {"pdl": 2, "preload": 64 * KB},
-    "pdl 3 (launch next, wait)": {"pdl": 3},
-    "pdl 3 + preload 32K": {"pdl": 3, "preload": 32 * KB},
-    "pdl off + preload 32K (peel only)": {"preload": 32 * KB},
 }
 
 
@@ -162,7 +159,7 @@ def graph_us(g, reps: int = 15) -> float:
     return statistics.median(ts)
 
 
-CHAIN_MODES = {"pdl off": (0, 0), "pdl 2": (2, 0), "pdl 2 + preload 32K": (2, 32 * KB), "pdl 3 + preload 32K": (3, 32 * KB)}
+CHAIN_MODES = {"pdl off": 0, "pdl 2": 2}  # name -> PDL
 
 
 def sec_chain(model, modes: dict | None = None):
@@ -182,8 +179,8 @@ def sec_chain(model, modes: dict | None = None):
         nw = torch.ones(k, device=ws[0].device, dtype=ws[0].dtype)
         prod = S.gate_up_silu if pname.startswith("gate") else S.linear
         nbytes = ws[0].numel() * ws[0].element_size()
-        for mname, (pdl, pre) in modes.items():
-            with S.launch_mode(pdl=pdl, preload=pre):
+        for mname, pdl in modes.items():
+            with S.launch_mode(pdl=pdl):
                 alone = graph_us(chain_graph(lambda i: prod(x, ws[i]), len(ws))) / len(ws)
                 normed = graph_us(chain_graph(lambda i: prod(add_rmsnorm(x, r, nw, 1e-6)[1], ws[i]), len(ws))) / len(ws)
                 norm = graph_us(chain_graph(lambda i: add_rmsnorm(x, r, nw, 1e-6), len(ws))) / len(ws)
@@ -230,7 +227,7 @@ def main(argv):
     budget = float(argv[argv.index("--budget-s") + 1]) if "--budget-s" in argv else 300.0
     RES["triton"], RES["variants"] = triton.__version__, {k: str(v) for k, v in VARIANTS.items()}
     say(json.dumps(RES))
-    best = {"pdl": 2, "preload": 32 * KB}
+    best = {"pdl": 2}
     if {"decode", "chain"} & set(secs):
         base = ModelRunner(EngineConfig(model=MODEL_8B, device=DEVICE, dtype=DTYPE, parallel=8,
                                         max_model_len=2304, prefill_rows=4096))
