@@ -145,8 +145,9 @@ class KernelConfig:
     pdl: int = 0
     l2_prefetch: bool = False
     # Tensor parallel on CUDA at two ranks: the decode round's sums through a one-shot all-reduce
-    # in symmetric memory (engine/tp_symm.py; the same bits as NCCL's) or NCCL's all_reduce.
-    tp_allreduce: str = "symm"  # symm | nccl
+    # in symmetric memory (engine/tp_symm.py; the same bits as NCCL's) or NCCL's all_reduce; "fused":
+    # each sum and the add + RMSNorm after it in one kernel (engine/tp_fused.py), symm for the rest.
+    tp_allreduce: str = "symm"  # fused | symm | nccl
 
 
 @dataclass

@@ -296,10 +296,11 @@ def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None)
 _scratch: dict = {}  # split-K partials and arrival counters, one pair per shape
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, nxt: torch.Tensor | None = None) -> torch.Tensor:
+def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, nxt: torch.Tensor | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     m, (n, k) = x.shape[0], w.shape
     bm, grid_n = block_m(m), triton.cdiv(n, c.block_n)
-    y = torch.empty(m, n, dtype=w.dtype, device=w.device)
+    y = torch.empty(m, n, dtype=w.dtype, device=w.device) if out is None else out
     part = count = y
     if c.split_k > 1:  # allocated once per shape, before a graph capture uses it (warm-up rounds)
         key = (n, bm, grid_n, c.split_k, w.device)
@@ -316,9 +317,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, nxt: torch.Tensor
     return y
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, nxt: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, nxt: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, w) for a decode round: skinny when it takes the shape. nxt: the matrix the
-    round multiplies next (its first PREFETCH bytes asked into L2 as this product ends)."""
+    round multiplies next (its first PREFETCH bytes asked into L2 as this product ends). out: a
+    contiguous [M, N] to write into (engine/tp_fused.py: symmetric memory), the same bits."""
     c = config_for(*w.shape, x.shape[0])
-    return _launch(x, w, c, nxt) if supports(x, w, c) else F.linear(x, w)
+    if supports(x, w, c):
+        return _launch(x, w, c, nxt, out)
+    return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)  # F.linear's mm for 2-D x
 
