@@ -50,21 +50,35 @@ PAD_FLAGS = 256  # flags of the signal pad used: two a row (one from each rank),
 
 # Thread 0 of the program: flag up at the peer (0 -> 1, release, sys), then own flag down
 # (1 -> 0, acquire, sys); both spin until the swap succeeds. Every thread runs the asm (a scalar);
-# all but thread 0 skip it.
+# all but thread 0 skip it. A peer absent for BARRIER_S (dead, or stuck) traps: the kernel fails
+# with an error instead of hanging the rank (a first call's JIT compile on one rank takes seconds).
+BARRIER_S = 30
 _BARRIER_ASM = tl.constexpr("""{
 .reg .u32 %t, %o;
+.reg .u64 %t0, %t1;
 .reg .pred %p;
 mov.u32 %t, %tid.x;
 setp.ne.u32 %p, %t, 0;
 @%p bra tfb_done${:uid};
+mov.u64 %t0, %globaltimer;
 tfb_put${:uid}:
 atom.release.sys.global.cas.b32 %o, [$1], 0, 1;
-setp.ne.u32 %p, %o, 0;
-@%p bra tfb_put${:uid};
+setp.eq.u32 %p, %o, 0;
+@%p bra tfb_wait${:uid};
+mov.u64 %t1, %globaltimer;
+sub.u64 %t1, %t1, %t0;
+setp.gt.u64 %p, %t1, """ + str(BARRIER_S * 10**9) + """;
+@%p trap;
+bra tfb_put${:uid};
 tfb_wait${:uid}:
 atom.acquire.sys.global.cas.b32 %o, [$2], 1, 0;
-setp.ne.u32 %p, %o, 1;
-@%p bra tfb_wait${:uid};
+setp.eq.u32 %p, %o, 1;
+@%p bra tfb_done${:uid};
+mov.u64 %t1, %globaltimer;
+sub.u64 %t1, %t1, %t0;
+setp.gt.u64 %p, %t1, """ + str(BARRIER_S * 10**9) + """;
+@%p trap;
+bra tfb_wait${:uid};
 tfb_done${:uid}:
 mov.u32 $0, 0;
 }""")
