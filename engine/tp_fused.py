@@ -168,16 +168,17 @@ class FusedSums:
         return sum_add_rmsnorm(x, own, peer, w, eps, self.pads, self.rank)
 
 
-def fused_sums(group, device: torch.device, dtype: torch.dtype, world: int) -> FusedSums | None:
-    """A FusedSums where every rank could make one (CUDA, two ranks, bf16/fp32); else None and
-    the sums go the plain way. Collective: every rank calls it at the same point."""
+def fused_sums(group, device: torch.device, dtype: torch.dtype, world: int, hidden: int) -> FusedSums | None:
+    """A FusedSums where every rank could make one (CUDA, two ranks, bf16/fp32) and run its kernel
+    once on both buffers at the model's width (compiled here, not in the first round); else None
+    and the sums go the plain way. Collective: every rank calls it at the same point."""
     import torch.distributed as dist
 
     if device.type != "cuda" or world != 2 or dtype not in (torch.bfloat16, torch.float32):
         return None
     made, why = None, ""
     try:
-        made = _make(group or dist.group.WORLD, device, dtype)
+        made = _make(group or dist.group.WORLD, device, dtype, hidden)
     except Exception as exc:  # an old torch, no peer access, a smaller signal pad
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     ok = torch.tensor([1 if made is not None else 0], dtype=torch.int32, device=device)
@@ -189,7 +190,7 @@ def fused_sums(group, device: torch.device, dtype: torch.dtype, world: int) -> F
     return made
 
 
-def _make(group, device: torch.device, dtype: torch.dtype) -> FusedSums:
+def _make(group, device: torch.device, dtype: torch.dtype, hidden: int) -> FusedSums:
     import torch.distributed._symmetric_memory as symm_mem
     name = group.group_name
     if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch
@@ -206,4 +207,9 @@ def _make(group, device: torch.device, dtype: torch.dtype) -> FusedSums:
     torch.cuda.synchronize(device)
     sums = FusedSums([buf[:n], buf[n:]], [theirs[:n], theirs[n:]], rank, pads)
     sums.handle = h  # keeps the mapping alive
+    x, w = torch.zeros(1, hidden, dtype=dtype, device=device), torch.ones(hidden, dtype=dtype, device=device)
+    for b in range(2):  # both ranks: the same launches, so a launch error here is everyone's
+        sum_add_rmsnorm(x, sums.own[b][:hidden].view(1, hidden), sums.peer[b][:hidden].view(1, hidden), w, 1e-6,
+                        pads, rank)
+    torch.cuda.synchronize(device)
     return sums

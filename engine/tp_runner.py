@@ -31,7 +31,7 @@ class TPRunner(ModelRunner):
             tp.symm = symm_reduce(tp.group, dev, dtype, tp.world)
         if tp.world > 1 and how == "fused":
             from engine.tp_fused import fused_sums
-            tp.fused = fused_sums(tp.group, dev, dtype, tp.world)
+            tp.fused = fused_sums(tp.group, dev, dtype, tp.world, mcfg.hidden_size)
         super().__init__(cfg, model=model)
         self._symm, self._fused = tp.symm, tp.fused
 
