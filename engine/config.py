@@ -144,10 +144,11 @@ class KernelConfig:
     # the next matrix's first bytes. Measured no faster (engine/dev/PERF.md runs 12-13): off.
     pdl: int = 0
     l2_prefetch: bool = False
-    # Tensor parallel on CUDA at two ranks: the decode round's sums through a one-shot all-reduce
-    # in symmetric memory (engine/tp_symm.py; the same bits as NCCL's) or NCCL's all_reduce; "fused":
-    # each sum and the add + RMSNorm after it in one kernel (engine/tp_fused.py), symm for the rest.
-    tp_allreduce: str = "symm"  # fused | symm | nccl
+    # Tensor parallel on CUDA at two ranks: "fused": each decode sum and the add + RMSNorm after it
+    # in one kernel (engine/tp_fused.py; qwen3-32b round 10.54 ms against 11.21, engine/dev/PERF.md
+    # issue 15 round 3), symm for the rest; "symm": a one-shot all-reduce in symmetric memory
+    # (engine/tp_symm.py); "nccl": NCCL's all_reduce. The same bits every way.
+    tp_allreduce: str = "fused"  # fused | symm | nccl
 
 
 @dataclass
