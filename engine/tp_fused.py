@@ -31,17 +31,12 @@ Runs under TRITON_INTERPRET=1 without the barrier (tests/test_tensor_parallel_fu
 """
 from __future__ import annotations
 
-import logging
-import warnings
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from engine.kernels import launch_opts, pdl_enter, pdl_on
-
-log = logging.getLogger("engine.tp")
 
 # Bytes of one partial-sum buffer (two a rank): a decode round at --parallel 64 of qwen3-32b is
 # 64 x 5,120 x 2 B = 640 KiB. Larger products (prompt cuts) take the sum-then-norm path.
@@ -53,6 +48,24 @@ PAD_FLAGS = 256  # flags of the signal pad used: two a row (one from each rank),
 # all but thread 0 skip it. A peer absent for BARRIER_S (dead, or stuck) traps: the kernel fails
 # with an error instead of hanging the rank (a first call's JIT compile on one rank takes seconds).
 BARRIER_S = 30
+
+
+def _spin(name: str, addr: str, old: int, new: int, then: str) -> str:
+    """PTX: compare-and-swap [addr] old -> new until it swaps, then branch to `then`; trap once
+    BARRIER_S have passed since %t0."""
+    sem = "release" if new else "acquire"
+    return f"""tfb_{name}${{:uid}}:
+atom.{sem}.sys.global.cas.b32 %o, [{addr}], {old}, {new};
+setp.eq.u32 %p, %o, {old};
+@%p bra tfb_{then}${{:uid}};
+mov.u64 %t1, %globaltimer;
+sub.u64 %t1, %t1, %t0;
+setp.gt.u64 %p, %t1, {BARRIER_S * 10**9};
+@%p trap;
+bra tfb_{name}${{:uid}};
+"""
+
+
 _BARRIER_ASM = tl.constexpr("""{
 .reg .u32 %t, %o;
 .reg .u64 %t0, %t1;
@@ -61,25 +74,7 @@ mov.u32 %t, %tid.x;
 setp.ne.u32 %p, %t, 0;
 @%p bra tfb_done${:uid};
 mov.u64 %t0, %globaltimer;
-tfb_put${:uid}:
-atom.release.sys.global.cas.b32 %o, [$1], 0, 1;
-setp.eq.u32 %p, %o, 0;
-@%p bra tfb_wait${:uid};
-mov.u64 %t1, %globaltimer;
-sub.u64 %t1, %t1, %t0;
-setp.gt.u64 %p, %t1, """ + str(BARRIER_S * 10**9) + """;
-@%p trap;
-bra tfb_put${:uid};
-tfb_wait${:uid}:
-atom.acquire.sys.global.cas.b32 %o, [$2], 1, 0;
-setp.eq.u32 %p, %o, 1;
-@%p bra tfb_done${:uid};
-mov.u64 %t1, %globaltimer;
-sub.u64 %t1, %t1, %t0;
-setp.gt.u64 %p, %t1, """ + str(BARRIER_S * 10**9) + """;
-@%p trap;
-bra tfb_wait${:uid};
-tfb_done${:uid}:
+""" + _spin("put", "$1", 0, 1, "wait") + _spin("wait", "$2", 1, 0, "done") + """tfb_done${:uid}:
 mov.u32 $0, 0;
 }""")
 
@@ -173,30 +168,20 @@ def fused_sums(group, device: torch.device, dtype: torch.dtype, world: int, hidd
     once on both buffers at the model's width (compiled here, not in the first round); else None
     and the sums go the plain way. Collective: every rank calls it at the same point."""
     import torch.distributed as dist
+    from engine.tp_symm import made_everywhere
 
     if device.type != "cuda" or world != 2 or dtype not in (torch.bfloat16, torch.float32):
         return None
-    made, why = None, ""
-    try:
-        made = _make(group or dist.group.WORLD, device, dtype, hidden)
-    except Exception as exc:  # an old torch, no peer access, a smaller signal pad
-        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    ok = torch.tensor([1 if made is not None else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-    if not int(ok.item()):
-        log.warning("tensor parallel: fused sum + norm not set up (%s): the sums go through all-reduce",
-                    why or "on another rank")
-        return None
-    return made
+    group = group or dist.group.WORLD
+    return made_everywhere(lambda: _make(group, device, dtype, hidden), group, device,
+                           "fused sum + norm", "each sum, then add_rmsnorm")
 
 
 def _make(group, device: torch.device, dtype: torch.dtype, hidden: int) -> FusedSums:
     import torch.distributed._symmetric_memory as symm_mem
+    from engine.tp_symm import enable_group
     name = group.group_name
-    if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            symm_mem.enable_symm_mem_for_group(name)
+    enable_group(name)
     n = SLOT_BYTES // dtype.itemsize
     buf = symm_mem.empty(2 * n, dtype=dtype, device=device)
     h = symm_mem.rendezvous(buf, name)

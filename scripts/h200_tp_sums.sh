@@ -3,7 +3,8 @@
 # small sums a round through NCCL, symmetric memory's one-shot all-reduce ("symm"), the sum fused
 # into the add + RMSNorm after it ("fused", engine/tp_fused.py), or skipped (timing only). Phase
 # one: the plain engine at N = 1; phase tp: N = 2, its decode graph recaptured for each way in turn
-# (engine/dev/tp_check.py --sums), with the bit checks. LL=1 adds round 2's NCCL_PROTO=LL phase.
+# (engine/dev/tp_check.py --sums), with the bit checks. EXTRA=1 adds fused under PDL 2 and at
+# --parallel 64; LL=1 adds round 2's NCCL_PROTO=LL phase.
 # Predictions and outcome: engine/dev/PERF.md, issue 15 rounds 2 and 3.
 # Usage (repository root): MODEL=qwen3-32b bash scripts/h200_tp_sums.sh
 set -u
@@ -23,5 +24,9 @@ run() {  # name timeout args...
 }
 run one "${T1:-150}" --phase one
 run tp "${T2:-300}" --phase tp --world 2 --sums "$SUMS"
+if [ "${EXTRA:-0}" = 1 ]; then  # round 3, call 2: fused under PDL (issue 14's knob), and in a 64-lane round
+  run tp_pdl2 "${T4:-200}" --phase tp --world 2 --sums fused,symm --pdl 2 --tag _pdl2
+  run tp_p64 "${T5:-200}" --phase tp --world 2 --sums fused,symm,fused,symm --parallel 64 --tag _p64
+fi
 if [ "${LL:-0}" = 1 ]; then NCCL_PROTO=LL run ll "${T3:-150}" --phase tp --world 2 --sums nccl --tag _ll; fi
 ls -la "$OUT"

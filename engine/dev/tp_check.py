@@ -137,11 +137,13 @@ def main() -> None:
     ap.add_argument("--sums", default="", help="phase tp, world 2: ways to sum in turn, e.g. nccl,skip,symm,fused")
     ap.add_argument("--no-skinny", action="store_true", help="decode matmuls through cuBLAS, not the Triton skinny ones")
     ap.add_argument("--tag", default="", help="a suffix of the phase's json name")
+    ap.add_argument("--parallel", type=int, default=4, help="lanes (rows of a decode round)")
+    ap.add_argument("--pdl", type=int, default=0, help="KernelConfig.pdl: 0 off, 1 wait only, 2 wait then launch")
     a = ap.parse_args()
     cuda = a.device == "cuda"
-    cfg = EngineConfig(model=a.model, device=a.device, dtype="bfloat16" if cuda else "float32", parallel=4,
+    cfg = EngineConfig(model=a.model, device=a.device, dtype="bfloat16" if cuda else "float32", parallel=a.parallel,
                        max_model_len=max(2048, a.long + 1024), prefill_rows=1024 if cuda else 64,
-                       kernels=KernelConfig(skinny=not a.no_skinny,
+                       kernels=KernelConfig(skinny=not a.no_skinny, pdl=a.pdl,
                                             tp_allreduce="fused" if "fused" in a.sums else KernelConfig.tp_allreduce))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
