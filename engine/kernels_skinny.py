@@ -237,10 +237,10 @@ def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None)
 _scratch: dict = {}  # split-K partials and arrival counters, one pair per shape
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig) -> torch.Tensor:
+def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, out: torch.Tensor | None = None) -> torch.Tensor:
     m, (n, k) = x.shape[0], w.shape
     bm, grid_n = block_m(m), triton.cdiv(n, c.block_n)
-    y = torch.empty(m, n, dtype=w.dtype, device=w.device)
+    y = torch.empty(m, n, dtype=w.dtype, device=w.device) if out is None else out
     part = count = y
     if c.split_k > 1:  # allocated once per shape, before a graph capture uses it (warm-up rounds)
         key = (n, bm, grid_n, c.split_k, w.device)
@@ -256,7 +256,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig) -> torch.Tensor:
     return y
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w) for a decode round: skinny when it takes the shape."""
+def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w) for a decode round: skinny when it takes the shape. out: a contiguous [M, N]
+    to write into (engine/tp_fused.py: symmetric memory), the same bits."""
     c = config_for(*w.shape, x.shape[0])
-    return _launch(x, w, c) if supports(x, w, c) else F.linear(x, w)
+    if supports(x, w, c):
+        return _launch(x, w, c, out)
+    return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)  # F.linear's mm for 2-D x
