@@ -185,6 +185,19 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
 # the two kernels (linear, then silu_mul).
 # qwen3-8b at 16 rows, engine/dev/PERF.md run 7: 54.5 us against 58.2 for the two, bitwise equal to them.
 GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
+SHIPPED = (dict(CONFIGS), dict(GATED))
+
+
+def set_entries(configs=(), gated=()) -> None:
+    """Device checks only (engine/dev/tp_check.py --skinny): the shipped CONFIGS / GATED plus
+    `configs` / `gated` entries [N, K, padded rows, SkinnyConfig fields (None: cuBLAS), ...], as
+    engine/dev/bench_skinny.py writes them. A captured graph keeps its kernels: capture again."""
+    CONFIGS.clear(); CONFIGS.update(SHIPPED[0])  # noqa: E702
+    GATED.clear(); GATED.update(SHIPPED[1])  # noqa: E702
+    for n, k, rows, c, *_ in configs:
+        CONFIGS[(n, k, rows)] = SkinnyConfig(**c) if c else None
+    for n, k, rows, c, *_ in gated:
+        GATED[(n, k, rows)] = SkinnyConfig(**c)
 
 
 class launch_mode:

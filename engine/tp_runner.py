@@ -51,6 +51,13 @@ class TPRunner(ModelRunner):
             self.capture_graph()
         return True
 
+    def set_skinny(self, configs: list, gated: list) -> None:
+        """Device checks (engine/dev/tp_check.py --skinny), sent to every rank as a plan: the
+        skinny tables as shipped plus these entries (kernels_skinny.set_entries); the next
+        set_sums captures the decode graph with them."""
+        from engine.kernels_skinny import set_entries
+        set_entries(configs, gated)
+
     def symm_agrees(self, rows: int) -> bool:
         """A device check: the symmetric-memory sum of a random [rows, hidden] tensor (a different
         one on each rank) has NCCL's bits."""

@@ -111,6 +111,59 @@ def sums_split(be, cfg: EngineConfig, vocab: int, rounds: int, order: list[str])
     return out
 
 
+def skinny_turns(be, cfg: EngineConfig, vocab: int, rounds: int, turns: list[str], entries: dict) -> dict:
+    """The decode round with the skinny tables as shipped ("old") or plus bench_skinny's adopted
+    entries ("new"), in turn, captured again each time (TP: on every rank, with the sums of
+    "old:fused", "new:symm", ...): ms a round, tokens alone, two prompts together == alone.
+    Then: tokens equal among a table's turns, fused == symm under the same table."""
+    prompts = [[(i * 7919 + k * 104729) % min(vocab, 50_000) for i in range(300 + 37 * k)] for k in range(2)]
+    tp = hasattr(be, "_both")
+    out: dict = {"entries": entries, "runs": []}
+    for turn in turns:
+        table, _, how = turn.partition(":")
+        args = (entries["configs"], entries["gated"]) if table == "new" else ([], [])
+        if tp:
+            be._both("set_skinny", args, {})
+            ok = be._both("set_sums", (how or "fused",), {})
+        else:
+            from engine.kernels_skinny import set_entries
+            set_entries(*args)
+            ok = be.capture_graph() if be.graph is not None else True
+        run = {"turn": turn, "set": ok, "cuda_graph": getattr(be, "runner", be).graph is not None}
+        if ok:
+            run["alone"] = [generate(be, k, p, 32, cfg.prefill_rows) for k, p in enumerate(prompts)]
+            run["together_equal_alone"] = together(be, prompts, 32, cfg.prefill_rows) == run["alone"]
+            run["decode_ms_median"] = decode_ms(be, run["alone"][0][-1], len(prompts[0]) + 31, rounds)
+        out["runs"].append(run)
+    for turn in dict.fromkeys(turns):
+        ms = [r["decode_ms_median"] for r in out["runs"] if r["turn"] == turn and r["set"]]
+        out[f"{turn}_ms"] = statistics.median(ms) if ms else None
+    for table in ("old", "new"):
+        alone = [r["alone"] for r in out["runs"] if r["turn"].partition(":")[0] == table and r["set"]]
+        out[f"{table}_tokens_equal_among_turns"] = all(a == alone[0] for a in alone)
+        f, sy = ([r["alone"] for r in out["runs"] if r["turn"] == f"{table}:{h}" and r["set"]]
+                 for h in ("fused", "symm"))
+        if f and sy:
+            out[f"{table}_fused_tokens_equal_symm"] = all(a == sy[0] for a in f + sy)
+    out["together_equal_alone_all"] = all(r.get("together_equal_alone", True) for r in out["runs"])
+    old = [r["alone"] for r in out["runs"] if r["turn"].startswith("old") and r["set"]]
+    new = [r["alone"] for r in out["runs"] if r["turn"].startswith("new") and r["set"]]
+    if old and new:
+        out["equal_prefix_new_vs_old"] = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x))
+                                          for x, y in zip(new[0], old[0])]
+    return out
+
+
+def read_entries(paths: str) -> dict:
+    """bench_skinny --json files' "adopt" entries, merged (a later file's entry for a shape wins)."""
+    configs, gated = {}, {}
+    for path in filter(None, paths.split(",")):
+        adopt = json.loads(Path(path).read_text()).get("adopt", {})
+        configs.update({tuple(e[:3]): e for e in adopt.get("configs", [])})
+        gated.update({tuple(e[:3]): e for e in adopt.get("gated", [])})
+    return {"configs": list(configs.values()), "gated": list(gated.values())}
+
+
 def phase_tp(cfg: EngineConfig, world: int):
     from engine.presets import resolve_model
     if world > 1:
@@ -139,6 +192,9 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="a suffix of the phase's json name")
     ap.add_argument("--parallel", type=int, default=4, help="lanes (rows of a decode round)")
     ap.add_argument("--pdl", type=int, default=0, help="KernelConfig.pdl: 0 off, 1 wait only, 2 wait then launch")
+    ap.add_argument("--skinny", default="", help="bench_skinny --json files whose adopted entries the turns try")
+    ap.add_argument("--turns", default="", help="with --skinny: old/new tables in turn, e.g. old,new,old,new "
+                                                "(phase tp: old:fused,new:fused,new:symm,...)")
     a = ap.parse_args()
     cuda = a.device == "cuda"
     cfg = EngineConfig(model=a.model, device=a.device, dtype="bfloat16" if cuda else "float32", parallel=a.parallel,
@@ -161,6 +217,8 @@ def main() -> None:
     res.update(figures(be, cfg, runner.vocab_size, a.long, a.rounds))
     if a.sums and a.phase == "tp" and a.world == 2:
         res["sums"] = sums_split(be, cfg, runner.vocab_size, a.rounds, a.sums.split(","))
+    if a.skinny:
+        res["skinny"] = skinny_turns(be, cfg, runner.vocab_size, a.rounds, a.turns.split(","), read_entries(a.skinny))
     one = out / "tp_one.json"
     if a.phase == "tp" and one.is_file():
         ref = json.loads(one.read_text())
@@ -172,7 +230,10 @@ def main() -> None:
             res["long_prompt_speedup"] = ref["long_prompt_s"] / res["long_prompt_s"]
     name = "tp_one.json" if a.phase == "one" else f"tp_{a.world}{a.tag}.json"
     (out / name).write_text(json.dumps(res, indent=1, default=str))
-    brief = {k: v for k, v in res.items() if k not in ("alone", "describe", "sums")}
+    brief = {k: v for k, v in res.items() if k not in ("alone", "describe", "sums", "skinny")}
+    if "skinny" in res:
+        brief["skinny"] = {k: v for k, v in res["skinny"].items() if k not in ("runs", "entries")}
+        brief["skinny"]["runs"] = [{k: v for k, v in r.items() if k != "alone"} for r in res["skinny"]["runs"]]
     if "sums" in res:
         brief["sums"] = {k: v for k, v in res["sums"].items() if k != "runs"}
         brief["sums"]["runs"] = [{k: v for k, v in r.items() if k != "alone"} for r in res["sums"]["runs"]]
