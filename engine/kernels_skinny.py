@@ -48,7 +48,7 @@ DEFAULT: SkinnyConfig | None = None
 # (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast. Measured on the H200
 # (us per product over >= 1 GiB of weight copies in one CUDA graph, cuBLAS beside it; engine/dev/PERF.md
 # runs 6 and 7): qwen3-8b at 16 rows (1 to 16 lanes), 32 rows (17 to 32) and 64 rows (33 to 64);
-# qwen3-32b at 16 rows (its other row counts: cuBLAS).
+# qwen3-32b at 16 rows, whole and one rank's at tensor parallel 2 (its other row counts: cuBLAS).
 CONFIGS: dict[tuple, SkinnyConfig | None] = {
     (6144, 4096): SkinnyConfig(64, 256, 4, 4),        # q/k/v   15.7 us vs cuBLAS 15.8
     (4096, 4096): SkinnyConfig(32, 128, 4, 6),        # o       12.0 us vs 13.4
@@ -70,6 +70,13 @@ CONFIGS: dict[tuple, SkinnyConfig | None] = {
     (51200, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 124.7 us vs 132.3
     (5120, 25600, 16): SkinnyConfig(32, 128, 4, 6, 2),  # down    70.5 us vs 72.1
     (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
+    # qwen3-32b at tensor parallel 2, one rank's shapes, 16 rows (engine/dev/PERF.md issue 15 round 4;
+    # cuBLAS at 4 rows, tp_check's round)
+    (5120, 5120, 16): None,                            # q/k/v   cuBLAS 16.0 us, best skinny 17.3
+    (5120, 4096, 16): None,                            # o       cuBLAS 13.8 us, best skinny 14.9
+    (25600, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 68.8 us vs 71.8 (GATED takes it)
+    (5120, 12800, 16): SkinnyConfig(64, 256, 4, 4),    # down    40.0 us vs 40.5
+    (75968, 5120, 16): SkinnyConfig(32, 128, 4, 6),    # lm_head 181.9 us vs 186.0
 }
 SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
 
@@ -183,8 +190,13 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
 
 # (2I, K, padded rows) -> config of the gated kernel (gate/up with silu*up folded in); absent:
 # the two kernels (linear, then silu_mul).
-# qwen3-8b at 16 rows, engine/dev/PERF.md run 7: 54.5 us against 58.2 for the two, bitwise equal to them.
-GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
+# qwen3-8b at 16 rows, engine/dev/PERF.md run 7: 54.5 us against 58.2 for the two, bitwise equal to them;
+# qwen3-32b at 16 rows, at N = 1 and one rank's at N = 2 (issue 15 round 4), bitwise equal to the two.
+GATED: dict[tuple[int, int, int], SkinnyConfig] = {
+    (24576, 4096, 16): SkinnyConfig(32, 256, 4, 4),
+    (51200, 5120, 16): SkinnyConfig(32, 128, 4, 6),   # 123.2 us vs 125.8 for the two
+    (25600, 5120, 16): SkinnyConfig(32, 128, 4, 6),   # N = 2: 66.7 us vs 71.3 (74.3 with cuBLAS's gate/up)
+}
 SHIPPED = (dict(CONFIGS), dict(GATED))
 
 

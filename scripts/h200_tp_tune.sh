@@ -24,8 +24,10 @@ tune() {  # name gpu args...
 }
 # GPU 0: q/k/v, o, gate/up and the gated kernel at N = 2; GPU 1: down, lm_head at N = 2, then the
 # gated kernel at N = 1 (its gate/up keeps the shipped config)
-tune tune_tp2_a "$G0" --tensor-parallel 2 --only qkv,o,gate_up &
-( tune tune_tp2_b "$G1" --tensor-parallel 2 --only silu+down,lm_head; tune tune_tp1 "$G1" --only gate_up --keep ) &
+# (call 2: A=qkv,o B=silu+down N1=0: the 5,120-column shapes again, with the round-4 tables shipped)
+tune tune_tp2_a "$G0" --tensor-parallel 2 --only "${A:-qkv,o,gate_up}" &
+( tune tune_tp2_b "$G1" --tensor-parallel 2 --only "${B:-silu+down,lm_head}"
+  if [ "${N1:-1}" = 1 ]; then tune tune_tp1 "$G1" --only gate_up --keep; fi ) &
 wait
 run() {  # name timeout args...
   local name=$1 t=$2; shift 2
@@ -33,7 +35,8 @@ run() {  # name timeout args...
     --out "$OUT" "$@" >"$OUT/$name.log" 2>&1
   echo "== $name rc $?"; grep -v Warning "$OUT/$name.log" | tail -2 | cut -c1-4000
 }
-run one "${T1:-150}" --phase one --skinny "$OUT/tune_tp1.json" --turns old,new,old,new
+if [ "${N1:-1}" = 1 ]; then run one "${T1:-150}" --phase one --skinny "$OUT/tune_tp1.json" --turns old,new,old,new
+else run one "${T1:-150}" --phase one; fi
 run tp "${T2:-240}" --phase tp --world 2 --skinny "$OUT/tune_tp2_a.json,$OUT/tune_tp2_b.json" \
-  --turns "old:$FUSED,new:$FUSED,new:$SYMM,old:$FUSED,new:$FUSED"
+  --turns "${TURNS:-old:$FUSED,new:$FUSED,new:$SYMM,old:$FUSED,new:$FUSED}"
 ls -la "$OUT"
