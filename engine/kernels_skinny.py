@@ -70,12 +70,12 @@ CONFIGS: dict[tuple, SkinnyConfig | None] = {
     (51200, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 124.7 us vs 132.3
     (5120, 25600, 16): SkinnyConfig(32, 128, 4, 6, 2),  # down    70.5 us vs 72.1
     (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
-    # qwen3-32b at tensor parallel 2, one rank's shapes, 16 rows (engine/dev/PERF.md issue 15 round 4;
-    # cuBLAS at 4 rows, tp_check's round)
+    # qwen3-32b at tensor parallel 2, one rank's shapes, 16 rows (engine/dev/PERF.md issue 15 round 4,
+    # calls 1 and 2; cuBLAS at 4 rows, tp_check's round)
     (5120, 5120, 16): None,                            # q/k/v   cuBLAS 16.0 us, best skinny 17.3
     (5120, 4096, 16): None,                            # o       cuBLAS 13.8 us, best skinny 14.9
     (25600, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 68.8 us vs 71.8 (GATED takes it)
-    (5120, 12800, 16): SkinnyConfig(64, 256, 4, 4),    # down    40.0 us vs 40.5
+    (5120, 12800, 16): SkinnyConfig(128, 128, 4, 4, 2),  # down  39.0 us vs 39.1 (64x256: 39.9; round -0.09 ms)
     (75968, 5120, 16): SkinnyConfig(32, 128, 4, 6),    # lm_head 181.9 us vs 186.0
 }
 SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)

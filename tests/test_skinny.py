@@ -127,3 +127,41 @@ x = torch.randn(3, 64, generator=g)
 assert torch.equal(S.gate_up_silu(x, w), silu_mul(F.linear(x, w)))
 print("ok")
 ''')
+
+
+def test_bench_shapes_are_one_ranks_weights():
+    """bench_skinny --tensor-parallel N times the matrices a rank holds: the tiny model's rank-0
+    shard (engine/tp_weights.py, fused as the engine fuses it) has exactly bench_skinny's shapes at
+    N = 1 and 2; qwen3-32b's at N = 2 are the halved shapes, and CONFIGS / GATED name each of them."""
+    import engine.kernels_skinny as S
+    from engine.dev.bench_skinny import shapes
+    from engine.presets import resolve_model
+    from engine.tp_weights import load_shard
+    for world in (1, 2):
+        m = load_shard(resolve_model("tiny")[0], "dummy", None, "cpu", "float32", 0, 0, world)
+        m.fuse()
+        a, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+        held = {"qkv": a.wqkv, "o": a.o_proj.weight, "gate_up": mlp.w_gate_up, "silu+down": mlp.down_proj.weight,
+                "lm_head": m.lm_head.weight}
+        assert {k: (n, kk) for k, (n, kk, _, _) in shapes("tiny", world).items()} == \
+               {k: tuple(w.shape) for k, w in held.items()}, world
+    s = shapes("qwen3-32b", 2)
+    assert [v[:2] for v in s.values()] == [(5120, 5120), (5120, 4096), (25600, 5120), (5120, 12800), (75968, 5120)]
+    assert all((n, k, 16) in S.CONFIGS for n, k, _, _ in s.values())
+    assert (25600, 5120, 16) in S.GATED and (51200, 5120, 16) in S.GATED
+
+
+def test_set_entries_adds_to_the_shipped_tables_and_restores_them():
+    """tp_check --skinny's tables: bench_skinny's entries on top of the shipped ones (a None entry:
+    cuBLAS), and with no entries exactly the shipped tables again."""
+    import engine.kernels_skinny as S
+    shipped = (dict(S.CONFIGS), dict(S.GATED))
+    c = {"block_n": 16, "block_k": 32, "num_warps": 4, "num_stages": 4, "split_k": 2}
+    S.set_entries([[48, 96, 16, c, 1.0, 2.0], [4096, 4096, 16, None, 13.0, 12.0]], [[96, 64, 16, c, 1.0, 2.0]])
+    try:
+        assert S.config_for(48, 96, 4) == S.SkinnyConfig(16, 32, split_k=2) and S.config_for(48, 96, 20) is None
+        assert S.config_for(4096, 4096, 8) is None  # the (N, K) entry is shadowed by the 16-row one
+        assert S.GATED[(96, 64, 16)] == S.SkinnyConfig(16, 32, split_k=2)
+    finally:
+        S.set_entries()
+    assert (S.CONFIGS, S.GATED) == shipped
