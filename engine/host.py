@@ -67,6 +67,7 @@ class LaneHost:
         self.counters = Counters()
         self.trace: TraceRing | None = TraceRing(self.cfg.trace_len) if self.cfg.trace else None
         self._inbox: list[Sequence] = []
+        self._flushes: dict[Callable[[], None], None] = {}  # consumers to wake (Sequence.flush), in order
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -137,7 +138,19 @@ class LaneHost:
         if runnable:
             self._decode_round(runnable)
             worked = True
+        self._flush()  # the round's tokens, every stream's, in one hand-off; cancels' ends
         return worked
+
+    def _emit(self, seq: Sequence, kind: str, payload) -> None:
+        seq.emit(kind, payload)
+        if seq.flush is not None:  # a queueing consumer: woken by _flush, once a step or round
+            self._flushes[seq.flush] = None
+
+    def _flush(self) -> None:
+        if self._flushes:
+            flushes, self._flushes = self._flushes, {}
+            for flush in flushes:
+                flush()
 
     def _take_inbox(self) -> None:
         with self._cv:
@@ -158,6 +171,7 @@ class LaneHost:
             self._end(seq, Status.CANCELLED, "cancelled")
         for seq in [s for s in (*self.prompts, *self.decoding) if s.cancel_requested]:
             self._end(seq, Status.CANCELLED, "cancelled")
+        self._flush()
 
     def _admit(self) -> None:
         while self.waiting and self.free:
@@ -274,6 +288,7 @@ class LaneHost:
             seq.status = Status.DECODE
             self.decoding.append(seq)
             self._emit_token(seq, tok, lps[0] if lps else None)
+            self._flush()  # a first token goes out now, not after the turn's other prompts
 
     def _decode_round(self, runnable: list[Sequence]) -> None:
         paying = self.policy.round_timed(bool(self.prompts))
@@ -345,7 +360,7 @@ class LaneHost:
         seq.output.append(tok)
         seq.pushed()
         self.counters.tokens_out += 1
-        seq.emit("token", tok)
+        self._emit(seq, "token", tok)
         eos = getattr(self.backend, "eos_token_ids", None) or (self.backend.eos_token_id,)  # any EOS ends it
         if tok in eos and not seq.ignore_eos:
             self._end(seq, Status.FINISHED, "stop")
@@ -367,13 +382,13 @@ class LaneHost:
             self.drafter.forget(seq.id)
         if status == Status.FINISHED:
             self.counters.finished += 1
-            seq.emit("done", reason)
+            self._emit(seq, "done", reason)
         elif status == Status.CANCELLED:
             self.counters.cancelled += 1
-            seq.emit("done", "cancelled")
+            self._emit(seq, "done", "cancelled")
         else:
             self.counters.failed += 1
-            seq.emit("error", reason)
+            self._emit(seq, "error", reason)
 
     def trace_steps(self) -> list[dict]:
         return self.trace.steps() if self.trace is not None else []
@@ -381,7 +396,4 @@ class LaneHost:
 
 def _common_prefix(a, b) -> int:
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return next((i for i in range(n) if a[i] != b[i]), n)
