@@ -176,7 +176,7 @@ class LaneHost:
     def _admit(self) -> None:
         while self.waiting and self.free:
             seq = self._pick_waiting()
-            lane, reuse = self._pick_lane(seq.prompt)
+            lane, reuse = self.policy.pick_lane(self.free, self.lane_rows, seq.prompt)
             self.free.remove(lane)
             self.lane_rows.pop(lane, None)
             seq.lane, seq.filled, seq.cached = lane, reuse, reuse
@@ -187,22 +187,6 @@ class LaneHost:
         seq = next((s for s in self.waiting if not s.background), self.waiting[0])
         self.waiting.remove(seq)
         return seq
-
-    def _pick_lane(self, prompt: list[int]) -> tuple[int, int]:
-        """The free lane holding the longest prefix of `prompt`, and how many rows to reuse:
-        rounded down to a cut boundary, so the resumed prompt runs the same cuts as a cold one,
-        and short of the last cut, which must run to give the first token."""
-        if not self.cfg.prompt_cache:
-            return self.free[0], 0
-        best, best_n = self.free[0], -1
-        for lane in self.free:
-            held = self.lane_rows.get(lane, ())
-            n = _common_prefix(held, prompt)
-            if n > best_n:
-                best, best_n = lane, n
-        last_cut_start = (len(prompt) - 1) // self.rows * self.rows
-        reuse = min(best_n // self.rows * self.rows, last_cut_start)
-        return best, max(reuse, 0)
 
     def _fill_prompts(self) -> bool:
         if not self.prompts:
@@ -393,7 +377,3 @@ class LaneHost:
     def trace_steps(self) -> list[dict]:
         return self.trace.steps() if self.trace is not None else []
 
-
-def _common_prefix(a, b) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
