@@ -140,13 +140,14 @@ class KernelConfig:
     # (engine/kernels_batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
     batch_cublas: bool = True
     # CUDA decode graph (Hopper): programmatic dependent launch for the round's Triton kernels (0 off,
-    # 1 wait only, 2 wait then launch the next kernel at once), and each skinny product asking L2 for
-    # the next matrix's first bytes. Measured no faster (engine/dev/PERF.md runs 12-13): off.
+    # 1 wait only, 2 wait then launch the next kernel at once; engine/kernels.py PDL). 2 measured
+    # -0.03 ms of a 4.76 ms qwen3-8b round, runs 12-13 +0.2 ms (engine/dev/PERF.md runs 12-16): off.
     pdl: int = 0
-    l2_prefetch: bool = False
-    # Tensor parallel on CUDA at two ranks: the decode round's sums through a one-shot all-reduce
-    # in symmetric memory (engine/tp_symm.py; the same bits as NCCL's) or NCCL's all_reduce.
-    tp_allreduce: str = "symm"  # symm | nccl
+    # Tensor parallel on CUDA at two ranks: "fused": each decode sum and the add + RMSNorm after it
+    # in one kernel (engine/tp_fused.py; qwen3-32b round 10.54 ms against 11.21, engine/dev/PERF.md
+    # issue 15 round 3), symm for the rest; "symm": a one-shot all-reduce in symmetric memory
+    # (engine/tp_symm.py); "nccl": NCCL's all_reduce. The same bits every way.
+    tp_allreduce: str = "fused"  # fused | symm | nccl
 
 
 @dataclass

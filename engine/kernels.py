@@ -25,7 +25,8 @@ BLOCK = 64
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
 # 0: off; 1: wait only (the next kernel launches as this one's programs finish); 2: wait, then
-# let the next kernel launch at once (its programs wait on the GPU for this one).
+# let the next kernel launch at once (its programs wait on the GPU for this one). Loading weights
+# before the wait, and letting the next kernel launch before it, measured no faster (PERF.md runs 15-16).
 PDL = 0
 
 

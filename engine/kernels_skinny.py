@@ -73,19 +73,6 @@ CONFIGS: dict[tuple, SkinnyConfig | None] = {
 }
 SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
 
-# L2 prefetch of the round's next matrix (sm_90 bulk prefetch, engine/dev/PERF.md run 12): when a
-# product ends, its programs ask L2 for the first bytes of the matrix the round multiplies next,
-# so those bytes stream in while the small kernels between the two run (attention, norms: the
-# memory bus idles there). Next matrix's shape (N, K) -> bytes to prefetch; empty: off. With it,
-# this kernel's own weight loads are marked evict-first, so streamed weights do not push the
-# prefetched lines out. Neither changes an arithmetic step, so no bit moves.
-PREFETCH: dict[tuple[int, int], int] = {}
-EVICT_FIRST = True  # with PREFETCH: this product's own weight loads evict-first
-PF_CHUNK = 4096  # bytes one bulk prefetch asks for
-_PF_ASM = tl.constexpr("{ .reg .pred q; setp.ne.b32 q, $2, 0; @q cp.async.bulk.prefetch.L2.global [$1], "
-           f"{PF_CHUNK}; mov.u32 $0, 0; }}")
-
-
 def block_m(m: int) -> int:
     """Rows a product is padded to for the tensor cores: 16, 32 or 64."""
     return max(16, triton.next_power_of_2(m))
@@ -111,29 +98,16 @@ def supports(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = Non
 
 
 @triton.jit
-def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
-    w = tl.load(wp, mask=wn, other=0.0, eviction_policy=EVICT)
+def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
+    w = tl.load(wp, mask=wn, other=0.0)
     x = tl.load(xp, mask=xm, other=0.0)
     return tl.dot(x, tl.trans(w), acc), xp + BLOCK_K, wp + BLOCK_K
 
 
 @triton.jit
-def _l2_prefetch(Nxt, n_chunks, prog, nprog, PF_ITERS: tl.constexpr, LANES: tl.constexpr, CHUNK: tl.constexpr):
-    """This program's share of chunks [0, n_chunks) of Nxt (CHUNK elements each): one bulk L2
-    prefetch per thread and step, program-major so each step asks for LANES adjacent chunks."""
-    t = tl.arange(0, LANES)
-    for j in tl.static_range(PF_ITERS):
-        c = (j * nprog + prog) * LANES + t
-        ok = (c < n_chunks).to(tl.int32)
-        p = Nxt + tl.minimum(c, n_chunks - 1).to(tl.int64) * CHUNK
-        tl.inline_asm_elementwise(_PF_ASM, "=r,l,r", [p, ok], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym, Nxt, n_chunks,
+def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
-                   SPLIT_K: tl.constexpr, PF_ITERS: tl.constexpr = 0, LANES: tl.constexpr = 128,
-                   CHUNK: tl.constexpr = 2048, EVICT: tl.constexpr = "", PDL_: tl.constexpr = 0):
+                   SPLIT_K: tl.constexpr, PDL_: tl.constexpr = 0):
     pdl_enter(PDL_)
     pid = tl.program_id(0)
     sk = tl.program_id(1)
@@ -148,12 +122,10 @@ def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_y
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_STEPS:  # the interpreter (older Triton's cannot loop to a run-time bound)
         for _ in range(0, K_STEPS):
-            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K, EVICT)
+            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     else:
         for _ in range(0, K // SPLIT_K, BLOCK_K):
-            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K, EVICT)
-    if PF_ITERS:
-        _l2_prefetch(Nxt, n_chunks, pid * SPLIT_K + sk, tl.num_programs(0) * SPLIT_K, PF_ITERS, LANES, CHUNK)
+            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
     ymask = xm & (rn[None, :] < N)
     if SPLIT_K == 1:
         tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=ymask)
@@ -172,18 +144,17 @@ def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_y
 
 
 @triton.jit
-def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr):
     x = tl.load(xp, mask=xm, other=0.0)
-    accg = tl.dot(x, tl.trans(tl.load(gp, mask=wn, other=0.0, eviction_policy=EVICT)), accg)
-    accu = tl.dot(x, tl.trans(tl.load(up, mask=wn, other=0.0, eviction_policy=EVICT)), accu)
+    accg = tl.dot(x, tl.trans(tl.load(gp, mask=wn, other=0.0)), accg)
+    accu = tl.dot(x, tl.trans(tl.load(up, mask=wn, other=0.0)), accu)
     return accg, accu, xp + BLOCK_K, gp + BLOCK_K, up + BLOCK_K
 
 
 @triton.jit
-def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym, Nxt, n_chunks,
+def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
-                  PF_ITERS: tl.constexpr = 0, LANES: tl.constexpr = 128, CHUNK: tl.constexpr = 2048,
-                  EVICT: tl.constexpr = "", PDL_: tl.constexpr = 0):
+                  PDL_: tl.constexpr = 0):
     """silu(x @ Wg^T) * (x @ Wu^T) for W = [Wg; Wu] ([2I, K]): each program owns BLOCK_N columns of
     both halves, then rounds as the unfused path does (each product to Y's dtype, silu to it)."""
     pdl_enter(PDL_)
@@ -200,12 +171,10 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym, Nxt, n_chun
     accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if K_STEPS:  # the interpreter
         for _ in range(0, K_STEPS):
-            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K, EVICT)
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
     else:
         for _ in range(0, K, BLOCK_K):
-            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K, EVICT)
-    if PF_ITERS:
-        _l2_prefetch(Nxt, n_chunks, pid, tl.num_programs(0), PF_ITERS, LANES, CHUNK)
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
     g = accg.to(Y.dtype.element_ty).to(tl.float32)
     u = accu.to(Y.dtype.element_ty).to(tl.float32)
     sg = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
@@ -218,69 +187,41 @@ def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym, Nxt, n_chun
 GATED: dict[tuple[int, int, int], SkinnyConfig] = {(24576, 4096, 16): SkinnyConfig(32, 256, 4, 4)}
 
 
-def prefetch_plan(cfg, window_bytes: int = 16 << 20) -> dict[tuple[int, int], int]:
-    """PREFETCH for a model: all of o_proj (attention's three kernels run between q/k/v and o: a
-    ~9 us window, ~35 MB at the bus's rate), `window_bytes` of q/k/v, gate/up and lm_head (one
-    add+norm kernel before each: ~2 us), half that of down (no kernel between gate/up and it)."""
-    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    return {(h, cfg.num_attention_heads * d): 1 << 40, ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d, h):
-            window_bytes, (2 * i, h): window_bytes, (h, i): window_bytes // 2, (cfg.vocab_size, h): window_bytes}
-
-
 class launch_mode:
-    """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`) and the
-    skinny products prefetch the next matrix (`prefetch`, a PREFETCH plan); the runner captures
-    its decode graph inside it. Restores the previous settings on exit."""
+    """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
+    engine/kernels.py PDL); the runner captures its decode graph inside it. Restores PDL on exit."""
 
-    def __init__(self, pdl: int = 0, prefetch: dict | None = None):
-        self.pdl, self.prefetch = int(pdl), dict(prefetch or {})
+    def __init__(self, pdl: int = 0):
+        self.pdl = int(pdl)
 
     def __enter__(self):
         import engine.kernels as K
-        self.saved = K.PDL, dict(PREFETCH)
-        K.PDL = self.pdl
-        PREFETCH.clear(); PREFETCH.update(self.prefetch)
+        self.saved, K.PDL = K.PDL, self.pdl
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
-        K.PDL = self.saved[0]
-        PREFETCH.clear(); PREFETCH.update(self.saved[1])
+        K.PDL = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
     return (bm + 2 * c.block_n) * c.block_k * 2 * c.num_stages
 
 
-def _prefetch(nxt: torch.Tensor | None, programs: int, c: SkinnyConfig, w: torch.Tensor) -> tuple[tuple, dict]:
-    """(Nxt, n_chunks) and the constexprs of the L2 prefetch of `nxt`'s first PREFETCH bytes
-    (nothing when off, under the interpreter, or for a matrix PREFETCH does not name)."""
-    want = 0 if nxt is None or INTERPRET else min(PREFETCH.get(tuple(nxt.shape), 0), nxt.numel() * nxt.element_size())
-    chunks = want // PF_CHUNK
-    if not chunks or not nxt.is_contiguous() or nxt.data_ptr() % 16:
-        return (w, 1), {}
-    lanes = 32 * c.num_warps
-    return (nxt, chunks), {"PF_ITERS": triton.cdiv(chunks, programs * lanes), "LANES": lanes,
-                           "CHUNK": PF_CHUNK // nxt.element_size(), "EVICT": "evict_first" if EVICT_FIRST else ""}
-
-
-def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None,
-                 nxt: torch.Tensor | None = None) -> torch.Tensor:
+def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """silu(gate) * up of x times the fused gate/up matrix w ([2I, K]) -> [M, I]: one kernel where
-    GATED (or `config`) has the shape, else linear() then silu_mul. nxt: the matrix multiplied
-    next (its first bytes prefetched into L2, PREFETCH)."""
+    GATED (or `config`) has the shape, else linear() then silu_mul."""
     m, (n, k) = x.shape[0], w.shape
     c = config or GATED.get((n, k, block_m(m)))
     if c is None or not supports(x, w, c) or n % 2 or gated_smem(c, block_m(m)) > SMEM_LIMIT:
         from engine.kernels_fused import silu_mul
-        return silu_mul(linear(x, w, nxt))
+        return silu_mul(linear(x, w))
     y = torch.empty(m, n // 2, dtype=w.dtype, device=w.device)
     grid = triton.cdiv(n // 2, c.block_n)
-    pf, pf_kw = _prefetch(nxt, grid, c, w)
     _gated_kernel[(grid,)](
-        x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0), *pf,
+        x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0),
         BLOCK_M=block_m(m), BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
-        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **pf_kw, **launch_opts())
+        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
     return y
 
 
@@ -296,10 +237,10 @@ def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None)
 _scratch: dict = {}  # split-K partials and arrival counters, one pair per shape
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, nxt: torch.Tensor | None = None) -> torch.Tensor:
+def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, out: torch.Tensor | None = None) -> torch.Tensor:
     m, (n, k) = x.shape[0], w.shape
     bm, grid_n = block_m(m), triton.cdiv(n, c.block_n)
-    y = torch.empty(m, n, dtype=w.dtype, device=w.device)
+    y = torch.empty(m, n, dtype=w.dtype, device=w.device) if out is None else out
     part = count = y
     if c.split_k > 1:  # allocated once per shape, before a graph capture uses it (warm-up rounds)
         key = (n, bm, grid_n, c.split_k, w.device)
@@ -307,18 +248,18 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, nxt: torch.Tensor
             _scratch[key] = (torch.empty(c.split_k, bm, n, dtype=torch.float32, device=w.device),
                              torch.zeros(grid_n, dtype=torch.int32, device=w.device))
         part, count = _scratch[key]
-    pf, pf_kw = _prefetch(nxt, grid_n * c.split_k, c, w)
     _skinny_kernel[(grid_n, c.split_k)](
-        x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0), *pf,
+        x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0),
         BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
         K_STEPS=k // (c.block_k * c.split_k) if INTERPRET else 0, SPLIT_K=c.split_k,
-        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **pf_kw, **launch_opts())
+        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
     return y
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, nxt: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w) for a decode round: skinny when it takes the shape. nxt: the matrix the
-    round multiplies next (its first PREFETCH bytes asked into L2 as this product ends)."""
+def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w) for a decode round: skinny when it takes the shape. out: a contiguous [M, N]
+    to write into (engine/tp_fused.py: symmetric memory), the same bits."""
     c = config_for(*w.shape, x.shape[0])
-    return _launch(x, w, c, nxt) if supports(x, w, c) else F.linear(x, w)
-
+    if supports(x, w, c):
+        return _launch(x, w, c, out)
+    return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)  # F.linear's mm for 2-D x

@@ -136,9 +136,21 @@ class Qwen3ForCausalLM(nn.Module):
         # Tensor parallel (engine/parallel.py): the sum across ranks after the row-parallel o and
         # down products; None (one rank): nothing to sum.
         self.tp_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # and, in the fused trunk, the sum fused with the add + norm after it (TensorParallel's
+        # fused_write / fused_add_norm); None: sum, then add_rmsnorm
+        self.tp_fused = None
 
     def _summed(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.tp_reduce is None else self.tp_reduce(y)
+
+    def _add_summed_norm(self, x, mm, a, w, norm_w, eps):
+        """add_rmsnorm(x, the sum over ranks of mm(a, w), norm_w): fused (engine/tp_fused.py) where
+        it takes the product, the same bits either way."""
+        from engine.kernels_fused import add_rmsnorm
+        f = self.tp_fused
+        if f is not None and f.fused_write(mm, a, w):
+            return f.fused_add_norm(x, norm_w, eps)
+        return add_rmsnorm(x, self._summed(mm(a, w)), norm_w, eps)
 
     # ---- set-up after the weights are in place -------------------------------------------
     def setup_rope(self, length: int) -> None:
@@ -224,13 +236,9 @@ class Qwen3ForCausalLM(nn.Module):
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
         rows) engine.kernels_skinny's where it measured faster, or `mm`'s."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
-        from engine.kernels_skinny import PREFETCH, gate_up_silu, linear
-        if mm is None and skinny and not PREFETCH:
+        from engine.kernels_skinny import gate_up_silu, linear
+        if mm is None and skinny:
             mm, act = linear, gate_up_silu
-        elif mm is None and skinny:  # each product prefetches the next one's weights (kernels_skinny.PREFETCH)
-            after = self.next_matrix()
-            mm = lambda h, w: linear(h, w, after.get(w.data_ptr()))  # noqa: E731
-            act = lambda h, w: gate_up_silu(h, w, nxt=after.get(w.data_ptr()))  # noqa: E731
         elif mm is None:
             mm, act = F.linear, (lambda h, w: silu_mul(F.linear(h, w)))
         else:
@@ -242,18 +250,11 @@ class Qwen3ForCausalLM(nn.Module):
             a, m = layer.self_attn, layer.mlp
             q = qk_norm_rope_write(mm(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
                                    kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
-            x, h = add_rmsnorm(x, self._summed(mm(attend(i, q), a.o_proj.weight)),
-                               layer.post_attention_layernorm.weight, eps)
+            x, h = self._add_summed_norm(x, mm, attend(i, q), a.o_proj.weight, layer.post_attention_layernorm.weight,
+                                         eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = add_rmsnorm(x, self._summed(mm(act(h, m.w_gate_up), m.down_proj.weight)), nxt, eps)
+            x, h = self._add_summed_norm(x, mm, act(h, m.w_gate_up), m.down_proj.weight, nxt, eps)
         return h
-
-    def next_matrix(self) -> dict[int, torch.Tensor]:
-        """A decode round's weight matrices in the order it multiplies them: {data_ptr: the next}."""
-        ws = [w for layer in self.model.layers for w in (layer.self_attn.wqkv, layer.self_attn.o_proj.weight,
-                                                         layer.mlp.w_gate_up, layer.mlp.down_proj.weight)]
-        ws.append(self.lm_head.weight)
-        return {a.data_ptr(): b for a, b in zip(ws, ws[1:]) if a is not None and b is not None}
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
                 fused: bool = False) -> torch.Tensor:

@@ -78,6 +78,9 @@ class TensorParallel:
     # CUDA, two ranks: the one-shot symmetric-memory sum for small tensors (engine/tp_symm.py),
     # the same bits as NCCL's; None: NCCL sums every tensor
     symm: object = None
+    # CUDA, two ranks: the small sums fused into the add + RMSNorm after them, the product written
+    # straight into symmetric memory (engine/tp_fused.FusedSums; the same bits); None: not fused
+    fused: object = None
     skip_sums: bool = False  # timing only (engine/dev/tp_check.py): the o/down sums left out, wrong logits
 
     @property
@@ -102,6 +105,15 @@ class TensorParallel:
         for r in range(2, self.world):
             out += parts[r]
         return out
+
+    def fused_write(self, mm, a: torch.Tensor, w: torch.Tensor) -> bool:
+        """This rank's partial product mm(a, w) into the fused sum's buffer (then `fused_add_norm`);
+        False: not fused here (none set up, timing-only skip, a product it does not take)."""
+        return self.fused is not None and not self.skip_sums and self.fused.write(mm, a, w)
+
+    def fused_add_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float):
+        """After fused_write: add_rmsnorm(x, the sum over ranks, w, eps) in one kernel."""
+        return self.fused.add_norm(x, w, eps)
 
     def symm_agrees(self, y: torch.Tensor) -> bool:
         """Whether the symmetric-memory sum of `y` has NCCL's bits (a check on the device)."""

@@ -298,10 +298,9 @@ class ModelRunner:
             self._h_in = torch.zeros(3, p, dtype=torch.long).pin_memory()
             self._s_in = torch.zeros(3, p, dtype=torch.long, device=self.device)
             self._s_in[2] = self.spare  # warm-up and capture write only the spare lane
-            from engine.kernels_skinny import launch_mode, prefetch_plan
+            from engine.kernels_skinny import launch_mode
             knobs = self.cfg.kernels
-            mode = launch_mode(pdl=knobs.pdl if self.fused else 0,
-                               prefetch=prefetch_plan(self.model_config) if self.skinny and knobs.l2_prefetch else None)
+            mode = launch_mode(pdl=knobs.pdl if self.fused else 0)
             with torch.inference_mode(), mode:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())

@@ -36,10 +36,7 @@ class SymmReduce:
         self.group = group or dist.group.WORLD
         self.name = self.group.group_name
         self.dtype = dtype
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch; 2.11 warns it is not
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                symm_mem.enable_symm_mem_for_group(self.name)
+        enable_group(self.name)
         self.buf = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buf, self.name)
         ops = torch.ops.symm_mem
@@ -62,22 +59,37 @@ class SymmReduce:
         return out
 
 
-def symm_reduce(group, device: torch.device, dtype: torch.dtype, world: int) -> SymmReduce | None:
-    """A SymmReduce where every rank could make one (CUDA, two ranks, bf16/fp32); else None, and
-    every rank keeps NCCL. Collective: every rank calls it at the same point."""
-    import torch.distributed as dist
+def enable_group(name: str) -> None:
+    """Symmetric memory for the group (needed by older torch; 2.11 warns it is not)."""
+    import torch.distributed._symmetric_memory as symm_mem
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm_mem.enable_symm_mem_for_group(name)
 
-    if device.type != "cuda" or world != 2 or dtype not in DTYPES:
-        return None
+
+def made_everywhere(make, group, device: torch.device, what: str, then: str):
+    """make() where every rank could make it; else None on every rank (a MIN over a one-element
+    all_reduce) and a warning: `what` not set up, `then`. Collective: every rank calls it at the
+    same point."""
+    import torch.distributed as dist
     made, why = None, ""
     try:
-        made = SymmReduce(group, device, dtype)
-    except Exception as exc:  # an old torch, no peer access: NCCL does every sum
+        made = make()
+    except Exception as exc:  # an old torch, no peer access, a smaller signal pad
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     ok = torch.tensor([1 if made is not None else 0], dtype=torch.int32, device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
     if not int(ok.item()):
-        log.warning("tensor parallel: symmetric-memory all-reduce not set up (%s): NCCL sums every tensor",
-                    why or "on another rank")
+        log.warning("tensor parallel: %s not set up (%s): %s", what, why or "on another rank", then)
         return None
     return made
+
+
+def symm_reduce(group, device: torch.device, dtype: torch.dtype, world: int) -> SymmReduce | None:
+    """A SymmReduce where every rank could make one (CUDA, two ranks, bf16/fp32); else None, and
+    every rank keeps NCCL. Collective: every rank calls it at the same point."""
+    if device.type != "cuda" or world != 2 or dtype not in DTYPES:
+        return None
+    return made_everywhere(lambda: SymmReduce(group, device, dtype), group, device,
+                           "symmetric-memory all-reduce", "NCCL sums every tensor")

@@ -1,5 +1,5 @@
 """Issue 14, round 3, first device call: (a) the decode round with programmatic dependent launch
-and with L2 prefetch of the next matrix, side by side with the current round (same weights, same
+(and, when it ran, with L2 prefetch of the next matrix: a knob removed in round 4), side by side with the current round (same weights, same
 CUDA graph shape, bitwise logits check); (b) cuBLAS at fixed padded row counts: which counts give
 each row the same bits whatever its place, their time against the row-invariant tiles, and eight
 200-token prompts at the lane host through them.
@@ -22,36 +22,21 @@ from engine.config import EngineConfig, KernelConfig
 
 RES = R2.RES
 say, save = R2.say, R2.save
-VARIANTS = {  # name -> KernelConfig changes (run 12)
-    "base": {},
-    "l2 prefetch": {"l2_prefetch": True},
-    "pdl": {"pdl": 2},
-    "pdl + l2 prefetch": {"pdl": 2, "l2_prefetch": True},
-}
+# name -> KernelConfig changes (run 12; its L2-prefetch variants went with that knob in round 4)
+VARIANTS = {"base": {}, "pdl": {"pdl": 2}}
 
 
-def sec_decode(base, variants=None, evict_variant=True, plans=None):
-    """variants: name -> KernelConfig changes; plans: name -> a PREFETCH plan used instead of
-    prefetch_plan's for that variant."""
-    import engine.kernels_skinny as S
+def sec_decode(base, variants=None):
+    """variants: name -> KernelConfig changes."""
     from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
     out = RES.setdefault("decode", {})
     cfg = base.cfg
     runners = {"base": base}
-    plan = S.prefetch_plan
     for name, kw in (variants or VARIANTS).items():
         if name != "base":
-            if plans and name in plans:
-                S.prefetch_plan = lambda cfg_, p_=plans[name]: p_
             runners[name] = ModelRunner(replace(cfg, kernels=KernelConfig(**kw)), model=base.model)
-            S.prefetch_plan = plan
         out[f"{name} graph"] = runners[name].graph is not None
-    if evict_variant:
-        S.EVICT_FIRST = False
-        runners["l2 prefetch, no evict-first"] = ModelRunner(replace(cfg, kernels=KernelConfig(l2_prefetch=True)),
-                                                             model=base.model)
-        S.EVICT_FIRST = True
     p = R2.prompt(128, 9)
     ref = None
     for name, r in runners.items():  # same prompt, same lane, own KV cache: logits bitwise equal?

@@ -1,5 +1,5 @@
-"""Issue 14, round 3, second device call: PDL wait-only and smaller L2 prefetches beside the round
-(run 12 measured both full forms slower); the short-prompt forward through cuBLAS at the row
+"""Issue 14, round 3, second device call: PDL wait-only and (when it ran) smaller L2 prefetches
+beside the round (run 12 measured both full forms slower; the prefetch knob went in round 4); the short-prompt forward through cuBLAS at the row
 counts the runner's start-up check adopts (padded once a forward), eight 200-token prompts at the
 lane host in one forward and in forwards of up to 1,024 or 800 rows.
 
@@ -20,14 +20,11 @@ import engine.kernels_batch as B
 from engine.config import EngineConfig, KernelConfig
 
 RES, say, save = R2.RES, R2.say, R2.save
-MB = 1 << 20
 
 
 def sec_decode(base):
-    o = (4096, 4096)
-    C1.sec_decode(base, {"base": {}, "pdl wait only": {"pdl": 1}, "pdl": {"pdl": 2},
-                         "prefetch o, 34 MB": {"l2_prefetch": True}, "prefetch o, 8 MB": {"l2_prefetch": True}},
-                  evict_variant=False, plans={"prefetch o, 34 MB": {o: 64 * MB}, "prefetch o, 8 MB": {o: 8 * MB}})
+    # run 13 also timed L2 prefetches of o (34 / 8 MB): that knob was removed in round 4
+    C1.sec_decode(base, {"base": {}, "pdl wait only": {"pdl": 1}, "pdl": {"pdl": 2}})
 
 
 def sec_host(base):

@@ -85,9 +85,11 @@ def decode_ms(be, tok: int, pos: int, rounds: int) -> float:
 def sums_split(be, cfg: EngineConfig, vocab: int, rounds: int, order: list[str]) -> dict:
     """The decode round with its o/down sums through each way in `order` (TPRunner.set_sums, on
     every rank), in turn: ms a round, and (but "skip", whose logits are wrong) the exactness
-    checks. Also whether the symmetric-memory sum has NCCL's bits at a few row counts."""
+    checks. Also whether the symmetric-memory sum has NCCL's bits at a few row counts, and the
+    fused sum + add + RMSNorm the bits of the sum then add_rmsnorm."""
     prompts = [[(i * 7919 + k * 104729) % min(vocab, 50_000) for i in range(300 + 37 * k)] for k in range(2)]
-    out = {"agrees": {r: be._both("symm_agrees", (r,), {}) for r in (1, 4, 64)}, "runs": []}
+    out = {"agrees": {r: be._both("symm_agrees", (r,), {}) for r in (1, 4, 64)},
+           "fused_agrees": {r: be._both("fused_agrees", (r,), {}) for r in (1, 4, 64)}, "runs": []}
     for how in order:
         if not be._both("set_sums", (how,), {}):
             out["runs"].append({"how": how, "set": False})
@@ -101,7 +103,9 @@ def sums_split(be, cfg: EngineConfig, vocab: int, rounds: int, order: list[str])
         out["runs"].append(run)
     ran = [r for r in out["runs"] if r.get("alone")]
     out["tokens_equal_among_sums"] = all(r["alone"] == ran[0]["alone"] for r in ran)
-    for how in ("nccl", "skip", "symm"):
+    fused, symm = ([r["alone"] for r in ran if r["how"] == how] for how in ("fused", "symm"))
+    out["fused_tokens_equal_symm"] = bool(fused and symm) and all(f == symm[0] for f in fused)
+    for how in ("nccl", "skip", "symm", "fused"):
         ms = [r["decode_ms_median"] for r in out["runs"] if r["how"] == how and r["set"]]
         out[f"{how}_ms"] = statistics.median(ms) if ms else None
     return out
@@ -130,14 +134,17 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=32_768)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--out", default="/tmp/out")
-    ap.add_argument("--sums", default="", help="phase tp, world 2: ways to sum in turn, e.g. nccl,skip,symm")
+    ap.add_argument("--sums", default="", help="phase tp, world 2: ways to sum in turn, e.g. nccl,skip,symm,fused")
     ap.add_argument("--no-skinny", action="store_true", help="decode matmuls through cuBLAS, not the Triton skinny ones")
     ap.add_argument("--tag", default="", help="a suffix of the phase's json name")
+    ap.add_argument("--parallel", type=int, default=4, help="lanes (rows of a decode round)")
+    ap.add_argument("--pdl", type=int, default=0, help="KernelConfig.pdl: 0 off, 1 wait only, 2 wait then launch")
     a = ap.parse_args()
     cuda = a.device == "cuda"
-    cfg = EngineConfig(model=a.model, device=a.device, dtype="bfloat16" if cuda else "float32", parallel=4,
+    cfg = EngineConfig(model=a.model, device=a.device, dtype="bfloat16" if cuda else "float32", parallel=a.parallel,
                        max_model_len=max(2048, a.long + 1024), prefill_rows=1024 if cuda else 64,
-                       kernels=KernelConfig(skinny=not a.no_skinny))
+                       kernels=KernelConfig(skinny=not a.no_skinny, pdl=a.pdl,
+                                            tp_allreduce="fused" if "fused" in a.sums else KernelConfig.tp_allreduce))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
