@@ -9,6 +9,7 @@ batch is delivered in the order its events were emitted, batches in the order th
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from typing import Callable
 
@@ -16,11 +17,13 @@ _boxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class Outbox:
-    """One per event loop. `put` and `flush` run on the host thread only."""
+    """One per event loop. `put` and `flush` run on a lane host's thread (a lock, should two hosts
+    share a loop)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.items: list[tuple[Callable[[tuple], None], tuple]] = []
+        self._lock = threading.Lock()
 
     @staticmethod
     def of(loop: asyncio.AbstractEventLoop) -> "Outbox":
@@ -30,12 +33,14 @@ class Outbox:
         return box
 
     def put(self, deliver: Callable[[tuple], None], event: tuple) -> None:
-        self.items.append((deliver, event))
+        with self._lock:
+            self.items.append((deliver, event))
 
     def flush(self) -> None:
         if not self.items:
             return
-        items, self.items = self.items, []
+        with self._lock:
+            items, self.items = self.items, []
         if not self.loop.is_closed():  # a server shutting down has no one left to tell
             self.loop.call_soon_threadsafe(_deliver, items)
 
