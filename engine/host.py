@@ -9,7 +9,8 @@ A turn:
   2. run the prompts the policy sends in whole, then the long step it allows, if any (a backend
      with `batch_cuts` set fills several short greedy prompts' cuts in one `prefill_many`
      forward, each cut with the bits it has alone);
-  3. one decode round for every runnable stream;
+  3. one decode round for every runnable stream; what a step or round emitted is handed to its
+     consumer once (`Sequence.flush`), not once a token;
   4. with nothing to do, block until something arrives.
 """
 from __future__ import annotations
@@ -138,7 +139,7 @@ class LaneHost:
         if runnable:
             self._decode_round(runnable)
             worked = True
-        self._flush()  # the round's tokens, every stream's, in one hand-off; cancels' ends
+        self._flush()  # the round's tokens, every stream's, in one hand-off (and failed steps' ends)
         return worked
 
     def _emit(self, seq: Sequence, kind: str, payload) -> None:

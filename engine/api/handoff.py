@@ -2,9 +2,10 @@
 
 The host emits a round's tokens (each appended here) and then flushes once, so the loop is woken
 once a round, not once a token. Each wake-up writes the loop's self-pipe, and the woken HTTP
-thread was placed on the host thread's core and preempted it: at 8 streams ~1.5 ms a round of
-run-queue waits on a loaded 2-core box (engine/dev/PERF.md, issue 13, serving). Order is kept: a
-batch is delivered in the order its events were emitted, batches in the order they were flushed.
+thread was placed on the host thread's core and preempted it: 1.0-1.5 ms a round of run-queue
+waits at 4-8 streams on a 2-core box while other processes held the other core (neutral in the
+served aggregate at lighter load: engine/dev/PERF.md, issue 13, serving). Order is kept: a batch
+is delivered in the order its events were emitted, batches in the order they were flushed.
 """
 from __future__ import annotations
 
