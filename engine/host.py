@@ -9,7 +9,8 @@ A turn:
   2. run the prompts the policy sends in whole, then the long step it allows, if any (a backend
      with `batch_cuts` set fills several short greedy prompts' cuts in one `prefill_many`
      forward, each cut with the bits it has alone);
-  3. one decode round for every runnable stream;
+  3. one decode round for every runnable stream; what a step or round emitted is handed to its
+     consumer once (`Sequence.flush`), not once a token;
   4. with nothing to do, block until something arrives.
 """
 from __future__ import annotations
@@ -67,6 +68,7 @@ class LaneHost:
         self.counters = Counters()
         self.trace: TraceRing | None = TraceRing(self.cfg.trace_len) if self.cfg.trace else None
         self._inbox: list[Sequence] = []
+        self._flushes: dict[Callable[[], None], None] = {}  # consumers to wake (Sequence.flush), in order
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -137,7 +139,19 @@ class LaneHost:
         if runnable:
             self._decode_round(runnable)
             worked = True
+        self._flush()  # the round's tokens, every stream's, in one hand-off (and failed steps' ends)
         return worked
+
+    def _emit(self, seq: Sequence, kind: str, payload) -> None:
+        seq.emit(kind, payload)
+        if seq.flush is not None:  # a queueing consumer: woken by _flush, once a step or round
+            self._flushes[seq.flush] = None
+
+    def _flush(self) -> None:
+        if self._flushes:
+            flushes, self._flushes = self._flushes, {}
+            for flush in flushes:
+                flush()
 
     def _take_inbox(self) -> None:
         with self._cv:
@@ -158,11 +172,12 @@ class LaneHost:
             self._end(seq, Status.CANCELLED, "cancelled")
         for seq in [s for s in (*self.prompts, *self.decoding) if s.cancel_requested]:
             self._end(seq, Status.CANCELLED, "cancelled")
+        self._flush()
 
     def _admit(self) -> None:
         while self.waiting and self.free:
             seq = self._pick_waiting()
-            lane, reuse = self._pick_lane(seq.prompt)
+            lane, reuse = self.policy.pick_lane(self.free, self.lane_rows, seq.prompt)
             self.free.remove(lane)
             self.lane_rows.pop(lane, None)
             seq.lane, seq.filled, seq.cached = lane, reuse, reuse
@@ -173,22 +188,6 @@ class LaneHost:
         seq = next((s for s in self.waiting if not s.background), self.waiting[0])
         self.waiting.remove(seq)
         return seq
-
-    def _pick_lane(self, prompt: list[int]) -> tuple[int, int]:
-        """The free lane holding the longest prefix of `prompt`, and how many rows to reuse:
-        rounded down to a cut boundary, so the resumed prompt runs the same cuts as a cold one,
-        and short of the last cut, which must run to give the first token."""
-        if not self.cfg.prompt_cache:
-            return self.free[0], 0
-        best, best_n = self.free[0], -1
-        for lane in self.free:
-            held = self.lane_rows.get(lane, ())
-            n = _common_prefix(held, prompt)
-            if n > best_n:
-                best, best_n = lane, n
-        last_cut_start = (len(prompt) - 1) // self.rows * self.rows
-        reuse = min(best_n // self.rows * self.rows, last_cut_start)
-        return best, max(reuse, 0)
 
     def _fill_prompts(self) -> bool:
         if not self.prompts:
@@ -274,6 +273,7 @@ class LaneHost:
             seq.status = Status.DECODE
             self.decoding.append(seq)
             self._emit_token(seq, tok, lps[0] if lps else None)
+            self._flush()  # a first token goes out now, not after the turn's other prompts
 
     def _decode_round(self, runnable: list[Sequence]) -> None:
         paying = self.policy.round_timed(bool(self.prompts))
@@ -345,7 +345,7 @@ class LaneHost:
         seq.output.append(tok)
         seq.pushed()
         self.counters.tokens_out += 1
-        seq.emit("token", tok)
+        self._emit(seq, "token", tok)
         eos = getattr(self.backend, "eos_token_ids", None) or (self.backend.eos_token_id,)  # any EOS ends it
         if tok in eos and not seq.ignore_eos:
             self._end(seq, Status.FINISHED, "stop")
@@ -367,21 +367,14 @@ class LaneHost:
             self.drafter.forget(seq.id)
         if status == Status.FINISHED:
             self.counters.finished += 1
-            seq.emit("done", reason)
+            self._emit(seq, "done", reason)
         elif status == Status.CANCELLED:
             self.counters.cancelled += 1
-            seq.emit("done", "cancelled")
+            self._emit(seq, "done", "cancelled")
         else:
             self.counters.failed += 1
-            seq.emit("error", reason)
+            self._emit(seq, "error", reason)
 
     def trace_steps(self) -> list[dict]:
         return self.trace.steps() if self.trace is not None else []
 
-
-def _common_prefix(a, b) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

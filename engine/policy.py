@@ -3,6 +3,7 @@ the clock must be read, and which streams are paused. It decides on plain `Seque
 numbers; engine/host.py executes its decisions and never re-derives them.
 
 Each turn the host asks, in order:
+  0. `pick_lane(...)`: the free lane a waiting prompt goes to (the prompt cache, then adjacency);
   1. `fill_order(prompts)`: foreground before background, then aged (waited past `aging_s`), then
      fewest rows left, then arrival;
   2. `goes_whole(seq)`: a prompt with at most SHORT_ROWS rows left (every prompt in `whole`
@@ -78,6 +79,7 @@ class LanePolicy:
         self.aging_s = cfg.aging_s
         self.out_queue = cfg.out_queue
         self.clock = clock
+        self.prompt_cache, self.rows = cfg.prompt_cache, cfg.prefill_rows
 
     # ---- pausing: the one rule, asked by the host and the server -----------------------------
     def is_paused(self, seq: Sequence) -> bool:
@@ -117,3 +119,29 @@ class LanePolicy:
         """Time this decode round? Only to pay debt down, and debt needs a prompt waiting."""
         self.budget.settle(prompts_waiting, True)
         return self.budget.owes
+
+    # ---- lanes -------------------------------------------------------------------------------------
+    def pick_lane(self, free: list[int], lane_rows: dict[int, list[int]], prompt: list[int]) -> tuple[int, int]:
+        """The free lane holding the longest prefix of `prompt` (`free` in the order the lanes were
+        freed, `lane_rows` what each still holds), and how many rows to reuse: rounded down to a cut
+        boundary, so the resumed prompt runs the same cuts as a cold one, and short of the last cut,
+        which must run to give the first token. Ties: the lowest lane holding no complete cut
+        (streams in adjacent lanes share one run of decode attention: 4 streams in lanes 6,7,0,1
+        cost ~0.5 ms a round more than in 0-3, engine/dev/PERF.md issue 13 serving), else the lane
+        freed longest ago (its cut is the oldest to lose)."""
+        if not self.prompt_cache:
+            return min(free), 0
+        prefix = {lane: common_prefix(lane_rows.get(lane, ()), prompt) for lane in free}
+
+        def rank(i: int) -> tuple:
+            keeps = len(lane_rows.get(free[i], ())) >= self.rows
+            return -prefix[free[i]], keeps, i if keeps else free[i]
+        best = free[min(range(len(free)), key=rank)]
+        last_cut_start = (len(prompt) - 1) // self.rows * self.rows
+        reuse = min(prefix[best] // self.rows * self.rows, last_cut_start)
+        return best, max(reuse, 0)
+
+
+def common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)

@@ -33,6 +33,9 @@ class Sequence:
     # emit(kind, payload) is called on the host thread: kind is "token" (an int), "done"
     # (finish reason) or "error" (a message). The server turns it into SSE events.
     emit: Callable[[str, object], None] = lambda kind, payload: None
+    # set when emit only queues (engine/api/handoff.py): the host calls it once after a step's or
+    # a round's emits, so the consumer is woken once a round, not once a token
+    flush: Callable[[], None] | None = None
     id: int = field(default_factory=lambda: next(_ids))
     status: Status = Status.WAITING
     lane: int | None = None

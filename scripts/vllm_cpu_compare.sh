@@ -9,7 +9,8 @@
 #    vocab 8,192, bf16 safetensors) under runs/ (git-ignored);
 # 3. serves it with both engines and measures them in turns: `python -m engine.dev.serve_compare`
 #    (decode tok/s at 1/2/4/8 streams of 256 tokens, a cold 4,096-token prompt's first token),
-#    printing the table and writing runs/vllm_cpu_compare.json.
+#    printing the table and writing runs/vllm_cpu_compare.json. With BASELINE=TREE (e.g. /work/main)
+#    a second tfengine served from that checkout is measured in the same turns (before/after).
 # vLLM's caches go under VENV_DIR/../cache, never the home directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +27,5 @@ DIR=runs/qwen3-random-512
 [ -f "$DIR/config.json" ] || PYTHONPATH=$PWD "$PY" -m engine.dev.random_qwen3 "$DIR"
 echo "load before: $(cat /proc/loadavg 2>/dev/null || uptime)"
 PYTHONPATH=$PWD "$PY" -m engine.dev.serve_compare --model-dir "$DIR" --vllm "$VENV/bin/python" \
-    --reps "$REPS" --logs runs/vllm_cpu_compare_logs --json runs/vllm_cpu_compare.json
+    --reps "$REPS" --logs runs/vllm_cpu_compare_logs --json runs/vllm_cpu_compare.json ${BASELINE:+--baseline "$BASELINE"}
 echo "load after: $(cat /proc/loadavg 2>/dev/null || uptime)"

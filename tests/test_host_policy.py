@@ -332,3 +332,35 @@ def test_failed_decode_round_ends_its_streams_and_frees_their_lanes_without_cach
     host.submit(c)
     run_turns(host, 3, c)
     assert c.status == Status.FINISHED and c.cached == 0 and host.counters.failed == 2
+
+
+def test_pick_lane_prefers_the_prefix_then_the_lowest_lane_with_no_cut_to_lose():
+    host, _, _ = make(parallel=8)
+    pick = host.policy.pick_lane
+    cached = [(3 * i) % 500 for i in range(600)]  # two complete cuts and more
+    free = [6, 7, 0, 1, 2, 3, 4, 5]  # the order they were freed
+    assert pick(free, {}, [1] * 10) == (0, 0)  # not 6: streams then sit in adjacent lanes
+    rows = {0: cached, 1: [1] * 5}  # lane 1's 5 rows are no complete cut: nothing to lose there
+    assert pick(free, rows, [2] * 10) == (1, 0)
+    assert pick(free, rows, cached[:300] + [9] * 50) == (0, R)  # the prefix still wins
+    every = {lane: [lane + 1] * R for lane in free}
+    assert pick(free, every, [1000] * 10) == (6, 0)  # all hold a cut: the one freed longest ago
+
+
+def test_four_streams_after_a_sweep_and_a_long_prompt_take_adjacent_lanes():
+    """serve_compare's order: 2 short streams, a long prompt, then 4 streams."""
+    host, _, _ = make(share=1.0, parallel=8)
+    warm = [seq(10, max_tokens=2, tag=t) for t in (1, 2)]
+    for s in warm:
+        host.submit(s)
+    run_turns(host, 4, *warm)
+    long_ = seq(600, max_tokens=1, tag=3)
+    host.submit(long_)
+    run_turns(host, 4, long_)
+    four = [seq(10, max_tokens=50, tag=t) for t in (4, 5, 6, 7)]
+    for s in four:
+        host.submit(s)
+    host.turn()
+    lanes = sorted(s.lane for s in four)
+    assert lanes == list(range(lanes[0], lanes[0] + 4)) and lanes[0] > 0  # adjacent; the cut in 0 kept
+    assert host.lane_rows[0] == long_.prompt

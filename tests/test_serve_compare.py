@@ -51,3 +51,14 @@ def test_bench_finds_an_installed_vllm(monkeypatch, tmp_path):
     b.DEFAULT_VLLM.parent.mkdir(parents=True)
     b.DEFAULT_VLLM.touch()
     assert b.find_vllm(None) == b.DEFAULT_VLLM
+
+
+def test_a_baseline_tfengine_gets_its_own_column_and_ratio(tmp_path):
+    """`--baseline TREE`: main's tfengine beside this tree's and vLLM, each over vLLM."""
+    base = sc.tfengine_server(tmp_path / "m", tmp_path, tmp_path / "main")
+    assert base.name == "tfengine main" and base.env["PYTHONPATH"] == str((tmp_path / "main").absolute())
+    med = {"tfengine": fig(60, 330, 2.0), base.name: fig(50, 300, 2.0), "vLLM": fig(100, 600, 1.0)}
+    rows = sc.table_rows(med)
+    assert rows[0] == ["aggregate tok/s, 1 stream", "60", "50", "100", "0.60x", "0.50x"]
+    out = {"engines": med, "vllm_skipped": None, "loadavg": (1.0, 1.0, 1.0), "command": "x"}
+    assert "| what | tfengine | tfengine main | vLLM | tfengine / vLLM | tfengine main / vLLM |" in sc.markdown(out)

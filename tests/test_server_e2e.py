@@ -193,6 +193,26 @@ def test_four_concurrent_streams_equal_the_plain_replies(server, plain_server):
     assert got == plain
 
 
+def test_a_client_gone_mid_round_leaves_its_neighbours_every_token_in_order(server, plain_server):
+    """Tokens reach the HTTP loop a round at a time (engine/api/handoff.py): three streams share
+    rounds with one whose client leaves after 3 tokens; each still gets one chunk a token, in order,
+    with the plain reply's ids, and the gone stream's lane is freed."""
+    bodies = [{"prompt": prompt_ids(n, 40 + n), "max_tokens": 40, "ignore_eos": True} for n in (6, 9, 12)]
+    plain = [httpx.post(plain_server + "/v1/completions", json=b).json()["choices"][0]["token_ids"] for b in bodies]
+    gone = {"prompt": prompt_ids(7, 77), "max_tokens": 3000, "ignore_eos": True}
+    before = metrics(server)["tfengine_cancelled_streams_total"]
+
+    async def together():
+        return await asyncio.gather(stream(server, gone, stop_after=3), *(stream(server, b) for b in bodies))
+
+    (gone_events, _), *rest = asyncio.run(together())
+    assert len(gone_events) == 3
+    for (events, final), ids in zip(rest, plain):
+        assert [len(e["choices"][0]["token_ids"]) for e in events] == [1] * 40
+        assert ids_of(events) == ids and final["choices"][0]["finish_reason"] == "length"
+    assert wait_idle(server)["tfengine_cancelled_streams_total"] == before + 1
+
+
 def test_injected_step_failure_leaves_the_neighbour_untouched(tmp_path, plain_server):
     a_body = {"prompt": prompt_ids(8, 5), "max_tokens": 60, "ignore_eos": True}  # one cut: step 1
     reference = httpx.post(plain_server + "/v1/completions", json=a_body).json()["token_sha"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..sampling import SamplingParams
 from ..sequence import Sequence
+from .handoff import Outbox
 from .params import GenRequest
 from .render import Logprobs, token_sha, usage
 from .text import ChoiceText
@@ -53,10 +54,11 @@ class Generation:
                 self.choices.append(Choice(index, seq, text))
 
     def submit(self) -> None:
-        loop = asyncio.get_running_loop()
+        box = Outbox.of(asyncio.get_running_loop())
+        put, deliver = box.put, self.events.put_nowait
         for c in self.choices:
-            c.seq.emit = (lambda kind, payload, i=c.index:
-                          loop.call_soon_threadsafe(self.events.put_nowait, (i, kind, payload)))
+            c.seq.emit = lambda kind, payload, i=c.index: put(deliver, (i, kind, payload))
+            c.seq.flush = box.flush  # the host wakes the loop once a round (engine/api/handoff.py)
             self.host.submit(c.seq)
 
     @property

@@ -105,6 +105,8 @@ class StreamWriter:
 
     async def _send(self, data: bytes) -> None:
         await self.resp.write(data)
+        if not getattr(self.request.protocol, "writing_paused", True):
+            return  # drain() would return at once: spare a wait_for task a token
         try:
             await asyncio.wait_for(self.request.writer.drain(), self.stall)
         except asyncio.TimeoutError:

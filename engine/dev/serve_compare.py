@@ -14,7 +14,9 @@ an idle vLLM keeps polling threads busy), and reports medians:
 tfengine runs with its defaults (only --max-model-len 8192 so a 4,096-token prompt fits);
 vLLM with its defaults as PEERS notes say (`--skip-tokenizer-init`, `--max-model-len 16384`,
 caches in VENV/../cache, VLLM_CPU_KVCACHE_SPACE=2). Without --vllm, or when that python
-is missing, only tfengine is measured and the vLLM column says why.
+is missing, only tfengine is measured and the vLLM column says why. `--baseline TREE` adds a
+second tfengine served from another checkout (e.g. main's, `PYTHONPATH=TREE`), measured in the same
+turns: a change's before and after beside vLLM, from one run.
 """
 from __future__ import annotations
 
@@ -95,11 +97,15 @@ class Server:
                 self.proc.wait()
 
 
-def tfengine_server(model_dir: Path, logs: Path) -> Server:
+def tfengine_server(model_dir: Path, logs: Path, tree: Optional[Path] = None) -> Server:
+    """tfengine with its defaults; from the checkout `tree` (its own name) when given."""
     port = free_port()
     cmd = [sys.executable, "-m", "engine", "serve", "--model", str(model_dir), "--load-format", "safetensors",
            "--max-model-len", str(2 * LONG_PROMPT), "--port", str(port)]
-    return Server("tfengine", cmd, dict(os.environ), port, logs / "tfengine.log")
+    if tree is None:
+        return Server("tfengine", cmd, dict(os.environ), port, logs / "tfengine.log")
+    name = f"tfengine {tree.absolute().name}"
+    return Server(name, cmd, dict(os.environ, PYTHONPATH=str(tree.absolute())), port, logs / f"{name}.log".replace(" ", "-"))
 
 
 def vllm_server(python: Path, model_dir: Path, logs: Path) -> Server:
@@ -206,25 +212,31 @@ def measure(servers: list[Server], reps: int, vocab: int, seed: int = 0, say=pri
     return figs
 
 
+def ratio_names(names) -> list[str]:
+    """Each tfengine over vLLM, where vLLM ran."""
+    return [f"{n} / vLLM" for n in names if n != "vLLM"] if "vLLM" in names and len(names) > 1 else []
+
+
 def table_rows(med: dict[str, dict]) -> list[list[str]]:
-    """Rows: what, then one column per engine, then tfengine / vLLM where both ran."""
+    """Rows: what, then one column per engine, then each tfengine / vLLM where vLLM ran."""
     names = list(med)
     med = {n: {**med[n], "sweep": {int(k): v for k, v in med[n]["sweep"].items()}} for n in names}  # JSON keys
     rows = []
     for k in STREAMS:
         vals = [med[n]["sweep"].get(k, {}).get("agg_tok_s") for n in names]
-        rows.append([f"aggregate tok/s, {k} stream{'s' if k > 1 else ''}", *_fmt(vals, "{:.0f}")])
+        rows.append([f"aggregate tok/s, {k} stream{'s' if k > 1 else ''}", *_fmt(vals, "{:.0f}", names)])
     vals = [med[n]["sweep"].get(1, {}).get("stream_tok_s") for n in names]
-    rows.append(["one stream's rate after its first token", *_fmt(vals, "{:.0f}")])
+    rows.append(["one stream's rate after its first token", *_fmt(vals, "{:.0f}", names)])
     vals = [med[n]["long_first_token_s"] for n in names]
-    rows.append([f"{LONG_PROMPT}-token cold prompt alone: first token (s)", *_fmt(vals, "{:.2f}")])
+    rows.append([f"{LONG_PROMPT}-token cold prompt alone: first token (s)", *_fmt(vals, "{:.2f}", names)])
     return rows
 
 
-def _fmt(vals, f) -> list[str]:
+def _fmt(vals, f, names) -> list[str]:
     out = [f.format(v) if v is not None else "-" for v in vals]
-    if len(vals) == 2:
-        out.append(f"{vals[0] / vals[1]:.2f}x" if None not in vals and vals[1] else "")
+    if ratio_names(names):
+        ref = vals[names.index("vLLM")]
+        out += [f"{v / ref:.2f}x" if v is not None and ref else "" for n, v in zip(names, vals) if n != "vLLM"]
     return out
 
 
@@ -241,11 +253,12 @@ def build_cpu_round(say=print) -> None:
         say(f"  not built ({e}): tfengine runs its Python round")
 
 
-def compare(model_dir: Path, vllm: Optional[Path], reps: int, logs: Path, say=print) -> dict:
+def compare(model_dir: Path, vllm: Optional[Path], reps: int, logs: Path, say=print,
+            baseline: Optional[Path] = None) -> dict:
     """Start the servers, measure in turns, stop them. Returns {"engines": ..., "vllm_skipped": why}."""
     logs.mkdir(parents=True, exist_ok=True)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    servers = [tfengine_server(model_dir, logs)]
+    servers = [tfengine_server(model_dir, logs)] + ([tfengine_server(model_dir, logs, baseline)] if baseline else [])
     skipped = None
     if vllm is None:
         skipped = "no --vllm python given (scripts/vllm_cpu_compare.sh installs vLLM for CPU)"
@@ -278,8 +291,9 @@ def main(
     logs: Annotated[Path, typer.Option(help="server logs go here")] = Path("runs/serve_compare"),
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None,
     md: Annotated[Optional[Path], typer.Option(help="write the table as a Markdown receipt here")] = None,
+    baseline: Annotated[Optional[Path], typer.Option(help="also serve tfengine from this checkout (e.g. main's)")] = None,
 ):
-    out = compare(model_dir, vllm, reps, logs)
+    out = compare(model_dir, vllm, reps, logs, baseline=baseline)
     out["command"] = " ".join(["python -m engine.dev.serve_compare", *sys.argv[1:]])
     print_table(out)
     if json_path:
@@ -290,7 +304,7 @@ def main(
 
 def markdown(out: dict) -> str:
     med = out["engines"]
-    head = ["what", *med] + (["tfengine / vLLM"] if len(med) == 2 else [])
+    head = ["what", *med, *ratio_names(list(med))]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(med)]
     e = (out.get("tfengine") or {}).get("engine", {})
@@ -312,8 +326,8 @@ def print_table(out: dict) -> None:
     t.add_column("what")
     for n in med:
         t.add_column(n, justify="right")
-    if len(med) == 2:
-        t.add_column("tfengine / vLLM", justify="right")
+    for n in ratio_names(list(med)):
+        t.add_column(n, justify="right")
     for row in table_rows(med):
         t.add_row(*row)
     c = Console()
