@@ -22,8 +22,9 @@ typedef uint32_t u16v __attribute__((vector_size(64)));
 typedef uint16_t h16v __attribute__((vector_size(32)));
 
 #define W 16          /* floats a vector */
-#define MAX_DC 16     /* head_dim / W at most (head_dim <= 256) */
-#define MAX_REP 16    /* query heads a KV head at most */
+#define MAX_DC 8      /* head_dim / W: 4 or 8 (head_dim 64 or 128) */
+#define MAX_REP 8     /* query heads a KV head: 1, 2, 4 or 8 */
+#define UNROLL _Pragma("GCC unroll 16") /* register-resident vectors (no effect on the order) */
 
 static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
@@ -49,6 +50,15 @@ static inline uint16_t to_bf16(float f) {
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* 16 floats rounded to bf16 as to_bf16 does, as float32 bits (the low half zero) */
+static inline u16v round16(v16 f) {
+  u16v u, nan;
+  memcpy(&u, &f, sizeof u);
+  nan = (u16v)((u & 0x7fffffffu) > 0x7f800000u);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  return (u & ~nan) | (0x7fc00000u & nan);
+}
+
 static inline float from_bf16(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   float f;
@@ -62,6 +72,26 @@ static inline float hsum(v16 v) {
   v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
+
+/* 16 vectors of 16 partial sums -> one vector of their 16 sums, each summed by hsum's tree
+ * (lanes j + j+8, then j + j+4, j + j+2, j + j+1), in lane bitrev(slot): four levels of shuffles
+ * that each add two halves of two vectors, 15 adds a key where hsum took 4 plus shuffles */
+#define SH(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+static inline v16 reduce16(const v16 *a) {
+  v16 z[8], w[4], u[2];
+  for (int k = 0; k < 8; ++k)
+    z[k] = SH(a[2 * k], a[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           SH(a[2 * k], a[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int k = 0; k < 4; ++k)
+    w[k] = SH(z[2 * k], z[2 * k + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+           SH(z[2 * k], z[2 * k + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int k = 0; k < 2; ++k)
+    u[k] = SH(w[2 * k], w[2 * k + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+           SH(w[2 * k], w[2 * k + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  return SH(u[0], u[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+         SH(u[0], u[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+}
+static const int BITREV[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
 /* exp(x) for x <= 0 (scores minus their max), Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2,
  * a degree-7 polynomial in r, times 2^n by the exponent bits; exactly 0 at or below -86 */
@@ -87,21 +117,35 @@ static inline v16 exp16(v16 x) {
   return p;
 }
 
-/* one row, one KV head: scores of its `rep` query heads over keys [0, n), softmax, P@V */
-static void head_group(const char *kc, const char *vc, int64_t pos_bytes, const char *q, int64_t q_head_bytes,
+/* one row, one KV head: scores of its `rep` query heads over keys [0, n), softmax, P@V
+ * (always inlined, so the common (dc, rep) below get loops of constant trip counts, unrolled,
+ * their vectors in registers; the same operations in the same order as the generic call) */
+static inline __attribute__((always_inline)) void head_group(const char *kc, const char *vc, int64_t pos_bytes, const char *q, int64_t q_head_bytes,
                        char *out, int64_t n, int64_t rep, int64_t dc, float scale, int bf16, float *s, int64_t cap) {
   int64_t es = bf16 ? 2 : 4, d = dc * W;
   v16 qv[MAX_REP][MAX_DC];
-  for (int64_t h = 0; h < rep; ++h)
-    for (int64_t c = 0; c < dc; ++c) qv[h][c] = load16(q + h * q_head_bytes + c * W * es, bf16);
-  for (int64_t t = 0; t < n; ++t) { /* scores: 16 partial sums over d, then the tree */
-    v16 kv[MAX_DC];
-    for (int64_t c = 0; c < dc; ++c) kv[c] = load16(kc + t * pos_bytes + c * W * es, bf16);
+  UNROLL for (int64_t h = 0; h < rep; ++h)
+    UNROLL for (int64_t c = 0; c < dc; ++c) qv[h][c] = load16(q + h * q_head_bytes + c * W * es, bf16);
+  for (int64_t t0 = 0; t0 < n; t0 += W) { /* scores, 16 keys at a time: 16 partial sums over d each */
+    int64_t m = n - t0 < W ? n - t0 : W;   /* (keys past n: no read, their scores are overwritten) */
     for (int64_t h = 0; h < rep; ++h) {
-      v16 acc = qv[h][0] * kv[0];
-      for (int64_t c = 1; c < dc; ++c) acc = acc + qv[h][c] * kv[c];
-      float x = hsum(acc);
-      s[h * cap + t] = (bf16 ? from_bf16(to_bf16(x)) : x) * scale;
+      v16 a[W];
+      for (int j = 0; j < W; ++j) {
+        v16 acc = splat(0.0f);
+        if (j < m) {
+          const char *k = kc + (t0 + j) * pos_bytes;
+          acc = qv[h][0] * load16(k, bf16);
+          UNROLL for (int64_t c = 1; c < dc; ++c) acc = acc + qv[h][c] * load16(k + c * W * es, bf16);
+        }
+        a[BITREV[j]] = acc;
+      }
+      v16 x = reduce16(a);
+      if (bf16) {
+        u16v u = round16(x);
+        memcpy(&x, &u, sizeof x);
+      }
+      x = x * splat(scale);
+      memcpy(s + h * cap + t0, &x, sizeof x);
     }
   }
   int64_t np = (n + W - 1) / W * W;
@@ -122,43 +166,48 @@ static void head_group(const char *kc, const char *vc, int64_t pos_bytes, const 
       v16 e;
       memcpy(&e, sh + t, sizeof e);
       e = e / total;
-      if (bf16)
-        for (int j = 0; j < W; ++j) e[j] = from_bf16(to_bf16(e[j]));
+      if (bf16) {
+        u16v u = round16(e);
+        memcpy(&e, &u, sizeof e);
+      }
       memcpy(sh + t, &e, sizeof e);
     }
   }
   v16 acc[MAX_REP][MAX_DC];
-  for (int64_t h = 0; h < rep; ++h)
-    for (int64_t c = 0; c < dc; ++c) acc[h][c] = splat(0.0f);
+  UNROLL for (int64_t h = 0; h < rep; ++h)
+    UNROLL for (int64_t c = 0; c < dc; ++c) acc[h][c] = splat(0.0f);
   for (int64_t t = 0; t < n; ++t) { /* P@V: each output element a sequential sum over keys */
     v16 vv[MAX_DC];
-    for (int64_t c = 0; c < dc; ++c) vv[c] = load16(vc + t * pos_bytes + c * W * es, bf16);
-    for (int64_t h = 0; h < rep; ++h) {
+    UNROLL for (int64_t c = 0; c < dc; ++c) vv[c] = load16(vc + t * pos_bytes + c * W * es, bf16);
+    UNROLL for (int64_t h = 0; h < rep; ++h) {
       v16 p = splat(s[h * cap + t]);
-      for (int64_t c = 0; c < dc; ++c) acc[h][c] = acc[h][c] + p * vv[c];
+      UNROLL for (int64_t c = 0; c < dc; ++c) acc[h][c] = acc[h][c] + p * vv[c];
     }
   }
-  for (int64_t h = 0; h < rep; ++h)
-    for (int64_t c = 0; c < dc; ++c)
-      for (int j = 0; j < W; ++j) {
-        int64_t at = h * d + c * W + j;
-        if (bf16)
-          ((uint16_t *)out)[at] = to_bf16(acc[h][c][j]);
-        else
-          ((float *)out)[at] = acc[h][c][j];
+  UNROLL for (int64_t h = 0; h < rep; ++h)
+    UNROLL for (int64_t c = 0; c < dc; ++c) {
+      char *o = out + (h * d + c * W) * es;
+      if (bf16) {
+        h16v b = __builtin_convertvector(round16(acc[h][c]) >> 16, h16v);
+        memcpy(o, &b, sizeof b);
+      } else {
+        memcpy(o, &acc[h][c], sizeof acc[h][c]);
       }
+    }
 }
 
 /* q [rows, H, d] (strides in elements, d contiguous); caches [lanes, positions, KVH, d] of one
  * layer; out [rows, H*d] contiguous; a row of lane `spare` (padding) gets zeros. Returns 0, or
- * -1 for a shape this kernel does not take (head_dim not a multiple of 16 or over 256, more than
- * 16 query heads a KV head) or a failed allocation. */
+ * -1 for a shape this kernel does not take (head_dim other than 64 or 128, query heads a KV
+ * head other than 1, 2, 4 or 8) or a failed allocation. */
 int tfe_decode_attention(const void *kcache, const void *vcache, int64_t lane_stride, int64_t pos_stride,
                          const void *q, int64_t q_row_stride, int64_t q_head_stride, void *out,
                          const int64_t *lanes, const int64_t *positions, int64_t rows, int64_t spare,
                          int64_t n_heads, int64_t kv_heads, int64_t head_dim, float scale, int32_t bf16) {
   int64_t es = bf16 ? 2 : 4, rep = n_heads / kv_heads, dc = head_dim / W, cap = 0;
-  if (head_dim % W || dc > MAX_DC || rep > MAX_REP || rep * kv_heads != n_heads) return -1;
+  if (head_dim % W || !(dc == 4 || dc == 8) || !(rep == 1 || rep == 2 || rep == 4 || rep == 8) ||
+      rep * kv_heads != n_heads)
+    return -1;
   for (int64_t r = 0; r < rows; ++r)
     if (lanes[r] != spare && positions[r] + 1 > cap) cap = positions[r] + 1;
   cap = (cap + W - 1) / W * W;
@@ -173,9 +222,21 @@ int tfe_decode_attention(const void *kcache, const void *vcache, int64_t lane_st
     const char *kl = (const char *)kcache + lanes[r] * lane_stride * es;
     const char *vl = (const char *)vcache + lanes[r] * lane_stride * es;
     const char *qr = (const char *)q + r * q_row_stride * es;
-    for (int64_t g = 0; g < kv_heads; ++g)
-      head_group(kl + g * head_dim * es, vl + g * head_dim * es, pos_stride * es, qr + g * rep * q_head_stride * es,
-                 q_head_stride * es, o + g * rep * head_dim * es, positions[r] + 1, rep, dc, scale, bf16, s, cap);
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const char *kg = kl + g * head_dim * es, *vg = vl + g * head_dim * es, *qg = qr + g * rep * q_head_stride * es;
+      char *og = o + g * rep * head_dim * es;
+      int64_t n = positions[r] + 1, pb = pos_stride * es, qb = q_head_stride * es;
+#define GROUP(DC, REP) head_group(kg, vg, pb, qg, qb, og, n, REP, DC, scale, bf16, s, cap)
+      if (dc == 4 && rep == 2) GROUP(4, 2);
+      else if (dc == 4 && rep == 1) GROUP(4, 1);
+      else if (dc == 4 && rep == 4) GROUP(4, 4);
+      else if (dc == 8 && rep == 1) GROUP(8, 1);
+      else if (dc == 8 && rep == 2) GROUP(8, 2);
+      else if (dc == 8 && rep == 4) GROUP(8, 4);
+      else if (dc == 4 && rep == 8) GROUP(4, 8);
+      else GROUP(8, 8);
+#undef GROUP
+    }
   }
   free(s);
   return 0;
