@@ -22,7 +22,7 @@ typedef uint32_t u16v __attribute__((vector_size(64)));
 typedef uint16_t h16v __attribute__((vector_size(32)));
 
 #define W 16          /* floats a vector */
-#define MAX_DC 8      /* head_dim / W: 4 or 8 (head_dim 64 or 128) */
+#define MAX_DC 8      /* head_dim / W: 1, 2, 4 or 8 (head_dim 16, 32, 64 or 128) */
 #define MAX_REP 8     /* query heads a KV head: 1, 2, 4 or 8 */
 #define UNROLL _Pragma("GCC unroll 16") /* register-resident vectors (no effect on the order) */
 
@@ -198,14 +198,14 @@ static inline __attribute__((always_inline)) void head_group(const char *kc, con
 
 /* q [rows, H, d] (strides in elements, d contiguous); caches [lanes, positions, KVH, d] of one
  * layer; out [rows, H*d] contiguous; a row of lane `spare` (padding) gets zeros. Returns 0, or
- * -1 for a shape this kernel does not take (head_dim other than 64 or 128, query heads a KV
+ * -1 for a shape this kernel does not take (head_dim other than 16, 32, 64 or 128, query heads a KV
  * head other than 1, 2, 4 or 8) or a failed allocation. */
 int tfe_decode_attention(const void *kcache, const void *vcache, int64_t lane_stride, int64_t pos_stride,
                          const void *q, int64_t q_row_stride, int64_t q_head_stride, void *out,
                          const int64_t *lanes, const int64_t *positions, int64_t rows, int64_t spare,
                          int64_t n_heads, int64_t kv_heads, int64_t head_dim, float scale, int32_t bf16) {
   int64_t es = bf16 ? 2 : 4, rep = n_heads / kv_heads, dc = head_dim / W, cap = 0;
-  if (head_dim % W || !(dc == 4 || dc == 8) || !(rep == 1 || rep == 2 || rep == 4 || rep == 8) ||
+  if (head_dim % W || !(dc == 1 || dc == 2 || dc == 4 || dc == 8) || !(rep == 1 || rep == 2 || rep == 4 || rep == 8) ||
       rep * kv_heads != n_heads)
     return -1;
   for (int64_t r = 0; r < rows; ++r)
@@ -227,14 +227,9 @@ int tfe_decode_attention(const void *kcache, const void *vcache, int64_t lane_st
       char *og = o + g * rep * head_dim * es;
       int64_t n = positions[r] + 1, pb = pos_stride * es, qb = q_head_stride * es;
 #define GROUP(DC, REP) head_group(kg, vg, pb, qg, qb, og, n, REP, DC, scale, bf16, s, cap)
-      if (dc == 4 && rep == 2) GROUP(4, 2);
-      else if (dc == 4 && rep == 1) GROUP(4, 1);
-      else if (dc == 4 && rep == 4) GROUP(4, 4);
-      else if (dc == 8 && rep == 1) GROUP(8, 1);
-      else if (dc == 8 && rep == 2) GROUP(8, 2);
-      else if (dc == 8 && rep == 4) GROUP(8, 4);
-      else if (dc == 4 && rep == 8) GROUP(4, 8);
-      else GROUP(8, 8);
+#define REPS(DC) (rep == 1 ? GROUP(DC, 1) : rep == 2 ? GROUP(DC, 2) : rep == 4 ? GROUP(DC, 4) : GROUP(DC, 8))
+      (void)(dc == 1 ? REPS(1) : dc == 2 ? REPS(2) : dc == 4 ? REPS(4) : REPS(8));
+#undef REPS
 #undef GROUP
     }
   }

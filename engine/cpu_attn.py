@@ -103,7 +103,7 @@ class AttentionKernel:
 
     def takes(self, n_heads: int, kv_heads: int, head_dim: int) -> bool:
         """The shapes the kernel does (as its source checks them)."""
-        return head_dim in (64, 128) and n_heads % kv_heads == 0 and n_heads // kv_heads in (1, 2, 4, 8)
+        return head_dim in (16, 32, 64, 128) and n_heads % kv_heads == 0 and n_heads // kv_heads in (1, 2, 4, 8)
 
     def __call__(self, kc: torch.Tensor, vc: torch.Tensor, q: torch.Tensor, lanes: torch.Tensor,
                  positions: torch.Tensor, spare: int) -> torch.Tensor:
