@@ -91,12 +91,12 @@ def main() -> None:
     paths = {"C++": (True, c), "Python": (False, c)} if r.cpu_round.ready else {"Python": (False, c)}
     if a.attention == "both" and c is not None:
         p, (on, _) = next(iter(paths.items()))  # the C++ round where it loaded
-        paths = {f"{p} {name}": (on, k) for name, k in (("c", c), ("bmm", None))}
+        paths = {f"{p} {name}": (on, attn) for name, attn in (("c", c), ("bmm", None))}
     for k in [int(s) for s in a.streams.split(",")]:
         meds = {p: [] for p in paths}
         for _ in range(a.reps):
-            for p, (on, k) in paths.items():
-                r.cpu_round.on, r.cpu_attn, r.cpu_round.attn = on, k, k.address if k else 0
+            for p, (on, attn) in paths.items():
+                r.cpu_round.on, r.cpu_attn, r.cpu_round.attn = on, attn, attn.address if attn else 0
                 times, state = rounds_at(r, k, a.rounds)
                 meds[p].append(statistics.median(times[4:]))
         m = {p: statistics.median(v) for p, v in meds.items()}
