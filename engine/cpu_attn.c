@@ -42,28 +42,14 @@ static inline v16 load16(const void *p, int bf16) {
   return r;
 }
 
-/* float32 -> bf16 bits, round to nearest even, NaN -> 0x7fc0 (as torch's c10::BFloat16) */
-static inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* 16 floats rounded to bf16 as to_bf16 does, as float32 bits (the low half zero) */
+/* 16 floats rounded to bf16 as torch's c10::BFloat16 does (to nearest even, NaN -> 0x7fc0), as
+ * float32 bits (the low half zero) */
 static inline u16v round16(v16 f) {
   u16v u, nan;
   memcpy(&u, &f, sizeof u);
   nan = (u16v)((u & 0x7fffffffu) > 0x7f800000u);
   u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   return (u & ~nan) | (0x7fc00000u & nan);
-}
-
-static inline float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
 }
 
 /* the 16 lanes summed: halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1 */
@@ -94,7 +80,8 @@ static inline v16 reduce16(const v16 *a) {
 static const int BITREV[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
 /* exp(x) for x <= 0 (scores minus their max), Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2,
- * a degree-7 polynomial in r, times 2^n by the exponent bits; exactly 0 at or below -86 */
+ * a degree-7 polynomial in r, times 2^n by the exponent bits; exactly 0 at or below -86 (-inf
+ * too: its NaN lanes are masked off) */
 static inline v16 exp16(v16 x) {
   const v16 magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
   v16 t = x * splat(1.44269504088896341f) + magic;
@@ -118,8 +105,8 @@ static inline v16 exp16(v16 x) {
 }
 
 /* one row, one KV head: scores of its `rep` query heads over keys [0, n), softmax, P@V
- * (always inlined, so the common (dc, rep) below get loops of constant trip counts, unrolled,
- * their vectors in registers; the same operations in the same order as the generic call) */
+ * (always inlined, so each (dc, rep) below gets loops of constant trip counts, unrolled, its
+ * vectors in registers) */
 static inline __attribute__((always_inline)) void head_group(const char *kc, const char *vc, int64_t pos_bytes, const char *q, int64_t q_head_bytes,
                        char *out, int64_t n, int64_t rep, int64_t dc, float scale, int bf16, float *s, int64_t cap) {
   int64_t es = bf16 ? 2 : 4, d = dc * W;
@@ -152,7 +139,7 @@ static inline __attribute__((always_inline)) void head_group(const char *kc, con
   for (int64_t h = 0; h < rep; ++h) { /* softmax in float32; padding keys weigh exactly 0 */
     float *sh = s + h * cap, m = sh[0];
     for (int64_t t = 1; t < n; ++t) m = sh[t] > m ? sh[t] : m;
-    for (int64_t t = n; t < np; ++t) sh[t] = m - 1000.0f;
+    for (int64_t t = n; t < np; ++t) sh[t] = -__builtin_inff(); /* exp16 gives exactly 0 */
     v16 sum = splat(0.0f);
     for (int64_t t = 0; t < np; t += W) {
       v16 e;
