@@ -6,7 +6,8 @@
   count). Plain `F.linear` reorders a bf16 weight on every call; on one core of a Xeon with AMX
   that cost 9.7 ms against 7.1 ms packed for the `cpu` preset's 66 MB of bf16 matrices at 8 rows
   (PERF.md, issue 13). A given shape always takes the same kernel, so rows stay exact.
-- `decode_attention_buckets`: the decode round's attention batched over rows. Each row attends
+- `decode_attention_buckets`: the decode round's attention batched over rows, where the C kernel
+  (engine/cpu_attn.c, the default) cannot be built. Each row attends
   over a span that depends on its own position only (its length rounded up to SPAN multiples,
   later keys masked to exactly zero weight), and rows of the same span go through one batched
   matmul whose entries are independent problems of the same shape. So a row's bits depend on its

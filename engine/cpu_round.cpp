@@ -16,6 +16,9 @@ namespace {
 
 constexpr int64_t ROW_TILE = 8;  // engine.cpu_kernels.ROW_TILE
 enum Kind : int64_t { ONEDNN = 0, MKL = 1, PLAIN = 2 };
+// engine/cpu_attn.c's tfe_decode_attention
+using AttnFn = int (*)(const void*, const void*, int64_t, int64_t, const void*, int64_t, int64_t, void*, const int64_t*,
+                       const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float, int32_t);
 
 at::Tensor boxed(const c10::OperatorHandle& op, std::vector<c10::IValue> stack) {
   op.callBoxed(&stack);
@@ -60,6 +63,24 @@ struct Shape {
   int64_t h, kvh, d;
   double eps;
 };
+
+// The round's rows for the C attention (fn null: the batched matmuls below)
+struct Rows {
+  AttnFn fn;
+  const int64_t *lanes, *positions;
+  int64_t spare;
+};
+
+// engine.cpu_attn.AttentionKernel.__call__ on one layer's caches
+at::Tensor attention_c(const at::Tensor& kc, const at::Tensor& vc, at::Tensor q, const Rows& r, const Shape& s) {
+  if (q.stride(2) != 1) q = q.contiguous();
+  auto out = at::empty({q.size(0), s.h * s.d}, q.options());
+  int rc = r.fn(kc.data_ptr(), vc.data_ptr(), kc.stride(0), kc.stride(1), q.data_ptr(), q.stride(0), q.stride(1),
+                out.data_ptr(), r.lanes, r.positions, q.size(0), r.spare, s.h, s.kvh, s.d,
+                static_cast<float>(std::pow(static_cast<double>(s.d), -0.5)), q.scalar_type() == at::kBFloat16);
+  TORCH_CHECK(rc == 0, "the C decode attention refused this round");
+  return out;
+}
 
 // PackedLinears.heads: q [rows, H, d], k and v [rows, KVH, d]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> heads(const at::Tensor& qkv, const at::Tensor& qk_norm,
@@ -149,7 +170,8 @@ at::Tensor decode_round(const at::Tensor& tokens, const at::Tensor& positions, c
                         const at::Tensor& embed, const at::Tensor& cos_t, const at::Tensor& sin_t,
                         const at::Tensor& kcache, const at::Tensor& vcache, at::TensorList mats,
                         at::TensorList plain, at::TensorList norms, at::TensorList plan, at::IntArrayRef groups,
-                        int64_t kind, int64_t n_heads, int64_t kv_heads, int64_t head_dim, double eps) {
+                        int64_t kind, int64_t n_heads, int64_t kv_heads, int64_t head_dim, double eps,
+                        const Rows& c_rows) {
   at::NoGradGuard no_grad;
   Shape s{n_heads, kv_heads, head_dim, eps};
   int64_t layers = kcache.size(0);
@@ -163,7 +185,8 @@ at::Tensor decode_round(const at::Tensor& tokens, const at::Tensor& positions, c
     auto kl = kcache.select(0, i), vl = vcache.select(0, i);
     kl.index_put_({lanes, positions}, k);
     vl.index_put_({lanes, positions}, v);
-    x = x.add(mm_tiled(attention(kl, vl, q, eye, plan, groups, s), w(1), pw(1), kind));
+    auto att = c_rows.fn ? attention_c(kl, vl, q, c_rows, s) : attention(kl, vl, q, eye, plan, groups, s);
+    x = x.add(mm_tiled(att, w(1), pw(1), kind));
     auto gu = mm_tiled(rms_norm(x, norms[3 * i + 1], eps), w(2), pw(2), kind).chunk(2, -1);
     x = x.add(mm_tiled(at::silu(gu[0]).mul(gu[1]), w(3), pw(3), kind));
   }
@@ -179,12 +202,13 @@ std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntAr
                                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& kcache,
                                                const at::Tensor& vcache, at::TensorList mats, at::TensorList plain,
                                                at::TensorList norms, int64_t kind, int64_t n_heads, int64_t kv_heads,
-                                               int64_t head_dim, double eps) {
+                                               int64_t head_dim, double eps, int64_t attn) {
   auto i64 = at::TensorOptions().dtype(at::kLong);
-  auto plan = bucket_plan(lanes, positions, spare, kcache.size(2), span_unit);
+  Rows c_rows{reinterpret_cast<AttnFn>(attn), lanes.data(), positions.data(), spare};
+  auto plan = attn ? Plan{} : bucket_plan(lanes, positions, spare, kcache.size(2), span_unit);
   auto logits = decode_round(at::tensor(tokens, i64), at::tensor(positions, i64), at::tensor(lanes, i64), embed, cos,
                              sin, kcache, vcache, mats, plain, norms, plan.tensors, plan.ints, kind, n_heads, kv_heads,
-                             head_dim, eps);
+                             head_dim, eps, c_rows);
   return {logits, logits.to(at::kFloat).argmax(-1)};
 }
 
@@ -193,6 +217,6 @@ std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntAr
 TORCH_LIBRARY(tfengine_cpu, m) {
   m.def("decode_rows(int[] tokens, int[] positions, int[] lanes, int spare, int span_unit, Tensor embed, Tensor cos, "
         "Tensor sin, Tensor kcache, Tensor vcache, Tensor[] mats, Tensor[] plain, Tensor[] norms, int kind, "
-        "int n_heads, int kv_heads, int head_dim, float eps) -> (Tensor, Tensor)",
+        "int n_heads, int kv_heads, int head_dim, float eps, int attn) -> (Tensor, Tensor)",
         decode_rows);
 }

@@ -14,19 +14,18 @@ says why.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
+from engine.cpu_attn import build_once, cache_base
 from engine.cpu_kernels import SPAN
 
 log = logging.getLogger("engine.cpu_round")
@@ -45,39 +44,31 @@ _loaded: str | None = None  # the library this process loaded
 def library() -> Path:
     """Where the built library lives for this source, torch and Python."""
     key = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()).hexdigest()[:16]
-    base = Path(os.environ.get("TFENGINE_CACHE") or Path.home() / ".cache" / "tfengine")
-    return base / f"cpu_round-{key}" / f"{NAME}.so"
+    return cache_base() / f"cpu_round-{key}" / f"{NAME}.so"
 
 
 def build(timeout: float = 900.0) -> Path:
-    """The library, compiled first if the cache lacks it. Raises RuntimeError saying why not.
-    One build at a time per cache (a file lock: servers started together wait for the first),
-    into a scratch folder renamed into place, so a build killed midway leaves nothing half done."""
+    """The library, compiled first if the cache lacks it (engine.cpu_attn.build_once: one build
+    at a time a cache entry, scratch folder renamed into place). Raises RuntimeError saying why not."""
     so = library()
     if so.is_file():
         return so
     cxx = os.environ.get("CXX", "c++")
     if not shutil.which(cxx):
         raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")
-    so.parent.mkdir(parents=True, exist_ok=True)
-    with open(so.parent / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if so.is_file():
-            return so
-        scratch = Path(tempfile.mkdtemp(prefix="build-", dir=so.parent))
+
+    def make(scratch: Path) -> None:
         nice = ["nice", "-n", "10"] if shutil.which("nice") else []  # a background build yields to serving
-        cmd = [*nice, sys.executable, "-c", BUILD, NAME, str(SOURCE), str(scratch)]
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            if r.returncode != 0 or not (scratch / so.name).is_file():
-                tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-                raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(tail)[:400]}")
-            os.replace(scratch / so.name, so)
+            r = subprocess.run([*nice, sys.executable, "-c", BUILD, NAME, str(SOURCE), str(scratch)],
+                               capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"the build took over {timeout:.0f} s") from None
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return so
+        if r.returncode != 0 or not (scratch / so.name).is_file():
+            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(tail)[:400]}")
+
+    return build_once(so, make)
 
 
 def load(so: Path) -> None:
@@ -93,7 +84,8 @@ class CppRound:
     """The model's decode round through the C++ library (`rows`). `status`: "building", "built",
     "on" or why off; `ready` (asked by the decode thread) once loaded; `on` turns it off and on (benches)."""
 
-    def __init__(self, model, packed):
+    def __init__(self, model, packed, attn: int = 0):
+        self.attn = attn  # engine/cpu_attn.c's function address, or 0: the batched matmuls
         layers = model.model.layers
         keys = [(i, w) for i in range(len(layers)) for w in ("qkv", "o", "gate_up", "down")] + ["lm_head"]
         self.kind = ONEDNN if packed.bf16 else MKL if packed.mkl else PLAIN
@@ -110,11 +102,12 @@ class CppRound:
         self._built: Path | None = None  # set by the background build; loaded by the decode thread
 
     @classmethod
-    def started(cls, model, packed, when: bool | None) -> "CppRound | None":
-        """KernelConfig.cpu_cpp: None builds in the background, True before returning, False: no C++ round."""
+    def started(cls, model, packed, when: bool | None, attn: int = 0) -> "CppRound | None":
+        """KernelConfig.cpu_cpp: None builds in the background, True before returning, False: no C++ round.
+        attn: the C decode attention's address (the process's choice), or 0."""
         if when is False:
             return None
-        r = cls(model, packed)
+        r = cls(model, packed, attn)
         r.start(wait=bool(when))
         return r
 
@@ -162,4 +155,4 @@ class CppRound:
         h, kvh, d = self.shape
         return torch.ops.tfengine_cpu.decode_rows(
             rows[0], rows[1], rows[2], spare, SPAN, m.model.embed_tokens.weight, m.cos, m.sin, kv.k, kv.v,
-            self.mats, self.plain, self.norms, self.kind, h, kvh, d, self.eps)
+            self.mats, self.plain, self.norms, self.kind, h, kvh, d, self.eps, self.attn)

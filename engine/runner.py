@@ -33,6 +33,7 @@ import torch
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine import device_info
 from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, cpu_bf16_native, decode_attention_buckets
+from engine.cpu_attn import BMM, C_KERNEL, kernel as c_attention
 from engine.cpu_round import CppRound
 from engine.kv_cache import KVCache
 from engine.model import decode_attention_loop
@@ -95,13 +96,18 @@ class ModelRunner:
         # (engine/cpu_kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
         self.cpu_mm = None
         self.cpu_round: CppRound | None = None
+        self.cpu_attn = None  # the C decode attention (engine/cpu_attn.py), chosen once a process
         self.round_rows = cfg.parallel  # rows of every decode round: the fixed padded shape
         if self.device.type == "cpu" and knobs.cpu_fast:
             self.cpu_mm = PackedLinears(model)
             # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
             self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
+            c = c_attention()  # before the first forward; never switched mid-serve (it would move bits)
+            self.cpu_attn = c if c is not None and c.takes(*self.cpu_mm.shape) else None
+            log.info("decode attention: %s", C_KERNEL if self.cpu_attn else BMM)
             if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
-                self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp)  # engine/cpu_round.py
+                self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp,  # engine/cpu_round.py
+                                                  self.cpu_attn.address if self.cpu_attn else 0)
         self.graph = None
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -256,9 +262,14 @@ class ModelRunner:
                                  skinny=self.skinny)
 
     def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
-        plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
-        return self.model.decode_cpu(tokens, positions, lanes, self.kv,
-                                     lambda i, q: decode_attention_buckets(self.kv, i, q, plan), self.cpu_mm)
+        kv, c = self.kv, self.cpu_attn
+        if c is not None:  # the same compiled function as the C++ round's
+            lanes_c, positions_c = lanes.contiguous(), positions.contiguous()
+            attend = lambda i, q: c(kv.k[i], kv.v[i], q, lanes_c, positions_c, self.spare)  # noqa: E731
+        else:
+            plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
+            attend = lambda i, q: decode_attention_buckets(kv, i, q, plan)  # noqa: E731
+        return self.model.decode_cpu(tokens, positions, lanes, kv, attend, self.cpu_mm)
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
@@ -374,7 +385,7 @@ class ModelRunner:
         mm = self.cpu_mm
         kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
         return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
-                "decode_attention": "sdpa a row" if mm is None else "batched matmuls a span group",
+                "decode_attention": "sdpa a row" if mm is None else C_KERNEL if self.cpu_attn else BMM,
                 "cpu_round": CppRound.describe(self.cpu_round)}
 
     def _prefill_attention_name(self) -> str:

@@ -32,7 +32,7 @@ def round_logits(r, lanes, tokens, positions):
 
 def test_fast_path_is_on_by_default(runner):
     d = runner.describe()
-    assert runner.cpu_mm is not None and d["decode_attention"] == "batched matmuls a span group"
+    assert runner.cpu_mm is not None and d["decode_attention"] == "c kernel"
     assert d["cpu_matmuls"] == ("oneDNN, prepacked" if runner.dtype == torch.bfloat16 else "MKL, prepacked")
 
 

@@ -1,5 +1,5 @@
 """The CPU decode round in C++ (engine/cpu_round.py, engine/cpu_round.cpp) gives the Python round's
-bits, and the engine keeps decoding through the Python round when it cannot be built."""
+bits (with the C decode attention, engine/cpu_attn.c, in both, or the batched matmuls in both), and the engine keeps decoding through the Python round when it cannot be built."""
 import threading
 import time
 from pathlib import Path
@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import engine.cpu_attn as cattn
 import engine.cpu_round as cr
 from engine.config import EngineConfig, KernelConfig
 from engine.cpu_kernels import BucketPlan
@@ -26,11 +27,16 @@ def built():
         pytest.skip(f"the C++ round cannot be built here: {e}")
 
 
-@pytest.fixture(scope="module", params=[("float32", 6), ("bfloat16", 6), ("bfloat16", 11)])
+@pytest.fixture(scope="module", params=[("float32", 6, True), ("bfloat16", 6, True), ("bfloat16", 11, True),
+                                        ("float32", 6, False), ("bfloat16", 6, False)])
 def runner(request, built):
-    dtype, parallel = request.param  # 11 lanes: rounds of two 8-row tiles
-    r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=parallel, max_model_len=320, prefill_rows=16,
-                                  seed=3, kernels=KernelConfig(cpu_cpp=True)))
+    dtype, parallel, c_attention = request.param  # 11 lanes: rounds of two 8-row tiles
+    with pytest.MonkeyPatch.context() as m:  # without the C attention: the batched matmuls in both rounds
+        if not c_attention:
+            m.setattr("engine.runner.c_attention", lambda: None)
+        r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=parallel, max_model_len=320, prefill_rows=16,
+                                      seed=3, kernels=KernelConfig(cpu_cpp=True)))
+    assert (r.cpu_attn is not None) == c_attention or cattn.kernel() is None
     for lane in range(6):
         r.prefill(lane, [(i * 29 + lane * 13 + 3) % 256 for i in range(40 + 30 * lane)])
     return r

@@ -4,7 +4,9 @@ the time goes (torch.profiler self time by op; Python time = round - op time).
     python -m engine.dev.cpu_round_bench --model-dir runs/qwen3-random-512 [--profile] [--streams 1,4,8]
 
 Both rounds, the C++ one (engine/cpu_round.py) and the Python one, are measured in turns in the
-same process (so a burst of load from elsewhere lands on both), with the ratio.
+same process (so a burst of load from elsewhere lands on both), with the ratio. `--attention both`
+measures the C++ round with the C decode attention (engine/cpu_attn.c) and with the batched
+matmuls in turns instead (a bench may switch; a server never does: the bits would move).
 
 The engine is built with `tfengine serve`'s CPU defaults (engine.cli.device_defaults: dtype,
 parallel 8, threads); each stream has a 64-token prompt and decodes as serve_compare's sweep does
@@ -80,21 +82,27 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--attention", choices=["chosen", "both"], default="chosen")
     a = ap.parse_args()
     r = runner_for(a.model_dir, cpu_cpp=True)
     print(f"threads {torch.get_num_threads()} dtype {r.dtype} parallel {r.parallel} round_rows {r.round_rows} "
-          f"C++ round: {r.cpu_round.status}")
-    paths = {"C++": True, "Python": False} if r.cpu_round.ready else {"Python": False}
+          f"C++ round: {r.cpu_round.status}; decode attention: {r.describe()['decode_attention']}")
+    c = r.cpu_attn
+    paths = {"C++": (True, c), "Python": (False, c)} if r.cpu_round.ready else {"Python": (False, c)}
+    if a.attention == "both" and c is not None:
+        p, (on, _) = next(iter(paths.items()))  # the C++ round where it loaded
+        paths = {f"{p} {name}": (on, attn) for name, attn in (("c", c), ("bmm", None))}
     for k in [int(s) for s in a.streams.split(",")]:
         meds = {p: [] for p in paths}
         for _ in range(a.reps):
-            for p, on in paths.items():
-                r.cpu_round.on = on
+            for p, (on, attn) in paths.items():
+                r.cpu_round.on, r.cpu_attn, r.cpu_round.attn = on, attn, attn.address if attn else 0
                 times, state = rounds_at(r, k, a.rounds)
                 meds[p].append(statistics.median(times[4:]))
         m = {p: statistics.median(v) for p, v in meds.items()}
         line = ", ".join(f"{p} {v * 1e3:.2f} ms ({k / v:.0f} tok/s)" for p, v in m.items())
-        ratio = f"; Python / C++ {m['Python'] / m['C++']:.2f}x" if len(m) == 2 else ""
+        names = list(m)
+        ratio = f"; {names[1]} / {names[0]} {m[names[1]] / m[names[0]]:.2f}x" if len(m) >= 2 else ""
         print(f"{k} streams: round {line}{ratio}; load {os.getloadavg()[0]:.1f}", flush=True)
         if a.profile:
             ops, ev = profile_round(r, *state)

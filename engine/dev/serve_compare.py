@@ -58,6 +58,7 @@ class Server:
     log: Path
     proc: subprocess.Popen | None = None
     model: str = ""
+    cwd: Path | None = None  # a baseline runs in its own tree: `python -m` puts the cwd before PYTHONPATH
 
     @property
     def url(self) -> str:
@@ -65,7 +66,7 @@ class Server:
 
     def start(self, timeout: float = 900.0) -> None:
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=self.cwd)
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
@@ -100,12 +101,14 @@ class Server:
 def tfengine_server(model_dir: Path, logs: Path, tree: Optional[Path] = None) -> Server:
     """tfengine with its defaults; from the checkout `tree` (its own name) when given."""
     port = free_port()
-    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(model_dir), "--load-format", "safetensors",
+    model = model_dir if tree is None else model_dir.absolute()  # (the baseline runs in its tree)
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(model), "--load-format", "safetensors",
            "--max-model-len", str(2 * LONG_PROMPT), "--port", str(port)]
     if tree is None:
         return Server("tfengine", cmd, dict(os.environ), port, logs / "tfengine.log")
     name = f"tfengine {tree.absolute().name}"
-    return Server(name, cmd, dict(os.environ, PYTHONPATH=str(tree.absolute())), port, logs / f"{name}.log".replace(" ", "-"))
+    return Server(name, cmd, dict(os.environ, PYTHONPATH=str(tree.absolute())), port,
+                  (logs / f"{name}.log".replace(" ", "-")).absolute(), cwd=tree.absolute())
 
 
 def vllm_server(python: Path, model_dir: Path, logs: Path) -> Server:
