@@ -31,8 +31,7 @@ from typing import Sequence
 import torch
 
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
-from engine import device_info
-from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, cpu_bf16_native, decode_attention_buckets
+from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets
 from engine.cpu_attn import BMM, C_KERNEL, kernel as c_attention
 from engine.cpu_round import CppRound
 from engine.kv_cache import KVCache
@@ -356,45 +355,9 @@ class ModelRunner:
         return outs
 
     def describe(self) -> dict:
-        m = self.model_config
-        dev = device_info.identity(self.device)
-        return {
-            **dev,
-            "fused_kernels": self.fused,
-            "decode_matmuls": "triton skinny" if self.skinny else ("cublas" if self.device.type == "cuda" else "torch"),
-            "torch": torch.__version__,
-            "dtype": self.cfg.dtype,
-            "model": self.model_name,
-            "load_format": self.cfg.load_format,
-            "shape": {"hidden": m.hidden_size, "layers": m.num_hidden_layers, "heads": m.num_attention_heads,
-                      "kv_heads": m.num_key_value_heads, "head_dim": m.head_dim,
-                      "intermediate": m.intermediate_size, "vocab": m.vocab_size},
-            "parameters": m.num_parameters(),
-            "parallel": self.parallel,
-            "tensor_parallel": 1,  # engine/tp_runner.py: N, and every rank's device in `devices`
-            "devices": [dev["device_name"]],
-            "max_model_len": self.max_model_len,
-            "prefill_rows": self.prefill_rows,
-            "cuda_graph": self.graph is not None,
-            "prefill_attention": self._prefill_attention_name(),
-            "threads": torch.get_num_threads(),
-            **(self._describe_cpu() if self.device.type == "cpu" else {}),
-        }
-
-    def _describe_cpu(self) -> dict:
-        mm = self.cpu_mm
-        kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
-        return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
-                "decode_attention": "sdpa a row" if mm is None else C_KERNEL if self.cpu_attn else BMM,
-                "cpu_round": CppRound.describe(self.cpu_round)}
-
-    def _prefill_attention_name(self) -> str:
-        if self.device.type != "cuda":
-            from engine.cpu_attention import describe
-            return "sdpa" if self.cpu_mm is None else describe(self.dtype, self.prefill_rows)
-        from engine import kernels_prefill as kp
-        return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
-                "flash below")
+        """What /v1/engine and the receipts report of this runner (engine/runner_report.py)."""
+        from engine.runner_report import describe
+        return describe(self)
 
 
 def _on_device(device: torch.device) -> None:

@@ -1,0 +1,55 @@
+"""What a ModelRunner reports of itself (/v1/engine, receipts, benches): its model, device,
+kernels and shapes. Read at start-up and by benches; nothing here is on a hot path."""
+from __future__ import annotations
+
+import torch
+
+from engine import device_info
+from engine.cpu_attn import BMM, C_KERNEL
+from engine.cpu_kernels import cpu_bf16_native
+from engine.cpu_round import CppRound
+
+
+def describe(r) -> dict:
+    """The runner's model, device, kernels and shapes, for /v1/engine and the receipts."""
+    m = r.model_config
+    dev = device_info.identity(r.device)
+    return {
+        **dev,
+        "fused_kernels": r.fused,
+        "decode_matmuls": "triton skinny" if r.skinny else ("cublas" if r.device.type == "cuda" else "torch"),
+        "torch": torch.__version__,
+        "dtype": r.cfg.dtype,
+        "model": r.model_name,
+        "load_format": r.cfg.load_format,
+        "shape": {"hidden": m.hidden_size, "layers": m.num_hidden_layers, "heads": m.num_attention_heads,
+                  "kv_heads": m.num_key_value_heads, "head_dim": m.head_dim,
+                  "intermediate": m.intermediate_size, "vocab": m.vocab_size},
+        "parameters": m.num_parameters(),
+        "parallel": r.parallel,
+        "tensor_parallel": 1,  # engine/tp_runner.py: N, and every rank's device in `devices`
+        "devices": [dev["device_name"]],
+        "max_model_len": r.max_model_len,
+        "prefill_rows": r.prefill_rows,
+        "cuda_graph": r.graph is not None,
+        "prefill_attention": _prefill_attention_name(r),
+        "threads": torch.get_num_threads(),
+        **(_describe_cpu(r) if r.device.type == "cpu" else {}),
+    }
+
+
+def _describe_cpu(r) -> dict:
+    mm = r.cpu_mm
+    kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
+    return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
+            "decode_attention": "sdpa a row" if mm is None else C_KERNEL if r.cpu_attn else BMM,
+            "cpu_round": CppRound.describe(r.cpu_round)}
+
+
+def _prefill_attention_name(r) -> str:
+    if r.device.type != "cuda":
+        from engine.cpu_attention import describe as cut_attention
+        return "sdpa" if r.cpu_mm is None else cut_attention(r.dtype, r.prefill_rows)
+    from engine import kernels_prefill as kp
+    return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
+            "flash below")
