@@ -32,6 +32,9 @@ import torch
 log = logging.getLogger("engine.cpu_attn")
 
 SOURCE = Path(__file__).with_name("cpu_attn.c")
+# built into the same library: the C++ round's elementwise passes, and the vector helpers both include
+SOURCES = (SOURCE, SOURCE.with_name("cpu_elem.c"))
+HEADER = SOURCE.with_name("cpu_vec.h")
 FLAGS = ["-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"]
 NAME = "tfe_decode_attention"
 C_KERNEL, BMM = "c kernel", "bmm: batched matmuls a span group"
@@ -69,7 +72,8 @@ def build_once(so: Path, make: Callable[[Path], None]) -> Path:
 
 def library() -> Path:
     cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *FLAGS]).encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
+    key = hashlib.sha256(text + " ".join([cc, *FLAGS]).encode()).hexdigest()[:16]
     return cache_base() / f"cpu_attn-{key}" / "libtfe_attn.so"
 
 
@@ -80,7 +84,7 @@ def build() -> Path:
         raise RuntimeError(f"no C compiler ({cc}) on PATH")
 
     def make(scratch: Path) -> None:
-        r = subprocess.run([cc, *FLAGS, "-o", str(scratch / "libtfe_attn.so"), str(SOURCE)],
+        r = subprocess.run([cc, *FLAGS, "-o", str(scratch / "libtfe_attn.so"), *map(str, SOURCES)],
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(r.stderr.strip().splitlines()[-3:])[:400]}")
@@ -100,6 +104,9 @@ class AttentionKernel:
         fn.restype = ctypes.c_int
         self.fn = fn
         self.address = ctypes.cast(fn, ptr).value
+        # engine/cpu_elem.c, for the C++ round (the Python round runs the ATen ops they stand for)
+        self.norm_address = ctypes.cast(self.lib.tfe_norm_rows, ptr).value
+        self.heads_address = ctypes.cast(self.lib.tfe_heads, ptr).value
 
     def takes(self, n_heads: int, kv_heads: int, head_dim: int) -> bool:
         """The shapes the kernel does (as its source checks them)."""

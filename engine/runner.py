@@ -108,7 +108,8 @@ class ModelRunner:
             log.info("decode attention: %s", C_KERNEL if self.cpu_attn else BMM)
             if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
                 self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp,  # engine/cpu_round.py
-                                                  self.cpu_attn.address if self.cpu_attn else 0)
+                                                  self.cpu_attn.address if self.cpu_attn else 0,
+                                                  (c.norm_address, c.heads_address) if c else (0, 0))
                 # short cuts filled together, tiles without zero rows: only where every rank would
                 # agree (one rank: always) and a row's bits are its own here
                 self.cpu_rows_free = knobs.batch_cuts and rows_invariant(self.cpu_mm, tile_for(cfg.prefill_rows))
