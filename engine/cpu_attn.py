@@ -107,6 +107,27 @@ class AttentionKernel:
         # engine/cpu_elem.c, for the C++ round (the Python round runs the ATen ops they stand for)
         self.norm_address = ctypes.cast(self.lib.tfe_norm_rows, ptr).value
         self.heads_address = ctypes.cast(self.lib.tfe_heads, ptr).value
+        self._mean_sq = self.lib.tfe_mean_sq_rows
+        self._mean_sq.argtypes = [ptr, i64, i64, ctypes.c_int32, ptr]
+
+    def sum_width(self, lengths: tuple[int, ...]) -> int:
+        """The vector width (8 or 16) at which engine/cpu_elem.c's mean of squares gives ATen's
+        `x.pow(2).mean(-1)` bit for bit on rows of each length (random rows of every magnitude,
+        float32 and widened bf16), or 0: then the C++ round takes ATen's means. ATen's order is
+        its own and may change with torch or the CPU, hence a check, not an assumption."""
+        g = torch.Generator().manual_seed(0)
+        for vw in (8, 16):
+            ok = True
+            for n in lengths:
+                x = torch.randn(64, n, generator=g) * torch.logspace(-4, 4, 64)[:, None]
+                for f in (x, x.bfloat16().float()):
+                    out = torch.empty(64)
+                    if self._mean_sq(f.data_ptr(), 64, n, vw, out.data_ptr()) != 0:
+                        return 0
+                    ok = ok and torch.equal(out, f.pow(2).mean(-1))
+            if ok:
+                return vw
+        return 0
 
     def takes(self, n_heads: int, kv_heads: int, head_dim: int) -> bool:
         """The shapes the kernel does (as its source checks them)."""

@@ -1,13 +1,16 @@
-/* The C++ decode round's elementwise passes after a mean of squares (engine/cpu_round.cpp), with
- * the bits of the ATen ops they stand for: every op rounds once, float32 inside and the model's
- * dtype (bf16 or float32) after each `.to` and each bf16 mul or add, as ATen's CPU kernels do
- * (a bf16 binary op widens both sides, operates in float32, rounds to nearest even). The means
- * themselves stay ATen's (its summation order is its own). Built into the C attention's library
- * (engine/cpu_attn.py: -ffp-contract=off, no -ffast-math, so no product is fused into a sum).
- * Each function returns 0, or -1 for a row length it does not take (then the round calls ATen). */
+/* The C++ decode round's RMSNorms (engine/cpu_round.cpp), with the bits of the ATen ops they stand
+ * for: every op rounds once, float32 inside and the model's dtype (bf16 or float32) after each
+ * `.to` and each bf16 mul or add, as ATen's CPU kernels do (a bf16 binary op widens both sides,
+ * operates in float32, rounds to nearest even). The mean of squares is ATen's float sum in ATen's
+ * order (mean_sq below), at the vector width a start-up check found ATen to use here
+ * (engine.cpu_attn.AttentionKernel.sum_width; 0: the caller passes ATen's means). Built into the
+ * C attention's library (engine/cpu_attn.py: -ffp-contract=off, no -ffast-math, so no product is
+ * fused into a sum). Each function returns 0, or -1 for a shape it does not take (then the round
+ * calls ATen). */
 #include "cpu_vec.h"
 
 #define MAX_DC 16 /* head_dim / W up to 16 */
+#define MAX_N 16384
 
 /* x rounded to the model's dtype, kept as float32 (bf16: the low half zero) */
 static inline v16 to_t(v16 x, int bf16) {
@@ -29,9 +32,52 @@ static inline void store16(void *p, v16 x, int bf16) {
   memcpy(p, &h, sizeof h);
 }
 
-/* engine.model.RMSNorm.forward after `ms = f.pow(2).mean(-1)`: out = w * (f * rsqrt(ms + eps)).to(T)
- * (rsqrt: 1 / sqrt, as ATen's, both correctly rounded). f [n] float32 of one row; y: n floats, each
- * rounded to T. */
+/* `f.pow(2).mean(-1)` of one row of n floats as ATen computes it (SumKernel.cpp's cascade_sum on
+ * a contiguous row): vectors of vw lanes taken 4 at a time into 4 accumulators, which move up 4
+ * levels every 2^lp vectors; then the vectors left, the 4 accumulators in order, the scalars
+ * past the last whole vector, and the vw lanes one by one; divided by n. */
+static float mean_sq(const float *f, int64_t n, int vw) {
+  float acc[4][4][16] = {{{0}}};
+  int64_t nv = n / vw, size = nv / 4, i = 0, lp = 0;
+  while ((1LL << lp) < size) ++lp; /* ceil(log2(size)) */
+  lp = lp / 4 > 4 ? lp / 4 : 4;
+  int64_t step = 1LL << lp, mask = step - 1;
+#define ADD_VEC(dst, v) for (int l = 0; l < vw; ++l) (dst)[l] += f[(v) * vw + l] * f[(v) * vw + l]
+  while (i + step <= size) {
+    for (int64_t j = 0; j < step; ++j, ++i)
+      for (int k = 0; k < 4; ++k) ADD_VEC(acc[0][k], i * 4 + k);
+    for (int j = 1; j < 4; ++j) {
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < vw; ++l) acc[j][k][l] += acc[j - 1][k][l], acc[j - 1][k][l] = 0.0f;
+      if (i & (mask << (j * lp))) break;
+    }
+  }
+  for (; i < size; ++i)
+    for (int k = 0; k < 4; ++k) ADD_VEC(acc[0][k], i * 4 + k);
+  for (int j = 1; j < 4; ++j)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < vw; ++l) acc[0][k][l] += acc[j][k][l];
+  for (int64_t v = size * 4; v < nv; ++v) ADD_VEC(acc[0][0], v);
+#undef ADD_VEC
+  for (int k = 1; k < 4; ++k)
+    for (int l = 0; l < vw; ++l) acc[0][0][l] += acc[0][k][l];
+  float total = 0.0f;
+  for (int64_t e = nv * vw; e < n; ++e) total += f[e] * f[e];
+  for (int l = 0; l < vw; ++l) total += acc[0][0][l];
+  return total / (float)n;
+}
+
+/* One row of n (n a multiple of 16) widened from the model's dtype into f */
+static inline void widen(const char *x, float *f, int64_t n, int bf16) {
+  int64_t es = bf16 ? 2 : 4;
+  for (int64_t c = 0; c < n; c += W) {
+    v16 v = load16(x + c * es, bf16);
+    memcpy(f + c, &v, sizeof v);
+  }
+}
+
+/* engine.model.RMSNorm.forward after the mean: y = w * (f * rsqrt(ms + eps)).to(T) (rsqrt:
+ * 1 / sqrt, as ATen's, both correctly rounded); y: n floats, each rounded to T */
 static inline void norm_row(const float *f, float ms, const char *w, float *y, int64_t n, float eps, int bf16) {
   int64_t es = bf16 ? 2 : 4;
   v16 r = splat(1.0f / __builtin_sqrtf(ms + eps));
@@ -42,31 +88,44 @@ static inline void norm_row(const float *f, float ms, const char *w, float *y, i
   }
 }
 
-/* rows of n: f [rows, n] float32, ms [rows], w [n] and out [rows, n] in the model's dtype */
-int tfe_norm_rows(const float *f, const float *ms, const void *w, void *out, int64_t rows, int64_t n, float eps,
-                  int32_t bf16) {
+/* Rows of n in the model's dtype: out = RMSNorm(x) with weight w [n]. With y (and vw): first
+ * x + y, rounded to T, into sum (the residual add before the norm). ms: ATen's means (vw 0), or
+ * NULL (vw 8 or 16: mean_sq). */
+int tfe_norm_rows(const void *x, const void *y, void *sum, const float *ms, const void *w, void *out, int64_t rows,
+                  int64_t n, float eps, int32_t bf16, int32_t vw) {
   int64_t es = bf16 ? 2 : 4;
-  float y[MAX_DC * W * 64];
-  if (n % W || n > (int64_t)(sizeof y / sizeof y[0])) return -1;
+  float f[MAX_N], o[MAX_N];
+  if (n % W || n > MAX_N || (!ms && vw != 8 && vw != 16) || (y && ms)) return -1;
   for (int64_t r = 0; r < rows; ++r) {
-    norm_row(f + r * n, ms[r], (const char *)w, y, n, eps, bf16);
-    for (int64_t c = 0; c < n; c += W) store16((char *)out + (r * n + c) * es, load16(y + c, 0), bf16);
+    const char *xr = (const char *)x + r * n * es;
+    for (int64_t c = 0; c < n; c += W) {
+      v16 v = load16(xr + c * es, bf16);
+      if (y) {
+        v = to_t(v + load16((const char *)y + (r * n + c) * es, bf16), bf16);
+        store16((char *)sum + (r * n + c) * es, v, bf16);
+      }
+      memcpy(f + c, &v, sizeof v);
+    }
+    norm_row(f, ms ? ms[r] : mean_sq(f, n, vw), (const char *)w, o, n, eps, bf16);
+    for (int64_t c = 0; c < n; c += W) store16((char *)out + (r * n + c) * es, load16(o + c, 0), bf16);
   }
   return 0;
 }
 
-/* PackedLinears.heads' q and k: each of a row's nh heads of d normed by its own weight row
- * (w [nh, d]) and rotated as engine.model.rotate's ATen ops round it: a = x * cos, b = rot * sin,
- * out = a + b, each rounded to T (rot: the two halves swapped, the first negated, exactly).
- * f [rows, nh, d] float32, ms [rows, nh], cos and sin [rows, d] and out [rows, nh, d] in T. */
-int tfe_heads(const float *f, const float *ms, const void *w, const void *cos, const void *sin, void *out,
-              int64_t rows, int64_t nh, int64_t d, float eps, int32_t bf16) {
+/* PackedLinears.heads' q and k: each of a row's nh heads of d (row r at qk + r * stride elements)
+ * normed by its own weight row (w [nh, d]) and rotated as engine.model.rotate's ATen ops round
+ * it: a = x * cos, b = rot * sin, out = a + b, each rounded to T (rot: the two halves swapped, the
+ * first negated, exactly). ms [rows, nh] (ATen's) or NULL (mean_sq at vw); cos and sin [rows, d]
+ * and out [rows, nh, d] in T. */
+int tfe_heads(const void *qk, int64_t stride, const float *ms, const void *w, const void *cos, const void *sin,
+              void *out, int64_t rows, int64_t nh, int64_t d, float eps, int32_t bf16, int32_t vw) {
   int64_t es = bf16 ? 2 : 4, dc = d / W, hc = dc / 2;
-  float y[MAX_DC * W];
-  if (d % (2 * W) || dc > MAX_DC) return -1;
+  float f[MAX_DC * W], y[MAX_DC * W];
+  if (d % (2 * W) || dc > MAX_DC || (!ms && vw != 8 && vw != 16)) return -1;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < nh; ++j) {
-      norm_row(f + (r * nh + j) * d, ms[r * nh + j], (const char *)w + j * d * es, y, d, eps, bf16);
+      widen((const char *)qk + (r * stride + j * d) * es, f, d, bf16);
+      norm_row(f, ms ? ms[r * nh + j] : mean_sq(f, d, vw), (const char *)w + j * d * es, y, d, eps, bf16);
       for (int64_t c = 0; c < dc; ++c) {
         v16 x = load16(y + c * W, 0);
         v16 rot = c < hc ? -load16(y + (c + hc) * W, 0) : load16(y + (c - hc) * W, 0);
@@ -75,5 +134,12 @@ int tfe_heads(const float *f, const float *ms, const void *w, const void *cos, c
         store16((char *)out + ((r * nh + j) * d + c * W) * es, to_t(a + b, bf16), bf16);
       }
     }
+  return 0;
+}
+
+/* The means of squares of rows of n floats at width vw, for the start-up check against ATen */
+int tfe_mean_sq_rows(const float *f, int64_t rows, int64_t n, int32_t vw, float *out) {
+  if (vw != 8 && vw != 16) return -1;
+  for (int64_t r = 0; r < rows; ++r) out[r] = mean_sq(f + r * n, n, vw);
   return 0;
 }

@@ -19,14 +19,18 @@ enum Kind : int64_t { ONEDNN = 0, MKL = 1, PLAIN = 2 };
 // engine/cpu_attn.c's tfe_decode_attention
 using AttnFn = int (*)(const void*, const void*, int64_t, int64_t, const void*, int64_t, int64_t, void*, const int64_t*,
                        const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float, int32_t);
-// engine/cpu_elem.c's tfe_norm_rows and tfe_heads: the passes after a mean of squares, ATen's bits
-using NormFn = int (*)(const float*, const float*, const void*, void*, int64_t, int64_t, float, int32_t);
-using HeadsFn = int (*)(const float*, const float*, const void*, const void*, const void*, void*, int64_t, int64_t,
-                        int64_t, float, int32_t);
+// engine/cpu_elem.c's tfe_norm_rows and tfe_heads: the norms (with the residual add before one) and
+// the q/k heads' norm and rotation, with ATen's bits
+using NormFn = int (*)(const void*, const void*, void*, const float*, const void*, void*, int64_t, int64_t, float,
+                       int32_t, int32_t);
+using HeadsFn = int (*)(const void*, int64_t, const float*, const void*, const void*, const void*, void*, int64_t,
+                        int64_t, int64_t, float, int32_t, int32_t);
 struct Elem {
   NormFn norm;  // null: the ATen ops below
   HeadsFn heads;
+  int32_t vw;  // the mean of squares in C at this width (AttentionKernel.sum_width), 0: ATen's means
 };
+
 
 at::Tensor boxed(const c10::OperatorHandle& op, std::vector<c10::IValue> stack) {
   op.callBoxed(&stack);
@@ -53,21 +57,41 @@ at::Tensor mm_tiled(const at::Tensor& x, const at::Tensor& packed, const at::Ten
   return at::cat(parts);
 }
 
-bool bf16_or_float(const at::Tensor& x) { return x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat; }
+bool elem_ok(const Elem& e, const at::Tensor& x, const at::Tensor& w) {
+  auto t = x.scalar_type();
+  return e.norm && (t == at::kBFloat16 || t == at::kFloat) && w.scalar_type() == t && x.is_contiguous() &&
+         w.is_contiguous();
+}
 
-// engine.model.RMSNorm.forward (float32 inside, as HF's): with `e`, the mean of squares through
-// ATen and the rest in one pass of tfe_norm_rows (5 ATen calls less, the same bits)
+// engine.model.RMSNorm.forward (float32 inside, as HF's): with `e`, one pass of tfe_norm_rows
+// (its mean too where e.vw is set: 9 ATen calls less, else 5), the same bits
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, const Elem& e) {
+  int64_t n = x.size(-1);
+  bool bf16 = x.scalar_type() == at::kBFloat16, ok = elem_ok(e, x, w);
+  auto out = ok ? at::empty(x.sizes(), x.options()) : at::Tensor();
+  if (ok && e.vw &&
+      e.norm(x.data_ptr(), nullptr, nullptr, nullptr, w.data_ptr(), out.data_ptr(), x.numel() / n, n, eps, bf16, e.vw) == 0)
+    return out;
   auto f = x.to(at::kFloat);
   auto ms = f.pow(2).mean({-1}, true);
-  if (e.norm && bf16_or_float(x) && w.scalar_type() == x.scalar_type() && x.is_contiguous() && w.is_contiguous()) {
-    auto out = at::empty(x.sizes(), x.options());
-    int64_t n = x.size(-1);
-    if (e.norm(f.data_ptr<float>(), ms.data_ptr<float>(), w.data_ptr(), out.data_ptr(), x.numel() / n, n,
-               static_cast<float>(eps), x.scalar_type() == at::kBFloat16) == 0)
-      return out;
-  }
+  if (ok && e.norm(x.data_ptr(), nullptr, nullptr, ms.data_ptr<float>(), w.data_ptr(), out.data_ptr(), x.numel() / n, n,
+                   eps, bf16, 0) == 0)
+    return out;
   return w.mul(f.mul(at::rsqrt(ms.add(eps))).to(x.scalar_type()));
+}
+
+// x + y (the residual add), then its RMSNorm: (sum, normed); one pass where e.vw is set
+std::pair<at::Tensor, at::Tensor> add_norm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& w, double eps,
+                                           const Elem& e) {
+  if (e.vw && elem_ok(e, x, w) && y.scalar_type() == x.scalar_type() && y.is_contiguous() && y.sizes() == x.sizes()) {
+    auto sum = at::empty(x.sizes(), x.options()), out = at::empty(x.sizes(), x.options());
+    int64_t n = x.size(-1);
+    if (e.norm(x.data_ptr(), y.data_ptr(), sum.data_ptr(), nullptr, w.data_ptr(), out.data_ptr(), x.numel() / n, n, eps,
+               x.scalar_type() == at::kBFloat16, e.vw) == 0)
+      return {sum, out};
+  }
+  auto sum = x.add(y);
+  return {sum, rms_norm(sum, w, eps, e)};
 }
 
 // engine.model.rotate
@@ -100,25 +124,30 @@ at::Tensor attention_c(const at::Tensor& kc, const at::Tensor& vc, at::Tensor q,
   return out;
 }
 
-// PackedLinears.heads: q [rows, H, d], k and v [rows, KVH, d]
-// (with `e`: the norm's tail and the rotation in one pass of tfe_heads, ~14 ATen calls less a layer)
+// PackedLinears.heads: q [rows, H, d], k and v [rows, KVH, d]. (With `e`: the heads' norm and
+// rotation in one pass of tfe_heads, ~14 ATen calls less a layer, 18 with e.vw.)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> heads(const at::Tensor& qkv, const at::Tensor& qk_norm,
                                                       const at::Tensor& cos, const at::Tensor& sin, const Shape& s,
                                                       const Elem& e) {
-  int64_t rows = qkv.size(0), qk_cols = (s.h + s.kvh) * s.d;
-  auto qk = qkv.slice(1, 0, qk_cols).reshape({rows, s.h + s.kvh, s.d});
-  auto f = qk.to(at::kFloat);
-  auto ms = f.pow(2).mean({-1}, true);
-  bool fast = false;
-  if (e.heads && bf16_or_float(qkv) && qk_norm.scalar_type() == qkv.scalar_type() &&
-      cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type()) {
-    auto fc = f.contiguous(), w = qk_norm.contiguous(), c = cos.contiguous(), sn = sin.contiguous();
-    auto out = at::empty({rows, s.h + s.kvh, s.d}, qkv.options());
-    fast = e.heads(fc.data_ptr<float>(), ms.data_ptr<float>(), w.data_ptr(), c.data_ptr(), sn.data_ptr(), out.data_ptr(),
-                   rows, s.h + s.kvh, s.d, static_cast<float>(s.eps), qkv.scalar_type() == at::kBFloat16) == 0;
-    if (fast) qk = out;
+  int64_t rows = qkv.size(0), nh = s.h + s.kvh, qk_cols = nh * s.d;
+  auto t = qkv.scalar_type();
+  auto qk = qkv.slice(1, 0, qk_cols).reshape({rows, nh, s.d});
+  bool c_ok = e.heads && (t == at::kBFloat16 || t == at::kFloat) && qk_norm.scalar_type() == t &&
+              cos.scalar_type() == t && sin.scalar_type() == t && qkv.stride(1) == 1;
+  at::Tensor f, ms, out;
+  auto run = [&](const float* m) {
+    auto w = qk_norm.contiguous(), c = cos.contiguous(), sn = sin.contiguous();
+    out = at::empty({rows, nh, s.d}, qkv.options());
+    return e.heads(qkv.data_ptr(), qkv.stride(0), m, w.data_ptr(), c.data_ptr(), sn.data_ptr(), out.data_ptr(), rows, nh,
+                   s.d, static_cast<float>(s.eps), t == at::kBFloat16, m ? 0 : e.vw) == 0;
+  };
+  bool fast = c_ok && e.vw && run(nullptr);
+  if (!fast) {
+    f = qk.to(at::kFloat);
+    ms = f.pow(2).mean({-1}, true).contiguous();
+    fast = c_ok && run(ms.data_ptr<float>());
   }
-  if (!fast) qk = rotate(qk_norm.mul(f.mul(at::rsqrt(ms.add(s.eps))).to(qkv.scalar_type())), cos, sin);
+  qk = fast ? out : rotate(qk_norm.mul(f.mul(at::rsqrt(ms.add(s.eps))).to(t)), cos, sin);
   return {qk.slice(1, 0, s.h), qk.slice(1, s.h), qkv.slice(1, qk_cols).reshape({rows, s.kvh, s.d})};
 }
 
@@ -206,21 +235,22 @@ at::Tensor decode_round(const at::Tensor& tokens, const at::Tensor& positions, c
   int64_t layers = kcache.size(0);
   auto cos = cos_t.index_select(0, positions), sin = sin_t.index_select(0, positions);
   auto x = at::embedding(embed, tokens);
+  auto h = rms_norm(x, norms[0], eps, e);  // each layer's input norm comes with the residual add before it
   auto eye = at::eye(kv_heads, embed.options()).view({1, kv_heads, 1, kv_heads, 1});
   for (int64_t i = 0; i < layers; ++i) {
     auto w = [&](int j) { return mats[4 * i + j]; };
     auto pw = [&](int j) { return plain[4 * i + j]; };
-    auto [q, k, v] = heads(mm_tiled(rms_norm(x, norms[3 * i], eps, e), w(0), pw(0), kind), norms[3 * i + 2], cos, sin, s, e);
+    auto [q, k, v] = heads(mm_tiled(h, w(0), pw(0), kind), norms[3 * i + 2], cos, sin, s, e);
     auto kl = kcache.select(0, i), vl = vcache.select(0, i);
     kl.index_put_({lanes, positions}, k);
     vl.index_put_({lanes, positions}, v);
     auto att = c_rows.fn ? attention_c(kl, vl, q, c_rows, s) : attention(kl, vl, q, eye, plan, groups, s);
-    x = x.add(mm_tiled(att, w(1), pw(1), kind));
-    auto gu = mm_tiled(rms_norm(x, norms[3 * i + 1], eps, e), w(2), pw(2), kind).chunk(2, -1);
-    x = x.add(mm_tiled(at::silu(gu[0]).mul(gu[1]), w(3), pw(3), kind));
+    std::tie(x, h) = add_norm(x, mm_tiled(att, w(1), pw(1), kind), norms[3 * i + 1], eps, e);
+    auto gu = mm_tiled(h, w(2), pw(2), kind).chunk(2, -1);
+    std::tie(x, h) = add_norm(x, mm_tiled(at::silu(gu[0]).mul(gu[1]), w(3), pw(3), kind),
+                              norms[i + 1 < layers ? 3 * (i + 1) : 3 * layers], eps, e);
   }
-  x = rms_norm(x, norms[3 * layers], eps, e);
-  return mm_tiled(x, mats[4 * layers], plain[4 * layers], kind);
+  return mm_tiled(h, mats[4 * layers], plain[4 * layers], kind);
 }
 
 // ModelRunner.decode's CPU round from plain ints (the padded rows): the plan built here, the
@@ -232,14 +262,15 @@ std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntAr
                                                const at::Tensor& vcache, at::TensorList mats, at::TensorList plain,
                                                at::TensorList norms, int64_t kind, int64_t n_heads, int64_t kv_heads,
                                                int64_t head_dim, double eps, int64_t attn, int64_t norm,
-                                               int64_t heads_fn) {
+                                               int64_t heads_fn, int64_t sum_width) {
   auto i64 = at::TensorOptions().dtype(at::kLong);
   Rows c_rows{reinterpret_cast<AttnFn>(attn), lanes.data(), positions.data(), spare};
   auto plan = attn ? Plan{} : bucket_plan(lanes, positions, spare, kcache.size(2), span_unit);
   auto logits = decode_round(at::tensor(tokens, i64), at::tensor(positions, i64), at::tensor(lanes, i64), embed, cos,
                              sin, kcache, vcache, mats, plain, norms, plan.tensors, plan.ints, kind, n_heads, kv_heads,
                              head_dim, eps, c_rows,
-                             Elem{reinterpret_cast<NormFn>(norm), reinterpret_cast<HeadsFn>(heads_fn)});
+                             Elem{reinterpret_cast<NormFn>(norm), reinterpret_cast<HeadsFn>(heads_fn),
+                                  static_cast<int32_t>(sum_width)});
   return {logits, logits.to(at::kFloat).argmax(-1)};
 }
 
@@ -248,6 +279,6 @@ std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntAr
 TORCH_LIBRARY(tfengine_cpu, m) {
   m.def("decode_rows(int[] tokens, int[] positions, int[] lanes, int spare, int span_unit, Tensor embed, Tensor cos, "
         "Tensor sin, Tensor kcache, Tensor vcache, Tensor[] mats, Tensor[] plain, Tensor[] norms, int kind, "
-        "int n_heads, int kv_heads, int head_dim, float eps, int attn, int norm, int heads) -> (Tensor, Tensor)",
+        "int n_heads, int kv_heads, int head_dim, float eps, int attn, int norm, int heads, int sum_width) -> (Tensor, Tensor)",
         decode_rows);
 }

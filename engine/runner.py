@@ -109,7 +109,7 @@ class ModelRunner:
             if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
                 self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp,  # engine/cpu_round.py
                                                   self.cpu_attn.address if self.cpu_attn else 0,
-                                                  (c.norm_address, c.heads_address) if c else (0, 0))
+                                                  self._cpu_elem(c))
                 # short cuts filled together, tiles without zero rows: only where every rank would
                 # agree (one rank: always) and a row's bits are its own here
                 self.cpu_rows_free = knobs.batch_cuts and rows_invariant(self.cpu_mm, tile_for(cfg.prefill_rows))
@@ -133,6 +133,13 @@ class ModelRunner:
             self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
+
+    def _cpu_elem(self, c) -> tuple[int, int, int]:
+        """The C++ round's C norms (engine/cpu_elem.c): addresses and the mean's width, or 0s."""
+        if c is None:
+            return 0, 0, 0
+        m = self.model_config
+        return c.norm_address, c.heads_address, c.sum_width((m.hidden_size, m.head_dim))
 
     def _check_kv_fits(self, mcfg: ModelConfig) -> None:
         """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""

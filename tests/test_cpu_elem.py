@@ -31,37 +31,67 @@ def c_call(fn, *args):
     return fn(*conv)
 
 
+def test_mean_of_squares_width_is_atens(kernel):
+    """The C mean of squares (ATen's summation order) at the width the check picks equals ATen's
+    `x.pow(2).mean(-1)` on other rows than the check's, and the other width does not (the test
+    can tell orders apart)."""
+    vw = kernel.sum_width((64, 512))
+    if vw == 0:
+        pytest.skip("ATen sums in another order here: the C++ round takes ATen's means")
+    for n in (64, 128, 512, 1536):
+        f = rows((32, n), torch.float32, 100 + n)
+        got, other = torch.empty(32), torch.empty(32)
+        assert kernel._mean_sq(f.data_ptr(), 32, n, vw, got.data_ptr()) == 0
+        assert torch.equal(got, f.pow(2).mean(-1))
+        kernel._mean_sq(f.data_ptr(), 32, n, 24 - vw, other.data_ptr())
+        assert n == 64 or not torch.equal(other, got)
+
+
+NORM_ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_int32]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [64, 512])
-def test_norm_rows_is_rmsnorm(kernel, dtype, n):
-    x, w = rows((9, n), dtype, n), rows((1, n), dtype, 1)[0] + 1
+def test_norm_rows_is_the_residual_add_then_rmsnorm(kernel, dtype, n):
+    x, y, w = rows((9, n), dtype, n), rows((9, n), dtype, n + 1).flip(0), rows((1, n), dtype, 1)[0] + 1
     norm = RMSNorm(n, 1e-6).to(dtype)
     norm.weight.data.copy_(w)
-    f = x.float()
-    ms = f.pow(2).mean(-1)
-    out = torch.empty_like(x)
+    ms = x.float().pow(2).mean(-1)
+    out, total = torch.empty_like(x), torch.empty_like(x)
     fn = kernel.lib.tfe_norm_rows
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int32]
-    assert c_call(fn, f, ms, w, out, 9, n, 1e-6, int(dtype == torch.bfloat16)) == 0
+    fn.argtypes = NORM_ARGS
+    bf16, vw = int(dtype == torch.bfloat16), kernel.sum_width((n,))
     with torch.no_grad():
+        assert c_call(fn, x, None, None, ms, w, out, 9, n, 1e-6, bf16, 0) == 0  # ATen's means
         assert torch.equal(out, norm(x))
-    assert c_call(fn, f, ms, w, out, 9, n - 8, 1e-6, 0) == -1  # a length it does not take
+        if vw:
+            out.zero_()
+            assert c_call(fn, x, None, None, None, w, out, 9, n, 1e-6, bf16, vw) == 0  # its own
+            assert torch.equal(out, norm(x))
+            assert c_call(fn, x, y, total, None, w, out, 9, n, 1e-6, bf16, vw) == 0  # x + y first
+            assert torch.equal(total, x + y) and torch.equal(out, norm(x + y))
+    assert c_call(fn, x, None, None, ms, w, out, 9, n - 8, 1e-6, 0, 0) == -1  # a length it does not take
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d", [64, 128])
 def test_heads_are_norm_then_rotate(kernel, dtype, d):
     r, nh, eps = 8, 12, 1e-6
-    qk, w = rows((r, nh, d), dtype, d), rows((nh, d), dtype, 2) + 1
+    qkv, w = rows((r, nh * d + 3 * d), dtype, d), rows((nh, d), dtype, 2) + 1  # q/k heads, then v
     cos, sin = rows((r, d), dtype, 3).clamp(-1, 1), rows((r, d), dtype, 4).clamp(-1, 1)
-    f = qk.float()
+    f = qkv[:, :nh * d].reshape(r, nh, d).float()
     ms = f.pow(2).mean(-1)
     want = rotate(w * (f * torch.rsqrt(ms[..., None] + eps)).to(dtype), cos, sin)  # PackedLinears.heads
-    out = torch.empty_like(qk)
     fn = kernel.lib.tfe_heads
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int32]
-    assert c_call(fn, f, ms, w, cos, sin, out, r, nh, d, eps, int(dtype == torch.bfloat16)) == 0
-    assert torch.equal(out, want)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [
+        ctypes.c_float, ctypes.c_int32, ctypes.c_int32]
+    bf16 = int(dtype == torch.bfloat16)
+    for m, vw in ((ms, 0), (None, kernel.sum_width((d,)))):
+        if m is None and vw == 0:
+            continue
+        out = torch.empty(r, nh, d, dtype=dtype)
+        assert c_call(fn, qkv, qkv.stride(0), m, w, cos, sin, out, r, nh, d, eps, bf16, vw) == 0
+        assert torch.equal(out, want)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -73,7 +103,7 @@ def test_cpp_round_with_them_is_the_python_round(kernel, dtype):
         pytest.skip(f"the C++ round cannot be built here: {e}")
     r = build_runner(EngineConfig(model="cpu", dtype=dtype, parallel=4, max_model_len=160, prefill_rows=64, seed=5,
                                   kernels=KernelConfig(cpu_cpp=True)))
-    assert r.cpu_round.ready and r.cpu_round.elem == (kernel.norm_address, kernel.heads_address)
+    assert r.cpu_round.ready and r.cpu_round.elem[:2] == (kernel.norm_address, kernel.heads_address)
     for lane in range(3):
         r.prefill(lane, [(i * 31 + lane * 7 + 1) % 500 for i in range(20 + 40 * lane)])
     rows_, where = r._padded([0, 1, 2], [5, 6, 7], [20, 60, 100])
