@@ -107,6 +107,7 @@ class AttentionKernel:
         # engine/cpu_elem.c, for the C++ round (the Python round runs the ATen ops they stand for)
         self.norm_address = ctypes.cast(self.lib.tfe_norm_rows, ptr).value
         self.heads_address = ctypes.cast(self.lib.tfe_heads, ptr).value
+        self.greedy_address = ctypes.cast(self.lib.tfe_greedy, ptr).value
         self._mean_sq = self.lib.tfe_mean_sq_rows
         self._mean_sq.argtypes = [ptr, i64, i64, ctypes.c_int32, ptr]
 

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <map>
 
@@ -25,10 +26,13 @@ using NormFn = int (*)(const void*, const void*, void*, const float*, const void
                        int32_t, int32_t);
 using HeadsFn = int (*)(const void*, int64_t, const float*, const void*, const void*, const void*, void*, int64_t,
                         int64_t, int64_t, float, int32_t, int32_t);
+// and tfe_greedy: each row's argmax, ATen's index
+using GreedyFn = int (*)(const void*, int64_t, int64_t, const int64_t*, int64_t, int32_t, int64_t*);
 struct Elem {
   NormFn norm;  // null: the ATen ops below
   HeadsFn heads;
   int32_t vw;  // the mean of squares in C at this width (AttentionKernel.sum_width), 0: ATen's means
+  GreedyFn greedy;
 };
 
 
@@ -151,6 +155,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> heads(const at::Tensor& qkv, cons
   return {qk.slice(1, 0, s.h), qk.slice(1, s.h), qkv.slice(1, qk_cols).reshape({rows, s.kvh, s.d})};
 }
 
+// cache[lanes[r], positions[r]] = x[r] for every row r, in row order (index_put_'s copies; the
+// padding rows all write the spare lane's row 0, which no row reads), one memcpy a row
+void write_rows(at::Tensor& cache, const at::Tensor& x, const at::Tensor& lanes, const at::Tensor& positions) {
+  int64_t rows = x.size(0), n = x.size(1) * x.size(2), es = x.element_size();
+  if (!(cache.is_contiguous() && x.scalar_type() == cache.scalar_type() && x.stride(2) == 1 &&
+        x.stride(1) == x.size(2) && cache.size(2) * cache.size(3) == n)) {
+    cache.index_put_({lanes, positions}, x);
+    return;
+  }
+  auto* dst = static_cast<char*>(cache.data_ptr());
+  const auto* src = static_cast<const char*>(x.data_ptr());
+  const int64_t *ln = lanes.data_ptr<int64_t>(), *ps = positions.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + (ln[r] * cache.stride(0) + ps[r] * cache.stride(1)) * es, src + r * x.stride(0) * es, n * es);
+}
+
 // engine.cpu_kernels.decode_attention_buckets; plan: 4 tensors a group (q_rows, mask, at,
 // rows_out), groups: 3 ints a group (lo, hi, span)
 at::Tensor attention(const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& q, const at::Tensor& eye,
@@ -242,8 +262,8 @@ at::Tensor decode_round(const at::Tensor& tokens, const at::Tensor& positions, c
     auto pw = [&](int j) { return plain[4 * i + j]; };
     auto [q, k, v] = heads(mm_tiled(h, w(0), pw(0), kind), norms[3 * i + 2], cos, sin, s, e);
     auto kl = kcache.select(0, i), vl = vcache.select(0, i);
-    kl.index_put_({lanes, positions}, k);
-    vl.index_put_({lanes, positions}, v);
+    write_rows(kl, k, lanes, positions);
+    write_rows(vl, v, lanes, positions);
     auto att = c_rows.fn ? attention_c(kl, vl, q, c_rows, s) : attention(kl, vl, q, eye, plan, groups, s);
     std::tie(x, h) = add_norm(x, mm_tiled(att, w(1), pw(1), kind), norms[3 * i + 1], eps, e);
     auto gu = mm_tiled(h, w(2), pw(2), kind).chunk(2, -1);
@@ -262,15 +282,22 @@ std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntAr
                                                const at::Tensor& vcache, at::TensorList mats, at::TensorList plain,
                                                at::TensorList norms, int64_t kind, int64_t n_heads, int64_t kv_heads,
                                                int64_t head_dim, double eps, int64_t attn, int64_t norm,
-                                               int64_t heads_fn, int64_t sum_width) {
+                                               int64_t heads_fn, int64_t sum_width, int64_t greedy) {
   auto i64 = at::TensorOptions().dtype(at::kLong);
   Rows c_rows{reinterpret_cast<AttnFn>(attn), lanes.data(), positions.data(), spare};
   auto plan = attn ? Plan{} : bucket_plan(lanes, positions, spare, kcache.size(2), span_unit);
+  Elem e{reinterpret_cast<NormFn>(norm), reinterpret_cast<HeadsFn>(heads_fn), static_cast<int32_t>(sum_width),
+         reinterpret_cast<GreedyFn>(greedy)};
   auto logits = decode_round(at::tensor(tokens, i64), at::tensor(positions, i64), at::tensor(lanes, i64), embed, cos,
                              sin, kcache, vcache, mats, plain, norms, plan.tensors, plan.ints, kind, n_heads, kv_heads,
-                             head_dim, eps, c_rows,
-                             Elem{reinterpret_cast<NormFn>(norm), reinterpret_cast<HeadsFn>(heads_fn),
-                                  static_cast<int32_t>(sum_width)});
+                             head_dim, eps, c_rows, e);
+  auto t = logits.scalar_type();
+  if (e.greedy && (t == at::kBFloat16 || t == at::kFloat) && logits.is_contiguous()) {
+    auto ids = at::empty({logits.size(0)}, i64);
+    e.greedy(logits.data_ptr(), logits.size(0), logits.size(1), lanes.data(), spare, t == at::kBFloat16,
+             ids.data_ptr<int64_t>());
+    return {logits, ids};
+  }
   return {logits, logits.to(at::kFloat).argmax(-1)};
 }
 
@@ -279,6 +306,6 @@ std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntAr
 TORCH_LIBRARY(tfengine_cpu, m) {
   m.def("decode_rows(int[] tokens, int[] positions, int[] lanes, int spare, int span_unit, Tensor embed, Tensor cos, "
         "Tensor sin, Tensor kcache, Tensor vcache, Tensor[] mats, Tensor[] plain, Tensor[] norms, int kind, "
-        "int n_heads, int kv_heads, int head_dim, float eps, int attn, int norm, int heads, int sum_width) -> (Tensor, Tensor)",
+        "int n_heads, int kv_heads, int head_dim, float eps, int attn, int norm, int heads, int sum_width, int greedy) -> (Tensor, Tensor)",
         decode_rows);
 }

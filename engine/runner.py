@@ -134,12 +134,12 @@ class ModelRunner:
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
 
-    def _cpu_elem(self, c) -> tuple[int, int, int]:
-        """The C++ round's C norms (engine/cpu_elem.c): addresses and the mean's width, or 0s."""
+    def _cpu_elem(self, c) -> tuple[int, int, int, int]:
+        """The C++ round's C norms and argmax (engine/cpu_elem.c): addresses, the mean's width; or 0s."""
         if c is None:
-            return 0, 0, 0
+            return 0, 0, 0, 0
         m = self.model_config
-        return c.norm_address, c.heads_address, c.sum_width((m.hidden_size, m.head_dim))
+        return c.norm_address, c.heads_address, c.sum_width((m.hidden_size, m.head_dim)), c.greedy_address
 
     def _check_kv_fits(self, mcfg: ModelConfig) -> None:
         """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""

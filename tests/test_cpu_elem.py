@@ -1,6 +1,7 @@
 """The C++ round's elementwise passes in C (engine/cpu_elem.c): the bits of the ATen ops they stand
-for (RMSNorm after its mean of squares; the q/k heads' norm and rotation), on random rows of
-every magnitude, and the C++ round with them equal to the Python round on head_dim 64."""
+for (RMSNorm with its mean of squares and the residual add before it; the q/k heads' norm and
+rotation; the greedy argmax), on random rows of every magnitude, and the C++ round with them
+equal to the Python round on head_dim 64."""
 import ctypes
 
 import pytest
@@ -94,6 +95,26 @@ def test_heads_are_norm_then_rotate(kernel, dtype, d):
         assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_is_atens_argmax(kernel, dtype):
+    """ATen's index: ties go to the first, a NaN wins (the first NaN), -inf rows give 0, a tail
+    past the last whole vector counts; padding rows (lane == spare) give 0."""
+    x = rows((8, 1000), torch.float32, 9).to(dtype)
+    x[1, 100] = x[1, 700] = 5e4  # a tie
+    x[2, 7] = x[2, 3] = float("nan")
+    x[3] = float("-inf")
+    x[4, 999] = 6e4  # in the tail (1000 = 62 vectors of 16 + 8)
+    x[5, 0] = 6e4
+    lanes = torch.tensor([0, 1, 2, 3, 4, 5, 9, 9])
+    out = torch.full((8,), -1, dtype=torch.long)
+    fn = kernel.lib.tfe_greedy
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
+                   ctypes.c_void_p]
+    assert c_call(fn, x, 8, 1000, lanes, 9, int(dtype == torch.bfloat16), out) == 0
+    want = x[:6].float().argmax(-1).tolist()
+    assert out[:6].tolist() == want and want[1:] == [100, 3, 0, 999, 0] and out[6:].tolist() == [0, 0]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cpp_round_with_them_is_the_python_round(kernel, dtype):
     from engine.cpu_round import build, load
@@ -104,13 +125,14 @@ def test_cpp_round_with_them_is_the_python_round(kernel, dtype):
     r = build_runner(EngineConfig(model="cpu", dtype=dtype, parallel=4, max_model_len=160, prefill_rows=64, seed=5,
                                   kernels=KernelConfig(cpu_cpp=True)))
     assert r.cpu_round.ready and r.cpu_round.elem[:2] == (kernel.norm_address, kernel.heads_address)
+    assert r.cpu_round.elem[3] == kernel.greedy_address
     for lane in range(3):
         r.prefill(lane, [(i * 31 + lane * 7 + 1) % 500 for i in range(20 + 40 * lane)])
     rows_, where = r._padded([0, 1, 2], [5, 6, 7], [20, 60, 100])
     with torch.inference_mode():
         before = r.kv.k.clone(), r.kv.v.clone()
-        logits, _ = r.cpu_round.rows(rows_, r.spare, r.kv)
+        logits, ids = r.cpu_round.rows(rows_, r.spare, r.kv)
         r.kv.k.copy_(before[0])
         r.kv.v.copy_(before[1])
         ref = r._decode_body(torch.tensor(rows_), rows=list(zip(rows_[2], rows_[1])))
-    assert torch.equal(logits[where], ref[where])
+    assert torch.equal(logits[where], ref[where]) and ids[where].tolist() == ref[where].argmax(-1).tolist()
