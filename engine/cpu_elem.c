@@ -10,7 +10,6 @@
 #include "cpu_vec.h"
 
 #define MAX_DC 16 /* head_dim / W up to 16 */
-#define MAX_N 16384
 
 /* x rounded to the model's dtype, kept as float32 (bf16: the low half zero) */
 static inline v16 to_t(v16 x, int bf16) {
@@ -79,6 +78,7 @@ static inline void widen(const char *x, float *f, int64_t n, int bf16) {
 /* engine.model.RMSNorm.forward after the mean: y = w * (f * rsqrt(ms + eps)).to(T) (rsqrt:
  * 1 / sqrt, as ATen's, both correctly rounded); y: n floats, each rounded to T */
 static inline void norm_row(const float *f, float ms, const char *w, float *y, int64_t n, float eps, int bf16) {
+  /* (y may be f: element c of y needs element c of f only) */
   int64_t es = bf16 ? 2 : 4;
   v16 r = splat(1.0f / __builtin_sqrtf(ms + eps));
   for (int64_t c = 0; c < n; c += W) {
@@ -94,8 +94,9 @@ static inline void norm_row(const float *f, float ms, const char *w, float *y, i
 int tfe_norm_rows(const void *x, const void *y, void *sum, const float *ms, const void *w, void *out, int64_t rows,
                   int64_t n, float eps, int32_t bf16, int32_t vw) {
   int64_t es = bf16 ? 2 : 4;
-  float f[MAX_N], o[MAX_N];
-  if (n % W || n > MAX_N || (!ms && vw != 8 && vw != 16) || (y && ms)) return -1;
+  if (n % W || (!ms && vw != 8 && vw != 16) || (y && ms)) return -1;
+  float *f = malloc(sizeof(float) * (size_t)n); /* one row: its sum, then its norm in place */
+  if (!f) return -1;
   for (int64_t r = 0; r < rows; ++r) {
     const char *xr = (const char *)x + r * n * es;
     for (int64_t c = 0; c < n; c += W) {
@@ -106,9 +107,10 @@ int tfe_norm_rows(const void *x, const void *y, void *sum, const float *ms, cons
       }
       memcpy(f + c, &v, sizeof v);
     }
-    norm_row(f, ms ? ms[r] : mean_sq(f, n, vw), (const char *)w, o, n, eps, bf16);
-    for (int64_t c = 0; c < n; c += W) store16((char *)out + (r * n + c) * es, load16(o + c, 0), bf16);
+    norm_row(f, ms ? ms[r] : mean_sq(f, n, vw), (const char *)w, f, n, eps, bf16);
+    for (int64_t c = 0; c < n; c += W) store16((char *)out + (r * n + c) * es, load16(f + c, 0), bf16);
   }
+  free(f);
   return 0;
 }
 
