@@ -28,6 +28,9 @@ BLOCK = 64
 # let the next kernel launch at once (its programs wait on the GPU for this one). Loading weights
 # before the wait, and letting the next kernel launch before it, measured no faster (PERF.md runs 15-16).
 PDL = 0
+# The split attention's combine folded into its last-arriving program (decode_attention's fold);
+# set per capture by kernels_skinny.launch_mode from KernelConfig.fold_combine.
+FOLD_COMBINE = False
 
 
 def launch_opts() -> dict:
@@ -69,14 +72,16 @@ def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.co
 
 
 @triton.jit
-def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse,
+def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   stride_qr, stride_qh,
                   stride_kb, stride_kt, stride_kh,
                   stride_or, stride_oh, stride_os,
                   stride_lr, stride_lh,
+                  stride_out,
                   scale,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                  SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, PDL_: tl.constexpr = 0):
+                  SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
+                  FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0):
     pdl_enter(PDL_)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -107,6 +112,16 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse,
         tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
                  mask=gmask[:, None])
         tl.store(Lse + row * stride_lr + heads * stride_lh + s, m_i + tl.log(l_i), mask=gmask)
+        if FOLD:  # the combine, by the last of the row's n splits of this KV head to arrive
+            # every thread's partial stored, then release them and acquire the others' (acq_rel,
+            # gpu scope), as kernels_skinny's split K does
+            tl.debug_barrier()
+            n = (length + SPLIT_ - 1) // SPLIT_
+            cnt = Count + row * tl.num_programs(1) + kvh
+            if tl.atomic_add(cnt, 1) == n - 1:
+                _combine_group(Opart, Lse, Out, row, heads, gmask, n, stride_or, stride_oh, stride_os,
+                               stride_lr, stride_lh, stride_out, D, GROUP_PAD, NSPLIT, DYNAMIC)
+                tl.atomic_xchg(cnt, 0)  # ready for the next launch (graph replays too)
 
 
 @triton.jit
@@ -154,36 +169,83 @@ def _combine_kernel(Opart, Lse, Pos, Out,
     tl.store(Out + row * stride_out + h * D + d, (acc / l).to(Out.dtype.element_ty))
 
 
+@triton.jit
+def _combine_group(Opart, Lse, Out, row, heads, gmask, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh,
+                   stride_out, D: tl.constexpr, GROUP_PAD: tl.constexpr, NSPLIT: tl.constexpr,
+                   DYNAMIC: tl.constexpr):
+    """_combine_kernel's arithmetic for the GROUP heads of one KV head at once: each head's m, l
+    and acc go through _merge's operations, splits 0, 1, 2, ... in order, so the same bits.
+    Partials are read through L2 (.cg): other programs of this launch wrote them."""
+    d = tl.arange(0, D)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    ob = Opart + row * stride_or + heads[:, None] * stride_oh + d[None, :]
+    lb = Lse + row * stride_lr + heads * stride_lh
+    if DYNAMIC:
+        for s in range(0, n):
+            m, l, acc = _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc)
+    else:
+        for s in range(0, NSPLIT):
+            m, l, acc = _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc)
+    tl.store(Out + row * stride_out + heads[:, None] * D + d[None, :], (acc / l[:, None]).to(Out.dtype.element_ty),
+             mask=gmask[:, None])
+
+
+@triton.jit
+def _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc):
+    """_merge for a group of heads: m, l [G], acc [G, D]; the same operations element by element."""
+    valid = s < n
+    # masks in the pointers' shapes (the interpreter refuses a scalar one)
+    take = gmask & ((gmask.to(tl.int32) * 0 + s) < n)
+    lse = tl.load(lb + s, mask=take, other=float("-inf"), cache_modifier=".cg")
+    o = tl.load(ob + s * stride_os, mask=take[:, None], other=0.0, cache_modifier=".cg")
+    lse = tl.where(valid, lse, float("-inf"))
+    m_new = tl.maximum(m, lse)
+    a = tl.exp(m - m_new)
+    b = tl.exp(lse - m_new)
+    acc = tl.where(valid, acc * a[:, None] + o * b[:, None], acc)
+    l = tl.where(valid, l * a + b, l)
+    return tl.where(valid, m_new, m), l, acc
+
+
 _scratch: dict = {}
 
 
-def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D]."""
+def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
+                     fold: bool | None = None) -> torch.Tensor:
+    """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
+    fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
+    (row, KV head) instead of a second kernel; the same bits."""
     p, h, d = q.shape
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
     kvh, max_len = k.shape[2], k.shape[1]
     group = h // kvh
     nsplit = triton.cdiv(max_len, SPLIT)
+    fold = FOLD_COMBINE if fold is None else fold
     key = (p, h, d, nsplit, q.device)
     if key not in _scratch:  # allocated once, outside any graph capture's first use
         _scratch[key] = (torch.empty(p, h, nsplit, d, dtype=torch.float32, device=q.device),
-                         torch.empty(p, h, nsplit, dtype=torch.float32, device=q.device))
-    opart, lse = _scratch[key]
+                         torch.empty(p, h, nsplit, dtype=torch.float32, device=q.device),
+                         torch.zeros(p, kvh, dtype=torch.int32, device=q.device))
+    opart, lse, count = _scratch[key]
     out = torch.empty(p, h * d, dtype=q.dtype, device=q.device)
     q = q.contiguous()
     _split_kernel[(p, kvh, nsplit)](
-        q, k, v, lanes, positions, opart, lse,
+        q, k, v, lanes, positions, opart, lse, out, count,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         opart.stride(0), opart.stride(1), opart.stride(2),
         lse.stride(0), lse.stride(1),
+        out.stride(0),
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
-        DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=4, **launch_opts())
-    _combine_kernel[(p, h)](
-        opart, lse, positions, out,
-        opart.stride(0), opart.stride(1), opart.stride(2),
-        lse.stride(0), lse.stride(1),
-        out.stride(0),
-        D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=1, **launch_opts())
+        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), num_warps=4, **launch_opts())
+    if not fold:
+        _combine_kernel[(p, h)](
+            opart, lse, positions, out,
+            opart.stride(0), opart.stride(1), opart.stride(2),
+            lse.stride(0), lse.stride(1),
+            out.stride(0),
+            D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=1, **launch_opts())
     return out

@@ -214,19 +214,23 @@ def set_entries(configs=(), gated=()) -> None:
 
 class launch_mode:
     """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
-    engine/kernels.py PDL); the runner captures its decode graph inside it. Restores PDL on exit."""
+    engine/kernels.py PDL) and fold what `fold_combine` says (engine/kernels.py FOLD_COMBINE); the
+    runner captures its decode graph inside it. Restores both on exit."""
 
-    def __init__(self, pdl: int = 0):
+    def __init__(self, pdl: int = 0, fold_combine: bool | None = None):
         self.pdl = int(pdl)
+        self.fold = fold_combine
 
     def __enter__(self):
         import engine.kernels as K
-        self.saved, K.PDL = K.PDL, self.pdl
+        self.saved = K.PDL, K.FOLD_COMBINE
+        K.PDL = self.pdl
+        K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
-        K.PDL = self.saved
+        K.PDL, K.FOLD_COMBINE = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
