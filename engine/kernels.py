@@ -31,6 +31,8 @@ PDL = 0
 # The split attention's combine folded into its last-arriving program (decode_attention's fold);
 # set per capture by kernels_skinny.launch_mode from KernelConfig.fold_combine.
 FOLD_COMBINE = False
+# Where the split attention loads K and V (_split_loop's AHEAD); set by launch_mode from KernelConfig.kv_ahead.
+KV_AHEAD = 0
 
 
 def launch_opts() -> dict:
@@ -72,6 +74,61 @@ def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.co
 
 
 @triton.jit
+def _load_kv(kbase, vbase, start, hi, stride_kt, D: tl.constexpr, BLOCK_: tl.constexpr):
+    """K and V of keys [start, start + BLOCK) masked to < hi, both issued before either is used
+    (masked rows: no access)."""
+    d = tl.arange(0, D)
+    t = start + tl.arange(0, BLOCK_)
+    off = t[:, None].to(tl.int64) * stride_kt + d[None, :]
+    # V first: the compiler stores K to shared memory for the dot right after K's load, which waits for K
+    v = tl.load(vbase + off, mask=(t < hi)[:, None], other=0.0)
+    k = tl.load(kbase + off, mask=(t < hi)[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _attend(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_: tl.constexpr):
+    """_block's arithmetic, operation for operation, on K and V already loaded."""
+    t = start + tl.arange(0, BLOCK_)
+    tmask = t < hi
+    qk = tl.dot(q, tl.trans(k)) * scale
+    qk = tl.where(tmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _split_loop(q, kbase, vbase, lo, hi, stride_kt, scale, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, AHEAD: tl.constexpr):
+    """The split's blocks in order. AHEAD (where the loads go; no arithmetic moves): 0, K, then its
+    softmax, then V (two memory round trips a block); 1, K and V together; 2, also the next
+    block's K and V before this block's arithmetic."""
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    # the interpreter cannot loop to a run-time bound: it visits every block of the split, masked
+    stop = hi if DYNAMIC else lo + SPLIT_
+    if AHEAD == 0:
+        for start in range(lo, stop, BLOCK_):
+            m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
+    elif AHEAD == 1:
+        for start in range(lo, stop, BLOCK_):
+            k, v = _load_kv(kbase, vbase, start, hi, stride_kt, D, BLOCK_)
+            m_i, l_i, acc = _attend(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_)
+    else:
+        k, v = _load_kv(kbase, vbase, lo, hi, stride_kt, D, BLOCK_)
+        for start in range(lo, stop, BLOCK_):
+            kn, vn = _load_kv(kbase, vbase, start + BLOCK_, hi, stride_kt, D, BLOCK_)
+            m_i, l_i, acc = _attend(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_)
+            k, v = kn, vn
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   stride_qr, stride_qh,
                   stride_kb, stride_kt, stride_kh,
@@ -81,7 +138,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   scale,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                   SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
-                  FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0):
+                  FOLD: tl.constexpr = False, AHEAD: tl.constexpr = 0, PDL_: tl.constexpr = 0):
     pdl_enter(PDL_)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -95,33 +152,79 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         gmask = g < GROUP
         heads = kvh * GROUP + g
         q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, D], tl.float32)
         hi = tl.minimum(lo + SPLIT_, length)
         kbase = K + lane * stride_kb + kvh * stride_kh
         vbase = V + lane * stride_kb + kvh * stride_kh
-        if DYNAMIC:
-            for start in range(lo, hi, BLOCK_):
-                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
-        else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
-            for b in range(0, SPLIT_ // BLOCK_):
-                m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
-                                       BLOCK_)
+        m_i, l_i, acc = _split_loop(q, kbase, vbase, lo, hi, stride_kt, scale, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
+                                    AHEAD)
         acc = acc / l_i[:, None]
-        tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
-                 mask=gmask[:, None])
-        tl.store(Lse + row * stride_lr + heads * stride_lh + s, m_i + tl.log(l_i), mask=gmask)
-        if FOLD:  # the combine, by the last of the row's n splits of this KV head to arrive
-            # every thread's partial stored, then release them and acquire the others' (acq_rel,
-            # gpu scope), as kernels_skinny's split K does
-            tl.debug_barrier()
-            n = (length + SPLIT_ - 1) // SPLIT_
-            cnt = Count + row * tl.num_programs(1) + kvh
-            if tl.atomic_add(cnt, 1) == n - 1:
-                _combine_group(Opart, Lse, Out, row, heads, gmask, n, stride_or, stride_oh, stride_os,
-                               stride_lr, stride_lh, stride_out, D, GROUP_PAD, NSPLIT, DYNAMIC)
-                tl.atomic_xchg(cnt, 0)  # ready for the next launch (graph replays too)
+        lse = m_i + tl.log(l_i)
+        n = (length + SPLIT_ - 1) // SPLIT_
+        if FOLD:
+            _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh,
+                       stride_os, stride_lr, stride_lh, stride_out, D, GROUP_PAD, NSPLIT, DYNAMIC)
+        else:
+            tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
+                     mask=gmask[:, None])
+            tl.store(Lse + row * stride_lr + heads * stride_lh + s, lse, mask=gmask)
+
+
+@triton.jit
+def _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh, stride_os,
+               stride_lr, stride_lh, stride_out, D: tl.constexpr, GROUP_PAD: tl.constexpr, NSPLIT: tl.constexpr,
+               DYNAMIC: tl.constexpr):
+    """The combine inside the split kernel. A row of one split: its program merges its own partial
+    (in registers, the values it would have stored). Else each split stores its partial and the
+    last of the n to arrive merges them all, read back in split order."""
+    d = tl.arange(0, D)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    out = tl.zeros([GROUP_PAD, D], tl.float32)
+    optr = Out + row * stride_out + heads[:, None] * D + d[None, :]
+    if n == 1:
+        m, l, out = _merge_values(lse, acc, n > 0, m, l, out)
+        tl.store(optr, (out / l[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
+    else:
+        ob = Opart + row * stride_or + heads[:, None] * stride_oh + d[None, :]
+        lb = Lse + row * stride_lr + heads * stride_lh
+        tl.store(ob + s * stride_os, acc, mask=gmask[:, None])
+        tl.store(lb + s, lse, mask=gmask)
+        # every thread's partial stored, then release them and acquire the others' (acq_rel, gpu
+        # scope), as kernels_skinny's split K does
+        tl.debug_barrier()
+        cnt = Count + row * tl.num_programs(1) + kvh
+        if tl.atomic_add(cnt, 1) == n - 1:
+            if DYNAMIC:
+                for j in range(0, n):
+                    m, l, out = _merge_group(ob, lb, j, n, gmask, stride_os, m, l, out)
+            else:
+                for j in range(0, NSPLIT):
+                    m, l, out = _merge_group(ob, lb, j, n, gmask, stride_os, m, l, out)
+            tl.store(optr, (out / l[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
+            tl.atomic_xchg(cnt, 0)  # ready for the next launch (graph replays too)
+
+
+@triton.jit
+def _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc):
+    """_merge for a group of heads (m, l [G], acc [G, D]): split s's partial read back through L2
+    (.cg: other programs of this launch wrote it)."""
+    # masks in the pointers' shapes (the interpreter refuses a scalar one)
+    take = gmask & ((gmask.to(tl.int32) * 0 + s) < n)
+    lse = tl.load(lb + s, mask=take, other=float("-inf"), cache_modifier=".cg")
+    o = tl.load(ob + s * stride_os, mask=take[:, None], other=0.0, cache_modifier=".cg")
+    return _merge_values(lse, o, s < n, m, l, acc)
+
+
+@triton.jit
+def _merge_values(lse, o, valid, m, l, acc):
+    """_merge's operations, element by element, on a group's split partial (lse [G], o [G, D])."""
+    lse = tl.where(valid, lse, float("-inf"))
+    m_new = tl.maximum(m, lse)
+    a = tl.exp(m - m_new)
+    b = tl.exp(lse - m_new)
+    acc = tl.where(valid, acc * a[:, None] + o * b[:, None], acc)
+    l = tl.where(valid, l * a + b, l)
+    return tl.where(valid, m_new, m), l, acc
 
 
 @triton.jit
@@ -169,54 +272,16 @@ def _combine_kernel(Opart, Lse, Pos, Out,
     tl.store(Out + row * stride_out + h * D + d, (acc / l).to(Out.dtype.element_ty))
 
 
-@triton.jit
-def _combine_group(Opart, Lse, Out, row, heads, gmask, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh,
-                   stride_out, D: tl.constexpr, GROUP_PAD: tl.constexpr, NSPLIT: tl.constexpr,
-                   DYNAMIC: tl.constexpr):
-    """_combine_kernel's arithmetic for the GROUP heads of one KV head at once: each head's m, l
-    and acc go through _merge's operations, splits 0, 1, 2, ... in order, so the same bits.
-    Partials are read through L2 (.cg): other programs of this launch wrote them."""
-    d = tl.arange(0, D)
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    ob = Opart + row * stride_or + heads[:, None] * stride_oh + d[None, :]
-    lb = Lse + row * stride_lr + heads * stride_lh
-    if DYNAMIC:
-        for s in range(0, n):
-            m, l, acc = _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc)
-    else:
-        for s in range(0, NSPLIT):
-            m, l, acc = _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc)
-    tl.store(Out + row * stride_out + heads[:, None] * D + d[None, :], (acc / l[:, None]).to(Out.dtype.element_ty),
-             mask=gmask[:, None])
-
-
-@triton.jit
-def _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc):
-    """_merge for a group of heads: m, l [G], acc [G, D]; the same operations element by element."""
-    valid = s < n
-    # masks in the pointers' shapes (the interpreter refuses a scalar one)
-    take = gmask & ((gmask.to(tl.int32) * 0 + s) < n)
-    lse = tl.load(lb + s, mask=take, other=float("-inf"), cache_modifier=".cg")
-    o = tl.load(ob + s * stride_os, mask=take[:, None], other=0.0, cache_modifier=".cg")
-    lse = tl.where(valid, lse, float("-inf"))
-    m_new = tl.maximum(m, lse)
-    a = tl.exp(m - m_new)
-    b = tl.exp(lse - m_new)
-    acc = tl.where(valid, acc * a[:, None] + o * b[:, None], acc)
-    l = tl.where(valid, l * a + b, l)
-    return tl.where(valid, m_new, m), l, acc
-
 
 _scratch: dict = {}
 
 
 def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
-                     fold: bool | None = None) -> torch.Tensor:
+                     fold: bool | None = None, ahead: int | None = None) -> torch.Tensor:
     """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
     fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
-    (row, KV head) instead of a second kernel; the same bits."""
+    (row, KV head) instead of a second kernel; ahead (default KV_AHEAD): where the K/V loads go
+    (_split_loop). Every setting gives the same bits."""
     p, h, d = q.shape
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
     kvh, max_len = k.shape[2], k.shape[1]
@@ -240,7 +305,8 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         out.stride(0),
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
-        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), num_warps=4, **launch_opts())
+        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, AHEAD=KV_AHEAD if ahead is None else ahead, PDL_=pdl_on(),
+        num_warps=4, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

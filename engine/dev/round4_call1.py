@@ -107,7 +107,7 @@ def sec_decode(base, variants: dict | None = None):
     save()
     best = min((n for n in runners if variants[n]), key=lambda n: statistics.median(rep_t[(n, 1)]))
     RES["best variant"] = best
-    for name in ("pdl off (default)", best):
+    for name in (next(iter(runners)), best):  # the base (first) and the fastest
         RES[f"profile {name}"] = profile_sum(runners[name])
     return variants[best]
 
