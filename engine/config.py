@@ -144,11 +144,9 @@ class KernelConfig:
     # -0.03 ms of a 4.76 ms qwen3-8b round, runs 12-13 +0.2 ms (engine/dev/PERF.md runs 12-16): off.
     pdl: int = 0
     # CUDA decode graph: the split attention's combine done by each (row, KV head)'s last split
-    # program instead of a kernel of its own (engine/kernels.py), the same bits. Measuring (issue 14 round 5).
-    fold_combine: bool = False
-    # CUDA decode graph: where the split attention loads K and V (engine/kernels.py _split_loop: 0 K,
-    # then V after the softmax; 1 together; 2 also a block ahead), the same bits. Measuring (round 5).
-    kv_ahead: int = 0
+    # program instead of a kernel of its own (engine/kernels.py), the same bits: qwen3-8b's round
+    # 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).
+    fold_combine: bool = True
     # Tensor parallel on CUDA at two ranks: "fused": each decode sum and the add + RMSNorm after it
     # in one kernel (engine/tp_fused.py; qwen3-32b round 10.54 ms against 11.21, engine/dev/PERF.md
     # issue 15 round 3), symm for the rest; "symm": a one-shot all-reduce in symmetric memory

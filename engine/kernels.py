@@ -28,12 +28,11 @@ BLOCK = 64
 # let the next kernel launch at once (its programs wait on the GPU for this one). Loading weights
 # before the wait, and letting the next kernel launch before it, measured no faster (PERF.md runs 15-16).
 PDL = 0
-# The split attention's combine folded into its last-arriving program (decode_attention's fold);
-# set per capture by kernels_skinny.launch_mode from KernelConfig.fold_combine.
-FOLD_COMBINE = False
-# Where the split attention loads K and V (_split_loop's AHEAD); set by launch_mode from KernelConfig.kv_ahead.
-KV_AHEAD = 0
-
+# The split attention's combine done by its last-arriving split program (decode_attention's fold),
+# the same bits: qwen3-8b's round -0.072 ms (engine/dev/PERF.md run 17). kernels_skinny.launch_mode
+# sets it per capture from KernelConfig.fold_combine. Loading V beside K, or a block ahead, measured
+# no faster (run 17).
+FOLD_COMBINE = True
 
 def launch_opts() -> dict:
     """Extra launch arguments every kernel of the forward passes (launch_pdl when PDL is on)."""
@@ -74,61 +73,6 @@ def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.co
 
 
 @triton.jit
-def _load_kv(kbase, vbase, start, hi, stride_kt, D: tl.constexpr, BLOCK_: tl.constexpr):
-    """K and V of keys [start, start + BLOCK) masked to < hi, both issued before either is used
-    (masked rows: no access)."""
-    d = tl.arange(0, D)
-    t = start + tl.arange(0, BLOCK_)
-    off = t[:, None].to(tl.int64) * stride_kt + d[None, :]
-    # V first: the compiler stores K to shared memory for the dot right after K's load, which waits for K
-    v = tl.load(vbase + off, mask=(t < hi)[:, None], other=0.0)
-    k = tl.load(kbase + off, mask=(t < hi)[:, None], other=0.0)
-    return k, v
-
-
-@triton.jit
-def _attend(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_: tl.constexpr):
-    """_block's arithmetic, operation for operation, on K and V already loaded."""
-    t = start + tl.arange(0, BLOCK_)
-    tmask = t < hi
-    qk = tl.dot(q, tl.trans(k)) * scale
-    qk = tl.where(tmask[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _split_loop(q, kbase, vbase, lo, hi, stride_kt, scale, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, AHEAD: tl.constexpr):
-    """The split's blocks in order. AHEAD (where the loads go; no arithmetic moves): 0, K, then its
-    softmax, then V (two memory round trips a block); 1, K and V together; 2, also the next
-    block's K and V before this block's arithmetic."""
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    # the interpreter cannot loop to a run-time bound: it visits every block of the split, masked
-    stop = hi if DYNAMIC else lo + SPLIT_
-    if AHEAD == 0:
-        for start in range(lo, stop, BLOCK_):
-            m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
-    elif AHEAD == 1:
-        for start in range(lo, stop, BLOCK_):
-            k, v = _load_kv(kbase, vbase, start, hi, stride_kt, D, BLOCK_)
-            m_i, l_i, acc = _attend(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_)
-    else:
-        k, v = _load_kv(kbase, vbase, lo, hi, stride_kt, D, BLOCK_)
-        for start in range(lo, stop, BLOCK_):
-            kn, vn = _load_kv(kbase, vbase, start + BLOCK_, hi, stride_kt, D, BLOCK_)
-            m_i, l_i, acc = _attend(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_)
-            k, v = kn, vn
-    return m_i, l_i, acc
-
-
-@triton.jit
 def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   stride_qr, stride_qh,
                   stride_kb, stride_kt, stride_kh,
@@ -138,7 +82,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   scale,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                   SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
-                  FOLD: tl.constexpr = False, AHEAD: tl.constexpr = 0, PDL_: tl.constexpr = 0):
+                  FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0):
     pdl_enter(PDL_)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -152,11 +96,19 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         gmask = g < GROUP
         heads = kvh * GROUP + g
         q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, D], tl.float32)
         hi = tl.minimum(lo + SPLIT_, length)
         kbase = K + lane * stride_kb + kvh * stride_kh
         vbase = V + lane * stride_kb + kvh * stride_kh
-        m_i, l_i, acc = _split_loop(q, kbase, vbase, lo, hi, stride_kt, scale, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
-                                    AHEAD)
+        if DYNAMIC:
+            for start in range(lo, hi, BLOCK_):
+                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
+        else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
+            for b in range(0, SPLIT_ // BLOCK_):
+                m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
+                                       BLOCK_)
         acc = acc / l_i[:, None]
         lse = m_i + tl.log(l_i)
         n = (length + SPLIT_ - 1) // SPLIT_
@@ -277,11 +229,10 @@ _scratch: dict = {}
 
 
 def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
-                     fold: bool | None = None, ahead: int | None = None) -> torch.Tensor:
+                     fold: bool | None = None) -> torch.Tensor:
     """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
     fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
-    (row, KV head) instead of a second kernel; ahead (default KV_AHEAD): where the K/V loads go
-    (_split_loop). Every setting gives the same bits."""
+    (row, KV head) instead of a second kernel, the same bits."""
     p, h, d = q.shape
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
     kvh, max_len = k.shape[2], k.shape[1]
@@ -305,8 +256,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         out.stride(0),
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
-        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, AHEAD=KV_AHEAD if ahead is None else ahead, PDL_=pdl_on(),
-        num_warps=4, **launch_opts())
+        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), num_warps=4, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

@@ -214,24 +214,23 @@ def set_entries(configs=(), gated=()) -> None:
 
 class launch_mode:
     """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
-    engine/kernels.py PDL), fold the attention's combine or not (`fold_combine`: FOLD_COMBINE) and
-    place its K/V loads (`kv_ahead`: KV_AHEAD); None keeps the module's setting. The runner
-    captures its decode graph inside it. Restores all three on exit."""
+    engine/kernels.py PDL) and fold the attention's combine or not (`fold_combine`, FOLD_COMBINE;
+    None keeps the module's setting); the runner captures its decode graph inside it. Restores
+    both on exit."""
 
-    def __init__(self, pdl: int = 0, fold_combine: bool | None = None, kv_ahead: int | None = None):
-        self.pdl, self.fold, self.ahead = int(pdl), fold_combine, kv_ahead
+    def __init__(self, pdl: int = 0, fold_combine: bool | None = None):
+        self.pdl, self.fold = int(pdl), fold_combine
 
     def __enter__(self):
         import engine.kernels as K
-        self.saved = K.PDL, K.FOLD_COMBINE, K.KV_AHEAD
+        self.saved = K.PDL, K.FOLD_COMBINE
         K.PDL = self.pdl
         K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
-        K.KV_AHEAD = K.KV_AHEAD if self.ahead is None else int(self.ahead)
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
-        K.PDL, K.FOLD_COMBINE, K.KV_AHEAD = self.saved
+        K.PDL, K.FOLD_COMBINE = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:

@@ -28,9 +28,6 @@ pos = torch.tensor([0, 31, 32, 70, 95])  # 1, 1, 2, 3 and 3 splits of 32
 two = K.decode_attention(kv, 1, q, lanes, pos, fold=False)
 one = K.decode_attention(kv, 1, q, lanes, pos, fold=True)
 assert torch.equal(one, two), (one - two).abs().max()
-for ahead in (1, 2):  # K and V loaded together, and a block ahead: no arithmetic moves
-    assert torch.equal(K.decode_attention(kv, 1, q, lanes, pos, fold=False, ahead=ahead), two), ahead
-    assert torch.equal(K.decode_attention(kv, 1, q, lanes, pos, fold=True, ahead=ahead), two), ahead
 assert torch.equal(K.decode_attention(kv, 1, q, lanes, pos, fold=True), one)
 assert all(int(s[2].abs().sum()) == 0 for s in K._scratch.values())
 # against the reference too (not bitwise): every head of every row written

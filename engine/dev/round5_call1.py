@@ -1,7 +1,8 @@
-"""Issue 14, round 5, first device call: the decode round's small kernels folded into their
-neighbours (engine/kernels.py FOLD_COMBINE: the split attention's combine done by its last split
-program) and the split attention's K/V loads moved ahead (KV_AHEAD: no arithmetic moves), side by
-side with the round as it was, and the best with PDL 2.
+"""Issue 14, round 5, first device call (run 17, engine/dev/PERF.md): the split attention's
+combine folded into its last split program (engine/kernels.py FOLD_COMBINE, KernelConfig.fold_combine),
+side by side with the round without it. Run 17 ran this at commit febd0e7 with four more variants
+(the split kernel's K/V loads moved ahead, with and without the fold and PDL 2); they measured no
+faster and were removed: that commit has them.
 
 Bits first: the folded attention against the two kernels on random data at positions of 1 to 9
 splits; every variant's tokens (three prompts alone, one of 600 tokens so its rows span three
@@ -29,12 +30,8 @@ from engine.config import EngineConfig, KernelConfig
 
 RES, say, save = R2.RES, R2.say, R2.save
 VARIANTS = {
-    "base (default)": {},
-    "fold combine": {"fold_combine": True},
-    "kv ahead 1 (K and V together)": {"kv_ahead": 1},
-    "kv ahead 2 (and the next block)": {"kv_ahead": 2},
-    "fold + ahead 2": {"fold_combine": True, "kv_ahead": 2},
-    "fold + ahead 2 + pdl 2": {"fold_combine": True, "kv_ahead": 2, "pdl": 2},
+    "fold off": {"fold_combine": False},
+    "fold combine (default)": {},
 }
 
 
@@ -74,11 +71,10 @@ def sec_kernel(device, dtype):
     same = []
     for trial in range(1 if small else 4):
         q = (torch.randn(len(pos), h, d, generator=g, device=device) * (1 + trial)).to(dtype)
-        a = K.decode_attention(KV, 0, q, lanes, pos_t, fold=False, ahead=0)
-        same.append({f"fold {f} ahead {ah}": bool(torch.equal(a, K.decode_attention(KV, 0, q, lanes, pos_t, f, ah)))
-                     for f in (False, True) for ah in (0, 1, 2) if f or ah})
+        a = K.decode_attention(KV, 0, q, lanes, pos_t, fold=False)
+        same.append(bool(torch.equal(a, K.decode_attention(KV, 0, q, lanes, pos_t, fold=True))))
     counters = all(int(s[2].abs().sum()) == 0 for s in K._scratch.values())
-    out.update({"positions": pos, "== base (fold off, ahead 0), bitwise": same, "counters at 0": counters})
+    out.update({"positions": pos, "fold == two kernels, bitwise": same, "counters at 0": counters})
     say("kernel", json.dumps(out))
     save()
 
@@ -153,7 +149,7 @@ def main(argv):
     C1.tokens_of = tokens_of  # sec_decode's bit check, with rows of several splits
     base = ModelRunner(EngineConfig(model=m8, device=dev, dtype=dt, parallel=8, max_model_len=2304,
                                     prefill_rows=4096))
-    best = R2._guard("decode", lambda: C1.sec_decode(base, VARIANTS)) or {"fold_combine": True}
+    best = R2._guard("decode", lambda: C1.sec_decode(base, VARIANTS)) or {"fold_combine": False}
     del base
     if not dry:
         torch.cuda.empty_cache()
