@@ -147,6 +147,10 @@ class KernelConfig:
     # program instead of a kernel of its own (engine/kernels.py), the same bits: qwen3-8b's round
     # 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).
     fold_combine: bool = True
+    # CUDA decode graph: the q/k per-head RMSNorm + RoPE + K/V cache write done by the split
+    # attention (engine/kernels_qkfold.py) instead of a kernel of its own. Measuring (issue 14 round 5):
+    # 0 off, 1 on, 2 on with the other lane layout of the sum of squares.
+    fold_qk_norm: int = 0
     # Tensor parallel on CUDA at two ranks: "fused": each decode sum and the add + RMSNorm after it
     # in one kernel (engine/tp_fused.py; qwen3-32b round 10.54 ms against 11.21, engine/dev/PERF.md
     # issue 15 round 3), symm for the rest; "symm": a one-shot all-reduce in symmetric memory

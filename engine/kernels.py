@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels_qkfold import qk_heads
+
 SPLIT = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 64
@@ -33,6 +35,10 @@ PDL = 0
 # sets it per capture from KernelConfig.fold_combine. Loading V beside K, or a block ahead, measured
 # no faster (run 17).
 FOLD_COMBINE = True
+# The q/k per-head RMSNorm + RoPE + K/V cache write done by the split kernel (decode_attention's qk,
+# engine/kernels_qkfold.py), the same bits; set per capture by launch_mode from KernelConfig.fold_qk_norm.
+FOLD_QK_NORM = False
+QK_STRIDED = False  # kernels_qkfold.warp_sumsq's lane layout (the device check picks the one that matches)
 
 def launch_opts() -> dict:
     """Extra launch arguments every kernel of the forward passes (launch_pdl when PDL is on)."""
@@ -82,7 +88,9 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   scale,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                   SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
-                  FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0):
+                  FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
+                  WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0, QKN: tl.constexpr = False,
+                  STRIDED: tl.constexpr = False):
     pdl_enter(PDL_)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -95,7 +103,15 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         d = tl.arange(0, D)
         gmask = g < GROUP
         heads = kvh * GROUP + g
-        q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+        if QKN:  # Q is the q/k/v product: norm, rotate, write K/V here (engine/kernels_qkfold.py)
+            n = (length + SPLIT_ - 1) // SPLIT_
+            q = qk_heads(Q, WQ, WK, Cos, Sin, K + lane * stride_kb, V + lane * stride_kb, row,
+                         tl.load(Pos + row).to(tl.int64), kvh, s == n - 1, stride_qr, stride_kt, stride_kh, eps,
+                         H, tl.num_programs(1), GROUP, GROUP_PAD, D, STRIDED)
+            tl.debug_barrier()  # the split holding pos reads the K/V rows just written
+        else:
+            q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None],
+                        other=0.0)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -229,13 +245,16 @@ _scratch: dict = {}
 
 
 def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
-                     fold: bool | None = None) -> torch.Tensor:
+                     fold: bool | None = None, qk: tuple | None = None) -> torch.Tensor:
     """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
     fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
-    (row, KV head) instead of a second kernel, the same bits."""
-    p, h, d = q.shape
+    (row, KV head) instead of a second kernel, the same bits.
+    qk = (wq, wk, cos, sin, H, eps): q is the q/k/v product [P, (H + 2 KVH) * D] instead, and the
+    split kernel norms and rotates q and k and writes the K/V rows itself (engine/kernels_qkfold.py),
+    as kernels_fused.qk_norm_rope_write would; only where qk_fold_takes() says so."""
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
-    kvh, max_len = k.shape[2], k.shape[1]
+    kvh, max_len, d = k.shape[2], k.shape[1], k.shape[3]
+    p, h = q.shape[0], (qk[4] if qk is not None else q.shape[1])
     group = h // kvh
     nsplit = triton.cdiv(max_len, SPLIT)
     fold = FOLD_COMBINE if fold is None else fold
@@ -247,16 +266,20 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
     opart, lse, count = _scratch[key]
     out = torch.empty(p, h * d, dtype=q.dtype, device=q.device)
     q = q.contiguous()
+    extra = {}
+    if qk is not None:
+        wq, wk, cos, sin, _, eps = qk
+        extra = dict(WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True, STRIDED=QK_STRIDED)
     _split_kernel[(p, kvh, nsplit)](
         q, k, v, lanes, positions, opart, lse, out, count,
-        q.stride(0), q.stride(1),
+        q.stride(0), q.stride(1) if qk is None else d,
         k.stride(0), k.stride(1), k.stride(2),
         opart.stride(0), opart.stride(1), opart.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0),
         d ** -0.5,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
-        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), num_warps=4, **launch_opts())
+        GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
+        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), num_warps=4, **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,
@@ -265,3 +288,13 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
             out.stride(0),
             D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=1, **launch_opts())
     return out
+
+
+def group_pad(group: int) -> int:
+    return max(16, triton.next_power_of_2(group))
+
+
+def qk_fold_takes(n_heads: int, n_kv: int, head_dim: int) -> bool:
+    """Whether the split kernel can do the q/k norm + RoPE + cache write (FOLD_QK_NORM): head_dim
+    128 (the order kernels_qkfold reproduces) and a spare row in the head tile for K."""
+    return head_dim == 128 and n_heads // n_kv < group_pad(n_heads // n_kv)

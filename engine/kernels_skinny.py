@@ -214,23 +214,25 @@ def set_entries(configs=(), gated=()) -> None:
 
 class launch_mode:
     """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
-    engine/kernels.py PDL) and fold the attention's combine or not (`fold_combine`, FOLD_COMBINE;
-    None keeps the module's setting); the runner captures its decode graph inside it. Restores
-    both on exit."""
+    engine/kernels.py PDL) and the decode attention folds its neighbours or not (`fold_combine`:
+    FOLD_COMBINE, `fold_qk_norm`: FOLD_QK_NORM; None keeps the module's setting); the runner
+    captures its decode graph inside it. Restores them on exit."""
 
-    def __init__(self, pdl: int = 0, fold_combine: bool | None = None):
-        self.pdl, self.fold = int(pdl), fold_combine
+    def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: int | None = None):
+        self.pdl, self.fold, self.qk = int(pdl), fold_combine, fold_qk_norm
 
     def __enter__(self):
         import engine.kernels as K
-        self.saved = K.PDL, K.FOLD_COMBINE
+        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, K.QK_STRIDED
         K.PDL = self.pdl
         K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
+        if self.qk is not None:  # 0 off, 1 on, 2 on with the strided lane layout (measuring)
+            K.FOLD_QK_NORM, K.QK_STRIDED = bool(self.qk), self.qk == 2
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
-        K.PDL, K.FOLD_COMBINE = self.saved
+        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, K.QK_STRIDED = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:

@@ -40,3 +40,111 @@ assert torch.equal(K.decode_attention(kv, 0, qb, lanes, pos, fold=True),
                    K.decode_attention(kv, 0, qb, lanes, pos, fold=False))
 print("ok")
 ''')
+
+
+def test_qk_fold_sums_squares_in_the_one_warp_order(interpret):
+    """kernels_qkfold.warp_sumsq adds a head's squares as the one-warp standalone kernel does on the
+    device (a lane's pair fused, fma(x0, x0, x1 * x1), then the butterfly l + l^16, ^8, ^4, ^2, ^1),
+    for both lane layouts: bitwise a torch model of that order, and the two layouts differ."""
+    interpret(r'''
+import torch, triton, triton.language as tl
+from engine.kernels_qkfold import warp_sumsq
+
+@triton.jit
+def k(X, Y, STRIDED: tl.constexpr):
+    r, c = tl.arange(0, 16), tl.arange(0, 64)
+    tl.store(Y + r, warp_sumsq(tl.load(X + r[:, None] * 64 + c[None, :]), 16, STRIDED))
+
+def model(x, strided):
+    a, b = (x[:, :32], x[:, 32:]) if strided else (x[:, 0::2], x[:, 1::2])
+    t = (a.double() * a.double() + (b * b).double()).float()  # one rounding: a*a is exact in float64
+    for w in (16, 8, 4, 2, 1):
+        t = t[:, :w] + t[:, w:2 * w]
+    return t[:, 0]
+
+x = torch.randn(16, 64, generator=torch.Generator().manual_seed(4)) * torch.logspace(-3, 3, 16)[:, None]
+out = {}
+for strided in (False, True):
+    y = torch.empty(16)
+    k[(1,)](x, y, STRIDED=strided)
+    assert torch.equal(y, model(x, strided)), strided
+    out[strided] = y
+assert not torch.equal(out[False], out[True])  # the order shows in the bits
+print("ok")
+''')
+
+
+def test_qk_fold_in_split_attention_matches_the_standalone_kernel(interpret):
+    """The q/k norm + RoPE + cache write done by the split kernel (decode_attention's qk): the same
+    attention output and K rows as qk_norm_rope_write then decode_attention up to the sum's order
+    (the interpreter sums the standalone kernel's squares in numpy's order; on the device the two
+    are bitwise equal, engine/dev/PERF.md run 18), V rows bitwise, no other cache row touched."""
+    interpret(r'''
+import torch
+import engine.kernels as K
+from engine.kernels_fused import qk_norm_rope_write
+K.SPLIT, K.BLOCK = 32, 16
+g = torch.Generator().manual_seed(3)
+lanes_n, max_len, kvh, d, h, p = 3, 96, 2, 128, 6, 4
+class KV: pass
+def cache():
+    kv = KV()
+    c = torch.Generator().manual_seed(1)
+    kv.k, kv.v = (torch.randn(1, lanes_n + 1, max_len, kvh, d, generator=c) for _ in range(2))
+    return kv
+qkv = torch.randn(p, (h + 2 * kvh) * d, generator=g) * 3
+wq, wk = torch.randn(d, generator=g), torch.randn(d, generator=g)
+cos, sin = torch.randn(max_len, d, generator=g), torch.randn(max_len, d, generator=g)
+lanes, pos = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 40, 95, 0])  # 1, 2 and 3 splits of 32
+a, b = cache(), cache()
+ref = K.decode_attention(a, 0, qk_norm_rope_write(qkv, wq, wk, cos, sin, a.k[0], a.v[0], lanes, pos, h, kvh, d, 1e-6),
+                         lanes, pos)
+for strided in (False, True):
+    K.QK_STRIDED = strided
+    out = K.decode_attention(b, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6))
+    assert (out - ref).abs().max() < 1e-5 and torch.equal(a.v, b.v)
+    assert (a.k - b.k).abs().max() < 1e-5
+    untouched = torch.ones(lanes_n + 1, max_len, dtype=torch.bool)
+    untouched[lanes, pos] = False
+    assert torch.equal(a.k[0][untouched], b.k[0][untouched])
+assert K.qk_fold_takes(32, 8, 128) and K.qk_fold_takes(64, 8, 128)
+assert not K.qk_fold_takes(32, 8, 64) and not K.qk_fold_takes(32, 2, 128)  # 16 q heads a KV head: no spare row
+print("ok")
+''')
+
+
+def test_decode_round_with_the_qk_fold(interpret):
+    """The model's fused decode round with the q/k fold on (engine.kernels.FOLD_QK_NORM, head_dim
+    128): the same logits as with it off up to the interpreter's sum order, and the same K/V
+    cache rows written (V bitwise)."""
+    interpret(r'''
+import torch
+import engine.kernels as K
+from engine.config import ModelConfig
+from engine.kv_cache import KVCache
+from engine.model import Qwen3ForCausalLM
+K.SPLIT, K.BLOCK = 32, 16
+cfg = ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+torch.manual_seed(0)
+m = Qwen3ForCausalLM(cfg)
+for p in m.parameters():
+    torch.nn.init.normal_(p, std=0.2)
+m.fuse(); m.setup_rope(80)
+import engine.kernels_fused as F
+calls, orig = [], F.qk_norm_rope_write
+F.qk_norm_rope_write = lambda *a, **k: calls.append(1) or orig(*a, **k)
+out = {}
+for fold in (False, True):
+    kv = KVCache(cfg, 3, 80, torch.float32, "cpu")
+    torch.manual_seed(1)
+    kv.k.normal_(); kv.v.normal_()
+    K.FOLD_QK_NORM = fold
+    logits = m.decode(torch.tensor([3, 7, 9]), torch.tensor([4, 40, 0]), torch.tensor([0, 1, 3]), kv,
+                      K.decode_attention, fused=True)
+    out[fold] = (logits, kv.k.clone(), kv.v.clone())
+    assert len(calls) == 2, (fold, calls)  # the standalone kernel ran for the two layers of the unfolded round only
+(l0, k0, v0), (l1, k1, v1) = out[False], out[True]
+assert (l0 - l1).abs().max() < 1e-4 and torch.equal(v0, v1) and (k0 - k1).abs().max() < 1e-5
+print("ok")
+''')

@@ -79,16 +79,20 @@ def sec_kernel(device, dtype):
     save()
 
 
-def sec_32b(best_kw: dict, model: str, device: str, dtype: str):
-    """qwen3-32b (one H200, --parallel 8): base and the best variant, tokens and logits, replay and
-    host-driven at 1 and 8 streams."""
+def sec_32b(best_kw: dict, model: str, device: str, dtype: str, base_kw: dict | None = None):
+    """qwen3-32b (one H200, --parallel 8): base (base_kw; None: the defaults), the defaults and the
+    best variant, tokens and logits against the base, replay at 1 and 8 streams, host-driven at 1."""
     from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
     out = RES.setdefault("qwen3-32b", {})
     cfg = EngineConfig(model=model, device=device, dtype=dtype, parallel=8, max_model_len=1024, prefill_rows=1024)
-    base = ModelRunner(cfg)
-    runners = {"base (default)": base,
-               f"best {best_kw}": ModelRunner(replace(cfg, kernels=KernelConfig(**best_kw)), model=base.model)}
+    dflt = ModelRunner(cfg)
+    runners, seen = {}, []
+    for name, kw in ((f"base {base_kw or {}}", base_kw or {}), ("defaults", {}), (f"best {best_kw}", best_kw)):
+        if kw not in seen:
+            seen.append(kw)
+            runners[name] = dflt if not kw else ModelRunner(replace(cfg, kernels=KernelConfig(**kw)), model=dflt.model)
+    base = dflt
     ref = None
     for name, r in runners.items():
         t = tokens_of(r)
