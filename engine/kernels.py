@@ -39,6 +39,8 @@ FOLD_COMBINE = True
 # engine/kernels_qkfold.py), the same bits; set per capture by launch_mode from KernelConfig.fold_qk_norm.
 FOLD_QK_NORM = False
 QK_STRIDED = False  # kernels_qkfold.warp_sumsq's lane layout (the device check picks the one that matches)
+QK_DIAG = 0  # run 19's check: 1 q through memory, 2 also the K/V loads through L2 (.cg)
+_diag_q: list = [None]
 
 def launch_opts() -> dict:
     """Extra launch arguments every kernel of the forward passes (launch_pdl when PDL is on)."""
@@ -60,20 +62,23 @@ def pdl_enter(PDL_: tl.constexpr):
 
 
 @triton.jit
-def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr, BLOCK_: tl.constexpr):
+def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr, BLOCK_: tl.constexpr,
+           CM: tl.constexpr = ""):
     """One BLOCK of keys [start, start + BLOCK) masked to < hi; online softmax in float32. A
     fully masked block leaves m, l and acc bit for bit unchanged (alpha 1, p 0)."""
     d = tl.arange(0, D)
     t = start + tl.arange(0, BLOCK_)
     tmask = t < hi
-    k = tl.load(kbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
+    k = tl.load(kbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0,
+                cache_modifier=CM)
     qk = tl.dot(q, tl.trans(k)) * scale
     qk = tl.where(tmask[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(vbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
+    v = tl.load(vbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0,
+                cache_modifier=CM)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
 
@@ -90,7 +95,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0, QKN: tl.constexpr = False,
-                  STRIDED: tl.constexpr = False):
+                  STRIDED: tl.constexpr = False, QS=None, QVIA: tl.constexpr = False, CM: tl.constexpr = ""):
     pdl_enter(PDL_)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -108,6 +113,11 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
             q = qk_heads(Q, WQ, WK, Cos, Sin, K + lane * stride_kb, V + lane * stride_kb, row,
                          tl.load(Pos + row).to(tl.int64), kvh, s == n - 1, stride_qr, stride_kt, stride_kh, eps,
                          H, tl.num_programs(1), GROUP, GROUP_PAD, D, STRIDED)
+            if QVIA:  # (run 19's check) q through memory, read back as the unfolded kernel reads it
+                qp = QS + row * (H * D) + heads[:, None] * D + d[None, :]
+                tl.store(qp, q, mask=gmask[:, None])
+                tl.debug_barrier()
+                q = tl.load(qp, mask=gmask[:, None], other=0.0)
             tl.debug_barrier()  # the split holding pos reads the K/V rows just written
         else:
             q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None],
@@ -120,11 +130,11 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         vbase = V + lane * stride_kb + kvh * stride_kh
         if DYNAMIC:
             for start in range(lo, hi, BLOCK_):
-                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
+                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_, CM)
         else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
             for b in range(0, SPLIT_ // BLOCK_):
                 m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
-                                       BLOCK_)
+                                       BLOCK_, CM)
         acc = acc / l_i[:, None]
         lse = m_i + tl.log(l_i)
         n = (length + SPLIT_ - 1) // SPLIT_
@@ -270,6 +280,10 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
     if qk is not None:
         wq, wk, cos, sin, _, eps = qk
         extra = dict(WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True, STRIDED=QK_STRIDED)
+        if QK_DIAG:  # run 19's check: q through memory (kept in _diag_q), and K/V loads past L1
+            extra.update(QS=torch.empty(p, h, d, dtype=q.dtype, device=q.device), QVIA=True,
+                         CM=".cg" if QK_DIAG > 1 else "")
+            _diag_q[0] = extra["QS"]
     _split_kernel[(p, kvh, nsplit)](
         q, k, v, lanes, positions, opart, lse, out, count,
         q.stride(0), q.stride(1) if qk is None else d,

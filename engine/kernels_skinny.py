@@ -223,16 +223,16 @@ class launch_mode:
 
     def __enter__(self):
         import engine.kernels as K
-        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, K.QK_STRIDED
+        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, K.QK_STRIDED, K.QK_DIAG
         K.PDL = self.pdl
         K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
-        if self.qk is not None:  # 0 off, 1 on, 2 on with the strided lane layout (measuring)
-            K.FOLD_QK_NORM, K.QK_STRIDED = bool(self.qk), self.qk == 2
+        if self.qk is not None:  # 0 off, 1 on, 2 the strided lane layout, 3-4 run 19's checks (measuring)
+            K.FOLD_QK_NORM, K.QK_STRIDED, K.QK_DIAG = bool(self.qk), self.qk == 2, max(0, self.qk - 2)
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
-        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, K.QK_STRIDED = self.saved
+        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, K.QK_STRIDED, K.QK_DIAG = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
