@@ -30,17 +30,16 @@ BLOCK = 64
 # let the next kernel launch at once (its programs wait on the GPU for this one). Loading weights
 # before the wait, and letting the next kernel launch before it, measured no faster (PERF.md runs 15-16).
 PDL = 0
-# The split attention's combine done by its last-arriving split program (decode_attention's fold),
-# the same bits: qwen3-8b's round -0.072 ms (engine/dev/PERF.md run 17). kernels_skinny.launch_mode
-# sets it per capture from KernelConfig.fold_combine. Loading V beside K, or a block ahead, measured
-# no faster (run 17).
-FOLD_COMBINE = True
-# The q/k per-head RMSNorm + RoPE + K/V cache write done by the split kernel (decode_attention's qk,
-# engine/kernels_qkfold.py), the same bits; set per capture by launch_mode from KernelConfig.fold_qk_norm.
+# The decode graph's folds of the split attention's neighbours, the same bits (engine/dev/PERF.md
+# runs 17-20); off here, so eager calls run the plain kernels; the runner's capture turns them on
+# (kernels_skinny.launch_mode, from KernelConfig.fold_combine / fold_qk_norm):
+# - FOLD_COMBINE: the combine done by each (row, KV head)'s last-arriving split program
+#   (decode_attention's fold): qwen3-8b's round -0.072 ms. Loading V beside K, or a block ahead,
+#   measured no faster (run 17).
+# - FOLD_QK_NORM: the q/k per-head RMSNorm + RoPE + K/V cache write done by the split kernel
+#   (decode_attention's qk, engine/kernels_qkfold.py): -0.025 ms more.
+FOLD_COMBINE = False
 FOLD_QK_NORM = False
-QK_STRIDED = False  # kernels_qkfold.warp_sumsq's lane layout (the device check picks the one that matches)
-QK_DIAG = 0  # run 19's check: 1 q through memory, 2 also the K/V loads through L2 (.cg)
-_diag_q: list = [None]
 
 def launch_opts() -> dict:
     """Extra launch arguments every kernel of the forward passes (launch_pdl when PDL is on)."""
@@ -62,23 +61,20 @@ def pdl_enter(PDL_: tl.constexpr):
 
 
 @triton.jit
-def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr, BLOCK_: tl.constexpr,
-           CM: tl.constexpr = ""):
+def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr, BLOCK_: tl.constexpr):
     """One BLOCK of keys [start, start + BLOCK) masked to < hi; online softmax in float32. A
     fully masked block leaves m, l and acc bit for bit unchanged (alpha 1, p 0)."""
     d = tl.arange(0, D)
     t = start + tl.arange(0, BLOCK_)
     tmask = t < hi
-    k = tl.load(kbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0,
-                cache_modifier=CM)
+    k = tl.load(kbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
     qk = tl.dot(q, tl.trans(k)) * scale
     qk = tl.where(tmask[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(vbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0,
-                cache_modifier=CM)
+    v = tl.load(vbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
 
@@ -94,8 +90,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                   SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
-                  WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0, QKN: tl.constexpr = False,
-                  STRIDED: tl.constexpr = False, QS=None, QVIA: tl.constexpr = False, CM: tl.constexpr = ""):
+                  QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
+                  QKN: tl.constexpr = False):
     pdl_enter(PDL_)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -108,20 +104,17 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         d = tl.arange(0, D)
         gmask = g < GROUP
         heads = kvh * GROUP + g
-        if QKN:  # Q is the q/k/v product: norm, rotate, write K/V here (engine/kernels_qkfold.py)
+        if QKN:  # norm and rotate q and k, write K/V, from the q/k/v product (engine/kernels_qkfold.py)
             n = (length + SPLIT_ - 1) // SPLIT_
-            q = qk_heads(Q, WQ, WK, Cos, Sin, K + lane * stride_kb, V + lane * stride_kb, row,
-                         tl.load(Pos + row).to(tl.int64), kvh, s == n - 1, stride_qr, stride_kt, stride_kh, eps,
-                         H, tl.num_programs(1), GROUP, GROUP_PAD, D, STRIDED)
-            if QVIA:  # (run 19's check) q through memory, read back as the unfolded kernel reads it
-                qp = QS + row * (H * D) + heads[:, None] * D + d[None, :]
-                tl.store(qp, q, mask=gmask[:, None])
-                tl.debug_barrier()
-                q = tl.load(qp, mask=gmask[:, None], other=0.0)
-            tl.debug_barrier()  # the split holding pos reads the K/V rows just written
-        else:
-            q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None],
-                        other=0.0)
+            qn = qk_heads(QKV, WQ, WK, Cos, Sin, K + lane * stride_kb, V + lane * stride_kb, row,
+                          tl.load(Pos + row).to(tl.int64), kvh, s == n - 1, stride_qkv, stride_kt, stride_kh, eps,
+                          H, tl.num_programs(1), GROUP, GROUP_PAD, D)
+            # q goes through memory and is read back by the load below, as the unfolded kernel reads
+            # it: attending with the tile in registers gave other bits (engine/dev/PERF.md run 19).
+            # The barrier also orders the K/V rows just written before the split holding pos reads them.
+            tl.store(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], qn, mask=gmask[:, None])
+            tl.debug_barrier()
+        q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -130,11 +123,11 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         vbase = V + lane * stride_kb + kvh * stride_kh
         if DYNAMIC:
             for start in range(lo, hi, BLOCK_):
-                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_, CM)
+                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
         else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
             for b in range(0, SPLIT_ // BLOCK_):
                 m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
-                                       BLOCK_, CM)
+                                       BLOCK_)
         acc = acc / l_i[:, None]
         lse = m_i + tl.log(l_i)
         n = (length + SPLIT_ - 1) // SPLIT_
@@ -277,16 +270,13 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
     out = torch.empty(p, h * d, dtype=q.dtype, device=q.device)
     q = q.contiguous()
     extra = {}
-    if qk is not None:
+    if qk is not None:  # q is the q/k/v product: the kernel reads it there, and writes q for itself
         wq, wk, cos, sin, _, eps = qk
-        extra = dict(WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True, STRIDED=QK_STRIDED)
-        if QK_DIAG:  # run 19's check: q through memory (kept in _diag_q), and K/V loads past L1
-            extra.update(QS=torch.empty(p, h, d, dtype=q.dtype, device=q.device), QVIA=True,
-                         CM=".cg" if QK_DIAG > 1 else "")
-            _diag_q[0] = extra["QS"]
+        extra = dict(QKV=q, stride_qkv=q.stride(0), WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True)
+        q = torch.empty(p, h, d, dtype=q.dtype, device=q.device)
     _split_kernel[(p, kvh, nsplit)](
         q, k, v, lanes, positions, opart, lse, out, count,
-        q.stride(0), q.stride(1) if qk is None else d,
+        q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         opart.stride(0), opart.stride(1), opart.stride(2),
         lse.stride(0), lse.stride(1),

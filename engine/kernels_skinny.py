@@ -218,21 +218,20 @@ class launch_mode:
     FOLD_COMBINE, `fold_qk_norm`: FOLD_QK_NORM; None keeps the module's setting); the runner
     captures its decode graph inside it. Restores them on exit."""
 
-    def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: int | None = None):
+    def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: bool | None = None):
         self.pdl, self.fold, self.qk = int(pdl), fold_combine, fold_qk_norm
 
     def __enter__(self):
         import engine.kernels as K
-        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, K.QK_STRIDED, K.QK_DIAG
+        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM
         K.PDL = self.pdl
         K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
-        if self.qk is not None:  # 0 off, 1 on, 2 the strided lane layout, 3-4 run 19's checks (measuring)
-            K.FOLD_QK_NORM, K.QK_STRIDED, K.QK_DIAG = bool(self.qk), self.qk == 2, max(0, self.qk - 2)
+        K.FOLD_QK_NORM = K.FOLD_QK_NORM if self.qk is None else bool(self.qk)
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
-        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, K.QK_STRIDED, K.QK_DIAG = self.saved
+        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:

@@ -310,8 +310,9 @@ class ModelRunner:
             self._s_in[2] = self.spare  # warm-up and capture write only the spare lane
             from engine.kernels_skinny import launch_mode
             knobs = self.cfg.kernels
-            mode = launch_mode(pdl=knobs.pdl if self.fused else 0, fold_combine=knobs.fold_combine,
-                               fold_qk_norm=knobs.fold_qk_norm)
+            solo = self.cfg.tensor_parallel == 1  # the folds were checked on the device at one rank only
+            mode = launch_mode(pdl=knobs.pdl if self.fused else 0, fold_combine=knobs.fold_combine and solo,
+                               fold_qk_norm=knobs.fold_qk_norm and solo)
             with torch.inference_mode(), mode:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())

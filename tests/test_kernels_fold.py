@@ -44,16 +44,16 @@ print("ok")
 
 def test_qk_fold_sums_squares_in_the_one_warp_order(interpret):
     """kernels_qkfold.warp_sumsq adds a head's squares as the one-warp standalone kernel does on the
-    device (a lane's pair fused, fma(x0, x0, x1 * x1), then the butterfly l + l^16, ^8, ^4, ^2, ^1),
-    for both lane layouts: bitwise a torch model of that order, and the two layouts differ."""
+    device (lane l holds 2l, 2l+1: fma(x0, x0, x1 * x1), then the butterfly l + l^16, ^8, ^4, ^2, ^1):
+    bitwise a torch model of that order, and not of another (lanes holding l and l + 32)."""
     interpret(r'''
 import torch, triton, triton.language as tl
 from engine.kernels_qkfold import warp_sumsq
 
 @triton.jit
-def k(X, Y, STRIDED: tl.constexpr):
+def k(X, Y):
     r, c = tl.arange(0, 16), tl.arange(0, 64)
-    tl.store(Y + r, warp_sumsq(tl.load(X + r[:, None] * 64 + c[None, :]), 16, STRIDED))
+    tl.store(Y + r, warp_sumsq(tl.load(X + r[:, None] * 64 + c[None, :]), 16))
 
 def model(x, strided):
     a, b = (x[:, :32], x[:, 32:]) if strided else (x[:, 0::2], x[:, 1::2])
@@ -63,13 +63,10 @@ def model(x, strided):
     return t[:, 0]
 
 x = torch.randn(16, 64, generator=torch.Generator().manual_seed(4)) * torch.logspace(-3, 3, 16)[:, None]
-out = {}
-for strided in (False, True):
-    y = torch.empty(16)
-    k[(1,)](x, y, STRIDED=strided)
-    assert torch.equal(y, model(x, strided)), strided
-    out[strided] = y
-assert not torch.equal(out[False], out[True])  # the order shows in the bits
+y = torch.empty(16)
+k[(1,)](x, y)
+assert torch.equal(y, model(x, False))
+assert not torch.equal(y, model(x, True))  # the order shows in the bits
 print("ok")
 ''')
 
@@ -78,7 +75,7 @@ def test_qk_fold_in_split_attention_matches_the_standalone_kernel(interpret):
     """The q/k norm + RoPE + cache write done by the split kernel (decode_attention's qk): the same
     attention output and K rows as qk_norm_rope_write then decode_attention up to the sum's order
     (the interpreter sums the standalone kernel's squares in numpy's order; on the device the two
-    are bitwise equal, engine/dev/PERF.md run 18), V rows bitwise, no other cache row touched."""
+    are bitwise equal, engine/dev/PERF.md runs 19-20), V rows bitwise, no other cache row touched."""
     interpret(r'''
 import torch
 import engine.kernels as K
@@ -99,14 +96,12 @@ lanes, pos = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 40, 95, 0])  # 1, 2 an
 a, b = cache(), cache()
 ref = K.decode_attention(a, 0, qk_norm_rope_write(qkv, wq, wk, cos, sin, a.k[0], a.v[0], lanes, pos, h, kvh, d, 1e-6),
                          lanes, pos)
-for strided in (False, True):
-    K.QK_STRIDED = strided
-    out = K.decode_attention(b, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6))
-    assert (out - ref).abs().max() < 1e-5 and torch.equal(a.v, b.v)
-    assert (a.k - b.k).abs().max() < 1e-5
-    untouched = torch.ones(lanes_n + 1, max_len, dtype=torch.bool)
-    untouched[lanes, pos] = False
-    assert torch.equal(a.k[0][untouched], b.k[0][untouched])
+out = K.decode_attention(b, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6))
+assert (out - ref).abs().max() < 1e-5 and torch.equal(a.v, b.v)
+assert (a.k - b.k).abs().max() < 1e-5
+untouched = torch.ones(lanes_n + 1, max_len, dtype=torch.bool)
+untouched[lanes, pos] = False
+assert torch.equal(a.k[0][untouched], b.k[0][untouched])
 assert K.qk_fold_takes(32, 8, 128) and K.qk_fold_takes(64, 8, 128)
 assert not K.qk_fold_takes(32, 8, 64) and not K.qk_fold_takes(32, 2, 128)  # 16 q heads a KV head: no spare row
 print("ok")
@@ -148,3 +143,19 @@ for fold in (False, True):
 assert (l0 - l1).abs().max() < 1e-4 and torch.equal(v0, v1) and (k0 - k1).abs().max() < 1e-5
 print("ok")
 ''')
+
+
+def test_folds_are_on_in_the_decode_graph_only():
+    """The folds are the decode graph's (KernelConfig on by default; the runner's capture turns them
+    on at one rank), while eager calls run the plain kernels; launch_mode scopes them."""
+    import engine.kernels as K
+    import engine.kernels_skinny as S
+    from engine.config import KernelConfig
+    assert KernelConfig().fold_combine and KernelConfig().fold_qk_norm
+    assert not K.FOLD_COMBINE and not K.FOLD_QK_NORM
+    with S.launch_mode(fold_combine=True, fold_qk_norm=True):
+        assert K.FOLD_COMBINE and K.FOLD_QK_NORM
+        with S.launch_mode(fold_qk_norm=False):
+            assert K.FOLD_COMBINE and not K.FOLD_QK_NORM
+        assert K.FOLD_QK_NORM
+    assert not K.FOLD_COMBINE and not K.FOLD_QK_NORM
