@@ -93,14 +93,7 @@ def sec_32b(best_kw: dict, model: str, device: str, dtype: str, base_kw: dict | 
             seen.append(kw)
             runners[name] = dflt if not kw else ModelRunner(replace(cfg, kernels=KernelConfig(**kw)), model=dflt.model)
     base = dflt
-    ref = None
-    for name, r in runners.items():
-        t = tokens_of(r)
-        ref = ref or t
-        out[f"{name} bits"] = {"alone tokens == base": t["alone"] == ref["alone"],
-                               "8 lanes tokens == base": t["together"] == ref["together"],
-                               "logits bitwise == base": bool(torch.equal(t["logits"], ref["logits"]))}
-        say("qwen3-32b", name, json.dumps(out[f"{name} bits"]))
+    C1.check_bits(runners, out, "qwen3-32b")  # with C1.tokens_of = tokens_of (main sets it)
     save()
     bw = RES["ceilings"]["copy_bandwidth_Bps"]
     rep_t: dict = {}
@@ -154,7 +147,7 @@ def main(argv):
     base = ModelRunner(EngineConfig(model=m8, device=dev, dtype=dt, parallel=8, max_model_len=2304,
                                     prefill_rows=4096))
     best = R2._guard("decode", lambda: C1.sec_decode(base, VARIANTS)) or {"fold_combine": False}
-    del base
+    base = None  # the 8b runners go before the 32b model loads
     if not dry:
         torch.cuda.empty_cache()
     R2._guard("32b", lambda: sec_32b(best, m32, dev, dt))

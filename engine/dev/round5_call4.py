@@ -89,7 +89,7 @@ def main(argv):
     base = ModelRunner(EngineConfig(model=m8, device=dev, dtype=dt, parallel=8, max_model_len=2304,
                                     prefill_rows=4096))
     R2._guard("decode", lambda: C1.sec_decode(base, VARIANTS))
-    del base
+    base = None  # the 8b runners go before the 32b model loads
     if not dry:
         torch.cuda.empty_cache()
     R2._guard("32b", lambda: R51.sec_32b({"fold_qk_norm": False}, m32, dev, dt, base_kw=MAIN))
