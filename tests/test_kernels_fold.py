@@ -159,3 +159,31 @@ def test_folds_are_on_in_the_decode_graph_only():
             assert K.FOLD_COMBINE and not K.FOLD_QK_NORM
         assert K.FOLD_QK_NORM
     assert not K.FOLD_COMBINE and not K.FOLD_QK_NORM
+
+
+def test_runner_folds_and_draft_rounds():
+    """The runner's graph takes the folds at one rank; the q/k fold only without a drafter and on a
+    shape it takes, and a round with several rows of one lane (draft rows read the rows before them,
+    written in the same round) runs eagerly, unfolded, when the graph has it."""
+    from dataclasses import replace
+    from types import SimpleNamespace as NS
+    from engine.config import EngineConfig, KernelConfig
+    from engine.runner import ModelRunner
+    attn = NS(n_heads=32, n_kv=8, head_dim=128)
+    model = NS(model=NS(layers=[NS(self_attn=attn)]))
+    cfg = EngineConfig(device="cuda")
+    r = NS(cfg=cfg, fused=True, model=model)
+    assert ModelRunner._folds(r) == (True, True)
+    assert ModelRunner._folds(NS(cfg=replace(cfg, drafter="ngram"), fused=True, model=model)) == (True, False)
+    assert ModelRunner._folds(NS(cfg=replace(cfg, drafter="ngram", drafts=False), fused=True, model=model)) == (True, True)
+    assert ModelRunner._folds(NS(cfg=replace(cfg, tensor_parallel=2), fused=True, model=model)) == (False, False)
+    assert ModelRunner._folds(NS(cfg=cfg, fused=False, model=model)) == (False, False)
+    off = replace(cfg, kernels=KernelConfig(fold_combine=False, fold_qk_norm=False))
+    assert ModelRunner._folds(NS(cfg=off, fused=True, model=model)) == (False, False)
+    attn.head_dim = 64  # not a shape the q/k fold takes
+    assert ModelRunner._folds(r) == (True, False)
+    g = NS(graph=object(), _qk_fold=True)
+    assert ModelRunner._graph_takes(g, [0, 1, 2]) and not ModelRunner._graph_takes(g, [0, 1, 1])
+    g._qk_fold = False
+    assert ModelRunner._graph_takes(g, [0, 1, 1])
+    assert not ModelRunner._graph_takes(NS(graph=None, _qk_fold=False), [0])
