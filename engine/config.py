@@ -143,6 +143,14 @@ class KernelConfig:
     # 1 wait only, 2 wait then launch the next kernel at once; engine/kernels.py PDL). 2 measured
     # -0.03 ms of a 4.76 ms qwen3-8b round, runs 12-13 +0.2 ms (engine/dev/PERF.md runs 12-16): off.
     pdl: int = 0
+    # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
+    # last split program instead of a kernel of its own (engine/kernels.py), the same bits:
+    # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).
+    fold_combine: bool = True
+    # CUDA decode graph at one rank: the q/k per-head RMSNorm + RoPE + K/V cache write done by the split
+    # attention (engine/kernels_qkfold.py; head_dim 128) instead of a kernel of its own, the same
+    # bits: qwen3-8b's round -0.025 ms more (engine/dev/PERF.md runs 18-20).
+    fold_qk_norm: bool = True
     # Tensor parallel on CUDA at two ranks: "fused": each decode sum and the add + RMSNorm after it
     # in one kernel (engine/tp_fused.py; qwen3-32b round 10.54 ms against 11.21, engine/dev/PERF.md
     # issue 15 round 3), symm for the rest; "symm": a one-shot all-reduce in symmetric memory

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels_qkfold import qk_heads
+
 SPLIT = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 64
@@ -28,7 +30,16 @@ BLOCK = 64
 # let the next kernel launch at once (its programs wait on the GPU for this one). Loading weights
 # before the wait, and letting the next kernel launch before it, measured no faster (PERF.md runs 15-16).
 PDL = 0
-
+# The decode graph's folds of the split attention's neighbours, the same bits (engine/dev/PERF.md
+# runs 17-20); off here, so eager calls run the plain kernels; the runner's capture turns them on
+# (kernels_skinny.launch_mode, from KernelConfig.fold_combine / fold_qk_norm):
+# - FOLD_COMBINE: the combine done by each (row, KV head)'s last-arriving split program
+#   (decode_attention's fold): qwen3-8b's round -0.072 ms. Loading V beside K, or a block ahead,
+#   measured no faster (run 17).
+# - FOLD_QK_NORM: the q/k per-head RMSNorm + RoPE + K/V cache write done by the split kernel
+#   (decode_attention's qk, engine/kernels_qkfold.py): -0.025 ms more.
+FOLD_COMBINE = False
+FOLD_QK_NORM = False
 
 def launch_opts() -> dict:
     """Extra launch arguments every kernel of the forward passes (launch_pdl when PDL is on)."""
@@ -69,14 +80,18 @@ def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.co
 
 
 @triton.jit
-def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse,
+def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   stride_qr, stride_qh,
                   stride_kb, stride_kt, stride_kh,
                   stride_or, stride_oh, stride_os,
                   stride_lr, stride_lh,
+                  stride_out,
                   scale,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                  SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, PDL_: tl.constexpr = 0):
+                  SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
+                  FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
+                  QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
+                  QKN: tl.constexpr = False):
     pdl_enter(PDL_)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -89,6 +104,16 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse,
         d = tl.arange(0, D)
         gmask = g < GROUP
         heads = kvh * GROUP + g
+        if QKN:  # norm and rotate q and k, write K/V, from the q/k/v product (engine/kernels_qkfold.py)
+            n = (length + SPLIT_ - 1) // SPLIT_
+            qn = qk_heads(QKV, WQ, WK, Cos, Sin, K + lane * stride_kb, V + lane * stride_kb, row,
+                          tl.load(Pos + row).to(tl.int64), kvh, s == n - 1, stride_qkv, stride_kt, stride_kh, eps,
+                          H, tl.num_programs(1), GROUP, GROUP_PAD, D)
+            # q goes through memory and is read back by the load below, as the unfolded kernel reads
+            # it: attending with the tile in registers gave other bits (engine/dev/PERF.md run 19).
+            # The barrier also orders the K/V rows just written before the split holding pos reads them.
+            tl.store(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], qn, mask=gmask[:, None])
+            tl.debug_barrier()
         q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -104,9 +129,73 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse,
                 m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
                                        BLOCK_)
         acc = acc / l_i[:, None]
-        tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
-                 mask=gmask[:, None])
-        tl.store(Lse + row * stride_lr + heads * stride_lh + s, m_i + tl.log(l_i), mask=gmask)
+        lse = m_i + tl.log(l_i)
+        n = (length + SPLIT_ - 1) // SPLIT_
+        if FOLD:
+            _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh,
+                       stride_os, stride_lr, stride_lh, stride_out, D, GROUP_PAD, NSPLIT, DYNAMIC)
+        else:
+            tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
+                     mask=gmask[:, None])
+            tl.store(Lse + row * stride_lr + heads * stride_lh + s, lse, mask=gmask)
+
+
+@triton.jit
+def _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh, stride_os,
+               stride_lr, stride_lh, stride_out, D: tl.constexpr, GROUP_PAD: tl.constexpr, NSPLIT: tl.constexpr,
+               DYNAMIC: tl.constexpr):
+    """The combine inside the split kernel. A row of one split: its program merges its own partial
+    (in registers, the values it would have stored). Else each split stores its partial and the
+    last of the n to arrive merges them all, read back in split order."""
+    d = tl.arange(0, D)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    out = tl.zeros([GROUP_PAD, D], tl.float32)
+    optr = Out + row * stride_out + heads[:, None] * D + d[None, :]
+    if n == 1:
+        m, l, out = _merge_values(lse, acc, n > 0, m, l, out)
+        tl.store(optr, (out / l[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
+    else:
+        ob = Opart + row * stride_or + heads[:, None] * stride_oh + d[None, :]
+        lb = Lse + row * stride_lr + heads * stride_lh
+        tl.store(ob + s * stride_os, acc, mask=gmask[:, None])
+        tl.store(lb + s, lse, mask=gmask)
+        # every thread's partial stored, then release them and acquire the others' (acq_rel, gpu
+        # scope), as kernels_skinny's split K does
+        tl.debug_barrier()
+        cnt = Count + row * tl.num_programs(1) + kvh
+        if tl.atomic_add(cnt, 1) == n - 1:
+            if DYNAMIC:
+                for j in range(0, n):
+                    m, l, out = _merge_group(ob, lb, j, n, gmask, stride_os, m, l, out)
+            else:
+                for j in range(0, NSPLIT):
+                    m, l, out = _merge_group(ob, lb, j, n, gmask, stride_os, m, l, out)
+            tl.store(optr, (out / l[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
+            tl.atomic_xchg(cnt, 0)  # ready for the next launch (graph replays too)
+
+
+@triton.jit
+def _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc):
+    """_merge for a group of heads (m, l [G], acc [G, D]): split s's partial read back through L2
+    (.cg: other programs of this launch wrote it)."""
+    # masks in the pointers' shapes (the interpreter refuses a scalar one)
+    take = gmask & ((gmask.to(tl.int32) * 0 + s) < n)
+    lse = tl.load(lb + s, mask=take, other=float("-inf"), cache_modifier=".cg")
+    o = tl.load(ob + s * stride_os, mask=take[:, None], other=0.0, cache_modifier=".cg")
+    return _merge_values(lse, o, s < n, m, l, acc)
+
+
+@triton.jit
+def _merge_values(lse, o, valid, m, l, acc):
+    """_merge's operations, element by element, on a group's split partial (lse [G], o [G, D])."""
+    lse = tl.where(valid, lse, float("-inf"))
+    m_new = tl.maximum(m, lse)
+    a = tl.exp(m - m_new)
+    b = tl.exp(lse - m_new)
+    acc = tl.where(valid, acc * a[:, None] + o * b[:, None], acc)
+    l = tl.where(valid, l * a + b, l)
+    return tl.where(valid, m_new, m), l, acc
 
 
 @triton.jit
@@ -154,36 +243,62 @@ def _combine_kernel(Opart, Lse, Pos, Out,
     tl.store(Out + row * stride_out + h * D + d, (acc / l).to(Out.dtype.element_ty))
 
 
+
 _scratch: dict = {}
 
 
-def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D]."""
-    p, h, d = q.shape
+def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
+                     fold: bool | None = None, qk: tuple | None = None) -> torch.Tensor:
+    """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
+    fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
+    (row, KV head) instead of a second kernel, the same bits.
+    qk = (wq, wk, cos, sin, H, eps): q is the q/k/v product [P, (H + 2 KVH) * D] instead, and the
+    split kernel norms and rotates q and k and writes the K/V rows itself (engine/kernels_qkfold.py),
+    as kernels_fused.qk_norm_rope_write would; only where qk_fold_takes() says so."""
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
-    kvh, max_len = k.shape[2], k.shape[1]
+    kvh, max_len, d = k.shape[2], k.shape[1], k.shape[3]
+    p, h = q.shape[0], (qk[4] if qk is not None else q.shape[1])
     group = h // kvh
     nsplit = triton.cdiv(max_len, SPLIT)
+    fold = FOLD_COMBINE if fold is None else fold
     key = (p, h, d, nsplit, q.device)
     if key not in _scratch:  # allocated once, outside any graph capture's first use
         _scratch[key] = (torch.empty(p, h, nsplit, d, dtype=torch.float32, device=q.device),
-                         torch.empty(p, h, nsplit, dtype=torch.float32, device=q.device))
-    opart, lse = _scratch[key]
+                         torch.empty(p, h, nsplit, dtype=torch.float32, device=q.device),
+                         torch.zeros(p, kvh, dtype=torch.int32, device=q.device))
+    opart, lse, count = _scratch[key]
     out = torch.empty(p, h * d, dtype=q.dtype, device=q.device)
     q = q.contiguous()
+    extra = {}
+    if qk is not None:  # q is the q/k/v product: the kernel reads it there, and writes q for itself
+        wq, wk, cos, sin, _, eps = qk
+        extra = dict(QKV=q, stride_qkv=q.stride(0), WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True)
+        q = torch.empty(p, h, d, dtype=q.dtype, device=q.device)
     _split_kernel[(p, kvh, nsplit)](
-        q, k, v, lanes, positions, opart, lse,
+        q, k, v, lanes, positions, opart, lse, out, count,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         opart.stride(0), opart.stride(1), opart.stride(2),
         lse.stride(0), lse.stride(1),
-        d ** -0.5,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
-        DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=4, **launch_opts())
-    _combine_kernel[(p, h)](
-        opart, lse, positions, out,
-        opart.stride(0), opart.stride(1), opart.stride(2),
-        lse.stride(0), lse.stride(1),
         out.stride(0),
-        D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=1, **launch_opts())
+        d ** -0.5,
+        GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
+        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), num_warps=4, **extra, **launch_opts())
+    if not fold:
+        _combine_kernel[(p, h)](
+            opart, lse, positions, out,
+            opart.stride(0), opart.stride(1), opart.stride(2),
+            lse.stride(0), lse.stride(1),
+            out.stride(0),
+            D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=1, **launch_opts())
     return out
+
+
+def group_pad(group: int) -> int:
+    return max(16, triton.next_power_of_2(group))
+
+
+def qk_fold_takes(n_heads: int, n_kv: int, head_dim: int) -> bool:
+    """Whether the split kernel can do the q/k norm + RoPE + cache write (FOLD_QK_NORM): head_dim
+    128 (the order kernels_qkfold reproduces) and a spare row in the head tile for K."""
+    return head_dim == 128 and n_heads // n_kv < group_pad(n_heads // n_kv)

@@ -214,19 +214,24 @@ def set_entries(configs=(), gated=()) -> None:
 
 class launch_mode:
     """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
-    engine/kernels.py PDL); the runner captures its decode graph inside it. Restores PDL on exit."""
+    engine/kernels.py PDL) and the decode attention folds its neighbours or not (`fold_combine`:
+    FOLD_COMBINE, `fold_qk_norm`: FOLD_QK_NORM; None keeps the module's setting); the runner
+    captures its decode graph inside it. Restores them on exit."""
 
-    def __init__(self, pdl: int = 0):
-        self.pdl = int(pdl)
+    def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: bool | None = None):
+        self.pdl, self.fold, self.qk = int(pdl), fold_combine, fold_qk_norm
 
     def __enter__(self):
         import engine.kernels as K
-        self.saved, K.PDL = K.PDL, self.pdl
+        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM
+        K.PDL = self.pdl
+        K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
+        K.FOLD_QK_NORM = K.FOLD_QK_NORM if self.qk is None else bool(self.qk)
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
-        K.PDL = self.saved
+        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:

@@ -250,10 +250,12 @@ class Qwen3ForCausalLM(nn.Module):
 
         return packed.mm_tiled(self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed, tiled=True), "lm_head")
 
-    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None) -> torch.Tensor:
+    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None,
+                    attend_qkv=None) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
-        rows) engine.kernels_skinny's where it measured faster, or `mm`'s."""
+        rows) engine.kernels_skinny's where it measured faster, or `mm`'s. attend_qkv(i, qkv, attn):
+        the q/k norm, RoPE and cache write done by the attention itself (engine/kernels_qkfold.py)."""
         from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
         from engine.kernels_skinny import gate_up_silu, linear
         if mm is None and skinny:
@@ -267,13 +269,31 @@ class Qwen3ForCausalLM(nn.Module):
         x, h = add_rmsnorm(self.model.embed_tokens(tokens), None, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
             a, m = layer.self_attn, layer.mlp
-            q = qk_norm_rope_write(mm(h, a.wqkv), a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
-                                   kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps)
-            x, h = self._add_summed_norm(x, mm, attend(i, q), a.o_proj.weight, layer.post_attention_layernorm.weight,
-                                         eps)
+            qkv = mm(h, a.wqkv)
+            if attend_qkv is not None:
+                o = attend_qkv(i, qkv, a)
+            else:
+                o = attend(i, qk_norm_rope_write(qkv, a.q_norm.weight, a.k_norm.weight, self.cos, self.sin, kv.k[i],
+                                                 kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps))
+            x, h = self._add_summed_norm(x, mm, o, a.o_proj.weight, layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
             x, h = self._add_summed_norm(x, mm, act(h, m.w_gate_up), m.down_proj.weight, nxt, eps)
         return h
+
+    def _qk_folded(self, attend_fn, kv, lanes, positions):
+        """The decode round's attend_qkv for trunk_fused where engine.kernels.FOLD_QK_NORM is on and
+        the attention is engine.kernels.decode_attention on a shape it takes; else None."""
+        import engine.kernels as K
+        a0 = self.model.layers[0].self_attn
+        if not (K.FOLD_QK_NORM and attend_fn is K.decode_attention and K.qk_fold_takes(a0.n_heads, a0.n_kv,
+                                                                                        a0.head_dim)):
+            return None
+        eps = self.config.rms_norm_eps
+
+        def attend_qkv(i, qkv, a):
+            qk = (a.q_norm.weight, a.k_norm.weight, self.cos, self.sin, a.n_heads, eps)
+            return K.decode_attention(kv, i, qkv, lanes, positions, qk=qk)
+        return attend_qkv
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
                 fused: bool = False) -> torch.Tensor:
@@ -332,7 +352,8 @@ class Qwen3ForCausalLM(nn.Module):
 
         if fused:
             from engine.kernels_skinny import linear
-            h = self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=skinny)
+            h = self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=skinny,
+                                 attend_qkv=self._qk_folded(attend_fn, kv, lanes, positions))
             return (linear if skinny else F.linear)(h, self.lm_head.weight)
         return self.lm_head(self.trunk(tokens, positions, write_kv, attend))
 

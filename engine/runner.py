@@ -117,6 +117,7 @@ class ModelRunner:
                 from engine.runner_report import cpu_prompt_cuts
                 log.info("CPU prompt cuts: %s", cpu_prompt_cuts(self))
         self.graph = None
+        self._qk_fold = False  # the graph norms q/k in its attention (capture_graph)
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
         self._cut_thread: ThreadPoolExecutor | None = None
@@ -297,7 +298,7 @@ class ModelRunner:
         if not lanes:
             return []
         rows, where = self._padded(lanes, tokens, positions)
-        if self.graph is not None:
+        if self._graph_takes(lanes):
             self._h_in.copy_(torch.tensor(rows, dtype=torch.long))
             self._s_in.copy_(self._h_in, non_blocking=True)
             self.graph.replay()
@@ -315,6 +316,23 @@ class ModelRunner:
         # the new token of an entry fed at position q sits at q + 1
         return choose(logits[where], ids, sampling, [q + 1 for q in positions], logprobs)
 
+    def _graph_takes(self, lanes: Sequence[int]) -> bool:
+        """Whether a round of these lanes replays the graph: not where a lane has several rows and
+        the graph has the q/k fold (eager rounds run the unfolded kernels: the same bits)."""
+        return self.graph is not None and not (self._qk_fold and len(set(lanes)) < len(lanes))
+
+    def _folds(self) -> tuple[bool, bool]:
+        """The decode graph's folds (engine/kernels.py): the attention's combine, and its q/k norm +
+        RoPE + K/V write. At one rank only (checked on the device there). The q/k fold writes a row's
+        K/V in the kernel that attends, so not with a drafter: its rows of one lane read the rows
+        before them, written in the same round."""
+        from engine.kernels import qk_fold_takes
+        knobs, a = self.cfg.kernels, self.model.model.layers[0].self_attn
+        solo = self.fused and self.cfg.tensor_parallel == 1
+        qk = (solo and knobs.fold_qk_norm and not (self.cfg.drafter and self.cfg.drafts)
+              and qk_fold_takes(a.n_heads, a.n_kv, a.head_dim))
+        return solo and knobs.fold_combine, bool(qk)
+
     def capture_graph(self) -> bool:
         """Capture the decode round at the fixed padded shape; on CPU (or failure) fall back to
         eager rounds and say why. Returns whether a graph is in use."""
@@ -329,7 +347,8 @@ class ModelRunner:
             self._s_in[2] = self.spare  # warm-up and capture write only the spare lane
             from engine.kernels_skinny import launch_mode
             knobs = self.cfg.kernels
-            mode = launch_mode(pdl=knobs.pdl if self.fused else 0)
+            combine, self._qk_fold = self._folds()
+            mode = launch_mode(pdl=knobs.pdl if self.fused else 0, fold_combine=combine, fold_qk_norm=self._qk_fold)
             with torch.inference_mode(), mode:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())

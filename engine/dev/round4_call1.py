@@ -69,6 +69,18 @@ def tokens_of(r) -> dict:
     return {"alone": alone, "together": together, "logits": logits}
 
 
+def check_bits(runners: dict, out: dict, label: str = "") -> None:
+    """Each runner's tokens_of against the first runner's, into out["<name> bits"]."""
+    ref = None
+    for name, r in runners.items():
+        t = tokens_of(r)
+        ref = ref or t
+        out[f"{name} bits"] = {"alone tokens == base": t["alone"] == ref["alone"],
+                               "8 lanes tokens == base": t["together"] == ref["together"],
+                               "logits bitwise == base": bool(torch.equal(t["logits"], ref["logits"]))}
+        say(label, name, json.dumps(out[f"{name} bits"]))
+
+
 def sec_decode(base, variants: dict | None = None):
     from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
@@ -78,14 +90,7 @@ def sec_decode(base, variants: dict | None = None):
     for name, kw in variants.items():
         runners[name] = base if not kw else ModelRunner(replace(base.cfg, kernels=KernelConfig(**kw)), model=base.model)
         out[f"{name} graph"] = runners[name].graph is not None
-    ref = None
-    for name, r in runners.items():
-        t = tokens_of(r)
-        ref = ref or t
-        out[f"{name} bits"] = {"alone tokens == base": t["alone"] == ref["alone"],
-                               "8 lanes tokens == base": t["together"] == ref["together"],
-                               "logits bitwise == base": bool(torch.equal(t["logits"], ref["logits"]))}
-        say(name, json.dumps(out[f"{name} bits"]))
+    check_bits(runners, out)
     save()
     bw = RES["ceilings"]["copy_bandwidth_Bps"]
     rep_t: dict = {}
@@ -107,7 +112,7 @@ def sec_decode(base, variants: dict | None = None):
     save()
     best = min((n for n in runners if variants[n]), key=lambda n: statistics.median(rep_t[(n, 1)]))
     RES["best variant"] = best
-    for name in ("pdl off (default)", best):
+    for name in (next(iter(runners)), best):  # the base (first) and the fastest
         RES[f"profile {name}"] = profile_sum(runners[name])
     return variants[best]
 

@@ -1,0 +1,189 @@
+"""The decode round's small kernels folded into their neighbours (engine/kernels.py, issue 14
+round 5), run by Triton's interpreter on the CPU: each folded form gives the same bits as the
+kernels it replaces, so a fold never moves a token. The interpreter computes in numpy, so a change
+of the folded form's arithmetic order (a split merged out of order, a rounding moved) shows here."""
+import pytest
+
+pytest.importorskip("triton")
+
+
+def test_combine_folded_into_split_attention_is_bitwise_the_two_kernels(interpret):
+    """The last split program of a (row, KV head) to arrive merges the splits in order 0, 1, 2..:
+    bitwise the separate combine kernel, for rows of 1, 2 and 3 splits (it reads every partial back
+    from memory, so which split arrives last does not matter; the interpreter runs them in grid
+    order); repeated launches give the same bits and leave every arrival counter at 0 (graph replays)."""
+    interpret(r'''
+import torch
+import engine.kernels as K
+K.SPLIT, K.BLOCK = 32, 16
+g = torch.Generator().manual_seed(5)
+layers, lanes_n, max_len, kvh, d = 2, 4, 96, 2, 16
+class KV: pass
+kv = KV()
+kv.k = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
+kv.v = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
+q = torch.randn(5, 6, d, generator=g)  # 3 query heads a KV head (GROUP 3, padded to 16)
+lanes = torch.tensor([0, 1, 2, 3, 4])
+pos = torch.tensor([0, 31, 32, 70, 95])  # 1, 1, 2, 3 and 3 splits of 32
+two = K.decode_attention(kv, 1, q, lanes, pos, fold=False)
+one = K.decode_attention(kv, 1, q, lanes, pos, fold=True)
+assert torch.equal(one, two), (one - two).abs().max()
+assert torch.equal(K.decode_attention(kv, 1, q, lanes, pos, fold=True), one)
+assert all(int(s[2].abs().sum()) == 0 for s in K._scratch.values())
+# against the reference too (not bitwise): every head of every row written
+from engine.model import decode_attention_loop
+ref = decode_attention_loop(kv, 1, q, lanes, pos)
+assert (one - ref).abs().max() < 1e-5
+# bf16, as on the device
+qb, kv.k, kv.v = q.bfloat16(), kv.k.bfloat16(), kv.v.bfloat16()
+assert torch.equal(K.decode_attention(kv, 0, qb, lanes, pos, fold=True),
+                   K.decode_attention(kv, 0, qb, lanes, pos, fold=False))
+print("ok")
+''')
+
+
+def test_qk_fold_sums_squares_in_the_one_warp_order(interpret):
+    """kernels_qkfold.warp_sumsq adds a head's squares as the one-warp standalone kernel does on the
+    device (lane l holds 2l, 2l+1: fma(x0, x0, x1 * x1), then the butterfly l + l^16, ^8, ^4, ^2, ^1):
+    bitwise a torch model of that order, and not of another (lanes holding l and l + 32)."""
+    interpret(r'''
+import torch, triton, triton.language as tl
+from engine.kernels_qkfold import warp_sumsq
+
+@triton.jit
+def k(X, Y):
+    r, c = tl.arange(0, 16), tl.arange(0, 64)
+    tl.store(Y + r, warp_sumsq(tl.load(X + r[:, None] * 64 + c[None, :]), 16))
+
+def model(x, strided):
+    a, b = (x[:, :32], x[:, 32:]) if strided else (x[:, 0::2], x[:, 1::2])
+    t = (a.double() * a.double() + (b * b).double()).float()  # one rounding: a*a is exact in float64
+    for w in (16, 8, 4, 2, 1):
+        t = t[:, :w] + t[:, w:2 * w]
+    return t[:, 0]
+
+x = torch.randn(16, 64, generator=torch.Generator().manual_seed(4)) * torch.logspace(-3, 3, 16)[:, None]
+y = torch.empty(16)
+k[(1,)](x, y)
+assert torch.equal(y, model(x, False))
+assert not torch.equal(y, model(x, True))  # the order shows in the bits
+print("ok")
+''')
+
+
+def test_qk_fold_in_split_attention_matches_the_standalone_kernel(interpret):
+    """The q/k norm + RoPE + cache write done by the split kernel (decode_attention's qk): the same
+    attention output and K rows as qk_norm_rope_write then decode_attention up to the sum's order
+    (the interpreter sums the standalone kernel's squares in numpy's order; on the device the two
+    are bitwise equal, engine/dev/PERF.md runs 19-20), V rows bitwise, no other cache row touched."""
+    interpret(r'''
+import torch
+import engine.kernels as K
+from engine.kernels_fused import qk_norm_rope_write
+K.SPLIT, K.BLOCK = 32, 16
+g = torch.Generator().manual_seed(3)
+lanes_n, max_len, kvh, d, h, p = 3, 96, 2, 128, 6, 4
+class KV: pass
+def cache():
+    kv = KV()
+    c = torch.Generator().manual_seed(1)
+    kv.k, kv.v = (torch.randn(1, lanes_n + 1, max_len, kvh, d, generator=c) for _ in range(2))
+    return kv
+qkv = torch.randn(p, (h + 2 * kvh) * d, generator=g) * 3
+wq, wk = torch.randn(d, generator=g), torch.randn(d, generator=g)
+cos, sin = torch.randn(max_len, d, generator=g), torch.randn(max_len, d, generator=g)
+lanes, pos = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 40, 95, 0])  # 1, 2 and 3 splits of 32
+a, b = cache(), cache()
+ref = K.decode_attention(a, 0, qk_norm_rope_write(qkv, wq, wk, cos, sin, a.k[0], a.v[0], lanes, pos, h, kvh, d, 1e-6),
+                         lanes, pos)
+out = K.decode_attention(b, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6))
+assert (out - ref).abs().max() < 1e-5 and torch.equal(a.v, b.v)
+assert (a.k - b.k).abs().max() < 1e-5
+untouched = torch.ones(lanes_n + 1, max_len, dtype=torch.bool)
+untouched[lanes, pos] = False
+assert torch.equal(a.k[0][untouched], b.k[0][untouched])
+assert K.qk_fold_takes(32, 8, 128) and K.qk_fold_takes(64, 8, 128)
+assert not K.qk_fold_takes(32, 8, 64) and not K.qk_fold_takes(32, 2, 128)  # 16 q heads a KV head: no spare row
+print("ok")
+''')
+
+
+def test_decode_round_with_the_qk_fold(interpret):
+    """The model's fused decode round with the q/k fold on (engine.kernels.FOLD_QK_NORM, head_dim
+    128): the same logits as with it off up to the interpreter's sum order, and the same K/V
+    cache rows written (V bitwise)."""
+    interpret(r'''
+import torch
+import engine.kernels as K
+from engine.config import ModelConfig
+from engine.kv_cache import KVCache
+from engine.model import Qwen3ForCausalLM
+K.SPLIT, K.BLOCK = 32, 16
+cfg = ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+torch.manual_seed(0)
+m = Qwen3ForCausalLM(cfg)
+for p in m.parameters():
+    torch.nn.init.normal_(p, std=0.2)
+m.fuse(); m.setup_rope(80)
+import engine.kernels_fused as F
+calls, orig = [], F.qk_norm_rope_write
+F.qk_norm_rope_write = lambda *a, **k: calls.append(1) or orig(*a, **k)
+out = {}
+for fold in (False, True):
+    kv = KVCache(cfg, 3, 80, torch.float32, "cpu")
+    torch.manual_seed(1)
+    kv.k.normal_(); kv.v.normal_()
+    K.FOLD_QK_NORM = fold
+    logits = m.decode(torch.tensor([3, 7, 9]), torch.tensor([4, 40, 0]), torch.tensor([0, 1, 3]), kv,
+                      K.decode_attention, fused=True)
+    out[fold] = (logits, kv.k.clone(), kv.v.clone())
+    assert len(calls) == 2, (fold, calls)  # the standalone kernel ran for the two layers of the unfolded round only
+(l0, k0, v0), (l1, k1, v1) = out[False], out[True]
+assert (l0 - l1).abs().max() < 1e-4 and torch.equal(v0, v1) and (k0 - k1).abs().max() < 1e-5
+print("ok")
+''')
+
+
+def test_folds_are_on_in_the_decode_graph_only():
+    """The folds are the decode graph's (KernelConfig on by default; the runner's capture turns them
+    on at one rank), while eager calls run the plain kernels; launch_mode scopes them."""
+    import engine.kernels as K
+    import engine.kernels_skinny as S
+    from engine.config import KernelConfig
+    assert KernelConfig().fold_combine and KernelConfig().fold_qk_norm
+    assert not K.FOLD_COMBINE and not K.FOLD_QK_NORM
+    with S.launch_mode(fold_combine=True, fold_qk_norm=True):
+        assert K.FOLD_COMBINE and K.FOLD_QK_NORM
+        with S.launch_mode(fold_qk_norm=False):
+            assert K.FOLD_COMBINE and not K.FOLD_QK_NORM
+        assert K.FOLD_QK_NORM
+    assert not K.FOLD_COMBINE and not K.FOLD_QK_NORM
+
+
+def test_runner_folds_and_draft_rounds():
+    """The runner's graph takes the folds at one rank; the q/k fold only without a drafter and on a
+    shape it takes, and a round with several rows of one lane (draft rows read the rows before them,
+    written in the same round) runs eagerly, unfolded, when the graph has it."""
+    from dataclasses import replace
+    from types import SimpleNamespace as NS
+    from engine.config import EngineConfig, KernelConfig
+    from engine.runner import ModelRunner
+    attn = NS(n_heads=32, n_kv=8, head_dim=128)
+    model = NS(model=NS(layers=[NS(self_attn=attn)]))
+    cfg = EngineConfig(device="cuda")
+    r = NS(cfg=cfg, fused=True, model=model)
+    assert ModelRunner._folds(r) == (True, True)
+    assert ModelRunner._folds(NS(cfg=replace(cfg, drafter="ngram"), fused=True, model=model)) == (True, False)
+    assert ModelRunner._folds(NS(cfg=replace(cfg, drafter="ngram", drafts=False), fused=True, model=model)) == (True, True)
+    assert ModelRunner._folds(NS(cfg=replace(cfg, tensor_parallel=2), fused=True, model=model)) == (False, False)
+    assert ModelRunner._folds(NS(cfg=cfg, fused=False, model=model)) == (False, False)
+    off = replace(cfg, kernels=KernelConfig(fold_combine=False, fold_qk_norm=False))
+    assert ModelRunner._folds(NS(cfg=off, fused=True, model=model)) == (False, False)
+    attn.head_dim = 64  # not a shape the q/k fold takes
+    assert ModelRunner._folds(r) == (True, False)
+    g = NS(graph=object(), _qk_fold=True)
+    assert ModelRunner._graph_takes(g, [0, 1, 2]) and not ModelRunner._graph_takes(g, [0, 1, 1])
+    g._qk_fold = False
+    assert ModelRunner._graph_takes(g, [0, 1, 1])
+    assert not ModelRunner._graph_takes(NS(graph=None, _qk_fold=False), [0])
