@@ -111,6 +111,11 @@ class AttentionKernel:
         self._mean_sq = self.lib.tfe_mean_sq_rows
         self._mean_sq.argtypes = [ptr, i64, i64, ctypes.c_int32, ptr]
 
+    def elem(self, lengths: tuple[int, ...]) -> tuple[int, int, int, int]:
+        """What the C++ round takes of engine/cpu_elem.c for rows of these lengths: the norms' and
+        the heads' addresses, the means' width (sum_width) and the argmax's address."""
+        return self.norm_address, self.heads_address, self.sum_width(lengths), self.greedy_address
+
     def sum_width(self, lengths: tuple[int, ...]) -> int:
         """The vector width (8 or 16) at which engine/cpu_elem.c's mean of squares gives ATen's
         `x.pow(2).mean(-1)` bit for bit on rows of each length (random rows of every magnitude,

@@ -207,20 +207,12 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + self._summed(mm(F.silu(gate) * up, (i, "down")))
         return self.model.norm(x)
 
-    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed, rows: int | None = None,
-                    pad: bool = True) -> torch.Tensor:
-        """`prefill` through trunk_cpu: the greedy logits of the cut's last row. The attention
-        reads the whole lane: its query tiles (engine.cpu_attention.tile_for(rows), rows being
-        --prefill-rows; TILE unless given) end at absolute positions, past the cut's own end.
-        pad=False: a partly covered tile multiplies the cut's rows only (row-invariant products)."""
-        return self.prefill_many_cpu([(tokens, lane, start)], kv, packed, rows, pad)[0]
-
     def prefill_many_cpu(self, seqs: list[tuple[torch.Tensor, int, int]], kv, packed, rows: int | None = None,
                          pad: bool = True) -> torch.Tensor:
-        """Several cuts [(tokens [T], lane, start)] in one trunk_cpu forward, their rows one after
-        another; each cut attends over its own lane only, as alone. With products whose row bits
-        do not depend on the other rows (engine.cpu_kernels.rows_invariant, checked by the
-        runner before it batches) each cut's bits equal its bits alone. Each cut's last-row logits."""
+        """`prefill` through trunk_cpu for cuts [(tokens [T], lane, start)], rows one after another:
+        each cut's last-row logits. A cut attends over its own lane in query tiles (cpu_attention.tile_for(
+        --prefill-rows)) at absolute positions; pad=False: a partly covered tile multiplies the cut's rows
+        only. With row-invariant products (cpu_kernels.rows_invariant) a cut's bits are its bits alone."""
         from engine.cpu_attention import TILE, cut_attention_cpu, tile_for
         tile = tile_for(rows) if rows else TILE
         ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()

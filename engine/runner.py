@@ -109,13 +109,11 @@ class ModelRunner:
             if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
                 self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp,  # engine/cpu_round.py
                                                   self.cpu_attn.address if self.cpu_attn else 0,
-                                                  self._cpu_elem(c))
-                # short cuts filled together, tiles without zero rows: only where every rank would
-                # agree (one rank: always) and a row's bits are its own here
+                                                  c.elem((mcfg.hidden_size, mcfg.head_dim)) if c else (0, 0, 0, 0))
+                # short cuts together, tiles without zero rows: where a row's bits are its own (one rank)
                 self.cpu_rows_free = knobs.batch_cuts and rows_invariant(self.cpu_mm, tile_for(cfg.prefill_rows))
                 self.batch_cuts = self.cpu_rows_free
-                from engine.runner_report import cpu_prompt_cuts
-                log.info("CPU prompt cuts: %s", cpu_prompt_cuts(self))
+                log.info("CPU prompt cuts: %s", "together" if self.cpu_rows_free else "one at a time")
         self.graph = None
         self._qk_fold = False  # the graph norms q/k in its attention (capture_graph)
         self.graph_fallback_reason: str | None = None
@@ -134,13 +132,6 @@ class ModelRunner:
             self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
-
-    def _cpu_elem(self, c) -> tuple[int, int, int, int]:
-        """The C++ round's C norms and argmax (engine/cpu_elem.c): addresses, the mean's width; or 0s."""
-        if c is None:
-            return 0, 0, 0, 0
-        m = self.model_config
-        return c.norm_address, c.heads_address, c.sum_width((m.hidden_size, m.head_dim)), c.greedy_address
 
     def _check_kv_fits(self, mcfg: ModelConfig) -> None:
         """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""
@@ -220,8 +211,8 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
         if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
-            return self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm, self.prefill_rows,
-                                          pad=not self.cpu_rows_free)
+            return self.model.prefill_many_cpu([(ids, lane, start)], self.kv, self.cpu_mm, self.prefill_rows,
+                                               pad=not self.cpu_rows_free)[0]
         return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
 
     @torch.inference_mode()
