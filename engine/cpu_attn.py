@@ -32,6 +32,9 @@ import torch
 log = logging.getLogger("engine.cpu_attn")
 
 SOURCE = Path(__file__).with_name("cpu_attn.c")
+# built into the same library: the C++ round's elementwise passes, and the vector helpers both include
+SOURCES = (SOURCE, SOURCE.with_name("cpu_elem.c"))
+HEADER = SOURCE.with_name("cpu_vec.h")
 FLAGS = ["-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"]
 NAME = "tfe_decode_attention"
 C_KERNEL, BMM = "c kernel", "bmm: batched matmuls a span group"
@@ -69,7 +72,8 @@ def build_once(so: Path, make: Callable[[Path], None]) -> Path:
 
 def library() -> Path:
     cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *FLAGS]).encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
+    key = hashlib.sha256(text + " ".join([cc, *FLAGS]).encode()).hexdigest()[:16]
     return cache_base() / f"cpu_attn-{key}" / "libtfe_attn.so"
 
 
@@ -80,7 +84,7 @@ def build() -> Path:
         raise RuntimeError(f"no C compiler ({cc}) on PATH")
 
     def make(scratch: Path) -> None:
-        r = subprocess.run([cc, *FLAGS, "-o", str(scratch / "libtfe_attn.so"), str(SOURCE)],
+        r = subprocess.run([cc, *FLAGS, "-o", str(scratch / "libtfe_attn.so"), *map(str, SOURCES)],
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(r.stderr.strip().splitlines()[-3:])[:400]}")
@@ -100,6 +104,36 @@ class AttentionKernel:
         fn.restype = ctypes.c_int
         self.fn = fn
         self.address = ctypes.cast(fn, ptr).value
+        # engine/cpu_elem.c, for the C++ round (the Python round runs the ATen ops they stand for)
+        self.norm_address = ctypes.cast(self.lib.tfe_norm_rows, ptr).value
+        self.heads_address = ctypes.cast(self.lib.tfe_heads, ptr).value
+        self.greedy_address = ctypes.cast(self.lib.tfe_greedy, ptr).value
+        self._mean_sq = self.lib.tfe_mean_sq_rows
+        self._mean_sq.argtypes = [ptr, i64, i64, ctypes.c_int32, ptr]
+
+    def elem(self, lengths: tuple[int, ...]) -> tuple[int, int, int, int]:
+        """What the C++ round takes of engine/cpu_elem.c for rows of these lengths: the norms' and
+        the heads' addresses, the means' width (sum_width) and the argmax's address."""
+        return self.norm_address, self.heads_address, self.sum_width(lengths), self.greedy_address
+
+    def sum_width(self, lengths: tuple[int, ...]) -> int:
+        """The vector width (8 or 16) at which engine/cpu_elem.c's mean of squares gives ATen's
+        `x.pow(2).mean(-1)` bit for bit on rows of each length (random rows of every magnitude,
+        float32 and widened bf16), or 0: then the C++ round takes ATen's means. ATen's order is
+        its own and may change with torch or the CPU, hence a check, not an assumption."""
+        g = torch.Generator().manual_seed(0)
+        for vw in (8, 16):
+            ok = True
+            for n in lengths:
+                x = torch.randn(64, n, generator=g) * torch.logspace(-4, 4, 64)[:, None]
+                for f in (x, x.bfloat16().float()):
+                    out = torch.empty(64)
+                    if self._mean_sq(f.data_ptr(), 64, n, vw, out.data_ptr()) != 0:
+                        return 0
+                    ok = ok and torch.equal(out, f.pow(2).mean(-1))
+            if ok:
+                return vw
+        return 0
 
     def takes(self, n_heads: int, kv_heads: int, head_dim: int) -> bool:
         """The shapes the kernel does (as its source checks them)."""

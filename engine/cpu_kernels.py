@@ -123,6 +123,39 @@ class PackedLinears:
         return F.linear(x, self.plain[key])
 
 
+CHECK_ROWS = (1, 3, 8, 17, 64, 100, 255, 512)  # row counts a CPU prompt product is checked at
+CHECK_BIG = 1024  # ... against this many rows (engine.host.BATCH_ROWS: the most rows a batched fill has)
+
+
+def rows_invariant(packed: PackedLinears, tile: int) -> bool:
+    """Whether on this machine a row's bits in a bf16 prompt cut's products are its own whatever
+    the other rows: layer 0's four packed matrices and the lm_head (`packed.mm`, every layer's
+    shapes are layer 0's) and the cut attention's two products (engine.cpu_attention: q against
+    a strided [d, keys] view of the cache, the scores against a [keys, d] one), each at every
+    count of CHECK_ROWS and two offsets against one CHECK_BIG-row product (a kernel picked by the
+    row count would part them). Then short cuts may share a forward (ModelRunner.prefill_many)
+    and a tile's attention skip its zero rows with the bits they have alone. On an AMD EPYC with
+    avx512_bf16 (oneDNN) every one is. float32 (MKL's packed kernel at 8 rows, F.linear elsewhere;
+    flash attention): False, and cuts keep their old path."""
+    if not packed.bf16 or packed.shape is None:
+        return False
+    g = torch.Generator().manual_seed(0)
+
+    def same(f, cols: int) -> bool:
+        x = torch.randn(CHECK_BIG, cols, generator=g).to(packed.dtype)
+        whole = f(x)
+        return all(torch.equal(f(x[o:o + m]), whole[o:o + m]) for m in CHECK_ROWS for o in (0, 5))
+
+    with torch.inference_mode():
+        for key in [(0, "qkv"), (0, "o"), (0, "gate_up"), (0, "down"), "lm_head"]:
+            if not same(lambda x: packed.mm(x, key), packed.plain[key].shape[1]):
+                return False
+        _, kvh, d = packed.shape
+        kv = torch.randn(tile, kvh, d, generator=g).to(packed.dtype)
+        mm = lambda a, b: torch.mm(a, b, out=a.new_empty(a.shape[0], b.shape[1]))  # noqa: E731 (as the tiles call it)
+        return same(lambda x: mm(x, kv[:, 0].t()), d) and same(lambda x: mm(x, kv[:, 0]), tile)
+
+
 class BucketPlan:
     """(Mirrored in C++ by engine/cpu_round.cpp's bucket_plan.) Per decode round, computed once
     and used by every layer: the active rows grouped by span (and, for a drafter's extra rows of

@@ -84,8 +84,12 @@ class CppRound:
     """The model's decode round through the C++ library (`rows`). `status`: "building", "built",
     "on" or why off; `ready` (asked by the decode thread) once loaded; `on` turns it off and on (benches)."""
 
-    def __init__(self, model, packed, attn: int = 0):
+    def __init__(self, model, packed, attn: int = 0, elem: tuple[int, int, int, int] = (0, 0, 0, 0)):
         self.attn = attn  # engine/cpu_attn.c's function address, or 0: the batched matmuls
+        # engine/cpu_elem.c's tfe_norm_rows and tfe_heads, the width its means of squares take
+        # ATen's bits at (AttentionKernel.sum_width), and tfe_greedy; or 0s: ATen's ops (the same
+        # bits either way)
+        self.elem = elem
         layers = model.model.layers
         keys = [(i, w) for i in range(len(layers)) for w in ("qkv", "o", "gate_up", "down")] + ["lm_head"]
         self.kind = ONEDNN if packed.bf16 else MKL if packed.mkl else PLAIN
@@ -102,12 +106,14 @@ class CppRound:
         self._built: Path | None = None  # set by the background build; loaded by the decode thread
 
     @classmethod
-    def started(cls, model, packed, when: bool | None, attn: int = 0) -> "CppRound | None":
+    def started(cls, model, packed, when: bool | None, attn: int = 0,
+                elem: tuple[int, int, int, int] = (0, 0, 0, 0)) -> "CppRound | None":
         """KernelConfig.cpu_cpp: None builds in the background, True before returning, False: no C++ round.
-        attn: the C decode attention's address (the process's choice), or 0."""
+        attn: the C decode attention's address (the process's choice), or 0; elem: the C
+        elementwise passes' (engine/cpu_elem.c), or 0s."""
         if when is False:
             return None
-        r = cls(model, packed, attn)
+        r = cls(model, packed, attn, elem)
         r.start(wait=bool(when))
         return r
 
@@ -155,4 +161,4 @@ class CppRound:
         h, kvh, d = self.shape
         return torch.ops.tfengine_cpu.decode_rows(
             rows[0], rows[1], rows[2], spare, SPAN, m.model.embed_tokens.weight, m.cos, m.sin, kv.k, kv.v,
-            self.mats, self.plain, self.norms, self.kind, h, kvh, d, self.eps, self.attn)
+            self.mats, self.plain, self.norms, self.kind, h, kvh, d, self.eps, self.attn, *self.elem)

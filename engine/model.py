@@ -207,19 +207,30 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + self._summed(mm(F.silu(gate) * up, (i, "down")))
         return self.model.norm(x)
 
-    def prefill_cpu(self, tokens: torch.Tensor, lane: int, start: int, kv, packed, rows: int | None = None) -> torch.Tensor:
-        """`prefill` through trunk_cpu: the greedy logits of the cut's last row. The attention
-        reads the whole lane: its query tiles (engine.cpu_attention.tile_for(rows), rows being
-        --prefill-rows; TILE unless given) end at absolute positions, past the cut's own end."""
+    def prefill_many_cpu(self, seqs: list[tuple[torch.Tensor, int, int]], kv, packed, rows: int | None = None,
+                         pad: bool = True) -> torch.Tensor:
+        """`prefill` through trunk_cpu for cuts [(tokens [T], lane, start)], rows one after another:
+        each cut's last-row logits. A cut attends over its own lane in query tiles (cpu_attention.tile_for(
+        --prefill-rows)) at absolute positions; pad=False: a partly covered tile multiplies the cut's rows
+        only. With row-invariant products (cpu_kernels.rows_invariant) a cut's bits are its bits alone."""
         from engine.cpu_attention import TILE, cut_attention_cpu, tile_for
-        positions, write_kv, _ = cut_io(tokens, lane, start, kv, None)
         tile = tile_for(rows) if rows else TILE
+        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
+        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
+        tokens = seqs[0][0] if len(seqs) == 1 else torch.cat([t for t, _, _ in seqs])
+        positions = torch.cat([torch.arange(s, s + b - a, device=tokens.device) for a, b, _, s in spans])
+
+        def write_kv(i, k, v):
+            for a, b, lane, s in spans:
+                kv.k[i, lane, s:s + b - a] = k[a:b]
+                kv.v[i, lane, s:s + b - a] = v[a:b]
 
         def attend(i, q):
-            return cut_attention_cpu(q, kv.k[i, lane], kv.v[i, lane], start, tile)
+            outs = [cut_attention_cpu(q[a:b], kv.k[i, lane], kv.v[i, lane], s, tile, pad) for a, b, lane, s in spans]
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
-        return packed.mm(x[-1:], "lm_head")[0]
+        return packed.mm(x[[b - 1 for _, b, _, _ in spans]], "lm_head")
 
     def decode_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv,
                    attend_fn: Callable[[int, torch.Tensor], torch.Tensor], packed) -> torch.Tensor:

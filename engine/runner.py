@@ -31,8 +31,9 @@ from typing import Sequence
 import torch
 
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
-from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets
+from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets, rows_invariant
 from engine.cpu_attn import BMM, C_KERNEL, kernel as c_attention
+from engine.cpu_attention import tile_for
 from engine.cpu_round import CppRound
 from engine.kv_cache import KVCache
 from engine.model import decode_attention_loop
@@ -96,6 +97,7 @@ class ModelRunner:
         self.cpu_mm = None
         self.cpu_round: CppRound | None = None
         self.cpu_attn = None  # the C decode attention (engine/cpu_attn.py), chosen once a process
+        self.cpu_rows_free = False  # bf16 prompt products found row-invariant here (cpu_kernels.rows_invariant)
         self.round_rows = cfg.parallel  # rows of every decode round: the fixed padded shape
         if self.device.type == "cpu" and knobs.cpu_fast:
             self.cpu_mm = PackedLinears(model)
@@ -106,7 +108,12 @@ class ModelRunner:
             log.info("decode attention: %s", C_KERNEL if self.cpu_attn else BMM)
             if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
                 self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp,  # engine/cpu_round.py
-                                                  self.cpu_attn.address if self.cpu_attn else 0)
+                                                  self.cpu_attn.address if self.cpu_attn else 0,
+                                                  c.elem((mcfg.hidden_size, mcfg.head_dim)) if c else (0, 0, 0, 0))
+                # short cuts together, tiles without zero rows: where a row's bits are its own (one rank)
+                self.cpu_rows_free = knobs.batch_cuts and rows_invariant(self.cpu_mm, tile_for(cfg.prefill_rows))
+                self.batch_cuts = self.cpu_rows_free
+                log.info("CPU prompt cuts: %s", "together" if self.cpu_rows_free else "one at a time")
         self.graph = None
         self._qk_fold = False  # the graph norms q/k in its attention (capture_graph)
         self.graph_fallback_reason: str | None = None
@@ -144,7 +151,7 @@ class ModelRunner:
                      sampling: SamplingParams | None = None, logprobs: list | None = None) -> int | None:
         n = len(tokens)
         self._check_cut(lane, n, start, end)
-        if self.batch_cuts and end - start <= SHORT_ROWS:  # the same forward as beside other cuts
+        if self.batch_cuts and self.fused and end - start <= SHORT_ROWS:  # the same forward as beside other cuts
             (tok,), logits = self._many([(lane, tokens, start, end)])
         else:
             ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
@@ -196,13 +203,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward_many(self, seqs) -> torch.Tensor:
+        if self.cpu_mm is not None and not self.fused:  # each cut's bits its own (cpu_rows_free)
+            return self.model.prefill_many_cpu(seqs, self.kv, self.cpu_mm, self.prefill_rows, pad=False)
         from engine.kernels_batch import matmul
         return self.model.prefill_many(seqs, self.kv, matmul)
 
     @torch.inference_mode()
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
         if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
-            return self.model.prefill_cpu(ids, lane, start, self.kv, self.cpu_mm, self.prefill_rows)
+            return self.model.prefill_many_cpu([(ids, lane, start)], self.kv, self.cpu_mm, self.prefill_rows,
+                                               pad=not self.cpu_rows_free)[0]
         return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
 
     @torch.inference_mode()

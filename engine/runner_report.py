@@ -43,7 +43,13 @@ def _describe_cpu(r) -> dict:
     kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
     return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
             "decode_attention": "sdpa a row" if mm is None else C_KERNEL if r.cpu_attn else BMM,
-            "cpu_round": CppRound.describe(r.cpu_round)}
+            "cpu_round": CppRound.describe(r.cpu_round),
+            "cpu_prompt_cuts": cpu_prompt_cuts(r)}
+
+
+def cpu_prompt_cuts(r) -> str:
+    """How a CPU runner fills prompt cuts (ModelRunner.cpu_rows_free)."""
+    return "short ones filled together, tiles of their rows only" if r.cpu_rows_free else "one at a time, tiles padded"
 
 
 def _prefill_attention_name(r) -> str:

@@ -26,3 +26,14 @@ def interpret():
                              cwd=str(pathlib.Path(__file__).resolve().parents[1]))
         assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
     return run
+
+
+@pytest.fixture(scope="module")
+def c_kernel():
+    """The CPU round's C library (engine/cpu_attn.py: the decode attention, engine/cpu_elem.c);
+    skipped where it cannot be had (no compiler, TFENGINE_NO_CC=1): the fallback paths run."""
+    import engine.cpu_attn as ca
+    k = ca.kernel()
+    if k is None:
+        pytest.skip("no C kernel here (no compiler, or TFENGINE_NO_CC=1)")
+    return k

@@ -100,7 +100,7 @@ def test_fast_path_agrees_with_reference_ops():
     assert ref.cpu_mm is None and fast.cpu_mm is not None
     toks = prompt(2 * R + 3, 8)
     with torch.inference_mode():
-        a = fast.model.prefill_cpu(torch.tensor(toks[:R]), 0, 0, fast.kv, fast.cpu_mm)
+        a = fast.model.prefill_many_cpu([(torch.tensor(toks[:R]), 0, 0)], fast.kv, fast.cpu_mm)[0]
         b = ref.model.prefill(torch.tensor(toks[:R]), 0, 0, ref.kv)
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     fast.prefill(1, toks), ref.prefill(1, toks)
