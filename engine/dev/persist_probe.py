@@ -333,7 +333,8 @@ def sec_round(dev, dt, model):
 
 def compile_check():
     """The CPU, no interpreter: each variant compiled for sm_90 at the device shapes; its shared
-    memory, and the PTX's barrier atomics, L2 prefetches and MMA instructions against the skinny kernel's."""
+    memory (over half the SM's 228 KiB: one program a SM) and the PTX's barrier atomics, L2
+    prefetches, async copies (the K loops pipelined) and MMA instructions (m16n8k16, as the skinny kernels')."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     ch = Chain.__new__(Chain)
@@ -341,9 +342,10 @@ def compile_check():
     ch.cfg = configs(ch.HID, ch.NQ, ch.I, ch.M)
     sig = {**{n: "*bf16" for n in ("D", "Q", "O", "H", "WQ", "WO", "WG", "WD")}, "Bar": "*i32", "Err": "*i32",
            "M": "i32", "G": "i32"}
-    keys = ("atom.release", "atom.acquire", "atom.acq_rel", "prefetch.global.L2", "mma.sync", "wgmma", "cp.async.cg")
+    keys = ("atom.global.gpu.release", "ld.global.gpu.acquire", "prefetch.global.L2", "mma.sync", "wgmma", "cp.async.cg")
     for name, (bar, pf) in VARIANTS.items():
-        k = triton.compile(ASTSource(fn=_persist_kernel, signature=sig, constexprs=ch.consts(bar, pf)),
+        aligned = {(i,): [["tt.divisibility", 16]] for i in range(10)}  # as the launcher specializes them
+        k = triton.compile(ASTSource(fn=_persist_kernel, signature=sig, constexprs=ch.consts(bar, pf), attrs=aligned),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
         ptx = k.asm["ptx"]
         RES[name] = {"shared": k.metadata.shared, **{key: ptx.count(key) for key in keys}}
