@@ -8,53 +8,32 @@ columns; no norms or attention), each variant one CUDA graph:
       (atomic counter + spin) after every product: 144;
   (c) (b) without the barriers: the same loads and dots, dependencies ignored (streaming ceiling);
   (d) (b) where each program asks L2 for its first tile of the next product before it spins.
-Reports ms a round, % of the products' own weights roofline at the copy rate measured here, the
-barrier cost ((b) - (c)) / 144, bits of (b) and (d) against (a), and the full decode round for
-reference (replay timer of round4_call1).
+Reports ms, % of the products' weights roofline at the copy rate measured here, the barrier
+cost ((b) - (c)) / 144, bits of (b) and (d) against (a), the full decode round (round4_call1's replay).
 
-    PYTHONPATH=. python3 -m engine.dev.persist_probe --out $OUT
+    PYTHONPATH=. python3 -m engine.dev.persist_probe --out $OUT [--reps 5] [--no-round]
+    PYTHONPATH=. python3 -m engine.dev.persist_probe --out /tmp/pp --compile-check   # CPU: sm_90 PTX, shared memory
     TRITON_INTERPRET=1 PYTHONPATH=. python3 -m engine.dev.persist_probe --out /tmp/pp --dry-run   # CPU, tiny
 """
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
-import traceback
 
 import torch
 import triton
 import triton.language as tl
 
+import engine.dev.round2 as R2
 import engine.kernels_skinny as S
 from engine.kernels import INTERPRET
 
-RES: dict = {}
-OUT = "/tmp/persist"
+RES, say, save, guard = R2.RES, R2.say, R2.save, R2._guard  # results go to $OUT/round2.json
 SPIN = tl.constexpr(1 << 20)  # spins before a barrier gives up (sets Err; later barriers then skip): no hang
 _PF_ASM = tl.constexpr("prefetch.global.L2 [$1]; mov.u32 $0, 0;")
-
-
-def say(*a):
-    print(*a, flush=True)
-
-
-def save():
-    with open(f"{OUT}/persist.json", "w") as f:
-        json.dump(RES, f, indent=1, default=str)
-
-
-def guard(name, fn):
-    t = time.perf_counter()
-    try:
-        return fn()
-    except Exception:
-        RES[f"{name}_error"] = traceback.format_exc()[-2500:]
-        say(RES[f"{name}_error"])
-    finally:
-        RES[f"{name}_s"] = time.perf_counter() - t
-        save()
 
 
 @triton.jit
@@ -186,6 +165,7 @@ class Chain:
         self.err = torch.zeros(1, dtype=torch.int32, device=dev)
         self.L, self.HID, self.NQ, self.I, self.M, self.cfg = L, HID, NQ, I, M, cfg
         self.bytes = sum(t.numel() * t.element_size() for t in (self.WQ, self.WO, self.WG, self.WD))
+        self.calibrate()
 
     def run_a(self) -> list:
         """(a): the products as the round runs them today, one launch each."""
@@ -214,14 +194,28 @@ class Chain:
         for t in (self.Q, self.O, self.H, self.D[1:]):
             t.fill_(float("nan"))
 
+    def calibrate(self):
+        """Rescale each layer's down matrix so its output's RMS is 1: the gated product squares
+        magnitudes, so an unscaled chain overflows to inf / NaN within the 36 layers (run 23's first call)."""
+        x = self.D[0]
+        for l in range(self.L):
+            o = S.skinny(S.skinny(x, self.WQ[l], config=self.cfg["q"])[:, :self.HID], self.WO[l], config=self.cfg["o"])
+            h = S.gate_up_silu(o, self.WG[l], config=self.cfg["g"])
+            self.WD[l] /= S.skinny(h, self.WD[l], config=self.cfg["d"]).float().pow(2).mean().sqrt().to(self.WD.dtype)
+            x = S.skinny(h, self.WD[l], config=self.cfg["d"])
+
     def bits(self, outs: list) -> dict:
-        """This chain's buffers against (a)'s outputs: elements differing (NaN counts: unwritten)."""
+        """This chain's buffers against (a)'s outputs: elements differing (NaN != NaN: poison left
+        unwritten counts), the first layer with any, and whether (a)'s outputs are all finite."""
         mine = [t[l] for l in range(self.L) for t in (self.Q, self.O, self.H, self.D[1:])]
-        diff = {n: 0 for n in ("q/k/v", "o", "gated", "down")}
+        diff, first = {n: 0 for n in ("q/k/v", "o", "gated", "down")}, None
         for i, (a, b) in enumerate(zip(outs, mine)):
-            diff[list(diff)[i % 4]] += int((a != b).sum())  # NaN != NaN: poison left counts
+            n = int((a != b).sum())
+            diff[list(diff)[i % 4]] += n
+            first = i // 4 if first is None and n else first
         return {"differing": diff, "of": sum(t.numel() for t in mine), "equal": not any(diff.values()),
-                "barrier timeouts": int(self.err.item())}
+                "first layer differing": first, "(a) all finite": all(bool(t.isfinite().all()) for t in outs),
+                "(a) last rms": float(outs[-1].float().pow(2).mean().sqrt()), "barrier timeouts": int(self.err.item())}
 
 
 def configs(HID, NQ, I, M) -> dict:
@@ -260,11 +254,11 @@ def _meta(k) -> dict:
         return {"meta": repr(e)[:80]}
 
 
-def _zero(bar) -> bool:
+def _zero(bar) -> bool:  # noqa: E704
     return int(bar.abs().sum().item()) == 0
 
 
-def sec_probe(ch: Chain, grid: int, dry: bool):
+def sec_probe(ch: Chain, grid: int, dry: bool, reps: int = 5):
     """Bits of each persistent form against (a) (eager, then after two graph replays), then the
     graphs timed interleaved."""
     out = RES.setdefault("probe", {})
@@ -298,7 +292,7 @@ def sec_probe(ch: Chain, grid: int, dry: bool):
         return
     import engine.dev.round4_call1 as C1
     ts = {n: [] for n in graphs}
-    for _ in range(5):  # interleaved, so drift hits every variant alike
+    for _ in range(reps):  # interleaved, so drift hits every variant alike
         for n, g in graphs.items():
             ts[n].append(C1.graph_us(g, reps=20) / 1e3)
     roof = ch.bytes / RES["ceilings"]["copy_bandwidth_Bps"] * 1e3
@@ -319,13 +313,11 @@ def sec_round(dev, dt, model):
     from engine.config import EngineConfig
     from engine.dev.bench import weight_bytes
     from engine.runner import ModelRunner
-    r = ModelRunner(EngineConfig(model=model, device=dev, dtype=dt, parallel=8, max_model_len=1024,
-                                 prefill_rows=1024))
+    r = ModelRunner(EngineConfig(model=model, device=dev, dtype=dt, parallel=8, max_model_len=1024, prefill_rows=1024))
     bw, out = RES["ceilings"]["copy_bandwidth_Bps"], RES.setdefault("round", {})
     out["weights roof ms"] = weight_bytes(r) / bw * 1e3
     for k in (1, 8):
-        ts = C1.replay_ms(r, k, chunks=6)
-        roof = (weight_bytes(r) + k * 129 * r.kv.row_bytes()) / bw * 1e3
+        ts, roof = C1.replay_ms(r, k, chunks=6), (weight_bytes(r) + k * 129 * r.kv.row_bytes()) / bw * 1e3
         ms = statistics.median(ts)
         out[f"{k} streams"] = {"replay_ms": ms, "roof_ms": roof, "ratio": roof / ms, "all": ts}
         say(f"full round {k} streams: replay {ms:.3f} ms, {roof / ms:6.1%} of {roof:.3f} ms")
@@ -339,25 +331,21 @@ def compile_check():
     from triton.compiler import ASTSource
     ch = Chain.__new__(Chain)
     ch.L, ch.HID, ch.NQ, ch.I, ch.M = 36, 4096, 6144, 12288, 8
-    ch.cfg = configs(ch.HID, ch.NQ, ch.I, ch.M)
+    ch.cfg, aligned = configs(ch.HID, ch.NQ, ch.I, ch.M), {(i,): [["tt.divisibility", 16]] for i in range(10)}
     sig = {**{n: "*bf16" for n in ("D", "Q", "O", "H", "WQ", "WO", "WG", "WD")}, "Bar": "*i32", "Err": "*i32",
            "M": "i32", "G": "i32"}
     keys = ("atom.global.gpu.release", "ld.global.gpu.acquire", "prefetch.global.L2", "mma.sync", "wgmma", "cp.async.cg")
     for name, (bar, pf) in VARIANTS.items():
-        aligned = {(i,): [["tt.divisibility", 16]] for i in range(10)}  # as the launcher specializes them
         k = triton.compile(ASTSource(fn=_persist_kernel, signature=sig, constexprs=ch.consts(bar, pf), attrs=aligned),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
-        ptx = k.asm["ptx"]
-        RES[name] = {"shared": k.metadata.shared, **{key: ptx.count(key) for key in keys}}
+        RES[name] = {"shared": k.metadata.shared, **{key: k.asm["ptx"].count(key) for key in keys}}
         say(name, json.dumps(RES[name]))
     save()
 
 
 def main(argv):
-    global OUT
-    OUT = argv[argv.index("--out") + 1] if "--out" in argv else OUT
-    import os
-    os.makedirs(OUT, exist_ok=True)
+    R2.OUT = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/persist"
+    os.makedirs(R2.OUT, exist_ok=True)
     if "--compile-check" in argv:
         return compile_check()
     dry = "--dry-run" in argv  # the CPU, the interpreter, tiny shapes, untimed
@@ -381,12 +369,14 @@ def main(argv):
     RES["configs"] = {k: str(v) for k, v in cfg.items()}
     say(json.dumps(RES))
     ch = Chain(dev, dt, *shape, cfg)
-    guard("probe", lambda: sec_probe(ch, grid, dry))
+    reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 5
+    guard("probe", lambda: sec_probe(ch, grid, dry, reps))
     ch = None
     if not dry:
         torch.cuda.empty_cache()
         RES["copy_bandwidth_Bps after"] = copy_bandwidth("cuda")
-    guard("round", lambda: sec_round(dev, "float32" if dry else "bfloat16", "tiny" if dry else "qwen3-8b"))
+    if "--no-round" not in argv:  # the full round for reference (run 23's first call has it)
+        guard("round", lambda: sec_round(dev, "float32" if dry else "bfloat16", "tiny" if dry else "qwen3-8b"))
     RES["total_s"] = time.perf_counter() - t0
     save()
     say("done", RES["total_s"])
