@@ -227,16 +227,11 @@ def configs(HID, NQ, I, M) -> dict:
 
 
 def capture(fn):
-    """A CUDA graph of fn() (run once on a side stream first), and the captured call's result."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
+    """A CUDA graph of fn() (round4_call1.chain_graph: run once on a side stream, then captured) and
+    the captured call's result."""
+    import engine.dev.round4_call1 as C1
+    box = {}
+    return C1.chain_graph(lambda _: box.update(out=fn()), 1), box["out"]
 
 
 VARIANTS = {  # name -> (barriers, lines of the next tile's weight rows asked of L2 before the spin)
