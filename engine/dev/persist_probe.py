@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 import engine.dev.round2 as R2
+import engine.dev.persist_hold as PH
 import engine.kernels_skinny as S
 from engine.kernels import INTERPRET
 
@@ -184,8 +185,10 @@ class Chain:
             out.update({f"BN{p.upper()}": c[p].block_n, f"BK{p.upper()}": c[p].block_k, f"ST{p.upper()}": c[p].num_stages})
         return dict(L=self.L, HID=self.HID, NQ=self.NQ, I=self.I, BM=S.block_m(self.M), BARRIER=barrier, PF=pf, **out)
 
-    def run_p(self, grid: int, barrier: bool, pf: int = 0):
-        """(b) / (c) / (d): the persistent kernel, `grid` programs."""
+    def run_p(self, grid: int, barrier: bool, pf: int = 0, hold: int = 0):
+        """(b) / (c) / (d): the persistent kernel, `grid` programs; (e): persist_hold's."""
+        if hold:
+            return PH.run_hold(self, grid, hold)
         return _persist_kernel[(grid,)](self.D, self.Q, self.O, self.H, self.WQ, self.WO, self.WG, self.WD,
                                         self.bar, self.err, self.M, grid, **self.consts(barrier, pf),
                                         num_warps=4, num_stages=4)
@@ -234,11 +237,14 @@ def capture(fn):
     return C1.chain_graph(lambda _: box.update(out=fn()), 1), box["out"]
 
 
-VARIANTS = {  # name -> (barriers, lines of the next tile's weight rows asked of L2 before the spin)
-    "(b) persistent, barriers": (True, 0),
-    "(c) persistent, no barriers": (False, 0),
-    "(d) barriers + next tile 1 KiB a row to L2": (True, 8),
-    "(d) barriers + next tile 2 KiB a row to L2": (True, 16),
+VARIANTS = {  # name -> (barriers, lines of the next tile's weight rows asked of L2 before the spin,
+    # K steps of the next tile's weights held in registers across the spin: persist_hold's kernel)
+    "(b) persistent, barriers": (True, 0, 0),
+    "(c) persistent, no barriers": (False, 0, 0),
+    "(d) barriers + next tile 1 KiB a row to L2": (True, 8, 0),
+    "(e) barriers + next tile's first K step held": (True, 0, 1),
+    "(e) barriers + next tile's first 2 K steps held": (True, 0, 2),
+    "(e) barriers + next tile's first 4 K steps held": (True, 0, 4),
 }
 
 
@@ -264,16 +270,16 @@ def sec_probe(ch: Chain, grid: int, dry: bool, reps: int = 5):
         ga, outs = capture(ch.run_a)
         ga.replay()
         graphs = {"(a) today's chain, 144 launches": ga}
-    for name, (bar, pf) in VARIANTS.items():
+    for name, (bar, pf, hold) in VARIANTS.items():
         if dry and pf:
             continue  # the interpreter has no inline asm
         g = 1 if dry and bar else grid  # the interpreter runs programs one after another
         ch.poison()
-        k = ch.run_p(g, bar, pf)
+        k = ch.run_p(g, bar, pf, hold)
         sync()
         res = {"grid": g, "kernel": _meta(k), "eager": ch.bits(outs), "counters zero after eager": _zero(ch.bar)}
         if not dry and not res["eager"]["barrier timeouts"]:
-            graphs[name] = capture(lambda: ch.run_p(g, bar, pf))[0]
+            graphs[name] = capture(lambda: ch.run_p(g, bar, pf, hold))[0]
             ch.poison()
             graphs[name].replay(), graphs[name].replay()
             sync()
@@ -296,10 +302,10 @@ def sec_probe(ch: Chain, grid: int, dry: bool, reps: int = 5):
         ms = statistics.median(t)
         out.setdefault(n, {}).update({"ms": ms, "of roofline": roof / ms, "all": t})
         say(f"{n:48s} {ms:.3f} ms  {roof / ms:6.1%} of {roof:.3f} ms (spread {min(t):.3f}-{max(t):.3f})")
-    b, c = (out[n].get("ms") for n in list(VARIANTS)[:2])
-    if b and c:
-        RES["barrier us (b - c) / 144"] = (b - c) / (4 * ch.L) * 1e3
-        say("barrier cost", RES["barrier us (b - c) / 144"], "us")
+    c = out[list(VARIANTS)[1]].get("ms")
+    for n in (n for n in ts if c and n != list(VARIANTS)[1]):  # (x - c) / 144: a boundary's cost
+        out[n]["boundary us (x - c) / 144"] = (out[n]["ms"] - c) / (4 * ch.L) * 1e3
+        say(f"{n:48s} boundary {out[n]['boundary us (x - c) / 144']:.2f} us")
 
 
 def sec_round(dev, dt, model):
@@ -330,10 +336,13 @@ def compile_check():
     sig = {**{n: "*bf16" for n in ("D", "Q", "O", "H", "WQ", "WO", "WG", "WD")}, "Bar": "*i32", "Err": "*i32",
            "M": "i32", "G": "i32"}
     keys = ("atom.global.gpu.release", "ld.global.gpu.acquire", "prefetch.global.L2", "mma.sync", "wgmma", "cp.async.cg")
-    for name, (bar, pf) in VARIANTS.items():
-        k = triton.compile(ASTSource(fn=_persist_kernel, signature=sig, constexprs=ch.consts(bar, pf), attrs=aligned),
+    for name, (bar, pf, hold) in VARIANTS.items():
+        fn, cs = (PH._hold_kernel, {**ch.consts(bar, pf), "HOLD": hold}) if hold else (_persist_kernel, ch.consts(bar, pf))
+        if hold:
+            cs.pop("BARRIER"), cs.pop("PF")
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cs, attrs=aligned),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
-        RES[name] = {"shared": k.metadata.shared, **{key: k.asm["ptx"].count(key) for key in keys}}
+        RES[name] = {"shared": k.metadata.shared, **{key: k.asm["ptx"].count(key) for key in keys}, **PH.asm_report(k)}
         say(name, json.dumps(RES[name]))
     save()
 
@@ -350,8 +359,8 @@ def main(argv):
         assert INTERPRET, "--dry-run runs under TRITON_INTERPRET=1"
         import engine.dev.round5_call1 as R51
         torch.cuda.Event = R51._CpuEvent  # the round's replay timer on the host clock
-        dev, dt, shape, grid = "cpu", torch.float32, (3, 64, 96, 64, 8), 3
-        cfg = {"q": S.SkinnyConfig(32, 32, 4, 2), "o": S.SkinnyConfig(16, 32, 4, 2), "g": S.SkinnyConfig(16, 32, 4, 2),
+        dev, dt, shape, grid = "cpu", torch.float32, (3, 64, 96, 128, 8), 3  # 4 K steps each: (e) holds up to 4
+        cfg = {"q": S.SkinnyConfig(32, 16, 4, 2), "o": S.SkinnyConfig(16, 16, 4, 2), "g": S.SkinnyConfig(16, 16, 4, 2),
                "d": S.SkinnyConfig(16, 16, 4, 2, 2)}
         RES["ceilings"] = {"copy_bandwidth_Bps": 1e11}
     else:
