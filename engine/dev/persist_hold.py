@@ -28,15 +28,22 @@ def _step(X, sx, i, M, w, v, a0, a1, KR: tl.constexpr, BM: tl.constexpr, BK: tl.
 
 
 @triton.jit
-def _wt(W, t, J, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr):
-    """Step J's weight tile(s) of tile t: (w, v), v = w for a plain product."""
+def _wt(W, t, J, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KIND: tl.constexpr,
+        MASKED: tl.constexpr = False, on=True):
+    """Step J's weight tile(s) of tile t: (w, v), v = w for a plain product (MASKED: zeros unless on)."""
     KR: tl.constexpr = K // 2 if KIND == 2 else K
     WOFF: tl.constexpr = N * K if KIND == 1 else KR
     wp = W + (t * BN + tl.arange(0, BN))[:, None].to(tl.int64) * K + tl.arange(0, BK)[None, :] + J * BK
-    w = tl.load(wp)
+    if MASKED:
+        w = tl.load(wp, mask=on, other=0.0)
+    else:
+        w = tl.load(wp)
     v = w
     if KIND != 0:
-        v = tl.load(wp + WOFF)
+        if MASKED:
+            v = tl.load(wp + WOFF, mask=on, other=0.0)
+        else:
+            v = tl.load(wp + WOFF)
     return w, v
 
 
@@ -59,25 +66,39 @@ def _take(W, t, T, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.co
 
 @triton.jit
 def _tile_h(X, sx, W, Y, sy, t, M, N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, ST: tl.constexpr, KIND: tl.constexpr, HOLD: tl.constexpr,
+            BK: tl.constexpr, ST: tl.constexpr, KIND: tl.constexpr, HOLD: tl.constexpr, SEL: tl.constexpr,
             w0, v0, w1, v1, w2, v2, w3, v3):
     """Tile t of a product (persist_probe._tile's K order and epilogue), steps 0 .. HOLD - 1 from
-    the held tiles, the rest pipelined from memory."""
+    the held tiles, the rest pipelined from memory. SEL: one pipelined loop over all steps, the
+    held steps' loads masked off and their tiles selected in (so the loop's prologue need not wait
+    for x and the held dots)."""
     KR: tl.constexpr = K // 2 if KIND == 2 else K
     tl.static_assert(HOLD <= KR // BK)
     a0 = tl.zeros((BM, BN), dtype=tl.float32)
     a1 = tl.zeros((BM, BN), dtype=tl.float32)
-    if HOLD > 0:
-        a0, a1 = _step(X, sx, 0, M, w0, v0, a0, a1, KR, BM, BK, KIND)
-    if HOLD > 1:
-        a0, a1 = _step(X, sx, 1, M, w1, v1, a0, a1, KR, BM, BK, KIND)
-    if HOLD > 2:
-        a0, a1 = _step(X, sx, 2, M, w2, v2, a0, a1, KR, BM, BK, KIND)
-    if HOLD > 3:
-        a0, a1 = _step(X, sx, 3, M, w3, v3, a0, a1, KR, BM, BK, KIND)
-    for i in tl.range(HOLD, KR // BK, num_stages=ST):
-        w, v = _wt(W, t, i, N, K, BN, BK, KIND)
-        a0, a1 = _step(X, sx, i, M, w, v, a0, a1, KR, BM, BK, KIND)
+    if SEL:
+        for i in tl.range(0, KR // BK, num_stages=ST):
+            w, v = _wt(W, t, i, N, K, BN, BK, KIND, True, i >= HOLD)
+            w, v = tl.where(i == 0, w0, w), tl.where(i == 0, v0, v)
+            if HOLD > 1:
+                w, v = tl.where(i == 1, w1, w), tl.where(i == 1, v1, v)
+            if HOLD > 2:
+                w, v = tl.where(i == 2, w2, w), tl.where(i == 2, v2, v)
+            if HOLD > 3:
+                w, v = tl.where(i == 3, w3, w), tl.where(i == 3, v3, v)
+            a0, a1 = _step(X, sx, i, M, w, v, a0, a1, KR, BM, BK, KIND)
+    else:
+        if HOLD > 0:
+            a0, a1 = _step(X, sx, 0, M, w0, v0, a0, a1, KR, BM, BK, KIND)
+        if HOLD > 1:
+            a0, a1 = _step(X, sx, 1, M, w1, v1, a0, a1, KR, BM, BK, KIND)
+        if HOLD > 2:
+            a0, a1 = _step(X, sx, 2, M, w2, v2, a0, a1, KR, BM, BK, KIND)
+        if HOLD > 3:
+            a0, a1 = _step(X, sx, 3, M, w3, v3, a0, a1, KR, BM, BK, KIND)
+        for i in tl.range(HOLD, KR // BK, num_stages=ST):
+            w, v = _wt(W, t, i, N, K, BN, BK, KIND)
+            a0, a1 = _step(X, sx, i, M, w, v, a0, a1, KR, BM, BK, KIND)
     rm = tl.arange(0, BM)
     if KIND == 1:
         g = a0.to(Y.dtype.element_ty).to(tl.float32)
@@ -94,12 +115,12 @@ def _tile_h(X, sx, W, Y, sy, t, M, N: tl.constexpr, K: tl.constexpr, BM: tl.cons
 @triton.jit
 def _product(X, sx, W, Y, sy, pid, G, T, M, N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
              BN: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, KIND: tl.constexpr, HOLD: tl.constexpr,
-             w0, v0, w1, v1, w2, v2, w3, v3):
+             SEL: tl.constexpr, w0, v0, w1, v1, w2, v2, w3, v3):
     """This program's tiles pid, pid + G, .. of a product, the first from its held steps."""
     if pid < T:
-        _tile_h(X, sx, W, Y, sy, pid, M, N, K, BM, BN, BK, ST, KIND, HOLD, w0, v0, w1, v1, w2, v2, w3, v3)
+        _tile_h(X, sx, W, Y, sy, pid, M, N, K, BM, BN, BK, ST, KIND, HOLD, SEL, w0, v0, w1, v1, w2, v2, w3, v3)
     for t in range(pid + G, T, G):
-        _tile_h(X, sx, W, Y, sy, t, M, N, K, BM, BN, BK, ST, KIND, 0, w0, v0, w1, v1, w2, v2, w3, v3)
+        _tile_h(X, sx, W, Y, sy, t, M, N, K, BM, BN, BK, ST, KIND, 0, False, w0, v0, w1, v1, w2, v2, w3, v3)
 
 
 @triton.jit
@@ -130,7 +151,8 @@ def _hold_kernel(D, Q, O, H, WQ, WO, WG, WD, Bar, Err, M, G, L: tl.constexpr, HI
                  BNQ: tl.constexpr, BKQ: tl.constexpr, STQ: tl.constexpr,
                  BNO: tl.constexpr, BKO: tl.constexpr, STO: tl.constexpr,
                  BNG: tl.constexpr, BKG: tl.constexpr, STG: tl.constexpr,
-                 BND: tl.constexpr, BKD: tl.constexpr, STD: tl.constexpr, HOLD: tl.constexpr):
+                 BND: tl.constexpr, BKD: tl.constexpr, STD: tl.constexpr, HOLD: tl.constexpr,
+                 SEL: tl.constexpr):
     """persist_probe._persist_kernel's chain and barriers; between each arrival and its spin the
     program loads the next product's held steps (layer 0's q/k/v before the loop)."""
     pid = tl.program_id(0)
@@ -142,22 +164,22 @@ def _hold_kernel(D, Q, O, H, WQ, WO, WG, WD, Bar, Err, M, G, L: tl.constexpr, HI
     for l in range(L):
         l64 = tl.cast(l, tl.int64)
         _product(D + l * M * HID, HID, WQ + l64 * NQ * HID, Q + l * M * NQ, NQ, pid, G, TQ, M, NQ, HID,
-                 BM, BNQ, BKQ, STQ, 0, HOLD, q0, r0, q1, r1, q2, r2, q3, r3)
+                 BM, BNQ, BKQ, STQ, 0, HOLD, SEL, q0, r0, q1, r1, q2, r2, q3, r3)
         n = _arrive(Bar, 4 * l)
         w0, v0, w1, v1, w2, v2, w3, v3 = _take(WO + l64 * HID * HID, pid, TO, HID, HID, BNO, BKO, 0, HOLD)
         _wait(Bar, Err, 4 * l, n, G, pid)
         _product(Q + l * M * NQ, NQ, WO + l64 * HID * HID, O + l * M * HID, HID, pid, G, TO, M, HID, HID,
-                 BM, BNO, BKO, STO, 0, HOLD, w0, v0, w1, v1, w2, v2, w3, v3)
+                 BM, BNO, BKO, STO, 0, HOLD, SEL, w0, v0, w1, v1, w2, v2, w3, v3)
         n = _arrive(Bar, 4 * l + 1)
         w0, v0, w1, v1, w2, v2, w3, v3 = _take(WG + l64 * 2 * I * HID, pid, TG, I, HID, BNG, BKG, 1, HOLD)
         _wait(Bar, Err, 4 * l + 1, n, G, pid)
         _product(O + l * M * HID, HID, WG + l64 * 2 * I * HID, H + l * M * I, I, pid, G, TG, M, I, HID,
-                 BM, BNG, BKG, STG, 1, HOLD, w0, v0, w1, v1, w2, v2, w3, v3)
+                 BM, BNG, BKG, STG, 1, HOLD, SEL, w0, v0, w1, v1, w2, v2, w3, v3)
         n = _arrive(Bar, 4 * l + 2)
         w0, v0, w1, v1, w2, v2, w3, v3 = _take(WD + l64 * HID * I, pid, TD, HID, I, BND, BKD, 2, HOLD)
         _wait(Bar, Err, 4 * l + 2, n, G, pid)
         _product(H + l * M * I, I, WD + l64 * HID * I, D + (l + 1) * M * HID, HID, pid, G, TD, M, HID, I,
-                 BM, BND, BKD, STD, 2, HOLD, w0, v0, w1, v1, w2, v2, w3, v3)
+                 BM, BND, BKD, STD, 2, HOLD, SEL, w0, v0, w1, v1, w2, v2, w3, v3)
         n = _arrive(Bar, 4 * l + 3)
         ln = tl.minimum(l64 + 1, L - 1)  # the last layer re-reads its own (dropped)
         q0, r0, q1, r1, q2, r2, q3, r3 = _take(WQ + ln * NQ * HID, pid, TQ, NQ, HID, BNQ, BKQ, 0, HOLD)
@@ -167,12 +189,12 @@ def _hold_kernel(D, Q, O, H, WQ, WO, WG, WD, Bar, Err, M, G, L: tl.constexpr, HI
         tl.atomic_xchg(Bar + 4 * L, 0, sem="relaxed", scope="gpu")
 
 
-def run_hold(ch, grid: int, hold: int):
+def run_hold(ch, grid: int, hold: int, sel: bool = False):
     """(e): persist_probe.Chain ch through the held-tile kernel, `grid` programs."""
     c = ch.consts(True, 0)
     c.pop("BARRIER"), c.pop("PF")
     return _hold_kernel[(grid,)](ch.D, ch.Q, ch.O, ch.H, ch.WQ, ch.WO, ch.WG, ch.WD, ch.bar, ch.err, ch.M, grid,
-                                 HOLD=hold, **c, num_warps=4, num_stages=4)
+                                 HOLD=hold, SEL=sel, **c, num_warps=4, num_stages=4)
 
 
 def asm_report(k) -> dict:

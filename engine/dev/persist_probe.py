@@ -188,7 +188,7 @@ class Chain:
     def run_p(self, grid: int, barrier: bool, pf: int = 0, hold: int = 0):
         """(b) / (c) / (d): the persistent kernel, `grid` programs; (e): persist_hold's."""
         if hold:
-            return PH.run_hold(self, grid, hold)
+            return PH.run_hold(self, grid, abs(hold), hold < 0)
         return _persist_kernel[(grid,)](self.D, self.Q, self.O, self.H, self.WQ, self.WO, self.WG, self.WD,
                                         self.bar, self.err, self.M, grid, **self.consts(barrier, pf),
                                         num_warps=4, num_stages=4)
@@ -245,6 +245,8 @@ VARIANTS = {  # name -> (barriers, lines of the next tile's weight rows asked of
     "(e) barriers + next tile's first K step held": (True, 0, 1),
     "(e) barriers + next tile's first 2 K steps held": (True, 0, 2),
     "(e) barriers + next tile's first 4 K steps held": (True, 0, 4),
+    "(f) (e) 1 step, selected in the pipelined loop": (True, 0, -1),  # hold < 0: persist_hold SEL
+    "(f) (e) 2 steps, selected in the pipelined loop": (True, 0, -2),
 }
 
 
@@ -337,7 +339,7 @@ def compile_check():
            "M": "i32", "G": "i32"}
     keys = ("atom.global.gpu.release", "ld.global.gpu.acquire", "prefetch.global.L2", "mma.sync", "wgmma", "cp.async.cg")
     for name, (bar, pf, hold) in VARIANTS.items():
-        fn, cs = (PH._hold_kernel, {**ch.consts(bar, pf), "HOLD": hold}) if hold else (_persist_kernel, ch.consts(bar, pf))
+        fn, cs = (PH._hold_kernel, {**ch.consts(bar, pf), "HOLD": abs(hold), "SEL": hold < 0}) if hold else (_persist_kernel, ch.consts(bar, pf))
         if hold:
             cs.pop("BARRIER"), cs.pop("PF")
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cs, attrs=aligned),
