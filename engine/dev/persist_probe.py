@@ -7,7 +7,9 @@ columns; no norms or attention), each variant one CUDA graph:
       turn (the same BLOCK_N / BLOCK_K / stages as (a), so the same bits), a grid-wide barrier
       (atomic counter + spin) after every product: 144;
   (c) (b) without the barriers: the same loads and dots, dependencies ignored (streaming ceiling);
-  (d) (b) where each program asks L2 for its first tile of the next product before it spins.
+  (d) (b) where each program asks L2 for its first tile of the next product before it spins;
+  (e) run 24, persist_hold: (b) with the first 1 / 2 / 4 K steps of the next tile's weights loaded
+      into registers between arrival and spin; (f) the same selected into one pipelined loop.
 Reports ms, % of the products' weights roofline at the copy rate measured here, the barrier
 cost ((b) - (c)) / 144, bits of (b) and (d) against (a), the full decode round (round4_call1's replay).
 
