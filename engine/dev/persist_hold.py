@@ -53,14 +53,14 @@ def _take(W, t, T, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.co
     """The first HOLD steps' weight tiles of tile min(t, T - 1) (a program with no tile loads a
     neighbour's and drops it); unused slots repeat step 0's."""
     tt = tl.minimum(t, T - 1)
-    w0, v0 = _wt(W, tt, 0, N, K, BN, BK, KIND)
+    w0, v0 = _wt(W, tt, 0, N, K, BN, BK, KIND, False, True)
     w1, v1, w2, v2, w3, v3 = w0, v0, w0, v0, w0, v0
     if HOLD > 1:
-        w1, v1 = _wt(W, tt, 1, N, K, BN, BK, KIND)
+        w1, v1 = _wt(W, tt, 1, N, K, BN, BK, KIND, False, True)
     if HOLD > 2:
-        w2, v2 = _wt(W, tt, 2, N, K, BN, BK, KIND)
+        w2, v2 = _wt(W, tt, 2, N, K, BN, BK, KIND, False, True)
     if HOLD > 3:
-        w3, v3 = _wt(W, tt, 3, N, K, BN, BK, KIND)
+        w3, v3 = _wt(W, tt, 3, N, K, BN, BK, KIND, False, True)
     return w0, v0, w1, v1, w2, v2, w3, v3
 
 
@@ -97,7 +97,7 @@ def _tile_h(X, sx, W, Y, sy, t, M, N: tl.constexpr, K: tl.constexpr, BM: tl.cons
         if HOLD > 3:
             a0, a1 = _step(X, sx, 3, M, w3, v3, a0, a1, KR, BM, BK, KIND)
         for i in tl.range(HOLD, KR // BK, num_stages=ST):
-            w, v = _wt(W, t, i, N, K, BN, BK, KIND)
+            w, v = _wt(W, t, i, N, K, BN, BK, KIND, False, True)
             a0, a1 = _step(X, sx, i, M, w, v, a0, a1, KR, BM, BK, KIND)
     rm = tl.arange(0, BM)
     if KIND == 1:
