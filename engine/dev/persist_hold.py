@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-SPIN = tl.constexpr(1 << 20)  # as persist_probe: a spin gives up after 2^20 polls and sets Err
+SPIN = tl.constexpr(1 << 20)  # spins before a barrier gives up (sets Err; later barriers then skip): no hang
 
 
 @triton.jit
@@ -100,6 +100,12 @@ def _tile_h(X, sx, W, Y, sy, t, M, N: tl.constexpr, K: tl.constexpr, BM: tl.cons
             w, v = _wt(W, t, i, N, K, BN, BK, KIND, False, True)
             a0, a1 = _step(X, sx, i, M, w, v, a0, a1, KR, BM, BK, KIND)
     rm = tl.arange(0, BM)
+    _epilogue(Y, sy, rm, t * BN + tl.arange(0, BN), rm[:, None] < M, a0, a1, KIND)
+
+
+@triton.jit
+def _epilogue(Y, sy, rm, rn, xm, a0, a1, KIND: tl.constexpr):
+    """Store a tile: x @ W^T (0), silu(g) * u rounded as _gated_kernel does (1), range 0 + range 1 (2)."""
     if KIND == 1:
         g = a0.to(Y.dtype.element_ty).to(tl.float32)
         u = a1.to(Y.dtype.element_ty).to(tl.float32)
@@ -108,8 +114,7 @@ def _tile_h(X, sx, W, Y, sy, t, M, N: tl.constexpr, K: tl.constexpr, BM: tl.cons
         out = a0 + a1
     else:
         out = a0
-    tl.store(Y + rm[:, None] * sy + (t * BN + tl.arange(0, BN))[None, :], out.to(Y.dtype.element_ty),
-             mask=rm[:, None] < M)
+    tl.store(Y + rm[:, None] * sy + rn[None, :], out.to(Y.dtype.element_ty), mask=xm)
 
 
 @triton.jit
@@ -132,7 +137,8 @@ def _arrive(Bar, b):
 
 @triton.jit
 def _wait(Bar, Err, b, n, G, pid):
-    """Spin (acquire) until all G arrived at b; program 0 then resets counter b - 1 (persist_probe._sync)."""
+    """Spin (acquire) until all G arrived at b; program 0 then resets counter b - 1 (every program has
+    left its spin once all arrived at b; the last counter is reset at the kernel's exit)."""
     if tl.atomic_add(Err, 0, sem="relaxed", scope="gpu") == 0:
         i = 0
         while (n < G) & (i < SPIN):
@@ -143,6 +149,14 @@ def _wait(Bar, Err, b, n, G, pid):
     tl.debug_barrier()
     if (pid == 0) & (b > 0):
         tl.atomic_xchg(Bar + b - 1, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _exit(Bar, n, G):
+    """At the kernel's exit: the last program to arrive at counter n resets it and counter n - 1 (the last barrier's)."""
+    if tl.atomic_add(Bar + n, 1, sem="acq_rel", scope="gpu") == G - 1:
+        tl.atomic_xchg(Bar + n - 1, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(Bar + n, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -184,9 +198,7 @@ def _hold_kernel(D, Q, O, H, WQ, WO, WG, WD, Bar, Err, M, G, L: tl.constexpr, HI
         ln = tl.minimum(l64 + 1, L - 1)  # the last layer re-reads its own (dropped)
         q0, r0, q1, r1, q2, r2, q3, r3 = _take(WQ + ln * NQ * HID, pid, TQ, NQ, HID, BNQ, BKQ, 0, HOLD)
         _wait(Bar, Err, 4 * l + 3, n, G, pid)
-    if tl.atomic_add(Bar + 4 * L, 1, sem="acq_rel", scope="gpu") == G - 1:  # the last resets both
-        tl.atomic_xchg(Bar + 4 * L - 1, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(Bar + 4 * L, 0, sem="relaxed", scope="gpu")
+    _exit(Bar, 4 * L, G)
 
 
 def run_hold(ch, grid: int, hold: int, sel: bool = False):

@@ -35,7 +35,6 @@ import engine.kernels_skinny as S
 from engine.kernels import INTERPRET
 
 RES, say, save, guard = R2.RES, R2.say, R2.save, R2._guard  # results go to $OUT/round2.json
-SPIN = tl.constexpr(1 << 20)  # spins before a barrier gives up (sets Err; later barriers then skip): no hang
 _PF_ASM = tl.constexpr("prefetch.global.L2 [$1]; mov.u32 $0, 0;")
 
 
@@ -64,15 +63,7 @@ def _tile(X, sx, W, Y, sy, t, M, N: tl.constexpr, K: tl.constexpr, BM: tl.conste
         if KIND == 2:
             x1 = tl.load(xp + KR + i * BK, mask=xm, other=0.0, cache_modifier=".cg")
             a1 = tl.dot(x1, tl.trans(tl.load(wp + WOFF + i * BK)), a1)
-    if KIND == 1:
-        g = a0.to(Y.dtype.element_ty).to(tl.float32)
-        u = a1.to(Y.dtype.element_ty).to(tl.float32)
-        out = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32) * u
-    elif KIND == 2:
-        out = a0 + a1
-    else:
-        out = a0
-    tl.store(Y + rm[:, None] * sy + rn[None, :], out.to(Y.dtype.element_ty), mask=xm)
+    PH._epilogue(Y, sy, rm, rn, xm, a0, a1, KIND)
 
 
 @triton.jit
@@ -91,22 +82,9 @@ def _prefetch(W, t, T, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KIND:
 
 @triton.jit
 def _sync(Bar, Err, b, G, pid, ON: tl.constexpr):
-    """Grid-wide barrier b: every thread's stores issued, one release arrival, spin on acquire
-    loads of the counter. Program 0 resets counter b - 1 (every program has left its spin once
-    all arrived at b); the last counter is reset at the kernel's exit."""
+    """Grid-wide barrier b (persist_hold's arrival and spin, nothing between them)."""
     if ON:
-        tl.debug_barrier()
-        n = tl.atomic_add(Bar + b, 1, sem="release", scope="gpu") + 1
-        if tl.atomic_add(Err, 0, sem="relaxed", scope="gpu") == 0:
-            i = 0
-            while (n < G) & (i < SPIN):
-                n = tl.atomic_add(Bar + b, 0, sem="acquire", scope="gpu")
-                i += 1
-            if n < G:
-                tl.atomic_add(Err, 1, sem="relaxed", scope="gpu")
-        tl.debug_barrier()
-        if (pid == 0) & (b > 0):
-            tl.atomic_xchg(Bar + b - 1, 0, sem="relaxed", scope="gpu")
+        PH._wait(Bar, Err, b, PH._arrive(Bar, b), G, pid)
 
 
 @triton.jit
@@ -147,10 +125,8 @@ def _persist_kernel(D, Q, O, H, WQ, WO, WG, WD, Bar, Err, M, G, L: tl.constexpr,
         if l + 1 < L:
             _prefetch(WQ + (l64 + 1) * NQ * HID, pid, TQ, NQ, HID, BNQ, 0, PF)
         _sync(Bar, Err, 4 * l + 3, G, pid, BARRIER)
-    if BARRIER:  # the last arrival resets the last barrier's counter and its own
-        if tl.atomic_add(Bar + 4 * L, 1, sem="acq_rel", scope="gpu") == G - 1:
-            tl.atomic_xchg(Bar + 4 * L - 1, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(Bar + 4 * L, 0, sem="relaxed", scope="gpu")
+    if BARRIER:
+        PH._exit(Bar, 4 * L, G)
 
 
 class Chain:
