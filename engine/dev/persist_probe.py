@@ -7,7 +7,9 @@ columns; no norms or attention), each variant one CUDA graph:
       turn (the same BLOCK_N / BLOCK_K / stages as (a), so the same bits), a grid-wide barrier
       (atomic counter + spin) after every product: 144;
   (c) (b) without the barriers: the same loads and dots, dependencies ignored (streaming ceiling);
-  (d) (b) where each program asks L2 for its first tile of the next product before it spins.
+  (d) (b) where each program asks L2 for its first tile of the next product before it spins;
+  (e) run 24, persist_hold: (b) with the first 1 / 2 / 4 K steps of the next tile's weights loaded
+      into registers between arrival and spin; (f) the same selected into one pipelined loop.
 Reports ms, % of the products' weights roofline at the copy rate measured here, the barrier
 cost ((b) - (c)) / 144, bits of (b) and (d) against (a), the full decode round (round4_call1's replay).
 
@@ -28,11 +30,11 @@ import triton
 import triton.language as tl
 
 import engine.dev.round2 as R2
+import engine.dev.persist_hold as PH
 import engine.kernels_skinny as S
 from engine.kernels import INTERPRET
 
 RES, say, save, guard = R2.RES, R2.say, R2.save, R2._guard  # results go to $OUT/round2.json
-SPIN = tl.constexpr(1 << 20)  # spins before a barrier gives up (sets Err; later barriers then skip): no hang
 _PF_ASM = tl.constexpr("prefetch.global.L2 [$1]; mov.u32 $0, 0;")
 
 
@@ -61,15 +63,7 @@ def _tile(X, sx, W, Y, sy, t, M, N: tl.constexpr, K: tl.constexpr, BM: tl.conste
         if KIND == 2:
             x1 = tl.load(xp + KR + i * BK, mask=xm, other=0.0, cache_modifier=".cg")
             a1 = tl.dot(x1, tl.trans(tl.load(wp + WOFF + i * BK)), a1)
-    if KIND == 1:
-        g = a0.to(Y.dtype.element_ty).to(tl.float32)
-        u = a1.to(Y.dtype.element_ty).to(tl.float32)
-        out = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32) * u
-    elif KIND == 2:
-        out = a0 + a1
-    else:
-        out = a0
-    tl.store(Y + rm[:, None] * sy + rn[None, :], out.to(Y.dtype.element_ty), mask=xm)
+    PH._epilogue(Y, sy, rm, rn, xm, a0, a1, KIND)
 
 
 @triton.jit
@@ -88,22 +82,9 @@ def _prefetch(W, t, T, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KIND:
 
 @triton.jit
 def _sync(Bar, Err, b, G, pid, ON: tl.constexpr):
-    """Grid-wide barrier b: every thread's stores issued, one release arrival, spin on acquire
-    loads of the counter. Program 0 resets counter b - 1 (every program has left its spin once
-    all arrived at b); the last counter is reset at the kernel's exit."""
+    """Grid-wide barrier b (persist_hold's arrival and spin, nothing between them)."""
     if ON:
-        tl.debug_barrier()
-        n = tl.atomic_add(Bar + b, 1, sem="release", scope="gpu") + 1
-        if tl.atomic_add(Err, 0, sem="relaxed", scope="gpu") == 0:
-            i = 0
-            while (n < G) & (i < SPIN):
-                n = tl.atomic_add(Bar + b, 0, sem="acquire", scope="gpu")
-                i += 1
-            if n < G:
-                tl.atomic_add(Err, 1, sem="relaxed", scope="gpu")
-        tl.debug_barrier()
-        if (pid == 0) & (b > 0):
-            tl.atomic_xchg(Bar + b - 1, 0, sem="relaxed", scope="gpu")
+        PH._wait(Bar, Err, b, PH._arrive(Bar, b), G, pid)
 
 
 @triton.jit
@@ -144,10 +125,8 @@ def _persist_kernel(D, Q, O, H, WQ, WO, WG, WD, Bar, Err, M, G, L: tl.constexpr,
         if l + 1 < L:
             _prefetch(WQ + (l64 + 1) * NQ * HID, pid, TQ, NQ, HID, BNQ, 0, PF)
         _sync(Bar, Err, 4 * l + 3, G, pid, BARRIER)
-    if BARRIER:  # the last arrival resets the last barrier's counter and its own
-        if tl.atomic_add(Bar + 4 * L, 1, sem="acq_rel", scope="gpu") == G - 1:
-            tl.atomic_xchg(Bar + 4 * L - 1, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(Bar + 4 * L, 0, sem="relaxed", scope="gpu")
+    if BARRIER:
+        PH._exit(Bar, 4 * L, G)
 
 
 class Chain:
@@ -184,8 +163,10 @@ class Chain:
             out.update({f"BN{p.upper()}": c[p].block_n, f"BK{p.upper()}": c[p].block_k, f"ST{p.upper()}": c[p].num_stages})
         return dict(L=self.L, HID=self.HID, NQ=self.NQ, I=self.I, BM=S.block_m(self.M), BARRIER=barrier, PF=pf, **out)
 
-    def run_p(self, grid: int, barrier: bool, pf: int = 0):
-        """(b) / (c) / (d): the persistent kernel, `grid` programs."""
+    def run_p(self, grid: int, barrier: bool, pf: int = 0, hold: int = 0):
+        """(b) / (c) / (d): the persistent kernel, `grid` programs; (e): persist_hold's."""
+        if hold:
+            return PH.run_hold(self, grid, abs(hold), hold < 0)
         return _persist_kernel[(grid,)](self.D, self.Q, self.O, self.H, self.WQ, self.WO, self.WG, self.WD,
                                         self.bar, self.err, self.M, grid, **self.consts(barrier, pf),
                                         num_warps=4, num_stages=4)
@@ -234,11 +215,16 @@ def capture(fn):
     return C1.chain_graph(lambda _: box.update(out=fn()), 1), box["out"]
 
 
-VARIANTS = {  # name -> (barriers, lines of the next tile's weight rows asked of L2 before the spin)
-    "(b) persistent, barriers": (True, 0),
-    "(c) persistent, no barriers": (False, 0),
-    "(d) barriers + next tile 1 KiB a row to L2": (True, 8),
-    "(d) barriers + next tile 2 KiB a row to L2": (True, 16),
+VARIANTS = {  # name -> (barriers, lines of the next tile's weight rows asked of L2 before the spin,
+    # K steps of the next tile's weights held in registers across the spin: persist_hold's kernel)
+    "(b) persistent, barriers": (True, 0, 0),
+    "(c) persistent, no barriers": (False, 0, 0),
+    "(d) barriers + next tile 1 KiB a row to L2": (True, 8, 0),
+    "(e) barriers + next tile's first K step held": (True, 0, 1),
+    "(e) barriers + next tile's first 2 K steps held": (True, 0, 2),
+    "(e) barriers + next tile's first 4 K steps held": (True, 0, 4),
+    "(f) (e) 1 step, selected in the pipelined loop": (True, 0, -1),  # hold < 0: persist_hold SEL
+    "(f) (e) 2 steps, selected in the pipelined loop": (True, 0, -2),
 }
 
 
@@ -264,16 +250,21 @@ def sec_probe(ch: Chain, grid: int, dry: bool, reps: int = 5):
         ga, outs = capture(ch.run_a)
         ga.replay()
         graphs = {"(a) today's chain, 144 launches": ga}
-    for name, (bar, pf) in VARIANTS.items():
+    for name, (bar, pf, hold) in VARIANTS.items():
         if dry and pf:
             continue  # the interpreter has no inline asm
         g = 1 if dry and bar else grid  # the interpreter runs programs one after another
         ch.poison()
-        k = ch.run_p(g, bar, pf)
-        sync()
+        try:
+            k = ch.run_p(g, bar, pf, hold)
+            sync()
+        except Exception as e:  # a variant that does not compile here loses only itself
+            out[name] = {"error": repr(e)[-1500:]}
+            say(name, out[name]["error"])
+            continue
         res = {"grid": g, "kernel": _meta(k), "eager": ch.bits(outs), "counters zero after eager": _zero(ch.bar)}
         if not dry and not res["eager"]["barrier timeouts"]:
-            graphs[name] = capture(lambda: ch.run_p(g, bar, pf))[0]
+            graphs[name] = capture(lambda: ch.run_p(g, bar, pf, hold))[0]
             ch.poison()
             graphs[name].replay(), graphs[name].replay()
             sync()
@@ -296,10 +287,10 @@ def sec_probe(ch: Chain, grid: int, dry: bool, reps: int = 5):
         ms = statistics.median(t)
         out.setdefault(n, {}).update({"ms": ms, "of roofline": roof / ms, "all": t})
         say(f"{n:48s} {ms:.3f} ms  {roof / ms:6.1%} of {roof:.3f} ms (spread {min(t):.3f}-{max(t):.3f})")
-    b, c = (out[n].get("ms") for n in list(VARIANTS)[:2])
-    if b and c:
-        RES["barrier us (b - c) / 144"] = (b - c) / (4 * ch.L) * 1e3
-        say("barrier cost", RES["barrier us (b - c) / 144"], "us")
+    c = out[list(VARIANTS)[1]].get("ms")
+    for n in (n for n in ts if c and n != list(VARIANTS)[1]):  # (x - c) / 144: a boundary's cost
+        out[n]["boundary us (x - c) / 144"] = (out[n]["ms"] - c) / (4 * ch.L) * 1e3
+        say(f"{n:48s} boundary {out[n]['boundary us (x - c) / 144']:.2f} us")
 
 
 def sec_round(dev, dt, model):
@@ -330,10 +321,13 @@ def compile_check():
     sig = {**{n: "*bf16" for n in ("D", "Q", "O", "H", "WQ", "WO", "WG", "WD")}, "Bar": "*i32", "Err": "*i32",
            "M": "i32", "G": "i32"}
     keys = ("atom.global.gpu.release", "ld.global.gpu.acquire", "prefetch.global.L2", "mma.sync", "wgmma", "cp.async.cg")
-    for name, (bar, pf) in VARIANTS.items():
-        k = triton.compile(ASTSource(fn=_persist_kernel, signature=sig, constexprs=ch.consts(bar, pf), attrs=aligned),
+    for name, (bar, pf, hold) in VARIANTS.items():
+        fn, cs = (PH._hold_kernel, {**ch.consts(bar, pf), "HOLD": abs(hold), "SEL": hold < 0}) if hold else (_persist_kernel, ch.consts(bar, pf))
+        if hold:
+            cs.pop("BARRIER"), cs.pop("PF")
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cs, attrs=aligned),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4})
-        RES[name] = {"shared": k.metadata.shared, **{key: k.asm["ptx"].count(key) for key in keys}}
+        RES[name] = {"shared": k.metadata.shared, **{key: k.asm["ptx"].count(key) for key in keys}, **PH.asm_report(k)}
         say(name, json.dumps(RES[name]))
     save()
 
@@ -350,8 +344,8 @@ def main(argv):
         assert INTERPRET, "--dry-run runs under TRITON_INTERPRET=1"
         import engine.dev.round5_call1 as R51
         torch.cuda.Event = R51._CpuEvent  # the round's replay timer on the host clock
-        dev, dt, shape, grid = "cpu", torch.float32, (3, 64, 96, 64, 8), 3
-        cfg = {"q": S.SkinnyConfig(32, 32, 4, 2), "o": S.SkinnyConfig(16, 32, 4, 2), "g": S.SkinnyConfig(16, 32, 4, 2),
+        dev, dt, shape, grid = "cpu", torch.float32, (3, 64, 96, 128, 8), 3  # 4 K steps each: (e) holds up to 4
+        cfg = {"q": S.SkinnyConfig(32, 16, 4, 2), "o": S.SkinnyConfig(16, 16, 4, 2), "g": S.SkinnyConfig(16, 16, 4, 2),
                "d": S.SkinnyConfig(16, 16, 4, 2, 2)}
         RES["ceilings"] = {"copy_bandwidth_Bps": 1e11}
     else:
