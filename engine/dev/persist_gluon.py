@@ -195,7 +195,7 @@ class Chain:
         return outs
 
 
-def device(out: dict, reps: int):
+def device(out: dict, reps: int, save):
     import torch
     from engine.dev.bench import copy_bandwidth
     out["triton"], out["torch"] = __import__("triton").__version__, torch.__version__
@@ -218,6 +218,7 @@ def device(out: dict, reps: int):
                      "shared": k.metadata.shared, "barrier timeouts": int(ch.err.item()), "max rel err vs torch": err}
         ok[name] = not out[name]["barrier timeouts"]
         print(name, json.dumps(out[name]), flush=True)
+        save()  # a later variant that hangs still leaves these
     b = list(VARIANTS)[1]
     for name in outs:
         if name != b and b in outs:
@@ -250,15 +251,18 @@ def main(argv):
     od = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/persist_gluon"
     os.makedirs(od, exist_ok=True)
     out, t0 = {"shape": SHAPE}, time.perf_counter()
+
+    def save():
+        out["total_s"] = time.perf_counter() - t0
+        with open(os.path.join(od, "persist_gluon.json"), "w") as f:
+            json.dump(out, f, indent=1)
     try:
         if "--compile-check" in argv:
             compile_check(out)
         else:
-            device(out, int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 9)
+            device(out, int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 9, save)
     finally:
-        out["total_s"] = time.perf_counter() - t0
-        with open(os.path.join(od, "persist_gluon.json"), "w") as f:
-            json.dump(out, f, indent=1)
+        save()
     print("done", out["total_s"], flush=True)
 
 
