@@ -4,7 +4,7 @@ in Gluon (triton.experimental.gluon: explicit shared memory, TMA, mbarriers), wh
 cannot express (runs 23-24). One shape: a chain of L products of different [N, K] = [4096, 4096] bf16
 matrices (o-like) at 8 rows, x_{l+1} = x_l W_l^T; one persistent kernel, grid = the SMs, program p owning
 output columns [p * BN, (p + 1) * BN) of every product (BN 32: 128 tiles), its K loop a ring of NS
-shared-memory stages (W [BN, BK] and x [16, BK] per stage, one TMA each, one mbarrier a stage), m16n8k16
+shared-memory stages (W [BN, BK] and x [8 or 16, BK] per stage, one TMA each, one mbarrier a stage), m16n8k16
 MMAs from shared memory. Variants, at equal bytes:
   (c') no barriers: after each product the ring is refilled at once (dependencies ignored);
   (c'') no barriers, the next product's whole ring (W and x) issued right after each tile (the ceiling);
@@ -15,7 +15,7 @@ MMAs from shared memory. Variants, at equal bytes:
 Reports ms, the boundary ((x) - (c')) / L in us, registers / shared memory, and bits: (g) against (b')
 (same K order: must be equal) and both against a float32 torch chain (rounded to bf16 each product).
 
-    PYTHONPATH=. python3 -m engine.dev.persist_gluon --out $OUT [--reps 9]
+    PYTHONPATH=. python3 -m engine.dev.persist_gluon --out $OUT [--reps 9] [--xrows 8|16]
     PYTHONPATH=/tmp/t36:. python3 -m engine.dev.persist_gluon --out /tmp/pg --compile-check   # CPU: sm_90
 """
 from __future__ import annotations
@@ -54,8 +54,11 @@ def _issue(wd, xd, w_s, x_s, bars, l, j, row0, N: gl.constexpr, BK: gl.constexpr
         mbarrier.expect(bar, wd.block_type.nbytes + xd.block_type.nbytes)
     if W:
         tma.async_copy_global_to_shared(wd, [l * N + row0, j * BK], bar, w_s.index(s))
-    if X:
-        tma.async_copy_global_to_shared(xd, [l * 8, j * BK], bar, x_s.index(s))
+    if X:  # an [8, BK] box fills the slot's first 8 rows (rows 8-15 feed only output rows never stored)
+        if xd.block_type.shape[0] == 8:
+            tma.async_copy_global_to_shared(xd, [l * 8, j * BK], bar, x_s.index(s).slice(0, 8))
+        else:
+            tma.async_copy_global_to_shared(xd, [l * 8, j * BK], bar, x_s.index(s))
 
 
 @gluon.jit
@@ -158,6 +161,7 @@ def layouts():
 
 BKEY, BKEY2 = "boundary us (x - c') / L", "boundary us (x - c'') / L"
 SHAPE = dict(L=144, N=4096, K=4096, BN=32, BK=64, NS=16)  # 144 products: the round's boundary count
+XROWS = {"XR": 8}  # rows of x a stage's TMA box brings (--xrows 16: run 25's two calls)
 
 
 def compile_check(out: dict):
@@ -168,7 +172,8 @@ def compile_check(out: dict):
     from triton.experimental.gluon._runtime import GluonASTSource
     import engine.dev.persist_hold as PH
     wl, xl = layouts()
-    sig = {"wd": f"tensordesc<bf16[{SHAPE['BN']}, {SHAPE['BK']}],{wl!r}>", "xd": f"tensordesc<bf16[16, {SHAPE['BK']}],{xl!r}>",
+    sig = {"wd": f"tensordesc<bf16[{SHAPE['BN']}, {SHAPE['BK']}],{wl!r}>",
+           "xd": f"tensordesc<bf16[{XROWS['XR']}, {SHAPE['BK']}],{xl!r}>",
            "A": "*bf16", "Bar": "*i32", "Err": "*i32", "G": "i32"}
     keys = ("cp.async.bulk.tensor", "mbarrier.try_wait", "mma.sync", "fence.proxy.async.global", "atom.release.gpu",
             "atom.global.gpu.release", "ld.global.gpu.acquire", "atom.acquire.gpu", "atom.global.gpu.acquire")
@@ -190,7 +195,7 @@ def compile_check(out: dict):
 class Chain:
     """L random [N, K] bf16 weights (std 1/sqrt(K): x keeps its magnitude) and A [L + 1, 8, K]."""
 
-    def __init__(self, L, N, K, BN, BK, NS, **_):
+    def __init__(self, L, N, K, BN, BK, NS, XR, **_):
         import torch
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         g = torch.Generator(device="cuda").manual_seed(25)
@@ -201,7 +206,7 @@ class Chain:
         self.err = torch.zeros(1, dtype=torch.int32, device="cuda")
         wl, xl = layouts()
         self.wd = TensorDescriptor.from_tensor(self.W, [BN, BK], wl)
-        self.xd = TensorDescriptor.from_tensor(self.A.view((L + 1) * 8, K), [16, BK], xl)  # rows past 8: unused
+        self.xd = TensorDescriptor.from_tensor(self.A.view((L + 1) * 8, K), [XR, BK], xl)  # 16: 8 rows unused
         self.L, self.N, self.K, self.BN, self.BK, self.NS = L, N, K, BN, BK, NS
         self.bytes = self.W.numel() * 2
 
@@ -225,7 +230,8 @@ def device(out: dict, reps: int, save):
     out["triton"], out["torch"] = __import__("triton").__version__, torch.__version__
     out["device"], grid = torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).multi_processor_count
     out["copy_bandwidth_Bps"] = copy_bandwidth("cuda")
-    ch = Chain(**SHAPE)
+    ch = Chain(**SHAPE, **XROWS)
+    out["x rows a stage"] = XROWS["XR"]
     ref, outs, ok = ch.reference(), {}, {}
     for name, (bar, s) in VARIANTS.items():
         try:
@@ -277,6 +283,8 @@ def device(out: dict, reps: int, save):
 def main(argv):
     od = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/persist_gluon"
     os.makedirs(od, exist_ok=True)
+    XROWS["XR"] = int(argv[argv.index("--xrows") + 1]) if "--xrows" in argv else 8
+    assert XROWS["XR"] in (8, 16), "--xrows is 8 or 16"
     out, t0 = {"shape": SHAPE}, time.perf_counter()
 
     def save():
