@@ -19,16 +19,15 @@ Three ring shapes: BK 64 x 16 stages (run 25's, 64 KiB of W in flight a program)
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
-import time
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, mma_v2, tma
 
-from engine.dev.persist_gluon import _FENCE, SPIN, layouts
+from engine.dev.persist_gluon import (_FENCE, SPIN, _stage, chain_tensors, cli, compile_one, layouts, reference,
+                                     run_once, time_interleaved)
 
 RINGS = {"BK64x16": (64, 16), "BK64x32": (64, 32), "BK128x16": (128, 16)}  # name -> (BK, NS)
 VARIANTS = {"(c) no barriers": (False, 0), "(b) barriers, ring refilled after the spin": (True, 0),
@@ -89,13 +88,6 @@ def _loader(wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L: gl.constexpr, N
 
 
 @gluon.jit
-def _take(x_s, w_s, ready, t, NS: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr):
-    s = t % NS
-    mbarrier.wait(ready.index(s), (t // NS) & 1)
-    return x_s.index(s).load(a_l), w_s.index(s).permute((1, 0)).load(b_l)
-
-
-@gluon.jit
 def _mma(x_s, w_s, ready, empty, stored, A, L: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
          BN: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr):
     """The 4 MMA warps (default partition): 4 stages a group, 4 accumulator chains summed in a fixed order
@@ -114,10 +106,10 @@ def _mma(x_s, w_s, ready, empty, stored, A, L: gl.constexpr, N: gl.constexpr, K:
             c1, c2, c3 = c0, c0, c0
             for i in range(KT // 4):
                 t = l * KT + 4 * i
-                a0, b0 = _take(x_s, w_s, ready, t, NS, a_l, b_l)
-                a1, b1 = _take(x_s, w_s, ready, t + 1, NS, a_l, b_l)
-                a2, b2 = _take(x_s, w_s, ready, t + 2, NS, a_l, b_l)
-                a3, b3 = _take(x_s, w_s, ready, t + 3, NS, a_l, b_l)
+                a0, b0 = _stage(x_s, w_s, ready, t, NS, a_l, b_l)
+                a1, b1 = _stage(x_s, w_s, ready, t + 1, NS, a_l, b_l)
+                a2, b2 = _stage(x_s, w_s, ready, t + 2, NS, a_l, b_l)
+                a3, b3 = _stage(x_s, w_s, ready, t + 3, NS, a_l, b_l)
                 gl.thread_barrier()  # this partition's warps: every warp has the 4 slots in registers
                 for u in gl.static_range(4):
                     mbarrier.arrive(empty.index((t + u) % NS))
@@ -156,10 +148,6 @@ def _ws_kernel(wd, xd, A, Bar, Err, L: gl.constexpr, N: gl.constexpr, K: gl.cons
 def compile_check(out: dict):
     """Every ring and variant compiled for sm_90 (triton 3.6 when PYTHONPATH has it): registers, spills,
     shared memory, and the PTX's TMA, mbarrier, MMA, named-barrier and setmaxnreg counts."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    import engine.dev.persist_hold as PH
     wl, xl = layouts()
     keys = ("cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive", "mma.sync", "bar.sync", "barrier.sync",
             "setmaxnreg", "fence.proxy.async.global", "atom.global.gpu.release", "ld.global.gpu.acquire")
@@ -168,36 +156,19 @@ def compile_check(out: dict):
                "A": "*bf16", "Bar": "*i32", "Err": "*i32"}
         for name, (bar, s) in VARIANTS.items():
             key = f"{ring} {name}"
-            cs = dict(SHAPE) | {"BK": bk, "NS": ns, "BARRIER": bar, "S": s}
-            try:
-                k = triton.compile(GluonASTSource(fn=_ws_kernel, signature=sig, constexprs=cs,
-                                                  attrs={(2,): [["tt.divisibility", 16]]}),
-                                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-            except Exception as e:
-                out[key] = {"error": repr(e)[-1500:]}
-                print(key, out[key]["error"], flush=True)
-                continue
-            out[key] = {"shared": k.metadata.shared, **{x: k.asm["ptx"].count(x) for x in keys}}
-            rep = PH.asm_report(k)
-            out[key].update({x: rep[x] for x in ("regs", "spill_store_B", "spill_load_B")})
-            print(key, json.dumps(out[key]), flush=True)
+            compile_one(_ws_kernel, sig, dict(SHAPE) | {"BK": bk, "NS": ns, "BARRIER": bar, "S": s}, keys, out, key)
 
 
 class Setup:
     """L random [N, K] bf16 weights (std 1/sqrt(K)), A [L + 1, 8, K], one pair of descriptors a ring."""
 
     def __init__(self, L, N, K, BN):
-        import torch
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        g = torch.Generator(device="cuda").manual_seed(25)  # run 25's weights and x
-        self.W = torch.empty(L * N, K, dtype=torch.bfloat16, device="cuda").normal_(0, K ** -0.5, generator=g)
-        self.A = torch.zeros(L + 1, 8, K, dtype=torch.bfloat16, device="cuda")
-        self.x0 = torch.randn(8, K, generator=g, device="cuda").to(torch.bfloat16)
-        self.bar = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.err = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.W, self.A, self.x0, self.bar, self.err = chain_tensors(L, N, K)  # run 25's weights and x
         wl, xl = layouts()
-        self.desc = {r: (TensorDescriptor.from_tensor(self.W, [BN, bk], wl),
-                         TensorDescriptor.from_tensor(self.A.view((L + 1) * 8, K), [8, bk], xl)) for r, (bk, _) in RINGS.items()}
+        x2 = self.A.view((L + 1) * 8, K)
+        self.desc = {r: (TensorDescriptor.from_tensor(self.W, [BN, bk], wl), TensorDescriptor.from_tensor(x2, [8, bk], xl))
+                     for r, (bk, _) in RINGS.items()}
         self.bytes = self.W.numel() * 2
 
     def launch(self, grid, ring, barrier, s):
@@ -208,47 +179,26 @@ class Setup:
                                    num_warps=4)
 
     def reference(self, L, N, **_):
-        x, outs = self.x0.float(), []
-        for l in range(L):
-            x = (x @ self.W[l * N:(l + 1) * N].float().T).to(self.A.dtype).float()
-            outs.append(x)
-        return outs
+        return reference(self.x0, self.W, L, N)
 
 
 def check(out, su, grid, save):
     """Each ring x variant once: registers, bits against (b) of its ring and the float32 chain."""
-    import torch
     ref, outs, ok = su.reference(**SHAPE), {}, []
     for name, (bar, s) in VARIANTS.items():  # every ring's (c) first: a later hang leaves the streaming figures
         for ring in RINGS:
             key = f"{ring} {name}"
-            try:
-                su.A.zero_(), su.A[0].copy_(su.x0), su.err.zero_()
-                k = su.launch(grid, ring, bar, s)
-                torch.cuda.synchronize()
-            except Exception as e:  # a variant that fails loses only itself
-                out[key] = {"error": repr(e)[-2000:]}
-                print(key, out[key]["error"], flush=True)
+            got = run_once(su, lambda: su.launch(grid, ring, bar, s), ref, out, key)
+            if got is None:
                 continue
-            outs[key] = su.A[1:].clone()
-            err = max(float((outs[key][l].float() - ref[l]).abs().max() / ref[l].abs().max()) for l in range(SHAPE["L"]))
-            out[key] = {"regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
-                        "shared": k.metadata.shared, "barrier timeouts": int(su.err.item()), "max rel err vs torch": err}
+            outs[key] = got
             b = f"{ring} (b) barriers, ring refilled after the spin"
             if bar and b in outs and key != b:
                 out[key]["elements differing from (b)"] = int((outs[key] != outs[b]).sum())
             if not out[key]["barrier timeouts"]:
                 ok.append(key)
             if not bar:  # a quick figure now (5 x 10 launches); the interleaved timing follows
-                st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                q = []
-                for _ in range(5):
-                    st.record()
-                    for _ in range(10):
-                        su.launch(grid, ring, bar, s)
-                    en.record()
-                    en.synchronize()
-                    q.append(st.elapsed_time(en) / 10)
+                q = time_interleaved([key], lambda _: su.launch(grid, ring, bar, s), 5)[key]
                 out[key]["ms quick"] = statistics.median(q)
             print(key, json.dumps(out[key]), flush=True)
             save()
@@ -263,17 +213,7 @@ def device(out: dict, reps: int, save):
     out["copy_bandwidth_Bps"] = copy_bandwidth("cuda")
     su = Setup(**SHAPE)
     ok = check(out, su, grid, save)
-    ts = {k: [] for k in ok}
-    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):  # interleaved, so drift hits every variant alike
-        for key in ts:
-            ring, name = key.split(" ", 1)
-            st.record()
-            for _ in range(10):
-                su.launch(grid, ring, *VARIANTS[name])
-            en.record()
-            en.synchronize()
-            ts[key].append(st.elapsed_time(en) / 10)
+    ts = time_interleaved(ok, lambda key: su.launch(grid, key.split(" ", 1)[0], *VARIANTS[key.split(" ", 1)[1]]), reps)
     roof = su.bytes / out["copy_bandwidth_Bps"] * 1e3
     out["roof ms"] = roof
     for key, t in ts.items():
@@ -287,22 +227,7 @@ def device(out: dict, reps: int, save):
 
 
 def main(argv):
-    od = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/persist_ws"
-    os.makedirs(od, exist_ok=True)
-    out, t0 = {"shape": SHAPE, "rings": RINGS}, time.perf_counter()
-
-    def save():
-        out["total_s"] = time.perf_counter() - t0
-        with open(os.path.join(od, "persist_ws.json"), "w") as f:
-            json.dump(out, f, indent=1)
-    try:
-        if "--compile-check" in argv:
-            compile_check(out)
-        else:
-            device(out, int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 15, save)
-    finally:
-        save()
-    print("done", out["total_s"], flush=True)
+    cli(argv, "persist_ws", {"shape": SHAPE, "rings": RINGS}, compile_check, device, 15)
 
 
 if __name__ == "__main__":
