@@ -167,10 +167,6 @@ XROWS = {"XR": 8}  # rows of x a stage's TMA box brings (--xrows 16: run 25's tw
 def compile_check(out: dict):
     """The CPU: every variant compiled for sm_90 (the device's triton 3.6 when PYTHONPATH has it);
     registers and spills from ptxas -v, shared memory, and the PTX's TMA, mbarrier, MMA and fence counts."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    import engine.dev.persist_hold as PH
     wl, xl = layouts()
     sig = {"wd": f"tensordesc<bf16[{SHAPE['BN']}, {SHAPE['BK']}],{wl!r}>",
            "xd": f"tensordesc<bf16[{XROWS['XR']}, {SHAPE['BK']}],{xl!r}>",
@@ -178,32 +174,35 @@ def compile_check(out: dict):
     keys = ("cp.async.bulk.tensor", "mbarrier.try_wait", "mma.sync", "fence.proxy.async.global", "atom.release.gpu",
             "atom.global.gpu.release", "ld.global.gpu.acquire", "atom.acquire.gpu", "atom.global.gpu.acquire")
     for name, (bar, s) in VARIANTS.items():
-        cs = {k: v for k, v in SHAPE.items()} | {"BARRIER": bar, "S": s}
-        try:
-            k = triton.compile(GluonASTSource(fn=_chain_kernel, signature=sig, constexprs=cs, attrs={(2,): [["tt.divisibility", 16]]}),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-        except Exception as e:
-            out[name] = {"error": repr(e)[-600:]}
-            print(name, out[name]["error"], flush=True)
-            continue
-        out[name] = {"shared": k.metadata.shared, **{key: k.asm["ptx"].count(key) for key in keys}}
-        rep = PH.asm_report(k)
-        out[name].update({x: rep[x] for x in ("regs", "spill_store_B", "spill_load_B")})
-        print(name, json.dumps(out[name]), flush=True)
+        compile_one(_chain_kernel, sig, dict(SHAPE) | {"BARRIER": bar, "S": s}, keys, out, name)
+
+
+def compile_one(fn, sig, constexprs, keys, out, name):
+    """fn compiled for sm_90 with 4 warps into out[name]: shared memory, the PTX's counts of keys,
+    registers and spills (ptxas -v); or the error (the others still compile)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    import engine.dev.persist_hold as PH
+    try:
+        src = GluonASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs={(2,): [["tt.divisibility", 16]]})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    except Exception as e:
+        out[name] = {"error": repr(e)[-1500:]}
+        print(name, out[name]["error"], flush=True)
+        return
+    out[name] = {"shared": k.metadata.shared, **{key: k.asm["ptx"].count(key) for key in keys}}
+    rep = PH.asm_report(k)
+    out[name].update({x: rep[x] for x in ("regs", "spill_store_B", "spill_load_B")})
+    print(name, json.dumps(out[name]), flush=True)
 
 
 class Chain:
     """L random [N, K] bf16 weights (std 1/sqrt(K): x keeps its magnitude) and A [L + 1, 8, K]."""
 
     def __init__(self, L, N, K, BN, BK, NS, XR, **_):
-        import torch
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        g = torch.Generator(device="cuda").manual_seed(25)
-        self.W = torch.empty(L * N, K, dtype=torch.bfloat16, device="cuda").normal_(0, K ** -0.5, generator=g)
-        self.A = torch.zeros(L + 1, 8, K, dtype=torch.bfloat16, device="cuda")
-        self.x0 = torch.randn(8, K, generator=g, device="cuda").to(torch.bfloat16)
-        self.bar = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.err = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.W, self.A, self.x0, self.bar, self.err = chain_tensors(L, N, K)
         wl, xl = layouts()
         self.wd = TensorDescriptor.from_tensor(self.W, [BN, BK], wl)
         self.xd = TensorDescriptor.from_tensor(self.A.view((L + 1) * 8, K), [XR, BK], xl)  # 16: 8 rows unused
@@ -216,12 +215,63 @@ class Chain:
                                       BN=self.BN, BK=self.BK, NS=self.NS, BARRIER=barrier, S=s, num_warps=4)
 
     def reference(self):
-        """float32 products, each rounded to bf16 (the kernel's order of K differs: not bitwise)."""
-        x, outs = self.x0.float(), []
-        for l in range(self.L):
-            x = (x @ self.W[l * self.N:(l + 1) * self.N].float().T).to(self.A.dtype).float()
-            outs.append(x)
-        return outs
+        return reference(self.x0, self.W, self.L, self.N)
+
+
+def chain_tensors(L, N, K):
+    """Seeded weights W [L * N, K] (std 1/sqrt(K): x keeps its magnitude), A [L + 1, 8, K], x0 [8, K],
+    the barrier counter and its error flag (runs 25-26 share them)."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(25)
+    W = torch.empty(L * N, K, dtype=torch.bfloat16, device="cuda").normal_(0, K ** -0.5, generator=g)
+    A = torch.zeros(L + 1, 8, K, dtype=torch.bfloat16, device="cuda")
+    x0 = torch.randn(8, K, generator=g, device="cuda").to(torch.bfloat16)
+    return W, A, x0, torch.zeros(1, dtype=torch.int32, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
+
+
+def reference(x0, W, L, N):
+    """float32 products, each rounded to bf16 (the kernel's order of K differs: not bitwise)."""
+    x, outs = x0.float(), []
+    for l in range(L):
+        x = (x @ W[l * N:(l + 1) * N].float().T).to(W.dtype).float()
+        outs.append(x)
+    return outs
+
+
+def run_once(ch, launch, ref, out, name):
+    """One launch from x0 (A and the error flag reset) into out[name]: registers, shared memory, barrier
+    timeouts, max relative error against the float32 chain. Returns A[1:], or None (the error in
+    out[name]: a variant that fails loses only itself)."""
+    import torch
+    try:
+        ch.A.zero_(), ch.A[0].copy_(ch.x0), ch.err.zero_()
+        k = launch()
+        torch.cuda.synchronize()
+    except Exception as e:
+        out[name] = {"error": repr(e)[-2000:]}
+        print(name, out[name]["error"], flush=True)
+        return None
+    got = ch.A[1:].clone()
+    err = max(float((got[l].float() - ref[l]).abs().max() / ref[l].abs().max()) for l in range(len(ref)))
+    out[name] = {"regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
+                 "shared": k.metadata.shared, "barrier timeouts": int(ch.err.item()), "max rel err vs torch": err}
+    return got
+
+
+def time_interleaved(names, launch, reps):
+    """ms a launch for each name: reps samples of 10 launches, interleaved so drift hits all alike."""
+    import torch
+    ts = {n: [] for n in names}
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        for n in ts:
+            st.record()
+            for _ in range(10):
+                launch(n)
+            en.record()
+            en.synchronize()
+            ts[n].append(st.elapsed_time(en) / 10)
+    return ts
 
 
 def device(out: dict, reps: int, save):
@@ -234,18 +284,10 @@ def device(out: dict, reps: int, save):
     out["x rows a stage"] = XROWS["XR"]
     ref, outs, ok = ch.reference(), {}, {}
     for name, (bar, s) in VARIANTS.items():
-        try:
-            ch.A.zero_(), ch.A[0].copy_(ch.x0), ch.err.zero_()
-            k = ch.launch(grid, bar, s)
-            torch.cuda.synchronize()
-        except Exception as e:  # a variant that fails loses only itself
-            out[name] = {"error": repr(e)[-2000:]}
-            print(name, out[name]["error"], flush=True)
+        got = run_once(ch, lambda: ch.launch(grid, bar, s), ref, out, name)
+        if got is None:
             continue
-        outs[name] = ch.A[1:].clone()
-        err = max(float((outs[name][l].float() - ref[l]).abs().max() / ref[l].abs().max()) for l in range(ch.L))
-        out[name] = {"regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
-                     "shared": k.metadata.shared, "barrier timeouts": int(ch.err.item()), "max rel err vs torch": err}
+        outs[name] = got
         ok[name] = not out[name]["barrier timeouts"]
         print(name, json.dumps(out[name]), flush=True)
         save()  # a later variant that hangs still leaves these
@@ -253,17 +295,7 @@ def device(out: dict, reps: int, save):
     for name in outs:
         if name != b and b in outs:
             out[name]["elements differing from (b')"] = int((outs[name] != outs[b]).sum())
-    ts = {n: [] for n in ok if ok[n]}
-    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):  # interleaved, so drift hits every variant alike
-        for n in ts:
-            bar, s = VARIANTS[n]
-            st.record()
-            for _ in range(10):
-                ch.launch(grid, bar, s)
-            en.record()
-            en.synchronize()
-            ts[n].append(st.elapsed_time(en) / 10)
+    ts = time_interleaved([n for n in ok if ok[n]], lambda n: ch.launch(grid, *VARIANTS[n]), reps)
     roof = ch.bytes / out["copy_bandwidth_Bps"] * 1e3
     out["roof ms"] = roof
     c, c2 = list(VARIANTS)[:2]
@@ -280,25 +312,30 @@ def device(out: dict, reps: int, save):
     out["copy_bandwidth_Bps after"] = copy_bandwidth("cuda")
 
 
-def main(argv):
-    od = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/persist_gluon"
+def cli(argv, name, out, compile_check, device, reps):
+    """--out DIR (NAME.json, saved after each step and at the end), --compile-check or the device run."""
+    od = argv[argv.index("--out") + 1] if "--out" in argv else f"/tmp/{name}"
     os.makedirs(od, exist_ok=True)
-    XROWS["XR"] = int(argv[argv.index("--xrows") + 1]) if "--xrows" in argv else 8
-    assert XROWS["XR"] in (8, 16), "--xrows is 8 or 16"
-    out, t0 = {"shape": SHAPE}, time.perf_counter()
+    t0 = time.perf_counter()
 
     def save():
         out["total_s"] = time.perf_counter() - t0
-        with open(os.path.join(od, "persist_gluon.json"), "w") as f:
+        with open(os.path.join(od, f"{name}.json"), "w") as f:
             json.dump(out, f, indent=1)
     try:
         if "--compile-check" in argv:
             compile_check(out)
         else:
-            device(out, int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 9, save)
+            device(out, int(argv[argv.index("--reps") + 1]) if "--reps" in argv else reps, save)
     finally:
         save()
     print("done", out["total_s"], flush=True)
+
+
+def main(argv):
+    XROWS["XR"] = int(argv[argv.index("--xrows") + 1]) if "--xrows" in argv else 8
+    assert XROWS["XR"] in (8, 16), "--xrows is 8 or 16"
+    cli(argv, "persist_gluon", {"shape": SHAPE}, compile_check, device, 9)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,234 @@
+"""Issue 14, run 26 (engine/dev/PERF.md): run 25's Gluon product chain (engine/dev/persist_gluon.py: L products
+of [4096, 4096] bf16 at 8 rows, one persistent kernel, program p owning columns p * 32.. of every product)
+with the ring WARP-SPECIALIZED (gl.warp_specialize): a 1-warp loader partition issues every TMA copy into
+the ring after waiting on the slot's "empty" mbarrier, and runs the grid barrier; the 4 MMA warps wait on
+"ready", load a group of 4 stages into registers, release those slots ("empty", after one barrier of the
+partition's warps), and run the MMAs. Run 25's single-partition ring streamed at only 53 % of copy.
+Variants (same bytes, same K order):
+  (c) no barriers: the loader streams product after product;
+  (b) a grid barrier after each product, run by the loader once the MMA warps' stores are done (a
+      "stored" mbarrier); the ring refilled after the spin;
+  (g) (b) where the loader issues the next product's first S stages of W before it arrives and spins,
+      and their x after the spin.
+Three ring shapes: BK 64 x 16 stages (run 25's, 64 KiB of W in flight a program), BK 64 x 32 and BK 128 x 16
+(128 KiB: in case the ring is bound by bytes in flight, not by issue); every variant on each.
+
+    PYTHONPATH=. python3 -m engine.dev.persist_ws --out $OUT [--reps 15]
+    PYTHONPATH=/tmp/t36:. python3 -m engine.dev.persist_ws --out /tmp/pw --compile-check   # CPU: sm_90
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, mma_v2, tma
+
+from engine.dev.persist_gluon import (_FENCE, SPIN, _stage, chain_tensors, cli, compile_one, layouts, reference,
+                                     run_once, time_interleaved)
+
+RINGS = {"BK64x16": (64, 16), "BK64x32": (64, 32), "BK128x16": (128, 16)}  # name -> (BK, NS)
+VARIANTS = {"(c) no barriers": (False, 0), "(b) barriers, ring refilled after the spin": (True, 0),
+            "(g) 2 stages of W before the spin": (True, 2), "(g) 4 stages": (True, 4), "(g) 8 stages": (True, 8)}
+SHAPE = dict(L=144, N=4096, K=4096, BN=32)
+
+
+@gluon.jit
+def _load(wd, xd, w_s, x_s, ready, empty, t, l, j, row0, N: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr,
+          W: gl.constexpr, X: gl.constexpr, EXPECT: gl.constexpr):
+    """Global stage t (product l, K step j) into slot t % NS: wait until the MMA warps released the slot's
+    previous stage (t - NS), then W's [BN, BK] and / or x's 8 rows; EXPECT arms "ready" for both."""
+    s = t % NS
+    if EXPECT:
+        mbarrier.wait(empty.index(s), ((t // NS) + 1) & 1, pred=t >= NS)
+        mbarrier.expect(ready.index(s), wd.block_type.nbytes + xd.block_type.nbytes)
+    if W:
+        tma.async_copy_global_to_shared(wd, [l * N + row0, j * BK], ready.index(s), w_s.index(s))
+    if X:
+        tma.async_copy_global_to_shared(xd, [l * 8, j * BK], ready.index(s), x_s.index(s).slice(0, 8))
+
+
+@gluon.jit
+def _loader(wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+            BN: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr, S: gl.constexpr):
+    """The 1-warp partition: every TMA copy, and the grid barrier (arrive after the stores, spin)."""
+    KT: gl.constexpr = K // BK
+    pid = gl.program_id(0)
+    G = gl.num_programs(0)
+    on = pid < N // BN
+    row0 = gl.minimum(pid, N // BN - 1) * BN
+    warm = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    for l in range(L):
+        if on:
+            first = S if l > 0 else 0
+            for j in range(first, KT):
+                _load(wd, xd, w_s, x_s, ready, empty, l * KT + j, l, j, row0, N, BK, NS, True, True, True)
+            if (S > 0) & (l + 1 < L):  # (g): W of the next product's first S stages, before the spin
+                for q in gl.static_range(S):
+                    _load(wd, xd, w_s, x_s, ready, empty, (l + 1) * KT + q, l + 1, q, row0, N, BK, NS,
+                          True, False, True)
+        if BARRIER & (l + 1 < L):  # 143 barriers: none after the last product
+            if on:
+                mbarrier.wait(stored, l & 1)  # the MMA warps' stores of product l issued and fenced
+            gl.inline_asm_elementwise(_FENCE, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
+            n = gl.atomic_add(Bar, 1, sem="release", scope="gpu") + 1
+            if gl.atomic_add(Err, 0, sem="relaxed", scope="gpu") == 0:
+                i = 0
+                while (n < G * (l + 1)) & (i < SPIN):
+                    n = gl.atomic_add(Bar, 0, sem="acquire", scope="gpu")
+                    i += 1
+                if n < G * (l + 1):
+                    gl.atomic_add(Err, 1, sem="relaxed", scope="gpu")
+            gl.inline_asm_elementwise(_FENCE, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
+        if on & (S > 0) & (l + 1 < L):  # x of the staged stages, now that it is written
+            for q in gl.static_range(S):
+                _load(wd, xd, w_s, x_s, ready, empty, (l + 1) * KT + q, l + 1, q, row0, N, BK, NS, False, True, False)
+
+
+@gluon.jit
+def _mma(x_s, w_s, ready, empty, stored, A, L: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+         BN: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr):
+    """The 4 MMA warps (default partition): 4 stages a group, 4 accumulator chains summed in a fixed order
+    (run 25's K order); a group's slots released once every warp has them in registers."""
+    KT: gl.constexpr = K // BK
+    pid = gl.program_id(0)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
+    rm = gl.arange(0, 16, layout=gl.SliceLayout(1, mma))
+    rn = gl.minimum(pid, N // BN - 1) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+    warm = gl.full([16], 0, gl.int32, layout=gl.SliceLayout(1, mma))
+    if pid < N // BN:
+        for l in range(L):
+            c0 = gl.zeros([16, BN], gl.float32, layout=mma)
+            c1, c2, c3 = c0, c0, c0
+            for i in range(KT // 4):
+                t = l * KT + 4 * i
+                a0, b0 = _stage(x_s, w_s, ready, t, NS, a_l, b_l)
+                a1, b1 = _stage(x_s, w_s, ready, t + 1, NS, a_l, b_l)
+                a2, b2 = _stage(x_s, w_s, ready, t + 2, NS, a_l, b_l)
+                a3, b3 = _stage(x_s, w_s, ready, t + 3, NS, a_l, b_l)
+                gl.thread_barrier()  # this partition's warps: every warp has the 4 slots in registers
+                for u in gl.static_range(4):
+                    mbarrier.arrive(empty.index((t + u) % NS))
+                c0 = mma_v2(a0, b0, c0)
+                c1 = mma_v2(a1, b1, c1)
+                c2 = mma_v2(a2, b2, c2)
+                c3 = mma_v2(a3, b3, c3)
+            acc = (c0 + c1) + (c2 + c3)
+            gl.store(A + (l + 1) * 8 * K + rm[:, None] * K + rn[None, :], acc.to(gl.bfloat16), mask=rm[:, None] < 8)
+            if BARRIER:  # stores -> TMA readers (async proxy), then tell the loader
+                gl.inline_asm_elementwise(_FENCE, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
+                gl.thread_barrier()
+                mbarrier.arrive(stored)
+
+
+@gluon.jit
+def _ws_kernel(wd, xd, A, Bar, Err, L: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BN: gl.constexpr,
+               BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr, S: gl.constexpr):
+    """A[l + 1] = A[l] W_l^T for l < L (A [L + 1, 8, K] bf16, W [L * N, K])."""
+    gl.static_assert((K // BK) % (2 * NS) == 0)
+    gl.static_assert((S <= NS) & ((K // BK) % 4 == 0))
+    w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], wd.layout)
+    x_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 16, BK], xd.layout)  # rows 8-15 never written or stored
+    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    stored = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(NS):
+        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(empty.index(j), count=1)
+    mbarrier.init(stored, count=1)
+    gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, stored, A, L, N, K, BN, BK, NS, BARRIER)),
+                        (_loader, (wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L, N, K, BN, BK, NS, BARRIER, S))],
+                       [1], [48])
+
+
+def compile_check(out: dict):
+    """Every ring and variant compiled for sm_90 (triton 3.6 when PYTHONPATH has it): registers, spills,
+    shared memory, and the PTX's TMA, mbarrier, MMA, named-barrier and setmaxnreg counts."""
+    wl, xl = layouts()
+    keys = ("cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive", "mma.sync", "bar.sync", "barrier.sync",
+            "setmaxnreg", "fence.proxy.async.global", "atom.global.gpu.release", "ld.global.gpu.acquire")
+    for ring, (bk, ns) in RINGS.items():
+        sig = {"wd": f"tensordesc<bf16[{SHAPE['BN']}, {bk}],{wl!r}>", "xd": f"tensordesc<bf16[8, {bk}],{xl!r}>",
+               "A": "*bf16", "Bar": "*i32", "Err": "*i32"}
+        for name, (bar, s) in VARIANTS.items():
+            key = f"{ring} {name}"
+            compile_one(_ws_kernel, sig, dict(SHAPE) | {"BK": bk, "NS": ns, "BARRIER": bar, "S": s}, keys, out, key)
+
+
+class Setup:
+    """L random [N, K] bf16 weights (std 1/sqrt(K)), A [L + 1, 8, K], one pair of descriptors a ring."""
+
+    def __init__(self, L, N, K, BN):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        self.W, self.A, self.x0, self.bar, self.err = chain_tensors(L, N, K)  # run 25's weights and x
+        wl, xl = layouts()
+        x2 = self.A.view((L + 1) * 8, K)
+        self.desc = {r: (TensorDescriptor.from_tensor(self.W, [BN, bk], wl), TensorDescriptor.from_tensor(x2, [8, bk], xl))
+                     for r, (bk, _) in RINGS.items()}
+        self.bytes = self.W.numel() * 2
+
+    def launch(self, grid, ring, barrier, s):
+        self.bar.zero_()
+        bk, ns = RINGS[ring]
+        wd, xd = self.desc[ring]
+        return _ws_kernel[(grid,)](wd, xd, self.A, self.bar, self.err, **SHAPE, BK=bk, NS=ns, BARRIER=barrier, S=s,
+                                   num_warps=4)
+
+    def reference(self, L, N, **_):
+        return reference(self.x0, self.W, L, N)
+
+
+def check(out, su, grid, save):
+    """Each ring x variant once: registers, bits against (b) of its ring and the float32 chain."""
+    ref, outs, ok = su.reference(**SHAPE), {}, []
+    for name, (bar, s) in VARIANTS.items():  # every ring's (c) first: a later hang leaves the streaming figures
+        for ring in RINGS:
+            key = f"{ring} {name}"
+            got = run_once(su, lambda: su.launch(grid, ring, bar, s), ref, out, key)
+            if got is None:
+                continue
+            outs[key] = got
+            b = f"{ring} (b) barriers, ring refilled after the spin"
+            if bar and b in outs and key != b:
+                out[key]["elements differing from (b)"] = int((outs[key] != outs[b]).sum())
+            if not out[key]["barrier timeouts"]:
+                ok.append(key)
+            if not bar:  # a quick figure now (5 x 10 launches); the interleaved timing follows
+                q = time_interleaved([key], lambda _: su.launch(grid, ring, bar, s), 5)[key]
+                out[key]["ms quick"] = statistics.median(q)
+            print(key, json.dumps(out[key]), flush=True)
+            save()
+    return ok
+
+
+def device(out: dict, reps: int, save):
+    import torch
+    from engine.dev.bench import copy_bandwidth
+    out["triton"], out["torch"] = __import__("triton").__version__, torch.__version__
+    out["device"], grid = torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).multi_processor_count
+    out["copy_bandwidth_Bps"] = copy_bandwidth("cuda")
+    su = Setup(**SHAPE)
+    ok = check(out, su, grid, save)
+    ts = time_interleaved(ok, lambda key: su.launch(grid, key.split(" ", 1)[0], *VARIANTS[key.split(" ", 1)[1]]), reps)
+    roof = su.bytes / out["copy_bandwidth_Bps"] * 1e3
+    out["roof ms"] = roof
+    for key, t in ts.items():
+        ms, c = statistics.median(t), f"{key.split(' ', 1)[0]} (c) no barriers"
+        out[key].update({"ms": ms, "of roofline": roof / ms, "all": t, "barrier timeouts after timing": int(su.err.item())})
+        if c in ts:
+            out[key]["boundary us (x - c) / (L - 1)"] = (ms - statistics.median(ts[c])) / (SHAPE["L"] - 1) * 1e3
+        print(f"{key:52s} {ms:.3f} ms {roof / ms:6.1%} of {roof:.3f}  boundary "
+              f"{out[key].get('boundary us (x - c) / (L - 1)', 0):.2f} us  ({min(t):.3f}-{max(t):.3f})", flush=True)
+    out["copy_bandwidth_Bps after"] = copy_bandwidth("cuda")
+
+
+def main(argv):
+    cli(argv, "persist_ws", {"shape": SHAPE, "rings": RINGS}, compile_check, device, 15)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
