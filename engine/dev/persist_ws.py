@@ -66,7 +66,7 @@ def _loader(wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L: gl.constexpr, N
     """The 1-warp partition: every TMA copy, and the grid barrier (arrive after the stores, spin)."""
     KT: gl.constexpr = K // BK
     pid = gl.program_id(0)
-    G = gl.num_programs(0)
+    NP = gl.num_programs(0)  # the grid (G is the release group)
     on = pid < N // BN
     row0 = gl.minimum(pid, N // BN - 1) * BN
     warm = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
@@ -86,10 +86,10 @@ def _loader(wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L: gl.constexpr, N
             n = gl.atomic_add(Bar, 1, sem="release", scope="gpu") + 1
             if gl.atomic_add(Err, 0, sem="relaxed", scope="gpu") == 0:
                 i = 0
-                while (n < G * (l + 1)) & (i < SPIN):
+                while (n < NP * (l + 1)) & (i < SPIN):
                     n = gl.atomic_add(Bar, 0, sem="acquire", scope="gpu")
                     i += 1
-                if n < G * (l + 1):
+                if n < NP * (l + 1):
                     gl.atomic_add(Err, 1, sem="relaxed", scope="gpu")
             gl.inline_asm_elementwise(_FENCE, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
         if on & (S > 0) & (l + 1 < L):  # x of the staged stages, now that it is written
