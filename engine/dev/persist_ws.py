@@ -29,8 +29,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, mma_v2, tma, warpgroup_mma, warpgroup_mma_wait
 
-from engine.dev.persist_gluon import (_FENCE, SPIN, _stage, chain_tensors, cli, compile_one, layouts, reference,
-                                     run_once, time_interleaved)
+from engine.dev.persist_gluon import (_FENCE, SPIN, _mma4, _stage, chain_tensors, cli, compile_one, layouts,
+                                     reference, run_once, time_interleaved)
 
 # name -> (BK, NS, P stages an MMA group, G stages released by one "empty" arrive, WF the group's waits first,
 # WG wgmma from shared memory)
@@ -120,10 +120,7 @@ def _k4(x_s, w_s, ready, empty, l, c0, KT: gl.constexpr, NS: gl.constexpr, G: gl
         gl.thread_barrier()  # this partition's warps: every warp has the 4 slots in registers
         for u in gl.static_range(4 // G):  # free them: one "empty" arrive a G-slot barrier
             mbarrier.arrive(empty.index(((t + u * G) % NS) // G))
-        c0 = mma_v2(a0, b0, c0)
-        c1 = mma_v2(a1, b1, c1)
-        c2 = mma_v2(a2, b2, c2)
-        c3 = mma_v2(a3, b3, c3)
+        c0, c1, c2, c3 = _mma4(a0, b0, a1, b1, a2, b2, a3, b3, c0, c1, c2, c3)
     return (c0 + c1) + (c2 + c3)
 
 
