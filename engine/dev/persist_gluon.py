@@ -70,6 +70,12 @@ def _stage(x_s, w_s, bars, j, NS: gl.constexpr, a_l: gl.constexpr, b_l: gl.const
 
 
 @gluon.jit
+def _mma4(a0, b0, a1, b1, a2, b2, a3, b3, c0, c1, c2, c3):
+    """A group's 4 MMAs, one an accumulator chain (runs 25-27)."""
+    return mma_v2(a0, b0, c0), mma_v2(a1, b1, c1), mma_v2(a2, b2, c2), mma_v2(a3, b3, c3)
+
+
+@gluon.jit
 def _tile(wd, xd, w_s, x_s, bars, l, row0, mma: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
           N: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, KT: gl.constexpr, BN: gl.constexpr):
     """The K loop of product l, 4 stages an iteration (one CTA barrier before their slots are refilled,
@@ -85,10 +91,7 @@ def _tile(wd, xd, w_s, x_s, bars, l, row0, mma: gl.constexpr, a_l: gl.constexpr,
         if 4 * i + NS < KT:
             for u in gl.static_range(4):
                 _issue(wd, xd, w_s, x_s, bars, l, 4 * i + u + NS, row0, N, BK, NS, True, True, True)
-        c0 = mma_v2(a0, b0, c0)
-        c1 = mma_v2(a1, b1, c1)
-        c2 = mma_v2(a2, b2, c2)
-        c3 = mma_v2(a3, b3, c3)
+        c0, c1, c2, c3 = _mma4(a0, b0, a1, b1, a2, b2, a3, b3, c0, c1, c2, c3)
     return (c0 + c1) + (c2 + c3)
 
 

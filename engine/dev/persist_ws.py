@@ -1,4 +1,4 @@
-"""Issue 14, run 26 (engine/dev/PERF.md): run 25's Gluon product chain (engine/dev/persist_gluon.py: L products
+"""Issue 14, runs 26-27 (engine/dev/PERF.md): run 25's Gluon product chain (engine/dev/persist_gluon.py: L products
 of [4096, 4096] bf16 at 8 rows, one persistent kernel, program p owning columns p * 32.. of every product)
 with the ring WARP-SPECIALIZED (gl.warp_specialize): a 1-warp loader partition issues every TMA copy into
 the ring after waiting on the slot's "empty" mbarrier, and runs the grid barrier; the 4 MMA warps wait on
@@ -10,8 +10,11 @@ Variants (same bytes, same K order):
       "stored" mbarrier); the ring refilled after the spin;
   (g) (b) where the loader issues the next product's first S stages of W before it arrives and spins,
       and their x after the spin.
-Three ring shapes: BK 64 x 16 stages (run 25's, 64 KiB of W in flight a program), BK 64 x 32 and BK 128 x 16
-(128 KiB: in case the ring is bound by bytes in flight, not by issue); every variant on each.
+Run 26's ring shapes were BK 64 x 16 / 64 x 32 / 128 x 16 (best: 128 x 16 at 87 % of copy). Run 27 (RINGS)
+cuts the MMA warps' work a stage, to stream at copy rate: one "empty" arrive a 4-stage group (G4), the
+group's 4 waits before its loads (W), BK 256 stages (2 a group), and wgmma straight from shared memory (WG:
+no register copy; x's slot is 64 rows, 8 of them real). Each ring has its own K order; every variant of a
+ring shares it. (g) 16 stages: the whole ring staged.
 
     PYTHONPATH=. python3 -m engine.dev.persist_ws --out $OUT [--reps 15]
     PYTHONPATH=/tmp/t36:. python3 -m engine.dev.persist_ws --out /tmp/pw --compile-check   # CPU: sm_90
@@ -24,25 +27,31 @@ import sys
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, mma_v2, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, mma_v2, tma, warpgroup_mma, warpgroup_mma_wait
 
-from engine.dev.persist_gluon import (_FENCE, SPIN, _stage, chain_tensors, cli, compile_one, layouts, reference,
-                                     run_once, time_interleaved)
+from engine.dev.persist_gluon import (_FENCE, SPIN, _mma4, _stage, chain_tensors, cli, compile_one, layouts,
+                                     reference, run_once, time_interleaved)
 
-RINGS = {"BK64x16": (64, 16), "BK64x32": (64, 32), "BK128x16": (128, 16)}  # name -> (BK, NS)
+# name -> (BK, NS, P stages an MMA group, G stages released by one "empty" arrive, WF the group's waits first,
+# WG wgmma from shared memory)
+RINGS = {"BK128x16": (128, 16, 4, 1, False, False), "BK128x16G4": (128, 16, 4, 4, False, False),
+         "BK128x16G4W": (128, 16, 4, 4, True, False), "BK64x16G4W": (64, 16, 4, 4, True, False),
+         "BK256x8G2": (256, 8, 2, 2, False, False), "BK64x16WG": (64, 16, 4, 4, True, True),
+         "BK128x8WG": (128, 8, 4, 4, True, True)}
 VARIANTS = {"(c) no barriers": (False, 0), "(b) barriers, ring refilled after the spin": (True, 0),
-            "(g) 2 stages of W before the spin": (True, 2), "(g) 4 stages": (True, 4), "(g) 8 stages": (True, 8)}
+            "(g) 8 stages": (True, 8), "(g) 16 stages": (True, 16)}
 SHAPE = dict(L=144, N=4096, K=4096, BN=32)
 
 
 @gluon.jit
 def _load(wd, xd, w_s, x_s, ready, empty, t, l, j, row0, N: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr,
-          W: gl.constexpr, X: gl.constexpr, EXPECT: gl.constexpr):
+          W: gl.constexpr, X: gl.constexpr, EXPECT: gl.constexpr, G: gl.constexpr):
     """Global stage t (product l, K step j) into slot t % NS: wait until the MMA warps released the slot's
-    previous stage (t - NS), then W's [BN, BK] and / or x's 8 rows; EXPECT arms "ready" for both."""
+    previous stage (t - NS; slots s // G share one "empty" barrier, so a group's later waits pass at once),
+    then W's [BN, BK] and / or x's 8 rows; EXPECT arms "ready" for both."""
     s = t % NS
     if EXPECT:
-        mbarrier.wait(empty.index(s), ((t // NS) + 1) & 1, pred=t >= NS)
+        mbarrier.wait(empty.index(s // G), ((t // NS) + 1) & 1, pred=t >= NS)
         mbarrier.expect(ready.index(s), wd.block_type.nbytes + xd.block_type.nbytes)
     if W:
         tma.async_copy_global_to_shared(wd, [l * N + row0, j * BK], ready.index(s), w_s.index(s))
@@ -52,11 +61,12 @@ def _load(wd, xd, w_s, x_s, ready, empty, t, l, j, row0, N: gl.constexpr, BK: gl
 
 @gluon.jit
 def _loader(wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-            BN: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr, S: gl.constexpr):
+            BN: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr, S: gl.constexpr,
+            G: gl.constexpr):
     """The 1-warp partition: every TMA copy, and the grid barrier (arrive after the stores, spin)."""
     KT: gl.constexpr = K // BK
     pid = gl.program_id(0)
-    G = gl.num_programs(0)
+    NP = gl.num_programs(0)  # the grid (G is the release group)
     on = pid < N // BN
     row0 = gl.minimum(pid, N // BN - 1) * BN
     warm = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
@@ -64,11 +74,11 @@ def _loader(wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L: gl.constexpr, N
         if on:
             first = S if l > 0 else 0
             for j in range(first, KT):
-                _load(wd, xd, w_s, x_s, ready, empty, l * KT + j, l, j, row0, N, BK, NS, True, True, True)
+                _load(wd, xd, w_s, x_s, ready, empty, l * KT + j, l, j, row0, N, BK, NS, True, True, True, G)
             if (S > 0) & (l + 1 < L):  # (g): W of the next product's first S stages, before the spin
                 for q in gl.static_range(S):
                     _load(wd, xd, w_s, x_s, ready, empty, (l + 1) * KT + q, l + 1, q, row0, N, BK, NS,
-                          True, False, True)
+                          True, False, True, G)
         if BARRIER & (l + 1 < L):  # 143 barriers: none after the last product
             if on:
                 mbarrier.wait(stored, l & 1)  # the MMA warps' stores of product l issued and fenced
@@ -76,48 +86,108 @@ def _loader(wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L: gl.constexpr, N
             n = gl.atomic_add(Bar, 1, sem="release", scope="gpu") + 1
             if gl.atomic_add(Err, 0, sem="relaxed", scope="gpu") == 0:
                 i = 0
-                while (n < G * (l + 1)) & (i < SPIN):
+                while (n < NP * (l + 1)) & (i < SPIN):
                     n = gl.atomic_add(Bar, 0, sem="acquire", scope="gpu")
                     i += 1
-                if n < G * (l + 1):
+                if n < NP * (l + 1):
                     gl.atomic_add(Err, 1, sem="relaxed", scope="gpu")
             gl.inline_asm_elementwise(_FENCE, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
         if on & (S > 0) & (l + 1 < L):  # x of the staged stages, now that it is written
             for q in gl.static_range(S):
-                _load(wd, xd, w_s, x_s, ready, empty, (l + 1) * KT + q, l + 1, q, row0, N, BK, NS, False, True, False)
+                _load(wd, xd, w_s, x_s, ready, empty, (l + 1) * KT + q, l + 1, q, row0, N, BK, NS,
+                      False, True, False, G)
+
+
+@gluon.jit
+def _k4(x_s, w_s, ready, empty, l, c0, KT: gl.constexpr, NS: gl.constexpr, G: gl.constexpr, a_l: gl.constexpr,
+        b_l: gl.constexpr, WF: gl.constexpr):
+    """Product l's K loop, 4 stages a group, 4 accumulator chains summed in a fixed order (run 25's K order)."""
+    c1, c2, c3 = c0, c0, c0
+    for i in range(KT // 4):
+        t = l * KT + 4 * i
+        if WF:  # the group's 4 waits first, then its loads
+            for u in gl.static_range(4):
+                mbarrier.wait(ready.index((t + u) % NS), ((t + u) // NS) & 1)
+            a0, b0 = x_s.index(t % NS).load(a_l), w_s.index(t % NS).permute((1, 0)).load(b_l)
+            a1, b1 = x_s.index((t + 1) % NS).load(a_l), w_s.index((t + 1) % NS).permute((1, 0)).load(b_l)
+            a2, b2 = x_s.index((t + 2) % NS).load(a_l), w_s.index((t + 2) % NS).permute((1, 0)).load(b_l)
+            a3, b3 = x_s.index((t + 3) % NS).load(a_l), w_s.index((t + 3) % NS).permute((1, 0)).load(b_l)
+        else:
+            a0, b0 = _stage(x_s, w_s, ready, t, NS, a_l, b_l)
+            a1, b1 = _stage(x_s, w_s, ready, t + 1, NS, a_l, b_l)
+            a2, b2 = _stage(x_s, w_s, ready, t + 2, NS, a_l, b_l)
+            a3, b3 = _stage(x_s, w_s, ready, t + 3, NS, a_l, b_l)
+        gl.thread_barrier()  # this partition's warps: every warp has the 4 slots in registers
+        for u in gl.static_range(4 // G):  # free them: one "empty" arrive a G-slot barrier
+            mbarrier.arrive(empty.index(((t + u * G) % NS) // G))
+        c0, c1, c2, c3 = _mma4(a0, b0, a1, b1, a2, b2, a3, b3, c0, c1, c2, c3)
+    return (c0 + c1) + (c2 + c3)
+
+
+@gluon.jit
+def _k2(x_s, w_s, ready, empty, l, c0, KT: gl.constexpr, NS: gl.constexpr, G: gl.constexpr, a_l: gl.constexpr,
+        b_l: gl.constexpr):
+    """Product l's K loop, 2 (BK 256) stages a group, 2 accumulator chains."""
+    c1 = c0
+    for i in range(KT // 2):
+        t = l * KT + 2 * i
+        a0, b0 = _stage(x_s, w_s, ready, t, NS, a_l, b_l)
+        a1, b1 = _stage(x_s, w_s, ready, t + 1, NS, a_l, b_l)
+        gl.thread_barrier()
+        for u in gl.static_range(2 // G):
+            mbarrier.arrive(empty.index(((t + u * G) % NS) // G))
+        c0 = mma_v2(a0, b0, c0)
+        c1 = mma_v2(a1, b1, c1)
+    return c0 + c1
+
+
+@gluon.jit
+def _kwg(x_s, w_s, ready, empty, l, c0, KT: gl.constexpr, NS: gl.constexpr):
+    """Product l's K loop by wgmma straight from shared memory (x's slot is 64 rows, 56 of them never
+    written: their output rows are dropped), 4 stages a group on one accumulator chain; a group's slots
+    are released (one arrive) once the next group's wgmmas are issued and the group's own are complete."""
+    acc = c0
+    for i in range(KT // 4):
+        t = l * KT + 4 * i
+        for u in gl.static_range(4):
+            mbarrier.wait(ready.index((t + u) % NS), ((t + u) // NS) & 1)
+        for u in gl.static_range(4):
+            acc = warpgroup_mma(x_s.index((t + u) % NS), w_s.index((t + u) % NS).permute((1, 0)), acc,
+                                is_async=True)
+        acc = warpgroup_mma_wait(4, deps=[acc])  # the previous group's 4 are complete
+        if i > 0:
+            mbarrier.arrive(empty.index(((t - 4) % NS) // 4))
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    mbarrier.arrive(empty.index(((l * KT + KT - 4) % NS) // 4))
+    return acc
 
 
 @gluon.jit
 def _mma(x_s, w_s, ready, empty, stored, A, L: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-         BN: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr):
-    """The 4 MMA warps (default partition): 4 stages a group, 4 accumulator chains summed in a fixed order
-    (run 25's K order); a group's slots released once every warp has them in registers."""
+         BN: gl.constexpr, BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr, P: gl.constexpr,
+         G: gl.constexpr, WF: gl.constexpr, WG: gl.constexpr):
+    """The 4 MMA warps (default partition): P stages a group (_k4 / _k2), then the product's stores."""
     KT: gl.constexpr = K // BK
     pid = gl.program_id(0)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+    XM: gl.constexpr = 64 if WG else 16  # rows of the accumulator (8 of them real)
+    if WG:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    else:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
-    rm = gl.arange(0, 16, layout=gl.SliceLayout(1, mma))
+    rm = gl.arange(0, XM, layout=gl.SliceLayout(1, mma))
     rn = gl.minimum(pid, N // BN - 1) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
-    warm = gl.full([16], 0, gl.int32, layout=gl.SliceLayout(1, mma))
+    warm = gl.full([XM], 0, gl.int32, layout=gl.SliceLayout(1, mma))
     if pid < N // BN:
         for l in range(L):
-            c0 = gl.zeros([16, BN], gl.float32, layout=mma)
-            c1, c2, c3 = c0, c0, c0
-            for i in range(KT // 4):
-                t = l * KT + 4 * i
-                a0, b0 = _stage(x_s, w_s, ready, t, NS, a_l, b_l)
-                a1, b1 = _stage(x_s, w_s, ready, t + 1, NS, a_l, b_l)
-                a2, b2 = _stage(x_s, w_s, ready, t + 2, NS, a_l, b_l)
-                a3, b3 = _stage(x_s, w_s, ready, t + 3, NS, a_l, b_l)
-                gl.thread_barrier()  # this partition's warps: every warp has the 4 slots in registers
-                for u in gl.static_range(4):
-                    mbarrier.arrive(empty.index((t + u) % NS))
-                c0 = mma_v2(a0, b0, c0)
-                c1 = mma_v2(a1, b1, c1)
-                c2 = mma_v2(a2, b2, c2)
-                c3 = mma_v2(a3, b3, c3)
-            acc = (c0 + c1) + (c2 + c3)
+            c0 = gl.zeros([XM, BN], gl.float32, layout=mma)
+            if WG:
+                acc = _kwg(x_s, w_s, ready, empty, l, c0, KT, NS)
+            elif P == 4:
+                acc = _k4(x_s, w_s, ready, empty, l, c0, KT, NS, G, a_l, b_l, WF)
+            else:
+                acc = _k2(x_s, w_s, ready, empty, l, c0, KT, NS, G, a_l, b_l)
             gl.store(A + (l + 1) * 8 * K + rm[:, None] * K + rn[None, :], acc.to(gl.bfloat16), mask=rm[:, None] < 8)
             if BARRIER:  # stores -> TMA readers (async proxy), then tell the loader
                 gl.inline_asm_elementwise(_FENCE, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
@@ -127,21 +197,25 @@ def _mma(x_s, w_s, ready, empty, stored, A, L: gl.constexpr, N: gl.constexpr, K:
 
 @gluon.jit
 def _ws_kernel(wd, xd, A, Bar, Err, L: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BN: gl.constexpr,
-               BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr, S: gl.constexpr):
+               BK: gl.constexpr, NS: gl.constexpr, BARRIER: gl.constexpr, S: gl.constexpr, P: gl.constexpr,
+               G: gl.constexpr, WF: gl.constexpr, WG: gl.constexpr):
     """A[l + 1] = A[l] W_l^T for l < L (A [L + 1, 8, K] bf16, W [L * N, K])."""
     gl.static_assert((K // BK) % (2 * NS) == 0)
-    gl.static_assert((S <= NS) & ((K // BK) % 4 == 0))
+    gl.static_assert((S <= NS) & ((K // BK) % P == 0) & (P % G == 0) & (NS % P == 0))
     w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], wd.layout)
-    x_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 16, BK], xd.layout)  # rows 8-15 never written or stored
+    gl.static_assert((not WG) or ((P == 4) & (G == 4)))
+    x_s = gl.allocate_shared_memory(gl.bfloat16, [NS, 64 if WG else 16, BK], xd.layout)  # rows 8.. never written
     ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS // G, 1], mbarrier.MBarrierLayout())
     stored = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for j in gl.static_range(NS):
         mbarrier.init(ready.index(j), count=1)
+    for j in gl.static_range(NS // G):
         mbarrier.init(empty.index(j), count=1)
     mbarrier.init(stored, count=1)
-    gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, stored, A, L, N, K, BN, BK, NS, BARRIER)),
-                        (_loader, (wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L, N, K, BN, BK, NS, BARRIER, S))],
+    gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, stored, A, L, N, K, BN, BK, NS, BARRIER, P, G, WF, WG)),
+                        (_loader, (wd, xd, w_s, x_s, ready, empty, stored, Bar, Err, L, N, K, BN, BK, NS, BARRIER, S,
+                                   G))],
                        [1], [48])
 
 
@@ -151,12 +225,14 @@ def compile_check(out: dict):
     wl, xl = layouts()
     keys = ("cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive", "mma.sync", "bar.sync", "barrier.sync",
             "setmaxnreg", "fence.proxy.async.global", "atom.global.gpu.release", "ld.global.gpu.acquire")
-    for ring, (bk, ns) in RINGS.items():
+    for ring, (bk, ns, p, g, wf, wg) in RINGS.items():
         sig = {"wd": f"tensordesc<bf16[{SHAPE['BN']}, {bk}],{wl!r}>", "xd": f"tensordesc<bf16[8, {bk}],{xl!r}>",
                "A": "*bf16", "Bar": "*i32", "Err": "*i32"}
         for name, (bar, s) in VARIANTS.items():
-            key = f"{ring} {name}"
-            compile_one(_ws_kernel, sig, dict(SHAPE) | {"BK": bk, "NS": ns, "BARRIER": bar, "S": s}, keys, out, key)
+            if s <= ns:
+                compile_one(_ws_kernel, sig, dict(SHAPE) | {"BK": bk, "NS": ns, "BARRIER": bar, "S": s, "P": p, "G": g,
+                                                                "WF": wf, "WG": wg},
+                            keys, out, f"{ring} {name}")
 
 
 class Setup:
@@ -168,15 +244,15 @@ class Setup:
         wl, xl = layouts()
         x2 = self.A.view((L + 1) * 8, K)
         self.desc = {r: (TensorDescriptor.from_tensor(self.W, [BN, bk], wl), TensorDescriptor.from_tensor(x2, [8, bk], xl))
-                     for r, (bk, _) in RINGS.items()}
+                     for r, (bk, *_) in RINGS.items()}
         self.bytes = self.W.numel() * 2
 
     def launch(self, grid, ring, barrier, s):
         self.bar.zero_()
-        bk, ns = RINGS[ring]
+        bk, ns, p, g, wf, wg = RINGS[ring]
         wd, xd = self.desc[ring]
         return _ws_kernel[(grid,)](wd, xd, self.A, self.bar, self.err, **SHAPE, BK=bk, NS=ns, BARRIER=barrier, S=s,
-                                   num_warps=4)
+                                   P=p, G=g, WF=wf, WG=wg, num_warps=4)
 
     def reference(self, L, N, **_):
         return reference(self.x0, self.W, L, N)
@@ -185,23 +261,26 @@ class Setup:
 def check(out, su, grid, save):
     """Each ring x variant once: registers, bits against (b) of its ring and the float32 chain."""
     ref, outs, ok = su.reference(**SHAPE), {}, []
-    for name, (bar, s) in VARIANTS.items():  # every ring's (c) first: a later hang leaves the streaming figures
-        for ring in RINGS:
-            key = f"{ring} {name}"
-            got = run_once(su, lambda: su.launch(grid, ring, bar, s), ref, out, key)
-            if got is None:
-                continue
-            outs[key] = got
-            b = f"{ring} (b) barriers, ring refilled after the spin"
-            if bar and b in outs and key != b:
-                out[key]["elements differing from (b)"] = int((outs[key] != outs[b]).sum())
-            if not out[key]["barrier timeouts"]:
-                ok.append(key)
-            if not bar:  # a quick figure now (5 x 10 launches); the interleaved timing follows
-                q = time_interleaved([key], lambda _: su.launch(grid, ring, bar, s), 5)[key]
-                out[key]["ms quick"] = statistics.median(q)
-            print(key, json.dumps(out[key]), flush=True)
-            save()
+    # every ring's (c) first, the mma.sync rings before the wgmma ones: a later hang leaves the figures before it
+    order = [(n, r) for wg in (False, True) for n in VARIANTS for r in RINGS if RINGS[r][5] == wg]
+    for name, ring in order:
+        (bar, s), key = VARIANTS[name], f"{ring} {name}"
+        if s > RINGS[ring][1]:
+            continue
+        got = run_once(su, lambda: su.launch(grid, ring, bar, s), ref, out, key)
+        if got is None:
+            continue
+        outs[key] = got
+        b = f"{ring} (b) barriers, ring refilled after the spin"
+        if bar and b in outs and key != b:
+            out[key]["elements differing from (b)"] = int((outs[key] != outs[b]).sum())
+        if not out[key]["barrier timeouts"]:
+            ok.append(key)
+        if not bar:  # a quick figure now (5 x 10 launches); the interleaved timing follows
+            q = time_interleaved([key], lambda _: su.launch(grid, ring, bar, s), 5)[key]
+            out[key]["ms quick"] = statistics.median(q)
+        print(key, json.dumps(out[key]), flush=True)
+        save()
     return ok
 
 
