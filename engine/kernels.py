@@ -41,6 +41,7 @@ PDL = 0
 FOLD_COMBINE = False
 FOLD_QK_NORM = False
 
+
 def launch_opts() -> dict:
     """Extra launch arguments every kernel of the forward passes (launch_pdl when PDL is on)."""
     return {"launch_pdl": True} if PDL and not INTERPRET else {}
@@ -241,7 +242,6 @@ def _combine_kernel(Opart, Lse, Pos, Out,
             m, l, acc = _merge(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh,
                                m, l, acc, D)
     tl.store(Out + row * stride_out + h * D + d, (acc / l).to(Out.dtype.element_ty))
-
 
 
 _scratch: dict = {}

@@ -151,7 +151,7 @@ class ModelRunner:
                      sampling: SamplingParams | None = None, logprobs: list | None = None) -> int | None:
         n = len(tokens)
         self._check_cut(lane, n, start, end)
-        if self.batch_cuts and self.fused and end - start <= SHORT_ROWS:  # the same forward as beside other cuts
+        if self.batch_cuts and end - start <= SHORT_ROWS:  # the same forward as beside other cuts
             (tok,), logits = self._many([(lane, tokens, start, end)])
         else:
             ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
