@@ -143,6 +143,10 @@ class KernelConfig:
     # 1 wait only, 2 wait then launch the next kernel at once; engine/kernels.py PDL). 2 measured
     # -0.03 ms of a 4.76 ms qwen3-8b round, runs 12-13 +0.2 ms (engine/dev/PERF.md runs 12-16): off.
     pdl: int = 0
+    # CUDA decode graph on Hopper with triton 3.6's Gluon, rounds of <= 8 rows: the products that
+    # engine/kernels_skinny.py takes go through a warp-specialized TMA ring (engine/kernels_ring.py)
+    # at the same config's K ranges; with pdl, each product's weights stream before it waits.
+    ring: bool = False
     # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
     # last split program instead of a kernel of its own (engine/kernels.py), the same bits:
     # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).

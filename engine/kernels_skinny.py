@@ -212,26 +212,33 @@ def set_entries(configs=(), gated=()) -> None:
         GATED[(n, k, rows)] = SkinnyConfig(**c)
 
 
+RING = False  # products through engine/kernels_ring.py where it takes them (launch_mode's `ring`)
+
+
 class launch_mode:
     """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
-    engine/kernels.py PDL) and the decode attention folds its neighbours or not (`fold_combine`:
-    FOLD_COMBINE, `fold_qk_norm`: FOLD_QK_NORM; None keeps the module's setting); the runner
-    captures its decode graph inside it. Restores them on exit."""
+    engine/kernels.py PDL), the decode attention folds its neighbours or not (`fold_combine`:
+    FOLD_COMBINE, `fold_qk_norm`: FOLD_QK_NORM; None keeps the module's setting), and the products
+    go through the TMA ring or not (`ring`: RING); the runner captures its decode graph inside it.
+    Restores them on exit."""
 
-    def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: bool | None = None):
-        self.pdl, self.fold, self.qk = int(pdl), fold_combine, fold_qk_norm
+    def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: bool | None = None,
+                 ring: bool = False):
+        self.pdl, self.fold, self.qk, self.ring = int(pdl), fold_combine, fold_qk_norm, bool(ring)
 
     def __enter__(self):
         import engine.kernels as K
-        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM
-        K.PDL = self.pdl
+        global RING
+        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING
+        K.PDL, RING = self.pdl, self.ring
         K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
         K.FOLD_QK_NORM = K.FOLD_QK_NORM if self.qk is None else bool(self.qk)
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
-        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM = self.saved
+        global RING
+        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING = self.saved
 
 
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
@@ -243,6 +250,10 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None =
     GATED (or `config`) has the shape, else linear() then silu_mul."""
     m, (n, k) = x.shape[0], w.shape
     c = config or GATED.get((n, k, block_m(m)))
+    if RING and c is not None and config is None:
+        from engine import kernels_ring as R
+        if R.takes(x, w, 1, gated=True):
+            return R.product(x, w, 1, gated=True, pdl=pdl_on() > 0)
     if c is None or not supports(x, w, c) or n % 2 or gated_smem(c, block_m(m)) > SMEM_LIMIT:
         from engine.kernels_fused import silu_mul
         return silu_mul(linear(x, w))
@@ -291,5 +302,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) ->
     to write into (engine/tp_fused.py: symmetric memory), the same bits."""
     c = config_for(*w.shape, x.shape[0])
     if supports(x, w, c):
+        if RING:
+            from engine import kernels_ring as R
+            if R.takes(x, w, c.split_k):
+                return R.product(x, w, c.split_k, pdl=pdl_on() > 0, out=out)
         return _launch(x, w, c, out)
     return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)  # F.linear's mm for 2-D x

@@ -339,7 +339,8 @@ class ModelRunner:
             from engine.kernels_skinny import launch_mode
             knobs = self.cfg.kernels
             combine, self._qk_fold = self._folds()
-            mode = launch_mode(pdl=knobs.pdl if self.fused else 0, fold_combine=combine, fold_qk_norm=self._qk_fold)
+            mode = launch_mode(pdl=knobs.pdl if self.fused else 0, fold_combine=combine, fold_qk_norm=self._qk_fold,
+                               ring=self.skinny and knobs.ring)
             with torch.inference_mode(), mode:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())

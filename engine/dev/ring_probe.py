@@ -1,0 +1,118 @@
+"""Issue 14, run 29 (engine/dev/PERF.md): the decode products through engine/kernels_ring.py (a
+warp-specialized TMA ring with wgmma, one kernel a product, W staged before the PDL wait) against
+engine/kernels_skinny.py's Triton kernels, on qwen3-8b's weights:
+  bits   each product (q/k/v, o, gated gate/up, down in 2 K ranges, lm_head) at 8, 4 and 1 rows: the
+         ring's elements differing from the Triton kernel's, and its error against float32;
+  chain  36 launches of one product in a CUDA graph, alone and each after an add+RMSNorm: us a launch;
+  decode the round (replay and host-driven timers, 1 and 8 streams), tokens and logits against main's;
+  32b    qwen3-32b at one stream (--parallel 4: 4 rows), main against the fastest variant.
+
+    PYTHONPATH=. python3 -m engine.dev.ring_probe --out $OUT [--sections bits,chain,decode,32b]
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+import engine.dev.round2 as R2
+import engine.dev.round4_call1 as C1
+import engine.kernels_skinny as S
+from engine.config import EngineConfig
+
+RES, say, save = R2.RES, R2.say, R2.save
+VARIANTS = {  # name -> KernelConfig knobs (the first is main's round)
+    "main": {},
+    "pdl 2": {"pdl": 2},
+    "ring": {"ring": True},
+    "ring + pdl 2": {"ring": True, "pdl": 2},
+}
+CHAIN = {"triton": (0, False), "triton pdl 2": (2, False), "ring": (0, True), "ring pdl 2": (2, True)}
+
+
+def _mats(model):
+    layers = model.model.layers
+    return {"q/k/v": [l.self_attn.wqkv for l in layers], "o": [l.self_attn.o_proj.weight for l in layers],
+            "gate/up gated": [l.mlp.w_gate_up for l in layers], "down": [l.mlp.down_proj.weight for l in layers],
+            "lm_head": [model.lm_head.weight]}
+
+
+def sec_bits(model):
+    """Ring against Triton, eagerly, per product and row count."""
+    from engine import kernels_ring as R
+    out = RES.setdefault("bits", {})
+    out["ring available"] = R.available()
+    for name, ws in _mats(model).items():
+        w = ws[0]
+        gated = name.startswith("gate")
+        for m in (8, 4, 1):
+            g = torch.Generator(device=w.device).manual_seed(m)
+            x = torch.randn(m, w.shape[1], generator=g, device=w.device).to(w.dtype)
+            ref = S.gate_up_silu(x, w) if gated else S.linear(x, w)
+            res = {}
+            for pdl in (0, 2):
+                with S.launch_mode(pdl=pdl, ring=True):
+                    got = S.gate_up_silu(x, w) if gated else S.linear(x, w)
+                torch.cuda.synchronize()
+                res[f"pdl {pdl} differing"] = int((got != ref).sum())
+            f = x.float() @ w.float().T
+            if gated:
+                i = w.shape[0] // 2
+                f = torch.nn.functional.silu(f[:, :i]) * f[:, i:]
+            res["of"] = ref.numel()
+            res["ring max rel err vs float32"] = float((got.float() - f).abs().max() / f.abs().max())
+            res["triton max rel err vs float32"] = float((ref.float() - f).abs().max() / f.abs().max())
+            out[f"{name} rows {m}"] = res
+            say("bits", name, m, json.dumps(res))
+    save()
+
+
+def sec_chain(model):
+    """us a launch: 36 launches of a product on the layers' matrices in one graph, alone and after a norm."""
+    from engine.kernels_fused import add_rmsnorm
+    out = RES.setdefault("chain", {})
+    bw = RES["ceilings"]["copy_bandwidth_Bps"]
+    for pname, ws in list(_mats(model).items())[:4]:
+        k = ws[0].shape[1]
+        x = torch.randn(8, k, device=ws[0].device).to(ws[0].dtype)
+        r, nw = torch.randn_like(x), torch.ones(k, device=ws[0].device, dtype=ws[0].dtype)
+        prod = S.gate_up_silu if pname.startswith("gate") else S.linear
+        nbytes = ws[0].numel() * ws[0].element_size()
+        for mname, (pdl, ring) in CHAIN.items():
+            with S.launch_mode(pdl=pdl, ring=ring):
+                alone = C1.graph_us(C1.chain_graph(lambda i: prod(x, ws[i]), len(ws))) / len(ws)
+                normed = C1.graph_us(C1.chain_graph(lambda i: prod(add_rmsnorm(x, r, nw, 1e-6)[1], ws[i]),
+                                                    len(ws))) / len(ws)
+            out[f"{pname} {mname}"] = {"alone_us": alone, "alone_of_bw": nbytes / (alone * 1e-6) / bw,
+                                       "after_norm_us": normed, "stream_us": nbytes / bw * 1e6}
+            say(f"chain {pname:14s} {mname:14s}: alone {alone:6.1f} us ({nbytes / (alone * 1e-6) / bw:5.1%} of copy),"
+                f" after a norm {normed:6.1f} us; bytes at copy rate {nbytes / bw * 1e6:5.1f} us")
+        save()
+
+
+def main(argv):
+    from engine.runner import ModelRunner
+    t0 = R2.begin(argv)
+    secs = (argv[argv.index("--sections") + 1] if "--sections" in argv else "bits,chain,decode,32b").split(",")
+    import triton
+    RES["triton"], RES["variants"] = triton.__version__, {k: str(v) for k, v in VARIANTS.items()}
+    say(json.dumps(RES))
+    best = {"ring": True, "pdl": 2}
+    base = ModelRunner(EngineConfig(model=C1.MODEL_8B, device="cuda", dtype="bfloat16", parallel=8,
+                                    max_model_len=2304, prefill_rows=4096))
+    if "bits" in secs:
+        R2._guard("bits", lambda: sec_bits(base.model))
+    if "chain" in secs:
+        R2._guard("chain", lambda: sec_chain(base.model))
+    if "decode" in secs:
+        best = R2._guard("decode", lambda: C1.sec_decode(base, VARIANTS)) or best
+    base = None
+    torch.cuda.empty_cache()
+    if "32b" in secs:
+        R2._guard("32b", lambda: C1.sec_32b(best))
+    R2.finish(t0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
