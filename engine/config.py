@@ -140,7 +140,8 @@ class KernelConfig:
     # (engine/kernels_batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
     batch_cublas: bool = True
     # CUDA decode graph (Hopper): programmatic dependent launch for the round's Triton kernels (0 off,
-    # 1 wait only, 2 wait then launch the next kernel at once; engine/kernels.py PDL). 2 measured
+    # 1 wait only, 2 wait then launch the next kernel at once, 3 the small kernels launch the next
+    # first; engine/kernels.py PDL). 2 measured
     # -0.03 ms of a 4.76 ms qwen3-8b round, runs 12-13 +0.2 ms (engine/dev/PERF.md runs 12-16): off.
     pdl: int = 0
     # CUDA decode graph on Hopper with triton 3.6's Gluon, rounds of <= 8 rows: the products that

@@ -27,8 +27,11 @@ BLOCK = 64
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
 # 0: off; 1: wait only (the next kernel launches as this one's programs finish); 2: wait, then
-# let the next kernel launch at once (its programs wait on the GPU for this one). Loading weights
-# before the wait, and letting the next kernel launch before it, measured no faster (PERF.md runs 15-16).
+# let the next kernel launch at once (its programs wait on the GPU for this one); 3: the small kernels
+# (norms, attention) let the next launch first, then wait, so the product after one (the TMA ring,
+# engine/kernels_ring.py, whose weights stream before its own wait) starts during the product before
+# (the products themselves act as 2). Weights in registers or L2 before the wait, and 3 for the
+# Triton products, measured no faster (PERF.md runs 15-16).
 PDL = 0
 # The decode graph's folds of the split attention's neighbours, the same bits (engine/dev/PERF.md
 # runs 17-20); off here, so eager calls run the plain kernels; the runner's capture turns them on
@@ -54,10 +57,13 @@ def pdl_on() -> int:
 @triton.jit
 def pdl_enter(PDL_: tl.constexpr):
     """First thing in a kernel launched with PDL: wait for the kernel before to finish (its writes
-    visible), then (PDL 2) let the next one launch. Every program calls it, before any load or store."""
+    visible), then (PDL 2) let the next one launch; PDL 3 lets it launch first. Every program calls
+    it, before any load or store."""
+    if PDL_ > 2:
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL_ > 0:
         tl.extra.cuda.gdc_wait()
-    if PDL_ > 1:
+    if PDL_ == 2:
         tl.extra.cuda.gdc_launch_dependents()
 
 

@@ -262,7 +262,7 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None =
     _gated_kernel[(grid,)](
         x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0),
         BLOCK_M=block_m(m), BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
-        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
+        PDL_=min(pdl_on(), 2), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
     return y
 
 
@@ -293,7 +293,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, out: torch.Tensor
         x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0),
         BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
         K_STEPS=k // (c.block_k * c.split_k) if INTERPRET else 0, SPLIT_K=c.split_k,
-        PDL_=pdl_on(), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
+        PDL_=min(pdl_on(), 2), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
     return y
 
 

@@ -5,9 +5,9 @@ engine/kernels_skinny.py's Triton kernels, on qwen3-8b's weights:
          ring's elements differing from the Triton kernel's, and its error against float32;
   chain  36 launches of one product in a CUDA graph, alone and each after an add+RMSNorm: us a launch;
   decode the round (replay and host-driven timers, 1 and 8 streams), tokens and logits against main's;
-  32b    qwen3-32b at one stream (--parallel 4: 4 rows), main against the fastest variant.
+  32b    qwen3-32b at one stream (--parallel 4: 4 rows): main's round against the ring's (chain32: its chains).
 
-    PYTHONPATH=. python3 -m engine.dev.ring_probe --out $OUT [--sections bits,chain,decode,32b]
+    PYTHONPATH=. python3 -m engine.dev.ring_probe --out $OUT [--sections bits,chain,decode,32b,chain32]
 """
 from __future__ import annotations
 
@@ -22,13 +22,12 @@ import engine.kernels_skinny as S
 from engine.config import EngineConfig
 
 RES, say, save = R2.RES, R2.say, R2.save
-VARIANTS = {  # name -> KernelConfig knobs (the first is main's round)
+VARIANTS = {  # name -> KernelConfig knobs (the first is main's round); run 29 also ran pdl 2 and the ring alone
     "main": {},
-    "pdl 2": {"pdl": 2},
-    "ring": {"ring": True},
     "ring + pdl 2": {"ring": True, "pdl": 2},
+    "ring + pdl 3": {"ring": True, "pdl": 3},
 }
-CHAIN = {"triton": (0, False), "triton pdl 2": (2, False), "ring": (0, True), "ring pdl 2": (2, True)}
+CHAIN = {"triton": (0, False), "ring pdl 2": (2, True), "ring pdl 3": (3, True)}
 
 
 def _mats(model):
@@ -68,14 +67,17 @@ def sec_bits(model):
     save()
 
 
-def sec_chain(model):
-    """us a launch: 36 launches of a product on the layers' matrices in one graph, alone and after a norm."""
+def sec_chain(model, rows: int = 8, label: str = "chain"):
+    """us a launch: a launch of a product on each layer's matrix in one graph, alone and after a norm
+    (lm_head: as many launches of its one matrix)."""
     from engine.kernels_fused import add_rmsnorm
-    out = RES.setdefault("chain", {})
+    out = RES.setdefault(label, {})
     bw = RES["ceilings"]["copy_bandwidth_Bps"]
-    for pname, ws in list(_mats(model).items())[:4]:
+    mats = _mats(model)
+    mats["lm_head"] = mats["lm_head"] * len(mats["o"])
+    for pname, ws in mats.items():
         k = ws[0].shape[1]
-        x = torch.randn(8, k, device=ws[0].device).to(ws[0].dtype)
+        x = torch.randn(rows, k, device=ws[0].device).to(ws[0].dtype)
         r, nw = torch.randn_like(x), torch.ones(k, device=ws[0].device, dtype=ws[0].dtype)
         prod = S.gate_up_silu if pname.startswith("gate") else S.linear
         nbytes = ws[0].numel() * ws[0].element_size()
@@ -86,15 +88,48 @@ def sec_chain(model):
                                                     len(ws))) / len(ws)
             out[f"{pname} {mname}"] = {"alone_us": alone, "alone_of_bw": nbytes / (alone * 1e-6) / bw,
                                        "after_norm_us": normed, "stream_us": nbytes / bw * 1e6}
-            say(f"chain {pname:14s} {mname:14s}: alone {alone:6.1f} us ({nbytes / (alone * 1e-6) / bw:5.1%} of copy),"
+            say(f"{label} {pname:14s} {mname:14s}: alone {alone:6.1f} us ({nbytes / (alone * 1e-6) / bw:5.1%} of copy),"
                 f" after a norm {normed:6.1f} us; bytes at copy rate {nbytes / bw * 1e6:5.1f} us")
         save()
+
+
+def sec_32b(best: dict, chains: bool):
+    """qwen3-32b at one stream (--parallel 4): its products' chains at 4 rows, then main's round against
+    ring + pdl 2 and ring + pdl 3."""
+    from dataclasses import replace
+
+    from engine.config import KernelConfig
+    from engine.dev.bench import bench_decode, weight_bytes
+    from engine.runner import ModelRunner
+    out = RES.setdefault("qwen3-32b", {})
+    cfg = EngineConfig(model=C1.MODEL_32B, device="cuda", dtype="bfloat16", parallel=4, max_model_len=1024,
+                       prefill_rows=1024)
+    base = ModelRunner(cfg)
+    if chains:
+        R2._guard("chain32", lambda: sec_chain(base.model, rows=4, label="chain32"))
+    runners = {"main": base} | {n: ModelRunner(replace(cfg, kernels=KernelConfig(**kw)), model=base.model)
+                                for n, kw in VARIANTS.items() if kw}
+    toks = {n: r.generate(R2.prompt(100, 5), 6, lane=0) for n, r in runners.items()}
+    out["tokens equal"] = len({tuple(t) for t in toks.values()}) == 1
+    bw, rep_t = RES["ceilings"]["copy_bandwidth_Bps"], {}
+    for _ in range(2):
+        for name, r in runners.items():
+            rep_t.setdefault(name, []).extend(C1.replay_ms(r, 1, chunks=3, n=20))
+            rep_t.setdefault(name + " host", []).append(bench_decode(r, 1, 16, 1, 128) * 1e3)
+    roof_ms = (weight_bytes(base) + 129 * base.kv.row_bytes()) / bw * 1e3
+    import statistics
+    for name in runners:
+        ms, hs = statistics.median(rep_t[name]), statistics.median(rep_t[name + " host"])
+        out[name] = {"replay_ms": ms, "ratio": roof_ms / ms, "host_round_ms": hs, "host_ratio": roof_ms / hs}
+        say(f"qwen3-32b {name:16s}: replay {ms:.2f} ms ({roof_ms / ms:6.1%}), host-driven {hs:.2f} ms "
+            f"({roof_ms / hs:6.1%}) of {roof_ms:.2f} ms; tokens equal {out['tokens equal']}")
+    save()
 
 
 def main(argv):
     from engine.runner import ModelRunner
     t0 = R2.begin(argv)
-    secs = (argv[argv.index("--sections") + 1] if "--sections" in argv else "bits,chain,decode,32b").split(",")
+    secs = (argv[argv.index("--sections") + 1] if "--sections" in argv else "bits,chain,decode,32b,chain32").split(",")
     import triton
     RES["triton"], RES["variants"] = triton.__version__, {k: str(v) for k, v in VARIANTS.items()}
     say(json.dumps(RES))
@@ -110,7 +145,7 @@ def main(argv):
     base = None
     torch.cuda.empty_cache()
     if "32b" in secs:
-        R2._guard("32b", lambda: C1.sec_32b(best))
+        R2._guard("32b", lambda: sec_32b(best, "chain32" in secs))
     R2.finish(t0)
 
 
