@@ -33,7 +33,7 @@ try:
 except Exception:  # no Triton, or one without Gluon's Hopper ops: the Triton kernels take the products
     HAVE_GLUON = False
 
-_BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # columns a tile, K a stage, stages, stages a group, rows of x
+_BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stage, stages, stages a group, x rows
 _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
 MAX_ROWS = _XR
 
@@ -46,7 +46,6 @@ def available() -> bool:
 
 if HAVE_GLUON:
     BN, BK, NS, P, XR = (gl.constexpr(v) for v in (_BN, _BK, _NS, _P, _XR))
-    HALF = gl.constexpr(_BN // 2)  # the gated form: a tile is HALF columns of gate and the same of up
     GDC = gl.constexpr("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;")
 
     @gluon.jit
@@ -56,47 +55,45 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _stage(wd, xd, w_s, x_s, ready, empty, c, row0, up0, k, W: gl.constexpr, X: gl.constexpr,
-               GATED: gl.constexpr, WB: gl.constexpr):
+               GATED: gl.constexpr, NB: gl.constexpr):
         """Stage c into slot c % NS: wait until the MMA warps released the slot's last use (c - NS;
         one "empty" barrier a P-stage group), arm "ready" for W and x, then W and / or x's copies."""
         s = c % NS
         if W:
             mbarrier.wait(empty.index(s // P), ((c // NS) + 1) & 1, pred=c >= NS)
-            mbarrier.expect(ready.index(s), BN * BK * 2 + XR * BK * 2)
-            tma.async_copy_global_to_shared(wd, [row0, k], ready.index(s), w_s.index(s).slice(0, WB))
+            mbarrier.expect(ready.index(s), (2 * NB if GATED else NB) * BK * 2 + XR * BK * 2)
+            tma.async_copy_global_to_shared(wd, [row0, k], ready.index(s), w_s.index(s).slice(0, NB))
             if GATED:
-                tma.async_copy_global_to_shared(wd, [up0, k], ready.index(s), w_s.index(s).slice(HALF, HALF))
+                tma.async_copy_global_to_shared(wd, [up0, k], ready.index(s), w_s.index(s).slice(NB, NB))
         if X:
             for q in gl.static_range(BK // 64):
                 tma.async_copy_global_to_shared(xd, [0, k + 64 * q], ready.index(s), x_s.index(s * (BK // 64) + q))
 
     @gluon.jit
     def _loader(wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT: gl.constexpr, GATED: gl.constexpr,
-                PDL: gl.constexpr, S: gl.constexpr):
+                PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr):
         """The 1-warp partition: every TMA copy of this program's tiles pid, pid + grid, ..."""
-        WB: gl.constexpr = HALF if GATED else BN
         pid, NP = gl.program_id(0), gl.num_programs(0)
         KT = K // BK
         if PDL:  # the first S stages' W before the wait; their x after it
             for q in gl.static_range(S):
-                _stage(wd, xd, w_s, x_s, ready, empty, q, pid * WB, I + pid * WB, q * BK, True, False, GATED, WB)
+                _stage(wd, xd, w_s, x_s, ready, empty, q, pid * NB, I + pid * NB, q * BK, True, False, GATED, NB)
             warm = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
             gl.inline_asm_elementwise(GDC, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
             for q in gl.static_range(S):
-                _stage(wd, xd, w_s, x_s, ready, empty, q, pid * WB, I + pid * WB, q * BK, False, True, GATED, WB)
+                _stage(wd, xd, w_s, x_s, ready, empty, q, pid * NB, I + pid * NB, q * BK, False, True, GATED, NB)
         c = 0
         for t in range(pid, T, NP):
             for j in range(KT):
                 if (c >= S) | (not PDL):
-                    _stage(wd, xd, w_s, x_s, ready, empty, c, t * WB, I + t * WB, j * BK, True, True, GATED, WB)
+                    _stage(wd, xd, w_s, x_s, ready, empty, c, t * NB, I + t * NB, j * BK, True, True, GATED, NB)
                 c += 1
 
     @gluon.jit
-    def _krange(x_s, w_s, ready, empty, c, KR, lay: gl.constexpr, GATED: gl.constexpr):
+    def _krange(x_s, w_s, ready, empty, c, KR, lay: gl.constexpr, GATED: gl.constexpr, NB: gl.constexpr):
         """KR stages from stage c on into one float32 chain (two with GATED: gate's, up's), P stages a
         group; a group's slots released once the next group's wgmmas are issued and its own complete."""
         XC: gl.constexpr = BK // 64
-        NB: gl.constexpr = HALF if GATED else BN
         acc = gl.zeros([64, NB], gl.float32, layout=lay)
         acu = gl.zeros([64, NB], gl.float32, layout=lay)
         for i in range(KR // P):
@@ -108,12 +105,12 @@ if HAVE_GLUON:
                 for q in gl.static_range(XC):
                     a = _a64(x_s, ((t + u) % NS) * XC + q)  # x's 64-row view from this slot on
                     if GATED:
-                        acc = warpgroup_mma(a, w.slice(0, HALF).slice(64 * q, 64, dim=1).permute((1, 0)), acc,
+                        acc = warpgroup_mma(a, w.slice(0, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acc,
                                             is_async=True)
-                        acu = warpgroup_mma(a, w.slice(HALF, HALF).slice(64 * q, 64, dim=1).permute((1, 0)), acu,
+                        acu = warpgroup_mma(a, w.slice(NB, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acu,
                                             is_async=True)
                     else:
-                        acc = warpgroup_mma(a, w.slice(64 * q, 64, dim=1).permute((1, 0)), acc, is_async=True)
+                        acc = warpgroup_mma(a, w.slice(0, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acc, is_async=True)
             if GATED:
                 acc, acu = warpgroup_mma_wait(2 * P * XC, deps=[acc, acu])
             else:
@@ -128,19 +125,19 @@ if HAVE_GLUON:
         return acc, acu
 
     @gluon.jit
-    def _mma(x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr):
+    def _mma(x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
+             NB: gl.constexpr):
         """The 4 MMA warps (default partition): each tile's K ranges, then its rows < M stored."""
-        NB: gl.constexpr = HALF if GATED else BN
         lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NB, 16])
         pid, NP = gl.program_id(0), gl.num_programs(0)
         KR = K // BK // SPLIT
         rm = gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
         c = 0
         for t in range(pid, T, NP):
-            acc, acu = _krange(x_s, w_s, ready, empty, c, KR, lay, GATED)
+            acc, acu = _krange(x_s, w_s, ready, empty, c, KR, lay, GATED, NB)
             c += KR
             for r in gl.static_range(1, SPLIT):  # the next K ranges, summed in order (split-K's bits)
-                acc2, acu2 = _krange(x_s, w_s, ready, empty, c, KR, lay, GATED)
+                acc2, acu2 = _krange(x_s, w_s, ready, empty, c, KR, lay, GATED, NB)
                 acc, acu = acc + acc2, acu + acu2
                 c += KR
             rn = t * NB + gl.arange(0, NB, layout=gl.SliceLayout(0, lay))
@@ -153,8 +150,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def ring_kernel(wd, xd, Y, M, T, I, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-                    PDL: gl.constexpr, S: gl.constexpr):
-        """T tiles of BN columns (GATED: HALF of gate at rows t * HALF, the same of up at I + t * HALF)."""
+                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr):
+        """T tiles of NB columns (GATED: NB of gate at rows t * NB, the same of up at I + t * NB)."""
         XC: gl.constexpr = BK // 64
         w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], wd.layout)
         # 8-row x slots, XC a stage, and as many spare: a wgmma's 64-row A view runs 7 slots on
@@ -165,8 +162,8 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(j), count=1)
         for j in gl.static_range(NS // P):
             mbarrier.init(empty.index(j), count=1)
-        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED)),
-                            (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S))],
+        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
+                            (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB))],
                            [1], [48])
 
 
@@ -175,27 +172,38 @@ def layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
+# (N, K) or (2I, K, "gated") -> columns a tile, for the weight shapes where the ring measured faster
+# than engine/kernels_skinny.py in the round (engine/dev/PERF.md runs 29-31); others stay Triton's.
+SHAPES: dict[tuple, int] = {
+    (6144, 4096): 32,            # qwen3-8b q/k/v
+    (4096, 4096): 32,            # o
+    (24576, 4096, "gated"): 16,  # gate/up, 16 columns of each
+    (4096, 12288): 32,           # down
+    (151936, 4096): 32,          # lm_head
+}
+
+
 def plan(n: int, k: int, rows: int, split: int, gated: bool) -> tuple[int, int] | None:
-    """(tiles, K range steps) where the ring takes the product, else None. The ring's first S stages
-    are staged before the wait, so a program's first tile must have them in its first K range."""
-    if rows > MAX_ROWS or split < 1 or k % (_BK * split) or (k // _BK // split) % _P or k // _BK // split < _STAGED:
+    """(tiles, columns a tile) where the ring takes the product, else None. The first STAGED stages
+    are staged before the wait, so a program's first K range must have them."""
+    nb = SHAPES.get((n, k, "gated") if gated else (n, k))
+    if nb is None or rows > MAX_ROWS or split < 1 or k % (_BK * split) or (k // _BK // split) % _P:
         return None
     cols = n // 2 if gated else n
-    width = (_BN // 2) if gated else _BN
-    if n % 2 and gated or cols % width:
+    if k // _BK // split < _STAGED or (gated and n % 2) or cols % nb:
         return None
-    return cols // width, k // _BK // split
+    return cols // nb, nb
 
 
 _descs: dict = {}
 
 
-def _wdesc(w: torch.Tensor, gated: bool):
+def _wdesc(w: torch.Tensor, nb: int):
     """W's TMA descriptor, made once per weight (a graph replays it; the weights never move)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    key = (w.data_ptr(), tuple(w.shape), gated)
+    key = (w.data_ptr(), tuple(w.shape), nb)
     if key not in _descs:
-        _descs[key] = TensorDescriptor.from_tensor(w, [(_BN // 2) if gated else _BN, _BK], layout())
+        _descs[key] = TensorDescriptor.from_tensor(w, [nb, _BK], layout())
     return _descs[key]
 
 
@@ -212,11 +220,11 @@ def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = Fals
     pdl: launched with programmatic dependent launch, W staged before the wait."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     m, (n, k) = x.shape[0], w.shape
-    tiles, _ = plan(n, k, m, split, gated)
+    tiles, nb = plan(n, k, m, split, gated)
     cols = n // 2 if gated else n
     y = torch.empty(m, cols, dtype=w.dtype, device=w.device) if out is None else out
     xd = TensorDescriptor.from_tensor(x, [_XR, 64], layout())
     grid = min(tiles, torch.cuda.get_device_properties(x.device).multi_processor_count)
-    ring_kernel[(grid,)](_wdesc(w, gated), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated,
-                        PDL=pdl, S=_STAGED if pdl else 0, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+    ring_kernel[(grid,)](_wdesc(w, nb), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated,
+                        PDL=pdl, S=_STAGED if pdl else 0, NB=nb, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y

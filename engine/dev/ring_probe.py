@@ -22,12 +22,14 @@ import engine.kernels_skinny as S
 from engine.config import EngineConfig
 
 RES, say, save = R2.RES, R2.say, R2.save
-VARIANTS = {  # name -> KernelConfig knobs (the first is main's round); run 29 also ran pdl 2 and the ring alone
-    "main": {},
-    "ring + pdl 2": {"ring": True, "pdl": 2},
+VARIANTS = {  # name -> KernelConfig knobs (the first is main's round); run 29 also ran pdl 2 and the ring
+    "main": {},  # alone, run 30 ring + pdl 2
     "ring + pdl 3": {"ring": True, "pdl": 3},
 }
-CHAIN = {"triton": (0, False), "ring pdl 2": (2, True), "ring pdl 3": (3, True)}
+CHAIN = {"triton": (0, False), "ring pdl 3": (3, True)}
+# run 31: the round with kernels_ring.SHAPES changed: q/k/v in 16-column tiles (384 tiles: 120 programs
+# take 3, 12 take 2, against 192 tiles of 32 where 60 take 2 and 72 one), lm_head back to Triton
+SHAPES_B = {(6144, 4096): 16, (151936, 4096): None}
 
 
 def _mats(model):
@@ -81,16 +83,90 @@ def sec_chain(model, rows: int = 8, label: str = "chain"):
         r, nw = torch.randn_like(x), torch.ones(k, device=ws[0].device, dtype=ws[0].dtype)
         prod = S.gate_up_silu if pname.startswith("gate") else S.linear
         nbytes = ws[0].numel() * ws[0].element_size()
-        for mname, (pdl, ring) in CHAIN.items():
+        from engine import kernels_ring as R
+        modes = dict(CHAIN)
+        if pname == "q/k/v":
+            modes["ring pdl 3, 16 columns"] = (3, True)
+        for mname, (pdl, ring) in modes.items():
+            shipped = dict(R.SHAPES)
+            if mname.endswith("16 columns"):
+                R.SHAPES[tuple(ws[0].shape)] = 16
             with S.launch_mode(pdl=pdl, ring=ring):
                 alone = C1.graph_us(C1.chain_graph(lambda i: prod(x, ws[i]), len(ws))) / len(ws)
                 normed = C1.graph_us(C1.chain_graph(lambda i: prod(add_rmsnorm(x, r, nw, 1e-6)[1], ws[i]),
                                                     len(ws))) / len(ws)
+            R.SHAPES.clear(); R.SHAPES.update(shipped)  # noqa: E702
             out[f"{pname} {mname}"] = {"alone_us": alone, "alone_of_bw": nbytes / (alone * 1e-6) / bw,
                                        "after_norm_us": normed, "stream_us": nbytes / bw * 1e6}
             say(f"{label} {pname:14s} {mname:14s}: alone {alone:6.1f} us ({nbytes / (alone * 1e-6) / bw:5.1%} of copy),"
                 f" after a norm {normed:6.1f} us; bytes at copy rate {nbytes / bw * 1e6:5.1f} us")
         save()
+
+
+def sec_round(base):
+    """The round: main, ring + PDL 3 with kernels_ring.SHAPES as shipped (A) and with SHAPES_B (B);
+    bits against main, replay and host-driven timers (3 interleaved turns), the host's part of a round."""
+    import statistics
+    from dataclasses import replace
+
+    from engine import kernels_ring as R
+    from engine.config import KernelConfig
+    from engine.dev.bench import bench_decode, weight_bytes
+    from engine.runner import ModelRunner
+    out = RES.setdefault("round", {})
+    ring = replace(base.cfg, kernels=KernelConfig(ring=True, pdl=3))
+    runners = {"main": base, "ring + pdl 3 (A)": ModelRunner(ring, model=base.model)}
+    shipped = dict(R.SHAPES)
+    R.SHAPES.update(SHAPES_B)
+    runners["ring + pdl 3 (B: q/k/v 16, lm_head Triton)"] = ModelRunner(ring, model=base.model)  # captured now
+    R.SHAPES.clear(); R.SHAPES.update(shipped)  # noqa: E702
+    C1.check_bits(runners, out)
+    save()
+    bw, rep_t, host_t = RES["ceilings"]["copy_bandwidth_Bps"], {}, {}
+    for _ in range(3):
+        for name, r in runners.items():
+            for k in (1, 8):
+                rep_t.setdefault((name, k), []).extend(C1.replay_ms(r, k))
+                host_t.setdefault((name, k), []).append(bench_decode(r, k, 32, 1, 128) * 1e3)
+    for (name, k), ts in rep_t.items():
+        r = runners[name]
+        roof = (weight_bytes(r) + k * 129 * r.kv.row_bytes()) / bw * 1e3
+        ms, hs = statistics.median(ts), statistics.median(host_t[(name, k)])
+        out[f"{name} streams {k}"] = {"replay_ms": ms, "ratio": roof / ms, "host_round_ms": hs,
+                                      "host_ratio": roof / hs, "roof_ms": roof}
+        say(f"round {name:44s} {k} streams: replay {ms:.3f} ms ({roof / ms:6.1%}), host-driven {hs:.3f} ms "
+            f"({roof / hs:6.1%}) of {roof:.3f} ms")
+    for name, r in runners.items():
+        out[f"{name} host split"] = host_split(r)
+        say("host split", name, json.dumps(out[f"{name} host split"]))
+    save()
+
+
+def host_split(r, rounds: int = 60) -> dict:
+    """Median us of a 1-stream round's host parts: inputs (rows, pinned copy, H2D), the replay call,
+    the wait for the tokens (GPU time not yet done), and the rest of decode() and the caller's loop."""
+    import statistics
+    import time
+    lanes, toks, pos = [0], [r.prefill(0, R2.prompt(128, 3))], [128]
+    parts: dict = {k: [] for k in ("inputs", "replay call", "tokens wait", "rest", "round")}
+    end = time.perf_counter()
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        rows, where = r._padded(lanes, toks, pos)
+        r._h_in.copy_(torch.tensor(rows, dtype=torch.long))
+        r._s_in.copy_(r._h_in, non_blocking=True)
+        t1 = time.perf_counter()
+        r.graph.replay()
+        t2 = time.perf_counter()
+        out = r._s_out.tolist()
+        t3 = time.perf_counter()
+        toks, pos = [out[row] for row in where], [p + 1 for p in pos]
+        if i >= 5:
+            for k, v in (("inputs", t1 - t0), ("replay call", t2 - t1), ("tokens wait", t3 - t2),
+                         ("rest", t0 - end), ("round", t3 - end)):
+                parts[k].append(v * 1e6)
+        end = t3
+    return {k: statistics.median(v) for k, v in parts.items()}
 
 
 def sec_32b(best: dict, chains: bool):
@@ -107,8 +183,8 @@ def sec_32b(best: dict, chains: bool):
     base = ModelRunner(cfg)
     if chains:
         R2._guard("chain32", lambda: sec_chain(base.model, rows=4, label="chain32"))
-    runners = {"main": base} | {n: ModelRunner(replace(cfg, kernels=KernelConfig(**kw)), model=base.model)
-                                for n, kw in VARIANTS.items() if kw}
+    runners = {"main": base, "pdl 3 (no ring shape)": ModelRunner(replace(cfg, kernels=KernelConfig(pdl=3)),
+                                                                  model=base.model)}
     toks = {n: r.generate(R2.prompt(100, 5), 6, lane=0) for n, r in runners.items()}
     out["tokens equal"] = len({tuple(t) for t in toks.values()}) == 1
     bw, rep_t = RES["ceilings"]["copy_bandwidth_Bps"], {}
@@ -142,6 +218,8 @@ def main(argv):
         R2._guard("chain", lambda: sec_chain(base.model))
     if "decode" in secs:
         best = R2._guard("decode", lambda: C1.sec_decode(base, VARIANTS)) or best
+    if "round" in secs:
+        R2._guard("round", lambda: sec_round(base))
     base = None
     torch.cuda.empty_cache()
     if "32b" in secs:
