@@ -118,6 +118,12 @@ class KernelConfig:
     """Which kernels the model runner uses. The server runs the defaults; benches and GPU checks
     turn one off to measure or check the path beside it."""
 
+    def pdl_for(self, tensor_parallel: int, capability: tuple[int, int]) -> int:
+        """The decode graph's PDL mode: the knob, or by default 3 at one rank on Hopper or later."""
+        if self.pdl is not None:
+            return self.pdl
+        return 3 if tensor_parallel == 1 and capability >= (9, 0) else 0
+
     # The decode round as one CUDA graph. None: on for CUDA, off on the CPU (asking for it on the
     # CPU falls back to eager rounds and records why).
     cuda_graph: bool | None = None
@@ -139,15 +145,15 @@ class KernelConfig:
     # with batch_cuts: cuBLAS at the row counts a start-up check found bitwise row-invariant
     # (engine/kernels_batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
     batch_cublas: bool = True
-    # CUDA decode graph (Hopper): programmatic dependent launch for the round's Triton kernels (0 off,
-    # 1 wait only, 2 wait then launch the next kernel at once, 3 the small kernels launch the next
-    # first; engine/kernels.py PDL). 2 measured
-    # -0.03 ms of a 4.76 ms qwen3-8b round, runs 12-13 +0.2 ms (engine/dev/PERF.md runs 12-16): off.
-    pdl: int = 0
-    # CUDA decode graph on Hopper with triton 3.6's Gluon, rounds of <= 8 rows: the products that
-    # engine/kernels_skinny.py takes go through a warp-specialized TMA ring (engine/kernels_ring.py)
-    # at the same config's K ranges; with pdl, each product's weights stream before it waits.
-    ring: bool = False
+    # CUDA decode graph (Hopper): programmatic dependent launch for the round's kernels (0 off, 1 wait
+    # only, 2 wait then launch the next kernel at once, 3 the small kernels launch the next first;
+    # engine/kernels.py PDL). None: 3 at one rank on Hopper, else 0. With the ring, 3 took qwen3-8b's
+    # round from 4.58 to 4.34 ms; alone, qwen3-32b's from 16.78 to 16.65 (engine/dev/PERF.md runs 29-31).
+    pdl: int | None = None
+    # CUDA decode graph on Hopper with triton 3.6's Gluon, rounds of <= 8 rows: the products of the
+    # shapes in engine/kernels_ring.py SHAPES go through a warp-specialized TMA ring, the same bits as
+    # engine/kernels_skinny.py's; with pdl, each product's weights stream before it waits.
+    ring: bool = True
     # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
     # last split program instead of a kernel of its own (engine/kernels.py), the same bits:
     # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).

@@ -179,8 +179,7 @@ SHAPES: dict[tuple, int] = {
     (4096, 4096): 32,            # o
     (24576, 4096, "gated"): 16,  # gate/up, 16 columns of each
     (4096, 12288): 32,           # down
-    (151936, 4096): 32,          # lm_head
-}
+}  # lm_head (151936, 4096) ran 287.5 us a launch against Triton's 286.2; q/k/v in 16 columns 15.8 us against 15.1
 
 
 def plan(n: int, k: int, rows: int, split: int, gated: bool) -> tuple[int, int] | None:

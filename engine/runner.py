@@ -290,7 +290,7 @@ class ModelRunner:
             return []
         rows, where = self._padded(lanes, tokens, positions)
         if self._graph_takes(lanes):
-            self._h_in.copy_(torch.tensor(rows, dtype=torch.long))
+            self._h_np[...] = rows
             self._s_in.copy_(self._h_in, non_blocking=True)
             self.graph.replay()
             logits, out = self._s_logits, self._s_out.tolist()
@@ -334,13 +334,13 @@ class ModelRunner:
         try:
             p = self.parallel
             self._h_in = torch.zeros(3, p, dtype=torch.long).pin_memory()
+            self._h_np = self._h_in.numpy()  # rows written straight in, no tensor from lists
             self._s_in = torch.zeros(3, p, dtype=torch.long, device=self.device)
             self._s_in[2] = self.spare  # warm-up and capture write only the spare lane
             from engine.kernels_skinny import launch_mode
-            knobs = self.cfg.kernels
-            combine, self._qk_fold = self._folds()
-            mode = launch_mode(pdl=knobs.pdl if self.fused else 0, fold_combine=combine, fold_qk_norm=self._qk_fold,
-                               ring=self.skinny and knobs.ring)
+            knobs, (combine, self._qk_fold) = self.cfg.kernels, self._folds()
+            pdl = knobs.pdl_for(self.cfg.tensor_parallel, torch.cuda.get_device_capability(self.device)) * self.fused
+            mode = launch_mode(pdl, fold_combine=combine, fold_qk_norm=self._qk_fold, ring=self.skinny and knobs.ring)
             with torch.inference_mode(), mode:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())

@@ -32,10 +32,31 @@ def describe(r) -> dict:
         "max_model_len": r.max_model_len,
         "prefill_rows": r.prefill_rows,
         "cuda_graph": r.graph is not None,
+        **(_describe_cuda(r) if r.device.type == "cuda" else {}),
         "prefill_attention": _prefill_attention_name(r),
         "threads": torch.get_num_threads(),
         **(_describe_cpu(r) if r.device.type == "cpu" else {}),
     }
+
+
+def _describe_cuda(r) -> dict:
+    """The decode graph's launch mode and which products its TMA ring takes (engine/kernels_ring.py)."""
+    from engine import kernels_ring as R
+    from engine.kernels_skinny import GATED, block_m, config_for
+    k, tp = r.cfg.kernels, r.cfg.tensor_parallel
+    ring = []
+    if r.skinny and k.ring and r.graph is not None and R.available():
+        layer = r.model.model.layers[0]
+        for name, w in (("q/k/v", layer.self_attn.wqkv), ("o", layer.self_attn.o_proj.weight),
+                        ("down", layer.mlp.down_proj.weight)):
+            c = config_for(*w.shape, r.round_rows)
+            if c is not None and R.plan(*w.shape, r.round_rows, c.split_k, False):
+                ring.append(name)
+        w = layer.mlp.w_gate_up
+        if GATED.get((*w.shape, block_m(r.round_rows))) and R.plan(*w.shape, r.round_rows, 1, True):
+            ring.append("gate/up")
+    pdl = k.pdl_for(tp, torch.cuda.get_device_capability(r.device)) if r.fused and r.graph is not None else 0
+    return {"decode_pdl": pdl, "decode_ring": ring}
 
 
 def _describe_cpu(r) -> dict:

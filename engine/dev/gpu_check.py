@@ -7,7 +7,8 @@
 2. a bf16 runner (CUDA graph) against a float32 runner with the same weights (prompt logits,
    relative error) on a small Qwen3 shape;
 3. on the big shape: stepped vs whole prompts, one lane alone vs four lanes: token ids equal;
-   prompt cuts of R rows vs one whole cut: relative error of the logits (same function).
+   prompt cuts of R rows vs one whole cut: relative error of the logits (same function); the decode
+   graph's defaults (TMA ring, PDL) against the Triton products without PDL: token ids equal.
 """
 from __future__ import annotations
 
@@ -114,7 +115,15 @@ def check_exactness(res, model):
         parts = torch.cat([r.model.prefill(ids[s:e], 4, s, r.kv, all_logits=True).float()
                            for s, e in cuts(0, len(target), 256)])
     res["cuts_vs_one_cut_rel_err"] = rel(parts, whole)
-    del r
+    # the decode graph's TMA ring and PDL (the defaults) against the Triton products without PDL
+    from dataclasses import replace
+
+    from engine.runner import ModelRunner
+    d = r.describe()
+    res["decode_ring"], res["decode_pdl"] = d.get("decode_ring"), d.get("decode_pdl")
+    plain = ModelRunner(replace(r.cfg, kernels=KernelConfig(ring=False, pdl=0)), model=r.model)
+    res["exact_ring_pdl_equals_plain_kernels"] = plain.generate(target, 24, lane=0) == alone
+    del r, plain
     torch.cuda.empty_cache()
 
 

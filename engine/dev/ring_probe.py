@@ -22,14 +22,11 @@ import engine.kernels_skinny as S
 from engine.config import EngineConfig
 
 RES, say, save = R2.RES, R2.say, R2.save
-VARIANTS = {  # name -> KernelConfig knobs (the first is main's round); run 29 also ran pdl 2 and the ring
-    "main": {},  # alone, run 30 ring + pdl 2
-    "ring + pdl 3": {"ring": True, "pdl": 3},
+VARIANTS = {  # name -> KernelConfig knobs (the first: the plain kernels); runs 29-30 also ran PDL 2 alone,
+    "main": {"ring": False, "pdl": 0},  # the ring alone and ring + PDL 2; run 31 q/k/v in 16 columns and
+    "ring + pdl 3": {"ring": True, "pdl": 3},  # lm_head on the ring (engine/dev/PERF.md)
 }
 CHAIN = {"triton": (0, False), "ring pdl 3": (3, True)}
-# run 31: the round with kernels_ring.SHAPES changed: q/k/v in 16-column tiles (384 tiles: 120 programs
-# take 3, 12 take 2, against 192 tiles of 32 where 60 take 2 and 72 one), lm_head back to Triton
-SHAPES_B = {(6144, 4096): 16, (151936, 4096): None}
 
 
 def _mats(model):
@@ -104,22 +101,19 @@ def sec_chain(model, rows: int = 8, label: str = "chain"):
 
 
 def sec_round(base):
-    """The round: main, ring + PDL 3 with kernels_ring.SHAPES as shipped (A) and with SHAPES_B (B);
-    bits against main, replay and host-driven timers (3 interleaved turns), the host's part of a round."""
+    """The round: the defaults (TMA ring, PDL 3) against the plain kernels (ring off, PDL 0); bits, replay
+    and host-driven timers (3 interleaved turns), the host's part of a 1-stream round."""
     import statistics
     from dataclasses import replace
 
-    from engine import kernels_ring as R
     from engine.config import KernelConfig
     from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
     out = RES.setdefault("round", {})
-    ring = replace(base.cfg, kernels=KernelConfig(ring=True, pdl=3))
-    runners = {"main": base, "ring + pdl 3 (A)": ModelRunner(ring, model=base.model)}
-    shipped = dict(R.SHAPES)
-    R.SHAPES.update(SHAPES_B)
-    runners["ring + pdl 3 (B: q/k/v 16, lm_head Triton)"] = ModelRunner(ring, model=base.model)  # captured now
-    R.SHAPES.clear(); R.SHAPES.update(shipped)  # noqa: E702
+    plain = ModelRunner(replace(base.cfg, kernels=KernelConfig(ring=False, pdl=0)), model=base.model)
+    runners = {"plain (ring off, PDL 0)": plain, "defaults": base}
+    out["defaults describe"] = {k: base.describe().get(k) for k in ("decode_ring", "decode_pdl")}
+    say(json.dumps(out["defaults describe"]))
     C1.check_bits(runners, out)
     save()
     bw, rep_t, host_t = RES["ceilings"]["copy_bandwidth_Bps"], {}, {}
@@ -134,7 +128,7 @@ def sec_round(base):
         ms, hs = statistics.median(ts), statistics.median(host_t[(name, k)])
         out[f"{name} streams {k}"] = {"replay_ms": ms, "ratio": roof / ms, "host_round_ms": hs,
                                       "host_ratio": roof / hs, "roof_ms": roof}
-        say(f"round {name:44s} {k} streams: replay {ms:.3f} ms ({roof / ms:6.1%}), host-driven {hs:.3f} ms "
+        say(f"round {name:24s} {k} streams: replay {ms:.3f} ms ({roof / ms:6.1%}), host-driven {hs:.3f} ms "
             f"({roof / hs:6.1%}) of {roof:.3f} ms")
     for name, r in runners.items():
         out[f"{name} host split"] = host_split(r)
@@ -143,35 +137,67 @@ def sec_round(base):
 
 
 def host_split(r, rounds: int = 60) -> dict:
-    """Median us of a 1-stream round's host parts: inputs (rows, pinned copy, H2D), the replay call,
-    the wait for the tokens (GPU time not yet done), and the rest of decode() and the caller's loop."""
+    """Median us of a 1-stream round's host parts (in inference mode, as decode() runs): _padded, the
+    rows as a tensor, into the pinned buffer, the H2D copy call, the replay call, the wait for the tokens
+    (GPU time not yet done), the caller's loop; and the alternatives: the rows written into the pinned
+    buffer through numpy, and the H2D copy inside a graph of its own (its replay call)."""
     import statistics
     import time
     lanes, toks, pos = [0], [r.prefill(0, R2.prompt(128, 3))], [128]
-    parts: dict = {k: [] for k in ("inputs", "replay call", "tokens wait", "rest", "round")}
-    end = time.perf_counter()
-    for i in range(rounds):
-        t0 = time.perf_counter()
-        rows, where = r._padded(lanes, toks, pos)
-        r._h_in.copy_(torch.tensor(rows, dtype=torch.long))
-        r._s_in.copy_(r._h_in, non_blocking=True)
-        t1 = time.perf_counter()
-        r.graph.replay()
-        t2 = time.perf_counter()
-        out = r._s_out.tolist()
-        t3 = time.perf_counter()
-        toks, pos = [out[row] for row in where], [p + 1 for p in pos]
-        if i >= 5:
-            for k, v in (("inputs", t1 - t0), ("replay call", t2 - t1), ("tokens wait", t3 - t2),
-                         ("rest", t0 - end), ("round", t3 - end)):
-                parts[k].append(v * 1e6)
-        end = t3
-    return {k: statistics.median(v) for k, v in parts.items()}
+    keys = ("padded", "tensor", "pinned copy", "h2d copy", "replay call", "tokens wait", "rest", "round",
+            "numpy write", "h2d graph replay call")
+    parts: dict = {k: [] for k in keys}
+    h_np = r._h_in.numpy()
+    g = torch.cuda.CUDAGraph()
+    with torch.inference_mode():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            r._s_in.copy_(r._h_in, non_blocking=True)
+        torch.cuda.current_stream().wait_stream(s)
+        try:
+            with torch.cuda.graph(g):
+                r._s_in.copy_(r._h_in, non_blocking=True)
+        except Exception as e:
+            RES.setdefault("round", {})["h2d graph error"] = repr(e)[-500:]
+            g = None
+        end = time.perf_counter()
+        for i in range(rounds):
+            t = [time.perf_counter()]
+            rows, where = r._padded(lanes, toks, pos)
+            t.append(time.perf_counter())
+            ht = torch.tensor(rows, dtype=torch.long)
+            t.append(time.perf_counter())
+            r._h_in.copy_(ht)
+            t.append(time.perf_counter())
+            r._s_in.copy_(r._h_in, non_blocking=True)
+            t.append(time.perf_counter())
+            r.graph.replay()
+            t.append(time.perf_counter())
+            out = r._s_out.tolist()
+            t.append(time.perf_counter())
+            h_np[...] = rows  # the same values again: the alternative's cost
+            t.append(time.perf_counter())
+            if g is not None:
+                g.replay()
+            t.append(time.perf_counter())
+            torch.cuda.synchronize()
+            toks, pos = [out[row] for row in where], [p + 1 for p in pos]
+            if i >= 5:
+                d = [(b - a) * 1e6 for a, b in zip(t, t[1:])]
+                for k, v in zip(keys[:6], d[:6]):
+                    parts[k].append(v)
+                parts["rest"].append((t[0] - end) * 1e6)
+                parts["round"].append((t[6] - end) * 1e6)
+                parts["numpy write"].append(d[6])
+                parts["h2d graph replay call"].append(d[7])
+            end = time.perf_counter()
+    return {k: statistics.median(v) for k, v in parts.items() if v}
 
 
 def sec_32b(best: dict, chains: bool):
-    """qwen3-32b at one stream (--parallel 4): its products' chains at 4 rows, then main's round against
-    ring + pdl 2 and ring + pdl 3."""
+    """qwen3-32b at one stream (--parallel 4): its products' chains at 4 rows, then its round at PDL 0 and
+    at the defaults (PDL 3; the ring takes none of its shapes)."""
     from dataclasses import replace
 
     from engine.config import KernelConfig
@@ -183,8 +209,8 @@ def sec_32b(best: dict, chains: bool):
     base = ModelRunner(cfg)
     if chains:
         R2._guard("chain32", lambda: sec_chain(base.model, rows=4, label="chain32"))
-    runners = {"main": base, "pdl 3 (no ring shape)": ModelRunner(replace(cfg, kernels=KernelConfig(pdl=3)),
-                                                                  model=base.model)}
+    runners = {"pdl 0": ModelRunner(replace(cfg, kernels=KernelConfig(pdl=0)), model=base.model),
+               "defaults (pdl 3, no ring shape)": base}
     toks = {n: r.generate(R2.prompt(100, 5), 6, lane=0) for n, r in runners.items()}
     out["tokens equal"] = len({tuple(t) for t in toks.values()}) == 1
     bw, rep_t = RES["ceilings"]["copy_bandwidth_Bps"], {}
