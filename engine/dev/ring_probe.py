@@ -27,6 +27,7 @@ VARIANTS = {  # name -> KernelConfig knobs (the first: the plain kernels); runs 
     "ring + pdl 3": {"ring": True, "pdl": 3},  # lm_head on the ring (engine/dev/PERF.md)
 }
 CHAIN = {"triton": (0, False), "ring pdl 3": (3, True)}
+STAGED = (12, 16)  # run 33: more of the ring staged before the wait than the shipped 8
 
 
 def _mats(model):
@@ -82,17 +83,18 @@ def sec_chain(model, rows: int = 8, label: str = "chain"):
         nbytes = ws[0].numel() * ws[0].element_size()
         from engine import kernels_ring as R
         modes = dict(CHAIN)
-        if pname == "q/k/v":
-            modes["ring pdl 3, 16 columns"] = (3, True)
+        if pname != "lm_head":  # run 33: stages of W asked for before the wait (8 shipped)
+            modes |= {f"ring pdl 3, {n} staged": (3, True) for n in STAGED}
         for mname, (pdl, ring) in modes.items():
-            shipped = dict(R.SHAPES)
-            if mname.endswith("16 columns"):
-                R.SHAPES[tuple(ws[0].shape)] = 16
+            shipped, staged = dict(R.SHAPES), R._STAGED
+            if mname.endswith("staged"):
+                R._STAGED = int(mname.split()[-2])
             with S.launch_mode(pdl=pdl, ring=ring):
                 alone = C1.graph_us(C1.chain_graph(lambda i: prod(x, ws[i]), len(ws))) / len(ws)
                 normed = C1.graph_us(C1.chain_graph(lambda i: prod(add_rmsnorm(x, r, nw, 1e-6)[1], ws[i]),
                                                     len(ws))) / len(ws)
             R.SHAPES.clear(); R.SHAPES.update(shipped)  # noqa: E702
+            R._STAGED = staged
             out[f"{pname} {mname}"] = {"alone_us": alone, "alone_of_bw": nbytes / (alone * 1e-6) / bw,
                                        "after_norm_us": normed, "stream_us": nbytes / bw * 1e6}
             say(f"{label} {pname:14s} {mname:14s}: alone {alone:6.1f} us ({nbytes / (alone * 1e-6) / bw:5.1%} of copy),"
@@ -110,8 +112,13 @@ def sec_round(base):
     from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
     out = RES.setdefault("round", {})
+    from engine import kernels_ring as R
     plain = ModelRunner(replace(base.cfg, kernels=KernelConfig(ring=False, pdl=0)), model=base.model)
     runners = {"plain (ring off, PDL 0)": plain, "defaults": base}
+    for n in STAGED:  # each runner captures its graph as it is made
+        R._STAGED, shipped = n, R._STAGED
+        runners[f"{n} staged"] = ModelRunner(base.cfg, model=base.model)
+        R._STAGED = shipped
     out["defaults describe"] = {k: base.describe().get(k) for k in ("decode_ring", "decode_pdl")}
     say(json.dumps(out["defaults describe"]))
     C1.check_bits(runners, out)
@@ -137,62 +144,35 @@ def sec_round(base):
 
 
 def host_split(r, rounds: int = 60) -> dict:
-    """Median us of a 1-stream round's host parts (in inference mode, as decode() runs): _padded, the
-    rows as a tensor, into the pinned buffer, the H2D copy call, the replay call, the wait for the tokens
-    (GPU time not yet done), the caller's loop; and the alternatives: the rows written into the pinned
-    buffer through numpy, and the H2D copy inside a graph of its own (its replay call)."""
+    """Median us of a 1-stream round through decode() (the engine bench's timer, one round), and its
+    parts on the runner's own path: _padded, the rows written into the pinned buffer, the replay call
+    (the graph copies them in), the wait for the tokens (GPU time not yet done)."""
     import statistics
     import time
     lanes, toks, pos = [0], [r.prefill(0, R2.prompt(128, 3))], [128]
-    keys = ("padded", "tensor", "pinned copy", "h2d copy", "replay call", "tokens wait", "rest", "round",
-            "numpy write", "h2d graph replay call")
+    keys = ("padded", "numpy write", "replay call", "tokens wait", "parts round", "decode() round")
     parts: dict = {k: [] for k in keys}
-    h_np = r._h_in.numpy()
-    g = torch.cuda.CUDAGraph()
     with torch.inference_mode():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            r._s_in.copy_(r._h_in, non_blocking=True)
-        torch.cuda.current_stream().wait_stream(s)
-        try:
-            with torch.cuda.graph(g):
-                r._s_in.copy_(r._h_in, non_blocking=True)
-        except Exception as e:
-            RES.setdefault("round", {})["h2d graph error"] = repr(e)[-500:]
-            g = None
-        end = time.perf_counter()
         for i in range(rounds):
             t = [time.perf_counter()]
             rows, where = r._padded(lanes, toks, pos)
             t.append(time.perf_counter())
-            ht = torch.tensor(rows, dtype=torch.long)
-            t.append(time.perf_counter())
-            r._h_in.copy_(ht)
-            t.append(time.perf_counter())
-            r._s_in.copy_(r._h_in, non_blocking=True)
+            r._h_np[...] = rows
             t.append(time.perf_counter())
             r.graph.replay()
             t.append(time.perf_counter())
             out = r._s_out.tolist()
             t.append(time.perf_counter())
-            h_np[...] = rows  # the same values again: the alternative's cost
-            t.append(time.perf_counter())
-            if g is not None:
-                g.replay()
-            t.append(time.perf_counter())
-            torch.cuda.synchronize()
             toks, pos = [out[row] for row in where], [p + 1 for p in pos]
+            t0 = time.perf_counter()
+            toks = r.decode(lanes, toks, pos)
+            t1 = time.perf_counter()
+            pos = [p + 1 for p in pos]
             if i >= 5:
-                d = [(b - a) * 1e6 for a, b in zip(t, t[1:])]
-                for k, v in zip(keys[:6], d[:6]):
+                for k, v in zip(keys, [(b - a) * 1e6 for a, b in zip(t, t[1:])] + [(t[-1] - t[0]) * 1e6,
+                                                                                   (t1 - t0) * 1e6]):
                     parts[k].append(v)
-                parts["rest"].append((t[0] - end) * 1e6)
-                parts["round"].append((t[6] - end) * 1e6)
-                parts["numpy write"].append(d[6])
-                parts["h2d graph replay call"].append(d[7])
-            end = time.perf_counter()
-    return {k: statistics.median(v) for k, v in parts.items() if v}
+    return {k: statistics.median(v) for k, v in parts.items()}
 
 
 def sec_32b(best: dict, chains: bool):
