@@ -36,6 +36,7 @@ except Exception:  # no Triton, or one without Gluon's Hopper ops: the Triton ke
 _BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stage, stages, stages a group, x rows
 _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
 MAX_ROWS = _XR
+_NORM_N, _NORM_REGS = 4096, 96  # the folded add+RMSNorm's row width (qwen3-8b's hidden) and its registers
 
 
 @functools.cache
@@ -47,6 +48,10 @@ def available() -> bool:
 if HAVE_GLUON:
     BN, BK, NS, P, XR = (gl.constexpr(v) for v in (_BN, _BK, _NS, _P, _XR))
     GDC = gl.constexpr("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;")
+    # ld.acquire until the count reaches $2 (labels inside braces are local: CUTLASS's barrier waits do so)
+    SPIN = gl.constexpr("{ .reg .pred p; SPIN_AGAIN: ld.acquire.gpu.global.b32 $0, [$1]; "
+                        "setp.lt.s32 p, $0, $2; @p bra SPIN_AGAIN; }")
+    NORM_BLOCK, NORM_REGS = gl.constexpr(_NORM_N), gl.constexpr(_NORM_REGS)
 
     @gluon.jit
     def _a64(x_s, i):
@@ -126,7 +131,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _mma(x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-             NB: gl.constexpr):
+             NB: gl.constexpr, done=None):
         """The 4 MMA warps (default partition): each tile's K ranges, then its rows < M stored."""
         lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NB, 16])
         pid, NP = gl.program_id(0), gl.num_programs(0)
@@ -147,10 +152,63 @@ if HAVE_GLUON:
                 sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
                 acc = sg * u
             gl.store(Y + rm[:, None] * stride_y + rn[None, :], acc.to(gl.bfloat16), mask=rm[:, None] < M)
+        if done is not None:  # the norm partition's: every thread's tiles stored and fenced at gpu scope
+            gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [rm], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+            gl.thread_barrier()
+            mbarrier.arrive(done)
+
+    @gluon.jit
+    def _norm_row(X, R, W, XOut, H, row, stride_r, N, eps, BLOCK: gl.constexpr):
+        """kernels_fused._add_rmsnorm_kernel's row, op for op, in its layout (8 warps, one element a
+        thread a step): the same PTX arithmetic (tests/test_kernels_ring.py), so the same bits. R (the
+        product, written by other programs) read through L2."""
+        lay: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+        c = gl.arange(0, BLOCK, layout=lay)
+        m = c < N
+        x = gl.load(X + row * N + c, mask=m, other=0.0)
+        x = (x.to(gl.float32) + gl.load(R + row * stride_r + c, mask=m, other=0.0, cache_modifier=".cg")
+             .to(gl.float32)).to(gl.bfloat16)
+        gl.store(XOut + row * N + c, x, mask=m)
+        xf = x.to(gl.float32)
+        inv = 1.0 / gl.sqrt(gl.sum(xf * xf, 0) / N + eps)
+        y = (xf * inv).to(gl.bfloat16).to(gl.float32) * gl.load(W + c, mask=m, other=0.0).to(gl.float32)
+        gl.store(H + row * N + c, y.to(gl.bfloat16), mask=m)
+
+    @gluon.jit
+    def _one(ptr, v, sem: gl.constexpr):
+        """atomic_add(ptr, v) by one thread of the 8-warp partition, its old value to all."""
+        e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
+        old = gl.atomic_add(ptr + e * 0, gl.full([256], 0, gl.int32, e.type.layout) + v, mask=e == 0, sem=sem,
+                            scope="gpu")
+        return gl.max(gl.where(e == 0, old, -1), 0)
+
+    @gluon.jit
+    def _norm(done, Y, X, NW, XOut, H, Cnt, M, stride_y, N, eps, PDL: gl.constexpr, BLOCK: gl.constexpr):
+        """The 8-warp partition: once this program's tiles are stored, count it in (release); the last M
+        programs to arrive take a row each, wait (acquire) for all the others, and add+RMSNorm it.
+        Cnt [2]: arrivals, then rows taken; the last row's program zeroes both for the next launch."""
+        NP = gl.num_programs(0)
+        mbarrier.wait(done, 0)
+        row = _one(Cnt, 1, "acq_rel") - (NP - M)
+        if row >= 0:
+            e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
+            if PDL:  # the residual and norm weight: written before this launch's wait (a no-op by now)
+                gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32,
+                                          is_pure=False, pack=1)
+            # every thread spins on the count with acquire loads; the loads after depend on what it read
+            seen = gl.inline_asm_elementwise(SPIN, "=r,l,r", [Cnt + e * 0, e * 0 + NP], dtype=gl.int32,
+                                             is_pure=False, pack=1)
+            lag = gl.max(seen, 0) - NP  # 0: makes the row's loads depend on the spin
+            if _one(Cnt + 1, 1, "acq_rel") == M - 1:
+                _one(Cnt, -NP, "relaxed")
+                _one(Cnt + 1, -M, "relaxed")
+            _norm_row(X, Y + lag, NW, XOut, H, row.to(gl.int64), stride_y, N, eps, BLOCK)
 
     @gluon.jit
     def ring_kernel(wd, xd, Y, M, T, I, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr):
+                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr, X=None, NW=None, XOut=None, H=None,
+                    Cnt=None, eps=0.0, NORM: gl.constexpr = False):
         """T tiles of NB columns (GATED: NB of gate at rows t * NB, the same of up at I + t * NB)."""
         XC: gl.constexpr = BK // 64
         w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], wd.layout)
@@ -162,9 +220,17 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(j), count=1)
         for j in gl.static_range(NS // P):
             mbarrier.init(empty.index(j), count=1)
-        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
-                            (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB))],
-                           [1], [48])
+        if NORM:  # + add+RMSNorm of the rows (x + y, its norm by NW) in 8 more warps
+            done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
+            mbarrier.init(done, count=1)
+            gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB, done)),
+                                (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB)),
+                                (_norm, (done, Y, X, NW, XOut, H, Cnt, M, stride_y, I, eps, PDL, NORM_BLOCK))],
+                               [1, 8], [48, NORM_REGS])
+        else:
+            gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
+                                (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB))],
+                               [1], [48])
 
 
 
@@ -227,3 +293,33 @@ def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = Fals
     ring_kernel[(grid,)](_wdesc(w, nb), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated,
                         PDL=pdl, S=_STAGED if pdl else 0, NB=nb, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y
+
+
+_counts: dict = {}  # the folded norm's arrival counts, one pair per device (zero between launches)
+
+
+def norm_takes(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, split: int) -> bool:
+    """Whether product_norm takes x + a @ w^T and its RMSNorm: a product the ring takes, not gated, whose
+    output rows are _NORM_N wide, with x [M, N] and norm_w [N] contiguous bf16 beside it."""
+    return (takes(a, w, split) and w.shape[0] == _NORM_N and x.shape == (a.shape[0], _NORM_N)
+            and x.is_contiguous() and x.dtype == norm_w.dtype == torch.bfloat16 and norm_w.shape == (_NORM_N,)
+            and norm_w.is_contiguous() and x.device == a.device == norm_w.device)
+
+
+def product_norm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, eps: float,
+                 split: int = 1, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernels_fused.add_rmsnorm(x, a @ w^T, norm_w, eps) in one launch, the same bits: the ring's
+    product, then the last programs to finish norm a row each. Returns (x + y, its norm)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    m, (n, k) = a.shape[0], w.shape
+    tiles, nb = plan(n, k, m, split, False)
+    y, xo, h = (torch.empty(m, n, dtype=w.dtype, device=w.device) for _ in range(3))
+    if a.device not in _counts:  # allocated on first use, before a graph capture takes it (warm-up)
+        _counts[a.device] = torch.zeros(2, dtype=torch.int32, device=a.device)
+    ad = TensorDescriptor.from_tensor(a, [_XR, 64], layout())
+    grid = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
+    ring_kernel[(grid,)](_wdesc(w, nb), ad, y, m, tiles, n, k, y.stride(0), SPLIT=split, GATED=False,
+                        PDL=pdl, S=_STAGED if pdl else 0, NB=nb, X=x, NW=norm_w, XOut=xo, H=h,
+                        Cnt=_counts[a.device], eps=eps, NORM=True, num_warps=4,
+                        **({"launch_pdl": True} if pdl else {}))
+    return xo, h
