@@ -37,6 +37,7 @@ _BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stag
 _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
 MAX_ROWS = _XR
 _NORM_N, _NORM_REGS = 4096, 96  # the folded add+RMSNorm's row width (qwen3-8b's hidden) and its registers
+FOLD_NORM = True  # the add+RMSNorm after o and down folded into their ring (engine/dev/ring_probe.py turns it off)
 
 
 @functools.cache
@@ -160,10 +161,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _norm_row(X, R, W, XOut, H, row, stride_r, N, eps, BLOCK: gl.constexpr):
-        """kernels_fused._add_rmsnorm_kernel's row, op for op, in its layout (8 warps, one element a
-        thread a step): the same PTX arithmetic (tests/test_kernels_ring.py), so the same bits. R (the
-        product, written by other programs) read through L2."""
-        lay: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+        """kernels_fused._add_rmsnorm_kernel's row, op for op, in the layout Triton gives it at its launches
+        (8 warps, 8 elements a thread a step: 16-byte aligned rows): the same PTX arithmetic
+        (tests/test_kernels_ring.py), so the same bits. R (the product, other programs') read through L2."""
+        lay: gl.constexpr = gl.BlockedLayout([8], [32], [8], [0])
         c = gl.arange(0, BLOCK, layout=lay)
         m = c < N
         x = gl.load(X + row * N + c, mask=m, other=0.0)
@@ -301,7 +302,7 @@ _counts: dict = {}  # the folded norm's arrival counts, one pair per device (zer
 def norm_takes(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, split: int) -> bool:
     """Whether product_norm takes x + a @ w^T and its RMSNorm: a product the ring takes, not gated, whose
     output rows are _NORM_N wide, with x [M, N] and norm_w [N] contiguous bf16 beside it."""
-    return (takes(a, w, split) and w.shape[0] == _NORM_N and x.shape == (a.shape[0], _NORM_N)
+    return (FOLD_NORM and takes(a, w, split) and w.shape[0] == _NORM_N and x.shape == (a.shape[0], _NORM_N)
             and x.is_contiguous() and x.dtype == norm_w.dtype == torch.bfloat16 and norm_w.shape == (_NORM_N,)
             and norm_w.is_contiguous() and x.device == a.device == norm_w.device)
 
