@@ -15,6 +15,12 @@ float32 chain a K range (then the ranges summed in order), as engine/kernels_ski
 with the same config's split_k, and the gated form rounds as its gated kernel does. Whether the
 tensor cores' wgmma and mma.sync round the same is the device's to say (engine/dev/ring_probe.py).
 
+The add+RMSNorm after o and after down (kernels_fused.add_rmsnorm: x + y and its norm) can ride in the
+same launch (product_norm, NORM): each program's tiles stored, an 8-warp partition counts the program in;
+the last M programs to arrive wait for the rest and norm a row each, with the Triton kernel's layout and
+operations (its PTX arithmetic, op for op), so the bits are its own. It saves the norm kernel's launch and
+the two dependent-kernel boundaries around it (~4.7 us a norm, 72 a round: engine/dev/PERF.md run 33).
+
 Not interpretable (Gluon); tests/test_kernels_ring.py compiles it for sm_90 on the CPU and checks the
 PTX (staged copies before the wait, x after it, wgmma, no spills), and the host-side choices.
 """
@@ -301,10 +307,11 @@ _counts: dict = {}  # the folded norm's arrival counts, one pair per device (zer
 
 def norm_takes(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, split: int) -> bool:
     """Whether product_norm takes x + a @ w^T and its RMSNorm: a product the ring takes, not gated, whose
-    output rows are _NORM_N wide, with x [M, N] and norm_w [N] contiguous bf16 beside it."""
+    output rows are _NORM_N wide, with x [M, N] and norm_w [N] contiguous, 16-byte aligned bf16 beside it."""
     return (FOLD_NORM and takes(a, w, split) and w.shape[0] == _NORM_N and x.shape == (a.shape[0], _NORM_N)
             and x.is_contiguous() and x.dtype == norm_w.dtype == torch.bfloat16 and norm_w.shape == (_NORM_N,)
-            and norm_w.is_contiguous() and x.device == a.device == norm_w.device)
+            and norm_w.is_contiguous() and x.device == a.device == norm_w.device
+            and x.data_ptr() % 16 == 0 and norm_w.data_ptr() % 16 == 0)  # else Triton compiles another layout
 
 
 def product_norm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, eps: float,
