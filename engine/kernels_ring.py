@@ -56,8 +56,11 @@ if HAVE_GLUON:
     BN, BK, NS, P, XR = (gl.constexpr(v) for v in (_BN, _BK, _NS, _P, _XR))
     GDC = gl.constexpr("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;")
     # ld.acquire until the count reaches $2 (labels inside braces are local: CUTLASS's barrier waits do so)
-    SPIN = gl.constexpr("{ .reg .pred p; SPIN_AGAIN: ld.acquire.gpu.global.b32 $0, [$1]; "
-                        "setp.lt.s32 p, $0, $2; @p bra SPIN_AGAIN; }")
+    # the thread with $4 == 0: ld.acquire until the count ($1) is $3 past $2 (wrapping), then $0 = $3;
+    # the others: $0 = $3 at once (labels inside braces are local: CUTLASS's barrier waits do so)
+    SPIN = gl.constexpr("{ .reg .pred p, q; .reg .b32 v, d; mov.b32 $0, $3; setp.ne.s32 q, $4, 0; "
+                        "@q bra SPIN_DONE; SPIN_AGAIN: ld.acquire.gpu.global.b32 v, [$1]; sub.s32 d, v, $2; "
+                        "setp.lt.u32 p, d, $3; @p bra SPIN_AGAIN; mov.b32 $0, d; SPIN_DONE: mov.b32 v, 0; }")
     NORM_BLOCK, NORM_REGS = gl.constexpr(_NORM_N), gl.constexpr(_NORM_REGS)
 
     @gluon.jit
@@ -159,10 +162,8 @@ if HAVE_GLUON:
                 sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
                 acc = sg * u
             gl.store(Y + rm[:, None] * stride_y + rn[None, :], acc.to(gl.bfloat16), mask=rm[:, None] < M)
-        if done is not None:  # the norm partition's: every thread's tiles stored and fenced at gpu scope
-            gl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [rm], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-            gl.thread_barrier()
+        if done is not None:  # to the norm partition: every thread's tiles stored (its acq_rel atomic
+            gl.thread_barrier()  # releases them at gpu scope, as kernels_skinny's split K does)
             mbarrier.arrive(done)
 
     @gluon.jit
@@ -188,28 +189,29 @@ if HAVE_GLUON:
         e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
         old = gl.atomic_add(ptr + e * 0, gl.full([256], 0, gl.int32, e.type.layout) + v, mask=e == 0, sem=sem,
                             scope="gpu")
-        return gl.max(gl.where(e == 0, old, -1), 0)
+        return gl.sum(gl.where(e == 0, old, 0), 0)  # (a sum: the count may have wrapped negative)
 
     @gluon.jit
     def _norm(done, Y, X, NW, XOut, H, Cnt, M, stride_y, N, eps, PDL: gl.constexpr, BLOCK: gl.constexpr):
         """The 8-warp partition: once this program's tiles are stored, count it in (release); the last M
         programs to arrive take a row each, wait (acquire) for all the others, and add+RMSNorm it.
-        Cnt [2]: arrivals, then rows taken; the last row's program zeroes both for the next launch."""
+        Cnt only grows (NP a launch, NP a power of two: a launch's arrivals are one aligned block of NP
+        even as it wraps), so nothing resets it and no launch waits on another atomic."""
         NP = gl.num_programs(0)
         mbarrier.wait(done, 0)
-        row = _one(Cnt, 1, "acq_rel") - (NP - M)
+        old = _one(Cnt, 1, "acq_rel")
+        row = (old & (NP - 1)) - (NP - M)
         if row >= 0:
             e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
             if PDL:  # the residual and norm weight: written before this launch's wait (a no-op by now)
                 gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32,
                                           is_pure=False, pack=1)
-            # every thread spins on the count with acquire loads; the loads after depend on what it read
-            seen = gl.inline_asm_elementwise(SPIN, "=r,l,r", [Cnt + e * 0, e * 0 + NP], dtype=gl.int32,
-                                             is_pure=False, pack=1)
-            lag = gl.max(seen, 0) - NP  # 0: makes the row's loads depend on the spin
-            if _one(Cnt + 1, 1, "acq_rel") == M - 1:
-                _one(Cnt, -NP, "relaxed")
-                _one(Cnt + 1, -M, "relaxed")
+            # one thread spins on the count with acquire loads, the others take it through the barrier of
+            # the max; the row's loads depend on the value (lag 0)
+            base = old - (old & (NP - 1))
+            seen = gl.inline_asm_elementwise(SPIN, "=r,l,r,r,r", [Cnt + e * 0, e * 0 + base, e * 0 + NP, e],
+                                             dtype=gl.int32, is_pure=False, pack=1)
+            lag = gl.max(seen, 0) - NP
             _norm_row(X, Y + lag, NW, XOut, H, row.to(gl.int64), stride_y, N, eps, BLOCK)
 
     @gluon.jit
@@ -302,7 +304,7 @@ def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = Fals
     return y
 
 
-_counts: dict = {}  # the folded norm's arrival counts, one pair per device (zero between launches)
+_counts: dict = {}  # the folded norm's arrival count, one per device (grows by the grid a launch)
 
 
 def norm_takes(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, split: int) -> bool:
@@ -311,7 +313,14 @@ def norm_takes(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.
     return (FOLD_NORM and takes(a, w, split) and w.shape[0] == _NORM_N and x.shape == (a.shape[0], _NORM_N)
             and x.is_contiguous() and x.dtype == norm_w.dtype == torch.bfloat16 and norm_w.shape == (_NORM_N,)
             and norm_w.is_contiguous() and x.device == a.device == norm_w.device
-            and x.data_ptr() % 16 == 0 and norm_w.data_ptr() % 16 == 0)  # else Triton compiles another layout
+            and x.data_ptr() % 16 == 0 and norm_w.data_ptr() % 16 == 0  # else Triton compiles another layout
+            and _pow2_grid(w.shape[0], w.shape[1], a.shape[0], split, a.device))
+
+
+def _pow2_grid(n: int, k: int, rows: int, split: int, device) -> bool:
+    """The grid product_norm launches is a power of two (the count's blocks stay aligned as it wraps)."""
+    g = min(plan(n, k, rows, split, False)[0], torch.cuda.get_device_properties(device).multi_processor_count)
+    return g & (g - 1) == 0
 
 
 def product_norm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, eps: float,
@@ -323,7 +332,7 @@ def product_norm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torc
     tiles, nb = plan(n, k, m, split, False)
     y, xo, h = (torch.empty(m, n, dtype=w.dtype, device=w.device) for _ in range(3))
     if a.device not in _counts:  # allocated on first use, before a graph capture takes it (warm-up)
-        _counts[a.device] = torch.zeros(2, dtype=torch.int32, device=a.device)
+        _counts[a.device] = torch.zeros(1, dtype=torch.int32, device=a.device)
     ad = TensorDescriptor.from_tensor(a, [_XR, 64], layout())
     grid = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
     ring_kernel[(grid,)](_wdesc(w, nb), ad, y, m, tiles, n, k, y.stride(0), SPLIT=split, GATED=False,

@@ -5,7 +5,7 @@ engine/kernels_skinny.py's Triton kernels, on qwen3-8b's weights:
          ring's elements differing from the Triton kernel's, and its error against float32;
   fold   run 34: the add+RMSNorm after o and down folded into their ring (kernels_ring.product_norm)
          against the ring's product then kernels_fused.add_rmsnorm: differing elements of x + y and of
-         the norm, at 8, 4, 1 rows, PDL 0 and 2, three launches each (the arrival count's reset);
+         the norm, at 8, 4, 1 rows, PDL 0 and 2, three launches each (the arrival count wrapping);
   chain  36 launches of one product in a CUDA graph, alone and each after an add+RMSNorm: us a launch;
          o and down with their norm after them, folded or not (fold_chain);
   round  the defaults (the fold on) against the fold off: tokens and logits bitwise, replay and
@@ -74,12 +74,14 @@ def sec_fold(model):
             g = torch.Generator(device=w.device).manual_seed(m)
             a = torch.randn(m, w.shape[1], generator=g, device=w.device).to(w.dtype)
             x = (4 * torch.randn(m, w.shape[0], generator=g, device=w.device)).to(w.dtype)
-            res = {"fold takes it": R.norm_takes(x, a, w, nw, S.config_for(*w.shape, m).split_k)}
+            res = {"fold takes it": R.norm_takes(x, a, w, nw, (S.config_for(*w.shape, m) or S.SkinnyConfig()).split_k)}
             for pdl in (0, 2):
                 with S.launch_mode(pdl=pdl, ring=True):
                     R.FOLD_NORM = False
                     rx, rh = S.add_norm(x, S.linear, a, w, nw, eps)
-                    R.FOLD_NORM = True
+                    R.FOLD_NORM = True  # the arrival count just short of its signed (PDL 0), then unsigned wrap
+                    R._counts.setdefault(a.device, torch.zeros(1, dtype=torch.int32, device=a.device)).fill_(
+                        2 ** 31 - 256 if pdl == 0 else -256)
                     got = [S.add_norm(x, S.linear, a, w, nw, eps) for _ in range(3)]
                     _settle(f"fold {name} rows {m} pdl {pdl}")
                 res[f"pdl {pdl} x+y differing"] = [int((gx != rx).sum()) for gx, _ in got]
