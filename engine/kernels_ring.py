@@ -18,8 +18,9 @@ tensor cores' wgmma and mma.sync round the same is the device's to say (engine/d
 The add+RMSNorm after o and after down (kernels_fused.add_rmsnorm: x + y and its norm) can ride in the
 same launch (product_norm, NORM): each program's tiles stored, an 8-warp partition counts the program in;
 the last M programs to arrive wait for the rest and norm a row each, with the Triton kernel's layout and
-operations (its PTX arithmetic, op for op), so the bits are its own. It saves the norm kernel's launch and
-the two dependent-kernel boundaries around it (~4.7 us a norm, 72 a round: engine/dev/PERF.md run 33).
+operations (its PTX arithmetic, op for op), so the bits are its own (logits equal on the H200). It saves
+the norm kernel's launch and a dependent-kernel boundary, but its count-and-spin tail costs more than they
+do under PDL 3 (~1.6 us a norm after o): +0.08 ms a round (engine/dev/PERF.md runs 34-35), so FOLD_NORM is off.
 
 Not interpretable (Gluon); tests/test_kernels_ring.py compiles it for sm_90 on the CPU and checks the
 PTX (staged copies before the wait, x after it, wgmma, no spills), and the host-side choices.
@@ -43,7 +44,8 @@ _BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stag
 _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
 MAX_ROWS = _XR
 _NORM_N, _NORM_REGS = 4096, 96  # the folded add+RMSNorm's row width (qwen3-8b's hidden) and its registers
-FOLD_NORM = True  # the add+RMSNorm after o and down folded into their ring (engine/dev/ring_probe.py turns it off)
+FOLD_NORM = False  # the add+RMSNorm after o and down folded into their ring: bitwise equal, but measured
+# 0.08 ms a round slower (engine/dev/PERF.md run 35), so off; engine/dev/ring_probe.py turns it on
 
 
 @functools.cache

@@ -91,6 +91,7 @@ def test_the_norm_after_o_and_down_folds_into_their_ring_at_one_rank(monkeypatch
         S.add_norm(x, S.linear, a, o, nw, 1e-6)
     assert folded == [((4096, 4096), 1, True), ((4096, 12288), S.config_for(4096, 12288, 8).split_k, True)]
     assert unfolded == [(8, 4096)] * 4 and reduced == [1]
+    assert R.FOLD_NORM is False  # off unless measured faster: 0.08 ms a round slower (engine/dev/PERF.md run 35)
 
 
 def test_the_fold_takes_only_what_the_norm_kernel_would_run_in_the_same_layout():

@@ -8,7 +8,7 @@ engine/kernels_skinny.py's Triton kernels, on qwen3-8b's weights:
          the norm, at 8, 4, 1 rows, PDL 0 and 2, three launches each (the arrival count wrapping);
   chain  36 launches of one product in a CUDA graph, alone and each after an add+RMSNorm: us a launch;
          o and down with their norm after them, folded or not (fold_chain);
-  round  the defaults (the fold on) against the fold off: tokens and logits bitwise, replay and
+  round  the defaults with the fold on against off: tokens and logits bitwise, replay and
          host-driven timers at 1 and 8 streams;
   decode the round (replay and host-driven timers, 1 and 8 streams), tokens and logits against main's;
   32b    qwen3-32b at one stream (--parallel 4: 4 rows): main's round against the ring's (chain32: its chains).
@@ -184,7 +184,7 @@ def sec_chain(model, rows: int = 8, label: str = "chain"):
 
 
 def sec_round(base):
-    """The round: the defaults (TMA ring, PDL 3, the norms folded) against `base` (the fold off; with
+    """The round: the defaults (TMA ring, PDL 3) with the norms folded against `base` (the fold off; with
     PLAIN_ROUND the plain kernels too, ring off and PDL 0); bits, replay and host-driven timers (3
     interleaved turns); with HOST_SPLIT the host's part of a 1-stream round."""
     import statistics
@@ -199,7 +199,7 @@ def sec_round(base):
         runners["plain (ring off, PDL 0)"] = ModelRunner(replace(base.cfg, kernels=KernelConfig(ring=False, pdl=0)),
                                                          model=base.model)
     runners["fold off"] = base  # main() made it with the fold off; each runner captures its graph as it is made
-    runners["defaults (fold)"] = ModelRunner(base.cfg, model=base.model)
+    runners["fold on"] = ModelRunner(base.cfg, model=base.model)
     _settle("round: the fold's graph captured")
     out["defaults describe"] = {k: base.describe().get(k) for k in ("decode_ring", "decode_pdl")}
     say(json.dumps(out["defaults describe"]))
@@ -301,10 +301,10 @@ def main(argv):
     say(json.dumps(RES))
     best = {"ring": True, "pdl": 2}
     from engine import kernels_ring as RK
-    RK.FOLD_NORM = False  # the first graph without the fold: a fold that hangs shows in its section, timed out
+    RK.FOLD_NORM = False  # the first graph without the fold (the default): a fold that hangs shows in its section
     base = ModelRunner(EngineConfig(model=C1.MODEL_8B, device="cuda", dtype="bfloat16", parallel=8,
                                     max_model_len=2304, prefill_rows=4096))
-    RK.FOLD_NORM = True
+    RK.FOLD_NORM = True  # the fold's sections, and the round's "fold on" runner
     if "bits" in secs:
         R2._guard("bits", lambda: sec_bits(base.model))
     if "fold" in secs:
