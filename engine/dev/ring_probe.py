@@ -265,9 +265,7 @@ def sec_32b(best: dict, chains: bool):
     from dataclasses import replace
 
     from engine.config import KernelConfig
-    from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
-    out = RES.setdefault("qwen3-32b", {})
     cfg = EngineConfig(model=C1.MODEL_32B, device="cuda", dtype="bfloat16", parallel=4, max_model_len=1024,
                        prefill_rows=1024)
     base = ModelRunner(cfg)
@@ -275,21 +273,7 @@ def sec_32b(best: dict, chains: bool):
         R2._guard("chain32", lambda: sec_chain(base.model, rows=4, label="chain32"))
     runners = {"pdl 0": ModelRunner(replace(cfg, kernels=KernelConfig(pdl=0)), model=base.model),
                "defaults (pdl 3, no ring shape)": base}
-    toks = {n: r.generate(R2.prompt(100, 5), 6, lane=0) for n, r in runners.items()}
-    out["tokens equal"] = len({tuple(t) for t in toks.values()}) == 1
-    bw, rep_t = RES["ceilings"]["copy_bandwidth_Bps"], {}
-    for _ in range(2):
-        for name, r in runners.items():
-            rep_t.setdefault(name, []).extend(C1.replay_ms(r, 1, chunks=3, n=20))
-            rep_t.setdefault(name + " host", []).append(bench_decode(r, 1, 16, 1, 128) * 1e3)
-    roof_ms = (weight_bytes(base) + 129 * base.kv.row_bytes()) / bw * 1e3
-    import statistics
-    for name in runners:
-        ms, hs = statistics.median(rep_t[name]), statistics.median(rep_t[name + " host"])
-        out[name] = {"replay_ms": ms, "ratio": roof_ms / ms, "host_round_ms": hs, "host_ratio": roof_ms / hs}
-        say(f"qwen3-32b {name:16s}: replay {ms:.2f} ms ({roof_ms / ms:6.1%}), host-driven {hs:.2f} ms "
-            f"({roof_ms / hs:6.1%}) of {roof_ms:.2f} ms; tokens equal {out['tokens equal']}")
-    save()
+    C1.time_32b(runners, base)
 
 
 def main(argv):

@@ -200,14 +200,20 @@ def sec_chain(model, modes: dict | None = None):
 
 def sec_32b(best_kw: dict):
     """qwen3-32b at one stream (issue 15's N = 1 shape: --parallel 4), base and the best variant."""
-    from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
-    out = RES.setdefault("qwen3-32b", {})
     cfg = EngineConfig(model=MODEL_32B, device=DEVICE, dtype=DTYPE, parallel=4, max_model_len=1024,
                        prefill_rows=1024)
     base = ModelRunner(cfg)
     runners = {"pdl off (default)": base, f"best {best_kw}": ModelRunner(replace(cfg, kernels=KernelConfig(**best_kw)),
                                                                          model=base.model)}
+    time_32b(runners, base)
+
+
+def time_32b(runners: dict, base) -> None:
+    """Tokens of one prompt equal across the runners, then replay and host-driven ms a round at one stream
+    (2 interleaved turns), into RES["qwen3-32b"]."""
+    from engine.dev.bench import bench_decode, weight_bytes
+    out = RES.setdefault("qwen3-32b", {})
     toks = {n: r.generate(R2.prompt(100, 5), 6, lane=0) for n, r in runners.items()}
     out["tokens equal"] = len({tuple(t) for t in toks.values()}) == 1
     bw = RES["ceilings"]["copy_bandwidth_Bps"]
