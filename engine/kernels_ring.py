@@ -15,13 +15,6 @@ float32 chain a K range (then the ranges summed in order), as engine/kernels_ski
 with the same config's split_k, and the gated form rounds as its gated kernel does. Whether the
 tensor cores' wgmma and mma.sync round the same is the device's to say (engine/dev/ring_probe.py).
 
-The add+RMSNorm after o and after down (kernels_fused.add_rmsnorm: x + y and its norm) can ride in the
-same launch (product_norm, NORM): each program's tiles stored, an 8-warp partition counts the program in;
-the last M programs to arrive wait for the rest and norm a row each, with the Triton kernel's layout and
-operations (its PTX arithmetic, op for op), so the bits are its own (logits equal on the H200). It saves
-the norm kernel's launch and a dependent-kernel boundary, but its count-and-spin tail costs more than they
-do under PDL 3 (~1.6 us a norm after o): +0.08 ms a round (engine/dev/PERF.md runs 34-35), so FOLD_NORM is off.
-
 Not interpretable (Gluon); tests/test_kernels_ring.py compiles it for sm_90 on the CPU and checks the
 PTX (staged copies before the wait, x after it, wgmma, no spills), and the host-side choices.
 """
@@ -43,9 +36,6 @@ except Exception:  # no Triton, or one without Gluon's Hopper ops: the Triton ke
 _BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stage, stages, stages a group, x rows
 _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
 MAX_ROWS = _XR
-_NORM_N, _NORM_REGS = 4096, 96  # the folded add+RMSNorm's row width (qwen3-8b's hidden) and its registers
-FOLD_NORM = False  # the add+RMSNorm after o and down folded into their ring: bitwise equal, but measured
-# 0.08 ms a round slower (engine/dev/PERF.md run 35), so off; engine/dev/ring_probe.py turns it on
 
 
 @functools.cache
@@ -57,13 +47,6 @@ def available() -> bool:
 if HAVE_GLUON:
     BN, BK, NS, P, XR = (gl.constexpr(v) for v in (_BN, _BK, _NS, _P, _XR))
     GDC = gl.constexpr("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;")
-    # ld.acquire until the count reaches $2 (labels inside braces are local: CUTLASS's barrier waits do so)
-    # the thread with $4 == 0: ld.acquire until the count ($1) is $3 past $2 (wrapping), then $0 = $3;
-    # the others: $0 = $3 at once (labels inside braces are local: CUTLASS's barrier waits do so)
-    SPIN = gl.constexpr("{ .reg .pred p, q; .reg .b32 v, d; mov.b32 $0, $3; setp.ne.s32 q, $4, 0; "
-                        "@q bra SPIN_DONE; SPIN_AGAIN: ld.acquire.gpu.global.b32 v, [$1]; sub.s32 d, v, $2; "
-                        "setp.lt.u32 p, d, $3; @p bra SPIN_AGAIN; mov.b32 $0, d; SPIN_DONE: mov.b32 v, 0; }")
-    NORM_BLOCK, NORM_REGS = gl.constexpr(_NORM_N), gl.constexpr(_NORM_REGS)
 
     @gluon.jit
     def _a64(x_s, i):
@@ -143,7 +126,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _mma(x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-             NB: gl.constexpr, done=None):
+             NB: gl.constexpr):
         """The 4 MMA warps (default partition): each tile's K ranges, then its rows < M stored."""
         lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NB, 16])
         pid, NP = gl.program_id(0), gl.num_programs(0)
@@ -164,62 +147,10 @@ if HAVE_GLUON:
                 sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
                 acc = sg * u
             gl.store(Y + rm[:, None] * stride_y + rn[None, :], acc.to(gl.bfloat16), mask=rm[:, None] < M)
-        if done is not None:  # to the norm partition: every thread's tiles stored (its acq_rel atomic
-            gl.thread_barrier()  # releases them at gpu scope, as kernels_skinny's split K does)
-            mbarrier.arrive(done)
-
-    @gluon.jit
-    def _norm_row(X, R, W, XOut, H, row, stride_r, N, eps, BLOCK: gl.constexpr):
-        """kernels_fused._add_rmsnorm_kernel's row, op for op, in the layout Triton gives it at its launches
-        (8 warps, 8 elements a thread a step: 16-byte aligned rows): the same PTX arithmetic
-        (tests/test_kernels_ring.py), so the same bits. R (the product, other programs') read through L2."""
-        lay: gl.constexpr = gl.BlockedLayout([8], [32], [8], [0])
-        c = gl.arange(0, BLOCK, layout=lay)
-        m = c < N
-        x = gl.load(X + row * N + c, mask=m, other=0.0)
-        x = (x.to(gl.float32) + gl.load(R + row * stride_r + c, mask=m, other=0.0, cache_modifier=".cg")
-             .to(gl.float32)).to(gl.bfloat16)
-        gl.store(XOut + row * N + c, x, mask=m)
-        xf = x.to(gl.float32)
-        inv = 1.0 / gl.sqrt(gl.sum(xf * xf, 0) / N + eps)
-        y = (xf * inv).to(gl.bfloat16).to(gl.float32) * gl.load(W + c, mask=m, other=0.0).to(gl.float32)
-        gl.store(H + row * N + c, y.to(gl.bfloat16), mask=m)
-
-    @gluon.jit
-    def _one(ptr, v, sem: gl.constexpr):
-        """atomic_add(ptr, v) by one thread of the 8-warp partition, its old value to all."""
-        e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
-        old = gl.atomic_add(ptr + e * 0, gl.full([256], 0, gl.int32, e.type.layout) + v, mask=e == 0, sem=sem,
-                            scope="gpu")
-        return gl.sum(gl.where(e == 0, old, 0), 0)  # (a sum: the count may have wrapped negative)
-
-    @gluon.jit
-    def _norm(done, Y, X, NW, XOut, H, Cnt, M, stride_y, N, eps, PDL: gl.constexpr, BLOCK: gl.constexpr):
-        """The 8-warp partition: once this program's tiles are stored, count it in (release); the last M
-        programs to arrive take a row each, wait (acquire) for all the others, and add+RMSNorm it.
-        Cnt only grows (NP a launch, NP a power of two: a launch's arrivals are one aligned block of NP
-        even as it wraps), so nothing resets it and no launch waits on another atomic."""
-        NP = gl.num_programs(0)
-        mbarrier.wait(done, 0)
-        old = _one(Cnt, 1, "acq_rel")
-        row = (old & (NP - 1)) - (NP - M)
-        if row >= 0:
-            e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
-            if PDL:  # the residual and norm weight: written before this launch's wait (a no-op by now)
-                gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32,
-                                          is_pure=False, pack=1)
-            # one thread spins on the count with acquire loads, the others take it through the barrier of
-            # the max; the row's loads depend on the value (lag 0)
-            base = old - (old & (NP - 1))
-            seen = gl.inline_asm_elementwise(SPIN, "=r,l,r,r,r", [Cnt + e * 0, e * 0 + base, e * 0 + NP, e],
-                                             dtype=gl.int32, is_pure=False, pack=1)
-            lag = gl.max(seen, 0) - NP
-            _norm_row(X, Y + lag, NW, XOut, H, row.to(gl.int64), stride_y, N, eps, BLOCK)
 
     @gluon.jit
     def ring_kernel(wd, xd, Y, M, T, I, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr, X=None, NW=None, XOut=None, H=None,
-                    Cnt=None, eps=0.0, NORM: gl.constexpr = False):
+                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr):
         """T tiles of NB columns (GATED: NB of gate at rows t * NB, the same of up at I + t * NB)."""
         XC: gl.constexpr = BK // 64
         w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], wd.layout)
@@ -231,17 +162,9 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(j), count=1)
         for j in gl.static_range(NS // P):
             mbarrier.init(empty.index(j), count=1)
-        if NORM:  # + add+RMSNorm of the rows (x + y, its norm by NW) in 8 more warps
-            done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
-            mbarrier.init(done, count=1)
-            gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB, done)),
-                                (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB)),
-                                (_norm, (done, Y, X, NW, XOut, H, Cnt, M, stride_y, I, eps, PDL, NORM_BLOCK))],
-                               [1, 8], [48, NORM_REGS])
-        else:
-            gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
-                                (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB))],
-                               [1], [48])
+        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
+                            (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB))],
+                           [1], [48])
 
 
 
@@ -304,41 +227,3 @@ def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = Fals
     ring_kernel[(grid,)](_wdesc(w, nb), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated,
                         PDL=pdl, S=_STAGED if pdl else 0, NB=nb, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y
-
-
-_counts: dict = {}  # the folded norm's arrival count, one per device (grows by the grid a launch)
-
-
-def norm_takes(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, split: int) -> bool:
-    """Whether product_norm takes x + a @ w^T and its RMSNorm: a product the ring takes, not gated, whose
-    output rows are _NORM_N wide, with x [M, N] and norm_w [N] contiguous, 16-byte aligned bf16 beside it."""
-    return (FOLD_NORM and takes(a, w, split) and w.shape[0] == _NORM_N and x.shape == (a.shape[0], _NORM_N)
-            and x.is_contiguous() and x.dtype == norm_w.dtype == torch.bfloat16 and norm_w.shape == (_NORM_N,)
-            and norm_w.is_contiguous() and x.device == a.device == norm_w.device
-            and x.data_ptr() % 16 == 0 and norm_w.data_ptr() % 16 == 0  # else Triton compiles another layout
-            and _pow2_grid(w.shape[0], w.shape[1], a.shape[0], split, a.device))
-
-
-def _pow2_grid(n: int, k: int, rows: int, split: int, device) -> bool:
-    """The grid product_norm launches is a power of two (the count's blocks stay aligned as it wraps)."""
-    g = min(plan(n, k, rows, split, False)[0], torch.cuda.get_device_properties(device).multi_processor_count)
-    return g & (g - 1) == 0
-
-
-def product_norm(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, eps: float,
-                 split: int = 1, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels_fused.add_rmsnorm(x, a @ w^T, norm_w, eps) in one launch, the same bits: the ring's
-    product, then the last programs to finish norm a row each. Returns (x + y, its norm)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    m, (n, k) = a.shape[0], w.shape
-    tiles, nb = plan(n, k, m, split, False)
-    y, xo, h = (torch.empty(m, n, dtype=w.dtype, device=w.device) for _ in range(3))
-    if a.device not in _counts:  # allocated on first use, before a graph capture takes it (warm-up)
-        _counts[a.device] = torch.zeros(1, dtype=torch.int32, device=a.device)
-    ad = TensorDescriptor.from_tensor(a, [_XR, 64], layout())
-    grid = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
-    ring_kernel[(grid,)](_wdesc(w, nb), ad, y, m, tiles, n, k, y.stride(0), SPLIT=split, GATED=False,
-                        PDL=pdl, S=_STAGED if pdl else 0, NB=nb, X=x, NW=norm_w, XOut=xo, H=h,
-                        Cnt=_counts[a.device], eps=eps, NORM=True, num_warps=4,
-                        **({"launch_pdl": True} if pdl else {}))
-    return xo, h

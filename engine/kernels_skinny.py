@@ -308,26 +308,3 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) ->
                 return R.product(x, w, c.split_k, pdl=pdl_on() > 0, out=out)
         return _launch(x, w, c, out)
     return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)  # F.linear's mm for 2-D x
-
-
-def folded_add_norm(x, mm, a: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, eps: float):
-    """(x + a @ w^T, its RMSNorm by norm_w) in the ring's one launch (engine/kernels_ring.py product_norm,
-    kernels_fused.add_rmsnorm's bits) where RING is on, mm is linear and the ring takes the product; else None."""
-    if not RING or mm is not linear:
-        return None
-    c = config_for(*w.shape, a.shape[0])
-    from engine import kernels_ring as R
-    if c is None or not supports(a, w, c) or not R.norm_takes(x, a, w, norm_w, c.split_k):
-        return None
-    return R.product_norm(x, a, w, norm_w, eps, c.split_k, pdl=pdl_on() > 0)
-
-
-def add_norm(x, mm, a, w, norm_w, eps: float, reduce=None):
-    """kernels_fused.add_rmsnorm(x, mm(a, w) summed over ranks by `reduce`, norm_w, eps); at one rank
-    (reduce None) folded into the product where folded_add_norm takes it, the same bits."""
-    got = folded_add_norm(x, mm, a, w, norm_w, eps) if reduce is None else None
-    if got is not None:
-        return got
-    from engine.kernels_fused import add_rmsnorm
-    y = mm(a, w)
-    return add_rmsnorm(x, y if reduce is None else reduce(y), norm_w, eps)

@@ -144,13 +144,13 @@ class Qwen3ForCausalLM(nn.Module):
         return y if self.tp_reduce is None else self.tp_reduce(y)
 
     def _add_summed_norm(self, x, mm, a, w, norm_w, eps):
-        """add_rmsnorm(x, the sum over ranks of mm(a, w), norm_w): fused with the sum (engine/tp_fused.py),
-        or at one rank with the product (kernels_skinny.add_norm), where they take it; the same bits."""
-        from engine.kernels_skinny import add_norm
+        """add_rmsnorm(x, the sum over ranks of mm(a, w), norm_w): fused (engine/tp_fused.py) where
+        it takes the product, the same bits either way."""
+        from engine.kernels_fused import add_rmsnorm
         f = self.tp_fused
         if f is not None and f.fused_write(mm, a, w):
             return f.fused_add_norm(x, norm_w, eps)
-        return add_norm(x, mm, a, w, norm_w, eps, self.tp_reduce)
+        return add_rmsnorm(x, self._summed(mm(a, w)), norm_w, eps)
 
     # ---- set-up after the weights are in place -------------------------------------------
     def setup_rope(self, length: int) -> None:

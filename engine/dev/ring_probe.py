@@ -1,19 +1,13 @@
-"""Issue 14, runs 29-34 (engine/dev/PERF.md): the decode products through engine/kernels_ring.py (a
+"""Issue 14, run 29 (engine/dev/PERF.md): the decode products through engine/kernels_ring.py (a
 warp-specialized TMA ring with wgmma, one kernel a product, W staged before the PDL wait) against
 engine/kernels_skinny.py's Triton kernels, on qwen3-8b's weights:
   bits   each product (q/k/v, o, gated gate/up, down in 2 K ranges, lm_head) at 8, 4 and 1 rows: the
          ring's elements differing from the Triton kernel's, and its error against float32;
-  fold   run 34: the add+RMSNorm after o and down folded into their ring (kernels_ring.product_norm)
-         against the ring's product then kernels_fused.add_rmsnorm: differing elements of x + y and of
-         the norm, at 8, 4, 1 rows, PDL 0 and 2, three launches each (the arrival count wrapping);
   chain  36 launches of one product in a CUDA graph, alone and each after an add+RMSNorm: us a launch;
-         o and down with their norm after them, folded or not (fold_chain);
-  round  the defaults with the fold on against off: tokens and logits bitwise, replay and
-         host-driven timers at 1 and 8 streams;
   decode the round (replay and host-driven timers, 1 and 8 streams), tokens and logits against main's;
   32b    qwen3-32b at one stream (--parallel 4: 4 rows): main's round against the ring's (chain32: its chains).
 
-    PYTHONPATH=. python3 -m engine.dev.ring_probe --out $OUT [--sections bits,fold,chain,round,decode,32b,chain32]
+    PYTHONPATH=. python3 -m engine.dev.ring_probe --out $OUT [--sections bits,chain,decode,32b,chain32]
 """
 from __future__ import annotations
 
@@ -33,82 +27,7 @@ VARIANTS = {  # name -> KernelConfig knobs (the first: the plain kernels); runs 
     "ring + pdl 3": {"ring": True, "pdl": 3},  # lm_head on the ring (engine/dev/PERF.md)
 }
 CHAIN = {"triton": (0, False), "ring pdl 3": (3, True)}
-PLAIN_ROUND = HOST_SPLIT = False  # run 34: the round's fold against the fold off only (runs 31-33 had these)
-STAGED = ()  # run 33: 12 or 16 of the ring staged before the wait (against the shipped 8) lost
-
-
-def _settle(what: str, timeout_s: float = 20.0) -> None:
-    """Synchronize, but give up (results saved, the process ended) if the GPU has not finished within
-    timeout_s: a folded norm whose programs never all arrive would spin forever."""
-    import os
-    import time
-    ev = torch.cuda.Event()
-    ev.record()
-    t = time.perf_counter()
-    while not ev.query():
-        if time.perf_counter() - t > timeout_s:
-            RES["hang"] = what
-            say("HANG", what)
-            save()
-            os._exit(3)
-        time.sleep(0.001)
-
-
-def _norms(model):
-    """(name, matrices, the norm weight after each): o then the post-attention norm, down then the next
-    layer's input norm (the last: the final norm)."""
-    layers = model.model.layers
-    nxt = [l.input_layernorm.weight for l in layers[1:]] + [model.model.norm.weight]
-    return [("o", [l.self_attn.o_proj.weight for l in layers], [l.post_attention_layernorm.weight for l in layers]),
-            ("down", [l.mlp.down_proj.weight for l in layers], nxt)]
-
-
-def sec_fold(model):
-    """The folded add+RMSNorm against the ring's product then the norm kernel, eagerly."""
-    from engine import kernels_ring as R
-    from engine.kernels_fused import add_rmsnorm
-    out, eps = RES.setdefault("fold", {}), model.config.rms_norm_eps
-    for name, ws, nws in _norms(model):
-        w, nw = ws[0], nws[0]
-        for m in (8, 4, 1):
-            g = torch.Generator(device=w.device).manual_seed(m)
-            a = torch.randn(m, w.shape[1], generator=g, device=w.device).to(w.dtype)
-            x = (4 * torch.randn(m, w.shape[0], generator=g, device=w.device)).to(w.dtype)
-            res = {"fold takes it": R.norm_takes(x, a, w, nw, (S.config_for(*w.shape, m) or S.SkinnyConfig()).split_k)}
-            for pdl in (0, 2):
-                with S.launch_mode(pdl=pdl, ring=True):
-                    R.FOLD_NORM = False
-                    rx, rh = S.add_norm(x, S.linear, a, w, nw, eps)
-                    R.FOLD_NORM = True  # the arrival count just short of its signed (PDL 0), then unsigned wrap
-                    R._counts.setdefault(a.device, torch.zeros(1, dtype=torch.int32, device=a.device)).fill_(
-                        2 ** 31 - 256 if pdl == 0 else -256)
-                    got = [S.add_norm(x, S.linear, a, w, nw, eps) for _ in range(3)]
-                    _settle(f"fold {name} rows {m} pdl {pdl}")
-                res[f"pdl {pdl} x+y differing"] = [int((gx != rx).sum()) for gx, _ in got]
-                res[f"pdl {pdl} norm differing"] = [int((gh != rh).sum()) for _, gh in got]
-            ref = add_rmsnorm(x, a @ w.T, nw, eps)[1]  # cuBLAS's product: a rounding-level difference
-            res["norm max abs diff vs cuBLAS's product"] = float((rh.float() - ref.float()).abs().max())
-            out[f"{name} rows {m}"] = res
-            say("fold", name, m, json.dumps(res))
-    save()
-
-
-def sec_fold_chain(model, rows: int = 8):
-    """us a pair: 36 launches of (o or down, then its add+RMSNorm) in one graph, folded or not (ring, PDL 3)."""
-    from engine import kernels_ring as R
-    out, eps = RES.setdefault("fold_chain", {}), model.config.rms_norm_eps
-    for name, ws, nws in _norms(model):
-        a = torch.randn(rows, ws[0].shape[1], device=ws[0].device).to(ws[0].dtype)
-        x = torch.randn(rows, ws[0].shape[0], device=ws[0].device).to(ws[0].dtype)
-        for mode, fold in (("product, then the norm kernel", False), ("folded", True)):
-            R.FOLD_NORM = fold
-            with S.launch_mode(pdl=3, ring=True):
-                us = C1.graph_us(C1.chain_graph(lambda i: S.add_norm(x, S.linear, a, ws[i], nws[i], eps), len(ws)))
-            R.FOLD_NORM = True
-            _settle(f"fold chain {name} {mode}")
-            out[f"{name} {mode}"] = us / len(ws)
-            say(f"fold chain {name:5s} {mode:30s}: {us / len(ws):6.1f} us a pair")
-    save()
+STAGED = (12, 16)  # run 33: more of the ring staged before the wait than the shipped 8
 
 
 def _mats(model):
@@ -184,9 +103,8 @@ def sec_chain(model, rows: int = 8, label: str = "chain"):
 
 
 def sec_round(base):
-    """The round: the defaults (TMA ring, PDL 3) with the norms folded against `base` (the fold off; with
-    PLAIN_ROUND the plain kernels too, ring off and PDL 0); bits, replay and host-driven timers (3
-    interleaved turns); with HOST_SPLIT the host's part of a 1-stream round."""
+    """The round: the defaults (TMA ring, PDL 3) against the plain kernels (ring off, PDL 0); bits, replay
+    and host-driven timers (3 interleaved turns), the host's part of a 1-stream round."""
     import statistics
     from dataclasses import replace
 
@@ -194,17 +112,16 @@ def sec_round(base):
     from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
     out = RES.setdefault("round", {})
-    runners = {}
-    if PLAIN_ROUND:
-        runners["plain (ring off, PDL 0)"] = ModelRunner(replace(base.cfg, kernels=KernelConfig(ring=False, pdl=0)),
-                                                         model=base.model)
-    runners["fold off"] = base  # main() made it with the fold off; each runner captures its graph as it is made
-    runners["fold on"] = ModelRunner(base.cfg, model=base.model)
-    _settle("round: the fold's graph captured")
+    from engine import kernels_ring as R
+    plain = ModelRunner(replace(base.cfg, kernels=KernelConfig(ring=False, pdl=0)), model=base.model)
+    runners = {"plain (ring off, PDL 0)": plain, "defaults": base}
+    for n in STAGED:  # each runner captures its graph as it is made
+        R._STAGED, shipped = n, R._STAGED
+        runners[f"{n} staged"] = ModelRunner(base.cfg, model=base.model)
+        R._STAGED = shipped
     out["defaults describe"] = {k: base.describe().get(k) for k in ("decode_ring", "decode_pdl")}
     say(json.dumps(out["defaults describe"]))
     C1.check_bits(runners, out)
-    _settle("round: bits")
     save()
     bw, rep_t, host_t = RES["ceilings"]["copy_bandwidth_Bps"], {}, {}
     for _ in range(3):
@@ -220,10 +137,9 @@ def sec_round(base):
                                       "host_ratio": roof / hs, "roof_ms": roof}
         say(f"round {name:24s} {k} streams: replay {ms:.3f} ms ({roof / ms:6.1%}), host-driven {hs:.3f} ms "
             f"({roof / hs:6.1%}) of {roof:.3f} ms")
-    if HOST_SPLIT:
-        for name, r in runners.items():
-            out[f"{name} host split"] = host_split(r)
-            say("host split", name, json.dumps(out[f"{name} host split"]))
+    for name, r in runners.items():
+        out[f"{name} host split"] = host_split(r)
+        say("host split", name, json.dumps(out[f"{name} host split"]))
     save()
 
 
@@ -284,17 +200,10 @@ def main(argv):
     RES["triton"], RES["variants"] = triton.__version__, {k: str(v) for k, v in VARIANTS.items()}
     say(json.dumps(RES))
     best = {"ring": True, "pdl": 2}
-    from engine import kernels_ring as RK
-    RK.FOLD_NORM = False  # the first graph without the fold (the default): a fold that hangs shows in its section
     base = ModelRunner(EngineConfig(model=C1.MODEL_8B, device="cuda", dtype="bfloat16", parallel=8,
                                     max_model_len=2304, prefill_rows=4096))
-    RK.FOLD_NORM = True  # the fold's sections, and the round's "fold on" runner
     if "bits" in secs:
         R2._guard("bits", lambda: sec_bits(base.model))
-    if "fold" in secs:
-        R2._guard("fold", lambda: sec_fold(base.model))
-    if "fold_chain" in secs:
-        R2._guard("fold_chain", lambda: sec_fold_chain(base.model))
     if "chain" in secs:
         R2._guard("chain", lambda: sec_chain(base.model))
     if "decode" in secs:
