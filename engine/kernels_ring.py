@@ -180,6 +180,8 @@ SHAPES: dict[tuple, int] = {
     (24576, 4096, "gated"): 16,  # gate/up, 16 columns of each
     (4096, 12288): 32,           # down
 }  # lm_head (151936, 4096) ran 287.5 us a launch against Triton's 286.2; q/k/v in 16 columns 15.8 us against 15.1
+# the same keys -> programs (each walks tiles pid, pid + programs, ..); absent: one a SM, at most one a tile
+PROGRAMS: dict[tuple, int] = {}
 
 
 def plan(n: int, k: int, rows: int, split: int, gated: bool) -> tuple[int, int] | None:
@@ -223,7 +225,8 @@ def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = Fals
     cols = n // 2 if gated else n
     y = torch.empty(m, cols, dtype=w.dtype, device=w.device) if out is None else out
     xd = TensorDescriptor.from_tensor(x, [_XR, 64], layout())
-    grid = min(tiles, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    grid = min(tiles, sms, PROGRAMS.get((n, k, "gated") if gated else (n, k), sms))
     ring_kernel[(grid,)](_wdesc(w, nb), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated,
                         PDL=pdl, S=_STAGED if pdl else 0, NB=nb, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y

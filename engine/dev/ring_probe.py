@@ -27,7 +27,10 @@ VARIANTS = {  # name -> KernelConfig knobs (the first: the plain kernels); runs 
     "ring + pdl 3": {"ring": True, "pdl": 3},  # lm_head on the ring (engine/dev/PERF.md)
 }
 CHAIN = {"triton": (0, False), "ring pdl 3": (3, True)}
-STAGED = (12, 16)  # run 33: more of the ring staged before the wait than the shipped 8
+STAGED = ()  # run 33 ran 12 and 16 stages staged before the wait (the shipped 8 won)
+# run 36: programs a product (one a SM, at most one a tile, shipped): q/k/v's 192 tiles on 96 programs (2 each,
+# where 132 leave 60 doing two and 72 one), gate/up's 768 on 128 (6 each, where 132 take 5 or 6)
+PROGRAMS = {(6144, 4096): 96, (24576, 4096, "gated"): 128}
 
 
 def _mats(model):
@@ -85,16 +88,22 @@ def sec_chain(model, rows: int = 8, label: str = "chain"):
         modes = dict(CHAIN)
         if pname != "lm_head":  # run 33: stages of W asked for before the wait (8 shipped)
             modes |= {f"ring pdl 3, {n} staged": (3, True) for n in STAGED}
+        key = (*ws[0].shape, "gated") if pname.startswith("gate") else tuple(ws[0].shape)
+        if key in PROGRAMS:  # run 36
+            modes[f"ring pdl 3, {PROGRAMS[key]} programs"] = (3, True)
         for mname, (pdl, ring) in modes.items():
             shipped, staged = dict(R.SHAPES), R._STAGED
             if mname.endswith("staged"):
                 R._STAGED = int(mname.split()[-2])
+            if mname.endswith("programs"):
+                R.PROGRAMS[key] = PROGRAMS[key]
             with S.launch_mode(pdl=pdl, ring=ring):
                 alone = C1.graph_us(C1.chain_graph(lambda i: prod(x, ws[i]), len(ws))) / len(ws)
                 normed = C1.graph_us(C1.chain_graph(lambda i: prod(add_rmsnorm(x, r, nw, 1e-6)[1], ws[i]),
                                                     len(ws))) / len(ws)
             R.SHAPES.clear(); R.SHAPES.update(shipped)  # noqa: E702
             R._STAGED = staged
+            R.PROGRAMS.clear()
             out[f"{pname} {mname}"] = {"alone_us": alone, "alone_of_bw": nbytes / (alone * 1e-6) / bw,
                                        "after_norm_us": normed, "stream_us": nbytes / bw * 1e6}
             say(f"{label} {pname:14s} {mname:14s}: alone {alone:6.1f} us ({nbytes / (alone * 1e-6) / bw:5.1%} of copy),"
@@ -119,6 +128,10 @@ def sec_round(base):
         R._STAGED, shipped = n, R._STAGED
         runners[f"{n} staged"] = ModelRunner(base.cfg, model=base.model)
         R._STAGED = shipped
+    if PROGRAMS:
+        R.PROGRAMS.update(PROGRAMS)
+        runners["programs " + ", ".join(map(str, PROGRAMS.values()))] = ModelRunner(base.cfg, model=base.model)
+        R.PROGRAMS.clear()
     out["defaults describe"] = {k: base.describe().get(k) for k in ("decode_ring", "decode_pdl")}
     say(json.dumps(out["defaults describe"]))
     C1.check_bits(runners, out)
