@@ -180,8 +180,11 @@ SHAPES: dict[tuple, int] = {
     (24576, 4096, "gated"): 16,  # gate/up, 16 columns of each
     (4096, 12288): 32,           # down
 }  # lm_head (151936, 4096) ran 287.5 us a launch against Triton's 286.2; q/k/v in 16 columns 15.8 us against 15.1
-# the same keys -> programs (each walks tiles pid, pid + programs, ..); absent: one a SM, at most one a tile
-PROGRAMS: dict[tuple, int] = {}
+# the same keys -> programs (each walks tiles pid, pid + programs, ..); absent: one a SM, at most one a tile.
+# Fewer than the SMs leaves room for the norm or attention between rings and the next ring's early launch:
+# q/k/v after a norm 19.7 -> 16.2 us, gate/up 55.4 -> 52.6; the round 4.325 -> 4.297 ms at 1 stream,
+# 4.420 -> 4.362 at 8 (engine/dev/PERF.md run 36)
+PROGRAMS: dict[tuple, int] = {(6144, 4096): 96, (24576, 4096, "gated"): 128}
 
 
 def plan(n: int, k: int, rows: int, split: int, gated: bool) -> tuple[int, int] | None:

@@ -28,9 +28,11 @@ VARIANTS = {  # name -> KernelConfig knobs (the first: the plain kernels); runs 
 }
 CHAIN = {"triton": (0, False), "ring pdl 3": (3, True)}
 STAGED = ()  # run 33 ran 12 and 16 stages staged before the wait (the shipped 8 won)
-# run 36: programs a product (one a SM, at most one a tile, shipped): q/k/v's 192 tiles on 96 programs (2 each,
-# where 132 leave 60 doing two and 72 one), gate/up's 768 on 128 (6 each, where 132 take 5 or 6)
-PROGRAMS = {(6144, 4096): 96, (24576, 4096, "gated"): 128}
+# programs a product (kernels_ring.PROGRAMS): run 36 ran q/k/v's 192 tiles on 96 programs and gate/up's 768 on
+# 128 (shipped since); run 37 fewer: each table a round, each count a chain
+QKV, O, GU, DOWN = (6144, 4096), (4096, 4096), (24576, 4096, "gated"), (4096, 12288)
+PROGRAM_TABLES = [{QKV: 96, GU: 96, O: 64, DOWN: 64}, {QKV: 64, GU: 96}]
+PROGRAM_CHAINS = {QKV: (64,), GU: (96,), O: (64,), DOWN: (64,)}
 
 
 def _mats(model):
@@ -89,21 +91,21 @@ def sec_chain(model, rows: int = 8, label: str = "chain"):
         if pname != "lm_head":  # run 33: stages of W asked for before the wait (8 shipped)
             modes |= {f"ring pdl 3, {n} staged": (3, True) for n in STAGED}
         key = (*ws[0].shape, "gated") if pname.startswith("gate") else tuple(ws[0].shape)
-        if key in PROGRAMS:  # run 36
-            modes[f"ring pdl 3, {PROGRAMS[key]} programs"] = (3, True)
+        modes |= {f"ring pdl 3, {n} programs": (3, True) for n in PROGRAM_CHAINS.get(key, ())}
         for mname, (pdl, ring) in modes.items():
             shipped, staged = dict(R.SHAPES), R._STAGED
             if mname.endswith("staged"):
                 R._STAGED = int(mname.split()[-2])
+            shipped_programs = dict(R.PROGRAMS)
             if mname.endswith("programs"):
-                R.PROGRAMS[key] = PROGRAMS[key]
+                R.PROGRAMS[key] = int(mname.split()[-2])
             with S.launch_mode(pdl=pdl, ring=ring):
                 alone = C1.graph_us(C1.chain_graph(lambda i: prod(x, ws[i]), len(ws))) / len(ws)
                 normed = C1.graph_us(C1.chain_graph(lambda i: prod(add_rmsnorm(x, r, nw, 1e-6)[1], ws[i]),
                                                     len(ws))) / len(ws)
             R.SHAPES.clear(); R.SHAPES.update(shipped)  # noqa: E702
             R._STAGED = staged
-            R.PROGRAMS.clear()
+            R.PROGRAMS.clear(); R.PROGRAMS.update(shipped_programs)  # noqa: E702
             out[f"{pname} {mname}"] = {"alone_us": alone, "alone_of_bw": nbytes / (alone * 1e-6) / bw,
                                        "after_norm_us": normed, "stream_us": nbytes / bw * 1e6}
             say(f"{label} {pname:14s} {mname:14s}: alone {alone:6.1f} us ({nbytes / (alone * 1e-6) / bw:5.1%} of copy),"
@@ -128,10 +130,11 @@ def sec_round(base):
         R._STAGED, shipped = n, R._STAGED
         runners[f"{n} staged"] = ModelRunner(base.cfg, model=base.model)
         R._STAGED = shipped
-    if PROGRAMS:
-        R.PROGRAMS.update(PROGRAMS)
-        runners["programs " + ", ".join(map(str, PROGRAMS.values()))] = ModelRunner(base.cfg, model=base.model)
-        R.PROGRAMS.clear()
+    for table in PROGRAM_TABLES:
+        shipped = dict(R.PROGRAMS)
+        R.PROGRAMS.update(table)
+        runners["programs " + ", ".join(map(str, R.PROGRAMS.values()))] = ModelRunner(base.cfg, model=base.model)
+        R.PROGRAMS.clear(); R.PROGRAMS.update(shipped)  # noqa: E702
     out["defaults describe"] = {k: base.describe().get(k) for k in ("decode_ring", "decode_pdl")}
     say(json.dumps(out["defaults describe"]))
     C1.check_bits(runners, out)
