@@ -116,11 +116,9 @@ def sec_chain(model, rows: int = 8, label: str = "chain"):
 def sec_round(base):
     """The round: the defaults (TMA ring, PDL 3) against the plain kernels (ring off, PDL 0); bits, replay
     and host-driven timers (3 interleaved turns), the host's part of a 1-stream round."""
-    import statistics
     from dataclasses import replace
 
     from engine.config import KernelConfig
-    from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
     out = RES.setdefault("round", {})
     from engine import kernels_ring as R
@@ -139,20 +137,7 @@ def sec_round(base):
     say(json.dumps(out["defaults describe"]))
     C1.check_bits(runners, out)
     save()
-    bw, rep_t, host_t = RES["ceilings"]["copy_bandwidth_Bps"], {}, {}
-    for _ in range(3):
-        for name, r in runners.items():
-            for k in (1, 8):
-                rep_t.setdefault((name, k), []).extend(C1.replay_ms(r, k))
-                host_t.setdefault((name, k), []).append(bench_decode(r, k, 32, 1, 128) * 1e3)
-    for (name, k), ts in rep_t.items():
-        r = runners[name]
-        roof = (weight_bytes(r) + k * 129 * r.kv.row_bytes()) / bw * 1e3
-        ms, hs = statistics.median(ts), statistics.median(host_t[(name, k)])
-        out[f"{name} streams {k}"] = {"replay_ms": ms, "ratio": roof / ms, "host_round_ms": hs,
-                                      "host_ratio": roof / hs, "roof_ms": roof}
-        say(f"round {name:24s} {k} streams: replay {ms:.3f} ms ({roof / ms:6.1%}), host-driven {hs:.3f} ms "
-            f"({roof / hs:6.1%}) of {roof:.3f} ms")
+    C1.time_rounds(runners, out, "round")
     for name, r in runners.items():
         out[f"{name} host split"] = host_split(r)
         say("host split", name, json.dumps(out[f"{name} host split"]))

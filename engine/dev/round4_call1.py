@@ -82,7 +82,6 @@ def check_bits(runners: dict, out: dict, label: str = "") -> None:
 
 
 def sec_decode(base, variants: dict | None = None):
-    from engine.dev.bench import bench_decode, weight_bytes
     from engine.runner import ModelRunner
     out = RES.setdefault("decode", {})
     runners = {}
@@ -92,10 +91,22 @@ def sec_decode(base, variants: dict | None = None):
         out[f"{name} graph"] = runners[name].graph is not None
     check_bits(runners, out)
     save()
+    rep_t = time_rounds(runners, out)
+    best = min((n for n in runners if variants[n]), key=lambda n: statistics.median(rep_t[(n, 1)]))
+    RES["best variant"] = best
+    for name in (next(iter(runners)), best):  # the base (first) and the fastest
+        RES[f"profile {name}"] = profile_sum(runners[name])
+    return variants[best]
+
+
+def time_rounds(runners: dict, out: dict, label: str = "decode") -> dict:
+    """Replay and host-driven ms a round at 1 and 8 streams, 3 interleaved turns (drift hits every runner
+    alike), into out["<name> streams <k>"]; returns the replay samples by (name, streams)."""
+    from engine.dev.bench import bench_decode, weight_bytes
     bw = RES["ceilings"]["copy_bandwidth_Bps"]
     rep_t: dict = {}
     host_t: dict = {}
-    for _ in range(3):  # interleaved, so drift hits every variant alike
+    for _ in range(3):
         for name, r in runners.items():
             for k in (1, 8):
                 rep_t.setdefault((name, k), []).extend(replay_ms(r, k))
@@ -107,14 +118,10 @@ def sec_decode(base, variants: dict | None = None):
         out[f"{name} streams {k}"] = {"replay_ms": ms, "ratio": roof_ms / ms, "host_round_ms": hs,
                                       "host_ratio": roof_ms / hs, "roof_ms": roof_ms, "replay_all": ts,
                                       "host_all": host_t[(name, k)]}
-        say(f"decode {name:36s} {k} streams: replay {ms:.3f} ms ({roof_ms / ms:6.1%}), "
+        say(f"{label} {name:36s} {k} streams: replay {ms:.3f} ms ({roof_ms / ms:6.1%}), "
             f"host-driven {hs:.3f} ms ({roof_ms / hs:6.1%}) of roofline {roof_ms:.3f} ms")
     save()
-    best = min((n for n in runners if variants[n]), key=lambda n: statistics.median(rep_t[(n, 1)]))
-    RES["best variant"] = best
-    for name in (next(iter(runners)), best):  # the base (first) and the fastest
-        RES[f"profile {name}"] = profile_sum(runners[name])
-    return variants[best]
+    return rep_t
 
 
 def profile_sum(r) -> dict:
