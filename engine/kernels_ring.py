@@ -28,8 +28,11 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    # written for triton 3.6's Gluon (the H200's); later ones renamed these and refuse the 64-row view
-    HAVE_GLUON = hasattr(tma, "async_copy_global_to_shared") and hasattr(gl.shared_memory_descriptor, "_reinterpret")
+    # written for and measured with triton 3.6's Gluon (the H200's); later ones renamed these and refuse the
+    # 64-row view, and Gluon's API moves between releases: any other takes the Triton kernels
+    import triton
+    HAVE_GLUON = (triton.__version__.startswith("3.6.") and hasattr(tma, "async_copy_global_to_shared")
+                  and hasattr(gl.shared_memory_descriptor, "_reinterpret"))
 except Exception:  # no Triton, or one without Gluon's Hopper ops: the Triton kernels take the products
     HAVE_GLUON = False
 
@@ -38,10 +41,17 @@ _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the
 MAX_ROWS = _XR
 
 
+BROKEN: list[str] = []  # why the ring failed in this process (then the Triton kernels take every product)
+
+
 @functools.cache
-def available() -> bool:
-    """Gluon with Hopper's TMA and wgmma, and a Hopper GPU."""
+def _hopper() -> bool:
     return HAVE_GLUON and torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def available() -> bool:
+    """Gluon with Hopper's TMA and wgmma, a Hopper GPU, and no failure of the ring in this process."""
+    return _hopper() and not BROKEN
 
 
 if HAVE_GLUON:
@@ -216,6 +226,19 @@ def takes(x: torch.Tensor, w: torch.Tensor, split: int, gated: bool = False) -> 
             and x.shape[1] == w.shape[1] and x.stride(1) == 1 and (x.stride(0) * 2) % 16 == 0
             and x.data_ptr() % 16 == 0 and w.is_contiguous()
             and plan(w.shape[0], w.shape[1], x.shape[0], split, gated) is not None)
+
+
+def try_product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = False, pdl: bool = False,
+                out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """product(), or None where it fails (a compile or launch error: the first is in a decode graph's
+    warm-up, before capture): the reason goes to BROKEN and the log, and the caller runs the Triton kernel."""
+    try:
+        return product(x, w, split, gated, pdl, out)
+    except Exception as e:  # pragma: no cover - depends on the device's Triton
+        import logging
+        BROKEN.append(repr(e)[:500])
+        logging.getLogger("tfengine").warning("TMA ring off for this process (%s): the Triton kernels take the products", BROKEN[-1])
+        return None
 
 
 def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = False, pdl: bool = False,

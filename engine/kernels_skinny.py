@@ -252,8 +252,9 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None =
     c = config or GATED.get((n, k, block_m(m)))
     if RING and c is not None and config is None:
         from engine import kernels_ring as R
-        if R.takes(x, w, 1, gated=True):
-            return R.product(x, w, 1, gated=True, pdl=pdl_on() > 0)
+        y = R.try_product(x, w, 1, gated=True, pdl=pdl_on() > 0) if R.takes(x, w, 1, gated=True) else None
+        if y is not None:
+            return y
     if c is None or not supports(x, w, c) or n % 2 or gated_smem(c, block_m(m)) > SMEM_LIMIT:
         from engine.kernels_fused import silu_mul
         return silu_mul(linear(x, w))
@@ -304,7 +305,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) ->
     if supports(x, w, c):
         if RING:
             from engine import kernels_ring as R
-            if R.takes(x, w, c.split_k):
-                return R.product(x, w, c.split_k, pdl=pdl_on() > 0, out=out)
+            y = R.try_product(x, w, c.split_k, pdl=pdl_on() > 0, out=out) if R.takes(x, w, c.split_k) else None
+            if y is not None:
+                return y
         return _launch(x, w, c, out)
     return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)  # F.linear's mm for 2-D x

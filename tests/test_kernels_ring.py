@@ -33,7 +33,7 @@ def test_not_on_a_machine_without_hopper():
 def test_the_round_hands_products_over_with_the_triton_configs_k_ranges(monkeypatch):
     calls = []
     monkeypatch.setattr(R, "takes", lambda x, w, split, gated=False: True)
-    monkeypatch.setattr(R, "product", lambda x, w, split=1, gated=False, pdl=False, out=None:
+    monkeypatch.setattr(R, "try_product", lambda x, w, split=1, gated=False, pdl=False, out=None:
                         calls.append((tuple(w.shape), split, gated, pdl)) or torch.zeros(1))
     monkeypatch.setattr(K, "INTERPRET", False)
     x, x3 = torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(8, 12288, dtype=torch.bfloat16)
@@ -47,6 +47,20 @@ def test_the_round_hands_products_over_with_the_triton_configs_k_ranges(monkeypa
                      ((24576, 4096), 1, True, True), ((6144, 4096), 1, False, False)]
     assert calls[1][1] == 2
     assert not S.RING  # scoped to the launch mode
+
+
+def test_a_ring_that_fails_hands_every_product_back_to_triton(monkeypatch):
+    """A compile or launch error of the ring (another Triton's Gluon, say) must not cost the decode graph:
+    the Triton kernel runs that product, and the ring is off for the rest of the process."""
+    def boom(*a, **kw):
+        raise RuntimeError("no such Gluon op")
+    monkeypatch.setattr(R, "product", boom)
+    monkeypatch.setattr(R, "_hopper", lambda: True)
+    monkeypatch.setattr(R, "BROKEN", [])
+    x, w = torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(6144, 4096, dtype=torch.bfloat16)
+    assert R.available()
+    assert R.try_product(x, w) is None
+    assert not R.available() and "no such Gluon op" in R.BROKEN[0]
 
 
 def _compile(split, gated, pdl, nb):
