@@ -315,6 +315,7 @@ async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=
     site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, bind, port)
     await site.start()
     reaper = asyncio.create_task(api.reap_idle(runner.server))
+    api.bodies.warm()
     log.info("serving %s on http://%s:%d", model.name, bind, port)
     if ready is not None:
         ready()

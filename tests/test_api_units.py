@@ -133,3 +133,27 @@ def test_generation_config_defaults_fill_fields_a_request_leaves_out():
     assert (req.temperature, req.top_p, req.top_k, req.max_tokens) == (0.6, 0.95, 20, 7) and req.seed is not None
     req = parse_completion({"prompt": "a", "temperature": 0, "top_p": None, "max_tokens": 3}, model)
     assert (req.temperature, req.top_p, req.max_tokens) == (0.0, 0.95, 3)
+
+
+def test_the_body_parser_process_starts_with_the_server_not_with_the_first_long_body():
+    """Bodies over 64 KiB are parsed in a process of their own; spawning it costs ~70 ms, which the
+    first long prompt waited for before warm() (engine/dev/PERF.md run 38: its first cut 86 ms after
+    its send). warm() starts that process; the first long body is then served by it, no second spawn."""
+    import asyncio
+    import json
+
+    from engine.api.body import INLINE_BYTES, BodyReader
+
+    async def go():
+        r = BodyReader(1 << 24, 1 << 20, 10.0)
+        assert r._pool is None
+        r.warm()
+        pool = r._pool
+        assert pool is not None
+        body = json.dumps({"prompt": list(range(30_000))})
+        assert len(body) > INLINE_BYTES
+        status, value = await r._parse_elsewhere(body)
+        assert status == "ok" and value["prompt"][-1] == 29_999
+        assert r._pool is pool and len(pool._processes) == 1
+        r.close()
+    asyncio.run(go())

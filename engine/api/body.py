@@ -55,10 +55,21 @@ class BodyReader:
         return ApiError(f"the request body is {what}; at most {self.max_bytes} bytes are accepted "
                         f"(tfengine serve --max-body-mb)", 413)
 
-    async def _parse_elsewhere(self, data: bytes | str) -> tuple[str, object]:
+    def warm(self) -> None:
+        """Start the parser's process now, in the background (the server calls it as it starts): spawning
+        it costs ~70 ms, which the first long body would otherwise wait (an H200 receipt's 32,000-id prompt
+        started its first cut 86 ms after its send, against 12-19 ms with the body parsed inline)."""
+        fut = asyncio.get_running_loop().run_in_executor(self._spawned(), parse_checked, "{}", self.max_values)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failed warm-up: the first body says
+
+    def _spawned(self) -> ProcessPoolExecutor:
         if self._pool is None:
             # spawn: the worker imports only the parser, never torch or the model
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    async def _parse_elsewhere(self, data: bytes | str) -> tuple[str, object]:
+        self._spawned()
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, parse_checked, data, self.max_values)
