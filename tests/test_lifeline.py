@@ -39,7 +39,12 @@ PARENT = textwrap.dedent("""\
     else:
         ctx = launch(["--model", "tiny"], log, start_timeout=120)
     with ctx as srv:
-        time.sleep(0.5)  # let the server's children start
+        # let the server's children start: the command's two, tfengine's long-body parser (and the
+        # resource tracker its spawn starts), which the server starts in the background as it starts
+        want, deadline = (4 if kind in ("command", "tfengine") else 2), time.monotonic() + 30
+        while len(members(srv.pgid, srv.pgid)) < want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
         print(json.dumps({"port": srv.port, "pids": members(srv.pgid, srv.pgid)}), flush=True)
         time.sleep(600)
 """)
@@ -71,7 +76,7 @@ def test_killing_tfbench_stops_the_server_group(tmp_path, kind, sig):
         line = p.stdout.readline()
         assert line, (tmp_path / "s.log").read_text() if (tmp_path / "s.log").exists() else "no log"
         facts = json.loads(line)
-        want = 4 if kind == "command" else 2  # supervisor, server (+ its two children)
+        want = 4 if kind in ("command", "tfengine") else 2  # supervisor, server (+ its two children)
         assert len(facts["pids"]) == want and listening_inodes(facts["port"])
         p.send_signal(sig)
         p.wait(timeout=10)
