@@ -241,6 +241,23 @@ class launch_mode:
         K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING = self.saved
 
 
+def ring_split(n: int, k: int, rows: int, gated: bool = False) -> int | None:
+    """The K ranges engine/kernels_ring.py runs weight shape (N, K) at `rows` rows in: the Triton config's
+    (so the ring's bits are the Triton kernel's); None where the ring does not take the shape."""
+    from engine import kernels_ring as R
+    c = GATED.get((n, k, block_m(rows))) if gated else config_for(n, k, rows)
+    split = None if c is None else 1 if gated else c.split_k
+    return split if split is not None and R.plan(n, k, rows, split, gated) else None
+
+
+def _on_ring(x, w, split: int | None, gated: bool = False, out=None) -> torch.Tensor | None:
+    """The product on the ring inside a launch mode with `ring`, else (or where it fails) None."""
+    if not RING or split is None:
+        return None
+    from engine import kernels_ring as R
+    return R.try_product(x, w, split, gated, pdl_on() > 0, out) if R.takes(x, w, split, gated) else None
+
+
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
     return (bm + 2 * c.block_n) * c.block_k * 2 * c.num_stages
 
@@ -250,11 +267,9 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None =
     GATED (or `config`) has the shape, else linear() then silu_mul."""
     m, (n, k) = x.shape[0], w.shape
     c = config or GATED.get((n, k, block_m(m)))
-    if RING and c is not None and config is None:
-        from engine import kernels_ring as R
-        y = R.try_product(x, w, 1, gated=True, pdl=pdl_on() > 0) if R.takes(x, w, 1, gated=True) else None
-        if y is not None:
-            return y
+    y = _on_ring(x, w, None if config is not None else ring_split(n, k, m, gated=True), gated=True)
+    if y is not None:
+        return y
     if c is None or not supports(x, w, c) or n % 2 or gated_smem(c, block_m(m)) > SMEM_LIMIT:
         from engine.kernels_fused import silu_mul
         return silu_mul(linear(x, w))
@@ -303,10 +318,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) ->
     to write into (engine/tp_fused.py: symmetric memory), the same bits."""
     c = config_for(*w.shape, x.shape[0])
     if supports(x, w, c):
-        if RING:
-            from engine import kernels_ring as R
-            y = R.try_product(x, w, c.split_k, pdl=pdl_on() > 0, out=out) if R.takes(x, w, c.split_k) else None
-            if y is not None:
-                return y
-        return _launch(x, w, c, out)
+        y = _on_ring(x, w, ring_split(*w.shape, x.shape[0]), out=out)
+        return y if y is not None else _launch(x, w, c, out)
     return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)  # F.linear's mm for 2-D x

@@ -331,15 +331,16 @@ class ModelRunner:
             log.info(self.graph_fallback_reason)
             return False
         try:
-            p = self.parallel
-            self._h_in = torch.zeros(3, p, dtype=torch.long).pin_memory()
+            self._h_in = torch.zeros(3, self.parallel, dtype=torch.long).pin_memory()
             self._h_np = self._h_in.numpy()  # rows written straight in, no tensor from lists
-            self._s_in = torch.zeros(3, p, dtype=torch.long, device=self.device)
+            self._s_in = torch.zeros(3, self.parallel, dtype=torch.long, device=self.device)
             self._s_in[2] = self._h_in[2] = self.spare  # warm-up (and a replay before any round) write the spare lane
             from engine.kernels_skinny import launch_mode
             knobs, (combine, self._qk_fold) = self.cfg.kernels, self._folds()
-            pdl = knobs.pdl_for(self.cfg.tensor_parallel, torch.cuda.get_device_capability(self.device)) * self.fused
-            mode = launch_mode(pdl, fold_combine=combine, fold_qk_norm=self._qk_fold, ring=self.skinny and knobs.ring)
+            cap = torch.cuda.get_device_capability(self.device)
+            self.decode_pdl = knobs.pdl_for(self.cfg.tensor_parallel, cap) * self.fused  # /v1/engine's decode_pdl
+            mode = launch_mode(self.decode_pdl, fold_combine=combine, fold_qk_norm=self._qk_fold,
+                               ring=self.skinny and knobs.ring)
             with torch.inference_mode(), mode:
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
@@ -356,8 +357,7 @@ class ModelRunner:
             self.graph = g
             return True
         except Exception as e:  # pragma: no cover - depends on the device
-            self.graph = None
-            self.graph_fallback_reason = f"CUDA graph capture failed ({e!r}): eager decode rounds"
+            self.graph, self.graph_fallback_reason = None, f"CUDA graph capture failed ({e!r}): eager decode rounds"
             log.warning(self.graph_fallback_reason)
             return False
 

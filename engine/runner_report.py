@@ -42,21 +42,15 @@ def describe(r) -> dict:
 def _describe_cuda(r) -> dict:
     """The decode graph's launch mode and which products its TMA ring takes (engine/kernels_ring.py)."""
     from engine import kernels_ring as R
-    from engine.kernels_skinny import GATED, block_m, config_for
-    k, tp = r.cfg.kernels, r.cfg.tensor_parallel
+    from engine.kernels_skinny import ring_split
     ring = []
-    if r.skinny and k.ring and r.graph is not None and R.available():
+    if r.skinny and r.cfg.kernels.ring and r.graph is not None and R.available():
         layer = r.model.model.layers[0]
-        for name, w in (("q/k/v", layer.self_attn.wqkv), ("o", layer.self_attn.o_proj.weight),
-                        ("down", layer.mlp.down_proj.weight)):
-            c = config_for(*w.shape, r.round_rows)
-            if c is not None and R.plan(*w.shape, r.round_rows, c.split_k, False):
+        for name, w, gated in (("q/k/v", layer.self_attn.wqkv, False), ("o", layer.self_attn.o_proj.weight, False),
+                               ("down", layer.mlp.down_proj.weight, False), ("gate/up", layer.mlp.w_gate_up, True)):
+            if ring_split(*w.shape, r.round_rows, gated) is not None:
                 ring.append(name)
-        w = layer.mlp.w_gate_up
-        if GATED.get((*w.shape, block_m(r.round_rows))) and R.plan(*w.shape, r.round_rows, 1, True):
-            ring.append("gate/up")
-    pdl = k.pdl_for(tp, torch.cuda.get_device_capability(r.device)) if r.fused and r.graph is not None else 0
-    return {"decode_pdl": pdl, "decode_ring": ring}
+    return {"decode_pdl": getattr(r, "decode_pdl", 0) if r.graph is not None else 0, "decode_ring": ring}
 
 
 def _describe_cpu(r) -> dict:

@@ -69,10 +69,9 @@ class BodyReader:
         return self._pool
 
     async def _parse_elsewhere(self, data: bytes | str) -> tuple[str, object]:
-        self._spawned()
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._pool, parse_checked, data, self.max_values)
+            return await loop.run_in_executor(self._spawned(), parse_checked, data, self.max_values)
         except BrokenProcessPool:
             self._pool = None
             raise ApiError("the body parser restarted: send the request again", 503) from None
