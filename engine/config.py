@@ -154,6 +154,10 @@ class KernelConfig:
     # shapes in engine/kernels_ring.py SHAPES go through a warp-specialized TMA ring, the same bits as
     # engine/kernels_skinny.py's; with pdl, each product's weights stream before it waits.
     ring: bool = True
+    # Decode rounds launched one ahead (engine/ahead.py): where the lane host expects the next
+    # round to feed this one's greedy ids, it runs while the host reads them. None: on with the
+    # CUDA decode graph at one rank; True on the CPU runs the same logic eagerly (tests).
+    overlap: bool | None = None
     # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
     # last split program instead of a kernel of its own (engine/kernels.py), the same bits:
     # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).

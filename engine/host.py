@@ -60,6 +60,7 @@ class LaneHost:
     def __post_init__(self):
         self.policy = LanePolicy(self.cfg, self.clock)
         self.rows = self.cfg.prefill_rows
+        self.runs_ahead = bool(getattr(self.backend, "runs_ahead", False))  # decode(..., ahead=True)
         self.free: list[int] = list(range(self.backend.parallel))
         self.lane_rows: dict[int, list[int]] = {}  # prompt rows a free lane still holds
         self.waiting: deque[Sequence] = deque()
@@ -283,8 +284,13 @@ class LaneHost:
         positions = [len(s.prompt) + len(s.output) - 1 + i for s, toks in zip(runnable, feeds)
                      for i in range(len(toks))]
         lps: list | None = None if all(s.sampling.plain for s in runnable) else []
+        # no prompt waits, one greedy row a stream: the next round is most likely this one's
+        # streams fed their ids, which a backend that runs ahead launches now (engine/ahead.py)
+        ahead = self.runs_ahead and lps is None and not self.prompts and len(tokens) == len(runnable)
 
         def round_():
+            if ahead:
+                return self.backend.decode(lanes, tokens, positions, ahead=True)
             if lps is None:  # every stream greedy: the backend's plain call
                 return self.backend.decode(lanes, tokens, positions)
             sampling = [s.sampling for s, toks in zip(runnable, feeds) for _ in toks]

@@ -30,6 +30,7 @@ from typing import Sequence
 
 import torch
 
+from engine.ahead import Ahead, advance_inputs
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets, rows_invariant
 from engine.cpu_attn import BMM, C_KERNEL, kernel as c_attention
@@ -115,6 +116,7 @@ class ModelRunner:
                 self.batch_cuts = self.cpu_rows_free
                 log.info("CPU prompt cuts: %s", "together" if self.cpu_rows_free else "one at a time")
         self.graph = None
+        self.ahead: Ahead | None = None  # rounds launched one ahead (engine/ahead.py)
         self._qk_fold = False  # the graph norms q/k in its attention (capture_graph)
         self.graph_fallback_reason: str | None = None
         self._attend_cuda = None
@@ -132,6 +134,8 @@ class ModelRunner:
             self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
+        if self.device.type != "cuda" and self._overlaps():
+            self.ahead = self._eager_ahead()
 
     def _check_kv_fits(self, mcfg: ModelConfig) -> None:
         """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""
@@ -283,25 +287,34 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
-               sampling: Sequence[SamplingParams] | None = None, logprobs: list | None = None) -> list[int]:
+               sampling: Sequence[SamplingParams] | None = None, logprobs: list | None = None,
+               ahead: bool = False) -> list[int]:
+        """`ahead`: the caller expects the next round to feed these lanes their ids at the next
+        positions; where the runner runs rounds ahead (engine/ahead.py) it launches that round now."""
         if not (len(lanes) == len(tokens) == len(positions)):
             raise ValueError("lanes, tokens and positions differ in length")
         if not lanes:
             return []
         rows, where = self._padded(lanes, tokens, positions)
-        if self._graph_takes(lanes):
-            self._h_np[...] = rows
+        greedy = sampling is None or all(sp.plain for sp in sampling)
+        if self.ahead is not None and (self.graph is None or self._graph_takes(lanes)):
+            out = self.ahead.round(rows, ahead and len(set(lanes)) == len(lanes), greedy)  # engine/ahead.py
+            logits = self._s_logits
+        elif self._graph_takes(lanes):
+            self._h_np[:3] = rows
             self.graph.replay()  # its first node copies the rows in
             logits, out = self._s_logits, self._s_out.tolist()
         elif self.cpu_round is not None and self.cpu_round.ready and not self.fused:
             logits, ids_t = self.cpu_round.rows(rows, self.spare, self.kv)  # the same bits as below
             out = ids_t.tolist()
         else:
+            if self.ahead is not None:
+                self.ahead.drop()  # (a round of several rows a lane: see _graph_takes)
             inp = torch.tensor(rows, dtype=torch.long, device=self.device)
             logits = self._decode_body(inp, rows=list(zip(rows[2], rows[1])))
             out = logits.argmax(-1).tolist()
         ids = [out[row] for row in where]
-        if sampling is None or all(sp.plain for sp in sampling):
+        if greedy:
             return ids
         # the new token of an entry fed at position q sits at q + 1
         return choose(logits[where], ids, sampling, [q + 1 for q in positions], logprobs)
@@ -331,9 +344,10 @@ class ModelRunner:
             log.info(self.graph_fallback_reason)
             return False
         try:
-            self._h_in = torch.zeros(3, self.parallel, dtype=torch.long).pin_memory()
+            # tokens, positions, lanes, steps (1 on a lane's row: engine/ahead.py advance_inputs)
+            self._h_in = torch.zeros(4, self.parallel, dtype=torch.long).pin_memory()
             self._h_np = self._h_in.numpy()  # rows written straight in, no tensor from lists
-            self._s_in = torch.zeros(3, self.parallel, dtype=torch.long, device=self.device)
+            self._s_in = torch.zeros(4, self.parallel, dtype=torch.long, device=self.device)
             self._s_in[2] = self._h_in[2] = self.spare  # warm-up (and a replay before any round) write the spare lane
             from engine.kernels_skinny import launch_mode
             knobs, (combine, self._qk_fold) = self.cfg.kernels, self._folds()
@@ -353,13 +367,56 @@ class ModelRunner:
                     self._s_in.copy_(self._h_in, non_blocking=True)
                     self._s_logits = self._decode_body(self._s_in)
                     self._s_out = self._s_logits.argmax(-1)
+                if self._overlaps():
+                    chained = torch.cuda.CUDAGraph()  # the round after the last, from its ids on the device
+                    with torch.cuda.graph(chained):
+                        advance_inputs(self._s_in, self._s_out)
+                        torch.argmax(self._decode_body(self._s_in), -1, out=self._s_out)
+                    self.ahead = Ahead(self._fresh_graph, chained.replay, self._s_out, self.spare, self.max_model_len)
             torch.cuda.synchronize()
             self.graph = g
             return True
         except Exception as e:  # pragma: no cover - depends on the device
-            self.graph, self.graph_fallback_reason = None, f"CUDA graph capture failed ({e!r}): eager decode rounds"
+            self.graph, self.ahead = None, None
+            self.graph_fallback_reason = f"CUDA graph capture failed ({e!r}): eager decode rounds"
             log.warning(self.graph_fallback_reason)
             return False
+
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether decode(..., ahead=True) launches the next round before returning (engine/ahead.py)."""
+        return self.ahead is not None
+
+    def _overlaps(self) -> bool:
+        """Whether rounds run ahead (KernelConfig.overlap): by default with the decode graph at one rank."""
+        on = self.cfg.kernels.overlap
+        return bool(on) if on is not None else self.device.type == "cuda" and self.cfg.tensor_parallel == 1
+
+    def _fresh_graph(self, rows) -> None:
+        self._h_np[:3] = rows
+        self._h_np[3] = [lane != self.spare for lane in rows[2]]
+        self.graph.replay()
+
+    def _eager_ahead(self) -> Ahead:
+        """Rounds ahead without a graph (KernelConfig.overlap=True on the CPU: the same logic, run
+        at once, for tests): the eager round on the inputs the graphs would hold."""
+        p = self.round_rows
+        self._s_in = torch.zeros(4, p, dtype=torch.long, device=self.device)
+        self._s_out = torch.zeros(p, dtype=torch.long, device=self.device)
+
+        def run() -> None:
+            rows = list(zip(self._s_in[2].tolist(), self._s_in[1].tolist()))
+            self._s_logits = self._decode_body(self._s_in, rows=rows)
+            torch.argmax(self._s_logits, -1, out=self._s_out)
+
+        def fresh(rows) -> None:
+            self._s_in.copy_(torch.tensor([*rows, [lane != self.spare for lane in rows[2]]]))
+            run()
+
+        def chained() -> None:
+            advance_inputs(self._s_in, self._s_out)
+            run()
+        return Ahead(fresh, chained, self._s_out, self.spare, self.max_model_len)
 
     # ---- helpers -----------------------------------------------------------------------------
     def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False,
@@ -370,7 +427,8 @@ class ModelRunner:
         while len(out) < max_tokens and pos < self.max_model_len:
             if stop_at_eos and out[-1] in self.eos_token_ids:
                 break
-            out.append(self.decode([lane], [out[-1]], [pos], None if sampling is None else [sampling])[0])
+            out.append(self.decode([lane], [out[-1]], [pos], None if sampling is None else [sampling],
+                                   ahead=len(out) + 1 < max_tokens)[0])
             pos += 1
         return out
 
@@ -379,7 +437,7 @@ class ModelRunner:
         outs = [[self.prefill(lane, p)] for lane, p in zip(lanes, prompts)]
         pos = [len(p) for p in prompts]
         while len(outs[0]) < max_tokens:
-            for o, t in zip(outs, self.decode(list(lanes), [o[-1] for o in outs], pos)):
+            for o, t in zip(outs, self.decode(list(lanes), [o[-1] for o in outs], pos, ahead=len(outs[0]) + 1 < max_tokens)):
                 o.append(t)
             pos = [q + 1 for q in pos]
         return outs

@@ -82,8 +82,9 @@ def bench_prefill(r: ModelRunner, n: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def bench_decode(r: ModelRunner, streams: int, rounds: int, reps: int, ctx: int) -> float:
-    """Median seconds of one decode round with `streams` lanes decoding (contexts ~ctx tokens)."""
+def bench_decode(r: ModelRunner, streams: int, rounds: int, reps: int, ctx: int, ahead: bool = True) -> float:
+    """Median seconds of one decode round with `streams` lanes decoding (contexts ~ctx tokens);
+    `ahead` as the lane host asks with no prompt waiting (engine/ahead.py)."""
     lanes = list(range(streams))
     times = []
     for rep in range(reps + 1):
@@ -93,7 +94,7 @@ def bench_decode(r: ModelRunner, streams: int, rounds: int, reps: int, ctx: int)
         pos = [ctx] * streams
         t = time.perf_counter()
         for _ in range(rounds):
-            toks = r.decode(lanes, toks, pos)
+            toks = r.decode(lanes, toks, pos, ahead=ahead)
             pos = [p + 1 for p in pos]
         dt = (time.perf_counter() - t) / rounds
         if rep:  # the first repetition is the warm-up
@@ -123,8 +124,16 @@ def prompt_flops(r: ModelRunner, n: int) -> float:
 
 
 def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
-    """Rows beside the main figures: shape 1 (not row-invariant) and the plain torch ops."""
+    """Rows beside the main figures: rounds not run ahead, shape 1 (not row-invariant) and the
+    plain torch ops."""
     from dataclasses import replace
+    if r.runs_ahead:  # the host's part of a round, back on the GPU's clock
+        s0 = bench_decode(r, 1, rounds, reps, ctx, ahead=False)
+        gain = s0 / out["decode"][1]["round_s"] - 1
+        out["decode_not_ahead_1"] = {"round_s": s0, "tok_s": 1 / s0, "ahead_gain": gain}
+        table.add_row("decode 1 stream, not run ahead", f"{s0 * 1e3:.2f} ms", f"{1 / s0:,.1f}", "",
+                      f"ahead gains {gain:+.1%}")
+        print(f"decode 1 stream not run ahead | {s0 * 1e3:.2f} ms", flush=True)
     r1 = ModelRunner(replace(cfg, parallel=1, max_model_len=ctx + rounds + 64), model=r.model)
     s1 = bench_decode(r1, 1, rounds, reps, ctx)
     pad_cost = out["decode"][1]["round_s"] / s1 - 1

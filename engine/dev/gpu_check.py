@@ -121,8 +121,29 @@ def check_exactness(res, model):
     from engine.runner import ModelRunner
     d = r.describe()
     res["decode_ring"], res["decode_pdl"] = d.get("decode_ring"), d.get("decode_pdl")
-    plain = ModelRunner(replace(r.cfg, kernels=KernelConfig(ring=False, pdl=0)), model=r.model)
+    plain = ModelRunner(replace(r.cfg, kernels=KernelConfig(ring=False, pdl=0, overlap=False)), model=r.model)
     res["exact_ring_pdl_equals_plain_kernels"] = plain.generate(target, 24, lane=0) == alone
+    # rounds run ahead (generate asks for them): four streams, two of them ending early, then the
+    # same rounds without; ids equal, and the rounds in flight served the next call
+    res["ahead_runs"] = r.runs_ahead
+    if r.runs_ahead:
+        taken = r.ahead.taken
+        runs = {}
+        for who in (r, plain):
+            outs = [[who.prefill(ln, p)] for ln, p in zip(lanes, ps)]
+            live, pos = list(range(4)), [len(p) for p in ps]
+            for k in range(20):
+                if k in (6, 11):
+                    live.pop()
+                new = who.decode([lanes[i] for i in live], [outs[i][-1] for i in live], [pos[i] for i in live],
+                                 ahead=True)
+                for i, t in zip(live, new):
+                    outs[i].append(t)
+                    pos[i] += 1
+            runs[who is r] = outs
+        res["exact_ahead_equals_plain"] = runs[True] == runs[False]
+        res["exact_ahead_equals_alone"] = runs[True][0] == alone[:21]  # the target, in lane 6
+        res["ahead_taken"], res["ahead_wasted"] = r.ahead.taken - taken, r.ahead.wasted
     del r, plain
     torch.cuda.empty_cache()
 

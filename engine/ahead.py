@@ -1,0 +1,113 @@
+"""Decode rounds launched one ahead: the next round runs while the host reads this one's ids.
+
+A plain round: the host writes its rows, the graph runs, the host waits for the ids, emits them,
+builds the next round and launches it. The GPU idles through the host's part (~0.2 ms a round
+on the H200, engine/dev/PERF.md run 38). When the lane host expects the next round to be this
+one's lanes fed their own greedy ids at the next positions (`ahead`: no prompt waits, every
+stream greedy, one row a stream), the runner launches that round at once, from the ids still on
+the device (`advance_inputs`: tokens = the last round's argmax, positions + 1 on a lane's row),
+and only then reads this round's ids. vLLM and SGLang call this async (overlap) scheduling.
+
+The next call takes the round in flight when every row it asks for is a row that round
+computed: the same lane, token and position in the same row. A row's bits never depend on the
+other rows (the fixed padded shape), so rows the caller dropped (a stream that ended, one paused)
+do not matter, and a round taken this way returns exactly the ids a fresh one would.
+
+What a round launched for nothing leaves: each of its lanes' K/V row at the next position,
+written from the token the lane's history holds there (its last id), the row a later round or a
+resumed prompt would write; a new prompt's cut in that lane runs after it on the same stream and
+overwrites it. A lane at its last position (max_model_len - 1) is never run ahead: its next row
+would land in the next lane's cache. Sampled rounds never run ahead (a draw reads the logits).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+Rows = Sequence[Sequence[int]]  # [tokens, positions, lanes] of one round, one entry a row
+
+
+def advance(rows: Rows, ids: Sequence[int], spare: int) -> list[list[int]]:
+    """The rows of the round after `rows` as the device builds them (advance_inputs): every row
+    fed its own id, a lane's row one position on, the spare lane's rows where they were."""
+    tokens, positions, lanes = rows
+    return [list(ids), [p + (lane != spare) for p, lane in zip(positions, lanes)], list(lanes)]
+
+
+def advance_inputs(s_in: torch.Tensor, s_out: torch.Tensor) -> None:
+    """In place on the device: s_in [4, rows] (tokens, positions, lanes, steps) becomes the next
+    round's, from s_out, the last round's ids; steps is 1 on a lane's row, 0 on a spare one."""
+    s_in[0].copy_(s_out)
+    s_in[1].add_(s_in[3])
+
+
+class Ahead:
+    """Runs a runner's rounds, one ahead where asked. `fresh(rows)` launches a round from the
+    host's rows; `chained()` launches the round after the last one from the device (a CUDA graph
+    replay each, or eager rounds on the CPU); either leaves its ids in `s_out`."""
+
+    def __init__(self, fresh: Callable[[Rows], None], chained: Callable[[], None], s_out: torch.Tensor,
+                 spare: int, max_len: int):
+        self.fresh, self.chained, self.s_out = fresh, chained, s_out
+        self.spare, self.max_len = spare, max_len
+        cuda = s_out.device.type == "cuda"
+        # ids come back through two pinned slots: the round in flight copies into one while the
+        # host reads the other
+        self.h_out = torch.zeros(2, s_out.numel(), dtype=torch.long, pin_memory=cuda)
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.slot = 0
+        self.pending: tuple[list[list[int]], int] | None = None  # the round in flight: its rows, its slot
+        self.taken = 0  # rounds served from a round launched ahead (tests, /metrics-style counts)
+        self.wasted = 0  # rounds launched ahead and not asked for
+
+    def round(self, rows: Rows, ahead: bool, greedy: bool = True) -> list[int]:
+        """The ids of the round `rows`; with `ahead` (and greedy), the next round is launched
+        before they are read."""
+        s = self._take(rows) if greedy else self.drop()
+        if s is None:
+            self.fresh(rows)
+            s = self._read_back()
+        nxt = None
+        if ahead and greedy and self._room(rows):
+            self.chained()
+            nxt = self._read_back()
+        ids = self._ids(s)
+        if nxt is not None:
+            self.pending = (advance(rows, ids, self.spare), nxt)
+        return ids
+
+    def _room(self, rows: Rows) -> bool:
+        return all(p + 1 < self.max_len for p, lane in zip(rows[1], rows[2]) if lane != self.spare)
+
+    def _take(self, rows: Rows) -> int | None:
+        """The slot of the round in flight if it is the round `rows` asks for, else None."""
+        if self.pending is None:
+            return None
+        (tok, pos, lanes), s = self.pending
+        self.pending = None
+        for r, lane in enumerate(rows[2]):
+            if lane != self.spare and (lanes[r] != lane or pos[r] != rows[1][r] or tok[r] != rows[0][r]):
+                self.wasted += 1
+                return None
+        self.taken += 1
+        return s
+
+    def drop(self) -> None:
+        """Forget the round in flight (the next round is not it)."""
+        if self.pending is not None:
+            self.pending, self.wasted = None, self.wasted + 1
+        return None
+
+    def _read_back(self) -> int:
+        """After a launch: its ids copied to a pinned slot, behind it on the stream."""
+        s, self.slot = self.slot, self.slot ^ 1
+        self.h_out[s].copy_(self.s_out, non_blocking=True)
+        if self.events[s] is not None:
+            self.events[s].record()
+        return s
+
+    def _ids(self, s: int) -> list[int]:
+        if self.events[s] is not None:
+            self.events[s].synchronize()
+        return self.h_out[s].tolist()
