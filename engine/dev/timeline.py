@@ -1,0 +1,68 @@
+"""One decode round's kernels on the GPU's clock (issue 14, run 40): qwen3-8b at --parallel 8, one
+stream at context 128, rounds run ahead; torch.profiler's CUDA activity for 10 rounds. Writes, per
+kernel of the round in order, its name, duration and the idle gap before it, and a summary by
+kernel name: where the round's time beyond the weights' stream goes.
+
+    PYTHONPATH=. python3 -m engine.dev.timeline --out $OUT
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from engine.config import EngineConfig
+from engine.runner import build_runner
+
+
+def main(argv):
+    out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
+    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
+                                  max_model_len=1024, prefill_rows=256))
+    lanes, toks, pos = [0], [r.prefill(0, [(i * 37 + 5) % 1000 for i in range(128)])], 128
+    for _ in range(5):
+        toks, pos = r.decode(lanes, toks, [pos], ahead=True), pos + 1
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            toks, pos = r.decode(lanes, toks, [pos], ahead=True), pos + 1
+    torch.cuda.synchronize()
+    ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    kern = [(e.name, e.time_range.start, e.time_range.end) for e in ev if "memcpy" not in e.name.lower()
+            and "memset" not in e.name.lower()]
+    # a round ends at its argmax (a reduction with ArgMaxOps); it starts after the one before
+    ends = [i for i, (n, _, _) in enumerate(kern) if "argmax" in n.lower()]
+    res = {"kernels": len(kern), "rounds": len(ends)}
+    rounds = [kern[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
+    if rounds:
+        mid = rounds[len(rounds) // 2]
+        t0 = mid[0][1]
+        res["round_us"] = [(ks[-1][2] - ks[0][1]) for ks in rounds]
+        res["one_round"] = [{"name": n[:70], "start_us": round(s - t0, 2), "dur_us": round(e - s, 2),
+                             "gap_us": round(s - mid[i - 1][2], 2) if i else 0.0}
+                            for i, (n, s, e) in enumerate(mid)]
+        by: dict = {}
+        for ks in rounds:
+            per: dict = {}
+            for i, (n, s, e) in enumerate(ks):
+                d = per.setdefault(n[:70], [0, 0.0, 0.0])
+                d[0] += 1
+                d[1] += e - s
+                d[2] += (s - ks[i - 1][2]) if i else 0.0
+            for n, (c, busy, gap) in per.items():
+                by.setdefault(n, []).append((c, busy, gap))
+        res["by_name"] = {n: {"count": v[0][0], "busy_us": round(statistics.median(x[1] for x in v), 1),
+                              "gaps_before_us": round(statistics.median(x[2] for x in v), 1)}
+                          for n, v in sorted(by.items(), key=lambda kv: -kv[1][0][1])}
+        res["busy_us"] = statistics.median(sum(e - s for _, s, e in ks) for ks in rounds)
+        res["span_us"] = statistics.median(res["round_us"])
+    print(json.dumps({k: v for k, v in res.items() if k != "one_round"}, indent=1), flush=True)
+    with open(f"{out}/timeline.json", "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
