@@ -44,12 +44,14 @@ def advance_inputs(s_in: torch.Tensor, s_out: torch.Tensor) -> None:
 
 class Ahead:
     """Runs a runner's rounds, one ahead where asked. `fresh(rows)` launches a round from the
-    host's rows; `chained()` launches the round after the last one from the device (a CUDA graph
-    replay each, or eager rounds on the CPU); either leaves its ids in `s_out`."""
+    host's rows; each of `chains` launches the round after the last one from the device (a CUDA
+    graph replay each, or eager rounds on the CPU), taken in turn; each leaves its ids in `s_out`.
+    (Why several copies of the chained graph: see engine/dev/PERF.md run 41.)"""
 
-    def __init__(self, fresh: Callable[[Rows], None], chained: Callable[[], None], s_out: torch.Tensor,
+    def __init__(self, fresh: Callable[[Rows], None], chains: Sequence[Callable[[], None]], s_out: torch.Tensor,
                  spare: int, max_len: int):
-        self.fresh, self.chained, self.s_out = fresh, chained, s_out
+        self.fresh, self.chains, self.s_out = fresh, list(chains), s_out
+        self.turn = 0  # the chain to launch next
         self.spare, self.max_len = spare, max_len
         cuda = s_out.device.type == "cuda"
         # ids come back through two pinned slots: the round in flight copies into one while the
@@ -76,6 +78,11 @@ class Ahead:
         if nxt is not None:
             self.pending = (advance(rows, ids, self.spare), nxt)
         return ids
+
+    def chained(self) -> None:
+        """Launch the round after the last one, from its ids on the device."""
+        self.chains[self.turn % len(self.chains)]()
+        self.turn += 1
 
     def _room(self, rows: Rows) -> bool:
         return all(p + 1 < self.max_len for p, lane in zip(rows[1], rows[2]) if lane != self.spare)

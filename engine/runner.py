@@ -367,12 +367,14 @@ class ModelRunner:
                     self._s_in.copy_(self._h_in, non_blocking=True)
                     self._s_logits = self._decode_body(self._s_in)
                     self._s_out = self._s_logits.argmax(-1)
-                if self._overlaps():
-                    chained = torch.cuda.CUDAGraph()  # the round after the last, from its ids on the device
-                    with torch.cuda.graph(chained):
-                        advance_inputs(self._s_in, self._s_out)
-                        torch.argmax(self._decode_body(self._s_in), -1, out=self._s_out)
-                    self.ahead = Ahead(self._fresh_graph, chained.replay, self._s_out, self.spare, self.max_model_len)
+                if self._overlaps():  # the round after the last, from its ids on the device; two copies
+                    chained = [torch.cuda.CUDAGraph() for _ in range(2)]  # taken in turn (engine/ahead.py)
+                    for c in chained:
+                        with torch.cuda.graph(c):
+                            advance_inputs(self._s_in, self._s_out)
+                            torch.argmax(self._decode_body(self._s_in), -1, out=self._s_out)
+                    self.ahead = Ahead(self._fresh_graph, [c.replay for c in chained], self._s_out, self.spare,
+                                       self.max_model_len)
             torch.cuda.synchronize()
             self.graph = g
             return True
@@ -416,7 +418,7 @@ class ModelRunner:
         def chained() -> None:
             advance_inputs(self._s_in, self._s_out)
             run()
-        return Ahead(fresh, chained, self._s_out, self.spare, self.max_model_len)
+        return Ahead(fresh, [chained], self._s_out, self.spare, self.max_model_len)
 
     # ---- helpers -----------------------------------------------------------------------------
     def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False,

@@ -1,10 +1,9 @@
 """Issue 14, run 41 (engine/dev/PERF.md): where a round run ahead still idles the GPU. qwen3-8b at
 --parallel 8, one stream at context 128; ms a round (median of 3 x 32 rounds) for:
-  plain      decode() not ahead (host writes rows, graph A, ids read back synchronously)
-  ahead      decode(ahead=True) as the lane host calls it (engine/ahead.py)
-  raw        the chained graph, its ids' copy and an event, waiting on the round before (no Python logic)
-  raw-noout  the same without the ids' copy
-  replay     the chained graph replayed 32 times, then one sync (the GPU's own time)
+  A replay   the host-fed graph replayed N times between two CUDA events (the GPU's clock)
+  B replay   the chained graph likewise (its inputs advanced on the device), from position 129
+  ahead      decode(ahead=True) as the bench times it: first call to the N-th return (host clock)
+  plain      decode() not ahead, likewise
 and the host's time in each step of decode(ahead=True), and the GPU's idle between rounds.
 
     PYTHONPATH=. python3 -m engine.dev.ahead_probe --out $OUT
@@ -24,17 +23,6 @@ from engine.runner import build_runner
 N = 32
 
 
-def per_round(fn, reps=3) -> float:
-    ts = []
-    for _ in range(reps + 1):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t) / N * 1e3)
-    return statistics.median(ts[1:])
-
-
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
@@ -49,32 +37,57 @@ def main(argv):
                 state["tok"] = r.decode([0], [state["tok"]], [state["pos"]], ahead=ahead)[0]
                 state["pos"] += 1
         return go
-    chained = a.chained
+    chains = list(a.chains)
 
-    def raw(copy):
-        def go():
-            evs = []
-            for _ in range(N):
-                chained()
-                if copy:
-                    a.h_out[0].copy_(a.s_out, non_blocking=True)
-                e = torch.cuda.Event()
-                e.record()
-                if evs:
-                    evs[-1].synchronize()
-                evs.append(e)
-        return go
+    def one_exec():
+        a.chains = chains[:1]
 
-    def replay():
-        for _ in range(N):
-            chained()
+    def two_execs():
+        a.chains = chains
+
     res = {}
-    for name, fn in [("plain", decode(False)), ("ahead", decode(True)), ("raw", raw(True)),
-                     ("raw-noout", raw(False)), ("replay", replay)]:
-        state["pos"] = 128  # every variant rewrites the same rows
+
+    def reset():  # a fresh round at position 128: every variant decodes the same context
         a.drop()
-        res[name] = per_round(fn)
-        print(f"{name:10s} {res[name]:.3f} ms a round", flush=True)
+        state["tok"], state["pos"] = r.decode([0], [first], [128])[0], 129
+
+    def gpu_ms(launch) -> float:
+        """ms a round on the GPU's clock: N launches between two events, no host wait between."""
+        reset()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(N):
+            launch()
+        e1.record()
+        e1.synchronize()
+        return e0.elapsed_time(e1) / N
+
+    def host_ms(ahead) -> float:
+        """ms a round as the bench times it: from the first call to the N-th call's return."""
+        reset()
+        t = time.perf_counter()
+        decode(ahead)()
+        return (time.perf_counter() - t) / N * 1e3
+
+    def a_replay():
+        r.graph.replay()
+
+    def fill_a():
+        r._fresh_graph([[first] + [0] * 7, [144] + [0] * 7, [0] + [r.spare] * 7])
+    samples: dict = {}
+    with torch.inference_mode():
+        for _ in range(3):
+            fill_a()
+            samples.setdefault("A replay (gpu)", []).append(gpu_ms(a_replay))
+            for execs, setup in (("1 exec", one_exec), ("2 execs", two_execs)):
+                setup()
+                samples.setdefault(f"B replay, {execs} (gpu)", []).append(gpu_ms(a.chained))
+                samples.setdefault(f"ahead, {execs} (host)", []).append(host_ms(True))
+            samples.setdefault("plain (host)", []).append(host_ms(False))
+    for k, v in samples.items():
+        res[k] = statistics.median(v)
+        print(f"{k:28s} {res[k]:.3f} ms a round  {[round(x, 3) for x in v]}", flush=True)
+    two_execs()
     # host time a step inside decode(ahead=True)
     spans: dict = {}
 
@@ -85,6 +98,7 @@ def main(argv):
             spans.setdefault(name, []).append((time.perf_counter() - t) * 1e6)
             return v
         return w
+    chained = a.chained
     a.chained, a._read_back, a._ids, a._take = (timed("chained", a.chained), timed("read_back", a._read_back),
                                                 timed("ids wait", a._ids), timed("take", a._take))
     r._padded = timed("padded", r._padded)
@@ -111,6 +125,8 @@ def main(argv):
         gaps.append({"after_argmax_us": round(nxt.time_range.start - ev[i].time_range.end, 1),
                      "between": [e.name[:40] for e in ev[i + 1:i + 4]]})
     res["gaps"] = gaps[:6]
+    res["span_us"] = statistics.median(ev[j].time_range.end - ev[i + 1].time_range.start
+                                       for i, j in zip(ends, ends[1:]))  # first kernel after an argmax to the next argmax
     res["gap_median_us"] = statistics.median(g["after_argmax_us"] for g in gaps) if gaps else None
     print(json.dumps(res, indent=1), flush=True)
     with open(f"{out}/ahead_probe.json", "w") as f:
