@@ -6,7 +6,9 @@
   plain      decode() not ahead, likewise
 and the host's time in each step of decode(ahead=True), and the GPU's idle between rounds.
 
-    PYTHONPATH=. python3 -m engine.dev.ahead_probe --out $OUT
+    PYTHONPATH=. python3 -m engine.dev.ahead_probe --out $OUT [--lengths]
+
+--lengths (run 42): the same rounds at two --max-model-len (the split attention's grid grows with it).
 """
 from __future__ import annotations
 
@@ -23,8 +25,56 @@ from engine.runner import build_runner
 N = 32
 
 
+def lengths(out, turns=5):
+    """The split attention's grid is (rows, KV heads, max_model_len / 256): the rounds at
+    --max-model-len 2,048 and 32,784 (the bench's default) with 1 and 8 streams at context 128,
+    on the GPU's clock (chained graph) and as the bench times them, interleaved."""
+    from dataclasses import replace
+
+    from engine.runner import ModelRunner
+    base = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
+                                     max_model_len=2048, prefill_rows=4096))
+    runners = {2048: base, 32784: ModelRunner(replace(base.cfg, max_model_len=32784), model=base.model)}
+    for r in runners.values():
+        r.cuts_warmed.result()
+    firsts = {n: [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(128)]) for ln in range(8)]
+              for n, r in runners.items()}
+    samples: dict = {}
+    with torch.inference_mode():
+        for _ in range(turns):
+            for n, r in runners.items():
+                for k in (1, 8):
+                    lanes = list(range(k))
+                    r.ahead.drop()
+                    toks = r.decode(lanes, firsts[n][:k], [128] * k)
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    for _ in range(N):
+                        r.ahead.chained()
+                    e1.record()
+                    e1.synchronize()
+                    samples.setdefault(f"max_len {n}, {k} streams, chained replay (gpu)", []).append(
+                        e0.elapsed_time(e1) / N)
+                    r.ahead.drop()
+                    toks, pos = r.decode(lanes, firsts[n][:k], [128] * k), 129
+                    t = time.perf_counter()
+                    for _ in range(N):
+                        toks, pos = r.decode(lanes, toks, [pos] * k, ahead=True), pos + 1
+                    samples.setdefault(f"max_len {n}, {k} streams, ahead (host)", []).append(
+                        (time.perf_counter() - t) / N * 1e3)
+    res = {}
+    for key, v in samples.items():
+        res[key] = statistics.median(v)
+        res[key + " samples"] = [round(x, 4) for x in v]
+        print(f"{key:48s} {res[key]:.3f} ms  {[round(x, 3) for x in v]}", flush=True)
+    with open(f"{out}/lengths.json", "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
+    if "--lengths" in argv:
+        return lengths(out)
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
                                   max_model_len=2048, prefill_rows=256))
     r.cuts_warmed.result()  # cuDNN's cut graphs are built on the GPU in the background first
