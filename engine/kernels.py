@@ -4,14 +4,15 @@ Split-K flash decoding with a FIXED split size: the keys [0, pos] of a row's lan
 splits of SPLIT rows (absolute boundaries), each split reduced in BLOCK-row steps from its start
 (online softmax, float32), and the partial results combined split 0, 1, 2, ... in order. Nothing
 in that order depends on the other rows of the batch or on how many rows there are, so a row's
-bits are the same whichever neighbours decode beside it. The grid is fixed for a KV cache
-(rows x kv heads x max splits), so the launch can be captured in a CUDA graph; splits past a
-row's length return at once. One program serves all query heads of one KV head (GQA).
+bits are the same whichever neighbours decode beside it. The grid is fixed (at most GRID_PER_SM
+programs a SM), so the launch can be captured in a CUDA graph; each program walks its share of the
+(split, row, KV head) items the longest row needs, and splits past a row's own length return at once. One program serves all query heads of one KV head (GQA).
 
 Runs under TRITON_INTERPRET=1 on the CPU too (tests/test_runner.py checks it against the loop).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -23,6 +24,10 @@ from engine.kernels_qkfold import qk_heads
 SPLIT = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 64
+# The split kernel's programs a SM at most: its grid no longer grows with the KV cache's length, so
+# a round at context 128 launches 4 x 132 programs on the H200, not rows x KV heads x max splits
+# (8,256 at --parallel 8 and 32,784 tokens, engine/dev/PERF.md run 42).
+GRID_PER_SM = 4
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
@@ -93,16 +98,45 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   stride_or, stride_oh, stride_os,
                   stride_lr, stride_lh,
                   stride_out,
-                  scale,
+                  scale, P, KVH,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                   SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
-                  QKN: tl.constexpr = False):
+                  QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1):
+    """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
+    slowest, up to the splits the longest row needs: a short context's items are the first
+    rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
     pdl_enter(PDL_)
-    row = tl.program_id(0)
-    kvh = tl.program_id(1)
-    s = tl.program_id(2)
+    pid = tl.program_id(0)
+    g = tl.num_programs(0)
+    pk = P * KVH
+    if DYNAMIC:
+        r = tl.arange(0, P_PAD)
+        most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
+        for w in range(pid, pk * ((most + SPLIT_ - 1) // SPLIT_), g):
+            _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
+                        stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
+                        stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
+                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
+    else:  # the interpreter cannot loop to a run-time bound: ITEMS turns, past the last masked
+        for i in range(0, ITEMS):
+            w = pid + i * g
+            if w < pk * NSPLIT:
+                _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
+                            stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh,
+                            stride_os, stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_,
+                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
+
+
+@triton.jit
+def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
+                stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
+                stride_lr, stride_lh, stride_out, scale, KVH,
+                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT_: tl.constexpr,
+                BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr, FOLD: tl.constexpr,
+                QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H: tl.constexpr, QKN: tl.constexpr):
+    """Split s of one row's KV head: its keys reduced, then stored (or combined: FOLD)."""
     lane = tl.load(Lanes + row).to(tl.int64)
     length = tl.load(Pos + row).to(tl.int32) + 1
     lo = s * SPLIT_
@@ -115,7 +149,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
             n = (length + SPLIT_ - 1) // SPLIT_
             qn = qk_heads(QKV, WQ, WK, Cos, Sin, K + lane * stride_kb, V + lane * stride_kb, row,
                           tl.load(Pos + row).to(tl.int64), kvh, s == n - 1, stride_qkv, stride_kt, stride_kh, eps,
-                          H, tl.num_programs(1), GROUP, GROUP_PAD, D)
+                          H, KVH, GROUP, GROUP_PAD, D)
             # q goes through memory and is read back by the load below, as the unfolded kernel reads
             # it: attending with the tile in registers gave other bits (engine/dev/PERF.md run 19).
             # The barrier also orders the K/V rows just written before the split holding pos reads them.
@@ -140,7 +174,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         n = (length + SPLIT_ - 1) // SPLIT_
         if FOLD:
             _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh,
-                       stride_os, stride_lr, stride_lh, stride_out, D, GROUP_PAD, NSPLIT, DYNAMIC)
+                       stride_os, stride_lr, stride_lh, stride_out, KVH, D, GROUP_PAD, NSPLIT, DYNAMIC)
         else:
             tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
                      mask=gmask[:, None])
@@ -149,7 +183,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
 
 @triton.jit
 def _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh, stride_os,
-               stride_lr, stride_lh, stride_out, D: tl.constexpr, GROUP_PAD: tl.constexpr, NSPLIT: tl.constexpr,
+               stride_lr, stride_lh, stride_out, KVH, D: tl.constexpr, GROUP_PAD: tl.constexpr, NSPLIT: tl.constexpr,
                DYNAMIC: tl.constexpr):
     """The combine inside the split kernel. A row of one split: its program merges its own partial
     (in registers, the values it would have stored). Else each split stores its partial and the
@@ -170,7 +204,7 @@ def _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, s
         # every thread's partial stored, then release them and acquire the others' (acq_rel, gpu
         # scope), as kernels_skinny's split K does
         tl.debug_barrier()
-        cnt = Count + row * tl.num_programs(1) + kvh
+        cnt = Count + row * KVH + kvh
         if tl.atomic_add(cnt, 1) == n - 1:
             if DYNAMIC:
                 for j in range(0, n):
@@ -254,13 +288,15 @@ _scratch: dict = {}
 
 
 def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
-                     fold: bool | None = None, qk: tuple | None = None) -> torch.Tensor:
+                     fold: bool | None = None, qk: tuple | None = None, programs: int | None = None) -> torch.Tensor:
     """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
     fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
     (row, KV head) instead of a second kernel, the same bits.
     qk = (wq, wk, cos, sin, H, eps): q is the q/k/v product [P, (H + 2 KVH) * D] instead, and the
     split kernel norms and rotates q and k and writes the K/V rows itself (engine/kernels_qkfold.py),
-    as kernels_fused.qk_norm_rope_write would; only where qk_fold_takes() says so."""
+    as kernels_fused.qk_norm_rope_write would; only where qk_fold_takes() says so.
+    programs: the split kernel's grid (default: every item on the interpreter, else at most
+    GRID_PER_SM a SM); which program takes an item does not touch its bits."""
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
     kvh, max_len, d = k.shape[2], k.shape[1], k.shape[3]
     p, h = q.shape[0], (qk[4] if qk is not None else q.shape[1])
@@ -280,16 +316,19 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         wq, wk, cos, sin, _, eps = qk
         extra = dict(QKV=q, stride_qkv=q.stride(0), WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True)
         q = torch.empty(p, h, d, dtype=q.dtype, device=q.device)
-    _split_kernel[(p, kvh, nsplit)](
+    items = p * kvh * nsplit
+    grid = programs or (items if INTERPRET else min(items, GRID_PER_SM * _sms(q.device)))
+    _split_kernel[(grid,)](
         q, k, v, lanes, positions, opart, lse, out, count,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         opart.stride(0), opart.stride(1), opart.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0),
-        d ** -0.5,
+        d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
-        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), num_warps=4, **extra, **launch_opts())
+        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
+        ITEMS=triton.cdiv(items, grid), num_warps=4, **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,
@@ -298,6 +337,11 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
             out.stride(0),
             D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=1, **launch_opts())
     return out
+
+
+@functools.cache
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def group_pad(group: int) -> int:

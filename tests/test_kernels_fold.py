@@ -187,3 +187,40 @@ def test_runner_folds_and_draft_rounds():
     g._qk_fold = False
     assert ModelRunner._graph_takes(g, [0, 1, 1])
     assert not ModelRunner._graph_takes(NS(graph=None, _qk_fold=False), [0])
+
+
+def test_split_programs_walking_several_items_give_the_same_bits(interpret):
+    """The split kernel's grid is capped (engine.kernels.GRID_PER_SM): a program walks the items
+    pid, pid + G, ... (split slowest). Fewer programs than items, an odd count among them, give
+    bitwise the one-item-a-program outputs, folded combine or not, q/k fold or not, and every
+    arrival counter back at 0."""
+    interpret(r'''
+import torch
+import engine.kernels as K
+K.SPLIT, K.BLOCK = 32, 16
+g = torch.Generator().manual_seed(7)
+lanes_n, max_len, kvh, d, h, p = 4, 128, 2, 128, 6, 5
+class KV: pass
+def cache():
+    kv = KV()
+    c = torch.Generator().manual_seed(2)
+    kv.k, kv.v = (torch.randn(1, lanes_n + 1, max_len, kvh, d, generator=c) for _ in range(2))
+    return kv
+q = torch.randn(p, h, d, generator=g)
+qkv = torch.randn(p, (h + 2 * kvh) * d, generator=g) * 3
+wq, wk = torch.randn(d, generator=g), torch.randn(d, generator=g)
+cos, sin = torch.randn(max_len, d, generator=g), torch.randn(max_len, d, generator=g)
+lanes, pos = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([5, 40, 127, 0, 64])  # 1, 2, 4, 1, 3 splits
+kv = cache()
+items = p * kvh * (max_len // K.SPLIT)
+for fold in (False, True):
+    ref = K.decode_attention(kv, 0, q, lanes, pos, fold=fold, programs=items)
+    for n in (1, 3, 7, items // 2):
+        assert torch.equal(K.decode_attention(kv, 0, q, lanes, pos, fold=fold, programs=n), ref), (fold, n)
+a, b = cache(), cache()
+ref = K.decode_attention(a, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6), programs=items)
+out = K.decode_attention(b, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6), programs=3)
+assert torch.equal(out, ref) and torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+assert all(int(s[2].abs().sum()) == 0 for s in K._scratch.values())
+print("ok")
+''')

@@ -55,6 +55,12 @@ def check_kernel(res):
     q2[0].normal_()
     c = decode_attention(r.kv, 3, q2, torch.tensor([3, 1, 0, 2], device="cuda"), torch.tensor([5, 254, 100, 7], device="cuda"))
     res["kernel_row_invariant"] = bool(torch.equal(a[1], c[1]))
+    # the capped grid (programs walking several items) against one program an item, folded or not
+    items = 4 * r.model_config.num_key_value_heads * -(-4096 // 256)
+    res["kernel_grid_walk_bitwise"] = all(
+        torch.equal(decode_attention(r.kv, 3, q, lanes, pos, fold=f, programs=n),
+                    decode_attention(r.kv, 3, q, lanes, pos, fold=f, programs=items))
+        for f in (False, True) for n in (None, 7, 132))
     del r
     torch.cuda.empty_cache()
 
