@@ -9,6 +9,7 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
     PYTHONPATH=. python3 -m engine.dev.ahead_probe --out $OUT [--lengths]
 
 --lengths (run 42): the same rounds at two --max-model-len (the split attention's grid grows with it).
+--grids (run 44): the split attention's grid cap, at contexts 128 and 4,000.
 """
 from __future__ import annotations
 
@@ -71,10 +72,54 @@ def lengths(out, turns=5):
         json.dump(res, f, indent=1)
 
 
+def grids(out, turns=5, caps=(4, 8, 1 << 20)):
+    """Run 44: the split attention's grid cap (engine.kernels.GRID_PER_SM; 1 << 20: one program an
+    item, the old grid's count) at --max-model-len 16,400, contexts 128 and 4,000, 1 and 8 streams,
+    the chained graph replayed on the GPU's clock, interleaved."""
+    from dataclasses import replace
+
+    import engine.kernels as K
+    from engine.runner import ModelRunner
+    cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=16400,
+                       prefill_rows=4096)  # three KV caches of 22 GB beside the weights
+    runners, model = {}, None
+    for cap in caps:  # each graph captures the grid of its cap
+        K.GRID_PER_SM = cap
+        runners[cap] = r = ModelRunner(replace(cfg), model=model)
+        model = r.model
+        r.cuts_warmed.result()
+    firsts = {(cap, c): [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(c)]) for ln in range(8)]
+              for cap, r in runners.items() for c in (128, 4000)}
+    samples: dict = {}
+    with torch.inference_mode():
+        for _ in range(turns):
+            for cap, r in runners.items():
+                for c in (128, 4000):
+                    for k in (1, 8):
+                        r.ahead.drop()
+                        r.decode(list(range(k)), firsts[(cap, c)][:k], [c] * k)
+                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        e0.record()
+                        for _ in range(N):
+                            r.ahead.chained()
+                        e1.record()
+                        e1.synchronize()
+                        samples.setdefault(f"cap {cap}, ctx {c}, {k} streams", []).append(e0.elapsed_time(e1) / N)
+    res = {}
+    for key, v in samples.items():
+        res[key] = statistics.median(v)
+        res[key + " samples"] = [round(x, 4) for x in v]
+        print(f"{key:36s} {res[key]:.3f} ms  {[round(x, 3) for x in v]}", flush=True)
+    with open(f"{out}/grids.json", "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     if "--lengths" in argv:
         return lengths(out)
+    if "--grids" in argv:
+        return grids(out)
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
                                   max_model_len=2048, prefill_rows=256))
     r.cuts_warmed.result()  # cuDNN's cut graphs are built on the GPU in the background first
