@@ -72,7 +72,7 @@ def lengths(out, turns=5):
         json.dump(res, f, indent=1)
 
 
-def grids(out, turns=5, caps=(4, 8, 1 << 20)):
+def grids(out, turns=5, caps=(4, 8, 1 << 20), max_len=16400, ctxs=(128, 4000)):
     """Run 44: the split attention's grid cap (engine.kernels.GRID_PER_SM; 1 << 20: one program an
     item, the old grid's count) at --max-model-len 16,400, contexts 128 and 4,000, 1 and 8 streams,
     the chained graph replayed on the GPU's clock, interleaved."""
@@ -80,8 +80,8 @@ def grids(out, turns=5, caps=(4, 8, 1 << 20)):
 
     import engine.kernels as K
     from engine.runner import ModelRunner
-    cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=16400,
-                       prefill_rows=4096)  # three KV caches of 22 GB beside the weights
+    cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=max_len,
+                       prefill_rows=4096)  # (three KV caches of 22 GB fit beside the weights at 16,400)
     runners, model = {}, None
     for cap in caps:  # each graph captures the grid of its cap
         K.GRID_PER_SM = cap
@@ -89,12 +89,12 @@ def grids(out, turns=5, caps=(4, 8, 1 << 20)):
         model = r.model
         r.cuts_warmed.result()
     firsts = {(cap, c): [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(c)]) for ln in range(8)]
-              for cap, r in runners.items() for c in (128, 4000)}
+              for cap, r in runners.items() for c in ctxs}
     samples: dict = {}
     with torch.inference_mode():
         for _ in range(turns):
             for cap, r in runners.items():
-                for c in (128, 4000):
+                for c in ctxs:
                     for k in (1, 8):
                         r.ahead.drop()
                         r.decode(list(range(k)), firsts[(cap, c)][:k], [c] * k)
@@ -118,8 +118,11 @@ def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     if "--lengths" in argv:
         return lengths(out)
-    if "--grids" in argv:
-        return grids(out)
+    if "--grids" in argv:  # [--caps 4,8,1048576 --max-len 16400 --ctxs 128,4000]
+        def arg(name, default):
+            return [int(x) for x in argv[argv.index(name) + 1].split(",")] if name in argv else default
+        return grids(out, caps=arg("--caps", (4, 8, 1 << 20)), max_len=arg("--max-len", [16400])[0],
+                     ctxs=arg("--ctxs", (128, 4000)))
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
                                   max_model_len=2048, prefill_rows=256))
     r.cuts_warmed.result()  # cuDNN's cut graphs are built on the GPU in the background first
