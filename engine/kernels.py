@@ -24,10 +24,11 @@ from engine.kernels_qkfold import qk_heads
 SPLIT = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 64
-# The split kernel's programs a SM at most: its grid no longer grows with the KV cache's length, so
-# a round at context 128 launches 4 x 132 programs on the H200, not rows x KV heads x max splits
-# (8,256 at --parallel 8 and 32,784 tokens, engine/dev/PERF.md run 42).
-GRID_PER_SM = 4
+# The split kernel's programs a SM at most: its grid stops growing with the KV cache's length. One
+# program an item (rows x KV heads x max splits) is 8,256 programs at --parallel 8 and 32,784 tokens,
+# 0.16 ms a round slower at context 128 than 32 a SM (4,224); 8 a SM was no better at 1 stream and
+# slower at 8 streams (engine/dev/PERF.md runs 42-45). Below 4,224 items the grid is one an item.
+GRID_PER_SM = 32
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.

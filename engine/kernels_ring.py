@@ -38,6 +38,7 @@ except Exception:  # no Triton, or one without Gluon's Hopper ops: the Triton ke
 
 _BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stage, stages, stages a group, x rows
 _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
+STAGED: dict[tuple, int] = {}  # SHAPES' keys -> stages staged before the wait, where not _STAGED
 MAX_ROWS = _XR
 
 
@@ -204,9 +205,13 @@ def plan(n: int, k: int, rows: int, split: int, gated: bool) -> tuple[int, int] 
     if nb is None or rows > MAX_ROWS or split < 1 or k % (_BK * split) or (k // _BK // split) % _P:
         return None
     cols = n // 2 if gated else n
-    if k // _BK // split < _STAGED or (gated and n % 2) or cols % nb:
+    if k // _BK // split < _staged(n, k, gated) or (gated and n % 2) or cols % nb:
         return None
     return cols // nb, nb
+
+
+def _staged(n: int, k: int, gated: bool) -> int:
+    return STAGED.get((n, k, "gated") if gated else (n, k), _STAGED)
 
 
 _descs: dict = {}
@@ -254,5 +259,5 @@ def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = Fals
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     grid = min(tiles, sms, PROGRAMS.get((n, k, "gated") if gated else (n, k), sms))
     ring_kernel[(grid,)](_wdesc(w, nb), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated,
-                        PDL=pdl, S=_STAGED if pdl else 0, NB=nb, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+                        PDL=pdl, S=_staged(n, k, gated) if pdl else 0, NB=nb, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y

@@ -9,7 +9,8 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
     PYTHONPATH=. python3 -m engine.dev.ahead_probe --out $OUT [--lengths]
 
 --lengths (run 42): the same rounds at two --max-model-len (the split attention's grid grows with it).
---grids (run 44): the split attention's grid cap, at contexts 128 and 4,000.
+--grids (runs 44-45): the split attention's grid cap, at contexts 128 and 4,000.
+--variants base,o12,o16 (run 46): decode-graph variants (VARIANTS) side by side.
 """
 from __future__ import annotations
 
@@ -114,10 +115,73 @@ def grids(out, turns=5, caps=(4, 8, 1 << 20), max_len=16400, ctxs=(128, 4000)):
         json.dump(res, f, indent=1)
 
 
+def _stage_o(n):
+    def setup():
+        from engine import kernels_ring as R
+        R.STAGED[(4096, 4096)] = n
+    return setup
+
+
+VARIANTS = {"base": lambda: None, "o12": _stage_o(12), "o16": _stage_o(16)}
+
+
+def variants(out, names, turns=5):
+    """Run 46: decode-graph variants (VARIANTS: module settings read at capture, restored after), each
+    its own runner at --max-model-len 2,048: the chained graph on the GPU's clock at context 128, 1 and
+    8 streams, interleaved; and every variant's ids over 16 rounds against the first's."""
+    from engine import kernels_ring as R
+    from engine.runner import ModelRunner
+    cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=2048,
+                       prefill_rows=4096)
+    runners, model = {}, None
+    for name in names:
+        saved = dict(R.STAGED)
+        VARIANTS[name]()
+        runners[name] = r = ModelRunner(cfg, model=model)
+        R.STAGED.clear()
+        R.STAGED.update(saved)
+        model = r.model
+        r.cuts_warmed.result()
+    prompts = [[(i * 37 + 5 + ln) % 1000 for i in range(128)] for ln in range(8)]
+    firsts = {n: [r.prefill(ln, prompts[ln]) for ln in range(8)] for n, r in runners.items()}
+    res, samples = {}, {}
+    ids = {}
+    with torch.inference_mode():
+        for n, r in runners.items():
+            toks, pos, got = firsts[n], 128, []
+            for _ in range(16):
+                toks, pos = r.decode(list(range(8)), toks, [pos] * 8, ahead=True), pos + 1
+                got.append(toks)
+            ids[n] = got
+        for _ in range(turns):
+            for n, r in runners.items():
+                for k in (1, 8):
+                    r.ahead.drop()
+                    r.decode(list(range(k)), firsts[n][:k], [128] * k)
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    for _ in range(N):
+                        r.ahead.chained()
+                    e1.record()
+                    e1.synchronize()
+                    samples.setdefault(f"{n}, {k} streams", []).append(e0.elapsed_time(e1) / N)
+    res["ids_equal_to_first"] = {n: ids[n] == ids[names[0]] for n in names}
+    res["decode_ring"] = {n: r.describe()["decode_ring"] for n, r in runners.items()}
+    print(json.dumps(res), flush=True)
+    for key, v in samples.items():
+        res[key] = statistics.median(v)
+        res[key + " samples"] = [round(x, 4) for x in v]
+        print(f"{key:24s} {res[key]:.3f} ms  {[round(x, 3) for x in v]}", flush=True)
+    with open(f"{out}/variants.json", "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     if "--lengths" in argv:
         return lengths(out)
+    if "--variants" in argv:
+        return variants(out, argv[argv.index("--variants") + 1].split(","))
     if "--grids" in argv:  # [--caps 4,8,1048576 --max-len 16400 --ctxs 128,4000]
         def arg(name, default):
             return [int(x) for x in argv[argv.index(name) + 1].split(",")] if name in argv else default
