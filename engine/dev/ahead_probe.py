@@ -10,7 +10,7 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
 
 --lengths (run 42): the same rounds at two --max-model-len (the split attention's grid grows with it).
 --grids (runs 44-45): the split attention's grid cap, at contexts 128 and 4,000.
---variants base,o12,o16 (run 46): decode-graph variants (VARIANTS) side by side.
+--variants base,o12,o16 (run 46), base,nopre (run 47): decode-graph variants (VARIANTS) side by side.
 """
 from __future__ import annotations
 
@@ -122,7 +122,12 @@ def _stage_o(n):
     return setup
 
 
-VARIANTS = {"base": lambda: None, "o12": _stage_o(12), "o16": _stage_o(16)}
+def _no_preload():
+    import engine.kernels as K
+    K.PRELOAD = False
+
+
+VARIANTS = {"base": lambda: None, "o12": _stage_o(12), "o16": _stage_o(16), "nopre": _no_preload}
 
 
 def variants(out, names, turns=5):
@@ -134,12 +139,14 @@ def variants(out, names, turns=5):
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=2048,
                        prefill_rows=4096)
     runners, model = {}, None
+    import engine.kernels as K
     for name in names:
-        saved = dict(R.STAGED)
+        saved = dict(R.STAGED), K.PRELOAD
         VARIANTS[name]()
         runners[name] = r = ModelRunner(cfg, model=model)
         R.STAGED.clear()
-        R.STAGED.update(saved)
+        R.STAGED.update(saved[0])
+        K.PRELOAD = saved[1]
         model = r.model
         r.cuts_warmed.result()
     prompts = [[(i * 37 + 5 + ln) % 1000 for i in range(128)] for ln in range(8)]
