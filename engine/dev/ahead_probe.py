@@ -84,11 +84,13 @@ def grids(out, turns=5, caps=(4, 8, 1 << 20), max_len=16400, ctxs=(128, 4000)):
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=max_len,
                        prefill_rows=4096)  # (three KV caches of 22 GB fit beside the weights at 16,400)
     runners, model = {}, None
-    for cap in caps:  # each graph captures the grid of its cap
-        K.GRID_PER_SM = cap
+    saved = K.GRID_PER_SM, K.PRELOAD
+    for cap in caps:  # each graph captures the grid of its cap ("8-" : PRELOAD off)
+        K.GRID_PER_SM, K.PRELOAD = int(str(cap).rstrip("-")), not str(cap).endswith("-")
         runners[cap] = r = ModelRunner(replace(cfg), model=model)
         model = r.model
         r.cuts_warmed.result()
+    K.GRID_PER_SM, K.PRELOAD = saved
     firsts = {(cap, c): [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(c)]) for ln in range(8)]
               for cap, r in runners.items() for c in ctxs}
     samples: dict = {}
@@ -192,8 +194,8 @@ def main(argv):
     if "--grids" in argv:  # [--caps 4,8,1048576 --max-len 16400 --ctxs 128,4000]
         def arg(name, default):
             return [int(x) for x in argv[argv.index(name) + 1].split(",")] if name in argv else default
-        return grids(out, caps=arg("--caps", (4, 8, 1 << 20)), max_len=arg("--max-len", [16400])[0],
-                     ctxs=arg("--ctxs", (128, 4000)))
+        caps = argv[argv.index("--caps") + 1].split(",") if "--caps" in argv else (4, 8, 1 << 20)
+        return grids(out, caps=caps, max_len=arg("--max-len", [16400])[0], ctxs=arg("--ctxs", (128, 4000)))
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
                                   max_model_len=2048, prefill_rows=256))
     r.cuts_warmed.result()  # cuDNN's cut graphs are built on the GPU in the background first
