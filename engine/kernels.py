@@ -29,9 +29,6 @@ BLOCK = 64
 # 0.16 ms a round slower at context 128 than 32 a SM (4,224); 8 a SM was no better at 1 stream and
 # slower at 8 streams (engine/dev/PERF.md runs 42-45). Below 4,224 items the grid is one an item.
 GRID_PER_SM = 32
-# The split kernel loads its first item's first block of K and V (when wholly below the row's
-# position: rows earlier rounds wrote) before its PDL wait, while the q/k/v product runs.
-PRELOAD = True
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
@@ -84,19 +81,13 @@ def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.co
     t = start + tl.arange(0, BLOCK_)
     tmask = t < hi
     k = tl.load(kbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
-    v = tl.load(vbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
-    return _attend(q, k, v, tmask, m_i, l_i, acc, scale)
-
-
-@triton.jit
-def _attend(q, k, v, tmask, m_i, l_i, acc, scale):
-    """_block's arithmetic on its K and V tiles (however they were loaded)."""
     qk = tl.dot(q, tl.trans(k)) * scale
     qk = tl.where(tmask[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(vbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
 
@@ -113,49 +104,30 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
-                  QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PRE: tl.constexpr = True):
+                  QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
-    rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len.
-    PRE: the first item's first block of keys, where it lies wholly below the row's position (rows
-    earlier rounds wrote), is loaded before the PDL wait, while the q/k/v product still runs."""
-    if PDL_ > 2:
-        tl.extra.cuda.gdc_launch_dependents()
+    rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
+    pdl_enter(PDL_)
     pid = tl.program_id(0)
     g = tl.num_programs(0)
     pk = P * KVH
-    r = tl.arange(0, P_PAD)
-    most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1  # (the round's inputs: written before)
-    top = pk * ((most + SPLIT_ - 1) // SPLIT_) if DYNAMIC else pk * NSPLIT
-    row, kvh, lo = (pid % pk) // KVH, pid % KVH, (pid // pk) * SPLIT_
-    pos = tl.load(Pos + row).to(tl.int32)
-    pre = PRE & (pid < top) & (lo + BLOCK_ <= pos)
-    t = lo + tl.arange(0, BLOCK_)
-    d = tl.arange(0, D)
-    at = tl.load(Lanes + row).to(tl.int64) * stride_kb + kvh * stride_kh + t[:, None].to(tl.int64) * stride_kt + d[None, :]
-    pm = (t[:, None] + d[None, :] * 0) < tl.where(pre, pos, lo)  # the mask in the tile's shape: all or none
-    k0 = tl.load(K + at, mask=pm, other=0.0)
-    v0 = tl.load(V + at, mask=pm, other=0.0)
-    if PDL_ > 0:
-        tl.extra.cuda.gdc_wait()
-    if PDL_ == 2:
-        tl.extra.cuda.gdc_launch_dependents()
     if DYNAMIC:
-        for w in range(pid, top, g):
+        r = tl.arange(0, P_PAD)
+        most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
+        for w in range(pid, pk * ((most + SPLIT_ - 1) // SPLIT_), g):
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
                         stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
-                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, k0, v0, pre & (w == pid))
+                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
     else:  # the interpreter cannot loop to a run-time bound: ITEMS turns, past the last masked
         for i in range(0, ITEMS):
             w = pid + i * g
-            if w < top:
+            if w < pk * NSPLIT:
                 _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                             stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh,
                             stride_os, stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_,
-                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN,
-                            k0, v0, pre & (i == 0))
+                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
 
 
 @triton.jit
@@ -164,9 +136,8 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
                 stride_lr, stride_lh, stride_out, scale, KVH,
                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT_: tl.constexpr,
                 BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr, FOLD: tl.constexpr,
-                QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H: tl.constexpr, QKN: tl.constexpr, k0, v0, pre):
-    """Split s of one row's KV head: its keys reduced, then stored (or combined: FOLD). Where
-    `pre`, the first block's K and V are k0 and v0 (loaded before the wait, the same values)."""
+                QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H: tl.constexpr, QKN: tl.constexpr):
+    """Split s of one row's KV head: its keys reduced, then stored (or combined: FOLD)."""
     lane = tl.load(Lanes + row).to(tl.int64)
     length = tl.load(Pos + row).to(tl.int32) + 1
     lo = s * SPLIT_
@@ -192,18 +163,13 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
         hi = tl.minimum(lo + SPLIT_, length)
         kbase = K + lane * stride_kb + kvh * stride_kh
         vbase = V + lane * stride_kb + kvh * stride_kh
-        begin = lo
-        if pre:
-            m_i, l_i, acc = _attend(q, k0, v0, lo + tl.arange(0, BLOCK_) < hi, m_i, l_i, acc, scale)
-            begin = lo + BLOCK_
         if DYNAMIC:
-            for start in range(begin, hi, BLOCK_):
+            for start in range(lo, hi, BLOCK_):
                 m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
         else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
             for b in range(0, SPLIT_ // BLOCK_):
-                if lo + b * BLOCK_ >= begin:
-                    m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale,
-                                           D, BLOCK_)
+                m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
+                                       BLOCK_)
         acc = acc / l_i[:, None]
         lse = m_i + tl.log(l_i)
         n = (length + SPLIT_ - 1) // SPLIT_
@@ -323,8 +289,7 @@ _scratch: dict = {}
 
 
 def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
-                     fold: bool | None = None, qk: tuple | None = None, programs: int | None = None,
-                     preload: bool | None = None) -> torch.Tensor:
+                     fold: bool | None = None, qk: tuple | None = None, programs: int | None = None) -> torch.Tensor:
     """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
     fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
     (row, KV head) instead of a second kernel, the same bits.
@@ -332,8 +297,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
     split kernel norms and rotates q and k and writes the K/V rows itself (engine/kernels_qkfold.py),
     as kernels_fused.qk_norm_rope_write would; only where qk_fold_takes() says so.
     programs: the split kernel's grid (default: every item on the interpreter, else at most
-    GRID_PER_SM a SM); which program takes an item does not touch its bits. preload (default
-    PRELOAD): a program's first block of keys loaded before the PDL wait, the same bits."""
+    GRID_PER_SM a SM); which program takes an item does not touch its bits."""
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
     kvh, max_len, d = k.shape[2], k.shape[1], k.shape[3]
     p, h = q.shape[0], (qk[4] if qk is not None else q.shape[1])
@@ -365,8 +329,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PRE=PRELOAD if preload is None else preload, num_warps=4, **extra,
-        **launch_opts())
+        ITEMS=triton.cdiv(items, grid), num_warps=4, **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

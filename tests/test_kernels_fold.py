@@ -191,10 +191,9 @@ def test_runner_folds_and_draft_rounds():
 
 def test_split_programs_walking_several_items_give_the_same_bits(interpret):
     """The split kernel's grid is capped (engine.kernels.GRID_PER_SM): a program walks the items
-    pid, pid + G, ... (split slowest), its first item's first block of K and V loaded ahead where it
-    lies below the row's position (PRELOAD). Fewer programs than items, an odd count among them,
-    preloaded or not, give bitwise the one-item-a-program outputs, folded combine or not, q/k fold
-    or not, and every arrival counter back at 0."""
+    pid, pid + G, ... (split slowest). Fewer programs than items, an odd count among them, give
+    bitwise the one-item-a-program outputs, folded combine or not, q/k fold or not, and every
+    arrival counter back at 0."""
     interpret(r'''
 import torch
 import engine.kernels as K
@@ -215,14 +214,12 @@ lanes, pos = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([5, 40, 127, 0, 64])  #
 kv = cache()
 items = p * kvh * (max_len // K.SPLIT)
 for fold in (False, True):
-    ref = K.decode_attention(kv, 0, q, lanes, pos, fold=fold, programs=items, preload=False)
-    for n in (1, 3, 7, items // 2, items):
-        for pre in (False, True):  # the first block loaded ahead (before the PDL wait on the device)
-            got = K.decode_attention(kv, 0, q, lanes, pos, fold=fold, programs=n, preload=pre)
-            assert torch.equal(got, ref), (fold, n, pre)
+    ref = K.decode_attention(kv, 0, q, lanes, pos, fold=fold, programs=items)
+    for n in (1, 3, 7, items // 2):
+        assert torch.equal(K.decode_attention(kv, 0, q, lanes, pos, fold=fold, programs=n), ref), (fold, n)
 a, b = cache(), cache()
-ref = K.decode_attention(a, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6), programs=items, preload=False)
-out = K.decode_attention(b, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6), programs=3, preload=True)
+ref = K.decode_attention(a, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6), programs=items)
+out = K.decode_attention(b, 0, qkv, lanes, pos, qk=(wq, wk, cos, sin, h, 1e-6), programs=3)
 assert torch.equal(out, ref) and torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
 assert all(int(s[2].abs().sum()) == 0 for s in K._scratch.values())
 print("ok")

@@ -10,7 +10,7 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
 
 --lengths (run 42): the same rounds at two --max-model-len (the split attention's grid grows with it).
 --grids (runs 44-45): the split attention's grid cap, at contexts 128 and 4,000.
---variants base,o12,o16 (run 46), base,nopre (run 47): decode-graph variants (VARIANTS) side by side.
+--variants base,o12,o16 (run 46): decode-graph variants (VARIANTS) side by side.
 """
 from __future__ import annotations
 
@@ -84,13 +84,13 @@ def grids(out, turns=5, caps=(4, 8, 1 << 20), max_len=16400, ctxs=(128, 4000)):
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=max_len,
                        prefill_rows=4096)  # (three KV caches of 22 GB fit beside the weights at 16,400)
     runners, model = {}, None
-    saved = K.GRID_PER_SM, K.PRELOAD
-    for cap in caps:  # each graph captures the grid of its cap ("8-" : PRELOAD off)
-        K.GRID_PER_SM, K.PRELOAD = int(str(cap).rstrip("-")), not str(cap).endswith("-")
+    saved = K.GRID_PER_SM
+    for cap in caps:  # each graph captures the grid of its cap (runs 48-49 also ran the preload, a3ccbab)
+        K.GRID_PER_SM = int(cap)
         runners[cap] = r = ModelRunner(replace(cfg), model=model)
         model = r.model
         r.cuts_warmed.result()
-    K.GRID_PER_SM, K.PRELOAD = saved
+    K.GRID_PER_SM = saved
     firsts = {(cap, c): [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(c)]) for ln in range(8)]
               for cap, r in runners.items() for c in ctxs}
     samples: dict = {}
@@ -124,12 +124,9 @@ def _stage_o(n):
     return setup
 
 
-def _no_preload():
-    import engine.kernels as K
-    K.PRELOAD = False
-
-
-VARIANTS = {"base": lambda: None, "o12": _stage_o(12), "o16": _stage_o(16), "nopre": _no_preload}
+# run 47 also ran "nopre": the split attention's first block loaded before its PDL wait or not (the
+# preload, commit a3ccbab, measured -0.02 ms at context 128 and +0.18-0.32 at 4,000: removed)
+VARIANTS = {"base": lambda: None, "o12": _stage_o(12), "o16": _stage_o(16)}
 
 
 def variants(out, names, turns=5):
@@ -141,14 +138,12 @@ def variants(out, names, turns=5):
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=2048,
                        prefill_rows=4096)
     runners, model = {}, None
-    import engine.kernels as K
     for name in names:
-        saved = dict(R.STAGED), K.PRELOAD
+        saved = dict(R.STAGED)
         VARIANTS[name]()
         runners[name] = r = ModelRunner(cfg, model=model)
         R.STAGED.clear()
-        R.STAGED.update(saved[0])
-        K.PRELOAD = saved[1]
+        R.STAGED.update(saved)
         model = r.model
         r.cuts_warmed.result()
     prompts = [[(i * 37 + 5 + ln) % 1000 for i in range(128)] for ln in range(8)]

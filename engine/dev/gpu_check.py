@@ -61,9 +61,6 @@ def check_kernel(res):
         torch.equal(decode_attention(r.kv, 3, q, lanes, pos, fold=f, programs=n),
                     decode_attention(r.kv, 3, q, lanes, pos, fold=f, programs=items))
         for f in (False, True) for n in (None, 7, 132))
-    res["kernel_preload_bitwise"] = all(  # the first block loaded before the wait, or in the loop
-        torch.equal(decode_attention(r.kv, 3, q, lanes, pos, fold=f, preload=True),
-                    decode_attention(r.kv, 3, q, lanes, pos, fold=f, preload=False)) for f in (False, True))
     del r
     torch.cuda.empty_cache()
 
