@@ -32,6 +32,7 @@ def describe(r) -> dict:
         "max_model_len": r.max_model_len,
         "prefill_rows": r.prefill_rows,
         "cuda_graph": r.graph is not None,
+        "decode_ahead": r.ahead is not None,  # rounds run one ahead (engine/ahead.py)
         **(_describe_cuda(r) if r.device.type == "cuda" else {}),
         "prefill_attention": _prefill_attention_name(r),
         "threads": torch.get_num_threads(),

@@ -30,6 +30,7 @@ def prompt(n, salt):
 def test_defaults_run_ahead_only_with_a_graph(pair):
     ahead, plain = pair
     assert ahead.runs_ahead and not plain.runs_ahead  # CPU: off unless asked
+    assert ahead.describe()["decode_ahead"] and not plain.describe()["decode_ahead"]  # /v1/engine
 
 
 def test_advance_matches_the_device_step():
