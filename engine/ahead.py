@@ -35,6 +35,11 @@ def advance(rows: Rows, ids: Sequence[int], spare: int) -> list[list[int]]:
     return [list(ids), [p + (lane != spare) for p, lane in zip(positions, lanes)], list(lanes)]
 
 
+def steps(lanes: Sequence[int], spare: int) -> list[int]:
+    """A round's fourth input row: 1 where a row is a lane's (its position moves on), 0 on a spare row."""
+    return [int(lane != spare) for lane in lanes]
+
+
 def advance_inputs(s_in: torch.Tensor, s_out: torch.Tensor) -> None:
     """In place on the device: s_in [4, rows] (tokens, positions, lanes, steps) becomes the next
     round's, from s_out, the last round's ids; steps is 1 on a lane's row, 0 on a spare one."""
@@ -118,3 +123,27 @@ class Ahead:
         if self.events[s] is not None:
             self.events[s].synchronize()
         return self.h_out[s].tolist()
+
+
+class EagerRounds:
+    """The two graphs' launches as eager rounds, for a runner without a decode graph
+    (KernelConfig.overlap=True on the CPU: the same logic, run at once, for tests). `body(s_in,
+    rows)` is the round's forward -> logits; `rows` its (lane, position) pairs."""
+
+    def __init__(self, body: Callable, n: int, spare: int, device: torch.device):
+        self.body, self.spare = body, spare
+        self.s_in = torch.zeros(4, n, dtype=torch.long, device=device)
+        self.s_out = torch.zeros(n, dtype=torch.long, device=device)
+        self.logits: torch.Tensor | None = None
+
+    def fresh(self, rows: Rows) -> None:
+        self.s_in.copy_(torch.tensor([*rows, steps(rows[2], self.spare)]))
+        self._run()
+
+    def chained(self) -> None:
+        advance_inputs(self.s_in, self.s_out)
+        self._run()
+
+    def _run(self) -> None:
+        self.logits = self.body(self.s_in, list(zip(self.s_in[2].tolist(), self.s_in[1].tolist())))
+        torch.argmax(self.logits, -1, out=self.s_out)

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from engine.ahead import Ahead, advance_inputs
+from engine.ahead import Ahead, EagerRounds, advance_inputs, steps
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets, rows_invariant
 from engine.cpu_attn import BMM, C_KERNEL, kernel as c_attention
@@ -134,8 +134,11 @@ class ModelRunner:
             self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
+        self._eager: EagerRounds | None = None
         if self.device.type != "cuda" and self._overlaps():
-            self.ahead = self._eager_ahead()
+            self._eager = e = EagerRounds(lambda inp, rows: self._decode_body(inp, rows), self.round_rows, self.spare,
+                                          self.device)
+            self.ahead = Ahead(e.fresh, [e.chained], e.s_out, self.spare, self.max_model_len)
 
     def _check_kv_fits(self, mcfg: ModelConfig) -> None:
         """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""
@@ -299,7 +302,7 @@ class ModelRunner:
         greedy = sampling is None or all(sp.plain for sp in sampling)
         if self.ahead is not None and (self.graph is None or self._graph_takes(lanes)):
             out = self.ahead.round(rows, ahead and len(set(lanes)) == len(lanes), greedy)  # engine/ahead.py
-            logits = self._s_logits
+            logits = self._s_logits if self._eager is None else self._eager.logits
         elif self._graph_takes(lanes):
             self._h_np[:3] = rows
             self.graph.replay()  # its first node copies the rows in
@@ -396,29 +399,8 @@ class ModelRunner:
 
     def _fresh_graph(self, rows) -> None:
         self._h_np[:3] = rows
-        self._h_np[3] = [lane != self.spare for lane in rows[2]]
+        self._h_np[3] = steps(rows[2], self.spare)
         self.graph.replay()
-
-    def _eager_ahead(self) -> Ahead:
-        """Rounds ahead without a graph (KernelConfig.overlap=True on the CPU: the same logic, run
-        at once, for tests): the eager round on the inputs the graphs would hold."""
-        p = self.round_rows
-        self._s_in = torch.zeros(4, p, dtype=torch.long, device=self.device)
-        self._s_out = torch.zeros(p, dtype=torch.long, device=self.device)
-
-        def run() -> None:
-            rows = list(zip(self._s_in[2].tolist(), self._s_in[1].tolist()))
-            self._s_logits = self._decode_body(self._s_in, rows=rows)
-            torch.argmax(self._s_logits, -1, out=self._s_out)
-
-        def fresh(rows) -> None:
-            self._s_in.copy_(torch.tensor([*rows, [lane != self.spare for lane in rows[2]]]))
-            run()
-
-        def chained() -> None:
-            advance_inputs(self._s_in, self._s_out)
-            run()
-        return Ahead(fresh, [chained], self._s_out, self.spare, self.max_model_len)
 
     # ---- helpers -----------------------------------------------------------------------------
     def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False,
