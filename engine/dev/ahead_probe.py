@@ -27,6 +27,34 @@ from engine.runner import build_runner
 N = 32
 
 
+def launches_ms(launch) -> float:
+    """ms a launch on the GPU's clock: N launches between two events, no host wait between."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(N):
+        launch()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / N
+
+
+def chained_ms(r, firsts, k: int, ctx: int) -> float:
+    """A fresh round of streams 0..k-1 fed `firsts` at `ctx`, then the chained graph's ms a round."""
+    r.ahead.drop()
+    r.decode(list(range(k)), firsts[:k], [ctx] * k)
+    return launches_ms(r.ahead.chained)
+
+
+def report(samples: dict, res: dict, path: str) -> None:
+    """Each sample list's median (and the list) into res, printed, and res written to path."""
+    for key, v in samples.items():
+        res[key] = statistics.median(v)
+        res[key + " samples"] = [round(x, 4) for x in v]
+        print(f"{key:48s} {res[key]:.3f} ms  {[round(x, 3) for x in v]}", flush=True)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def lengths(out, turns=5):
     """The split attention's grid is (rows, KV heads, max_model_len / 256): the rounds at
     --max-model-len 2,048 and 32,784 (the bench's default) with 1 and 8 streams at context 128,
@@ -47,16 +75,8 @@ def lengths(out, turns=5):
             for n, r in runners.items():
                 for k in (1, 8):
                     lanes = list(range(k))
-                    r.ahead.drop()
-                    toks = r.decode(lanes, firsts[n][:k], [128] * k)
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    for _ in range(N):
-                        r.ahead.chained()
-                    e1.record()
-                    e1.synchronize()
                     samples.setdefault(f"max_len {n}, {k} streams, chained replay (gpu)", []).append(
-                        e0.elapsed_time(e1) / N)
+                        chained_ms(r, firsts[n], k, 128))
                     r.ahead.drop()
                     toks, pos = r.decode(lanes, firsts[n][:k], [128] * k), 129
                     t = time.perf_counter()
@@ -65,12 +85,7 @@ def lengths(out, turns=5):
                     samples.setdefault(f"max_len {n}, {k} streams, ahead (host)", []).append(
                         (time.perf_counter() - t) / N * 1e3)
     res = {}
-    for key, v in samples.items():
-        res[key] = statistics.median(v)
-        res[key + " samples"] = [round(x, 4) for x in v]
-        print(f"{key:48s} {res[key]:.3f} ms  {[round(x, 3) for x in v]}", flush=True)
-    with open(f"{out}/lengths.json", "w") as f:
-        json.dump(res, f, indent=1)
+    report(samples, res, f"{out}/lengths.json")
 
 
 def grids(out, turns=5, caps=(4, 8, 1 << 20), max_len=16400, ctxs=(128, 4000)):
@@ -99,22 +114,10 @@ def grids(out, turns=5, caps=(4, 8, 1 << 20), max_len=16400, ctxs=(128, 4000)):
             for cap, r in runners.items():
                 for c in ctxs:
                     for k in (1, 8):
-                        r.ahead.drop()
-                        r.decode(list(range(k)), firsts[(cap, c)][:k], [c] * k)
-                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        e0.record()
-                        for _ in range(N):
-                            r.ahead.chained()
-                        e1.record()
-                        e1.synchronize()
-                        samples.setdefault(f"cap {cap}, ctx {c}, {k} streams", []).append(e0.elapsed_time(e1) / N)
+                        samples.setdefault(f"cap {cap}, ctx {c}, {k} streams", []).append(
+                            chained_ms(r, firsts[(cap, c)], k, c))
     res = {}
-    for key, v in samples.items():
-        res[key] = statistics.median(v)
-        res[key + " samples"] = [round(x, 4) for x in v]
-        print(f"{key:36s} {res[key]:.3f} ms  {[round(x, 3) for x in v]}", flush=True)
-    with open(f"{out}/grids.json", "w") as f:
-        json.dump(res, f, indent=1)
+    report(samples, res, f"{out}/grids.json")
 
 
 def _stage_o(n):
@@ -160,24 +163,11 @@ def variants(out, names, turns=5):
         for _ in range(turns):
             for n, r in runners.items():
                 for k in (1, 8):
-                    r.ahead.drop()
-                    r.decode(list(range(k)), firsts[n][:k], [128] * k)
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    for _ in range(N):
-                        r.ahead.chained()
-                    e1.record()
-                    e1.synchronize()
-                    samples.setdefault(f"{n}, {k} streams", []).append(e0.elapsed_time(e1) / N)
+                    samples.setdefault(f"{n}, {k} streams", []).append(chained_ms(r, firsts[n], k, 128))
     res["ids_equal_to_first"] = {n: ids[n] == ids[names[0]] for n in names}
     res["decode_ring"] = {n: r.describe()["decode_ring"] for n, r in runners.items()}
     print(json.dumps(res), flush=True)
-    for key, v in samples.items():
-        res[key] = statistics.median(v)
-        res[key + " samples"] = [round(x, 4) for x in v]
-        print(f"{key:24s} {res[key]:.3f} ms  {[round(x, 3) for x in v]}", flush=True)
-    with open(f"{out}/variants.json", "w") as f:
-        json.dump(res, f, indent=1)
+    report(samples, res, f"{out}/variants.json")
 
 
 def main(argv):
@@ -219,15 +209,8 @@ def main(argv):
         state["tok"], state["pos"] = r.decode([0], [first], [128])[0], 129
 
     def gpu_ms(launch) -> float:
-        """ms a round on the GPU's clock: N launches between two events, no host wait between."""
         reset()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(N):
-            launch()
-        e1.record()
-        e1.synchronize()
-        return e0.elapsed_time(e1) / N
+        return launches_ms(launch)
 
     def host_ms(ahead) -> float:
         """ms a round as the bench times it: from the first call to the N-th call's return."""
