@@ -71,7 +71,7 @@ class Ahead:
     def round(self, rows: Rows, ahead: bool, greedy: bool = True) -> list[int]:
         """The ids of the round `rows`; with `ahead` (and greedy), the next round is launched
         before they are read."""
-        s = self._take(rows) if greedy else self.drop()
+        s = self._take(rows if greedy else None)
         if s is None:
             self.fresh(rows)
             s = self._read_back()
@@ -92,24 +92,23 @@ class Ahead:
     def _room(self, rows: Rows) -> bool:
         return all(p + 1 < self.max_len for p, lane in zip(rows[1], rows[2]) if lane != self.spare)
 
-    def _take(self, rows: Rows) -> int | None:
-        """The slot of the round in flight if it is the round `rows` asks for, else None."""
-        if self.pending is None:
+    def _take(self, rows: Rows | None) -> int | None:
+        """The slot of the round in flight if it is the round `rows` asks for (None: it is not),
+        else None; either way it is no longer in flight."""
+        pending, self.pending = self.pending, None
+        if pending is None:
             return None
-        (tok, pos, lanes), s = self.pending
-        self.pending = None
-        for r, lane in enumerate(rows[2]):
-            if lane != self.spare and (lanes[r] != lane or pos[r] != rows[1][r] or tok[r] != rows[0][r]):
-                self.wasted += 1
-                return None
-        self.taken += 1
-        return s
+        (tok, pos, lanes), s = pending
+        if rows is not None and all(lane == self.spare or (lanes[r], pos[r], tok[r]) == (lane, rows[1][r], rows[0][r])
+                                    for r, lane in enumerate(rows[2])):
+            self.taken += 1
+            return s
+        self.wasted += 1
+        return None
 
     def drop(self) -> None:
         """Forget the round in flight (the next round is not it)."""
-        if self.pending is not None:
-            self.pending, self.wasted = None, self.wasted + 1
-        return None
+        self._take(None)
 
     def _read_back(self) -> int:
         """After a launch: its ids copied to a pinned slot, behind it on the stream."""

@@ -8,8 +8,9 @@
   go nowhere harmful. Linear layers thus always see the same shape, and each row's attention
   reads its own lane's rows [0, pos] in an order that depends on that length only, so a row's
   bits never depend on how many neighbours decode or how long they are.
-- CUDA: the decode round is captured as one CUDA graph (inputs copied into static buffers, the
-  only host sync is reading the new ids); decode attention is a Triton split-K kernel with a
+- CUDA: the decode round is captured as CUDA graphs (engine/decode_graph.py: its first node copies
+  the rows in, the only host sync is reading the new ids; greedy rounds may run one ahead,
+  engine/ahead.py); decode attention is a Triton split-K kernel with a
   fixed split size (engine/kernels.py); a prompt cut's attention is its prefix and its diagonal
   through cuDNN (or flash), merged (engine/kernels_prefill.py). Up to 64 lanes (the round's
   matmuls pad to 16, 32 or 64 rows); the KV cache must fit beside the weights. On CPU, or
@@ -30,7 +31,8 @@ from typing import Sequence
 
 import torch
 
-from engine.ahead import Ahead, EagerRounds, advance_inputs, steps
+from engine import decode_graph
+from engine.ahead import Ahead, EagerRounds
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.cpu_kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets, rows_invariant
 from engine.cpu_attn import BMM, C_KERNEL, kernel as c_attention
@@ -135,7 +137,7 @@ class ModelRunner:
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
         self._eager: EagerRounds | None = None
-        if self.device.type != "cuda" and self._overlaps():
+        if self.device.type != "cuda" and decode_graph.overlaps(self):
             self._eager = e = EagerRounds(lambda inp, rows: self._decode_body(inp, rows), self.round_rows, self.spare,
                                           self.device)
             self.ahead = Ahead(e.fresh, [e.chained], e.s_out, self.spare, self.max_model_len)
@@ -304,8 +306,7 @@ class ModelRunner:
             out = self.ahead.round(rows, ahead and len(set(lanes)) == len(lanes), greedy)  # engine/ahead.py
             logits = self._s_logits if self._eager is None else self._eager.logits
         elif self._graph_takes(lanes):
-            self._h_np[:3] = rows
-            self.graph.replay()  # its first node copies the rows in
+            decode_graph.fresh(self, rows)
             logits, out = self._s_logits, self._s_out.tolist()
         elif self.cpu_round is not None and self.cpu_round.ready and not self.fused:
             logits, ids_t = self.cpu_round.rows(rows, self.spare, self.kv)  # the same bits as below
@@ -327,80 +328,15 @@ class ModelRunner:
         the graph has the q/k fold (eager rounds run the unfolded kernels: the same bits)."""
         return self.graph is not None and not (self._qk_fold and len(set(lanes)) < len(lanes))
 
-    def _folds(self) -> tuple[bool, bool]:
-        """The decode graph's folds (engine/kernels.py): the attention's combine, and its q/k norm +
-        RoPE + K/V write. At one rank only (checked on the device there). The q/k fold writes a row's
-        K/V in the kernel that attends, so not with a drafter: its rows of one lane read the rows
-        before them, written in the same round."""
-        from engine.kernels import qk_fold_takes
-        knobs, a = self.cfg.kernels, self.model.model.layers[0].self_attn
-        solo = self.fused and self.cfg.tensor_parallel == 1
-        qk = (solo and knobs.fold_qk_norm and not (self.cfg.drafter and self.cfg.drafts)
-              and qk_fold_takes(a.n_heads, a.n_kv, a.head_dim))
-        return solo and knobs.fold_combine, bool(qk)
-
     def capture_graph(self) -> bool:
-        """Capture the decode round at the fixed padded shape; on CPU (or failure) fall back to
-        eager rounds and say why. Returns whether a graph is in use."""
-        if self.device.type != "cuda":
-            self.graph_fallback_reason = f"no CUDA graphs on device {self.device.type}: eager decode rounds"
-            log.info(self.graph_fallback_reason)
-            return False
-        try:
-            # tokens, positions, lanes, steps (1 on a lane's row: engine/ahead.py advance_inputs)
-            self._h_in = torch.zeros(4, self.parallel, dtype=torch.long).pin_memory()
-            self._h_np = self._h_in.numpy()  # rows written straight in, no tensor from lists
-            self._s_in = torch.zeros(4, self.parallel, dtype=torch.long, device=self.device)
-            self._s_in[2] = self._h_in[2] = self.spare  # warm-up (and a replay before any round) write the spare lane
-            from engine.kernels_skinny import launch_mode
-            knobs, (combine, self._qk_fold) = self.cfg.kernels, self._folds()
-            cap = torch.cuda.get_device_capability(self.device)
-            self.decode_pdl = knobs.pdl_for(self.cfg.tensor_parallel, cap) * self.fused  # /v1/engine's decode_pdl
-            mode = launch_mode(self.decode_pdl, fold_combine=combine, fold_qk_norm=self._qk_fold,
-                               ring=self.skinny and knobs.ring)
-            with torch.inference_mode(), mode:
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    for _ in range(3):
-                        self._decode_body(self._s_in)
-                torch.cuda.current_stream().wait_stream(s)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):  # the H2D copy inside: one launch a round, not two
-                    self._s_in.copy_(self._h_in, non_blocking=True)
-                    self._s_logits = self._decode_body(self._s_in)
-                    self._s_out = self._s_logits.argmax(-1)
-                if self._overlaps():  # the round after the last, from its ids on the device; two copies
-                    chained = [torch.cuda.CUDAGraph() for _ in range(2)]  # taken in turn (engine/ahead.py)
-                    for c in chained:
-                        with torch.cuda.graph(c):
-                            advance_inputs(self._s_in, self._s_out)
-                            torch.argmax(self._decode_body(self._s_in), -1, out=self._s_out)
-                    self.ahead = Ahead(self._fresh_graph, [c.replay for c in chained], self._s_out, self.spare,
-                                       self.max_model_len)
-            torch.cuda.synchronize()
-            self.graph = g
-            return True
-        except Exception as e:  # pragma: no cover - depends on the device
-            self.graph, self.ahead = None, None
-            self.graph_fallback_reason = f"CUDA graph capture failed ({e!r}): eager decode rounds"
-            log.warning(self.graph_fallback_reason)
-            return False
+        """Capture the decode round at the fixed padded shape (engine/decode_graph.py); on CPU (or
+        failure) fall back to eager rounds and say why. Returns whether a graph is in use."""
+        return decode_graph.capture(self)
 
     @property
     def runs_ahead(self) -> bool:
         """Whether decode(..., ahead=True) launches the next round before returning (engine/ahead.py)."""
         return self.ahead is not None
-
-    def _overlaps(self) -> bool:
-        """Whether rounds run ahead (KernelConfig.overlap): by default with the decode graph at one rank."""
-        on = self.cfg.kernels.overlap
-        return bool(on) if on is not None else self.device.type == "cuda" and self.cfg.tensor_parallel == 1
-
-    def _fresh_graph(self, rows) -> None:
-        self._h_np[:3] = rows
-        self._h_np[3] = steps(rows[2], self.spare)
-        self.graph.replay()
 
     # ---- helpers -----------------------------------------------------------------------------
     def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False,

@@ -71,27 +71,35 @@ print("ok")
 ''')
 
 
-def test_qk_fold_in_split_attention_matches_the_standalone_kernel(interpret):
-    """The q/k norm + RoPE + cache write done by the split kernel (decode_attention's qk): the same
-    attention output and K rows as qk_norm_rope_write then decode_attention up to the sum's order
-    (the interpreter sums the standalone kernel's squares in numpy's order; on the device the two
-    are bitwise equal, engine/dev/PERF.md runs 19-20), V rows bitwise, no other cache row touched."""
-    interpret(r'''
+def qk_inputs(lanes_n: int, max_len: int, p: int, seed: int, cache_seed: int) -> str:
+    """The start of an interpreter script for the q/k fold (each runs in a process of its own):
+    SPLIT 32, BLOCK 16; `cache()` a fresh random KV cache of `lanes_n` lanes (+ the spare);
+    a q/k/v product of `p` rows (6 q heads, 2 KV heads of 128), the q/k norm weights, RoPE tables."""
+    return f'''
 import torch
 import engine.kernels as K
-from engine.kernels_fused import qk_norm_rope_write
 K.SPLIT, K.BLOCK = 32, 16
-g = torch.Generator().manual_seed(3)
-lanes_n, max_len, kvh, d, h, p = 3, 96, 2, 128, 6, 4
+g = torch.Generator().manual_seed({seed})
+lanes_n, max_len, kvh, d, h, p = {lanes_n}, {max_len}, 2, 128, 6, {p}
 class KV: pass
 def cache():
     kv = KV()
-    c = torch.Generator().manual_seed(1)
+    c = torch.Generator().manual_seed({cache_seed})
     kv.k, kv.v = (torch.randn(1, lanes_n + 1, max_len, kvh, d, generator=c) for _ in range(2))
     return kv
 qkv = torch.randn(p, (h + 2 * kvh) * d, generator=g) * 3
 wq, wk = torch.randn(d, generator=g), torch.randn(d, generator=g)
 cos, sin = torch.randn(max_len, d, generator=g), torch.randn(max_len, d, generator=g)
+'''
+
+
+def test_qk_fold_in_split_attention_matches_the_standalone_kernel(interpret):
+    """The q/k norm + RoPE + cache write done by the split kernel (decode_attention's qk): the same
+    attention output and K rows as qk_norm_rope_write then decode_attention up to the sum's order
+    (the interpreter sums the standalone kernel's squares in numpy's order; on the device the two
+    are bitwise equal, engine/dev/PERF.md runs 19-20), V rows bitwise, no other cache row touched."""
+    interpret(qk_inputs(lanes_n=3, max_len=96, p=4, seed=3, cache_seed=1) + r'''
+from engine.kernels_fused import qk_norm_rope_write
 lanes, pos = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 40, 95, 0])  # 1, 2 and 3 splits of 32
 a, b = cache(), cache()
 ref = K.decode_attention(a, 0, qk_norm_rope_write(qkv, wq, wk, cos, sin, a.k[0], a.v[0], lanes, pos, h, kvh, d, 1e-6),
@@ -167,21 +175,22 @@ def test_runner_folds_and_draft_rounds():
     written in the same round) runs eagerly, unfolded, when the graph has it."""
     from dataclasses import replace
     from types import SimpleNamespace as NS
+    from engine import decode_graph
     from engine.config import EngineConfig, KernelConfig
     from engine.runner import ModelRunner
     attn = NS(n_heads=32, n_kv=8, head_dim=128)
     model = NS(model=NS(layers=[NS(self_attn=attn)]))
     cfg = EngineConfig(device="cuda")
     r = NS(cfg=cfg, fused=True, model=model)
-    assert ModelRunner._folds(r) == (True, True)
-    assert ModelRunner._folds(NS(cfg=replace(cfg, drafter="ngram"), fused=True, model=model)) == (True, False)
-    assert ModelRunner._folds(NS(cfg=replace(cfg, drafter="ngram", drafts=False), fused=True, model=model)) == (True, True)
-    assert ModelRunner._folds(NS(cfg=replace(cfg, tensor_parallel=2), fused=True, model=model)) == (False, False)
-    assert ModelRunner._folds(NS(cfg=cfg, fused=False, model=model)) == (False, False)
+    assert decode_graph.folds(r) == (True, True)
+    assert decode_graph.folds(NS(cfg=replace(cfg, drafter="ngram"), fused=True, model=model)) == (True, False)
+    assert decode_graph.folds(NS(cfg=replace(cfg, drafter="ngram", drafts=False), fused=True, model=model)) == (True, True)
+    assert decode_graph.folds(NS(cfg=replace(cfg, tensor_parallel=2), fused=True, model=model)) == (False, False)
+    assert decode_graph.folds(NS(cfg=cfg, fused=False, model=model)) == (False, False)
     off = replace(cfg, kernels=KernelConfig(fold_combine=False, fold_qk_norm=False))
-    assert ModelRunner._folds(NS(cfg=off, fused=True, model=model)) == (False, False)
+    assert decode_graph.folds(NS(cfg=off, fused=True, model=model)) == (False, False)
     attn.head_dim = 64  # not a shape the q/k fold takes
-    assert ModelRunner._folds(r) == (True, False)
+    assert decode_graph.folds(r) == (True, False)
     g = NS(graph=object(), _qk_fold=True)
     assert ModelRunner._graph_takes(g, [0, 1, 2]) and not ModelRunner._graph_takes(g, [0, 1, 1])
     g._qk_fold = False
@@ -194,22 +203,8 @@ def test_split_programs_walking_several_items_give_the_same_bits(interpret):
     pid, pid + G, ... (split slowest). Fewer programs than items, an odd count among them, give
     bitwise the one-item-a-program outputs, folded combine or not, q/k fold or not, and every
     arrival counter back at 0."""
-    interpret(r'''
-import torch
-import engine.kernels as K
-K.SPLIT, K.BLOCK = 32, 16
-g = torch.Generator().manual_seed(7)
-lanes_n, max_len, kvh, d, h, p = 4, 128, 2, 128, 6, 5
-class KV: pass
-def cache():
-    kv = KV()
-    c = torch.Generator().manual_seed(2)
-    kv.k, kv.v = (torch.randn(1, lanes_n + 1, max_len, kvh, d, generator=c) for _ in range(2))
-    return kv
+    interpret(qk_inputs(lanes_n=4, max_len=128, p=5, seed=7, cache_seed=2) + r'''
 q = torch.randn(p, h, d, generator=g)
-qkv = torch.randn(p, (h + 2 * kvh) * d, generator=g) * 3
-wq, wk = torch.randn(d, generator=g), torch.randn(d, generator=g)
-cos, sin = torch.randn(max_len, d, generator=g), torch.randn(max_len, d, generator=g)
 lanes, pos = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([5, 40, 127, 0, 64])  # 1, 2, 4, 1, 3 splits
 kv = cache()
 items = p * kvh * (max_len // K.SPLIT)

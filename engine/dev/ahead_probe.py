@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from engine import decode_graph
 from engine.config import EngineConfig
 from engine.runner import build_runner
 
@@ -223,7 +224,7 @@ def main(argv):
         r.graph.replay()
 
     def fill_a():
-        r._fresh_graph([[first] + [0] * 7, [144] + [0] * 7, [0] + [r.spare] * 7])
+        decode_graph.fresh(r, [[first] + [0] * 7, [144] + [0] * 7, [0] + [r.spare] * 7])
     samples: dict = {}
     with torch.inference_mode():
         for _ in range(5):
