@@ -49,6 +49,15 @@ PDL = 0
 #   (decode_attention's qk, engine/kernels_qkfold.py): -0.025 ms more.
 FOLD_COMBINE = False
 FOLD_QK_NORM = False
+# Under PDL, what a small kernel will read that the kernel before it does not write (the K/V rows
+# below a row's position, the norms' weights, the residual row, the RoPE tables) is asked into L2
+# before its wait: after the wait those loads are L2 hits, not DRAM round trips on the chain that
+# holds the next product's weights back (engine/dev/PERF.md round 8).
+PREFETCH = True
+# prefetch.global.L2: the line holding the address brought into L2 where the flag is set. A hint: no
+# register is held through the wait, and a later load reads what memory holds then (L2 is where the
+# GPU's memory is coherent), so it may target rows another kernel is about to write.
+_PREFETCH = tl.constexpr("{ .reg .pred %p; setp.ne.b32 %p, $2, 0; @%p prefetch.global.L2 [$1]; mov.u32 $0, 0; }")
 
 
 def launch_opts() -> dict:
@@ -60,17 +69,47 @@ def pdl_on() -> int:
     return 0 if INTERPRET else int(PDL)
 
 
+def prefetch_on() -> bool:
+    """Whether the PDL kernels ask their inputs into L2 before the wait (never without PDL)."""
+    return bool(PREFETCH and pdl_on())
+
+
 @triton.jit
 def pdl_enter(PDL_: tl.constexpr):
     """First thing in a kernel launched with PDL: wait for the kernel before to finish (its writes
     visible), then (PDL 2) let the next one launch; PDL 3 lets it launch first. Every program calls
-    it, before any load or store."""
+    it, before any load or store (or pdl_launch, prefetches, then pdl_wait)."""
+    pdl_launch(PDL_)
+    pdl_wait(PDL_)
+
+
+@triton.jit
+def pdl_launch(PDL_: tl.constexpr):
+    """pdl_enter's first half: at PDL 3 the next kernel may launch now."""
     if PDL_ > 2:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_wait(PDL_: tl.constexpr):
+    """pdl_enter's second half: the wait (then, at PDL 2, the next kernel's launch)."""
     if PDL_ > 0:
         tl.extra.cuda.gdc_wait()
     if PDL_ == 2:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def l2_prefetch(ptrs, on):
+    """Each address's line into L2 where `on` (module doc of PREFETCH): a hint, never a load."""
+    tl.inline_asm_elementwise(_PREFETCH, "=r,l,r", [ptrs, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def line_offsets(LEN: tl.constexpr, X):
+    """Element offsets of the 128-byte lines of a LEN-element run of X's type."""
+    step: tl.constexpr = 1024 // X.dtype.element_ty.primitive_bitwidth
+    return tl.arange(0, (LEN + step - 1) // step) * step
 
 
 @triton.jit
@@ -104,14 +143,19 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   SPLIT_: tl.constexpr, BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr = 0,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
-                  QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1):
+                  QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
+                  PREFETCH_: tl.constexpr = False):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
-    pdl_enter(PDL_)
     pid = tl.program_id(0)
     g = tl.num_programs(0)
     pk = P * KVH
+    pdl_launch(PDL_)
+    if PREFETCH_:  # the first item's inputs into L2 while the q/k/v product runs
+        _prefetch_item(K, V, Lanes, Pos, pid, pk, P, stride_kb, stride_kt, stride_kh, KVH, D, SPLIT_, P_PAD,
+                       WQ, WK, Cos, Sin, QKN)
+    pdl_wait(PDL_)
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
         most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
@@ -128,6 +172,34 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                             stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh,
                             stride_os, stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_,
                             BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
+
+
+@triton.jit
+def _prefetch_item(K, V, Lanes, Pos, w, pk, P, stride_kb, stride_kt, stride_kh, KVH, D: tl.constexpr,
+                   SPLIT_: tl.constexpr, P_PAD: tl.constexpr, WQ, WK, Cos, Sin, QKN: tl.constexpr):
+    """Item w's K/V rows (and with QKN the q/k norms' weights and the RoPE tables at its position)
+    asked into L2. Runs before the PDL wait: the positions and lanes it reads were written before the
+    round's first kernel, and it only prefetches, so nothing it reads can change a bit."""
+    r = tl.arange(0, P_PAD)
+    most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
+    if w < pk * ((most + SPLIT_ - 1) // SPLIT_):
+        row = (w % pk) // KVH
+        kvh = w % KVH
+        lane = tl.load(Lanes + row).to(tl.int64)
+        pos = tl.load(Pos + row).to(tl.int64)
+        t = (w // pk) * SPLIT_ + tl.arange(0, SPLIT_)
+        cols = line_offsets(D, K)
+        on = (t <= pos)[:, None] & (cols < D)[None, :]
+        at = lane * stride_kb + kvh * stride_kh + t[:, None].to(tl.int64) * stride_kt + cols[None, :]
+        l2_prefetch(K + at, on)
+        l2_prefetch(V + at, on)
+        if QKN:
+            c = line_offsets(D, Cos)
+            l2_prefetch(Cos + pos * D + c, c < D)
+            l2_prefetch(Sin + pos * D + c, c < D)
+            c = line_offsets(D, WQ)
+            l2_prefetch(WQ + c, c < D)
+            l2_prefetch(WK + c, c < D)
 
 
 @triton.jit
@@ -329,7 +401,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), num_warps=4, **extra, **launch_opts())
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_on(), num_warps=4, **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

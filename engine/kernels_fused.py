@@ -15,14 +15,20 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import launch_opts, pdl_enter, pdl_on
+from engine.kernels import l2_prefetch, launch_opts, line_offsets, pdl_enter, pdl_launch, pdl_on, pdl_wait, prefetch_on
 
 
 @triton.jit
 def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL_: tl.constexpr = 0):
-    pdl_enter(PDL_)
+                        PDL_: tl.constexpr = 0, PREFETCH_: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
+    pdl_launch(PDL_)
+    if PREFETCH_:  # the weight and the residual row (written kernels ago) into L2 while the product runs
+        lines = line_offsets(BLOCK, W)
+        l2_prefetch(W + lines, lines < N)
+        if HAS_R:
+            l2_prefetch(R + row * N + lines, lines < N)
+    pdl_wait(PDL_)
     c = tl.arange(0, BLOCK)
     m = c < N
     x = tl.load(X + row * N + c, mask=m, other=0.0)
@@ -41,7 +47,8 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: f
     y = torch.empty_like(x)
     xo = torch.empty_like(x) if r is not None else x
     _add_rmsnorm_kernel[(rows,)](x, r if r is not None else x, w, xo, y, n, eps, HAS_R=r is not None,
-                                 BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(), num_warps=8 if n >= 2048 else 4,
+                                 BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(), PREFETCH_=prefetch_on(),
+                                 num_warps=8 if n >= 2048 else 4,
                                  **launch_opts())
     return xo, y
 

@@ -54,7 +54,7 @@ def _ptx_order(fn, sig: dict, consts: dict, **opts) -> list[str]:
     from triton.compiler import ASTSource
     ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                          options=opts).asm["ptx"]
-    keys = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "cp.async", "st.global")
+    keys = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "cp.async", "st.global", "prefetch")
     return [k for line in ptx.splitlines() for k in keys if k in line]
 
 
@@ -79,14 +79,18 @@ def test_the_wait_comes_before_every_load(pdl):
 
 
 @pytest.mark.parametrize("pdl", [2, 3])
-def test_a_small_kernel_at_3_lets_the_next_launch_before_its_wait(pdl):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_small_kernel_at_3_lets_the_next_launch_before_its_wait(pdl, prefetch):
     """At 3 the norm lets the product after it launch (and stage its weights) before the norm waits for
-    the product before; it still waits before every load, so no read moves ahead of a write."""
+    the product before; it still waits before every load, so no read moves ahead of a write. With
+    PREFETCH its weight and residual row are asked into L2 before the wait: prefetches, not loads."""
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
     from engine.kernels_fused import _add_rmsnorm_kernel
-    order = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": pdl}, num_warps=8)
-    first = ["griddepcontrol.launch_dependents", "griddepcontrol.wait"]
-    assert order[:2] == (first if pdl == 3 else first[::-1])
+    order = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": pdl, "PREFETCH_": prefetch},
+                       num_warps=8)
+    before = order[:order.index("griddepcontrol.wait")]
+    assert before == (["griddepcontrol.launch_dependents"] if pdl == 3 else []) + ["prefetch"] * (2 * prefetch)
+    assert order[len(before) + 1:len(before) + 2] == (["griddepcontrol.launch_dependents"] if pdl == 2 else ["ld.global"])
     assert "ld.global" in order and order.count("griddepcontrol.wait") == 1
 
 
@@ -110,10 +114,12 @@ def test_the_products_never_launch_the_next_before_their_wait(monkeypatch):
 
 
 @pytest.mark.parametrize("qkn", [False, True])
-def test_split_attention_compiles_its_walk_with_the_wait_first(qkn):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
     """The split attention as the decode graph launches it (PDL 3, folded combine, the capped grid's
     run-time walk over its items) compiles for sm_90, and its PDL order holds: the next kernel may
-    launch first, but no load comes before the wait."""
+    launch first, but no load comes before the wait but the positions and lanes (written before the
+    round's first kernel), which place the first item's L2 prefetches (PREFETCH): no store before it."""
     ptrs = ("Q", "K", "V", "Lanes", "Pos", "Opart", "Lse", "Out", "Count")
     sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out")}, "Lanes": "*i64", "Pos": "*i64", "Opart": "*fp32",
            "Lse": "*fp32", "Count": "*i32",
@@ -121,7 +127,8 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn):
                                  "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out")},
            "scale": "fp32", "P": "i32", "KVH": "i32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
-              "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": qkn, "H": 32 if qkn else 0}
+              "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": qkn, "H": 32 if qkn else 0,
+              "PREFETCH_": prefetch}
     if qkn:
         sig.update({"QKV": "*bf16", "stride_qkv": "i32", "WQ": "*bf16", "WK": "*bf16", "Cos": "*bf16", "Sin": "*bf16",
                     "eps": "fp32"})
@@ -130,5 +137,10 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn):
         consts.update({"stride_qkv": 0, "eps": 0.0})
     assert set(ptrs) <= set(sig)
     order = _ptx_order(K._split_kernel, sig, consts, num_warps=4)
-    assert order[:2] == ["griddepcontrol.launch_dependents", "griddepcontrol.wait"]
-    assert "ld.global" in order and order.count("griddepcontrol.wait") == 1
+    before = order[:order.index("griddepcontrol.wait")]
+    assert before[0] == "griddepcontrol.launch_dependents" and order.count("griddepcontrol.wait") == 1
+    if not prefetch:
+        assert before == ["griddepcontrol.launch_dependents"]
+    else:  # the positions (one vector), the item's lane and position; K and V (4 lines a thread), 4 tables
+        assert before[1:] == ["ld.global"] * 3 + ["prefetch"] * (8 + 4 * qkn)
+    assert "ld.global" in order[len(before):]

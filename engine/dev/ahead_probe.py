@@ -10,7 +10,7 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
 
 --lengths (run 42): the same rounds at two --max-model-len (the split attention's grid grows with it).
 --grids (runs 44-45): the split attention's grid cap, at contexts 128 and 4,000.
---variants base,o12,o16 (run 46): decode-graph variants (VARIANTS) side by side.
+--variants base,o12,o16 (run 46): decode-graph variants (VARIANTS) side by side; --ctxs 128,4000 their contexts.
 """
 from __future__ import annotations
 
@@ -128,44 +128,62 @@ def _stage_o(n):
     return setup
 
 
+def _prefetch_off():
+    import engine.kernels as K
+    K.PREFETCH = False
+
+
 # run 47 also ran "nopre": the split attention's first block loaded before its PDL wait or not (the
-# preload, commit a3ccbab, measured -0.02 ms at context 128 and +0.18-0.32 at 4,000: removed)
-VARIANTS = {"base": lambda: None, "o12": _stage_o(12), "o16": _stage_o(16)}
+# preload, commit a3ccbab, measured -0.02 ms at context 128 and +0.18-0.32 at 4,000: removed).
+# name -> (setup before the capture, --parallel); "p1": the round at shape 1 (one row, not padded).
+VARIANTS = {"base": (lambda: None, 8), "o12": (_stage_o(12), 8), "o16": (_stage_o(16), 8),
+            "nopf": (_prefetch_off, 8), "p1": (lambda: None, 1), "p1nopf": (_prefetch_off, 1)}
 
 
-def variants(out, names, turns=5):
-    """Run 46: decode-graph variants (VARIANTS: module settings read at capture, restored after), each
-    its own runner at --max-model-len 2,048: the chained graph on the GPU's clock at context 128, 1 and
-    8 streams, interleaved; and every variant's ids over 16 rounds against the first's."""
+def variants(out, names, turns=5, ctxs=(128,)):
+    """Runs 46 and 52: decode-graph variants (VARIANTS: module settings read at capture, restored
+    after), each its own runner at --max-model-len 4,200: the chained graph on the GPU's clock at
+    each context, 1 and 8 streams, interleaved; and every variant's ids over 16 rounds against the
+    first's (a shape-1 variant: stream 0's)."""
+    from dataclasses import replace
+
+    import engine.kernels as K
     from engine import kernels_ring as R
     from engine.runner import ModelRunner
-    cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=2048,
+    cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=4200,
                        prefill_rows=4096)
     runners, model = {}, None
     for name in names:
-        saved = dict(R.STAGED)
-        VARIANTS[name]()
-        runners[name] = r = ModelRunner(cfg, model=model)
+        saved, pf = dict(R.STAGED), K.PREFETCH
+        setup, parallel = VARIANTS[name]
+        setup()
+        runners[name] = r = ModelRunner(replace(cfg, parallel=parallel), model=model)
         R.STAGED.clear()
         R.STAGED.update(saved)
+        K.PREFETCH = pf
         model = r.model
         r.cuts_warmed.result()
-    prompts = [[(i * 37 + 5 + ln) % 1000 for i in range(128)] for ln in range(8)]
-    firsts = {n: [r.prefill(ln, prompts[ln]) for ln in range(8)] for n, r in runners.items()}
+    prompts = {c: [[(i * 37 + 5 + ln) % 1000 for i in range(c)] for ln in range(8)] for c in ctxs}
+    firsts = {(n, c): [r.prefill(ln, prompts[c][ln]) for ln in range(r.parallel)]
+              for n, r in runners.items() for c in ctxs}
     res, samples = {}, {}
     ids = {}
     with torch.inference_mode():
         for n, r in runners.items():
-            toks, pos, got = firsts[n], 128, []
+            lanes = list(range(r.parallel))
+            toks, pos, got = firsts[(n, ctxs[0])], ctxs[0], []
             for _ in range(16):
-                toks, pos = r.decode(list(range(8)), toks, [pos] * 8, ahead=True), pos + 1
-                got.append(toks)
+                toks, pos = r.decode(lanes, toks, [pos] * len(lanes), ahead=True), pos + 1
+                got.append(toks[0])
             ids[n] = got
         for _ in range(turns):
             for n, r in runners.items():
-                for k in (1, 8):
-                    samples.setdefault(f"{n}, {k} streams", []).append(chained_ms(r, firsts[n], k, 128))
-    res["ids_equal_to_first"] = {n: ids[n] == ids[names[0]] for n in names}
+                for c in ctxs:
+                    for k in (1, 8):
+                        if k <= r.parallel:
+                            samples.setdefault(f"{n}, ctx {c}, {k} streams", []).append(
+                                chained_ms(r, firsts[(n, c)], k, c))
+    res["stream0_ids_equal_to_first"] = {n: ids[n] == ids[names[0]] for n in names}
     res["decode_ring"] = {n: r.describe()["decode_ring"] for n, r in runners.items()}
     print(json.dumps(res), flush=True)
     report(samples, res, f"{out}/variants.json")
@@ -175,11 +193,11 @@ def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     if "--lengths" in argv:
         return lengths(out)
+    def arg(name, default):
+        return [int(x) for x in argv[argv.index(name) + 1].split(",")] if name in argv else default
     if "--variants" in argv:
-        return variants(out, argv[argv.index("--variants") + 1].split(","))
+        return variants(out, argv[argv.index("--variants") + 1].split(","), ctxs=tuple(arg("--ctxs", (128,))))
     if "--grids" in argv:  # [--caps 4,8,1048576 --max-len 16400 --ctxs 128,4000]
-        def arg(name, default):
-            return [int(x) for x in argv[argv.index(name) + 1].split(",")] if name in argv else default
         caps = argv[argv.index("--caps") + 1].split(",") if "--caps" in argv else (4, 8, 1 << 20)
         return grids(out, caps=caps, max_len=arg("--max-len", [16400])[0], ctxs=arg("--ctxs", (128, 4000)))
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
