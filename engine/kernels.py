@@ -54,6 +54,10 @@ FOLD_QK_NORM = False
 # before its wait: after the wait those loads are L2 hits, not DRAM round trips on the chain that
 # holds the next product's weights back (engine/dev/PERF.md round 8).
 PREFETCH = True
+# K/V rows of each row's first split the attention asks into L2 (0: only the norms' weights and RoPE
+# rows; -1: the attention asks for nothing). Every split's rows at once was 0.2-0.5 ms a round slower
+# at 4,000 tokens: up to 131 MB a layer pulled in while the q/k/v product streams (run 52).
+PREFETCH_ROWS = 64
 # prefetch.global.L2: the line holding the address brought into L2 where the flag is set. A hint: no
 # register is held through the wait, and a later load reads what memory holds then (L2 is where the
 # GPU's memory is coherent), so it may target rows another kernel is about to write.
@@ -72,6 +76,11 @@ def pdl_on() -> int:
 def prefetch_on() -> bool:
     """Whether the PDL kernels ask their inputs into L2 before the wait (never without PDL)."""
     return bool(PREFETCH and pdl_on())
+
+
+def prefetch_rows() -> int:
+    """The split attention's PREFETCH_ constexpr: K/V rows asked for (0: the tables only; -1: off)."""
+    return PREFETCH_ROWS if prefetch_on() else -1
 
 
 @triton.jit
@@ -144,7 +153,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PREFETCH_: tl.constexpr = False):
+                  PREFETCH_: tl.constexpr = -1):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -152,9 +161,10 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
     g = tl.num_programs(0)
     pk = P * KVH
     pdl_launch(PDL_)
-    if PREFETCH_:  # the first item's inputs into L2 while the q/k/v product runs
-        _prefetch_item(K, V, Lanes, Pos, pid, pk, P, stride_kb, stride_kt, stride_kh, KVH, D, SPLIT_, P_PAD,
-                       WQ, WK, Cos, Sin, QKN)
+    if PREFETCH_ >= 0:  # a row's first split's inputs into L2 while the q/k/v product runs
+        if pid < pk:
+            _prefetch_first(K, V, Lanes, Pos, pid // KVH, pid % KVH, stride_kb, stride_kt, stride_kh, D,
+                            PREFETCH_, WQ, WK, Cos, Sin, QKN)
     pdl_wait(PDL_)
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
@@ -175,31 +185,27 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
 
 
 @triton.jit
-def _prefetch_item(K, V, Lanes, Pos, w, pk, P, stride_kb, stride_kt, stride_kh, KVH, D: tl.constexpr,
-                   SPLIT_: tl.constexpr, P_PAD: tl.constexpr, WQ, WK, Cos, Sin, QKN: tl.constexpr):
-    """Item w's K/V rows (and with QKN the q/k norms' weights and the RoPE tables at its position)
-    asked into L2. Runs before the PDL wait: the positions and lanes it reads were written before the
-    round's first kernel, and it only prefetches, so nothing it reads can change a bit."""
-    r = tl.arange(0, P_PAD)
-    most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
-    if w < pk * ((most + SPLIT_ - 1) // SPLIT_):
-        row = (w % pk) // KVH
-        kvh = w % KVH
+def _prefetch_first(K, V, Lanes, Pos, row, kvh, stride_kb, stride_kt, stride_kh, D: tl.constexpr,
+                    ROWS: tl.constexpr, WQ, WK, Cos, Sin, QKN: tl.constexpr):
+    """The first ROWS K/V rows of (row, KV head)'s first split (and with QKN the q/k norms' weights and
+    the RoPE rows at its position) asked into L2. Runs before the PDL wait: the lane and position it
+    reads were written before the round's first kernel, and it only prefetches, so no bit can move."""
+    pos = tl.load(Pos + row).to(tl.int64)
+    if ROWS > 0:
         lane = tl.load(Lanes + row).to(tl.int64)
-        pos = tl.load(Pos + row).to(tl.int64)
-        t = (w // pk) * SPLIT_ + tl.arange(0, SPLIT_)
+        t = tl.arange(0, ROWS)
         cols = line_offsets(D, K)
         on = (t <= pos)[:, None] & (cols < D)[None, :]
         at = lane * stride_kb + kvh * stride_kh + t[:, None].to(tl.int64) * stride_kt + cols[None, :]
         l2_prefetch(K + at, on)
         l2_prefetch(V + at, on)
-        if QKN:
-            c = line_offsets(D, Cos)
-            l2_prefetch(Cos + pos * D + c, c < D)
-            l2_prefetch(Sin + pos * D + c, c < D)
-            c = line_offsets(D, WQ)
-            l2_prefetch(WQ + c, c < D)
-            l2_prefetch(WK + c, c < D)
+    if QKN:
+        c = line_offsets(D, Cos)
+        l2_prefetch(Cos + pos * D + c, c < D)
+        l2_prefetch(Sin + pos * D + c, c < D)
+        c = line_offsets(D, WQ)
+        l2_prefetch(WQ + c, c < D)
+        l2_prefetch(WK + c, c < D)
 
 
 @triton.jit
@@ -401,7 +407,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_on(), num_warps=4, **extra, **launch_opts())
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), num_warps=4, **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

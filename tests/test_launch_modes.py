@@ -114,7 +114,7 @@ def test_the_products_never_launch_the_next_before_their_wait(monkeypatch):
 
 
 @pytest.mark.parametrize("qkn", [False, True])
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("prefetch", [-1, 0, 64])
 def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
     """The split attention as the decode graph launches it (PDL 3, folded combine, the capped grid's
     run-time walk over its items) compiles for sm_90, and its PDL order holds: the next kernel may
@@ -139,8 +139,9 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
     order = _ptx_order(K._split_kernel, sig, consts, num_warps=4)
     before = order[:order.index("griddepcontrol.wait")]
     assert before[0] == "griddepcontrol.launch_dependents" and order.count("griddepcontrol.wait") == 1
-    if not prefetch:
+    if prefetch < 0:
         assert before == ["griddepcontrol.launch_dependents"]
-    else:  # the positions (one vector), the item's lane and position; K and V (4 lines a thread), 4 tables
-        assert before[1:] == ["ld.global"] * 3 + ["prefetch"] * (8 + 4 * qkn)
+    else:  # the row's position and lane; K and V (64 rows of 2 lines: 1 a thread each), the 4 tables
+        loads = (prefetch > 0 or qkn) + (prefetch > 0)
+        assert before[1:] == ["ld.global"] * loads + ["prefetch"] * (2 * (prefetch > 0) + 4 * qkn)
     assert "ld.global" in order[len(before):]

@@ -128,16 +128,20 @@ def _stage_o(n):
     return setup
 
 
-def _prefetch_off():
-    import engine.kernels as K
-    K.PREFETCH = False
+def _prefetch(on=True, rows=64):
+    def setup():
+        import engine.kernels as K
+        K.PREFETCH, K.PREFETCH_ROWS = on, rows
+    return setup
 
 
 # run 47 also ran "nopre": the split attention's first block loaded before its PDL wait or not (the
 # preload, commit a3ccbab, measured -0.02 ms at context 128 and +0.18-0.32 at 4,000: removed).
 # name -> (setup before the capture, --parallel); "p1": the round at shape 1 (one row, not padded).
 VARIANTS = {"base": (lambda: None, 8), "o12": (_stage_o(12), 8), "o16": (_stage_o(16), 8),
-            "nopf": (_prefetch_off, 8), "p1": (lambda: None, 1), "p1nopf": (_prefetch_off, 1)}
+            "nopf": (_prefetch(False), 8), "p1": (lambda: None, 1), "p1nopf": (_prefetch(False), 1),
+            "norm": (_prefetch(rows=-1), 8), "pf0": (_prefetch(rows=0), 8), "pf64": (_prefetch(rows=64), 8),
+            "pf256": (_prefetch(rows=256), 8)}
 
 
 def variants(out, names, turns=5, ctxs=(128,)):
@@ -154,13 +158,13 @@ def variants(out, names, turns=5, ctxs=(128,)):
                        prefill_rows=4096)
     runners, model = {}, None
     for name in names:
-        saved, pf = dict(R.STAGED), K.PREFETCH
+        saved, pf = dict(R.STAGED), (K.PREFETCH, K.PREFETCH_ROWS)
         setup, parallel = VARIANTS[name]
         setup()
         runners[name] = r = ModelRunner(replace(cfg, parallel=parallel), model=model)
         R.STAGED.clear()
         R.STAGED.update(saved)
-        K.PREFETCH = pf
+        K.PREFETCH, K.PREFETCH_ROWS = pf
         model = r.model
         r.cuts_warmed.result()
     prompts = {c: [[(i * 37 + 5 + ln) % 1000 for i in range(c)] for ln in range(8)] for c in ctxs}
