@@ -11,7 +11,9 @@ and only then reads this round's ids. vLLM and SGLang call this async (overlap) 
 The next call takes the round in flight when every row it asks for is a row that round
 computed: the same lane, token and position in the same row. A row's bits never depend on the
 other rows (the fixed padded shape), so rows the caller dropped (a stream that ended, one paused)
-do not matter, and a round taken this way returns exactly the ids a fresh one would.
+do not matter, and a round taken this way returns exactly the ids a fresh one would. A dropped
+row runs on in the chained rounds (the device advances every lane's row) until a fresh round
+drops it, so the guard below watches the rows the device holds, not the ones asked for.
 
 What a round launched for nothing leaves: each of its lanes' K/V row at the next position,
 written from the token the lane's history holds there (its last id), the row a later round or a
@@ -71,17 +73,18 @@ class Ahead:
     def round(self, rows: Rows, ahead: bool, greedy: bool = True) -> list[int]:
         """The ids of the round `rows`; with `ahead` (and greedy), the next round is launched
         before they are read."""
-        s = self._take(rows if greedy else None)
-        if s is None:
+        took = self._take(rows if greedy else None)
+        if took is None:
             self.fresh(rows)
-            s = self._read_back()
+            took = rows, self._read_back()
+        dev, s = took  # the rows the device computed: a row the caller dropped still runs on in them
         nxt = None
-        if ahead and greedy and self._room(rows):
+        if ahead and greedy and self._room(dev):
             self.chained()
             nxt = self._read_back()
         ids = self._ids(s)
         if nxt is not None:
-            self.pending = (advance(rows, ids, self.spare), nxt)
+            self.pending = (advance(dev, ids, self.spare), nxt)
         return ids
 
     def chained(self) -> None:
@@ -92,9 +95,9 @@ class Ahead:
     def _room(self, rows: Rows) -> bool:
         return all(p + 1 < self.max_len for p, lane in zip(rows[1], rows[2]) if lane != self.spare)
 
-    def _take(self, rows: Rows | None) -> int | None:
-        """The slot of the round in flight if it is the round `rows` asks for (None: it is not),
-        else None; either way it is no longer in flight."""
+    def _take(self, rows: Rows | None) -> tuple[Rows, int] | None:
+        """The round in flight (its rows, its slot) if it is the round `rows` asks for (None: it is
+        not), else None; either way it is no longer in flight."""
         pending, self.pending = self.pending, None
         if pending is None:
             return None
@@ -102,7 +105,7 @@ class Ahead:
         if rows is not None and all(lane == self.spare or (lanes[r], pos[r], tok[r]) == (lane, rows[1][r], rows[0][r])
                                     for r, lane in enumerate(rows[2])):
             self.taken += 1
-            return s
+            return pending
         self.wasted += 1
         return None
 

@@ -122,3 +122,26 @@ def test_lane_host_asks_ahead_only_with_no_prompt_waiting():
     assert got == serve(runner(False), prompts, 12, late)
     assert rec.asked[:3] == [True] * 3 and False in rec.asked  # rounds beside the late prompt's cuts: not ahead
     assert rec.inner.ahead.taken > 0
+
+
+def test_a_dropped_row_run_on_ahead_never_passes_the_last_position(pair):
+    """A stream ends while the others go on: the chained rounds still carry its row (the device's
+    inputs advance every lane's row), so the guard must watch that row too, or it walks past its
+    lane's last position into the next lane's cache."""
+    ahead, plain = pair
+    short, long_ = prompt(LEN - 8, 4), prompt(10, 5)
+    got = {}
+    for r in (ahead, plain):
+        toks = [r.prefill(1, short), r.prefill(2, long_)]
+        lanes, pos = [1, 2], [LEN - 8, 10]
+        before = r.kv.k[:, 2, 0].clone()  # lane 2's first row, the row after lane 1's cache
+        log = []
+        for k in range(30):
+            if k == 3:  # lane 1's stream ends, 5 positions short of its last
+                del lanes[0], toks[0], pos[0]
+            out = r.decode(lanes, toks, pos, ahead=True)
+            log.append(out[-1])
+            toks, pos = out, [p + 1 for p in pos]
+        assert torch.equal(r.kv.k[:, 2, 0], before)
+        got[r is ahead] = log
+    assert got[True] == got[False]
