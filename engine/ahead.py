@@ -51,46 +51,45 @@ def advance_inputs(s_in: torch.Tensor, s_out: torch.Tensor) -> None:
 
 class Ahead:
     """Runs a runner's rounds, one ahead where asked. `fresh(rows)` launches a round from the
-    host's rows; each of `chains` launches the round after the last one from the device (a CUDA
-    graph replay each, or eager rounds on the CPU), taken in turn; each leaves its ids in `s_out`.
-    (Why several copies of the chained graph: see engine/dev/PERF.md run 41.)"""
+    host's rows (at their row count); `chain(n)` launches the round after the last one of n rows
+    from the device (a CUDA graph replay, or eager rounds on the CPU); each returns the device
+    tensor its ids land in. `width`: the most rows a round has."""
 
-    def __init__(self, fresh: Callable[[Rows], None], chains: Sequence[Callable[[], None]], s_out: torch.Tensor,
-                 spare: int, max_len: int):
-        self.fresh, self.chains, self.s_out = fresh, list(chains), s_out
-        self.turn = 0  # the chain to launch next
+    def __init__(self, fresh: Callable[[Rows], torch.Tensor], chain: Callable[[int], torch.Tensor], spare: int,
+                 max_len: int, width: int, device: torch.device):
+        self.fresh, self.chain = fresh, chain
         self.spare, self.max_len = spare, max_len
-        cuda = s_out.device.type == "cuda"
+        cuda = torch.device(device).type == "cuda"
         # ids come back through two pinned slots: the round in flight copies into one while the
         # host reads the other
-        self.h_out = torch.zeros(2, s_out.numel(), dtype=torch.long, pin_memory=cuda)
+        self.h_out = torch.zeros(2, width, dtype=torch.long, pin_memory=cuda)
         self.events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.count = [0, 0]  # ids in each slot
         self.slot = 0
+        self.last = 0  # rows of the last round launched
         self.pending: tuple[list[list[int]], int] | None = None  # the round in flight: its rows, its slot
         self.taken = 0  # rounds served from a round launched ahead (tests, /metrics-style counts)
         self.wasted = 0  # rounds launched ahead and not asked for
 
     def round(self, rows: Rows, ahead: bool, greedy: bool = True) -> list[int]:
-        """The ids of the round `rows`; with `ahead` (and greedy), the next round is launched
-        before they are read."""
+        """The ids of the round `rows` (one a row of the round that computed them: a round in flight
+        at more rows may serve it); with `ahead` (and greedy), the next round is launched before
+        they are read, at the row count asked for."""
         took = self._take(rows if greedy else None)
         if took is None:
-            self.fresh(rows)
-            took = rows, self._read_back()
+            took = rows, self._read_back(self.fresh(rows))
         dev, s = took  # the rows the device computed: a row the caller dropped still runs on in them
         nxt = None
-        if ahead and greedy and self._room(dev):
-            self.chained()
-            nxt = self._read_back()
+        if ahead and greedy and len(dev[0]) == len(rows[0]) and self._room(dev):
+            nxt = self._read_back(self.chained())
         ids = self._ids(s)
         if nxt is not None:
             self.pending = (advance(dev, ids, self.spare), nxt)
         return ids
 
-    def chained(self) -> None:
-        """Launch the round after the last one, from its ids on the device."""
-        self.chains[self.turn % len(self.chains)]()
-        self.turn += 1
+    def chained(self) -> torch.Tensor:
+        """Launch the round after the last one, from its ids on the device; where its ids land."""
+        return self.chain(self.last)
 
     def _room(self, rows: Rows) -> bool:
         return all(p + 1 < self.max_len for p, lane in zip(rows[1], rows[2]) if lane != self.spare)
@@ -102,8 +101,9 @@ class Ahead:
         if pending is None:
             return None
         (tok, pos, lanes), s = pending
-        if rows is not None and all(lane == self.spare or (lanes[r], pos[r], tok[r]) == (lane, rows[1][r], rows[0][r])
-                                    for r, lane in enumerate(rows[2])):
+        if rows is not None and len(lanes) >= len(rows[2]) and all(
+                lane == self.spare or (lanes[r], pos[r], tok[r]) == (lane, rows[1][r], rows[0][r])
+                for r, lane in enumerate(rows[2])):
             self.taken += 1
             return pending
         self.wasted += 1
@@ -113,10 +113,11 @@ class Ahead:
         """Forget the round in flight (the next round is not it)."""
         self._take(None)
 
-    def _read_back(self) -> int:
+    def _read_back(self, s_out: torch.Tensor) -> int:
         """After a launch: its ids copied to a pinned slot, behind it on the stream."""
         s, self.slot = self.slot, self.slot ^ 1
-        self.h_out[s].copy_(self.s_out, non_blocking=True)
+        self.last = self.count[s] = n = s_out.numel()
+        self.h_out[s, :n].copy_(s_out, non_blocking=True)
         if self.events[s] is not None:
             self.events[s].record()
         return s
@@ -124,28 +125,29 @@ class Ahead:
     def _ids(self, s: int) -> list[int]:
         if self.events[s] is not None:
             self.events[s].synchronize()
-        return self.h_out[s].tolist()
+        return self.h_out[s, :self.count[s]].tolist()
 
 
 class EagerRounds:
-    """The two graphs' launches as eager rounds, for a runner without a decode graph
+    """The graphs' launches as eager rounds, for a runner without a decode graph
     (KernelConfig.overlap=True on the CPU: the same logic, run at once, for tests). `body(s_in,
     rows)` is the round's forward -> logits; `rows` its (lane, position) pairs."""
 
-    def __init__(self, body: Callable, n: int, spare: int, device: torch.device):
-        self.body, self.spare = body, spare
-        self.s_in = torch.zeros(4, n, dtype=torch.long, device=device)
-        self.s_out = torch.zeros(n, dtype=torch.long, device=device)
-        self.logits: torch.Tensor | None = None
+    def __init__(self, body: Callable, spare: int, device: torch.device):
+        self.body, self.spare, self.device = body, spare, device
+        self.s_in = self.s_out = self.logits = None
 
-    def fresh(self, rows: Rows) -> None:
-        self.s_in.copy_(torch.tensor([*rows, steps(rows[2], self.spare)]))
-        self._run()
+    def fresh(self, rows: Rows) -> torch.Tensor:
+        self.s_in = torch.tensor([*rows, steps(rows[2], self.spare)], dtype=torch.long, device=self.device)
+        self.s_out = torch.zeros(len(rows[0]), dtype=torch.long, device=self.device)
+        return self._run()
 
-    def chained(self) -> None:
+    def chained(self, n: int) -> torch.Tensor:
+        assert n == self.s_out.numel(), "a chained round runs at the rows of the last"
         advance_inputs(self.s_in, self.s_out)
-        self._run()
+        return self._run()
 
-    def _run(self) -> None:
+    def _run(self) -> torch.Tensor:
         self.logits = self.body(self.s_in, list(zip(self.s_in[2].tolist(), self.s_in[1].tolist())))
         torch.argmax(self.logits, -1, out=self.s_out)
+        return self.s_out

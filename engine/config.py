@@ -158,6 +158,12 @@ class KernelConfig:
     # round to feed this one's greedy ids, it runs while the host reads them. None: on with the
     # CUDA decode graph at one rank; True on the CPU runs the same logic eagerly (tests).
     overlap: bool | None = None
+    # Decode rounds of a few streams at fewer rows (engine/decode_graph.py buckets): graphs at 1, 2, 4, ...
+    # rows beside the padded shape, where every product takes the same kernel and tiles as at the padded
+    # shape (so a row's bits are the same), as vLLM captures several batch sizes. None: on with the CUDA
+    # decode graph at one rank; False: every round at the padded shape; True on the CPU: eager rounds
+    # at those row counts (tests).
+    row_buckets: bool | None = None
     # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
     # last split program instead of a kernel of its own (engine/kernels.py), the same bits:
     # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).

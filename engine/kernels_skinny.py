@@ -250,6 +250,36 @@ def ring_split(n: int, k: int, rows: int, gated: bool = False) -> int | None:
     return split if split is not None and R.plan(n, k, rows, split, gated) else None
 
 
+def route(n: int, k: int, rows: int, gated: bool = False, ring: bool | None = None) -> tuple:
+    """The kernel linear() (gated: gate_up_silu()) runs weight shape (N, K) on at `rows` rows, and its
+    tiles: ("ring", split), ("gated" or "skinny", config, padded rows), ("cublas", rows); gated's
+    fallback prefixes linear()'s route with "silu". A row's bits follow its route (its tiles and K
+    order), so row counts with equal routes give a row the same bits. `ring`: whether the TMA ring
+    takes products (default: RING and the ring available)."""
+    if ring is None:
+        from engine import kernels_ring as R
+        ring = RING and R.available()
+    bm = block_m(rows)
+    if gated:
+        split = ring_split(n, k, rows, gated=True)
+        if ring and split is not None:
+            return ("ring", split)
+        c = GATED.get((n, k, bm))
+        if c is not None and _fits(c, n, k, rows) and n % 2 == 0 and gated_smem(c, bm) <= SMEM_LIMIT:
+            return ("gated", c, bm)
+        return ("silu",) + route(n, k, rows, ring=ring)
+    c = config_for(n, k, rows)
+    if c is None or not _fits(c, n, k, rows):
+        return ("cublas", rows)
+    split = ring_split(n, k, rows)
+    return ("ring", split) if ring and split is not None else ("skinny", c, bm)
+
+
+def _fits(c: SkinnyConfig, n: int, k: int, rows: int) -> bool:
+    """supports()'s conditions on the shapes alone."""
+    return rows <= MAX_ROWS and smem(c, block_m(rows)) <= SMEM_LIMIT and k % (c.block_k * c.split_k) == 0
+
+
 def _on_ring(x, w, split: int | None, gated: bool = False, out=None) -> torch.Tensor | None:
     """The product on the ring inside a launch mode with `ring`, else (or where it fails) None."""
     if not RING or split is None:

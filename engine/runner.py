@@ -3,11 +3,13 @@
 - `prefill_step(lane, tokens, start, end, sampling=None, logprobs=None)`: one cut of one lane,
   causal over the lane's rows [0, end); on the prompt's last cut returns the first token (lm_head
   for the last row only): greedy, or drawn per `sampling` (engine/sampler.py).
-- `decode(lanes, tokens, positions, sampling=None, logprobs=None)`: one batched forward at the FIXED padded shape `parallel`:
-  row r always carries lane r; rows of lanes not decoding point at a spare KV lane whose writes
-  go nowhere harmful. Linear layers thus always see the same shape, and each row's attention
-  reads its own lane's rows [0, pos] in an order that depends on that length only, so a row's
-  bits never depend on how many neighbours decode or how long they are.
+- `decode(lanes, tokens, positions, sampling=None, logprobs=None)`: one batched forward at the
+  padded shape `parallel`, or at fewer rows where every product takes the same kernel and tiles
+  (`buckets`, engine/decode_graph.py): row r always carries lane r; rows of lanes not decoding
+  point at a spare KV lane whose writes go nowhere harmful. Linear layers thus always run the
+  same tiles, and each row's attention reads its own lane's rows [0, pos] in an order that
+  depends on that length only, so a row's bits never depend on how many neighbours decode or
+  how long they are.
 - CUDA: the decode round is captured as CUDA graphs (engine/decode_graph.py: its first node copies
   the rows in, the only host sync is reading the new ids; greedy rounds may run one ahead,
   engine/ahead.py); decode attention is a Triton split-K kernel with a
@@ -101,7 +103,7 @@ class ModelRunner:
         self.cpu_round: CppRound | None = None
         self.cpu_attn = None  # the C decode attention (engine/cpu_attn.py), chosen once a process
         self.cpu_rows_free = False  # bf16 prompt products found row-invariant here (cpu_kernels.rows_invariant)
-        self.round_rows = cfg.parallel  # rows of every decode round: the fixed padded shape
+        self.round_rows = cfg.parallel  # the padded shape: the most rows a decode round has
         if self.device.type == "cpu" and knobs.cpu_fast:
             self.cpu_mm = PackedLinears(model)
             # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
@@ -118,6 +120,8 @@ class ModelRunner:
                 self.batch_cuts = self.cpu_rows_free
                 log.info("CPU prompt cuts: %s", "together" if self.cpu_rows_free else "one at a time")
         self.graph = None
+        self.rounds: dict = {}  # row count -> its graphs (engine/decode_graph.py Bucket)
+        self.buckets: tuple[int, ...] = (self.round_rows,)  # the row counts rounds run at
         self.ahead: Ahead | None = None  # rounds launched one ahead (engine/ahead.py)
         self._qk_fold = False  # the graph norms q/k in its attention (capture_graph)
         self.graph_fallback_reason: str | None = None
@@ -137,10 +141,11 @@ class ModelRunner:
         elif knobs.cuda_graph:
             self.capture_graph()  # falls back: records why
         self._eager: EagerRounds | None = None
-        if self.device.type != "cuda" and decode_graph.overlaps(self):
-            self._eager = e = EagerRounds(lambda inp, rows: self._decode_body(inp, rows), self.round_rows, self.spare,
-                                          self.device)
-            self.ahead = Ahead(e.fresh, [e.chained], e.s_out, self.spare, self.max_model_len)
+        if self.device.type != "cuda":
+            self.buckets = decode_graph.buckets(self)
+            if decode_graph.overlaps(self):
+                self._eager = e = EagerRounds(lambda inp, rows: self._decode_body(inp, rows), self.spare, self.device)
+                self.ahead = Ahead(e.fresh, e.chained, self.spare, self.max_model_len, self.round_rows, self.device)
 
     def _check_kv_fits(self, mcfg: ModelConfig) -> None:
         """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""
@@ -241,15 +246,17 @@ class ModelRunner:
 
     # ---- decode rounds -----------------------------------------------------------------------
     def _padded(self, lanes, tokens, positions) -> tuple[list[list[int]], list[int]]:
-        """[tokens, positions, lanes] of the fixed shape, and the row each entry went to. A
-        lane's first entry sits in row `lane`, as in every plain round; further entries of the
-        same lane (a drafter's tokens to verify, at the next positions) take rows no lane of
-        this round owns. Every row writes its K/V before any row attends, so a draft row sees
-        the rows before it exactly as a later plain round would."""
-        p = self.round_rows
+        """[tokens, positions, lanes] of the round's row count (the fewest of `buckets` holding its
+        highest lane and all its entries), and the row each entry went to. A lane's first entry
+        sits in row `lane`, as in every plain round; further entries of the same lane (a
+        drafter's tokens to verify, at the next positions) take rows no lane of this round owns.
+        Every row writes its K/V before any row attends, so a draft row sees the rows before it
+        exactly as a later plain round would."""
+        if len(lanes) > self.round_rows:
+            raise ValueError(f"{len(lanes)} rows in one decode round; the round has {self.round_rows}")
+        need = max(len(lanes), max(lanes) + 1)
+        p = next((n for n in self.buckets if n >= need), self.round_rows)
         tok, pos, ln = [0] * p, [0] * p, [self.spare] * p
-        if len(lanes) > p:
-            raise ValueError(f"{len(lanes)} rows in one decode round; the round has {p}")
         owned = set(lanes)
         spare_rows = (r for r in range(p) if r not in owned)
         where = []
@@ -304,10 +311,10 @@ class ModelRunner:
         greedy = sampling is None or all(sp.plain for sp in sampling)
         if self.ahead is not None and (self.graph is None or self._graph_takes(lanes)):
             out = self.ahead.round(rows, ahead and len(set(lanes)) == len(lanes), greedy)  # engine/ahead.py
-            logits = self._s_logits if self._eager is None else self._eager.logits
+            logits = self._eager.logits if self._eager is not None else self.rounds[len(rows[0])].s_logits
         elif self._graph_takes(lanes):
-            decode_graph.fresh(self, rows)
-            logits, out = self._s_logits, self._s_out.tolist()
+            out = decode_graph.fresh(self, rows).tolist()
+            logits = self.rounds[len(rows[0])].s_logits
         elif self.cpu_round is not None and self.cpu_round.ready and not self.fused:
             logits, ids_t = self.cpu_round.rows(rows, self.spare, self.kv)  # the same bits as below
             out = ids_t.tolist()
@@ -329,7 +336,7 @@ class ModelRunner:
         return self.graph is not None and not (self._qk_fold and len(set(lanes)) < len(lanes))
 
     def capture_graph(self) -> bool:
-        """Capture the decode round at the fixed padded shape (engine/decode_graph.py); on CPU (or
+        """Capture the decode round at each of its row counts (engine/decode_graph.py); on CPU (or
         failure) fall back to eager rounds and say why. Returns whether a graph is in use."""
         return decode_graph.capture(self)
 

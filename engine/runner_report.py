@@ -33,6 +33,7 @@ def describe(r) -> dict:
         "prefill_rows": r.prefill_rows,
         "cuda_graph": r.graph is not None,
         "decode_ahead": r.ahead is not None,  # rounds run one ahead (engine/ahead.py)
+        "decode_rows": list(r.buckets),  # the row counts decode rounds run at (engine/decode_graph.py)
         **(_describe_cuda(r) if r.device.type == "cuda" else {}),
         "prefill_attention": _prefill_attention_name(r),
         "threads": torch.get_num_threads(),

@@ -11,6 +11,7 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
 --lengths (run 42): the same rounds at two --max-model-len (the split attention's grid grows with it).
 --grids (runs 44-45): the split attention's grid cap, at contexts 128 and 4,000.
 --variants base,o12,o16 (run 46): decode-graph variants (VARIANTS) side by side; --ctxs 128,4000 their contexts.
+--recaptured nopf,base (run 54): variants in one runner, its graphs captured again for each in turn.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import time
 import torch
 
 from engine import decode_graph
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig
 from engine.runner import build_runner
 
 N = 32
@@ -193,19 +194,60 @@ def variants(out, names, turns=5, ctxs=(128,)):
     report(samples, res, f"{out}/variants.json")
 
 
+def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784):
+    """Run 54: variants of VARIANTS' module settings (at --parallel 8) in ONE runner, its graphs
+    captured again for each variant in turn, so the KV cache and the weights stay where they are
+    (run 53: separate runners differed by up to 0.15 ms a round with nothing but their memory
+    between them). The chained graph on the GPU's clock at each context, 1 and 8 streams, at the
+    bench's --max-model-len; stream 0's ids over 16 rounds against the first variant's."""
+    import engine.kernels as K
+    from engine import kernels_ring as R
+    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
+                                  max_model_len=max_len, prefill_rows=4096))
+    r.cuts_warmed.result()
+    prompts = {c: [[(i * 37 + 5 + ln) % 1000 for i in range(c)] for ln in range(8)] for c in ctxs}
+    firsts = {c: [r.prefill(ln, prompts[c][ln]) for ln in range(8)] for c in ctxs}
+    saved = dict(R.STAGED), (K.PREFETCH, K.PREFETCH_ROWS)
+    samples, ids = {}, {}
+    with torch.inference_mode():
+        for turn in range(turns):
+            for name in names:
+                VARIANTS[name][0]()
+                r.capture_graph()
+                R.STAGED.clear()
+                R.STAGED.update(saved[0])
+                K.PREFETCH, K.PREFETCH_ROWS = saved[1]
+                if turn == 0:
+                    r.ahead.drop()
+                    toks, pos, got = firsts[ctxs[0]], ctxs[0], []
+                    for _ in range(16):
+                        toks, pos = r.decode(list(range(8)), toks, [pos] * 8, ahead=True), pos + 1
+                        got.append(toks[0])
+                    ids[name] = got
+                for c in ctxs:
+                    for k in (1, 8):
+                        samples.setdefault(f"{name}, ctx {c}, {k} streams", []).append(chained_ms(r, firsts[c], k, c))
+    res = {"stream0_ids_equal_to_first": {n: ids[n] == ids[names[0]] for n in names}, "decode_rows": list(r.buckets)}
+    print(json.dumps(res), flush=True)
+    report(samples, res, f"{out}/recaptured.json")
+
+
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     if "--lengths" in argv:
         return lengths(out)
     def arg(name, default):
         return [int(x) for x in argv[argv.index(name) + 1].split(",")] if name in argv else default
+    if "--recaptured" in argv:
+        return recaptured(out, argv[argv.index("--recaptured") + 1].split(","), ctxs=tuple(arg("--ctxs", (128, 4000))))
     if "--variants" in argv:
         return variants(out, argv[argv.index("--variants") + 1].split(","), ctxs=tuple(arg("--ctxs", (128,))))
     if "--grids" in argv:  # [--caps 4,8,1048576 --max-len 16400 --ctxs 128,4000]
         caps = argv[argv.index("--caps") + 1].split(",") if "--caps" in argv else (4, 8, 1 << 20)
         return grids(out, caps=caps, max_len=arg("--max-len", [16400])[0], ctxs=arg("--ctxs", (128, 4000)))
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
-                                  max_model_len=2048, prefill_rows=256))
+                                  max_model_len=2048, prefill_rows=256,
+                                  kernels=KernelConfig(row_buckets=False)))  # (run 41: the 8-row round)
     r.cuts_warmed.result()  # cuDNN's cut graphs are built on the GPU in the background first
     a = r.ahead
     first = r.prefill(0, [(i * 37 + 5) % 1000 for i in range(128)])
@@ -217,13 +259,14 @@ def main(argv):
                 state["tok"] = r.decode([0], [state["tok"]], [state["pos"]], ahead=ahead)[0]
                 state["pos"] += 1
         return go
-    chains = list(a.chains)
+    b = r.rounds[r.round_rows]
+    chains = list(b.chains)
 
     def one_exec():
-        a.chains = chains[:1]
+        b.chains = chains[:1]
 
     def two_execs():
-        a.chains = chains
+        b.chains = chains
 
     res = {}
 

@@ -91,6 +91,7 @@ def check_exactness(res, model):
                                   prefill_rows=256))
     res["exact_model"] = model
     res["exact_graph_used"] = r.graph is not None
+    res["decode_rows"] = list(r.buckets)  # alone (lane 0) runs at 1 row, stepped (lane 5) and four at 8
     target, others = prompt(777, 2), [prompt(n, 3 + i) for i, n in enumerate([100, 1500, 333])]
     # whole: back to back in lane 0, then decode alone
     alone = r.generate(target, 24, lane=0)

@@ -1,0 +1,113 @@
+"""Decode rounds at fewer rows than the padded shape (engine/decode_graph.py buckets): which row
+counts a runner may use (every product routed as at the padded shape), and, on the CPU's eager
+rounds, ids equal to rounds at the padded shape while streams join and leave, with and without
+rounds run ahead."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine.kernels_skinny as S
+from engine import decode_graph, kernels_ring
+from engine.config import EngineConfig, KernelConfig
+from engine.runner import build_runner
+
+QWEN3_8B = {"wqkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+            "lm_head": (151936, 4096)}
+
+
+def fake_runner(parallel, shapes=QWEN3_8B, row_buckets=None):
+    """What decode_graph.buckets reads of a CUDA runner: its knobs and its weights' shapes."""
+    w = {k: SimpleNamespace(shape=v) for k, v in shapes.items()}
+    layer = SimpleNamespace(self_attn=SimpleNamespace(wqkv=w["wqkv"], o_proj=SimpleNamespace(weight=w["o"])),
+                            mlp=SimpleNamespace(w_gate_up=w["gate_up"], down_proj=SimpleNamespace(weight=w["down"])))
+    model = SimpleNamespace(model=SimpleNamespace(layers=[layer]), lm_head=SimpleNamespace(weight=w["lm_head"]))
+    cfg = SimpleNamespace(kernels=KernelConfig(row_buckets=row_buckets), tensor_parallel=1)
+    return SimpleNamespace(round_rows=parallel, cfg=cfg, device=torch.device("cuda"), skinny=True, model=model)
+
+
+@pytest.mark.parametrize("ring", [False, True])
+def test_row_counts_are_those_routed_as_the_padded_shape(monkeypatch, ring):
+    monkeypatch.setattr(kernels_ring, "available", lambda: ring)
+    # 8 lanes: the ring (at most 8 rows) or the Triton tiles (padded to 16 rows) at every count
+    assert decode_graph.buckets(fake_runner(8)) == (1, 2, 4, 8)
+    # 16 lanes: 16 rows run the Triton kernels; 1-8 would run the ring, or the same Triton tiles
+    assert decode_graph.buckets(fake_runner(16)) == ((16,) if ring else (1, 2, 4, 8, 16))
+    # 32 lanes: q/k/v at 32 rows is cuBLAS's, whose kernel depends on the row count itself
+    assert decode_graph.buckets(fake_runner(32)) == (32,)
+    assert decode_graph.buckets(fake_runner(8, row_buckets=False)) == (8,)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 16, 32, 64])
+@pytest.mark.parametrize("name", ["wqkv", "o", "gate_up", "down", "lm_head"])
+def test_route_names_the_kernel_the_product_runs(monkeypatch, rows, name):
+    """route() against the dispatch itself (linear / gate_up_silu, the ring off), on meta tensors."""
+    ran = []
+    monkeypatch.setattr(S, "_launch", lambda x, w, c, out=None: ran.append(("skinny", c, S.block_m(x.shape[0]))))
+
+    class Gated:
+        def __getitem__(self, grid):
+            return lambda x, w, *a, **kw: ran.append(("gated", S.GATED.get((w.shape[0], w.shape[1], kw["BLOCK_M"])),
+                                                      kw["BLOCK_M"]))
+    monkeypatch.setattr(S, "_gated_kernel", Gated())
+    real_linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w: ran.append(("cublas", x.shape[0])) or real_linear(x, w))
+    import engine.kernels_fused as KF
+    monkeypatch.setattr(KF, "silu_mul", lambda y: ran.insert(0, ("silu",)))
+    n, k = QWEN3_8B[name]
+    x, w = torch.empty(rows, k, dtype=torch.bfloat16, device="meta"), torch.empty(n, k, dtype=torch.bfloat16, device="meta")
+    gated = name == "gate_up"
+    (S.gate_up_silu if gated else S.linear)(x, w)
+    got = ran[0] if len(ran) == 1 else ran[0] + ran[1]
+    assert got == S.route(n, k, rows, gated, ring=False)
+
+
+def runner(row_buckets, overlap):
+    return build_runner(EngineConfig(model="tiny", parallel=16, max_model_len=128, prefill_rows=16, seed=1,
+                                     kernels=KernelConfig(row_buckets=row_buckets, overlap=overlap)))
+
+
+def prompt(n, salt):
+    return [(i * 37 + salt * 11 + 5) % 256 for i in range(n)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_rounds_at_fewer_rows_give_the_padded_shapes_ids(overlap):
+    """Lanes 0 and 3 decode (8 rows on the CPU: one tile), lane 12 joins (16 rows), then ends."""
+    got, widths = {}, {}
+    for buckets in (True, False):
+        r = runner(buckets, overlap)
+        assert r.buckets == ((8, 16) if buckets else (16,))
+        assert r.describe()["decode_rows"] == list(r.buckets)
+        seen = []  # each round's row count
+        padded = r._padded
+
+        def record(*args):
+            rows, where = padded(*args)
+            seen.append(len(rows[0]))
+            return rows, where
+        r._padded = record
+        lanes = [0, 3]
+        toks = [r.prefill(ln, prompt(9 + ln, ln)) for ln in lanes]
+        pos = [9 + ln for ln in lanes]
+        log = []
+        for k in range(12):
+            if k == 4:
+                lanes.append(12)
+                toks.append(r.prefill(12, prompt(20, 12)))
+                pos.append(20)
+            if k == 8:
+                del lanes[-1], toks[-1], pos[-1]
+            out = r.decode(lanes, toks, pos, ahead=True)
+            log.append(out)
+            toks, pos = out, [p + 1 for p in pos]
+        got[buckets], widths[buckets] = log, seen
+        if overlap and buckets:
+            # rounds 0-3 at 8 rows (1-3 taken ahead); 4 fresh at 16 (the round in flight at 8 wasted),
+            # 5-7 taken; 8 served by the 16-row round in flight, but not chained (its rows are 16); 9
+            # fresh at 8, 10-11 taken
+            assert (r.ahead.taken, r.ahead.wasted) == (3 + 3 + 1 + 2, 1)
+    assert got[True] == got[False]
+    assert set(widths[False]) == {16}
+    assert widths[True] == [8] * 4 + [16] * 4 + [8] * 4
