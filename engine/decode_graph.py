@@ -112,7 +112,17 @@ def capture(r) -> bool:
 
 
 def _capture(r, n: int, chained: bool) -> Bucket:
-    """One row count's graphs (inside the launch mode), after warm-up rounds at that count."""
+    """One row count's graphs (inside the launch mode, with the L2 prefetch at few rows: KernelConfig.
+    prefetch_rows), after warm-up rounds at that count."""
+    import engine.kernels as K
+    saved, K.PREFETCH = K.PREFETCH, n <= r.cfg.kernels.prefetch_rows
+    try:
+        return _capture_at(r, n, chained)
+    finally:
+        K.PREFETCH = saved
+
+
+def _capture_at(r, n: int, chained: bool) -> Bucket:
     b = Bucket(n, torch.zeros(4, n, dtype=torch.long).pin_memory(),
                torch.zeros(4, n, dtype=torch.long, device=r.device))
     b.s_in[2] = b.h_in[2] = r.spare  # warm-up (and a replay before any round) write the spare lane

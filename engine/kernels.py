@@ -51,12 +51,14 @@ FOLD_COMBINE = False
 FOLD_QK_NORM = False
 # Under PDL, what a small kernel will read that the kernel before it does not write (the K/V rows
 # below a row's position, the norms' weights, the residual row, the RoPE tables) is asked into L2
-# before its wait: after the wait those loads are L2 hits, not DRAM round trips on the chain that
-# holds the next product's weights back (engine/dev/PERF.md round 8).
-PREFETCH = True
+# before its wait, so after the wait those loads are L2 hits, not DRAM round trips. Off here; the
+# decode graph's capture turns it on for its rounds of few rows (KernelConfig.prefetch_rows: at one
+# row -0.017 / -0.022 ms a round at contexts 128 / 4,000; at eight rows +0.015 / +0.2, engine/dev/PERF.md
+# run 54).
+PREFETCH = False
 # K/V rows of each row's first split the attention asks into L2 (0: only the norms' weights and RoPE
-# rows; -1: the attention asks for nothing). Every split's rows at once was 0.2-0.5 ms a round slower
-# at 4,000 tokens: up to 131 MB a layer pulled in while the q/k/v product streams (run 52).
+# rows). Every split's rows at once was 0.2-0.5 ms a round slower at 4,000 tokens: up to 131 MB a
+# layer pulled in while the q/k/v product streams (run 52).
 PREFETCH_ROWS = 64
 # prefetch.global.L2: the line holding the address brought into L2 where the flag is set. A hint: no
 # register is held through the wait, and a later load reads what memory holds then (L2 is where the
@@ -79,7 +81,7 @@ def prefetch_on() -> bool:
 
 
 def prefetch_rows() -> int:
-    """The split attention's PREFETCH_ constexpr: K/V rows asked for (0: the tables only; -1: off)."""
+    """The split attention's PREFETCH_ constexpr: K/V rows asked for (0: the tables only; -1: none)."""
     return PREFETCH_ROWS if prefetch_on() else -1
 
 

@@ -3,7 +3,7 @@
 # back at most 8 files). Predictions are committed under receipts/predictions/ before the call.
 #   long-prompt: qwen3-8b, B of 32,000 tokens, whole vs stepped p=1 and p=0.5, plain check
 #   sweep: --levels 1,2,4,8,16,32,64 --tokens 256 --cells 2 --reps 2 (the call fits 10 min), whole vs p=0.5
-# Usage: TFBENCH_COMMIT=<sha> bash scripts/h200_receipts.sh
+# Usage: TFBENCH_COMMIT=<sha> [LP_PRED=... SW_PRED=... SWEEP=0] bash scripts/h200_receipts.sh
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -14,8 +14,10 @@ keep() {  # copy a run's receipt files under $OUT as soon as it ends (a later ti
 timeout 250 python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b --share 1,0.5 \
   --plain-check --predict ${LP_PRED:-receipts/predictions/h200-long-prompt.yaml} --out /tmp/lp 2>&1 | tail -30
 keep lp
+if [ "${SWEEP:-1}" = 1 ]; then  # SWEEP=0: the long-prompt receipt alone
 timeout 310 python3 -m tensorfold_bench sweep --device cuda --model qwen3-8b --levels 1,2,4,8,16,32,64 \
   --tokens 256 --cells 2 --reps 2 --share 0.5 --predict ${SW_PRED:-receipts/predictions/h200-sweep.yaml} --out /tmp/sw 2>&1 | tail -30
 keep sw
+fi
 tar czf "$OUT/logs.tgz" -C /tmp gpu.txt lp sw 2>/dev/null  # the run logs beside each receipt
 ls -la "$OUT"

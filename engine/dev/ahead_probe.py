@@ -129,43 +129,35 @@ def _stage_o(n):
     return setup
 
 
-def _prefetch(on=True, rows=64):
-    def setup():
-        import engine.kernels as K
-        K.PREFETCH, K.PREFETCH_ROWS = on, rows
-    return setup
-
-
 # run 47 also ran "nopre": the split attention's first block loaded before its PDL wait or not (the
 # preload, commit a3ccbab, measured -0.02 ms at context 128 and +0.18-0.32 at 4,000: removed).
-# name -> (setup before the capture, --parallel); "p1": the round at shape 1 (one row, not padded).
-VARIANTS = {"base": (lambda: None, 8), "o12": (_stage_o(12), 8), "o16": (_stage_o(16), 8),
-            "nopf": (_prefetch(False), 8), "p1": (lambda: None, 1), "p1nopf": (_prefetch(False), 1),
-            "norm": (_prefetch(rows=-1), 8), "pf0": (_prefetch(rows=0), 8), "pf64": (_prefetch(rows=64), 8),
-            "pf256": (_prefetch(rows=256), 8)}
+# name -> (setup before the capture, --parallel, KernelConfig changes); "p1": the round at one row.
+# (Runs 52-53's nopf / norm / pf0 / pf256 were module settings of engine/kernels.py at d0d79cf.)
+VARIANTS = {"base": (lambda: None, 8, {}), "o12": (_stage_o(12), 8, {}), "o16": (_stage_o(16), 8, {}),
+            "p1": (lambda: None, 1, {}), "nopf": (lambda: None, 8, {"prefetch_rows": 0}),
+            "pf8": (lambda: None, 8, {"prefetch_rows": 8})}
 
 
 def variants(out, names, turns=5, ctxs=(128,)):
-    """Runs 46 and 52: decode-graph variants (VARIANTS: module settings read at capture, restored
-    after), each its own runner at --max-model-len 4,200: the chained graph on the GPU's clock at
+    """Runs 46 and 52-53: decode-graph variants (VARIANTS: module settings read at capture, restored
+    after, and KernelConfig changes), each its own runner at --max-model-len 4,200: the chained graph on the GPU's clock at
     each context, 1 and 8 streams, interleaved; and every variant's ids over 16 rounds against the
     first's (a shape-1 variant: stream 0's)."""
     from dataclasses import replace
 
-    import engine.kernels as K
     from engine import kernels_ring as R
     from engine.runner import ModelRunner
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=4200,
                        prefill_rows=4096)
     runners, model = {}, None
     for name in names:
-        saved, pf = dict(R.STAGED), (K.PREFETCH, K.PREFETCH_ROWS)
-        setup, parallel = VARIANTS[name]
+        saved = dict(R.STAGED)
+        setup, parallel, knobs = VARIANTS[name]
         setup()
-        runners[name] = r = ModelRunner(replace(cfg, parallel=parallel), model=model)
+        runners[name] = r = ModelRunner(replace(cfg, parallel=parallel, kernels=replace(cfg.kernels, **knobs)),
+                                        model=model)
         R.STAGED.clear()
         R.STAGED.update(saved)
-        K.PREFETCH, K.PREFETCH_ROWS = pf
         model = r.model
         r.cuts_warmed.result()
     prompts = {c: [[(i * 37 + 5 + ln) % 1000 for i in range(c)] for ln in range(8)] for c in ctxs}
@@ -200,23 +192,25 @@ def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784):
     (run 53: separate runners differed by up to 0.15 ms a round with nothing but their memory
     between them). The chained graph on the GPU's clock at each context, 1 and 8 streams, at the
     bench's --max-model-len; stream 0's ids over 16 rounds against the first variant's."""
-    import engine.kernels as K
+    from dataclasses import replace
+
     from engine import kernels_ring as R
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
                                   max_model_len=max_len, prefill_rows=4096))
     r.cuts_warmed.result()
     prompts = {c: [[(i * 37 + 5 + ln) % 1000 for i in range(c)] for ln in range(8)] for c in ctxs}
     firsts = {c: [r.prefill(ln, prompts[c][ln]) for ln in range(8)] for c in ctxs}
-    saved = dict(R.STAGED), (K.PREFETCH, K.PREFETCH_ROWS)
+    saved, cfg = dict(R.STAGED), r.cfg
     samples, ids = {}, {}
     with torch.inference_mode():
         for turn in range(turns):
             for name in names:
-                VARIANTS[name][0]()
+                setup, _, knobs = VARIANTS[name]
+                setup()
+                r.cfg = replace(cfg, kernels=replace(cfg.kernels, **knobs))
                 r.capture_graph()
                 R.STAGED.clear()
-                R.STAGED.update(saved[0])
-                K.PREFETCH, K.PREFETCH_ROWS = saved[1]
+                R.STAGED.update(saved)
                 if turn == 0:
                     r.ahead.drop()
                     toks, pos, got = firsts[ctxs[0]], ctxs[0], []
