@@ -129,22 +129,31 @@ def _capture_at(r, n: int, chained: bool) -> Bucket:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
-            r._decode_body(b.s_in)
+        for _ in range(3):  # (compiles, and allocates the kernels' scratch outside the capture)
+            argmax(r, r._decode_body(b.s_in))
     torch.cuda.current_stream().wait_stream(s)
     b.graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(b.graph):  # the H2D copy inside: one launch a round, not two
         b.s_in.copy_(b.h_in, non_blocking=True)
         b.s_logits = r._decode_body(b.s_in)
-        b.s_out = b.s_logits.argmax(-1)
+        b.s_out = argmax(r, b.s_logits)
     if chained:  # the round after the last, from its ids on the device; two copies taken in turn
         for _ in range(2):
             c = torch.cuda.CUDAGraph()
             with torch.cuda.graph(c):
                 advance_inputs(b.s_in, b.s_out)
-                torch.argmax(r._decode_body(b.s_in), -1, out=b.s_out)
+                argmax(r, r._decode_body(b.s_in), b.s_out)
             b.chains.append(c.replay)
     return b
+
+
+def argmax(r, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The round's greedy ids: engine/kernels_fused.py argmax_rows in the fused forward (torch.argmax's
+    ids, in chunks side by side), else torch.argmax."""
+    if r.fused:
+        from engine.kernels_fused import argmax_rows
+        return argmax_rows(logits, out)
+    return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
 
 
 def folds(r) -> tuple[bool, bool]:

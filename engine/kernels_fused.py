@@ -4,6 +4,9 @@
 - `qk_norm_rope_write(qkv, ...)`: per-head RMSNorm of q and k, RoPE, and the K/V rows written
   into the cache at (lane, position): one kernel instead of ~30.
 - `silu_mul(gate_up)`: silu(gate) * up.
+- `embed_rmsnorm(table, ids, w)`: the embedding rows gathered and normed, one pass (the first norm).
+- `argmax_rows(logits)`: torch.argmax(logits, -1)'s ids (the first maximum; a NaN counts as the
+  largest), each row in chunks reduced side by side, the last chunk's program to arrive merging them.
 Each row is computed by its own program from its own data only, so these are row-invariant.
 Arithmetic in float32, rounded once to the model dtype (HF rounds a few more times in between;
 the difference is rounding-level and checked against a float32 reference on the device).
@@ -20,7 +23,8 @@ from engine.kernels import l2_prefetch, launch_opts, line_offsets, pdl_enter, pd
 
 @triton.jit
 def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL_: tl.constexpr = 0, PREFETCH_: tl.constexpr = False):
+                        PDL_: tl.constexpr = 0, PREFETCH_: tl.constexpr = False, Ids=None,
+                        GATHER: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     pdl_launch(PDL_)
     if PREFETCH_:  # the weight and the residual row (written kernels ago) into L2 while the product runs
@@ -31,9 +35,11 @@ def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl
     pdl_wait(PDL_)
     c = tl.arange(0, BLOCK)
     m = c < N
-    x = tl.load(X + row * N + c, mask=m, other=0.0)
+    src = tl.load(Ids + row).to(tl.int64) if GATHER else row  # GATHER: X is the embedding table
+    x = tl.load(X + src * N + c, mask=m, other=0.0)
     if HAS_R:
         x = (x.to(tl.float32) + tl.load(R + row * N + c, mask=m, other=0.0).to(tl.float32)).to(XOut.dtype.element_ty)
+    if HAS_R or GATHER:
         tl.store(XOut + row * N + c, x, mask=m)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
@@ -51,6 +57,18 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: f
                                  num_warps=8 if n >= 2048 else 4,
                                  **launch_opts())
     return xo, y
+
+
+def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: float):
+    """Returns (table[ids], rmsnorm(table[ids]) * w): add_rmsnorm(embedding(ids), None, w) in one
+    kernel, the same bits (the rows are copied, then normed as add_rmsnorm norms them)."""
+    rows, n = ids.shape[0], table.shape[1]
+    x = torch.empty(rows, n, dtype=table.dtype, device=table.device)
+    y = torch.empty_like(x)
+    _add_rmsnorm_kernel[(rows,)](table, x, w, x, y, n, eps, HAS_R=False, BLOCK=triton.next_power_of_2(n),
+                                 PDL_=pdl_on(), PREFETCH_=False, Ids=ids, GATHER=True,
+                                 num_warps=8 if n >= 2048 else 4, **launch_opts())
+    return x, y
 
 
 @triton.jit
@@ -130,4 +148,62 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     block = 1024
     _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, BLOCK=block, PDL_=pdl_on(), num_warps=4,
                                                     **launch_opts())
+    return out
+
+
+ARGMAX_CHUNK = 4096  # a row's logits a program reduces: 38 programs a row at qwen3's 151,936
+
+
+@triton.jit
+def _argmax_kernel(X, Out, Val, Idx, Count, N, stride_x, CHUNKS, CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr,
+                   PDL_: tl.constexpr = 0):
+    """Program (row, g): chunk g's first maximum (a NaN first: torch.argmax's order) as (value,
+    index, or value NaN), stored; the row's last program to arrive reads every chunk's back in order
+    and keeps the first of the largest (the first NaN if any), so which program arrives last does
+    not matter."""
+    pdl_enter(PDL_)
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    offs = g * CHUNK + tl.arange(0, CHUNK)
+    m = offs < N
+    v = tl.load(X + row * stride_x + offs, mask=m, other=float("-inf")).to(tl.float32)
+    nan = (v != v) & m
+    first_nan = tl.min(tl.where(nan, offs, N), 0)
+    top = tl.max(tl.where(nan, float("-inf"), v), 0)
+    first_top = tl.min(tl.where(m & (v == top), offs, N), 0)
+    has_nan = first_nan < N
+    tl.store(Val + row * CHUNKS + g, tl.where(has_nan, float("nan"), top))
+    tl.store(Idx + row * CHUNKS + g, tl.where(has_nan, first_nan, first_top))
+    tl.debug_barrier()  # every thread's stores before the arrival (acq_rel, gpu scope)
+    if tl.atomic_add(Count + row, 1) == CHUNKS - 1:
+        j = tl.arange(0, CHUNKS_PAD)
+        mj = j < CHUNKS
+        vals = tl.load(Val + row * CHUNKS + j, mask=mj, other=float("-inf"), cache_modifier=".cg")
+        idx = tl.load(Idx + row * CHUNKS + j, mask=mj, other=N, cache_modifier=".cg")
+        nans = (vals != vals) & mj
+        best = tl.max(tl.where(nans, float("-inf"), vals), 0)
+        pick = tl.where(tl.max(nans.to(tl.int32), 0) > 0, nans, mj & (vals == best))
+        tl.store(Out + row, tl.min(tl.where(pick, idx, N), 0).to(tl.int64))
+        tl.atomic_xchg(Count + row, 0)  # ready for the next launch (graph replays too)
+
+
+_argmax_scratch: dict = {}
+
+
+def argmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """torch.argmax(logits, -1) for a decode round's [rows, vocab] logits, into `out` (int64) if
+    given: chunks of each row side by side instead of one program walking it (the H200's argmax of
+    qwen3's 151,936 logits took 9 us a round, engine/dev/PERF.md run 40)."""
+    rows, n = logits.shape
+    chunks = triton.cdiv(n, ARGMAX_CHUNK)
+    key = (rows, chunks, logits.device)
+    if key not in _argmax_scratch:  # allocated once, before a graph capture uses it (warm-up rounds)
+        _argmax_scratch[key] = (torch.empty(rows, chunks, dtype=torch.float32, device=logits.device),
+                                torch.empty(rows, chunks, dtype=torch.int32, device=logits.device),
+                                torch.zeros(rows, dtype=torch.int32, device=logits.device))
+    val, idx, count = _argmax_scratch[key]
+    out = torch.empty(rows, dtype=torch.long, device=logits.device) if out is None else out
+    _argmax_kernel[(rows, chunks)](logits, out, val, idx, count, n, logits.stride(0), chunks, CHUNK=ARGMAX_CHUNK,
+                                   CHUNKS_PAD=triton.next_power_of_2(chunks), PDL_=pdl_on(), num_warps=4,
+                                   **launch_opts())
     return out

@@ -248,7 +248,7 @@ class Qwen3ForCausalLM(nn.Module):
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
         rows) engine.kernels_skinny's where it measured faster, or `mm`'s. attend_qkv(i, qkv, attn):
         the q/k norm, RoPE and cache write done by the attention itself (engine/kernels_qkfold.py)."""
-        from engine.kernels_fused import add_rmsnorm, qk_norm_rope_write, silu_mul
+        from engine.kernels_fused import add_rmsnorm, embed_rmsnorm, qk_norm_rope_write, silu_mul
         from engine.kernels_skinny import gate_up_silu, linear
         if mm is None and skinny:
             mm, act = linear, gate_up_silu
@@ -258,7 +258,7 @@ class Qwen3ForCausalLM(nn.Module):
             act = lambda h, w: silu_mul(mm(h, w))  # noqa: E731
         cfg, layers = self.config, self.model.layers
         eps = cfg.rms_norm_eps
-        x, h = add_rmsnorm(self.model.embed_tokens(tokens), None, layers[0].input_layernorm.weight, eps)
+        x, h = embed_rmsnorm(self.model.embed_tokens.weight, tokens, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
             a, m = layer.self_attn, layer.mlp
             qkv = mm(h, a.wqkv)

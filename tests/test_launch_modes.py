@@ -86,7 +86,8 @@ def test_a_small_kernel_at_3_lets_the_next_launch_before_its_wait(pdl, prefetch)
     PREFETCH its weight and residual row are asked into L2 before the wait: prefetches, not loads."""
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
     from engine.kernels_fused import _add_rmsnorm_kernel
-    order = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": pdl, "PREFETCH_": prefetch},
+    order = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": pdl, "PREFETCH_": prefetch,
+                                                  "Ids": None, "GATHER": False},
                        num_warps=8)
     before = order[:order.index("griddepcontrol.wait")]
     assert before == (["griddepcontrol.launch_dependents"] if pdl == 3 else []) + ["prefetch"] * (2 * prefetch)
@@ -145,3 +146,19 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
         loads = (prefetch > 0 or qkn) + (prefetch > 0)
         assert before[1:] == ["ld.global"] * loads + ["prefetch"] * (2 * (prefetch > 0) + 4 * qkn)
     assert "ld.global" in order[len(before):]
+
+
+def test_the_round_ends_wait_before_their_loads():
+    """The first norm with the embedding gathered in it, and the chunked argmax, as the decode graph
+    launches them (PDL 3): compiled for sm_90, no load before the wait."""
+    from engine.kernels_fused import _add_rmsnorm_kernel, _argmax_kernel
+    sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32",
+           "Ids": "*i64"}
+    norm = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": False, "BLOCK": 4096, "PDL_": 3, "GATHER": True,
+                                                 "PREFETCH_": False}, num_warps=8)
+    sig = {"X": "*bf16", "Out": "*i64", "Val": "*fp32", "Idx": "*i32", "Count": "*i32", "N": "i32", "stride_x": "i32",
+           "CHUNKS": "i32"}
+    top = _ptx_order(_argmax_kernel, sig, {"CHUNK": 4096, "CHUNKS_PAD": 64, "PDL_": 3}, num_warps=4)
+    for order in (norm, top):
+        assert order[:2] == ["griddepcontrol.launch_dependents", "griddepcontrol.wait"]
+        assert "ld.global" in order and "st.global" in order

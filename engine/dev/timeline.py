@@ -1,7 +1,8 @@
-"""One decode round's kernels on the GPU's clock (issue 14, run 40): qwen3-8b at --parallel 8, one
-stream at context 128, rounds run ahead; torch.profiler's CUDA activity for 10 rounds. Writes, per
-kernel of the round in order, its name, duration and the idle gap before it, and a summary by
-kernel name: where the round's time beyond the weights' stream goes.
+"""One decode round's kernels on the GPU's clock (issue 14, runs 40 and 57): qwen3-8b at --parallel 8,
+one stream at context 128 (since row buckets: a one-row round), rounds run ahead; torch.profiler's
+CUDA activity for 10 rounds. Writes, per kernel of the round in order, its name, duration and the
+idle gap before it, a summary by kernel name, and the critical path a layer (`layer_path`): where
+the round's time beyond the weights' stream goes.
 
     PYTHONPATH=. python3 -m engine.dev.timeline --out $OUT
 """
@@ -58,10 +59,27 @@ def main(argv):
                               "gaps_before_us": round(statistics.median(x[2] for x in v), 1)}
                           for n, v in sorted(by.items(), key=lambda kv: -kv[1][0][1])}
         res["busy_us"] = statistics.median(sum(e - s for _, s, e in ks) for ks in rounds)
+        res["layer_path_us"] = layer_path(mid)
         res["span_us"] = statistics.median(res["round_us"])
     print(json.dumps({k: v for k, v in res.items() if k != "one_round"}, indent=1), flush=True)
     with open(f"{out}/timeline.json", "w") as f:
         json.dump(res, f, indent=1)
+
+
+STEPS = ("q/k/v", "attention", "o", "norm", "gate/up", "down", "next norm")
+
+
+def layer_path(kernels) -> dict:
+    """The round's critical path a layer, medians over its middle layers: each step's end after the
+    end of the step before (the first: after the last layer's closing norm). A layer's kernels come
+    in the order ring (q/k/v), split attention, ring (o), norm, ring (gate/up), ring (down), norm."""
+    first = next(i for i, (n, _, _) in enumerate(kernels) if n.startswith("ring_kernel"))
+    ends = [e for _, _, e in kernels[first - 1:]]  # from the norm before the first layer
+    layers = [ends[i:i + 8] for i in range(0, len(ends) - 8, 7)][2:-2]
+    if not layers:
+        return {}
+    return {step: round(statistics.median(lay[j + 1] - lay[j] for lay in layers), 2) for j, step in enumerate(STEPS)} | {
+        "layer": round(statistics.median(lay[-1] - lay[0] for lay in layers), 2)}
 
 
 if __name__ == "__main__":
