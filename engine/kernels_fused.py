@@ -194,6 +194,7 @@ def argmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     """torch.argmax(logits, -1) for a decode round's [rows, vocab] logits, into `out` (int64) if
     given: chunks of each row side by side instead of one program walking it (the H200's argmax of
     qwen3's 151,936 logits took 9 us a round, engine/dev/PERF.md run 40)."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     rows, n = logits.shape
     chunks = triton.cdiv(n, ARGMAX_CHUNK)
     key = (rows, chunks, logits.device)
