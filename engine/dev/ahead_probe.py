@@ -143,6 +143,13 @@ def _ends(new: bool):
     return setup
 
 
+def _programs(key, n):
+    def setup():
+        from engine import kernels_ring as R
+        R.PROGRAMS[key] = n
+    return setup
+
+
 def _new_ends():
     from engine import kernels_fused as KF
     return KF.embed_rmsnorm, decode_graph.argmax
@@ -156,7 +163,8 @@ _NEW_ENDS = _new_ends()
 # (Runs 52-53's nopf / norm / pf0 / pf256 were module settings of engine/kernels.py at d0d79cf.)
 VARIANTS = {"base": (lambda: None, 8, {}), "o12": (_stage_o(12), 8, {}), "o16": (_stage_o(16), 8, {}),
             "p1": (lambda: None, 1, {}), "nopf": (lambda: None, 8, {"prefetch_rows": 0}),
-            "pf8": (lambda: None, 8, {"prefetch_rows": 8}), "oldends": (_ends(False), 8, {})}
+            "pf8": (lambda: None, 8, {"prefetch_rows": 8}), "oldends": (_ends(False), 8, {}),
+            "qkv132": (_programs((6144, 4096), 132), 8, {}), "gu132": (_programs((24576, 4096, "gated"), 132), 8, {})}
 
 
 def variants(out, names, turns=5, ctxs=(128,)):
@@ -221,7 +229,7 @@ def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784):
     r.cuts_warmed.result()
     prompts = {c: [[(i * 37 + 5 + ln) % 1000 for i in range(c)] for ln in range(8)] for c in ctxs}
     firsts = {c: [r.prefill(ln, prompts[c][ln]) for ln in range(8)] for c in ctxs}
-    saved, cfg = dict(R.STAGED), r.cfg
+    saved, cfg, programs = dict(R.STAGED), r.cfg, dict(R.PROGRAMS)
     samples, ids = {}, {}
     with torch.inference_mode():
         for turn in range(turns):
@@ -233,6 +241,8 @@ def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784):
                 r.capture_graph()
                 R.STAGED.clear()
                 R.STAGED.update(saved)
+                R.PROGRAMS.clear()
+                R.PROGRAMS.update(programs)
                 if turn == 0:
                     r.ahead.drop()
                     toks, pos, got = firsts[ctxs[0]], ctxs[0], []
