@@ -10,10 +10,12 @@ and only then reads this round's ids. vLLM and SGLang call this async (overlap) 
 
 The next call takes the round in flight when every row it asks for is a row that round
 computed: the same lane, token and position in the same row. A row's bits never depend on the
-other rows (the fixed padded shape), so rows the caller dropped (a stream that ended, one paused)
-do not matter, and a round taken this way returns exactly the ids a fresh one would. A dropped
-row runs on in the chained rounds (the device advances every lane's row) until a fresh round
-drops it, so the guard below watches the rows the device holds, not the ones asked for.
+other rows or on the round's row count (engine/decode_graph.py buckets), so rows the caller
+dropped (a stream that ended, one paused) do not matter, and a round taken this way returns
+exactly the ids a fresh one would; a round in flight at more rows than asked serves the call,
+but the next is launched fresh at the rows asked for. A dropped row runs on in the chained
+rounds (the device advances every lane's row) until a fresh round drops it, so the guard below
+watches the rows the device holds, not the ones asked for.
 
 What a round launched for nothing leaves: each of its lanes' K/V row at the next position,
 written from the token the lane's history holds there (its last id), the row a later round or a
