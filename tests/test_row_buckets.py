@@ -129,3 +129,22 @@ def test_the_l2_prefetch_is_captured_only_into_rounds_of_few_rows(monkeypatch):
     seen.clear()
     decode_graph._capture(r, 1, False)
     assert seen == {1: False}
+
+
+def test_the_lane_host_serves_the_same_replies_at_fewer_rows():
+    """Ten streams of different lengths through the lane host (16 lanes: rounds of 16 rows while
+    lanes past 7 decode, of 8 once they are done), rounds ahead: the replies of the padded shape."""
+    from engine.host import LaneHost
+    from engine.sequence import Sequence
+    got = {}
+    for buckets in (True, False):
+        r = runner(buckets, True)
+        host = LaneHost(r, EngineConfig(parallel=16, prefill_rows=16), clock=lambda: 0.0)
+        seqs = [Sequence(prompt=prompt(6 + 3 * i, i), max_tokens=4 + 5 * (i % 4), ignore_eos=True) for i in range(10)]
+        for s in seqs:
+            host.submit(s)
+        while any(not s.done for s in seqs):
+            host.turn()
+        got[buckets] = [list(s.output) for s in seqs]
+        assert all(len(o) == s.max_tokens for o, s in zip(got[buckets], seqs))
+    assert got[True] == got[False]
