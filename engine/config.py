@@ -165,7 +165,7 @@ class KernelConfig:
     # at those row counts (tests).
     row_buckets: bool | None = None
     # CUDA decode graph with PDL: rounds of at most this many rows ask their small kernels' inputs into
-    # L2 before the wait (engine/kernels.py PREFETCH); 0: never. One row gains, eight lose (PERF.md run 54).
+    # L2 before the wait (engine/kernels_prefetch.py); 0: never. One row gains, eight lose (PERF.md run 54).
     prefetch_rows: int = 1
     # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
     # last split program instead of a kernel of its own (engine/kernels.py), the same bits:

@@ -85,14 +85,11 @@ def capture(r) -> bool:
         log.info(r.graph_fallback_reason)
         return False
     try:
-        from engine.kernels_skinny import launch_mode
-        knobs, (combine, r._qk_fold) = r.cfg.kernels, folds(r)
+        r._fold_combine, r._qk_fold = folds(r)
         cap = torch.cuda.get_device_capability(r.device)
-        r.decode_pdl = knobs.pdl_for(r.cfg.tensor_parallel, cap) * r.fused  # /v1/engine's decode_pdl
-        mode = launch_mode(r.decode_pdl, fold_combine=combine, fold_qk_norm=r._qk_fold,
-                           ring=r.skinny and knobs.ring)
+        r.decode_pdl = r.cfg.kernels.pdl_for(r.cfg.tensor_parallel, cap) * r.fused  # /v1/engine's decode_pdl
         rows = buckets(r)
-        with torch.inference_mode(), mode:
+        with torch.inference_mode():
             r.rounds = {n: _capture(r, n, overlaps(r)) for n in reversed(rows)}  # the padded shape's first
         torch.cuda.synchronize()
         full = r.rounds[r.round_rows]
@@ -112,14 +109,13 @@ def capture(r) -> bool:
 
 
 def _capture(r, n: int, chained: bool) -> Bucket:
-    """One row count's graphs (inside the launch mode, with the L2 prefetch at few rows: KernelConfig.
-    prefetch_rows), after warm-up rounds at that count."""
-    import engine.kernels as K
-    saved, K.PREFETCH = K.PREFETCH, n <= r.cfg.kernels.prefetch_rows
-    try:
+    """One row count's graphs, inside the launch mode of the runner's knobs: PDL, the attention's
+    folds, the ring, and the L2 prefetch at few rows (KernelConfig.prefetch_rows)."""
+    from engine.kernels_skinny import launch_mode
+    knobs = r.cfg.kernels
+    with launch_mode(r.decode_pdl, fold_combine=r._fold_combine, fold_qk_norm=r._qk_fold,
+                     ring=r.skinny and knobs.ring, prefetch=n <= knobs.prefetch_rows):
         return _capture_at(r, n, chained)
-    finally:
-        K.PREFETCH = saved
 
 
 def _capture_at(r, n: int, chained: bool) -> Bucket:

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels_prefetch import prefetch_first_split, prefetch_rows
 from engine.kernels_qkfold import qk_heads
 
 SPLIT = 256
@@ -49,21 +50,6 @@ PDL = 0
 #   (decode_attention's qk, engine/kernels_qkfold.py): -0.025 ms more.
 FOLD_COMBINE = False
 FOLD_QK_NORM = False
-# Under PDL, what a small kernel will read that the kernel before it does not write (the K/V rows
-# below a row's position, the norms' weights, the residual row, the RoPE tables) is asked into L2
-# before its wait, so after the wait those loads are L2 hits, not DRAM round trips. Off here; the
-# decode graph's capture turns it on for its rounds of few rows (KernelConfig.prefetch_rows: at one
-# row -0.017 / -0.022 ms a round at contexts 128 / 4,000; at eight rows +0.015 / +0.2, engine/dev/PERF.md
-# run 54).
-PREFETCH = False
-# K/V rows of each row's first split the attention asks into L2 (0: only the norms' weights and RoPE
-# rows). Every split's rows at once was 0.2-0.5 ms a round slower at 4,000 tokens: up to 131 MB a
-# layer pulled in while the q/k/v product streams (run 52).
-PREFETCH_ROWS = 64
-# prefetch.global.L2: the line holding the address brought into L2 where the flag is set. A hint: no
-# register is held through the wait, and a later load reads what memory holds then (L2 is where the
-# GPU's memory is coherent), so it may target rows another kernel is about to write.
-_PREFETCH = tl.constexpr("{ .reg .pred %p; setp.ne.b32 %p, $2, 0; @%p prefetch.global.L2 [$1]; mov.u32 $0, 0; }")
 
 
 def launch_opts() -> dict:
@@ -75,21 +61,11 @@ def pdl_on() -> int:
     return 0 if INTERPRET else int(PDL)
 
 
-def prefetch_on() -> bool:
-    """Whether the PDL kernels ask their inputs into L2 before the wait (never without PDL)."""
-    return bool(PREFETCH and pdl_on())
-
-
-def prefetch_rows() -> int:
-    """The split attention's PREFETCH_ constexpr: K/V rows asked for (0: the tables only; -1: none)."""
-    return PREFETCH_ROWS if prefetch_on() else -1
-
-
 @triton.jit
 def pdl_enter(PDL_: tl.constexpr):
     """First thing in a kernel launched with PDL: wait for the kernel before to finish (its writes
     visible), then (PDL 2) let the next one launch; PDL 3 lets it launch first. Every program calls
-    it, before any load or store (or pdl_launch, prefetches, then pdl_wait)."""
+    it, before any load or store (or pdl_launch, prefetches (engine/kernels_prefetch.py), then pdl_wait)."""
     pdl_launch(PDL_)
     pdl_wait(PDL_)
 
@@ -108,19 +84,6 @@ def pdl_wait(PDL_: tl.constexpr):
         tl.extra.cuda.gdc_wait()
     if PDL_ == 2:
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def l2_prefetch(ptrs, on):
-    """Each address's line into L2 where `on` (module doc of PREFETCH): a hint, never a load."""
-    tl.inline_asm_elementwise(_PREFETCH, "=r,l,r", [ptrs, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def line_offsets(LEN: tl.constexpr, X):
-    """Element offsets of the 128-byte lines of a LEN-element run of X's type."""
-    step: tl.constexpr = 1024 // X.dtype.element_ty.primitive_bitwidth
-    return tl.arange(0, (LEN + step - 1) // step) * step
 
 
 @triton.jit
@@ -165,7 +128,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
     pdl_launch(PDL_)
     if PREFETCH_ >= 0:  # a row's first split's inputs into L2 while the q/k/v product runs
         if pid < pk:
-            _prefetch_first(K, V, Lanes, Pos, pid // KVH, pid % KVH, stride_kb, stride_kt, stride_kh, D,
+            prefetch_first_split(K, V, Lanes, Pos, pid // KVH, pid % KVH, stride_kb, stride_kt, stride_kh, D,
                             PREFETCH_, WQ, WK, Cos, Sin, QKN)
     pdl_wait(PDL_)
     if DYNAMIC:
@@ -184,30 +147,6 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                             stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh,
                             stride_os, stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_,
                             BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
-
-
-@triton.jit
-def _prefetch_first(K, V, Lanes, Pos, row, kvh, stride_kb, stride_kt, stride_kh, D: tl.constexpr,
-                    ROWS: tl.constexpr, WQ, WK, Cos, Sin, QKN: tl.constexpr):
-    """The first ROWS K/V rows of (row, KV head)'s first split (and with QKN the q/k norms' weights and
-    the RoPE rows at its position) asked into L2. Runs before the PDL wait: the lane and position it
-    reads were written before the round's first kernel, and it only prefetches, so no bit can move."""
-    pos = tl.load(Pos + row).to(tl.int64)
-    if ROWS > 0:
-        lane = tl.load(Lanes + row).to(tl.int64)
-        t = tl.arange(0, ROWS)
-        cols = line_offsets(D, K)
-        on = (t <= pos)[:, None] & (cols < D)[None, :]
-        at = lane * stride_kb + kvh * stride_kh + t[:, None].to(tl.int64) * stride_kt + cols[None, :]
-        l2_prefetch(K + at, on)
-        l2_prefetch(V + at, on)
-    if QKN:
-        c = line_offsets(D, Cos)
-        l2_prefetch(Cos + pos * D + c, c < D)
-        l2_prefetch(Sin + pos * D + c, c < D)
-        c = line_offsets(D, WQ)
-        l2_prefetch(WQ + c, c < D)
-        l2_prefetch(WK + c, c < D)
 
 
 @triton.jit

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import l2_prefetch, launch_opts, line_offsets, pdl_enter, pdl_launch, pdl_on, pdl_wait, prefetch_on
+from engine.kernels import launch_opts, pdl_enter, pdl_launch, pdl_on, pdl_wait
+from engine.kernels_prefetch import l2_prefetch, line_offsets, prefetch_on
 
 
 @triton.jit

@@ -219,26 +219,30 @@ class launch_mode:
     """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
     engine/kernels.py PDL), the decode attention folds its neighbours or not (`fold_combine`:
     FOLD_COMBINE, `fold_qk_norm`: FOLD_QK_NORM; None keeps the module's setting), and the products
-    go through the TMA ring or not (`ring`: RING); the runner captures its decode graph inside it.
-    Restores them on exit."""
+    go through the TMA ring or not (`ring`: RING), and the small kernels ask their inputs into L2
+    before their wait or not (`prefetch`: engine/kernels_prefetch.py PREFETCH); the runner captures
+    its decode graphs inside it. Restores them on exit."""
 
     def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: bool | None = None,
-                 ring: bool = False):
+                 ring: bool = False, prefetch: bool = False):
         self.pdl, self.fold, self.qk, self.ring = int(pdl), fold_combine, fold_qk_norm, bool(ring)
+        self.prefetch = bool(prefetch)
 
     def __enter__(self):
         import engine.kernels as K
+        import engine.kernels_prefetch as P
         global RING
-        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING
-        K.PDL, RING = self.pdl, self.ring
+        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING, P.PREFETCH
+        K.PDL, RING, P.PREFETCH = self.pdl, self.ring, self.prefetch
         K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
         K.FOLD_QK_NORM = K.FOLD_QK_NORM if self.qk is None else bool(self.qk)
         return self
 
     def __exit__(self, *exc):
         import engine.kernels as K
+        import engine.kernels_prefetch as P
         global RING
-        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING = self.saved
+        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING, P.PREFETCH = self.saved
 
 
 def ring_split(n: int, k: int, rows: int, gated: bool = False) -> int | None:

@@ -114,14 +114,14 @@ def test_rounds_at_fewer_rows_give_the_padded_shapes_ids(overlap):
 
 
 def test_the_l2_prefetch_is_captured_only_into_rounds_of_few_rows(monkeypatch):
-    """KernelConfig.prefetch_rows: each row count's graphs are captured with engine/kernels.py PREFETCH
-    on at most that many rows (one row gained, eight lost: engine/dev/PERF.md run 54), and the module
+    """KernelConfig.prefetch_rows: each row count's graphs are captured (in launch_mode) with
+    engine/kernels_prefetch.py PREFETCH on at most that many rows (one row gained, eight lost: engine/dev/PERF.md run 54), and the module
     setting is left as it was."""
-    import engine.kernels as K
+    import engine.kernels_prefetch as K
     seen = {}
     monkeypatch.setattr(decode_graph, "_capture_at", lambda r, n, chained: seen.setdefault(n, K.prefetch_on()))
-    monkeypatch.setattr(K, "PDL", 3)  # as inside the capture's launch mode
     r = fake_runner(8)
+    r.decode_pdl, r._fold_combine, r._qk_fold = 3, True, True  # what capture() sets before the row counts
     for n in (1, 2, 8):
         decode_graph._capture(r, n, False)
     assert seen == {1: True, 2: False, 8: False} and K.PREFETCH is False

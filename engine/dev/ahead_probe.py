@@ -19,6 +19,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -167,50 +168,68 @@ VARIANTS = {"base": (lambda: None, 8, {}), "o12": (_stage_o(12), 8, {}), "o16": 
             "qkv132": (_programs((6144, 4096), 132), 8, {}), "gu132": (_programs((24576, 4096, "gated"), 132), 8, {})}
 
 
+@contextmanager
+def _variant(name):
+    """VARIANTS[name]'s module settings around a capture, restored after; yields its KernelConfig changes."""
+    from engine import kernels_ring as R
+    setup, _, knobs = VARIANTS[name]
+    saved = dict(R.STAGED), dict(R.PROGRAMS)
+    setup()
+    try:
+        yield knobs
+    finally:
+        for table, was in zip((R.STAGED, R.PROGRAMS), saved):
+            table.clear()
+            table.update(was)
+        _ends(True)()
+
+
+def _firsts(r, ctxs) -> dict:
+    """Each context's first ids of r's lanes, prompts of that many tokens."""
+    return {c: [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(c)]) for ln in range(r.parallel)]
+            for c in ctxs}
+
+
+def _stream0_ids(r, firsts, ctx, rounds=16) -> list[int]:
+    """Stream 0's ids over `rounds` rounds of every lane decoding together, rounds ahead."""
+    r.ahead.drop()
+    lanes, toks, pos, got = list(range(r.parallel)), firsts, ctx, []
+    for _ in range(rounds):
+        toks, pos = r.decode(lanes, toks, [pos] * len(lanes), ahead=True), pos + 1
+        got.append(toks[0])
+    return got
+
+
 def variants(out, names, turns=5, ctxs=(128,)):
-    """Runs 46 and 52-53: decode-graph variants (VARIANTS: module settings read at capture, restored
-    after, and KernelConfig changes), each its own runner at --max-model-len 4,200: the chained graph on the GPU's clock at
-    each context, 1 and 8 streams, interleaved; and every variant's ids over 16 rounds against the
-    first's (a shape-1 variant: stream 0's)."""
+    """Runs 46 and 52-53: decode-graph variants (VARIANTS), each its own runner at --max-model-len
+    4,200: the chained graph on the GPU's clock at each context, 1 and 8 streams, interleaved; and
+    every variant's stream 0 ids over 16 rounds against the first's."""
     from dataclasses import replace
 
-    from engine import kernels_ring as R
     from engine.runner import ModelRunner
     cfg = EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8, max_model_len=4200,
                        prefill_rows=4096)
     runners, model = {}, None
     for name in names:
-        saved = dict(R.STAGED)
-        setup, parallel, knobs = VARIANTS[name]
-        setup()
-        runners[name] = r = ModelRunner(replace(cfg, parallel=parallel, kernels=replace(cfg.kernels, **knobs)),
-                                        model=model)
-        R.STAGED.clear()
-        R.STAGED.update(saved)
+        with _variant(name) as knobs:
+            parallel = VARIANTS[name][1]
+            runners[name] = r = ModelRunner(replace(cfg, parallel=parallel, kernels=replace(cfg.kernels, **knobs)),
+                                            model=model)
         model = r.model
         r.cuts_warmed.result()
-    prompts = {c: [[(i * 37 + 5 + ln) % 1000 for i in range(c)] for ln in range(8)] for c in ctxs}
-    firsts = {(n, c): [r.prefill(ln, prompts[c][ln]) for ln in range(r.parallel)]
-              for n, r in runners.items() for c in ctxs}
-    res, samples = {}, {}
-    ids = {}
+    firsts = {n: _firsts(r, ctxs) for n, r in runners.items()}
+    samples = {}
     with torch.inference_mode():
-        for n, r in runners.items():
-            lanes = list(range(r.parallel))
-            toks, pos, got = firsts[(n, ctxs[0])], ctxs[0], []
-            for _ in range(16):
-                toks, pos = r.decode(lanes, toks, [pos] * len(lanes), ahead=True), pos + 1
-                got.append(toks[0])
-            ids[n] = got
+        ids = {n: _stream0_ids(r, firsts[n][ctxs[0]], ctxs[0]) for n, r in runners.items()}
         for _ in range(turns):
             for n, r in runners.items():
                 for c in ctxs:
                     for k in (1, 8):
                         if k <= r.parallel:
                             samples.setdefault(f"{n}, ctx {c}, {k} streams", []).append(
-                                chained_ms(r, firsts[(n, c)], k, c))
-    res["stream0_ids_equal_to_first"] = {n: ids[n] == ids[names[0]] for n in names}
-    res["decode_ring"] = {n: r.describe()["decode_ring"] for n, r in runners.items()}
+                                chained_ms(r, firsts[n][c], k, c))
+    res = {"stream0_ids_equal_to_first": {n: ids[n] == ids[names[0]] for n in names},
+           "decode_ring": {n: r.describe()["decode_ring"] for n, r in runners.items()}}
     print(json.dumps(res), flush=True)
     report(samples, res, f"{out}/variants.json")
 
@@ -222,34 +241,19 @@ def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784):
     between them). The chained graph on the GPU's clock at each context, 1 and 8 streams, at the
     bench's --max-model-len; stream 0's ids over 16 rounds against the first variant's."""
     from dataclasses import replace
-
-    from engine import kernels_ring as R
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
                                   max_model_len=max_len, prefill_rows=4096))
     r.cuts_warmed.result()
-    prompts = {c: [[(i * 37 + 5 + ln) % 1000 for i in range(c)] for ln in range(8)] for c in ctxs}
-    firsts = {c: [r.prefill(ln, prompts[c][ln]) for ln in range(8)] for c in ctxs}
-    saved, cfg, programs = dict(R.STAGED), r.cfg, dict(R.PROGRAMS)
+    firsts, cfg = _firsts(r, ctxs), r.cfg
     samples, ids = {}, {}
     with torch.inference_mode():
         for turn in range(turns):
             for name in names:
-                setup, _, knobs = VARIANTS[name]
-                _ends(True)()
-                setup()
-                r.cfg = replace(cfg, kernels=replace(cfg.kernels, **knobs))
-                r.capture_graph()
-                R.STAGED.clear()
-                R.STAGED.update(saved)
-                R.PROGRAMS.clear()
-                R.PROGRAMS.update(programs)
+                with _variant(name) as knobs:
+                    r.cfg = replace(cfg, kernels=replace(cfg.kernels, **knobs))
+                    r.capture_graph()
                 if turn == 0:
-                    r.ahead.drop()
-                    toks, pos, got = firsts[ctxs[0]], ctxs[0], []
-                    for _ in range(16):
-                        toks, pos = r.decode(list(range(8)), toks, [pos] * 8, ahead=True), pos + 1
-                        got.append(toks[0])
-                    ids[name] = got
+                    ids[name] = _stream0_ids(r, firsts[ctxs[0]], ctxs[0])
                 for c in ctxs:
                     for k in (1, 8):
                         samples.setdefault(f"{name}, ctx {c}, {k} streams", []).append(chained_ms(r, firsts[c], k, c))
