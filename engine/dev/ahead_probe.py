@@ -165,7 +165,8 @@ _NEW_ENDS = _new_ends()
 VARIANTS = {"base": (lambda: None, 8, {}), "o12": (_stage_o(12), 8, {}), "o16": (_stage_o(16), 8, {}),
             "p1": (lambda: None, 1, {}), "nopf": (lambda: None, 8, {"prefetch_rows": 0}),
             "pf8": (lambda: None, 8, {"prefetch_rows": 8}), "oldends": (_ends(False), 8, {}),
-            "qkv132": (_programs((6144, 4096), 132), 8, {}), "gu132": (_programs((24576, 4096, "gated"), 132), 8, {})}
+            "qkv132": (_programs((6144, 4096), 132), 8, {}), "gu132": (_programs((24576, 4096, "gated"), 132), 8, {}),
+            "w1": (lambda: None, 8, {"weights_rows": 1}), "w8": (lambda: None, 8, {"weights_rows": 8})}
 
 
 @contextmanager
