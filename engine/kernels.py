@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+import engine.kernels_prefetch as KP
 from engine.kernels_prefetch import prefetch_first_split, prefetch_rows, weights_on, weights_prefetch
 from engine.kernels_qkfold import qk_heads
 
@@ -118,7 +119,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PREFETCH_: tl.constexpr = -1, NextW=None, next_n=0, NEXT_: tl.constexpr = False):
+                  PREFETCH_: tl.constexpr = -1, NextW=None, next_n=0, NEXT_: tl.constexpr = False,
+                  CHUNKS_: tl.constexpr = 1):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -137,7 +139,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         busy = pk * ((most + SPLIT_ - 1) // SPLIT_)
         if NEXT_:  # a program without an item streams its part of the next product's weights into L2
             if pid >= busy:
-                weights_prefetch(NextW, next_n, pid - busy, g - busy)
+                weights_prefetch(NextW, next_n, pid - busy, g - busy, CHUNKS_)
         for w in range(pid, busy, g):
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
@@ -344,7 +346,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         extra = dict(QKV=q, stride_qkv=q.stride(0), WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True)
         q = torch.empty(p, h, d, dtype=q.dtype, device=q.device)
     if next_w is not None and weights_on() and not INTERPRET and next_w.is_contiguous() and next_w.data_ptr() % 16 == 0:
-        extra.update(NextW=next_w, next_n=next_w.numel(), NEXT_=True)
+        extra.update(NextW=next_w, next_n=next_w.numel(), NEXT_=True, CHUNKS_=KP.CHUNKS)
     items = p * kvh * nsplit
     grid = programs or (items if INTERPRET else min(items, GRID_PER_SM * _sms(q.device)))
     _split_kernel[(grid,)](

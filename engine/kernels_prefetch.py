@@ -62,19 +62,21 @@ def l2_prefetch(ptrs, on):
 # cp.async.bulk.prefetch.L2 (sm_90): $2 bytes from $1 (16-byte aligned, a multiple of 16) into L2.
 _BULK = tl.constexpr("{ .reg .pred %p; setp.gt.s32 %p, $2, 0; @%p cp.async.bulk.prefetch.L2.global [$1], $2; "
                      "mov.u32 $0, 0; }")
-LANES = tl.constexpr(128)  # one chunk a thread of the split kernel's 4 warps (a smaller tensor would be replicated)
+LANES = tl.constexpr(128)  # the split kernel's 4 warps' threads (a smaller tensor would be replicated)
+CHUNKS = 128  # bulk prefetches a program (its first CHUNKS threads one each): weights_prefetch's CHUNKS_
 
 
 @triton.jit
-def weights_prefetch(W, n, part, parts):
-    """Part `part` of `parts` of W's n elements into L2: LANES bulk prefetches of whole 16-byte
+def weights_prefetch(W, n, part, parts, CHUNKS_: tl.constexpr):
+    """Part `part` of `parts` of W's n elements into L2: CHUNKS_ bulk prefetches of whole 16-byte
     units (an odd tail under 16 bytes is left out; it is a hint)."""
     unit: tl.constexpr = 128 // W.dtype.element_ty.primitive_bitwidth  # elements in 16 bytes
     n = n.to(tl.int64)
-    per = ((n + parts - 1) // parts + unit * LANES - 1) // (unit * LANES) * (unit * LANES)
-    chunk = per // LANES
-    start = part.to(tl.int64) * per + tl.arange(0, LANES).to(tl.int64) * chunk
-    size = tl.minimum(chunk, tl.maximum(n - start, 0)) // unit * 16
+    per = ((n + parts - 1) // parts + unit * CHUNKS_ - 1) // (unit * CHUNKS_) * (unit * CHUNKS_)
+    chunk = per // CHUNKS_
+    lane = tl.arange(0, LANES).to(tl.int64)
+    start = part.to(tl.int64) * per + lane * chunk
+    size = tl.where(lane < CHUNKS_, tl.minimum(chunk, tl.maximum(n - start, 0)) // unit * 16, 0)
     tl.inline_asm_elementwise(_BULK, "=r,l,r", [W + start, size.to(tl.int32)], dtype=tl.int32, is_pure=False,
                               pack=1)
 
