@@ -167,10 +167,6 @@ class KernelConfig:
     # CUDA decode graph with PDL: rounds of at most this many rows ask their small kernels' inputs into
     # L2 before the wait (engine/kernels_prefetch.py); 0: never. One row gains, eight lose (PERF.md run 54).
     prefetch_rows: int = 1
-    # CUDA decode graph with PDL: rounds of at most this many rows have the split attention's programs
-    # left without an item ask the o product's weights into L2 while the busy ones attend
-    # (engine/kernels_prefetch.py WEIGHTS); 0: never.
-    weights_rows: int = 0
     # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
     # last split program instead of a kernel of its own (engine/kernels.py), the same bits:
     # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).

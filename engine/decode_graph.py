@@ -110,11 +110,11 @@ def capture(r) -> bool:
 
 def _capture(r, n: int, chained: bool) -> Bucket:
     """One row count's graphs, inside the launch mode of the runner's knobs: PDL, the attention's
-    folds, the ring, and the L2 prefetches at few rows (KernelConfig.prefetch_rows, weights_rows)."""
+    folds, the ring, and the L2 prefetch at few rows (KernelConfig.prefetch_rows)."""
     from engine.kernels_skinny import launch_mode
     knobs = r.cfg.kernels
     with launch_mode(r.decode_pdl, fold_combine=r._fold_combine, fold_qk_norm=r._qk_fold,
-                     ring=r.skinny and knobs.ring, prefetch=n <= knobs.prefetch_rows, weights=n <= knobs.weights_rows):
+                     ring=r.skinny and knobs.ring, prefetch=n <= knobs.prefetch_rows):
         return _capture_at(r, n, chained)
 
 

@@ -19,8 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-import engine.kernels_prefetch as KP
-from engine.kernels_prefetch import prefetch_first_split, prefetch_rows, weights_on, weights_prefetch
+from engine.kernels_prefetch import prefetch_first_split, prefetch_rows
 from engine.kernels_qkfold import qk_heads
 
 SPLIT = 256
@@ -119,8 +118,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PREFETCH_: tl.constexpr = -1, NextW=None, next_n=0, NEXT_: tl.constexpr = False,
-                  CHUNKS_: tl.constexpr = 1):
+                  PREFETCH_: tl.constexpr = -1):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -136,11 +134,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
         most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
-        busy = pk * ((most + SPLIT_ - 1) // SPLIT_)
-        if NEXT_:  # a program without an item streams its part of the next product's weights into L2
-            if pid >= busy:
-                weights_prefetch(NextW, next_n, pid - busy, g - busy, CHUNKS_)
-        for w in range(pid, busy, g):
+        for w in range(pid, pk * ((most + SPLIT_ - 1) // SPLIT_), g):
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
                         stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
@@ -314,8 +308,7 @@ _scratch: dict = {}
 
 
 def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
-                     fold: bool | None = None, qk: tuple | None = None, programs: int | None = None,
-                     next_w: torch.Tensor | None = None) -> torch.Tensor:
+                     fold: bool | None = None, qk: tuple | None = None, programs: int | None = None) -> torch.Tensor:
     """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
     fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
     (row, KV head) instead of a second kernel, the same bits.
@@ -323,9 +316,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
     split kernel norms and rotates q and k and writes the K/V rows itself (engine/kernels_qkfold.py),
     as kernels_fused.qk_norm_rope_write would; only where qk_fold_takes() says so.
     programs: the split kernel's grid (default: every item on the interpreter, else at most
-    GRID_PER_SM a SM); which program takes an item does not touch its bits.
-    next_w: the product after the attention (o's weight), which the programs left without an item ask
-    into L2 where engine/kernels_prefetch.py WEIGHTS is on (a hint: no bit moves)."""
+    GRID_PER_SM a SM); which program takes an item does not touch its bits."""
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
     kvh, max_len, d = k.shape[2], k.shape[1], k.shape[3]
     p, h = q.shape[0], (qk[4] if qk is not None else q.shape[1])
@@ -345,8 +336,6 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         wq, wk, cos, sin, _, eps = qk
         extra = dict(QKV=q, stride_qkv=q.stride(0), WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True)
         q = torch.empty(p, h, d, dtype=q.dtype, device=q.device)
-    if next_w is not None and weights_on() and not INTERPRET and next_w.is_contiguous() and next_w.data_ptr() % 16 == 0:
-        extra.update(NextW=next_w, next_n=next_w.numel(), NEXT_=True, CHUNKS_=KP.CHUNKS)
     items = p * kvh * nsplit
     grid = programs or (items if INTERPRET else min(items, GRID_PER_SM * _sms(q.device)))
     _split_kernel[(grid,)](

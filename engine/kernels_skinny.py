@@ -220,21 +220,20 @@ class launch_mode:
     engine/kernels.py PDL), the decode attention folds its neighbours or not (`fold_combine`:
     FOLD_COMBINE, `fold_qk_norm`: FOLD_QK_NORM; None keeps the module's setting), and the products
     go through the TMA ring or not (`ring`: RING), and the small kernels ask their inputs into L2
-    before their wait or not (`prefetch`: engine/kernels_prefetch.py PREFETCH), and the attention's idle
-    programs ask o's weights into L2 or not (`weights`: WEIGHTS); the runner captures its decode graphs
-    inside it. Restores them on exit."""
+    before their wait or not (`prefetch`: engine/kernels_prefetch.py PREFETCH); the runner captures
+    its decode graphs inside it. Restores them on exit."""
 
     def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: bool | None = None,
-                 ring: bool = False, prefetch: bool = False, weights: bool = False):
+                 ring: bool = False, prefetch: bool = False):
         self.pdl, self.fold, self.qk, self.ring = int(pdl), fold_combine, fold_qk_norm, bool(ring)
-        self.prefetch, self.weights = bool(prefetch), bool(weights)
+        self.prefetch = bool(prefetch)
 
     def __enter__(self):
         import engine.kernels as K
         import engine.kernels_prefetch as P
         global RING
-        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING, P.PREFETCH, P.WEIGHTS
-        K.PDL, RING, P.PREFETCH, P.WEIGHTS = self.pdl, self.ring, self.prefetch, self.weights
+        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING, P.PREFETCH
+        K.PDL, RING, P.PREFETCH = self.pdl, self.ring, self.prefetch
         K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
         K.FOLD_QK_NORM = K.FOLD_QK_NORM if self.qk is None else bool(self.qk)
         return self
@@ -243,7 +242,7 @@ class launch_mode:
         import engine.kernels as K
         import engine.kernels_prefetch as P
         global RING
-        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING, P.PREFETCH, P.WEIGHTS = self.saved
+        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING, P.PREFETCH = self.saved
 
 
 def ring_split(n: int, k: int, rows: int, gated: bool = False) -> int | None:

@@ -284,7 +284,7 @@ class Qwen3ForCausalLM(nn.Module):
 
         def attend_qkv(i, qkv, a):
             qk = (a.q_norm.weight, a.k_norm.weight, self.cos, self.sin, a.n_heads, eps)
-            return K.decode_attention(kv, i, qkv, lanes, positions, qk=qk, next_w=a.o_proj.weight)
+            return K.decode_attention(kv, i, qkv, lanes, positions, qk=qk)
         return attend_qkv
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,

@@ -162,29 +162,18 @@ _NEW_ENDS = _new_ends()
 # preload, commit a3ccbab, measured -0.02 ms at context 128 and +0.18-0.32 at 4,000: removed).
 # name -> (setup before the capture, --parallel, KernelConfig changes); "p1": the round at one row.
 # (Runs 52-53's nopf / norm / pf0 / pf256 were module settings of engine/kernels.py at d0d79cf.)
-def _chunks(n):
-    """kernels_prefetch.CHUNKS: bulk prefetches a program of o's weights (restored by _variant)."""
-    def setup():
-        import engine.kernels_prefetch as P
-        P.CHUNKS = n
-    return setup
-
-
 VARIANTS = {"base": (lambda: None, 8, {}), "o12": (_stage_o(12), 8, {}), "o16": (_stage_o(16), 8, {}),
             "p1": (lambda: None, 1, {}), "nopf": (lambda: None, 8, {"prefetch_rows": 0}),
             "pf8": (lambda: None, 8, {"prefetch_rows": 8}), "oldends": (_ends(False), 8, {}),
-            "qkv132": (_programs((6144, 4096), 132), 8, {}), "gu132": (_programs((24576, 4096, "gated"), 132), 8, {}),
-            "w1": (lambda: None, 8, {"weights_rows": 1}), "w8": (lambda: None, 8, {"weights_rows": 8}),
-            "w1c1": (_chunks(1), 8, {"weights_rows": 1}), "w1c8": (_chunks(8), 8, {"weights_rows": 1})}
+            "qkv132": (_programs((6144, 4096), 132), 8, {}), "gu132": (_programs((24576, 4096, "gated"), 132), 8, {})}
 
 
 @contextmanager
 def _variant(name):
     """VARIANTS[name]'s module settings around a capture, restored after; yields its KernelConfig changes."""
-    import engine.kernels_prefetch as P
     from engine import kernels_ring as R
     setup, _, knobs = VARIANTS[name]
-    saved, chunks = (dict(R.STAGED), dict(R.PROGRAMS)), P.CHUNKS
+    saved = dict(R.STAGED), dict(R.PROGRAMS)
     setup()
     try:
         yield knobs
@@ -193,7 +182,6 @@ def _variant(name):
             table.clear()
             table.update(was)
         _ends(True)()
-        P.CHUNKS = chunks
 
 
 def _firsts(r, ctxs) -> dict:

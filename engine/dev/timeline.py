@@ -4,7 +4,7 @@ CUDA activity for 10 rounds. Writes, per kernel of the round in order, its name,
 idle gap before it, a summary by kernel name, and the critical path a layer (`layer_path`): where
 the round's time beyond the weights' stream goes.
 
-    PYTHONPATH=. python3 -m engine.dev.timeline --out $OUT [--weights-rows 1]
+    PYTHONPATH=. python3 -m engine.dev.timeline --out $OUT
 """
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.config import EngineConfig, KernelConfig
+from engine.config import EngineConfig
 from engine.runner import build_runner
 
 
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
-    knobs = KernelConfig(weights_rows=int(argv[argv.index("--weights-rows") + 1])) if "--weights-rows" in argv else KernelConfig()
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
-                                  max_model_len=1024, prefill_rows=256, kernels=knobs))
+                                  max_model_len=1024, prefill_rows=256))
     lanes, toks, pos = [0], [r.prefill(0, [(i * 37 + 5) % 1000 for i in range(128)])], 128
     for _ in range(5):
         toks, pos = r.decode(lanes, toks, [pos], ahead=True), pos + 1
