@@ -11,7 +11,8 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
 --lengths (run 42): the same rounds at two --max-model-len (the split attention's grid grows with it).
 --grids (runs 44-45): the split attention's grid cap, at contexts 128 and 4,000.
 --variants base,o12,o16 (run 46): decode-graph variants (VARIANTS) side by side; --ctxs 128,4000 their contexts.
---recaptured nopf,base (run 54): variants in one runner, its graphs captured again for each in turn.
+--recaptured nopf,base (run 54): variants in one runner, its graphs captured again for each in turn
+[--parallel 64 (run 64): 8 and 64 streams].
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 
 from engine import decode_graph
 from engine.config import EngineConfig, KernelConfig
+from engine.kernels_skinny import SkinnyConfig as S_CFG
 from engine.runner import build_runner
 
 N = 32
@@ -151,6 +153,15 @@ def _programs(key, n):
     return setup
 
 
+def _table(configs=(), gated=()):
+    """kernels_skinny CONFIGS / GATED entries ((N, K, padded rows), SkinnyConfig) set (restored by _variant)."""
+    def setup():
+        from engine import kernels_skinny as S
+        S.CONFIGS.update(configs)
+        S.GATED.update(gated)
+    return setup
+
+
 def _new_ends():
     from engine import kernels_fused as KF
     return KF.embed_rmsnorm, decode_graph.argmax
@@ -166,19 +177,27 @@ VARIANTS = {"base": (lambda: None, 8, {}), "o12": (_stage_o(12), 8, {}), "o16": 
             "p1": (lambda: None, 1, {}), "nopf": (lambda: None, 8, {"prefetch_rows": 0}),
             "pf8": (lambda: None, 8, {"prefetch_rows": 8}), "oldends": (_ends(False), 8, {}),
             "qkv132": (_programs((6144, 4096), 132), 8, {}), "gu132": (_programs((24576, 4096, "gated"), 132), 8, {})}
+# run 64, at --parallel 64: o and the gated gate/up on the Triton kernels at 64 rows (PDL) instead of cuBLAS
+_O64 = ((4096, 4096, 64), S_CFG(32, 128, 4, 6))
+VARIANTS.update({"o64": (_table([_O64]), 64, {}),
+                 "g64a": (_table(gated=[((24576, 4096, 64), S_CFG(32, 128, 4, 6))]), 64, {}),
+                 "g64b": (_table(gated=[((24576, 4096, 64), S_CFG(16, 256, 4, 4))]), 64, {}),
+                 "og64": (_table([_O64], [((24576, 4096, 64), S_CFG(32, 128, 4, 6))]), 64, {})})
 
 
 @contextmanager
 def _variant(name):
     """VARIANTS[name]'s module settings around a capture, restored after; yields its KernelConfig changes."""
     from engine import kernels_ring as R
+    from engine import kernels_skinny as S
     setup, _, knobs = VARIANTS[name]
-    saved = dict(R.STAGED), dict(R.PROGRAMS)
+    tables = (R.STAGED, R.PROGRAMS, S.CONFIGS, S.GATED)
+    saved = [dict(t) for t in tables]
     setup()
     try:
         yield knobs
     finally:
-        for table, was in zip((R.STAGED, R.PROGRAMS), saved):
+        for table, was in zip(tables, saved):
             table.clear()
             table.update(was)
         _ends(True)()
@@ -234,14 +253,15 @@ def variants(out, names, turns=5, ctxs=(128,)):
     report(samples, res, f"{out}/variants.json")
 
 
-def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784):
+def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784, parallel=8):
     """Run 54: variants of VARIANTS' module settings (at --parallel 8) in ONE runner, its graphs
     captured again for each variant in turn, so the KV cache and the weights stay where they are
     (run 53: separate runners differed by up to 0.15 ms a round with nothing but their memory
     between them). The chained graph on the GPU's clock at each context, 1 and 8 streams, at the
-    bench's --max-model-len; stream 0's ids over 16 rounds against the first variant's."""
+    bench's --max-model-len; stream 0's ids over 16 rounds against the first variant's. At --parallel
+    above 8 (run 64): 8 and all streams."""
     from dataclasses import replace
-    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
+    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
                                   max_model_len=max_len, prefill_rows=4096))
     r.cuts_warmed.result()
     firsts, cfg = _firsts(r, ctxs), r.cfg
@@ -255,7 +275,7 @@ def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784):
                 if turn == 0:
                     ids[name] = _stream0_ids(r, firsts[ctxs[0]], ctxs[0])
                 for c in ctxs:
-                    for k in (1, 8):
+                    for k in ((1, 8) if parallel == 8 else (8, parallel)):
                         samples.setdefault(f"{name}, ctx {c}, {k} streams", []).append(chained_ms(r, firsts[c], k, c))
     res = {"stream0_ids_equal_to_first": {n: ids[n] == ids[names[0]] for n in names}, "decode_rows": list(r.buckets)}
     print(json.dumps(res), flush=True)
@@ -269,7 +289,8 @@ def main(argv):
     def arg(name, default):
         return [int(x) for x in argv[argv.index(name) + 1].split(",")] if name in argv else default
     if "--recaptured" in argv:
-        return recaptured(out, argv[argv.index("--recaptured") + 1].split(","), ctxs=tuple(arg("--ctxs", (128, 4000))))
+        return recaptured(out, argv[argv.index("--recaptured") + 1].split(","), ctxs=tuple(arg("--ctxs", (128, 4000))),
+                          parallel=arg("--parallel", [8])[0], max_len=arg("--max-len", [32784])[0])
     if "--variants" in argv:
         return variants(out, argv[argv.index("--variants") + 1].split(","), ctxs=tuple(arg("--ctxs", (128,))))
     if "--grids" in argv:  # [--caps 4,8,1048576 --max-len 16400 --ctxs 128,4000]
