@@ -61,7 +61,8 @@ CONFIGS: dict[tuple, SkinnyConfig | None] = {
     (4096, 12288, 32): SkinnyConfig(32, 128, 4, 6, 2),  # 30.3 us vs 30.6
     (151936, 4096, 32): SkinnyConfig(64, 128, 4, 4),  # 299.3 us vs 301.8
     (6144, 4096, 64): None,                           # cuBLAS 16.3 us, best skinny 21.3
-    (4096, 4096, 64): None,                           # cuBLAS 12.3 us, best skinny 12.4
+    # o at 64 rows: cuBLAS 12.3 us alone, 32x128 12.4; in the round (PDL) the Triton tiles are 0.09 ms faster
+    (4096, 4096, 64): SkinnyConfig(32, 128, 4, 6),    # (engine/dev/PERF.md runs 64-65)
     (24576, 4096, 64): None,                          # cuBLAS 53.4 us, best skinny 55.4
     (4096, 12288, 64): SkinnyConfig(32, 128, 4, 6),   # 30.5 us vs 33.1
     (151936, 4096, 64): SkinnyConfig(128, 128, 4, 4),  # 300.0 us vs 358.5

@@ -1,10 +1,10 @@
-"""One decode round's kernels on the GPU's clock (issue 14, runs 40 and 57): qwen3-8b at --parallel 8,
+"""One decode round's kernels on the GPU's clock (issue 14, runs 40, 57 and 66): qwen3-8b at --parallel 8,
 one stream at context 128 (since row buckets: a one-row round), rounds run ahead; torch.profiler's
 CUDA activity for 10 rounds. Writes, per kernel of the round in order, its name, duration and the
 idle gap before it, a summary by kernel name, and the critical path a layer (`layer_path`): where
 the round's time beyond the weights' stream goes.
 
-    PYTHONPATH=. python3 -m engine.dev.timeline --out $OUT
+    PYTHONPATH=. python3 -m engine.dev.timeline --out $OUT [--parallel 64 --streams 64]
 """
 from __future__ import annotations
 
@@ -21,14 +21,17 @@ from engine.runner import build_runner
 
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
-    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
+    parallel = int(argv[argv.index("--parallel") + 1]) if "--parallel" in argv else 8
+    streams = int(argv[argv.index("--streams") + 1]) if "--streams" in argv else 1
+    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
                                   max_model_len=1024, prefill_rows=256))
-    lanes, toks, pos = [0], [r.prefill(0, [(i * 37 + 5) % 1000 for i in range(128)])], 128
+    lanes = list(range(streams))
+    toks, pos = [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(128)]) for ln in lanes], 128
     for _ in range(5):
-        toks, pos = r.decode(lanes, toks, [pos], ahead=True), pos + 1
+        toks, pos = r.decode(lanes, toks, [pos] * streams, ahead=True), pos + 1
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
-            toks, pos = r.decode(lanes, toks, [pos], ahead=True), pos + 1
+            toks, pos = r.decode(lanes, toks, [pos] * streams, ahead=True), pos + 1
     torch.cuda.synchronize()
     ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                 key=lambda e: e.time_range.start)
@@ -66,20 +69,21 @@ def main(argv):
         json.dump(res, f, indent=1)
 
 
-STEPS = ("q/k/v", "attention", "o", "norm", "gate/up", "down", "next norm")
-
-
 def layer_path(kernels) -> dict:
-    """The round's critical path a layer, medians over its middle layers: each step's end after the
-    end of the step before (the first: after the last layer's closing norm). A layer's kernels come
-    in the order ring (q/k/v), split attention, ring (o), norm, ring (gate/up), ring (down), norm."""
-    first = next(i for i, (n, _, _) in enumerate(kernels) if n.startswith("ring_kernel"))
-    ends = [e for _, _, e in kernels[first - 1:]]  # from the norm before the first layer
-    layers = [ends[i:i + 8] for i in range(0, len(ends) - 8, 7)][2:-2]
-    if not layers:
+    """The round's critical path a layer, medians over its middle layers: each kernel's end after the
+    end of the kernel before, from the q/k/v product (the kernel before each split attention) to the
+    layer's closing norm, named by kernel (at one row: ring q/k/v, split attention, ring o, norm, ring
+    gate/up, ring down, norm; at 64 rows cuBLAS and Triton kernels, and silu_mul)."""
+    splits = [i for i, (n, _, _) in enumerate(kernels) if n.startswith("_split_kernel")]
+    if len(splits) < 6:
         return {}
-    return {step: round(statistics.median(lay[j + 1] - lay[j] for lay in layers), 2) for j, step in enumerate(STEPS)} | {
-        "layer": round(statistics.median(lay[-1] - lay[0] for lay in layers), 2)}
+    period = splits[1] - splits[0]
+    ends = [e for _, _, e in kernels]
+    names = [n[:40] for n, _, _ in kernels[splits[0] - 1:splits[0] - 1 + period]]
+    layers = [[ends[j] for j in range(i - 2, i - 1 + period)] for i in splits[2:-2]]
+    steps = {f"{j} {name}": round(statistics.median(lay[j + 1] - lay[j] for lay in layers), 2)
+             for j, name in enumerate(names)}
+    return steps | {"layer": round(statistics.median(lay[-1] - lay[0] for lay in layers), 2)}
 
 
 if __name__ == "__main__":
