@@ -190,14 +190,28 @@ VARIANTS.update({f"o64{n}": (_table([_O64, e]), 64, {}) for n, e in (
     ("gu", ((24576, 4096, 64), S_CFG(32, 256, 4, 4))))})
 
 
+def _pf_rows(n):
+    """kernels_prefetch.PREFETCH_ROWS: K/V rows of each row's first split asked into L2 (restored by _variant)."""
+    def setup():
+        import engine.kernels_prefetch as P
+        P.PREFETCH_ROWS = n
+    return setup
+
+
+# run 67, at --parallel 64: the L2 prefetch in the 64-row graph, with 64 or 256 K/V rows
+VARIANTS.update({"pf64r": (lambda: None, 64, {"prefetch_rows": 64}),
+                 "pf64r256": (_pf_rows(256), 64, {"prefetch_rows": 64})})
+
+
 @contextmanager
 def _variant(name):
     """VARIANTS[name]'s module settings around a capture, restored after; yields its KernelConfig changes."""
+    import engine.kernels_prefetch as P
     from engine import kernels_ring as R
     from engine import kernels_skinny as S
     setup, _, knobs = VARIANTS[name]
     tables = (R.STAGED, R.PROGRAMS, S.CONFIGS, S.GATED)
-    saved = [dict(t) for t in tables]
+    saved, pf_rows = [dict(t) for t in tables], P.PREFETCH_ROWS
     setup()
     try:
         yield knobs
@@ -206,6 +220,7 @@ def _variant(name):
             table.clear()
             table.update(was)
         _ends(True)()
+        P.PREFETCH_ROWS = pf_rows
 
 
 def _firsts(r, ctxs) -> dict:
