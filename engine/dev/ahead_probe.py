@@ -203,6 +203,19 @@ VARIANTS.update({"pf64r": (lambda: None, 64, {"prefetch_rows": 64}),
                  "pf64r256": (_pf_rows(256), 64, {"prefetch_rows": 64})})
 
 
+def _grid(n):
+    """engine.kernels.GRID_PER_SM: the split attention's programs a SM at most (restored by _variant)."""
+    def setup():
+        import engine.kernels as K
+        K.GRID_PER_SM = n
+    return setup
+
+
+# run 68, at --parallel 64: the q/k norm + RoPE in a kernel of its own, and the split attention's grid
+VARIANTS.update({"noqkf": (lambda: None, 64, {"fold_qk_norm": False}), "g8": (_grid(8), 64, {}),
+                 "g4": (_grid(4), 64, {})})
+
+
 @contextmanager
 def _variant(name):
     """VARIANTS[name]'s module settings around a capture, restored after; yields its KernelConfig changes."""
@@ -211,7 +224,8 @@ def _variant(name):
     from engine import kernels_skinny as S
     setup, _, knobs = VARIANTS[name]
     tables = (R.STAGED, R.PROGRAMS, S.CONFIGS, S.GATED)
-    saved, pf_rows = [dict(t) for t in tables], P.PREFETCH_ROWS
+    import engine.kernels as K
+    saved, pf_rows, grid = [dict(t) for t in tables], P.PREFETCH_ROWS, K.GRID_PER_SM
     setup()
     try:
         yield knobs
@@ -220,7 +234,7 @@ def _variant(name):
             table.clear()
             table.update(was)
         _ends(True)()
-        P.PREFETCH_ROWS = pf_rows
+        P.PREFETCH_ROWS, K.GRID_PER_SM = pf_rows, grid
 
 
 def _firsts(r, ctxs) -> dict:
