@@ -216,6 +216,19 @@ VARIANTS.update({"noqkf": (lambda: None, 64, {"fold_qk_norm": False}), "g8": (_g
                  "g4": (_grid(4), 64, {})})
 
 
+def _split(wide=False, regs=None):
+    """engine.kernels.WIDE / SPLIT_MAXNREG: the split walk's index width and register cap (restored by _variant)."""
+    def setup():
+        import engine.kernels as K
+        K.WIDE, K.SPLIT_MAXNREG = wide, regs
+    return setup
+
+
+# run 69: the split kernel's walk in int64 (as before: 64-bit divisions, 32 registers and 3.6 KB of spills a
+# thread) against int32 (no spill, ~232 registers), and int32 capped at 128 / 96 registers
+VARIANTS.update({"wide": (_split(wide=True), 8, {}), "r128": (_split(regs=128), 8, {}), "r96": (_split(regs=96), 8, {})})
+
+
 @contextmanager
 def _variant(name):
     """VARIANTS[name]'s module settings around a capture, restored after; yields its KernelConfig changes."""
@@ -225,7 +238,7 @@ def _variant(name):
     setup, _, knobs = VARIANTS[name]
     tables = (R.STAGED, R.PROGRAMS, S.CONFIGS, S.GATED)
     import engine.kernels as K
-    saved, pf_rows, grid = [dict(t) for t in tables], P.PREFETCH_ROWS, K.GRID_PER_SM
+    saved, pf_rows, grid, split = [dict(t) for t in tables], P.PREFETCH_ROWS, K.GRID_PER_SM, (K.WIDE, K.SPLIT_MAXNREG)
     setup()
     try:
         yield knobs
@@ -234,7 +247,7 @@ def _variant(name):
             table.clear()
             table.update(was)
         _ends(True)()
-        P.PREFETCH_ROWS, K.GRID_PER_SM = pf_rows, grid
+        P.PREFETCH_ROWS, K.GRID_PER_SM, (K.WIDE, K.SPLIT_MAXNREG) = pf_rows, grid, split
 
 
 def _firsts(r, ctxs) -> dict:
