@@ -30,9 +30,6 @@ BLOCK = 64
 # 0.16 ms a round slower at context 128 than 32 a SM (4,224); 8 a SM was no better at 1 stream and
 # slower at 8 streams (engine/dev/PERF.md runs 42-45). Below 4,224 items the grid is one an item.
 GRID_PER_SM = 32
-# Registers a thread of the split kernel may take (Triton's maxnreg; None: ptxas's choice).
-SPLIT_MAXNREG: int | None = None
-WIDE = False  # (run 69 only: the walk's indices in int64, as before)
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
@@ -121,7 +118,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PREFETCH_: tl.constexpr = -1, WIDE_: tl.constexpr = False):
+                  PREFETCH_: tl.constexpr = -1):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -136,10 +133,10 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
     pdl_wait(PDL_)
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
-        if WIDE_:
-            most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
-        else:
-            most = tl.max(tl.load(Pos + r, mask=r < P, other=0)).to(tl.int32) + 1  # int32: w // pk and w % KVH inline
+        # int64 (the positions'), so the walk's divisions are 64-bit subroutine calls and ptxas keeps the
+        # kernel in 32 registers with a 3.7 KB stack a thread; int32 compiles to 232 registers and no
+        # spill, and measured no faster (0.01-0.07 ms slower a round, engine/dev/PERF.md run 69)
+        most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
         for w in range(pid, pk * ((most + SPLIT_ - 1) // SPLIT_), g):
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
@@ -354,8 +351,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), num_warps=4, WIDE_=WIDE, **extra,
-        **({"maxnreg": SPLIT_MAXNREG} if SPLIT_MAXNREG and not INTERPRET else {}), **launch_opts())
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), num_warps=4, **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

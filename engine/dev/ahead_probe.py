@@ -215,18 +215,8 @@ def _grid(n):
 VARIANTS.update({"noqkf": (lambda: None, 64, {"fold_qk_norm": False}), "g8": (_grid(8), 64, {}),
                  "g4": (_grid(4), 64, {})})
 
-
-def _split(wide=False, regs=None):
-    """engine.kernels.WIDE / SPLIT_MAXNREG: the split walk's index width and register cap (restored by _variant)."""
-    def setup():
-        import engine.kernels as K
-        K.WIDE, K.SPLIT_MAXNREG = wide, regs
-    return setup
-
-
-# run 69: the split kernel's walk in int64 (as before: 64-bit divisions, 32 registers and 3.6 KB of spills a
-# thread) against int32 (no spill, ~232 registers), and int32 capped at 128 / 96 registers
-VARIANTS.update({"wide": (_split(wide=True), 8, {}), "r128": (_split(regs=128), 8, {}), "r96": (_split(regs=96), 8, {})})
+# run 70, at one row: the first split's 128 / 256 K/V rows asked into L2 before the wait (the shipped 64)
+VARIANTS.update({"pf128": (_pf_rows(128), 8, {}), "pf256": (_pf_rows(256), 8, {})})
 
 
 @contextmanager
@@ -238,7 +228,7 @@ def _variant(name):
     setup, _, knobs = VARIANTS[name]
     tables = (R.STAGED, R.PROGRAMS, S.CONFIGS, S.GATED)
     import engine.kernels as K
-    saved, pf_rows, grid, split = [dict(t) for t in tables], P.PREFETCH_ROWS, K.GRID_PER_SM, (K.WIDE, K.SPLIT_MAXNREG)
+    saved, pf_rows, grid = [dict(t) for t in tables], P.PREFETCH_ROWS, K.GRID_PER_SM
     setup()
     try:
         yield knobs
@@ -247,7 +237,7 @@ def _variant(name):
             table.clear()
             table.update(was)
         _ends(True)()
-        P.PREFETCH_ROWS, K.GRID_PER_SM, (K.WIDE, K.SPLIT_MAXNREG) = pf_rows, grid, split
+        P.PREFETCH_ROWS, K.GRID_PER_SM = pf_rows, grid
 
 
 def _firsts(r, ctxs) -> dict:
