@@ -63,6 +63,16 @@ def test_route_names_the_kernel_the_product_runs(monkeypatch, rows, name):
     assert got == S.route(n, k, rows, gated, ring=False)
 
 
+def test_a_64_row_round_runs_o_on_the_triton_tiles():
+    """At 33-64 rows o takes Triton's 32x128 tiles (launched under PDL in the round), not cuBLAS: alone
+    cuBLAS was 0.1 us faster, in the round Triton's 0.09 ms a round (engine/dev/PERF.md runs 64-65);
+    q/k/v and gate/up stay cuBLAS's, the ring (at most 8 rows) takes none of them."""
+    o = ("skinny", S.SkinnyConfig(32, 128, 4, 6), 64)
+    assert S.route(4096, 4096, 64, ring=False) == o and S.route(4096, 4096, 40, ring=True) == o
+    assert S.route(6144, 4096, 64, ring=True) == ("cublas", 64)
+    assert S.route(24576, 4096, 64, gated=True, ring=True) == ("silu", "cublas", 64)
+
+
 def runner(row_buckets, overlap):
     return build_runner(EngineConfig(model="tiny", parallel=16, max_model_len=128, prefill_rows=16, seed=1,
                                      kernels=KernelConfig(row_buckets=row_buckets, overlap=overlap)))

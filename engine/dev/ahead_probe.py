@@ -215,6 +215,8 @@ def _grid(n):
 VARIANTS.update({"noqkf": (lambda: None, 64, {"fold_qk_norm": False}), "g8": (_grid(8), 64, {}),
                  "g4": (_grid(4), 64, {})})
 
+# run 72, at --parallel 8: the split attention's grid capped at 1 / 2 programs a SM
+VARIANTS.update({"g1": (_grid(1), 8, {}), "g2": (_grid(2), 8, {})})
 # run 70, at one row: the first split's 128 / 256 K/V rows asked into L2 before the wait (the shipped 64)
 VARIANTS.update({"pf128": (_pf_rows(128), 8, {}), "pf256": (_pf_rows(256), 8, {})})
 
