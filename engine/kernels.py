@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine import kernels_clock
+from engine.kernels_clock import SLOTS, stamp
 from engine.kernels_prefetch import prefetch_first_split, prefetch_rows
 from engine.kernels_qkfold import qk_heads
 
@@ -118,13 +120,15 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PREFETCH_: tl.constexpr = -1):
+                  PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
     pid = tl.program_id(0)
     g = tl.num_programs(0)
     pk = P * KVH
+    if CLOCK_:  # (engine/kernels_clock.py: a dev probe's phases of each row's first split)
+        stamp(Clock, pid * SLOTS, 0, pid, pid < pk)
     pdl_launch(PDL_)
     if PREFETCH_ >= 0:  # a row's first split's inputs into L2 while the q/k/v product runs
         if pid < pk:
@@ -136,12 +140,17 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         # int64 (the positions'), so the walk's divisions are 64-bit subroutine calls and ptxas keeps the
         # kernel in 32 registers with a 3.7 KB stack a thread; int32 compiles to 232 registers and no
         # spill, and measured no faster (0.01-0.07 ms slower a round, engine/dev/PERF.md run 69)
+        if CLOCK_:
+            stamp(Clock, pid * SLOTS, 1, pid, pid < pk)
+            stamp(Clock, pid * SLOTS, 6, pid, pid < pk, NS=True)
         most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
+        if CLOCK_:
+            stamp(Clock, pid * SLOTS, 2, most.to(tl.int32), pid < pk)
         for w in range(pid, pk * ((most + SPLIT_ - 1) // SPLIT_), g):
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
                         stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
-                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
+                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_)
     else:  # the interpreter cannot loop to a run-time bound: ITEMS turns, past the last masked
         for i in range(0, ITEMS):
             w = pid + i * g
@@ -158,7 +167,8 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
                 stride_lr, stride_lh, stride_out, scale, KVH,
                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT_: tl.constexpr,
                 BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr, FOLD: tl.constexpr,
-                QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H: tl.constexpr, QKN: tl.constexpr):
+                QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H: tl.constexpr, QKN: tl.constexpr,
+                Clock=None, CLOCK_: tl.constexpr = False):
     """Split s of one row's KV head: its keys reduced, then stored (or combined: FOLD)."""
     lane = tl.load(Lanes + row).to(tl.int64)
     length = tl.load(Pos + row).to(tl.int32) + 1
@@ -179,6 +189,8 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
             tl.store(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], qn, mask=gmask[:, None])
             tl.debug_barrier()
         q = tl.load(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+        if CLOCK_:
+            stamp(Clock, (row * KVH + kvh) * SLOTS, 3, tl.max(tl.max(q.to(tl.float32), 1), 0).to(tl.int32), s == 0)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -192,6 +204,8 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
             for b in range(0, SPLIT_ // BLOCK_):
                 m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
                                        BLOCK_)
+        if CLOCK_:
+            stamp(Clock, (row * KVH + kvh) * SLOTS, 4, tl.max(l_i, 0).to(tl.int32), s == 0)
         acc = acc / l_i[:, None]
         lse = m_i + tl.log(l_i)
         n = (length + SPLIT_ - 1) // SPLIT_
@@ -202,6 +216,9 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
             tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
                      mask=gmask[:, None])
             tl.store(Lse + row * stride_lr + heads * stride_lh + s, lse, mask=gmask)
+        if CLOCK_:
+            stamp(Clock, (row * KVH + kvh) * SLOTS, 5, tl.max(lse, 0).to(tl.int32), s == 0)
+            stamp(Clock, (row * KVH + kvh) * SLOTS, 7, tl.max(lse, 0).to(tl.int32), s == 0, NS=True)
 
 
 @triton.jit
@@ -339,6 +356,8 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         wq, wk, cos, sin, _, eps = qk
         extra = dict(QKV=q, stride_qkv=q.stride(0), WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True)
         q = torch.empty(p, h, d, dtype=q.dtype, device=q.device)
+    if kernels_clock.CLOCK is not None and not INTERPRET:  # a dev probe's phase clocks (engine/kernels_clock.py)
+        extra.update(Clock=kernels_clock.CLOCK[i], CLOCK_=True)
     items = p * kvh * nsplit
     grid = programs or (items if INTERPRET else min(items, GRID_PER_SM * _sms(q.device)))
     _split_kernel[(grid,)](

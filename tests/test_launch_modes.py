@@ -131,7 +131,7 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
            "scale": "fp32", "P": "i32", "KVH": "i32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": qkn, "H": 32 if qkn else 0,
-              "PREFETCH_": prefetch}
+              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False}
     if qkn:
         sig.update({"QKV": "*bf16", "stride_qkv": "i32", "WQ": "*bf16", "WK": "*bf16", "Cos": "*bf16", "Sin": "*bf16",
                     "eps": "fp32"})
@@ -164,3 +164,41 @@ def test_the_round_ends_wait_before_their_loads():
     for order in (norm, top):
         assert order[:2] == ["griddepcontrol.launch_dependents", "griddepcontrol.wait"]
         assert "ld.global" in order and "st.global" in order
+
+
+def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
+    """engine/kernels_clock.py's stamps (the attention probe, engine/dev/attn_clock.py): absent from the
+    kernel the engine launches; with CLOCK_, six cycle reads and two timer reads, all but the entry's
+    after the PDL wait."""
+    sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out")}, "Lanes": "*i64", "Pos": "*i64", "Opart": "*fp32",
+           "Lse": "*fp32", "Count": "*i32",
+           **{n: "i32" for n in ("stride_qr", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_or",
+                                 "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out")},
+           "scale": "fp32", "P": "i32", "KVH": "i32", "Clock": "*i64"}
+    consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
+              "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": False, "H": 0, "PREFETCH_": -1,
+              "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0}
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def reads(clock):
+        s = dict(sig) if clock else {k: v for k, v in sig.items() if k != "Clock"}
+        c = {**consts, "CLOCK_": clock} if clock else {**consts, "Clock": None, "CLOCK_": False}
+        ptx = triton.compile(ASTSource(fn=K._split_kernel, signature=s, constexprs=c), target=GPUTarget("cuda", 90, 32),
+                             options={"num_warps": 4}).asm["ptx"]
+        code = [line for line in ptx.splitlines() if not line.lstrip().startswith((".file", ".loc", "//"))]
+        return [k for line in code for k in ("griddepcontrol.wait", "%clock64", "%globaltimer") if k in line]
+    assert reads(False) == ["griddepcontrol.wait"]
+    got = reads(True)
+    assert got.count("%clock64") == 6 and got.count("%globaltimer") == 2
+    assert got[:2] == ["%clock64", "griddepcontrol.wait"]
+
+
+def test_the_clock_probe_turns_cycles_into_ns():
+    from engine.dev.attn_clock import phases
+    c = torch.zeros(6, 3, 8, dtype=torch.int64)
+    c[..., :6] = torch.tensor([0, 100, 300, 700, 1500, 1700])  # cycles
+    c[..., 6], c[..., 7] = 1000, 1000 + 800  # ns between stamps 1 and 5: 1,600 cycles at 2 GHz
+    p = phases(c, 2)
+    assert p["positions"] == [100.0] * 4 and p["walk"] == [400.0] * 4 and p["after the wait"] == [800.0] * 4
+    assert p["GHz"] == [2.0] * 4

@@ -1,0 +1,64 @@
+"""Where the split attention's time goes, phase by phase (issue 14 round 9, run 73): the decode round's
+graphs captured with engine/kernels_clock.py's stamps in the split kernel, then rounds of `--streams`
+streams at context 128 (not ahead: each round's stamps are read after it). Per program of a row's first
+split: after its PDL wait, the positions read, q ready (its norm, RoPE and the K/V row written), the
+keys walked, the output stored; medians over rounds, middle layers and programs, in ns (the SM's cycles
+over the global timer's ns between the same two stamps).
+
+    PYTHONPATH=. python3 -m engine.dev.attn_clock --out $OUT [--parallel 64 --streams 64 --max-len 1024]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+
+from engine import kernels_clock
+from engine.config import EngineConfig
+from engine.runner import build_runner
+
+
+def phases(clock: torch.Tensor, programs: int) -> dict:
+    """One round's stamps [layers, programs, SLOTS] -> {phase: [ns, ...]} over its middle layers."""
+    c = clock[2:-2, :programs].double()
+    rate = (c[..., 5] - c[..., 1]) / (c[..., 7] - c[..., 6]).clamp(min=1)  # cycles a ns
+    out = {name: ((c[..., j + 1] - c[..., j]) / rate).flatten().tolist()
+           for j, name in enumerate(kernels_clock.PHASES)}
+    out["after the wait"] = ((c[..., 5] - c[..., 1]) / rate).flatten().tolist()
+    out["GHz"] = rate.flatten().tolist()
+    return out
+
+
+def main(argv):
+    def arg(name, default):
+        return int(argv[argv.index(name) + 1]) if name in argv else default
+    out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
+    parallel, streams, max_len = arg("--parallel", 8), arg("--streams", 1), arg("--max-len", 32784)
+    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
+                                  max_model_len=max_len, prefill_rows=min(4096, max_len)))
+    r.cuts_warmed.result()
+    layers, kvh = len(r.model.model.layers), r.model.config.num_key_value_heads
+    kernels_clock.CLOCK = torch.zeros(layers, parallel * kvh, kernels_clock.SLOTS, dtype=torch.int64, device="cuda")
+    r.capture_graph()  # again, now with the stamps compiled in
+    lanes = list(range(streams))
+    toks, pos = [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(128)]) for ln in lanes], 128
+    samples: dict = {}
+    with torch.inference_mode():
+        for n in range(25):
+            toks, pos = r.decode(lanes, toks, [pos] * streams, ahead=False), pos + 1
+            torch.cuda.synchronize()
+            if n >= 5:
+                for k, v in phases(kernels_clock.CLOCK.cpu(), streams * kvh).items():
+                    samples.setdefault(k, []).extend(v)
+    res = {"parallel": parallel, "streams": streams, "decode_rows": list(r.buckets),
+           "median_ns": {k: round(statistics.median(v), 1) for k, v in samples.items()},
+           "p90_ns": {k: round(statistics.quantiles(v, n=10)[-1], 1) for k, v in samples.items()}}
+    print(json.dumps(res), flush=True)
+    with open(f"{out}/attn_clock_{parallel}_{streams}.json", "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
