@@ -32,6 +32,9 @@ BLOCK = 64
 # 0.16 ms a round slower at context 128 than 32 a SM (4,224); 8 a SM was no better at 1 stream and
 # slower at 8 streams (engine/dev/PERF.md runs 42-45). Below 4,224 items the grid is one an item.
 GRID_PER_SM = 32
+# The split kernel's key walk (run 74): 0 K, then V after the scores; 1 K and V together; 2 a block's K
+# and V asked for before the block before it is reduced. The same arithmetic in the same order.
+WALK = 0
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
@@ -108,6 +111,31 @@ def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.co
 
 
 @triton.jit
+def _kv(kbase, vbase, start, hi, stride_kt, D: tl.constexpr, BLOCK_: tl.constexpr):
+    """The K and V rows [start, start + BLOCK) masked to < hi (masked rows: no memory touched)."""
+    d = tl.arange(0, D)
+    t = start + tl.arange(0, BLOCK_)
+    at = t[:, None].to(tl.int64) * stride_kt + d[None, :]
+    return (tl.load(kbase + at, mask=(t < hi)[:, None], other=0.0),
+            tl.load(vbase + at, mask=(t < hi)[:, None], other=0.0))
+
+
+@triton.jit
+def _block_of(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_: tl.constexpr):
+    """_block's arithmetic on rows already loaded: the same operations in the same order."""
+    t = start + tl.arange(0, BLOCK_)
+    tmask = t < hi
+    qk = tl.dot(q, tl.trans(k)) * scale
+    qk = tl.where(tmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   stride_qr, stride_qh,
                   stride_kb, stride_kt, stride_kh,
@@ -120,7 +148,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False):
+                  PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False,
+                  WALK_: tl.constexpr = 0):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -150,7 +179,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
                         stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
-                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_)
+                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_, WALK_)
     else:  # the interpreter cannot loop to a run-time bound: ITEMS turns, past the last masked
         for i in range(0, ITEMS):
             w = pid + i * g
@@ -158,7 +187,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                 _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                             stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh,
                             stride_os, stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_,
-                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
+                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN,
+                            None, False, WALK_)
 
 
 @triton.jit
@@ -168,7 +198,7 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT_: tl.constexpr,
                 BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr, FOLD: tl.constexpr,
                 QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H: tl.constexpr, QKN: tl.constexpr,
-                Clock=None, CLOCK_: tl.constexpr = False):
+                Clock=None, CLOCK_: tl.constexpr = False, WALK_: tl.constexpr = 0):
     """Split s of one row's KV head: its keys reduced, then stored (or combined: FOLD)."""
     lane = tl.load(Lanes + row).to(tl.int64)
     length = tl.load(Pos + row).to(tl.int32) + 1
@@ -197,7 +227,28 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
         hi = tl.minimum(lo + SPLIT_, length)
         kbase = K + lane * stride_kb + kvh * stride_kh
         vbase = V + lane * stride_kb + kvh * stride_kh
-        if DYNAMIC:
+        if WALK_ == 2:  # each block's K and V asked for before the block before is reduced: same arithmetic
+            k, v = _kv(kbase, vbase, lo, hi, stride_kt, D, BLOCK_)
+            if DYNAMIC:
+                for start in range(lo, hi, BLOCK_):
+                    kn, vn = _kv(kbase, vbase, start + BLOCK_, hi, stride_kt, D, BLOCK_)
+                    m_i, l_i, acc = _block_of(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_)
+                    k, v = kn, vn
+            else:
+                for b in range(0, SPLIT_ // BLOCK_):
+                    kn, vn = _kv(kbase, vbase, lo + (b + 1) * BLOCK_, hi, stride_kt, D, BLOCK_)
+                    m_i, l_i, acc = _block_of(q, k, v, lo + b * BLOCK_, hi, m_i, l_i, acc, scale, BLOCK_)
+                    k, v = kn, vn
+        elif WALK_ == 1:  # K and V of a block asked for together
+            if DYNAMIC:
+                for start in range(lo, hi, BLOCK_):
+                    k, v = _kv(kbase, vbase, start, hi, stride_kt, D, BLOCK_)
+                    m_i, l_i, acc = _block_of(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_)
+            else:
+                for b in range(0, SPLIT_ // BLOCK_):
+                    k, v = _kv(kbase, vbase, lo + b * BLOCK_, hi, stride_kt, D, BLOCK_)
+                    m_i, l_i, acc = _block_of(q, k, v, lo + b * BLOCK_, hi, m_i, l_i, acc, scale, BLOCK_)
+        elif DYNAMIC:
             for start in range(lo, hi, BLOCK_):
                 m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
         else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
@@ -370,7 +421,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), num_warps=4, **extra, **launch_opts())
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, num_warps=4, **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

@@ -219,3 +219,34 @@ assert torch.equal(out, ref) and torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
 assert all(int(s[2].abs().sum()) == 0 for s in K._scratch.values())
 print("ok")
 ''')
+
+
+def test_the_key_walks_give_the_same_bits(interpret):
+    """engine/kernels.py WALK: K and V of a block asked for together (1), or a block's K and V asked
+    for before the block before it is reduced (2): only when the loads are issued changes, so every
+    output is bitwise the plain walk's (0), for rows of 1 to 3 splits and partial last blocks, folded
+    or not, float32 and bf16."""
+    interpret(r'''
+import torch
+import engine.kernels as K
+K.SPLIT, K.BLOCK = 32, 16
+g = torch.Generator().manual_seed(7)
+layers, lanes_n, max_len, kvh, d = 1, 4, 96, 2, 16
+class KV: pass
+kv = KV()
+kv.k = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
+kv.v = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
+q = torch.randn(5, 6, d, generator=g)
+lanes = torch.tensor([0, 1, 2, 3, 4])
+pos = torch.tensor([0, 20, 32, 70, 95])
+for dtype in (torch.float32, torch.bfloat16):
+    kv.k, kv.v, qq = kv.k.to(dtype), kv.v.to(dtype), q.to(dtype)
+    for fold in (False, True):
+        K.WALK = 0
+        base = K.decode_attention(kv, 0, qq, lanes, pos, fold=fold)
+        for walk in (1, 2):
+            K.WALK = walk
+            got = K.decode_attention(kv, 0, qq, lanes, pos, fold=fold)
+            assert torch.equal(got, base), (walk, fold, dtype, (got.float() - base.float()).abs().max())
+print("ok")
+''')

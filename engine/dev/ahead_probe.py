@@ -215,6 +215,16 @@ def _grid(n):
 VARIANTS.update({"noqkf": (lambda: None, 64, {"fold_qk_norm": False}), "g8": (_grid(8), 64, {}),
                  "g4": (_grid(4), 64, {})})
 
+def _walk(n):
+    """engine.kernels.WALK: the split kernel's key walk (restored by _variant)."""
+    def setup():
+        import engine.kernels as K
+        K.WALK = n
+    return setup
+
+
+# run 74: K and V of a block together (kv), or a block's asked for before the block before is reduced (ahead)
+VARIANTS.update({"kv": (_walk(1), 8, {}), "ahead": (_walk(2), 8, {})})
 # run 72, at --parallel 8: the split attention's grid capped at 1 / 2 programs a SM
 VARIANTS.update({"g1": (_grid(1), 8, {}), "g2": (_grid(2), 8, {})})
 # run 70, at one row: the first split's 128 / 256 K/V rows asked into L2 before the wait (the shipped 64)
@@ -230,7 +240,7 @@ def _variant(name):
     setup, _, knobs = VARIANTS[name]
     tables = (R.STAGED, R.PROGRAMS, S.CONFIGS, S.GATED)
     import engine.kernels as K
-    saved, pf_rows, grid = [dict(t) for t in tables], P.PREFETCH_ROWS, K.GRID_PER_SM
+    saved, pf_rows, grid, walk = [dict(t) for t in tables], P.PREFETCH_ROWS, K.GRID_PER_SM, K.WALK
     setup()
     try:
         yield knobs
@@ -239,7 +249,7 @@ def _variant(name):
             table.clear()
             table.update(was)
         _ends(True)()
-        P.PREFETCH_ROWS, K.GRID_PER_SM = pf_rows, grid
+        P.PREFETCH_ROWS, K.GRID_PER_SM, K.WALK = pf_rows, grid, walk
 
 
 def _firsts(r, ctxs) -> dict:
