@@ -121,18 +121,51 @@ def _kv(kbase, vbase, start, hi, stride_kt, D: tl.constexpr, BLOCK_: tl.constexp
 
 
 @triton.jit
-def _block_of(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_: tl.constexpr):
-    """_block's arithmetic on rows already loaded: the same operations in the same order."""
+def _step(q, kbase, vbase, k, v, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr,
+          BLOCK_: tl.constexpr, WALK_: tl.constexpr):
+    """One block of keys as _block reduces it, its K and V asked for together (WALK_ 1), or given (k, v:
+    asked for a block earlier) while the next block's are asked for (WALK_ 2). Returns the next (k, v)."""
+    if WALK_ == 1:
+        k, v = _kv(kbase, vbase, start, hi, stride_kt, D, BLOCK_)
+        kn, vn = k, v  # (not used: the next step asks for its own)
+    else:
+        kn, vn = _kv(kbase, vbase, start + BLOCK_, hi, stride_kt, D, BLOCK_)
     t = start + tl.arange(0, BLOCK_)
     tmask = t < hi
-    qk = tl.dot(q, tl.trans(k)) * scale
+    qk = tl.dot(q, tl.trans(k)) * scale  # from here on _block's operations, in its order
     qk = tl.where(tmask[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+    return m_new, l_i, acc, kn, vn
+
+
+@triton.jit
+def _walk(q, kbase, vbase, lo, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr, SPLIT_: tl.constexpr,
+          BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, WALK_: tl.constexpr):
+    """The split's keys [lo, hi) in BLOCK-row steps from lo. WALK_ (module WALK) moves only when each
+    block's K and V are asked for, never the arithmetic (tests/test_kernels_fold.py: bitwise)."""
+    if WALK_ == 0:
+        if DYNAMIC:
+            for start in range(lo, hi, BLOCK_):
+                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
+        else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
+            for b in range(0, SPLIT_ // BLOCK_):
+                m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
+                                       BLOCK_)
+    else:
+        k, v = _kv(kbase, vbase, lo, hi if WALK_ == 2 else lo, stride_kt, D, BLOCK_)  # WALK_ 1: none asked for
+        if DYNAMIC:
+            for start in range(lo, hi, BLOCK_):
+                m_i, l_i, acc, k, v = _step(q, kbase, vbase, k, v, start, hi, stride_kt, m_i, l_i, acc, scale, D,
+                                            BLOCK_, WALK_)
+        else:
+            for b in range(0, SPLIT_ // BLOCK_):
+                m_i, l_i, acc, k, v = _step(q, kbase, vbase, k, v, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc,
+                                            scale, D, BLOCK_, WALK_)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -227,34 +260,8 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
         hi = tl.minimum(lo + SPLIT_, length)
         kbase = K + lane * stride_kb + kvh * stride_kh
         vbase = V + lane * stride_kb + kvh * stride_kh
-        if WALK_ == 2:  # each block's K and V asked for before the block before is reduced: same arithmetic
-            k, v = _kv(kbase, vbase, lo, hi, stride_kt, D, BLOCK_)
-            if DYNAMIC:
-                for start in range(lo, hi, BLOCK_):
-                    kn, vn = _kv(kbase, vbase, start + BLOCK_, hi, stride_kt, D, BLOCK_)
-                    m_i, l_i, acc = _block_of(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_)
-                    k, v = kn, vn
-            else:
-                for b in range(0, SPLIT_ // BLOCK_):
-                    kn, vn = _kv(kbase, vbase, lo + (b + 1) * BLOCK_, hi, stride_kt, D, BLOCK_)
-                    m_i, l_i, acc = _block_of(q, k, v, lo + b * BLOCK_, hi, m_i, l_i, acc, scale, BLOCK_)
-                    k, v = kn, vn
-        elif WALK_ == 1:  # K and V of a block asked for together
-            if DYNAMIC:
-                for start in range(lo, hi, BLOCK_):
-                    k, v = _kv(kbase, vbase, start, hi, stride_kt, D, BLOCK_)
-                    m_i, l_i, acc = _block_of(q, k, v, start, hi, m_i, l_i, acc, scale, BLOCK_)
-            else:
-                for b in range(0, SPLIT_ // BLOCK_):
-                    k, v = _kv(kbase, vbase, lo + b * BLOCK_, hi, stride_kt, D, BLOCK_)
-                    m_i, l_i, acc = _block_of(q, k, v, lo + b * BLOCK_, hi, m_i, l_i, acc, scale, BLOCK_)
-        elif DYNAMIC:
-            for start in range(lo, hi, BLOCK_):
-                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
-        else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
-            for b in range(0, SPLIT_ // BLOCK_):
-                m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
-                                       BLOCK_)
+        m_i, l_i, acc = _walk(q, kbase, vbase, lo, hi, stride_kt, m_i, l_i, acc, scale, D, SPLIT_, BLOCK_, DYNAMIC,
+                              WALK_)
         if CLOCK_:
             stamp(Clock, (row * KVH + kvh) * SLOTS, 4, tl.max(l_i, 0).to(tl.int32), s == 0)
         acc = acc / l_i[:, None]
