@@ -32,8 +32,10 @@ BLOCK = 64
 # 0.16 ms a round slower at context 128 than 32 a SM (4,224); 8 a SM was no better at 1 stream and
 # slower at 8 streams (engine/dev/PERF.md runs 42-45). Below 4,224 items the grid is one an item.
 GRID_PER_SM = 32
-# The split kernel's key walk (run 74): 0 K, then V after the scores; 1 K and V together; 2 a block's K
-# and V asked for before the block before it is reduced. The same arithmetic in the same order.
+# The split kernel's key walk: 0 (shipped) a block's K, then its V once the scores are known; 1 K and V
+# together; 2 also the next block's asked for before this one is reduced. The same arithmetic in the same
+# order. At one row the walk is 4.15 of the kernel's 7.2 us (engine/dev/PERF.md run 73); 1 and 2 are not
+# measured on the device yet (run 74).
 WALK = 0
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
