@@ -20,13 +20,12 @@ import json
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 
 import torch
 
 from engine import decode_graph
 from engine.config import EngineConfig, KernelConfig
-from engine.kernels_skinny import SkinnyConfig as S_CFG
+from engine.dev.variants import VARIANTS, applied
 from engine.runner import build_runner
 
 N = 32
@@ -125,133 +124,6 @@ def grids(out, turns=5, caps=(4, 8, 1 << 20), max_len=16400, ctxs=(128, 4000)):
     report(samples, res, f"{out}/grids.json")
 
 
-def _stage_o(n):
-    def setup():
-        from engine import kernels_ring as R
-        R.STAGED[(4096, 4096)] = n
-    return setup
-
-
-def _ends(new: bool):
-    """The round's first and last kernels: the embedding gathered in the first norm and the chunked
-    argmax (engine/kernels_fused.py), or (new False) an embedding kernel, add_rmsnorm and torch.argmax."""
-    def setup():
-        import torch.nn.functional as F
-
-        from engine import kernels_fused as KF
-        KF.embed_rmsnorm = _NEW_ENDS[0] if new else (
-            lambda table, ids, w, eps: KF.add_rmsnorm(F.embedding(ids, table), None, w, eps))
-        decode_graph.argmax = _NEW_ENDS[1] if new else (
-            lambda r, logits, out=None: logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out))
-    return setup
-
-
-def _programs(key, n):
-    def setup():
-        from engine import kernels_ring as R
-        R.PROGRAMS[key] = n
-    return setup
-
-
-def _table(configs=(), gated=()):
-    """kernels_skinny CONFIGS / GATED entries ((N, K, padded rows), SkinnyConfig) set (restored by _variant)."""
-    def setup():
-        from engine import kernels_skinny as S
-        S.CONFIGS.update(configs)
-        S.GATED.update(gated)
-    return setup
-
-
-def _new_ends():
-    from engine import kernels_fused as KF
-    return KF.embed_rmsnorm, decode_graph.argmax
-
-
-_NEW_ENDS = _new_ends()
-
-# run 47 also ran "nopre": the split attention's first block loaded before its PDL wait or not (the
-# preload, commit a3ccbab, measured -0.02 ms at context 128 and +0.18-0.32 at 4,000: removed).
-# name -> (setup before the capture, --parallel, KernelConfig changes); "p1": the round at one row.
-# (Runs 52-53's nopf / norm / pf0 / pf256 were module settings of engine/kernels.py at d0d79cf.)
-VARIANTS = {"base": (lambda: None, 8, {}), "o12": (_stage_o(12), 8, {}), "o16": (_stage_o(16), 8, {}),
-            "p1": (lambda: None, 1, {}), "nopf": (lambda: None, 8, {"prefetch_rows": 0}),
-            "pf8": (lambda: None, 8, {"prefetch_rows": 8}), "oldends": (_ends(False), 8, {}),
-            "qkv132": (_programs((6144, 4096), 132), 8, {}), "gu132": (_programs((24576, 4096, "gated"), 132), 8, {})}
-# run 64, at --parallel 64: o and the gated gate/up on the Triton kernels at 64 rows (PDL) instead of cuBLAS
-_O64 = ((4096, 4096, 64), S_CFG(32, 128, 4, 6))
-VARIANTS.update({"o64": (_table([_O64]), 64, {}),
-                 "g64a": (_table(gated=[((24576, 4096, 64), S_CFG(32, 128, 4, 6))]), 64, {}),
-                 "g64b": (_table(gated=[((24576, 4096, 64), S_CFG(16, 256, 4, 4))]), 64, {}),
-                 "og64": (_table([_O64], [((24576, 4096, 64), S_CFG(32, 128, 4, 6))]), 64, {})})
-# run 65: o64 with down, o or the plain gate/up on other Triton tiles at 64 rows
-VARIANTS.update({f"o64{n}": (_table([_O64, e]), 64, {}) for n, e in (
-    ("d2", ((4096, 12288, 64), S_CFG(32, 128, 4, 6, 2))), ("d64", ((4096, 12288, 64), S_CFG(64, 128, 4, 6))),
-    ("d256", ((4096, 12288, 64), S_CFG(32, 256, 4, 4, 2))), ("k2", ((4096, 4096, 64), S_CFG(32, 128, 4, 6, 2))),
-    ("gu", ((24576, 4096, 64), S_CFG(32, 256, 4, 4))))})
-
-
-def _pf_rows(n):
-    """kernels_prefetch.PREFETCH_ROWS: K/V rows of each row's first split asked into L2 (restored by _variant)."""
-    def setup():
-        import engine.kernels_prefetch as P
-        P.PREFETCH_ROWS = n
-    return setup
-
-
-# run 67, at --parallel 64: the L2 prefetch in the 64-row graph, with 64 or 256 K/V rows
-VARIANTS.update({"pf64r": (lambda: None, 64, {"prefetch_rows": 64}),
-                 "pf64r256": (_pf_rows(256), 64, {"prefetch_rows": 64})})
-
-
-def _grid(n):
-    """engine.kernels.GRID_PER_SM: the split attention's programs a SM at most (restored by _variant)."""
-    def setup():
-        import engine.kernels as K
-        K.GRID_PER_SM = n
-    return setup
-
-
-# run 68, at --parallel 64: the q/k norm + RoPE in a kernel of its own, and the split attention's grid
-VARIANTS.update({"noqkf": (lambda: None, 64, {"fold_qk_norm": False}), "g8": (_grid(8), 64, {}),
-                 "g4": (_grid(4), 64, {})})
-
-def _walk(n):
-    """engine.kernels.WALK: the split kernel's key walk (restored by _variant)."""
-    def setup():
-        import engine.kernels as K
-        K.WALK = n
-    return setup
-
-
-# run 74: K and V of a block together (kv), or a block's asked for before the block before is reduced (ahead)
-VARIANTS.update({"kv": (_walk(1), 8, {}), "ahead": (_walk(2), 8, {})})
-# run 72, at --parallel 8: the split attention's grid capped at 1 / 2 programs a SM
-VARIANTS.update({"g1": (_grid(1), 8, {}), "g2": (_grid(2), 8, {})})
-# run 70, at one row: the first split's 128 / 256 K/V rows asked into L2 before the wait (the shipped 64)
-VARIANTS.update({"pf128": (_pf_rows(128), 8, {}), "pf256": (_pf_rows(256), 8, {})})
-
-
-@contextmanager
-def _variant(name):
-    """VARIANTS[name]'s module settings around a capture, restored after; yields its KernelConfig changes."""
-    import engine.kernels_prefetch as P
-    from engine import kernels_ring as R
-    from engine import kernels_skinny as S
-    setup, _, knobs = VARIANTS[name]
-    tables = (R.STAGED, R.PROGRAMS, S.CONFIGS, S.GATED)
-    import engine.kernels as K
-    saved, pf_rows, grid, walk = [dict(t) for t in tables], P.PREFETCH_ROWS, K.GRID_PER_SM, K.WALK
-    setup()
-    try:
-        yield knobs
-    finally:
-        for table, was in zip(tables, saved):
-            table.clear()
-            table.update(was)
-        _ends(True)()
-        P.PREFETCH_ROWS, K.GRID_PER_SM, K.WALK = pf_rows, grid, walk
-
-
 def _firsts(r, ctxs) -> dict:
     """Each context's first ids of r's lanes, prompts of that many tokens."""
     return {c: [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(c)]) for ln in range(r.parallel)]
@@ -279,8 +151,8 @@ def variants(out, names, turns=5, ctxs=(128,)):
                        prefill_rows=4096)
     runners, model = {}, None
     for name in names:
-        with _variant(name) as knobs:
-            parallel = VARIANTS[name][1]
+        with applied(name) as knobs:
+            parallel = VARIANTS[name].parallel
             runners[name] = r = ModelRunner(replace(cfg, parallel=parallel, kernels=replace(cfg.kernels, **knobs)),
                                             model=model)
         model = r.model
@@ -318,7 +190,7 @@ def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784, parallel=8)
     with torch.inference_mode():
         for turn in range(turns):
             for name in names:
-                with _variant(name) as knobs:
+                with applied(name) as knobs:
                     r.cfg = replace(cfg, kernels=replace(cfg.kernels, **knobs))
                     r.capture_graph()
                 if turn == 0:

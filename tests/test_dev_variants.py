@@ -1,0 +1,39 @@
+"""engine/dev/variants.py: the decode-graph variants the A/B probe captures in turn in one runner. A
+setting left behind would run under every later variant's name and mislabel its figures."""
+import pytest
+
+import engine.kernels as K
+import engine.kernels_fused as KF
+import engine.kernels_prefetch as P
+import engine.kernels_ring as R
+import engine.kernels_skinny as S
+from engine import decode_graph
+from engine.config import KernelConfig
+from engine.dev.variants import VARIANTS, applied
+
+
+def state():
+    return (dict(R.STAGED), dict(R.PROGRAMS), dict(S.CONFIGS), dict(S.GATED), P.PREFETCH_ROWS, K.GRID_PER_SM,
+            K.WALK, KF.embed_rmsnorm, decode_graph.argmax)
+
+
+def value(obj, key):
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_variant_holds_inside_its_capture_and_is_undone_after(name):
+    before = state()
+    with applied(name) as knobs:
+        KernelConfig(**knobs)  # its knobs are KernelConfig's fields
+        assert all(value(obj, key) == v for obj, key, v in VARIANTS[name].sets)
+    assert state() == before
+
+
+def test_a_variant_is_undone_when_its_capture_fails():
+    before = state()
+    with pytest.raises(RuntimeError):
+        with applied("og64"):
+            assert S.GATED[(24576, 4096, 64)] == S.SkinnyConfig(32, 128, 4, 6)
+            raise RuntimeError("capture failed")
+    assert state() == before and (24576, 4096, 64) not in S.GATED
