@@ -7,23 +7,30 @@ import pytest
 pytest.importorskip("triton")
 
 
+def cache(seed: int, layers: int) -> str:
+    """Interpreter code: splits of 32 rows in blocks of 16, a random float32 KV cache `kv` (5 lanes of
+    96 rows, 2 KV heads of 16) and q of 3 query heads a KV head (GROUP 3, padded to 16) for 5 rows."""
+    return f'''
+import torch
+import engine.kernels as K
+K.SPLIT, K.BLOCK = 32, 16
+g = torch.Generator().manual_seed({seed})
+layers, lanes_n, max_len, kvh, d = {layers}, 4, 96, 2, 16
+class KV: pass
+kv = KV()
+kv.k = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
+kv.v = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
+q = torch.randn(5, 6, d, generator=g)
+lanes = torch.tensor([0, 1, 2, 3, 4])
+'''
+
+
 def test_combine_folded_into_split_attention_is_bitwise_the_two_kernels(interpret):
     """The last split program of a (row, KV head) to arrive merges the splits in order 0, 1, 2..:
     bitwise the separate combine kernel, for rows of 1, 2 and 3 splits (it reads every partial back
     from memory, so which split arrives last does not matter; the interpreter runs them in grid
     order); repeated launches give the same bits and leave every arrival counter at 0 (graph replays)."""
-    interpret(r'''
-import torch
-import engine.kernels as K
-K.SPLIT, K.BLOCK = 32, 16
-g = torch.Generator().manual_seed(5)
-layers, lanes_n, max_len, kvh, d = 2, 4, 96, 2, 16
-class KV: pass
-kv = KV()
-kv.k = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
-kv.v = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
-q = torch.randn(5, 6, d, generator=g)  # 3 query heads a KV head (GROUP 3, padded to 16)
-lanes = torch.tensor([0, 1, 2, 3, 4])
+    interpret(cache(5, layers=2) + r'''
 pos = torch.tensor([0, 31, 32, 70, 95])  # 1, 1, 2, 3 and 3 splits of 32
 two = K.decode_attention(kv, 1, q, lanes, pos, fold=False)
 one = K.decode_attention(kv, 1, q, lanes, pos, fold=True)
@@ -226,18 +233,7 @@ def test_the_key_walks_give_the_same_bits(interpret):
     for before the block before it is reduced (2): only when the loads are issued changes, so every
     output is bitwise the plain walk's (0), for rows of 1 to 3 splits and partial last blocks, folded
     or not, float32 and bf16."""
-    interpret(r'''
-import torch
-import engine.kernels as K
-K.SPLIT, K.BLOCK = 32, 16
-g = torch.Generator().manual_seed(7)
-layers, lanes_n, max_len, kvh, d = 1, 4, 96, 2, 16
-class KV: pass
-kv = KV()
-kv.k = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
-kv.v = torch.randn(layers, lanes_n + 1, max_len, kvh, d, generator=g)
-q = torch.randn(5, 6, d, generator=g)
-lanes = torch.tensor([0, 1, 2, 3, 4])
+    interpret(cache(7, layers=1) + r'''
 pos = torch.tensor([0, 20, 32, 70, 95])
 for dtype in (torch.float32, torch.bfloat16):
     kv.k, kv.v, qq = kv.k.to(dtype), kv.v.to(dtype), q.to(dtype)
