@@ -37,6 +37,9 @@ GRID_PER_SM = 32
 # order. At one row the walk is 4.15 of the kernel's 7.2 us (engine/dev/PERF.md run 73); 1 and 2 are not
 # measured on the device yet (run 74).
 WALK = 0
+# The walk's item index in int32 (module doc of _split_kernel's `most`): no spill, and no faster alone
+# (run 69); WALK 1 and 2 hold a block's tiles from their loads to their use, which 32 registers spill.
+INDEX32 = False
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
@@ -184,7 +187,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
                   PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False,
-                  WALK_: tl.constexpr = 0):
+                  WALK_: tl.constexpr = 0, INDEX32_: tl.constexpr = False):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -202,12 +205,14 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
         # int64 (the positions'), so the walk's divisions are 64-bit subroutine calls and ptxas keeps the
-        # kernel in 32 registers with a 3.7 KB stack a thread; int32 compiles to 232 registers and no
-        # spill, and measured no faster (0.01-0.07 ms slower a round, engine/dev/PERF.md run 69)
+        # kernel in 32 registers with a 3.7 KB stack a thread; int32 (INDEX32) compiles to 232 registers
+        # and no spill, and measured no faster (0.01-0.07 ms slower a round, engine/dev/PERF.md run 69)
         if CLOCK_:
             stamp(Clock, pid * SLOTS, 1, pid, pid < pk)
             stamp(Clock, pid * SLOTS, 6, pid, pid < pk, NS=True)
         most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
+        if INDEX32_:
+            most = most.to(tl.int32)
         if CLOCK_:
             stamp(Clock, pid * SLOTS, 2, most.to(tl.int32), pid < pk)
         for w in range(pid, pk * ((most + SPLIT_ - 1) // SPLIT_), g):
@@ -430,7 +435,8 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, num_warps=4, **extra, **launch_opts())
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, INDEX32_=INDEX32, num_warps=4, **extra,
+        **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

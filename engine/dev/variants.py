@@ -38,7 +38,7 @@ DOWN64 = (4096, 12288, 64)
 
 # name -> Variant. Run 47 also ran "nopre" (the first block loaded before the PDL wait: commit a3ccbab);
 # runs 52-53's norm / pf0 were module settings of engine/kernels.py at d0d79cf; run 61-62's weight
-# prefetch (w1, w8, w1c1, w1c8) is at 4670d2f; run 69's wide / r128 / r96 at 676ee65.
+# prefetch (w1, w8, w1c1, w1c8) is at 4670d2f; run 69's r128 / r96 at 676ee65.
 VARIANTS: dict[str, Variant] = {
     "base": Variant(),
     "p1": Variant(parallel=1),  # the round at one row
@@ -73,6 +73,8 @@ VARIANTS: dict[str, Variant] = {
     "g1": Variant(((K, "GRID_PER_SM", 1),)), "g2": Variant(((K, "GRID_PER_SM", 2),)),
     # run 74: the key walk (engine/kernels.py WALK)
     "kv": Variant(((K, "WALK", 1),)), "ahead": Variant(((K, "WALK", 2),)),
+    "i32": Variant(((K, "INDEX32", True),)),  # run 69's base
+    "kv32": Variant(((K, "WALK", 1), (K, "INDEX32", True))), "ahead32": Variant(((K, "WALK", 2), (K, "INDEX32", True))),
 }
 
 _MISSING = object()
