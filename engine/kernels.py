@@ -6,7 +6,11 @@ splits of SPLIT rows (absolute boundaries), each split reduced in BLOCK-row step
 in that order depends on the other rows of the batch or on how many rows there are, so a row's
 bits are the same whichever neighbours decode beside it. The grid is fixed (at most GRID_PER_SM
 programs a SM), so the launch can be captured in a CUDA graph; each program walks its share of the
-(split, row, KV head) items the longest row needs, and splits past a row's own length return at once. One program serves all query heads of one KV head (GQA).
+(split, row, KV head) items the longest row needs, and splits past a row's own length return at
+once. One program serves all query heads of one KV head (GQA).
+
+The split's key walk is engine/kernels_walk.py; the merge of a row's splits, folded into the split
+kernel or in the combine kernel, engine/kernels_merge.py.
 
 Runs under TRITON_INTERPRET=1 on the CPU too (tests/test_runner.py checks it against the loop).
 """
@@ -21,8 +25,10 @@ import triton.language as tl
 
 from engine import kernels_clock
 from engine.kernels_clock import SLOTS, stamp
+from engine.kernels_merge import fold_tail, merge_split
 from engine.kernels_prefetch import prefetch_first_split, prefetch_rows
 from engine.kernels_qkfold import qk_heads
+from engine.kernels_walk import walk
 
 SPLIT = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -94,83 +100,6 @@ def pdl_wait(PDL_: tl.constexpr):
         tl.extra.cuda.gdc_wait()
     if PDL_ == 2:
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr, BLOCK_: tl.constexpr):
-    """One BLOCK of keys [start, start + BLOCK) masked to < hi; online softmax in float32. A
-    fully masked block leaves m, l and acc bit for bit unchanged (alpha 1, p 0)."""
-    d = tl.arange(0, D)
-    t = start + tl.arange(0, BLOCK_)
-    tmask = t < hi
-    k = tl.load(kbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
-    qk = tl.dot(q, tl.trans(k)) * scale
-    qk = tl.where(tmask[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(vbase + t[:, None].to(tl.int64) * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _kv(kbase, vbase, start, hi, stride_kt, D: tl.constexpr, BLOCK_: tl.constexpr):
-    """The K and V rows [start, start + BLOCK) masked to < hi (masked rows: no memory touched)."""
-    d = tl.arange(0, D)
-    t = start + tl.arange(0, BLOCK_)
-    at = t[:, None].to(tl.int64) * stride_kt + d[None, :]
-    return (tl.load(kbase + at, mask=(t < hi)[:, None], other=0.0),
-            tl.load(vbase + at, mask=(t < hi)[:, None], other=0.0))
-
-
-@triton.jit
-def _step(q, kbase, vbase, k, v, start, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr,
-          BLOCK_: tl.constexpr, WALK_: tl.constexpr):
-    """One block of keys as _block reduces it, its K and V asked for together (WALK_ 1), or given (k, v:
-    asked for a block earlier) while the next block's are asked for (WALK_ 2). Returns the next (k, v)."""
-    if WALK_ == 1:
-        k, v = _kv(kbase, vbase, start, hi, stride_kt, D, BLOCK_)
-        kn, vn = k, v  # (not used: the next step asks for its own)
-    else:
-        kn, vn = _kv(kbase, vbase, start + BLOCK_, hi, stride_kt, D, BLOCK_)
-    t = start + tl.arange(0, BLOCK_)
-    tmask = t < hi
-    qk = tl.dot(q, tl.trans(k)) * scale  # from here on _block's operations, in its order
-    qk = tl.where(tmask[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc, kn, vn
-
-
-@triton.jit
-def _walk(q, kbase, vbase, lo, hi, stride_kt, m_i, l_i, acc, scale, D: tl.constexpr, SPLIT_: tl.constexpr,
-          BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, WALK_: tl.constexpr):
-    """The split's keys [lo, hi) in BLOCK-row steps from lo. WALK_ (module WALK) moves only when each
-    block's K and V are asked for, never the arithmetic (tests/test_kernels_fold.py: bitwise)."""
-    if WALK_ == 0:
-        if DYNAMIC:
-            for start in range(lo, hi, BLOCK_):
-                m_i, l_i, acc = _block(q, kbase, vbase, start, hi, stride_kt, m_i, l_i, acc, scale, D, BLOCK_)
-        else:  # the interpreter cannot loop to a run-time bound: visit every block, masked
-            for b in range(0, SPLIT_ // BLOCK_):
-                m_i, l_i, acc = _block(q, kbase, vbase, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc, scale, D,
-                                       BLOCK_)
-    else:
-        k, v = _kv(kbase, vbase, lo, hi if WALK_ == 2 else lo, stride_kt, D, BLOCK_)  # WALK_ 1: none asked for
-        if DYNAMIC:
-            for start in range(lo, hi, BLOCK_):
-                m_i, l_i, acc, k, v = _step(q, kbase, vbase, k, v, start, hi, stride_kt, m_i, l_i, acc, scale, D,
-                                            BLOCK_, WALK_)
-        else:
-            for b in range(0, SPLIT_ // BLOCK_):
-                m_i, l_i, acc, k, v = _step(q, kbase, vbase, k, v, lo + b * BLOCK_, hi, stride_kt, m_i, l_i, acc,
-                                            scale, D, BLOCK_, WALK_)
-    return m_i, l_i, acc
 
 
 @triton.jit
@@ -267,16 +196,16 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
         hi = tl.minimum(lo + SPLIT_, length)
         kbase = K + lane * stride_kb + kvh * stride_kh
         vbase = V + lane * stride_kb + kvh * stride_kh
-        m_i, l_i, acc = _walk(q, kbase, vbase, lo, hi, stride_kt, m_i, l_i, acc, scale, D, SPLIT_, BLOCK_, DYNAMIC,
-                              WALK_)
+        m_i, l_i, acc = walk(q, kbase, vbase, lo, hi, stride_kt, m_i, l_i, acc, scale, D, SPLIT_, BLOCK_, DYNAMIC,
+                             WALK_)
         if CLOCK_:
             stamp(Clock, (row * KVH + kvh) * SLOTS, 4, tl.max(l_i, 0).to(tl.int32), s == 0)
         acc = acc / l_i[:, None]
         lse = m_i + tl.log(l_i)
         n = (length + SPLIT_ - 1) // SPLIT_
         if FOLD:
-            _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh,
-                       stride_os, stride_lr, stride_lh, stride_out, KVH, D, GROUP_PAD, NSPLIT, DYNAMIC)
+            fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh,
+                      stride_os, stride_lr, stride_lh, stride_out, KVH, D, GROUP_PAD, NSPLIT, DYNAMIC)
         else:
             tl.store(Opart + row * stride_or + heads[:, None] * stride_oh + s * stride_os + d[None, :], acc,
                      mask=gmask[:, None])
@@ -284,82 +213,6 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
         if CLOCK_:
             stamp(Clock, (row * KVH + kvh) * SLOTS, 5, tl.max(lse, 0).to(tl.int32), s == 0)
             stamp(Clock, (row * KVH + kvh) * SLOTS, 7, tl.max(lse, 0).to(tl.int32), s == 0, NS=True)
-
-
-@triton.jit
-def _fold_tail(acc, lse, Opart, Lse, Out, Count, row, kvh, s, n, heads, gmask, stride_or, stride_oh, stride_os,
-               stride_lr, stride_lh, stride_out, KVH, D: tl.constexpr, GROUP_PAD: tl.constexpr, NSPLIT: tl.constexpr,
-               DYNAMIC: tl.constexpr):
-    """The combine inside the split kernel. A row of one split: its program merges its own partial
-    (in registers, the values it would have stored). Else each split stores its partial and the
-    last of the n to arrive merges them all, read back in split order."""
-    d = tl.arange(0, D)
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_PAD], tl.float32)
-    out = tl.zeros([GROUP_PAD, D], tl.float32)
-    optr = Out + row * stride_out + heads[:, None] * D + d[None, :]
-    if n == 1:
-        m, l, out = _merge_values(lse, acc, n > 0, m, l, out)
-        tl.store(optr, (out / l[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
-    else:
-        ob = Opart + row * stride_or + heads[:, None] * stride_oh + d[None, :]
-        lb = Lse + row * stride_lr + heads * stride_lh
-        tl.store(ob + s * stride_os, acc, mask=gmask[:, None])
-        tl.store(lb + s, lse, mask=gmask)
-        # every thread's partial stored, then release them and acquire the others' (acq_rel, gpu
-        # scope), as kernels_skinny's split K does
-        tl.debug_barrier()
-        cnt = Count + row * KVH + kvh
-        if tl.atomic_add(cnt, 1) == n - 1:
-            if DYNAMIC:
-                for j in range(0, n):
-                    m, l, out = _merge_group(ob, lb, j, n, gmask, stride_os, m, l, out)
-            else:
-                for j in range(0, NSPLIT):
-                    m, l, out = _merge_group(ob, lb, j, n, gmask, stride_os, m, l, out)
-            tl.store(optr, (out / l[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
-            tl.atomic_xchg(cnt, 0)  # ready for the next launch (graph replays too)
-
-
-@triton.jit
-def _merge_group(ob, lb, s, n, gmask, stride_os, m, l, acc):
-    """_merge for a group of heads (m, l [G], acc [G, D]): split s's partial read back through L2
-    (.cg: other programs of this launch wrote it)."""
-    # masks in the pointers' shapes (the interpreter refuses a scalar one)
-    take = gmask & ((gmask.to(tl.int32) * 0 + s) < n)
-    lse = tl.load(lb + s, mask=take, other=float("-inf"), cache_modifier=".cg")
-    o = tl.load(ob + s * stride_os, mask=take[:, None], other=0.0, cache_modifier=".cg")
-    return _merge_values(lse, o, s < n, m, l, acc)
-
-
-@triton.jit
-def _merge_values(lse, o, valid, m, l, acc):
-    """_merge's operations, element by element, on a group's split partial (lse [G], o [G, D])."""
-    lse = tl.where(valid, lse, float("-inf"))
-    m_new = tl.maximum(m, lse)
-    a = tl.exp(m - m_new)
-    b = tl.exp(lse - m_new)
-    acc = tl.where(valid, acc * a[:, None] + o * b[:, None], acc)
-    l = tl.where(valid, l * a + b, l)
-    return tl.where(valid, m_new, m), l, acc
-
-
-@triton.jit
-def _merge(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh, m, l, acc,
-           D: tl.constexpr):
-    """Fold split s (if s < n) into the running (m, l, acc)."""
-    d = tl.arange(0, D)
-    valid = s < n
-    lse = tl.load(Lse + row * stride_lr + h * stride_lh + s, mask=valid, other=float("-inf"))
-    # the mask in the pointer's shape: Triton 3.9's interpreter refuses a scalar mask on a vector load
-    o = tl.load(Opart + row * stride_or + h * stride_oh + s * stride_os + d, mask=(d * 0 + s) < n, other=0.0)
-    lse = tl.where(valid, lse, float("-inf"))
-    m_new = tl.maximum(m, lse)
-    a = tl.exp(m - m_new)
-    b = tl.exp(lse - m_new)
-    acc = tl.where(valid, acc * a + o * b, acc)
-    l = tl.where(valid, l * a + b, l)
-    return tl.where(valid, m_new, m), l, acc
 
 
 @triton.jit
@@ -380,12 +233,12 @@ def _combine_kernel(Opart, Lse, Pos, Out,
     acc = tl.zeros([D], tl.float32)
     if DYNAMIC:
         for s in range(0, n):
-            m, l, acc = _merge(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh,
-                               m, l, acc, D)
+            m, l, acc = merge_split(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr,
+                                    stride_lh, m, l, acc, D)
     else:
         for s in range(0, NSPLIT):
-            m, l, acc = _merge(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh,
-                               m, l, acc, D)
+            m, l, acc = merge_split(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr,
+                                    stride_lh, m, l, acc, D)
     tl.store(Out + row * stride_out + h * D + d, (acc / l).to(Out.dtype.element_ty))
 
 

@@ -53,10 +53,7 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: f
     rows, n = x.shape
     y = torch.empty_like(x)
     xo = torch.empty_like(x) if r is not None else x
-    _add_rmsnorm_kernel[(rows,)](x, r if r is not None else x, w, xo, y, n, eps, HAS_R=r is not None,
-                                 BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(), PREFETCH_=prefetch_on(),
-                                 num_warps=8 if n >= 2048 else 4,
-                                 **launch_opts())
+    _norm(rows, n, x, r if r is not None else x, w, xo, y, eps, HAS_R=r is not None, PREFETCH_=prefetch_on())
     return xo, y
 
 
@@ -66,10 +63,14 @@ def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: 
     rows, n = ids.shape[0], table.shape[1]
     x = torch.empty(rows, n, dtype=table.dtype, device=table.device)
     y = torch.empty_like(x)
-    _add_rmsnorm_kernel[(rows,)](table, x, w, x, y, n, eps, HAS_R=False, BLOCK=triton.next_power_of_2(n),
-                                 PDL_=pdl_on(), PREFETCH_=False, Ids=ids, GATHER=True,
-                                 num_warps=8 if n >= 2048 else 4, **launch_opts())
+    _norm(rows, n, table, x, w, x, y, eps, HAS_R=False, PREFETCH_=False, Ids=ids, GATHER=True)
     return x, y
+
+
+def _norm(rows: int, n: int, x, r, w, xo, y, eps: float, **consts) -> None:
+    """_add_rmsnorm_kernel over `rows` rows of n elements: a program a row, one launch."""
+    _add_rmsnorm_kernel[(rows,)](x, r, w, xo, y, n, eps, BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(),
+                                 num_warps=8 if n >= 2048 else 4, **consts, **launch_opts())
 
 
 @triton.jit

@@ -100,9 +100,8 @@ def supports(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = Non
     """Whether skinny() takes this product (else use F.linear)."""
     n, k = w.shape
     c = config or config_for(n, k, x.shape[0])
-    return (c is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.shape[1] == k
-            and smem(c, block_m(x.shape[0])) <= SMEM_LIMIT
-            and k % (c.block_k * c.split_k) == 0 and w.is_contiguous() and x.stride(1) == 1 and x.dtype == w.dtype)
+    return (c is not None and x.dim() == 2 and x.shape[1] == k and _fits(c, n, k, x.shape[0])
+            and w.is_contiguous() and x.stride(1) == 1 and x.dtype == w.dtype)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ import engine.kernels_prefetch as P
 import engine.kernels_ring as R
 import engine.kernels_skinny as S
 from engine import decode_graph
-from engine.config import KernelConfig
+from engine.config import EngineConfig, KernelConfig
 from engine.dev.variants import VARIANTS, applied
 
 
@@ -37,3 +37,17 @@ def test_a_variant_is_undone_when_its_capture_fails():
             assert S.GATED[(24576, 4096, 64)] == S.SkinnyConfig(32, 128, 4, 6)
             raise RuntimeError("capture failed")
     assert state() == before and (24576, 4096, 64) not in S.GATED
+
+
+def test_recapture_bakes_a_variant_in_from_the_config_before_any():
+    """recapture: the graphs captured while the variant's settings hold, its knobs on the base config
+    (not on the last variant's), the settings undone after."""
+    from types import SimpleNamespace
+
+    from engine.dev.variants import recapture
+    seen = []
+    r = SimpleNamespace(capture_graph=lambda: seen.append((K.WALK, K.INDEX32, r.cfg.kernels.prefetch_rows)))
+    base = EngineConfig()
+    for name in ("ahead32", "nopf", "base"):
+        recapture(r, base, name)
+    assert seen == [(2, True, 1), (0, False, 0), (0, False, 1)] and (K.WALK, K.INDEX32) == (0, False)

@@ -25,7 +25,7 @@ import torch
 
 from engine import decode_graph
 from engine.config import EngineConfig, KernelConfig
-from engine.dev.variants import VARIANTS, applied
+from engine.dev.variants import VARIANTS, applied, recapture
 from engine.runner import build_runner
 
 N = 32
@@ -181,7 +181,6 @@ def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784, parallel=8)
     between them). The chained graph on the GPU's clock at each context, 1 and 8 streams, at the
     bench's --max-model-len; stream 0's ids over 16 rounds against the first variant's. At --parallel
     above 8 (run 64): 8 and all streams."""
-    from dataclasses import replace
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
                                   max_model_len=max_len, prefill_rows=4096))
     r.cuts_warmed.result()
@@ -190,9 +189,7 @@ def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784, parallel=8)
     with torch.inference_mode():
         for turn in range(turns):
             for name in names:
-                with applied(name) as knobs:
-                    r.cfg = replace(cfg, kernels=replace(cfg.kernels, **knobs))
-                    r.capture_graph()
+                recapture(r, cfg, name)
                 if turn == 0:
                     ids[name] = _stream0_ids(r, firsts[ctxs[0]], ctxs[0])
                 for c in ctxs:

@@ -5,7 +5,9 @@ split: after its PDL wait, the positions read, q ready (its norm, RoPE and the K
 keys walked, the output stored; medians over rounds, middle layers and programs, in ns (the SM's cycles
 over the global timer's ns between the same two stamps).
 
-    PYTHONPATH=. python3 -m engine.dev.attn_clock --out $OUT [--parallel 64 --streams 64 --max-len 1024] [--walk 2]
+    PYTHONPATH=. python3 -m engine.dev.attn_clock --out $OUT [--parallel 64 --streams 64 --max-len 1024] [--variant ahead32]
+
+--variant: the graphs captured under one of engine/dev/variants.py's (default base).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 
 from engine import kernels_clock
 from engine.config import EngineConfig
+from engine.dev.variants import recapture
 from engine.runner import build_runner
 
 
@@ -36,14 +39,13 @@ def main(argv):
         return int(argv[argv.index(name) + 1]) if name in argv else default
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     parallel, streams, max_len = arg("--parallel", 8), arg("--streams", 1), arg("--max-len", 32784)
-    import engine.kernels as K
-    K.WALK = arg("--walk", K.WALK)
+    variant = argv[argv.index("--variant") + 1] if "--variant" in argv else "base"
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
                                   max_model_len=max_len, prefill_rows=min(4096, max_len)))
     r.cuts_warmed.result()
     layers, kvh = len(r.model.model.layers), r.model.config.num_key_value_heads
     kernels_clock.CLOCK = torch.zeros(layers, parallel * kvh, kernels_clock.SLOTS, dtype=torch.int64, device="cuda")
-    r.capture_graph()  # again, now with the stamps compiled in
+    recapture(r, r.cfg, variant)  # again, now with the stamps compiled in
     lanes = list(range(streams))
     toks, pos = [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(128)]) for ln in lanes], 128
     samples: dict = {}
@@ -54,11 +56,11 @@ def main(argv):
             if n >= 5:
                 for k, v in phases(kernels_clock.CLOCK.cpu(), streams * kvh).items():
                     samples.setdefault(k, []).extend(v)
-    res = {"parallel": parallel, "streams": streams, "walk": K.WALK, "decode_rows": list(r.buckets),
+    res = {"parallel": parallel, "streams": streams, "variant": variant, "decode_rows": list(r.buckets),
            "median_ns": {k: round(statistics.median(v), 1) for k, v in samples.items()},
            "p90_ns": {k: round(statistics.quantiles(v, n=10)[-1], 1) for k, v in samples.items()}}
     print(json.dumps(res), flush=True)
-    with open(f"{out}/attn_clock_{parallel}_{streams}_w{K.WALK}.json", "w") as f:
+    with open(f"{out}/attn_clock_{parallel}_{streams}_{variant}.json", "w") as f:
         json.dump(res, f, indent=1)
 
 

@@ -7,7 +7,7 @@ found faster ships by changing that knob's default.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -102,3 +102,11 @@ def applied(name: str):
                 obj.pop(key, None)
             else:
                 obj[key] = old
+
+
+def recapture(r, cfg, name: str) -> None:
+    """r's decode graphs captured again under VARIANTS[name]: its settings baked into the graphs (and
+    undone after), its KernelConfig changes on `cfg`, r's config before any variant."""
+    with applied(name) as knobs:
+        r.cfg = replace(cfg, kernels=replace(cfg.kernels, **knobs))
+        r.capture_graph()
