@@ -1,0 +1,90 @@
+"""Where a whole prompt's time goes (issue 14, run 75): qwen3-8b, one cut of `--rows` (default 4,096)
+rows as engine.dev.bench times it, then torch.profiler's CUDA activity for one such prefill: kernel
+time by name, the span from the first kernel to the last and the GPU's idle inside it. Beside it,
+each of the trunk's products alone through torch (cuBLAS) at that row count and the n^3 product the
+bench's roofline divides by, so the gap to the roofline splits into the products' own rate, the
+attention, the rest and the idle.
+
+    PYTHONPATH=. python3 -m engine.dev.prompt_profile --out $OUT [--rows 4096]
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from engine.config import EngineConfig
+from engine.dev.bench import bench_prefill, matmul_rate, prompt, prompt_flops
+from engine.runner import build_runner
+
+
+def product_rate(rows: int, n: int, k: int, reps: int = 20) -> float:
+    """bf16 FLOP/s of x [rows, k] @ w[n, k].T through F.linear, as the trunk calls it."""
+    x = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        F.linear(x, w)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        F.linear(x, w)
+    e.record()
+    e.synchronize()
+    return 2 * rows * n * k / (s.elapsed_time(e) / 1e3 / reps)
+
+
+def idle_us(spans: list[tuple[float, float]]) -> float:
+    """Time inside [first start, last end] that no kernel covers (spans may overlap)."""
+    spans = sorted(spans)
+    idle, reach = 0.0, spans[0][1]
+    for a, b in spans[1:]:
+        if a > reach:
+            idle += a - reach
+        reach = max(reach, b)
+    return idle
+
+
+def main(argv):
+    out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
+    rows = int(argv[argv.index("--rows") + 1]) if "--rows" in argv else 4096
+    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
+                                  max_model_len=32784, prefill_rows=4096))
+    r.cuts_warmed.result()
+    seconds = bench_prefill(r, rows, 7)
+    rate = matmul_rate("cuda")
+    toks = prompt(rows, 1, r.vocab_size)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        r.prefill(0, toks)
+        torch.cuda.synchronize()
+    kern = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower()]
+    by_name: dict = {}
+    for name, a, b in kern:
+        t = by_name.setdefault(name[:90], [0, 0.0])
+        t[0] += 1
+        t[1] += b - a
+    span = max(b for _, _, b in kern) - min(a for _, a, _ in kern)
+    m = r.model_config
+    h, q, kv, i = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim, m.intermediate_size
+    shapes = {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
+    products = {k: product_rate(rows, n, kk) / 1e12 for k, (n, kk) in shapes.items()}
+    layers = m.num_hidden_layers
+    products_ms = sum(2 * rows * n * kk * layers / (products[k] * 1e12) for k, (n, kk) in shapes.items()) * 1e3
+    res = {"rows": rows, "seconds": seconds, "matrix_rate_tflops": rate / 1e12,
+           "roofline_ratio": rows / seconds / (rows / (prompt_flops(r, rows) / rate)),
+           "kernel_ms": sum(b - a for _, a, b in kern) / 1e3, "span_ms": span / 1e3,
+           "idle_ms": idle_us([(a, b) for _, a, b in kern]) / 1e3,
+           "products_tflops": {k: round(v, 1) for k, v in products.items()},
+           "products_alone_ms": products_ms,
+           "by_name_ms": {k: [c, round(t / 1e3, 3)] for k, (c, t) in
+                          sorted(by_name.items(), key=lambda kv: -kv[1][1])[:30]}}
+    print(json.dumps(res, indent=1), flush=True)
+    with open(f"{out}/prompt_profile.json", "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
