@@ -63,6 +63,33 @@ def matmul_rate(device, n: int = 8192, reps: int = 10) -> float:
     return 2 * n ** 3 / statistics.median(times)
 
 
+def side_by_side(r: ModelRunner, n: int, reps: int, size: int = 8192) -> tuple[float, float]:
+    """A whole n-token prompt and bursts of the size^3 product, alternated rep by rep, each burst
+    about as long as one prompt: (median prompt seconds, median product FLOP/s). Both figures are
+    taken under the same load, where matmul_rate's short burst after idle runs at the card's
+    boost clock (engine/dev/PERF.md run 75)."""
+    a = torch.randn(size, size, dtype=torch.bfloat16, device=r.device)
+    b = torch.randn(size, size, dtype=torch.bfloat16, device=r.device)
+    toks = prompt(n, 1, r.vocab_size)
+    r.prefill(0, toks)  # warm-up
+    _sync(r.device)
+    seconds, products = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        r.prefill(0, toks)
+        _sync(r.device)
+        seconds.append(time.perf_counter() - t)
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        count = max(3, round(seconds[-1] * 7.5e14 / (2 * size ** 3)))  # at ~750 TFLOP/s
+        ev[0].record()
+        for _ in range(count):
+            a @ b
+        ev[1].record()
+        ev[1].synchronize()
+        products.append(2 * size ** 3 * count / (ev[0].elapsed_time(ev[1]) / 1e3))
+    return statistics.median(seconds), statistics.median(products)
+
+
 def prompt(n: int, seed: int, vocab: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, min(vocab, 256), (n,), generator=g).tolist()

@@ -5,19 +5,25 @@ each of the trunk's products alone through torch (cuBLAS) at that row count and 
 bench's roofline divides by, so the gap to the roofline splits into the products' own rate, the
 attention, the rest and the idle.
 
-    PYTHONPATH=. python3 -m engine.dev.prompt_profile --out $OUT [--rows 4096]
+    PYTHONPATH=. python3 -m engine.dev.prompt_profile --out $OUT [--rows 4096] [--rates]
+
+--rates (run 76): instead, the n^3 product's rate three ways, each phase's start and end on the wall
+clock (time.time(), to read beside a clock trace such as `nvidia-smi -lms 20`): a 10-product burst
+after 3 s idle (the bench's matmul_rate), bursts alternated with whole prompts (bench.side_by_side),
+and 2 s of products back to back (the rate of each 0.25 s).
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from engine.config import EngineConfig
-from engine.dev.bench import bench_prefill, matmul_rate, prompt, prompt_flops
+from engine.dev.bench import bench_prefill, matmul_rate, prompt, prompt_flops, side_by_side
 from engine.runner import build_runner
 
 
@@ -47,12 +53,51 @@ def idle_us(spans: list[tuple[float, float]]) -> float:
     return idle
 
 
+def rates(r, rows: int, out: str) -> None:
+    phases, res = {}, {}
+
+    def phase(name, f):
+        t = time.time()
+        res[name] = f()
+        phases[name] = (t, time.time())
+    time.sleep(3)
+    phase("burst after idle (tflops)", lambda: matmul_rate("cuda") / 1e12)
+    time.sleep(3)
+    phase("side by side (s, tflops)", lambda: (lambda s, f: (s, f / 1e12))(*side_by_side(r, rows, 9)))
+    time.sleep(3)
+
+    def back_to_back():
+        a, b = (torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        spans = []
+        for _ in range(8):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record()
+            for _ in range(170):  # ~0.25 s
+                a @ b
+            ev[1].record()
+            spans.append(ev)
+        spans[-1][1].synchronize()
+        return [round(2 * 8192 ** 3 * 170 / (e0.elapsed_time(e1) / 1e3) / 1e12, 1) for e0, e1 in spans]
+    phase("back to back, each 0.25 s (tflops)", back_to_back)
+    res["prompt roofline ratio against each"] = {
+        k: rows / res["side by side (s, tflops)"][0] / (rows / (prompt_flops(r, rows) / (v * 1e12)))
+        for k, v in (("burst after idle", res["burst after idle (tflops)"]),
+                     ("side by side", res["side by side (s, tflops)"][1]),
+                     ("back to back, last", res["back to back, each 0.25 s (tflops)"][-1]))}
+    res["phases_wall"] = phases
+    print(json.dumps(res, indent=1), flush=True)
+    with open(f"{out}/prompt_rates.json", "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     rows = int(argv[argv.index("--rows") + 1]) if "--rows" in argv else 4096
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=8,
                                   max_model_len=32784, prefill_rows=4096))
     r.cuts_warmed.result()
+    if "--rates" in argv:
+        return rates(r, rows, out)
     seconds = bench_prefill(r, rows, 7)
     rate = matmul_rate("cuda")
     toks = prompt(rows, 1, r.vocab_size)

@@ -75,6 +75,9 @@ VARIANTS: dict[str, Variant] = {
     "kv": Variant(((K, "WALK", 1),)), "ahead": Variant(((K, "WALK", 2),)),
     "i32": Variant(((K, "INDEX32", True),)),  # run 69's base
     "kv32": Variant(((K, "WALK", 1), (K, "INDEX32", True))), "ahead32": Variant(((K, "WALK", 2), (K, "INDEX32", True))),
+    # run 76: the split's length and the walk's block (engine/kernels.py SPLIT 256, BLOCK 64 shipped); other bits
+    "s128": Variant(((K, "SPLIT", 128),)), "s64": Variant(((K, "SPLIT", 64),)),
+    "b128": Variant(((K, "BLOCK", 128),)), "s128b128": Variant(((K, "SPLIT", 128), (K, "BLOCK", 128))),
 }
 
 _MISSING = object()
