@@ -46,6 +46,8 @@ WALK = 0
 # The walk's item index in int32 (module doc of _split_kernel's `most`): no spill, and no faster alone
 # (run 69); WALK 1 and 2 hold a block's tiles from their loads to their use, which 32 registers spill.
 INDEX32 = False
+# The split kernel's warps a program (run 77 measures 2 and 8 against the shipped 4).
+WARPS = 4
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
@@ -288,8 +290,8 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, INDEX32_=INDEX32, num_warps=4, **extra,
-        **launch_opts())
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, INDEX32_=INDEX32, num_warps=WARPS,
+        **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

@@ -67,27 +67,29 @@ def side_by_side(r: ModelRunner, n: int, reps: int, size: int = 8192) -> tuple[f
     """A whole n-token prompt and bursts of the size^3 product, alternated rep by rep, each burst
     about as long as one prompt: (median prompt seconds, median product FLOP/s). Both figures are
     taken under the same load, where matmul_rate's short burst after idle runs at the card's
-    boost clock (engine/dev/PERF.md run 75)."""
-    a = torch.randn(size, size, dtype=torch.bfloat16, device=r.device)
-    b = torch.randn(size, size, dtype=torch.bfloat16, device=r.device)
+    boost clock (engine/dev/PERF.md run 76)."""
+    dtype = torch.bfloat16 if r.device.type == "cuda" else torch.float32
+    a, b = (torch.randn(size, size, dtype=dtype, device=r.device) for _ in range(2))
+
+    def products_s(count: int) -> float:
+        t = time.perf_counter()
+        for _ in range(count):
+            a @ b
+        _sync(r.device)
+        return time.perf_counter() - t
+    one = min(products_s(1) for _ in range(3))
     toks = prompt(n, 1, r.vocab_size)
     r.prefill(0, toks)  # warm-up
     _sync(r.device)
-    seconds, products = [], []
+    seconds, rates = [], []
     for _ in range(reps):
         t = time.perf_counter()
         r.prefill(0, toks)
         _sync(r.device)
         seconds.append(time.perf_counter() - t)
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        count = max(3, round(seconds[-1] * 7.5e14 / (2 * size ** 3)))  # at ~750 TFLOP/s
-        ev[0].record()
-        for _ in range(count):
-            a @ b
-        ev[1].record()
-        ev[1].synchronize()
-        products.append(2 * size ** 3 * count / (ev[0].elapsed_time(ev[1]) / 1e3))
-    return statistics.median(seconds), statistics.median(products)
+        count = max(3, round(seconds[-1] / one))
+        rates.append(2 * size ** 3 * count / products_s(count))
+    return statistics.median(seconds), statistics.median(rates)
 
 
 def prompt(n: int, seed: int, vocab: int) -> list[int]:
@@ -193,16 +195,24 @@ def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
 
 
 def _prompt_rows(r, plens, reps, rate, out, table, console) -> None:
-    """Whole prompts of each length: time, tok/s and, with a measured matrix rate, the roofline."""
+    """Whole prompts of each length: time, tok/s and, with a measured matrix rate, the roofline. On
+    CUDA the roofline's rate is the n^3 product's in bursts alternated with the prompts (side_by_side):
+    under a prompt's load the card holds its power cap at ~1,500 MHz where the burst after idle
+    (`rate`) runs at 1,980 (engine/dev/PERF.md run 76); the ratio against `rate` is kept beside it."""
     out["prefill"] = {}
     for n in plens:
-        s = bench_prefill(r, n, reps)
+        if rate:
+            s, loaded = side_by_side(r, n, reps)
+        else:
+            s, loaded = bench_prefill(r, n, reps), None
         rec = {"seconds": s, "tok_s": n / s}
         row = [f"prompt {n} tokens (whole)", f"{s:.3f} s", f"{n / s:,.0f}", "", ""]
         if rate:
-            roof = n / (prompt_flops(r, n) / rate)
-            rec.update(roofline_tok_s=roof, ratio=(n / s) / roof, flops=prompt_flops(r, n))
-            row[3:] = [f"{roof:,.0f}", f"{(n / s) / roof:.0%}"]
+            roof, roof_idle = (n / (prompt_flops(r, n) / f) for f in (loaded, rate))
+            rec.update(roofline_tok_s=roof, ratio=(n / s) / roof, flops=prompt_flops(r, n), matmul_flops_loaded=loaded,
+                       ratio_to_idle_burst=(n / s) / roof_idle)
+            row[3:] = [f"{roof:,.0f}", f"{(n / s) / roof:.0%} ({(n / s) / roof_idle:.0%} of the idle burst's)"]
+            console.print(f"n^3 product beside the {n}-token prompts: {loaded / 1e12:.0f} TFLOP/s", highlight=False)
         out["prefill"][n] = rec
         table.add_row(*row)
         console.print(" | ".join(row), highlight=False)
@@ -281,7 +291,7 @@ def main(
         table.add_column(col, justify="right" if col != "what" else "left")
     if cuda:
         table.add_row("copy bandwidth (read+write)", "", "", f"{bw / 1e12:.2f} TB/s", "")
-        table.add_row("bf16 matmul 8192^3", "", "", f"{rate / 1e12:.0f} TFLOP/s", "")
+        table.add_row("bf16 matmul 8192^3, a burst after idle", "", "", f"{rate / 1e12:.0f} TFLOP/s", "")
     _prompt_rows(r, plens, reps, rate, out, table, console)
     _decode_rows(r, levels, parallel, rounds, reps, ctx, decode_ctx, cuda, bw, out, table, console)
     if cuda and 1 in levels and 1 in out["decode"]:  # what the fixed padded shape and the fused kernels buy
