@@ -113,7 +113,8 @@ def main(argv):
         t[1] += b - a
     span = max(b for _, _, b in kern) - min(a for _, a, _ in kern)
     m = r.model_config
-    h, q, kv, i = m.hidden_size, m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim, m.intermediate_size
+    h, i = m.hidden_size, m.intermediate_size
+    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     shapes = {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
     products = {k: product_rate(rows, n, kk) / 1e12 for k, (n, kk) in shapes.items()}
     layers = m.num_hidden_layers
