@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from engine import kernels_clock
-from engine.kernels_clock import SLOTS, stamp
+from engine.kernels_clock import SLOTS, stamp, stamp_sm
 from engine.kernels_merge import fold_tail, merge_split
 from engine.kernels_prefetch import prefetch_first_split, prefetch_rows
 from engine.kernels_qkfold import qk_heads
@@ -127,6 +127,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
     pk = P * KVH
     if CLOCK_:  # (engine/kernels_clock.py: a dev probe's phases of each row's first split)
         stamp(Clock, pid * SLOTS, 0, pid, pid < pk)
+        stamp(Clock, pid * SLOTS, 8, pid, pid < pk, NS=True)
+        stamp_sm(Clock, pid * SLOTS, pid < pk)
     pdl_launch(PDL_)
     if PREFETCH_ >= 0:  # a row's first split's inputs into L2 while the q/k/v product runs
         if pid < pk:

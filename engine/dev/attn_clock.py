@@ -3,7 +3,9 @@ graphs captured with engine/kernels_clock.py's stamps in the split kernel, then 
 streams at context 128 (not ahead: each round's stamps are read after it). Per program of a row's first
 split: after its PDL wait, the positions read, q ready (its norm, RoPE and the K/V row written), the
 keys walked, the output stored; medians over rounds, middle layers and programs, in ns (the SM's cycles
-over the global timer's ns between the same two stamps).
+over the global timer's ns between the same two stamps). Beside them, per middle layer (run 78): the
+kernel's span on the global timer over the programs with an item, how late the last of them entered,
+how far the last end trails the median, and how many of them the busiest and least busy SM ran.
 
     PYTHONPATH=. python3 -m engine.dev.attn_clock --out $OUT [--parallel 64 --streams 64 --max-len 1024] [--variant ahead32]
 
@@ -34,6 +36,23 @@ def phases(clock: torch.Tensor, programs: int) -> dict:
     return out
 
 
+def spans(clock: torch.Tensor, programs: int) -> dict:
+    """One round's stamps -> per middle layer, on the global timer (ns): the kernel's span over the
+    programs with an item (first entry to last end), the last entry after the first, the last end
+    after the median end; and the most and fewest of those programs an SM ran."""
+    c = clock[2:-2, :programs]
+    entry, end, sm = c[..., 8].double(), c[..., 7].double(), c[..., 9]
+    first = entry.min(1).values
+    most, fewest = [], []
+    for row in sm:
+        n = torch.bincount(row)
+        most.append(int(n.max()))
+        fewest.append(int(n[n > 0].min()))
+    return {"span": (end.max(1).values - first).tolist(), "last entry": (entry.max(1).values - first).tolist(),
+            "last end after the median": (end.max(1).values - end.median(1).values).tolist(),
+            "items on the busiest SM": most, "items on the least busy SM": fewest}
+
+
 def main(argv):
     def arg(name, default):
         return int(argv[argv.index(name) + 1]) if name in argv else default
@@ -54,7 +73,8 @@ def main(argv):
             toks, pos = r.decode(lanes, toks, [pos] * streams, ahead=False), pos + 1
             torch.cuda.synchronize()
             if n >= 5:
-                for k, v in phases(kernels_clock.CLOCK.cpu(), streams * kvh).items():
+                c = kernels_clock.CLOCK.cpu()
+                for k, v in (*phases(c, streams * kvh).items(), *spans(c, streams * kvh).items()):
                     samples.setdefault(k, []).extend(v)
     res = {"parallel": parallel, "streams": streams, "variant": variant, "decode_rows": list(r.buckets),
            "median_ns": {k: round(statistics.median(v), 1) for k, v in samples.items()},
