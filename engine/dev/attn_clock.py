@@ -77,9 +77,10 @@ def main(argv):
                 for k, v in (*phases(c, streams * kvh).items(), *spans(c, streams * kvh).items()):
                     samples.setdefault(k, []).extend(v)
     res = {"parallel": parallel, "streams": streams, "variant": variant, "decode_rows": list(r.buckets),
+           "last_round_layer_18": kernels_clock.CLOCK[18, :streams * kvh].cpu().tolist(),  # [program][slot]
            "median_ns": {k: round(statistics.median(v), 1) for k, v in samples.items()},
            "p90_ns": {k: round(statistics.quantiles(v, n=10)[-1], 1) for k, v in samples.items()}}
-    print(json.dumps(res), flush=True)
+    print(json.dumps({k: v for k, v in res.items() if not k.startswith("last_round")}), flush=True)
     with open(f"{out}/attn_clock_{parallel}_{streams}_{variant}.json", "w") as f:
         json.dump(res, f, indent=1)
 

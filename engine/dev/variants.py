@@ -78,6 +78,8 @@ VARIANTS: dict[str, Variant] = {
     # run 76: the split's length and the walk's block (engine/kernels.py SPLIT 256, BLOCK 64 shipped); other bits
     "s128": Variant(((K, "SPLIT", 128),)), "s64": Variant(((K, "SPLIT", 64),)),
     "b128": Variant(((K, "BLOCK", 128),)), "s128b128": Variant(((K, "SPLIT", 128), (K, "BLOCK", 128))),
+    # run 79: o at 64 rows back on cuBLAS (no PDL: its programs are not resident while the attention runs)
+    "o64cublas": Variant(((S.CONFIGS, (4096, 4096, 64), None),), 64),
     # run 77: the split kernel's warps a program (4 shipped)
     "nw2": Variant(((K, "WARPS", 2),)), "nw8": Variant(((K, "WARPS", 8),)),
 }
