@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine import kernels_clock
+from engine import cuda_attrs, kernels_clock
+from engine.cuda_attrs import carveout
 from engine.kernels_clock import SLOTS, stamp, stamp_sm
 from engine.kernels_merge import fold_tail, merge_split
 from engine.kernels_prefetch import prefetch_first_split, prefetch_rows
@@ -46,8 +47,12 @@ WALK = 0
 # The walk's item index in int32 (module doc of _split_kernel's `most`): no spill, and no faster alone
 # (run 69); WALK 1 and 2 hold a block's tiles from their loads to their use, which 32 registers spill.
 INDEX32 = False
-# The split kernel's warps a program (run 77 measures 2 and 8 against the shipped 4).
+# The split kernel's warps a program (run 77: 2 and 8 slower than 4).
 WARPS = 4
+# The split kernel's preferred shared-memory carveout, percent of the SM's L1 / shared memory (None: the
+# driver's choice). Run 79: at 64 rows an SM held three of its programs at once (its 22.5 KB would allow
+# nine), so items past 396 started one item (13 us) late; run 80 measures 100.
+CARVEOUT: int | None = None
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
@@ -282,7 +287,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         extra.update(Clock=kernels_clock.CLOCK[i], CLOCK_=True)
     items = p * kvh * nsplit
     grid = programs or (items if INTERPRET else min(items, GRID_PER_SM * _sms(q.device)))
-    _split_kernel[(grid,)](
+    kernel = _split_kernel[(grid,)](
         q, k, v, lanes, positions, opart, lse, out, count,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
@@ -294,6 +299,8 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
         ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, INDEX32_=INDEX32, num_warps=WARPS,
         **extra, **launch_opts())
+    if not INTERPRET:  # set after the launch: the runner's warm-up rounds precede any graph capture
+        carveout(kernel, cuda_attrs.DEFAULT if CARVEOUT is None else CARVEOUT)
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,
