@@ -50,9 +50,13 @@ INDEX32 = False
 # The split kernel's warps a program (run 77: 2 and 8 slower than 4).
 WARPS = 4
 # The split kernel's preferred shared-memory carveout, percent of the SM's L1 / shared memory (None: the
-# driver's choice). Run 79: at 64 rows an SM held three of its programs at once (its 22.5 KB would allow
-# nine), so items past 396 started one item (13 us) late; run 80 measures 100.
+# driver's choice; 100 measured the same, 50 slower: engine/dev/PERF.md run 80).
 CARVEOUT: int | None = None
+# The split kernel's software-pipeline stages by the round's padded rows (Triton's default, 3, elsewhere).
+# As launched (strides divisible by 16) 3 stages take 71.7 KB of shared memory a program on sm_90, so an
+# SM holds three: at 64 rows items past 396 (of 512 at context 128) start one item, 13 us, late (runs
+# 78-79). 2 stages take 38.9 KB and 128 registers, four a SM; 1 stage 22.5 KB but 168 registers, three.
+STAGES: dict[int, int] = {64: 2}
 # Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
 # be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
 # launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
@@ -298,7 +302,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
         ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, INDEX32_=INDEX32, num_warps=WARPS,
-        **extra, **launch_opts())
+        **({"num_stages": STAGES[p]} if p in STAGES else {}), **extra, **launch_opts())
     if not INTERPRET:  # set after the launch: the runner's warm-up rounds precede any graph capture
         carveout(kernel, cuda_attrs.DEFAULT if CARVEOUT is None else CARVEOUT)
     if not fold:

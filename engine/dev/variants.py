@@ -80,6 +80,9 @@ VARIANTS: dict[str, Variant] = {
     "b128": Variant(((K, "BLOCK", 128),)), "s128b128": Variant(((K, "SPLIT", 128), (K, "BLOCK", 128))),
     # run 79: o at 64 rows back on cuBLAS (no PDL: its programs are not resident while the attention runs)
     "o64cublas": Variant(((S.CONFIGS, (4096, 4096, 64), None),), 64),
+    # run 81: the split kernel's pipeline stages by rows (engine/kernels.py STAGES; {64: 2} shipped after it)
+    "st3": Variant(((K, "STAGES", {}),), 64), "st1": Variant(((K, "STAGES", {64: 1}),), 64),
+    "st2all": Variant(((K, "STAGES", {n: 2 for n in (1, 2, 4, 8, 16, 32, 64)}),)),
     # run 80: the split kernel's shared-memory carveout (engine/kernels.py CARVEOUT)
     "carve100": Variant(((K, "CARVEOUT", 100),)), "carve100p64": Variant(((K, "CARVEOUT", 100),), 64),
     "carve50p64": Variant(((K, "CARVEOUT", 50),), 64),
