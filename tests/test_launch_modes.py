@@ -215,3 +215,32 @@ def test_the_clock_probe_reads_the_kernels_span_and_its_sms():
     assert s["span"] == [19000.0] * 2 and s["last entry"] == [2000.0] * 2
     assert s["last end after the median"] == [10000.0] * 2  # torch's median of 4: the lower middle
     assert s["items on the busiest SM"] == [3] * 2 and s["items on the least busy SM"] == [1] * 2
+
+
+def test_two_pipeline_stages_let_an_sm_hold_four_split_programs():
+    """engine/kernels.py STAGES {64: 2}: compiled for sm_90 as launched (pointers and strides divisible
+    by 16), the split kernel's pipelined key walk takes more than a quarter of an SM's 228 KB of shared
+    memory at Triton's default 3 stages, so an SM holds three programs (a 64-row round's 512 items then
+    run in two waves: engine/dev/PERF.md runs 79-81), and under a quarter at 2 stages."""
+    import inspect
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "QKV", "WQ", "WK", "Cos", "Sin")}, "Lanes": "*i64",
+           "Pos": "*i64", "Opart": "*fp32", "Lse": "*fp32", "Count": "*i32",
+           **{n: "i32" for n in ("stride_qr", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_or",
+                                 "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out", "stride_qkv")},
+           "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
+    consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 17,
+              "FOLD": True, "PDL_": 3, "P_PAD": 64, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
+              "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False}
+    names = list(inspect.signature(K._split_kernel.fn).parameters)
+    aligned = [n for n, t in sig.items() if t.startswith("*") or n.startswith("stride_")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+
+    def shared(stages):
+        k = triton.compile(ASTSource(fn=K._split_kernel, signature=sig, constexprs=consts, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
+        return k.metadata.shared + 1024  # and the 1 KB the driver keeps a program
+    sm = 228 * 1024
+    assert sm // shared(3) == 3
+    assert sm // shared(K.STAGES[64]) >= 4

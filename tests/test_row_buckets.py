@@ -158,3 +158,26 @@ def test_the_lane_host_serves_the_same_replies_at_fewer_rows():
         got[buckets] = [list(s.output) for s in seqs]
         assert all(len(o) == s.max_tokens for o, s in zip(got[buckets], seqs))
     assert got[True] == got[False]
+
+
+def test_the_split_attention_runs_two_pipeline_stages_only_in_64_row_rounds(monkeypatch):
+    """engine/kernels.py STAGES: at 3 stages (Triton's default) the split kernel takes 71.7 KB of shared
+    memory on sm_90 and an SM holds three, so a 64-row round's 512 items ran in two waves; 2 stages hold
+    four (engine/dev/PERF.md runs 79-83). Rounds of 1-8 rows keep the default (2 stages lost 0.06 ms at
+    one row). The launch is recorded here; the device run compares the bits (warps_bits)."""
+    import engine.kernels as K
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append(kw)
+                return SimpleNamespace(function=0)
+            return launch
+    monkeypatch.setattr(K, "_split_kernel", Recorder())
+    monkeypatch.setattr(K, "INTERPRET", False)
+    kv = SimpleNamespace(k=torch.zeros(1, 65, 64, 8, 128), v=torch.zeros(1, 65, 64, 8, 128))
+    for p in (1, 8, 64):
+        K.decode_attention(kv, 0, torch.zeros(p, 32, 128), torch.arange(p), torch.zeros(p, dtype=torch.long),
+                           fold=True, programs=4)
+    assert [kw.get("num_stages") for kw in launches] == [None, None, 2]
