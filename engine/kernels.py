@@ -52,6 +52,10 @@ WARPS = 4
 # The split kernel's preferred shared-memory carveout, percent of the SM's L1 / shared memory (None: the
 # driver's choice; 100 measured the same, 50 slower: engine/dev/PERF.md run 80).
 CARVEOUT: int | None = None
+# The split kernel's programs without an item (at one row and context 128: 1,024 of 1,032) leave before
+# the PDL wait, reading the positions early (written before the round's first kernel), where now they wait
+# for q/k/v holding 71.7 KB of shared memory each until it ends. Not measured on the device yet (PERF.md run 85's plan).
+EARLY = False
 # The split kernel's software-pipeline stages by the round's padded rows (Triton's default, 3, elsewhere).
 # As launched (strides divisible by 16) 3 stages take 71.7 KB of shared memory a program on sm_90, so an
 # SM holds three: at 64 rows items past 396 (of 512 at context 128) start one item, 13 us, late (runs
@@ -127,7 +131,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
                   PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False,
-                  WALK_: tl.constexpr = 0, INDEX32_: tl.constexpr = False):
+                  WALK_: tl.constexpr = 0, INDEX32_: tl.constexpr = False, EARLY_: tl.constexpr = False):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -143,12 +147,12 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         if pid < pk:
             prefetch_first_split(K, V, Lanes, Pos, pid // KVH, pid % KVH, stride_kb, stride_kt, stride_kh, D,
                             PREFETCH_, WQ, WK, Cos, Sin, QKN)
-    pdl_wait(PDL_)
+    if not EARLY_:
+        pdl_wait(PDL_)
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
-        # int64 (the positions'), so the walk's divisions are 64-bit subroutine calls and ptxas keeps the
-        # kernel in 32 registers with a 3.7 KB stack a thread; int32 (INDEX32) compiles to 232 registers
-        # and no spill, and measured no faster (0.01-0.07 ms slower a round, engine/dev/PERF.md run 69)
+        # int64 (the positions'); the walk's index in int32 (INDEX32) measured no faster (0.01-0.07 ms
+        # slower a round, engine/dev/PERF.md run 69)
         if CLOCK_:
             stamp(Clock, pid * SLOTS, 1, pid, pid < pk)
             stamp(Clock, pid * SLOTS, 6, pid, pid < pk, NS=True)
@@ -157,12 +161,18 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
             most = most.to(tl.int32)
         if CLOCK_:
             stamp(Clock, pid * SLOTS, 2, most.to(tl.int32), pid < pk)
-        for w in range(pid, pk * ((most + SPLIT_ - 1) // SPLIT_), g):
+        items = pk * ((most + SPLIT_ - 1) // SPLIT_)
+        if EARLY_:  # the positions were written before the round's first kernel, so a program without an
+            if pid < items:  # item leaves without waiting and frees its SM for the kernels after it
+                pdl_wait(PDL_)
+        for w in range(pid, items, g):
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
                         stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
                         NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_, WALK_)
     else:  # the interpreter cannot loop to a run-time bound: ITEMS turns, past the last masked
+        if EARLY_:
+            pdl_wait(PDL_)
         for i in range(0, ITEMS):
             w = pid + i * g
             if w < pk * NSPLIT:
@@ -301,7 +311,8 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, INDEX32_=INDEX32, num_warps=WARPS,
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, INDEX32_=INDEX32, EARLY_=EARLY,
+        num_warps=WARPS,
         **({"num_stages": STAGES[p]} if p in STAGES else {}), **extra, **launch_opts())
     if not INTERPRET:  # set after the launch: the runner's warm-up rounds precede any graph capture
         carveout(kernel, cuda_attrs.DEFAULT if CARVEOUT is None else CARVEOUT)

@@ -131,7 +131,7 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
            "scale": "fp32", "P": "i32", "KVH": "i32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": qkn, "H": 32 if qkn else 0,
-              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False}
+              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False, "EARLY_": False}
     if qkn:
         sig.update({"QKV": "*bf16", "stride_qkv": "i32", "WQ": "*bf16", "WK": "*bf16", "Cos": "*bf16", "Sin": "*bf16",
                     "eps": "fp32"})
@@ -178,7 +178,7 @@ def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": False, "H": 0, "PREFETCH_": -1,
               "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0, "WALK_": 0,
-              "INDEX32_": False}
+              "INDEX32_": False, "EARLY_": False}
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -232,7 +232,7 @@ def test_two_pipeline_stages_let_an_sm_hold_four_split_programs():
            "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 17,
               "FOLD": True, "PDL_": 3, "P_PAD": 64, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
-              "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False}
+              "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False, "EARLY_": False}
     names = list(inspect.signature(K._split_kernel.fn).parameters)
     aligned = [n for n, t in sig.items() if t.startswith("*") or n.startswith("stride_")]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -244,3 +244,23 @@ def test_two_pipeline_stages_let_an_sm_hold_four_split_programs():
     sm = 228 * 1024
     assert sm // shared(3) == 3
     assert sm // shared(K.STAGES[64]) >= 4
+
+
+def test_with_early_the_split_kernel_reads_the_positions_before_its_wait_and_stores_none():
+    """engine/kernels.py EARLY: a program first reads the round's positions (written before its first
+    kernel), so one without an item can leave without the PDL wait; every store still comes after it.
+    Without EARLY the positions are read after the wait, as shipped."""
+    sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "QKV", "WQ", "WK", "Cos", "Sin")}, "Lanes": "*i64",
+           "Pos": "*i64", "Opart": "*fp32", "Lse": "*fp32", "Count": "*i32",
+           **{n: "i32" for n in ("stride_qr", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_or",
+                                 "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out", "stride_qkv")},
+           "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
+    consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
+              "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
+              "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False, "EARLY_": False}
+    for early in (False, True):
+        order = _ptx_order(K._split_kernel, sig, {**consts, "EARLY_": early}, num_warps=4)
+        before = order[:order.index("griddepcontrol.wait")]
+        assert order.count("griddepcontrol.wait") == 1 and "st.global" not in before
+        assert before == (["griddepcontrol.launch_dependents", "ld.global"] if early
+                          else ["griddepcontrol.launch_dependents"])

@@ -80,6 +80,8 @@ VARIANTS: dict[str, Variant] = {
     "b128": Variant(((K, "BLOCK", 128),)), "s128b128": Variant(((K, "SPLIT", 128), (K, "BLOCK", 128))),
     # run 79: o at 64 rows back on cuBLAS (no PDL: its programs are not resident while the attention runs)
     "o64cublas": Variant(((S.CONFIGS, (4096, 4096, 64), None),), 64),
+    # run 85: the split kernel's programs without an item leave before the PDL wait (engine/kernels.py EARLY)
+    "early": Variant(((K, "EARLY", True),)), "earlyp64": Variant(((K, "EARLY", True),), 64),
     # run 81: the split kernel's pipeline stages by rows (engine/kernels.py STAGES; {64: 2} shipped after it)
     "st3": Variant(((K, "STAGES", {}),), 64), "st1": Variant(((K, "STAGES", {64: 1}),), 64),
     "st2all": Variant(((K, "STAGES", {n: 2 for n in (1, 2, 4, 8, 16, 32, 64)}),)),
