@@ -217,6 +217,20 @@ def test_the_clock_probe_reads_the_kernels_span_and_its_sms():
     assert s["items on the busiest SM"] == [3] * 2 and s["items on the least busy SM"] == [1] * 2
 
 
+
+def _folded_split(p_pad: int, nsplit: int) -> tuple[dict, dict]:
+    """The split kernel's signature and constexprs as the decode graph launches it with the q/k fold."""
+    sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "QKV", "WQ", "WK", "Cos", "Sin")}, "Lanes": "*i64",
+           "Pos": "*i64", "Opart": "*fp32", "Lse": "*fp32", "Count": "*i32",
+           **{n: "i32" for n in ("stride_qr", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_or",
+                                 "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out", "stride_qkv")},
+           "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
+    consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": nsplit,
+              "FOLD": True, "PDL_": 3, "P_PAD": p_pad, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
+              "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False, "EARLY_": False}
+    return sig, consts
+
+
 def test_two_pipeline_stages_let_an_sm_hold_four_split_programs():
     """engine/kernels.py STAGES {64: 2}: compiled for sm_90 as launched (pointers and strides divisible
     by 16), the split kernel's pipelined key walk takes more than a quarter of an SM's 228 KB of shared
@@ -225,14 +239,7 @@ def test_two_pipeline_stages_let_an_sm_hold_four_split_programs():
     import inspect
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "QKV", "WQ", "WK", "Cos", "Sin")}, "Lanes": "*i64",
-           "Pos": "*i64", "Opart": "*fp32", "Lse": "*fp32", "Count": "*i32",
-           **{n: "i32" for n in ("stride_qr", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_or",
-                                 "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out", "stride_qkv")},
-           "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
-    consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 17,
-              "FOLD": True, "PDL_": 3, "P_PAD": 64, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
-              "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False, "EARLY_": False}
+    sig, consts = _folded_split(64, 17)
     names = list(inspect.signature(K._split_kernel.fn).parameters)
     aligned = [n for n, t in sig.items() if t.startswith("*") or n.startswith("stride_")]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -250,14 +257,7 @@ def test_with_early_the_split_kernel_reads_the_positions_before_its_wait_and_sto
     """engine/kernels.py EARLY: a program first reads the round's positions (written before its first
     kernel), so one without an item can leave without the PDL wait; every store still comes after it.
     Without EARLY the positions are read after the wait, as shipped."""
-    sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "QKV", "WQ", "WK", "Cos", "Sin")}, "Lanes": "*i64",
-           "Pos": "*i64", "Opart": "*fp32", "Lse": "*fp32", "Count": "*i32",
-           **{n: "i32" for n in ("stride_qr", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_or",
-                                 "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out", "stride_qkv")},
-           "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
-    consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
-              "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
-              "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False, "EARLY_": False}
+    sig, consts = _folded_split(8, 129)
     for early in (False, True):
         order = _ptx_order(K._split_kernel, sig, {**consts, "EARLY_": early}, num_warps=4)
         before = order[:order.index("griddepcontrol.wait")]
