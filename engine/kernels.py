@@ -23,8 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine import cuda_attrs, kernels_clock
-from engine.cuda_attrs import carveout
+from engine import kernels_clock
 from engine.kernels_clock import SLOTS, stamp, stamp_sm
 from engine.kernels_merge import fold_tail, merge_split
 from engine.kernels_prefetch import prefetch_first_split, prefetch_rows
@@ -39,19 +38,8 @@ BLOCK = 64
 # 0.16 ms a round slower at context 128 than 32 a SM (4,224); 8 a SM was no better at 1 stream and
 # slower at 8 streams (engine/dev/PERF.md runs 42-45). Below 4,224 items the grid is one an item.
 GRID_PER_SM = 32
-# The split kernel's key walk: 0 (shipped) a block's K, then its V once the scores are known; 1 K and V
-# together; 2 also the next block's asked for before this one is reduced. The same arithmetic in the same
-# order. At one row the walk is 4.15 of the kernel's 7.2 us (engine/dev/PERF.md run 73); 1 and 2 are not
-# measured on the device yet (run 74).
-WALK = 0
-# The walk's item index in int32 (module doc of _split_kernel's `most`): no spill, and no faster alone
-# (run 69); WALK 1 and 2 hold a block's tiles from their loads to their use, which 32 registers spill.
-INDEX32 = False
 # The split kernel's warps a program (run 77: 2 and 8 slower than 4).
 WARPS = 4
-# The split kernel's preferred shared-memory carveout, percent of the SM's L1 / shared memory (None: the
-# driver's choice; 100 measured the same, 50 slower: engine/dev/PERF.md run 80).
-CARVEOUT: int | None = None
 # The split kernel's programs without an item (at one row and context 128: 1,024 of 1,032) leave before
 # the PDL wait, reading the positions early (written before the round's first kernel), where now they wait
 # for q/k/v holding 71.7 KB of shared memory each until it ends. Not measured on the device yet (PERF.md run 85's plan).
@@ -131,7 +119,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
                   PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False,
-                  WALK_: tl.constexpr = 0, INDEX32_: tl.constexpr = False, EARLY_: tl.constexpr = False):
+                  EARLY_: tl.constexpr = False):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -151,14 +139,11 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         pdl_wait(PDL_)
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
-        # int64 (the positions'); the walk's index in int32 (INDEX32) measured no faster (0.01-0.07 ms
-        # slower a round, engine/dev/PERF.md run 69)
+        # int64 (the positions'); an int32 item index measured no faster (engine/dev/PERF.md runs 69, 74)
         if CLOCK_:
             stamp(Clock, pid * SLOTS, 1, pid, pid < pk)
             stamp(Clock, pid * SLOTS, 6, pid, pid < pk, NS=True)
         most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
-        if INDEX32_:
-            most = most.to(tl.int32)
         if CLOCK_:
             stamp(Clock, pid * SLOTS, 2, most.to(tl.int32), pid < pk)
         items = pk * ((most + SPLIT_ - 1) // SPLIT_)
@@ -169,7 +154,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
                         stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
-                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_, WALK_)
+                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_)
     else:  # the interpreter cannot loop to a run-time bound: ITEMS turns, past the last masked
         if EARLY_:
             pdl_wait(PDL_)
@@ -179,8 +164,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                 _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                             stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh,
                             stride_os, stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_,
-                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN,
-                            None, False, WALK_)
+                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
 
 
 @triton.jit
@@ -190,7 +174,7 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT_: tl.constexpr,
                 BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr, FOLD: tl.constexpr,
                 QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H: tl.constexpr, QKN: tl.constexpr,
-                Clock=None, CLOCK_: tl.constexpr = False, WALK_: tl.constexpr = 0):
+                Clock=None, CLOCK_: tl.constexpr = False):
     """Split s of one row's KV head: its keys reduced, then stored (or combined: FOLD)."""
     lane = tl.load(Lanes + row).to(tl.int64)
     length = tl.load(Pos + row).to(tl.int32) + 1
@@ -219,8 +203,7 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
         hi = tl.minimum(lo + SPLIT_, length)
         kbase = K + lane * stride_kb + kvh * stride_kh
         vbase = V + lane * stride_kb + kvh * stride_kh
-        m_i, l_i, acc = walk(q, kbase, vbase, lo, hi, stride_kt, m_i, l_i, acc, scale, D, SPLIT_, BLOCK_, DYNAMIC,
-                             WALK_)
+        m_i, l_i, acc = walk(q, kbase, vbase, lo, hi, stride_kt, m_i, l_i, acc, scale, D, SPLIT_, BLOCK_, DYNAMIC)
         if CLOCK_:
             stamp(Clock, (row * KVH + kvh) * SLOTS, 4, tl.max(l_i, 0).to(tl.int32), s == 0)
         acc = acc / l_i[:, None]
@@ -301,7 +284,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         extra.update(Clock=kernels_clock.CLOCK[i], CLOCK_=True)
     items = p * kvh * nsplit
     grid = programs or (items if INTERPRET else min(items, GRID_PER_SM * _sms(q.device)))
-    kernel = _split_kernel[(grid,)](
+    _split_kernel[(grid,)](
         q, k, v, lanes, positions, opart, lse, out, count,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
@@ -311,11 +294,8 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), WALK_=WALK, INDEX32_=INDEX32, EARLY_=EARLY,
-        num_warps=WARPS,
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), EARLY_=EARLY, num_warps=WARPS,
         **({"num_stages": STAGES[p]} if p in STAGES else {}), **extra, **launch_opts())
-    if not INTERPRET:  # set after the launch: the runner's warm-up rounds precede any graph capture
-        carveout(kernel, cuda_attrs.DEFAULT if CARVEOUT is None else CARVEOUT)
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,

@@ -14,7 +14,7 @@ from engine.dev.variants import VARIANTS, applied
 
 def state():
     return (dict(R.STAGED), dict(R.PROGRAMS), dict(S.CONFIGS), dict(S.GATED), P.PREFETCH_ROWS, K.GRID_PER_SM,
-            K.WALK, K.INDEX32, KF.embed_rmsnorm, decode_graph.argmax)
+            K.WARPS, dict(K.STAGES), K.EARLY, KF.embed_rmsnorm, decode_graph.argmax)
 
 
 def value(obj, key):
@@ -46,8 +46,8 @@ def test_recapture_bakes_a_variant_in_from_the_config_before_any():
 
     from engine.dev.variants import recapture
     seen = []
-    r = SimpleNamespace(capture_graph=lambda: seen.append((K.WALK, K.INDEX32, r.cfg.kernels.prefetch_rows)))
+    r = SimpleNamespace(capture_graph=lambda: seen.append((K.WARPS, K.EARLY, r.cfg.kernels.prefetch_rows)))
     base = EngineConfig()
-    for name in ("ahead32", "nopf", "base"):
+    for name in ("nw8", "early", "nopf", "base"):
         recapture(r, base, name)
-    assert seen == [(2, True, 1), (0, False, 0), (0, False, 1)] and (K.WALK, K.INDEX32) == (0, False)
+    assert seen == [(8, False, 1), (4, True, 1), (4, False, 0), (4, False, 1)] and (K.WARPS, K.EARLY) == (4, False)

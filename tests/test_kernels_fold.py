@@ -227,22 +227,3 @@ assert all(int(s[2].abs().sum()) == 0 for s in K._scratch.values())
 print("ok")
 ''')
 
-
-def test_the_key_walks_give_the_same_bits(interpret):
-    """engine/kernels.py WALK: K and V of a block asked for together (1), or a block's K and V asked
-    for before the block before it is reduced (2): only when the loads are issued changes, so every
-    output is bitwise the plain walk's (0), for rows of 1 to 3 splits and partial last blocks, folded
-    or not, float32 and bf16."""
-    interpret(cache(7, layers=1) + r'''
-pos = torch.tensor([0, 20, 32, 70, 95])
-for dtype in (torch.float32, torch.bfloat16):
-    kv.k, kv.v, qq = kv.k.to(dtype), kv.v.to(dtype), q.to(dtype)
-    for fold in (False, True):
-        K.WALK = 0
-        base = K.decode_attention(kv, 0, qq, lanes, pos, fold=fold)
-        for walk in (1, 2):
-            K.WALK = walk
-            got = K.decode_attention(kv, 0, qq, lanes, pos, fold=fold)
-            assert torch.equal(got, base), (walk, fold, dtype, (got.float() - base.float()).abs().max())
-print("ok")
-''')

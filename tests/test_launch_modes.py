@@ -131,7 +131,7 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
            "scale": "fp32", "P": "i32", "KVH": "i32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": qkn, "H": 32 if qkn else 0,
-              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False, "EARLY_": False}
+              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False, "EARLY_": False}
     if qkn:
         sig.update({"QKV": "*bf16", "stride_qkv": "i32", "WQ": "*bf16", "WK": "*bf16", "Cos": "*bf16", "Sin": "*bf16",
                     "eps": "fp32"})
@@ -177,8 +177,8 @@ def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
            "scale": "fp32", "P": "i32", "KVH": "i32", "Clock": "*i64"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": False, "H": 0, "PREFETCH_": -1,
-              "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0, "WALK_": 0,
-              "INDEX32_": False, "EARLY_": False}
+              "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0,
+              "EARLY_": False}
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -227,7 +227,7 @@ def _folded_split(p_pad: int, nsplit: int) -> tuple[dict, dict]:
            "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": nsplit,
               "FOLD": True, "PDL_": 3, "P_PAD": p_pad, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
-              "Clock": None, "CLOCK_": False, "WALK_": 0, "INDEX32_": False, "EARLY_": False}
+              "Clock": None, "CLOCK_": False, "EARLY_": False}
     return sig, consts
 
 

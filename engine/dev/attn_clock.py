@@ -7,7 +7,7 @@ over the global timer's ns between the same two stamps). Beside them, per middle
 kernel's span on the global timer over the programs with an item, how late the last of them entered,
 how far the last end trails the median, and how many of them the busiest and least busy SM ran.
 
-    PYTHONPATH=. python3 -m engine.dev.attn_clock --out $OUT [--parallel 64 --streams 64 --max-len 1024] [--variant ahead32]
+    PYTHONPATH=. python3 -m engine.dev.attn_clock --out $OUT [--parallel 64 --streams 64 --max-len 1024] [--variant st3]
 
 --variant: the graphs captured under one of engine/dev/variants.py's (default base).
 """

@@ -38,7 +38,9 @@ DOWN64 = (4096, 12288, 64)
 
 # name -> Variant. Run 47 also ran "nopre" (the first block loaded before the PDL wait: commit a3ccbab);
 # runs 52-53's norm / pf0 were module settings of engine/kernels.py at d0d79cf; run 61-62's weight
-# prefetch (w1, w8, w1c1, w1c8) is at 4670d2f; run 69's r128 / r96 at 676ee65.
+# prefetch (w1, w8, w1c1, w1c8) is at 4670d2f; run 69's r128 / r96 at 676ee65; runs 74 and 80's key walks
+# (kv, ahead, i32, kv32, ahead32: engine/kernels.py WALK, INDEX32) and carveouts (carve100, carve50p64:
+# CARVEOUT, engine/cuda_attrs.py) at 9a5a3df.
 VARIANTS: dict[str, Variant] = {
     "base": Variant(),
     "p1": Variant(parallel=1),  # the round at one row
@@ -71,10 +73,6 @@ VARIANTS: dict[str, Variant] = {
     "pf128": Variant(((P, "PREFETCH_ROWS", 128),)), "pf256": Variant(((P, "PREFETCH_ROWS", 256),)),
     # run 72: the split grid's cap at --parallel 8
     "g1": Variant(((K, "GRID_PER_SM", 1),)), "g2": Variant(((K, "GRID_PER_SM", 2),)),
-    # run 74: the key walk (engine/kernels.py WALK)
-    "kv": Variant(((K, "WALK", 1),)), "ahead": Variant(((K, "WALK", 2),)),
-    "i32": Variant(((K, "INDEX32", True),)),  # run 69's base
-    "kv32": Variant(((K, "WALK", 1), (K, "INDEX32", True))), "ahead32": Variant(((K, "WALK", 2), (K, "INDEX32", True))),
     # run 76: the split's length and the walk's block (engine/kernels.py SPLIT 256, BLOCK 64 shipped); other bits
     "s128": Variant(((K, "SPLIT", 128),)), "s64": Variant(((K, "SPLIT", 64),)),
     "b128": Variant(((K, "BLOCK", 128),)), "s128b128": Variant(((K, "SPLIT", 128), (K, "BLOCK", 128))),
@@ -85,9 +83,6 @@ VARIANTS: dict[str, Variant] = {
     # run 81: the split kernel's pipeline stages by rows (engine/kernels.py STAGES; {64: 2} shipped after it)
     "st3": Variant(((K, "STAGES", {}),), 64), "st1": Variant(((K, "STAGES", {64: 1}),), 64),
     "st2all": Variant(((K, "STAGES", {n: 2 for n in (1, 2, 4, 8, 16, 32, 64)}),)),
-    # run 80: the split kernel's shared-memory carveout (engine/kernels.py CARVEOUT)
-    "carve100": Variant(((K, "CARVEOUT", 100),)), "carve100p64": Variant(((K, "CARVEOUT", 100),), 64),
-    "carve50p64": Variant(((K, "CARVEOUT", 50),), 64),
     # run 77: the split kernel's warps a program (4 shipped)
     "nw2": Variant(((K, "WARPS", 2),)), "nw8": Variant(((K, "WARPS", 8),)),
 }

@@ -22,6 +22,19 @@ class _KV:
         self.v = torch.randn(shape, generator=g, device="cuda").bfloat16()
 
 
+def outputs(attr: str, values: dict, *args) -> dict:
+    """decode_attention(*args) at each of `values` ({label: value}) of engine/kernels.py's `attr`; the
+    module's own value restored after."""
+    saved, got = getattr(K, attr), {}
+    try:
+        for label, v in values.items():
+            setattr(K, attr, v)
+            got[label] = K.decode_attention(*args)
+    finally:
+        setattr(K, attr, saved)
+    return got
+
+
 def main(argv):
     out = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/out"
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -30,22 +43,14 @@ def main(argv):
         q = torch.randn(p, 32, 128, generator=g, device="cuda").bfloat16()
         lanes = torch.arange(p, device="cuda")
         pos = torch.tensor(([0, 63, 64, 128, 129, 1000, 2047, 4000] * 8)[:p] if p > 1 else [128], device="cuda")
-        outs = {}
-        for w in (4, 2, 8):
-            K.WARPS = w
-            outs[w] = K.decode_attention(kv, 0, q, lanes, pos)
-        K.WARPS = 4
-        for w in (2, 8):
-            res[f"{p} rows, {w} warps"] = ("equal" if torch.equal(outs[w], outs[4])
-                                           else float((outs[w].float() - outs[4].float()).abs().max()))
-        stages = {}
-        for st in (3, 2, 1):  # (run 81) the pipeline's stages at this row count
-            K.STAGES = {p: st}
-            stages[st] = K.decode_attention(kv, 0, q, lanes, pos)
-        K.STAGES = {64: 2}
-        for st in (2, 1):
-            res[f"{p} rows, {st} stages"] = ("equal" if torch.equal(stages[st], stages[3])
-                                             else float((stages[st].float() - stages[3].float()).abs().max()))
+        # the first value of each is the one the others are compared against
+        for what, attr, values in (("warps", "WARPS", {4: 4, 2: 2, 8: 8}),
+                                   ("stages", "STAGES", {st: {p: st} for st in (3, 2, 1)})):  # (run 81)
+            got = outputs(attr, values, kv, 0, q, lanes, pos)
+            first, *others = got
+            for v in others:
+                res[f"{p} rows, {v} {what}"] = ("equal" if torch.equal(got[v], got[first])
+                                                else float((got[v].float() - got[first].float()).abs().max()))
     print(json.dumps(res), flush=True)
     with open(f"{out}/warps_bits.json", "w") as f:
         json.dump(res, f)
