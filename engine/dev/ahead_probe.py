@@ -17,6 +17,7 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -55,6 +56,7 @@ def report(samples: dict, res: dict, path: str) -> None:
         res[key] = statistics.median(v)
         res[key + " samples"] = [round(x, 4) for x in v]
         print(f"{key:48s} {res[key]:.3f} ms  {[round(x, 3) for x in v]}", flush=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
 

@@ -83,6 +83,9 @@ VARIANTS: dict[str, Variant] = {
     # run 81: the split kernel's pipeline stages by rows (engine/kernels.py STAGES; {64: 2} shipped after it)
     "st3": Variant(((K, "STAGES", {}),), 64), "st1": Variant(((K, "STAGES", {64: 1}),), 64),
     "st2all": Variant(((K, "STAGES", {n: 2 for n in (1, 2, 4, 8, 16, 32, 64)}),)),
+    # run 86, a bound and not a candidate (other tokens): no add+RMSNorm kernel in the trunk, each product's
+    # output read as it is by the next one; what a norm folded into the next ring's programs could save at most
+    "nonorm": Variant(((KF, "add_rmsnorm", lambda x, r, w, eps: (x, x if r is None else r)),)),
     # run 77: the split kernel's warps a program (4 shipped)
     "nw2": Variant(((K, "WARPS", 2),)), "nw8": Variant(((K, "WARPS", 8),)),
 }
