@@ -45,9 +45,13 @@ def test_recapture_bakes_a_variant_in_from_the_config_before_any():
     from types import SimpleNamespace
 
     from engine.dev.variants import recapture
+    import engine.kernels_ring as R
     seen = []
-    r = SimpleNamespace(capture_graph=lambda: seen.append((K.WARPS, K.EARLY, r.cfg.kernels.prefetch_rows)))
+    r = SimpleNamespace(capture_graph=lambda: seen.append((K.WARPS, K.EARLY, r.cfg.kernels.prefetch_rows,
+                                                           sorted(R.PRENORM), R.STAGED.get((6144, 4096)))))
     base = EngineConfig()
-    for name in ("nw8", "early", "nopf", "base"):
+    for name in ("nw8", "early", "nopf", "pn16", "base"):
         recapture(r, base, name)
-    assert seen == [(8, False, 1), (4, True, 1), (4, False, 0), (4, False, 1)] and (K.WARPS, K.EARLY) == (4, False)
+    assert seen == [(8, False, 1, [], None), (4, True, 1, [], None), (4, False, 0, [], None),
+                    (4, False, 1, [1, 2, 4, 8], 16), (4, False, 1, [], None)]
+    assert (K.WARPS, K.EARLY, R.PRENORM, R.STAGED) == (4, False, set(), {})

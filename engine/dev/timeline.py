@@ -9,6 +9,7 @@ the round's time beyond the weights' stream goes.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 
@@ -65,6 +66,7 @@ def main(argv):
         res["layer_path_us"] = layer_path(mid)
         res["span_us"] = statistics.median(res["round_us"])
     print(json.dumps({k: v for k, v in res.items() if k != "one_round"}, indent=1), flush=True)
+    os.makedirs(out, exist_ok=True)
     with open(f"{out}/timeline.json", "w") as f:
         json.dump(res, f, indent=1)
 

@@ -86,6 +86,11 @@ VARIANTS: dict[str, Variant] = {
     # run 86, a bound and not a candidate (other tokens): no add+RMSNorm kernel in the trunk, each product's
     # output read as it is by the next one; what a norm folded into the next ring's programs could save at most
     "nonorm": Variant(((KF, "add_rmsnorm", lambda x, r, w, eps: (x, x if r is None else r)),)),
+    # run 87: q/k/v and gate/up take the add+RMSNorm before them in (engine/kernels_ring.py PRENORM) at these
+    # rows; pn16: and stage their whole ring of W before the norm is done
+    "pn": Variant(((R, "PRENORM", {1, 2, 4, 8}),)), "pn1": Variant(((R, "PRENORM", {1}),)),
+    "pn16": Variant(((R, "PRENORM", {1, 2, 4, 8}), (R.STAGED, (6144, 4096), 16),
+                     (R.STAGED, (24576, 4096, "gated"), 16))),
     # run 77: the split kernel's warps a program (4 shipped)
     "nw2": Variant(((K, "WARPS", 2),)), "nw8": Variant(((K, "WARPS", 8),)),
 }
