@@ -44,6 +44,7 @@ _NORM_N, _NORM_REGS = 4096, 96  # the add+RMSNorm a ring takes in (NORM): qwen3-
 # the round's row counts where q/k/v and gate/up take the add+RMSNorm before them in (NORM): each program norms
 # the rows itself, so the norm kernel and its boundary leave the round (engine/dev/PERF.md runs 86-87)
 PRENORM: set[int] = set()
+_PROBE = 0  # run 88's timing probes of NORM (other bits): 1 without the proxy fence, 2 without the rows normed
 
 
 BROKEN: list[str] = []  # why the ring failed in this process (then the Triton kernels take every product)
@@ -171,18 +172,27 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _prenorm(xready, X, R, NW, XOut, Hs, M, stride_r, N, eps, PDL: gl.constexpr, MR: gl.constexpr,
-                 BLOCK: gl.constexpr):
+                 BLOCK: gl.constexpr, PROBE: gl.constexpr = 0):
         """The 8-warp partition (NORM): once the kernel before has ended, x + r's MR rows (M of them real) and
         their norm, as kernels_fused._add_rmsnorm_kernel computes each row, into this program's 8 rows of Hs
         (program 0 also writes x + r); then the loader may copy them. W streams meanwhile: it never waits for
         the kernel before. A row's elements lie as the kernel's launches lay them out (8 warps, 8 elements a
         thread a step: 16-byte aligned rows), so its sum runs in the same order (tests/test_kernels_ring_norm.py),
         and every row's loads are in flight together."""
-        lay: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, 8], [1, 0])
         e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
         if PDL:
             gl.inline_asm_elementwise(GDC, "=r,r", [e], dtype=gl.int32, is_pure=False, pack=1)
         pid = gl.program_id(0)
+        if PROBE < 2:  # (PROBE, run 88's timing probes only: 1 no fence, 2 no rows normed either)
+            _norm_rows(X, R, NW, XOut, Hs, M, stride_r, N, eps, pid, MR, BLOCK, PROBE)
+        gl.thread_barrier()
+        mbarrier.arrive(xready)
+
+    @gluon.jit
+    def _norm_rows(X, R, NW, XOut, Hs, M, stride_r, N, eps, pid, MR: gl.constexpr, BLOCK: gl.constexpr,
+                   PROBE: gl.constexpr):
+        lay: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, 8], [1, 0])
+        e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
         rows = gl.arange(0, MR, layout=gl.SliceLayout(1, lay))[:, None]
         c = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, lay))[None, :]
         m = (c < N) & (rows < M)
@@ -193,16 +203,15 @@ if HAVE_GLUON:
         inv = 1.0 / gl.sqrt(gl.sum(xf * xf, 1) / N + eps)
         y = (xf * inv[:, None]).to(gl.bfloat16).to(gl.float32) * gl.load(NW + c, mask=c < N, other=0.0).to(gl.float32)
         gl.store(Hs + (pid * XR).to(gl.int64) * N + rows * N + c, y.to(gl.bfloat16), mask=m)
-        # the rows written through the generic proxy, read by the loader's TMA (the async proxy)
-        gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-        gl.thread_barrier()
-        mbarrier.arrive(xready)
+        if PROBE == 0:  # the rows written through the generic proxy, read by the loader's TMA (the async proxy)
+            gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32,
+                                      is_pure=False, pack=1)
 
     @gluon.jit
     def ring_kernel(wd, xd, Y, M, T, I, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
                     PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr, X=None, R=None, NW=None, XOut=None,
-                    Hs=None, stride_r=0, eps=0.0, NORM: gl.constexpr = False, MR: gl.constexpr = 8):
+                    Hs=None, stride_r=0, eps=0.0, NORM: gl.constexpr = False, MR: gl.constexpr = 8,
+                    PROBE: gl.constexpr = 0):
         """T tiles of NB columns (GATED: NB of gate at rows t * NB, the same of up at I + t * NB).
         NORM: x is add+RMSNorm(X + R) by NW, which the program computes (MR rows, M of them real)."""
         XC: gl.constexpr = BK // 64
@@ -221,7 +230,8 @@ if HAVE_GLUON:
             gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
                                 (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB, xready,
                                            NORM)),
-                                (_prenorm, (xready, X, R, NW, XOut, Hs, M, stride_r, K, eps, PDL, MR, NORM_BLOCK))],
+                                (_prenorm, (xready, X, R, NW, XOut, Hs, M, stride_r, K, eps, PDL, MR, NORM_BLOCK,
+                                            PROBE))],
                                [1, 8], [48, NORM_REGS])
         else:
             gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
@@ -340,7 +350,7 @@ def product_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, norm_w: torc
         _rows[key] = torch.empty(key[1] * _XR, k, dtype=torch.bfloat16, device=r.device)
     xo = torch.empty_like(x) if x_out is None else x_out
     y = _launch(_rows[key], m, w, split, gated, pdl, None, X=x, R=r, NW=norm_w, XOut=xo, Hs=_rows[key],
-                stride_r=r.stride(0), eps=eps, NORM=True, MR=1 << (m - 1).bit_length())
+                stride_r=r.stride(0), eps=eps, NORM=True, MR=1 << (m - 1).bit_length(), PROBE=_PROBE)
     return xo, y
 
 

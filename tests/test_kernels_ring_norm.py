@@ -87,7 +87,7 @@ def _ring(rows: int, gated: bool = False, pdl: bool = True):
     names = R.ring_kernel.arg_names  # attrs go by the kernel's argument positions
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("Y", "K", "X", "R", "NW", "XOut", "Hs", "stride_r")}
     src = GluonASTSource(fn=R.ring_kernel, signature=sig, attrs=attrs, constexprs={
-        "SPLIT": 1, "GATED": gated, "PDL": pdl, "S": 8, "NB": nb, "NORM": True, "MR": rows})
+        "SPLIT": 1, "GATED": gated, "PDL": pdl, "S": 8, "NB": nb, "NORM": True, "MR": rows, "PROBE": 0})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 

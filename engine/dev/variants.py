@@ -91,6 +91,9 @@ VARIANTS: dict[str, Variant] = {
     "pn": Variant(((R, "PRENORM", {1, 2, 4, 8}),)), "pn1": Variant(((R, "PRENORM", {1}),)),
     "pn16": Variant(((R, "PRENORM", {1, 2, 4, 8}), (R.STAGED, (6144, 4096), 16),
                      (R.STAGED, (24576, 4096, "gated"), 16))),
+    # run 88, timing probes of pn (other bits): without the proxy fence; without the rows normed either
+    "pnnofence": Variant(((R, "PRENORM", {1, 2, 4, 8}), (R, "_PROBE", 1))),
+    "pnskel": Variant(((R, "PRENORM", {1, 2, 4, 8}), (R, "_PROBE", 2))),
     # run 77: the split kernel's warps a program (4 shipped)
     "nw2": Variant(((K, "WARPS", 2),)), "nw8": Variant(((K, "WARPS", 8),)),
 }
