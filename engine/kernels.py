@@ -40,10 +40,6 @@ BLOCK = 64
 GRID_PER_SM = 32
 # The split kernel's warps a program (run 77: 2 and 8 slower than 4).
 WARPS = 4
-# The split kernel's programs without an item (at one row and context 128: 1,024 of 1,032) leave before
-# the PDL wait, reading the positions early (written before the round's first kernel), where now they wait
-# for q/k/v holding 71.7 KB of shared memory each until it ends. Not measured on the device yet (PERF.md run 85's plan).
-EARLY = False
 # The split kernel's software-pipeline stages by the round's padded rows (Triton's default, 3, elsewhere).
 # As launched (strides divisible by 16) 3 stages take 71.7 KB of shared memory a program on sm_90, so an
 # SM holds three: at 64 rows items past 396 (of 512 at context 128) start one item, 13 us, late (runs
@@ -118,8 +114,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False,
-                  EARLY_: tl.constexpr = False):
+                  PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -135,8 +130,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         if pid < pk:
             prefetch_first_split(K, V, Lanes, Pos, pid // KVH, pid % KVH, stride_kb, stride_kt, stride_kh, D,
                             PREFETCH_, WQ, WK, Cos, Sin, QKN)
-    if not EARLY_:
-        pdl_wait(PDL_)
+    pdl_wait(PDL_)
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
         # int64 (the positions'); an int32 item index measured no faster (engine/dev/PERF.md runs 69, 74)
@@ -146,18 +140,12 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
         most = tl.max(tl.load(Pos + r, mask=r < P, other=0)) + 1
         if CLOCK_:
             stamp(Clock, pid * SLOTS, 2, most.to(tl.int32), pid < pk)
-        items = pk * ((most + SPLIT_ - 1) // SPLIT_)
-        if EARLY_:  # the positions were written before the round's first kernel, so a program without an
-            if pid < items:  # item leaves without waiting and frees its SM for the kernels after it
-                pdl_wait(PDL_)
-        for w in range(pid, items, g):
+        for w in range(pid, pk * ((most + SPLIT_ - 1) // SPLIT_), g):
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
                         stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
                         NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_)
     else:  # the interpreter cannot loop to a run-time bound: ITEMS turns, past the last masked
-        if EARLY_:
-            pdl_wait(PDL_)
         for i in range(0, ITEMS):
             w = pid + i * g
             if w < pk * NSPLIT:
@@ -294,7 +282,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), EARLY_=EARLY, num_warps=WARPS,
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), num_warps=WARPS,
         **({"num_stages": STAGES[p]} if p in STAGES else {}), **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](

@@ -57,33 +57,6 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: f
     return xo, y
 
 
-class PendingNorm:
-    """add_rmsnorm(x, r, w, eps) not run yet: the decode product that reads the norm may compute it itself
-    (engine/kernels_ring.py product_norm); `normed()` runs the kernel where it does not. Either way
-    `x_out` receives x + r, once."""
-
-    def __init__(self, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float):
-        self.x, self.r, self.w, self.eps = x, r, w, eps
-        self.x_out, self._h = torch.empty_like(x), None
-
-    @classmethod
-    def of(cls, x, r, w, eps):
-        """(x + r as it will be, the pending norm)."""
-        p = cls(x, r, w, eps)
-        return p.x_out, p
-
-    @property
-    def shape(self):
-        return self.x.shape
-
-    def normed(self) -> torch.Tensor:
-        if self._h is None:
-            self._h = torch.empty_like(self.x)
-            rows, n = self.x.shape
-            _norm(rows, n, self.x, self.r, self.w, self.x_out, self._h, self.eps, HAS_R=True, PREFETCH_=prefetch_on())
-        return self._h
-
-
 def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: float):
     """Returns (table[ids], rmsnorm(table[ids]) * w): add_rmsnorm(embedding(ids), None, w) in one
     kernel, the same bits (the rows are copied, then normed as add_rmsnorm norms them)."""

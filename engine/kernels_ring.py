@@ -40,11 +40,6 @@ _BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stag
 _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
 STAGED: dict[tuple, int] = {}  # SHAPES' keys -> stages staged before the wait, where not _STAGED
 MAX_ROWS = _XR
-_NORM_N, _NORM_REGS = 4096, 96  # the add+RMSNorm a ring takes in (NORM): qwen3-8b's hidden; that partition's registers
-# the round's row counts where q/k/v and gate/up take the add+RMSNorm before them in (NORM): each program norms
-# the rows itself, so the norm kernel and its boundary leave the round (engine/dev/PERF.md runs 86-87)
-PRENORM: set[int] = set()
-_PROBE = 0  # run 88's timing probes of NORM (other bits): 1 without the proxy fence, 2 without the rows normed
 
 
 BROKEN: list[str] = []  # why the ring failed in this process (then the Triton kernels take every product)
@@ -63,7 +58,6 @@ def available() -> bool:
 if HAVE_GLUON:
     BN, BK, NS, P, XR = (gl.constexpr(v) for v in (_BN, _BK, _NS, _P, _XR))
     GDC = gl.constexpr("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;")
-    NORM_BLOCK, NORM_REGS = gl.constexpr(_NORM_N), gl.constexpr(_NORM_REGS)
 
     @gluon.jit
     def _a64(x_s, i):
@@ -72,7 +66,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _stage(wd, xd, w_s, x_s, ready, empty, c, row0, up0, k, W: gl.constexpr, X: gl.constexpr,
-               GATED: gl.constexpr, NB: gl.constexpr, x0=0):
+               GATED: gl.constexpr, NB: gl.constexpr):
         """Stage c into slot c % NS: wait until the MMA warps released the slot's last use (c - NS;
         one "empty" barrier a P-stage group), arm "ready" for W and x, then W and / or x's copies."""
         s = c % NS
@@ -84,31 +78,26 @@ if HAVE_GLUON:
                 tma.async_copy_global_to_shared(wd, [up0, k], ready.index(s), w_s.index(s).slice(NB, NB))
         if X:
             for q in gl.static_range(BK // 64):
-                tma.async_copy_global_to_shared(xd, [x0, k + 64 * q], ready.index(s), x_s.index(s * (BK // 64) + q))
+                tma.async_copy_global_to_shared(xd, [0, k + 64 * q], ready.index(s), x_s.index(s * (BK // 64) + q))
 
     @gluon.jit
     def _loader(wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT: gl.constexpr, GATED: gl.constexpr,
-                PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr, xready=None, NORM: gl.constexpr = False):
-        """The 1-warp partition: every TMA copy of this program's tiles pid, pid + grid, ...
-        NORM: x is this program's own 8 rows of the normed rows, once the norm partition has written them."""
+                PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr):
+        """The 1-warp partition: every TMA copy of this program's tiles pid, pid + grid, ..."""
         pid, NP = gl.program_id(0), gl.num_programs(0)
         KT = K // BK
-        x0 = pid * XR if NORM else 0
-        if PDL or NORM:  # the first S stages' W before the wait (or the norm); their x after it
+        if PDL:  # the first S stages' W before the wait; their x after it
             for q in gl.static_range(S):
                 _stage(wd, xd, w_s, x_s, ready, empty, q, pid * NB, I + pid * NB, q * BK, True, False, GATED, NB)
-            if NORM:
-                mbarrier.wait(xready, 0)
-            else:
-                warm = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-                gl.inline_asm_elementwise(GDC, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
+            warm = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+            gl.inline_asm_elementwise(GDC, "=r,r", [warm], dtype=gl.int32, is_pure=False, pack=1)
             for q in gl.static_range(S):
-                _stage(wd, xd, w_s, x_s, ready, empty, q, pid * NB, I + pid * NB, q * BK, False, True, GATED, NB, x0)
+                _stage(wd, xd, w_s, x_s, ready, empty, q, pid * NB, I + pid * NB, q * BK, False, True, GATED, NB)
         c = 0
         for t in range(pid, T, NP):
             for j in range(KT):
-                if (c >= S) | (not (PDL or NORM)):
-                    _stage(wd, xd, w_s, x_s, ready, empty, c, t * NB, I + t * NB, j * BK, True, True, GATED, NB, x0)
+                if (c >= S) | (not PDL):
+                    _stage(wd, xd, w_s, x_s, ready, empty, c, t * NB, I + t * NB, j * BK, True, True, GATED, NB)
                 c += 1
 
     @gluon.jit
@@ -171,49 +160,9 @@ if HAVE_GLUON:
             gl.store(Y + rm[:, None] * stride_y + rn[None, :], acc.to(gl.bfloat16), mask=rm[:, None] < M)
 
     @gluon.jit
-    def _prenorm(xready, X, R, NW, XOut, Hs, M, stride_r, N, eps, PDL: gl.constexpr, MR: gl.constexpr,
-                 BLOCK: gl.constexpr, PROBE: gl.constexpr = 0):
-        """The 8-warp partition (NORM): once the kernel before has ended, x + r's MR rows (M of them real) and
-        their norm, as kernels_fused._add_rmsnorm_kernel computes each row, into this program's 8 rows of Hs
-        (program 0 also writes x + r); then the loader may copy them. W streams meanwhile: it never waits for
-        the kernel before. A row's elements lie as the kernel's launches lay them out (8 warps, 8 elements a
-        thread a step: 16-byte aligned rows), so its sum runs in the same order (tests/test_kernels_ring_norm.py),
-        and every row's loads are in flight together."""
-        e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
-        if PDL:
-            gl.inline_asm_elementwise(GDC, "=r,r", [e], dtype=gl.int32, is_pure=False, pack=1)
-        pid = gl.program_id(0)
-        if PROBE < 2:  # (PROBE, run 88's timing probes only: 1 no fence, 2 no rows normed either)
-            _norm_rows(X, R, NW, XOut, Hs, M, stride_r, N, eps, pid, MR, BLOCK, PROBE)
-        gl.thread_barrier()
-        mbarrier.arrive(xready)
-
-    @gluon.jit
-    def _norm_rows(X, R, NW, XOut, Hs, M, stride_r, N, eps, pid, MR: gl.constexpr, BLOCK: gl.constexpr,
-                   PROBE: gl.constexpr):
-        lay: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, 8], [1, 0])
-        e = gl.arange(0, 256, layout=gl.BlockedLayout([1], [32], [8], [0]))
-        rows = gl.arange(0, MR, layout=gl.SliceLayout(1, lay))[:, None]
-        c = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, lay))[None, :]
-        m = (c < N) & (rows < M)
-        x = gl.load(X + rows * N + c, mask=m, other=0.0)
-        x = (x.to(gl.float32) + gl.load(R + rows * stride_r + c, mask=m, other=0.0).to(gl.float32)).to(gl.bfloat16)
-        gl.store(XOut + rows * N + c, x, mask=m & (pid == 0))
-        xf = x.to(gl.float32)
-        inv = 1.0 / gl.sqrt(gl.sum(xf * xf, 1) / N + eps)
-        y = (xf * inv[:, None]).to(gl.bfloat16).to(gl.float32) * gl.load(NW + c, mask=c < N, other=0.0).to(gl.float32)
-        gl.store(Hs + (pid * XR).to(gl.int64) * N + rows * N + c, y.to(gl.bfloat16), mask=m)
-        if PROBE == 0:  # the rows written through the generic proxy, read by the loader's TMA (the async proxy)
-            gl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r,r", [e], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-
-    @gluon.jit
     def ring_kernel(wd, xd, Y, M, T, I, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr, X=None, R=None, NW=None, XOut=None,
-                    Hs=None, stride_r=0, eps=0.0, NORM: gl.constexpr = False, MR: gl.constexpr = 8,
-                    PROBE: gl.constexpr = 0):
-        """T tiles of NB columns (GATED: NB of gate at rows t * NB, the same of up at I + t * NB).
-        NORM: x is add+RMSNorm(X + R) by NW, which the program computes (MR rows, M of them real)."""
+                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr):
+        """T tiles of NB columns (GATED: NB of gate at rows t * NB, the same of up at I + t * NB)."""
         XC: gl.constexpr = BK // 64
         w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], wd.layout)
         # 8-row x slots, XC a stage, and as many spare: a wgmma's 64-row A view runs 7 slots on
@@ -224,19 +173,9 @@ if HAVE_GLUON:
             mbarrier.init(ready.index(j), count=1)
         for j in gl.static_range(NS // P):
             mbarrier.init(empty.index(j), count=1)
-        if NORM:
-            xready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
-            mbarrier.init(xready, count=1)
-            gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
-                                (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB, xready,
-                                           NORM)),
-                                (_prenorm, (xready, X, R, NW, XOut, Hs, M, stride_r, K, eps, PDL, MR, NORM_BLOCK,
-                                            PROBE))],
-                               [1, 8], [48, NORM_REGS])
-        else:
-            gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
-                                (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB))],
-                               [1], [48])
+        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
+                            (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB))],
+                           [1], [48])
 
 
 
@@ -298,12 +237,8 @@ def try_product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = 
                 out: torch.Tensor | None = None) -> torch.Tensor | None:
     """product(), or None where it fails (a compile or launch error: the first is in a decode graph's
     warm-up, before capture): the reason goes to BROKEN and the log, and the caller runs the Triton kernel."""
-    return _tried(product, x, w, split, gated, pdl, out)
-
-
-def _tried(fn, *args):
     try:
-        return fn(*args)
+        return product(x, w, split, gated, pdl, out)
     except Exception as e:  # pragma: no cover - depends on the device's Triton
         import logging
         BROKEN.append(repr(e)[:500])
@@ -315,61 +250,14 @@ def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = Fals
             out: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w^T in K ranges of `split` (gated: silu(x @ Wg^T) * (x @ Wu^T), w = [Wg; Wu]) -> [M, N or N/2].
     pdl: launched with programmatic dependent launch, W staged before the wait."""
-    return _launch(x, x.shape[0], w, split, gated, pdl, out)
-
-
-def norm_takes(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, split: int,
-               gated: bool = False) -> bool:
-    """Whether product_norm takes the product of add_rmsnorm(x, r, norm_w) by w: PRENORM has the row count, the
-    ring takes the product, the rows are _NORM_N wide, x, r and norm_w contiguous bf16, 16-byte aligned (else
-    Triton compiles the norm kernel in another layout, another sum's order)."""
-    return (r.shape[0] in PRENORM and takes(r, w, split, gated) and r.shape[1] == _NORM_N and x.shape == r.shape
-            and x.is_contiguous() and r.is_contiguous() and x.dtype == norm_w.dtype == torch.bfloat16
-            and norm_w.shape == (_NORM_N,) and norm_w.is_contiguous() and x.device == r.device == norm_w.device
-            and x.data_ptr() % 16 == 0 and norm_w.data_ptr() % 16 == 0)
-
-
-def try_product_norm(x, r, w, norm_w, eps: float, split: int = 1, gated: bool = False, pdl: bool = False,
-                     x_out: torch.Tensor | None = None):
-    """product_norm(), or None where it fails (as try_product)."""
-    return _tried(product_norm, x, r, w, norm_w, eps, split, gated, pdl, x_out)
-
-
-_rows: dict = {}  # (device, programs, K) -> the normed rows NORM's programs write, 8 a program, for their x copies
-
-
-def product_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, eps: float,
-                 split: int = 1, gated: bool = False, pdl: bool = False,
-                 x_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels_fused.add_rmsnorm(x, r, norm_w, eps), then product() of the norm by w, in one launch and
-    with the same bits: each program norms the rows itself (the 8 rows of x it copies are its own).
-    Returns (x + r, into x_out if given, and the product)."""
-    m, k = r.shape
-    key = (r.device, _programs(w.shape[0], k, gated, r.device), k)
-    if key not in _rows:  # allocated once, before a graph capture uses it (warm-up rounds)
-        _rows[key] = torch.empty(key[1] * _XR, k, dtype=torch.bfloat16, device=r.device)
-    xo = torch.empty_like(x) if x_out is None else x_out
-    y = _launch(_rows[key], m, w, split, gated, pdl, None, X=x, R=r, NW=norm_w, XOut=xo, Hs=_rows[key],
-                stride_r=r.stride(0), eps=eps, NORM=True, MR=1 << (m - 1).bit_length(), PROBE=_PROBE)
-    return xo, y
-
-
-def _programs(n: int, k: int, gated: bool, device) -> int:
-    tiles = (n // 2 if gated else n) // SHAPES[(n, k, "gated") if gated else (n, k)]
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(tiles, sms, PROGRAMS.get((n, k, "gated") if gated else (n, k), sms))
-
-
-def _launch(xs: torch.Tensor, m: int, w: torch.Tensor, split: int, gated: bool, pdl: bool, out, **norm):
-    """The ring over m rows, its x copied from xs (norm: the normed rows' buffer, a program's 8 rows its own)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    n, k = w.shape
+    m, (n, k) = x.shape[0], w.shape
     tiles, nb = plan(n, k, m, split, gated)
     cols = n // 2 if gated else n
     y = torch.empty(m, cols, dtype=w.dtype, device=w.device) if out is None else out
-    xd = TensorDescriptor.from_tensor(xs, [_XR, 64], layout())
-    staged = _staged(n, k, gated) if pdl or norm else 0
-    ring_kernel[(_programs(n, k, gated, w.device),)](
-        _wdesc(w, nb), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated, PDL=pdl, S=staged, NB=nb,
-        num_warps=4, **norm, **({"launch_pdl": True} if pdl else {}))
+    xd = TensorDescriptor.from_tensor(x, [_XR, 64], layout())
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    grid = min(tiles, sms, PROGRAMS.get((n, k, "gated") if gated else (n, k), sms))
+    ring_kernel[(grid,)](_wdesc(w, nb), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated,
+                        PDL=pdl, S=_staged(n, k, gated) if pdl else 0, NB=nb, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y

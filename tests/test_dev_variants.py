@@ -14,7 +14,7 @@ from engine.dev.variants import VARIANTS, applied
 
 def state():
     return (dict(R.STAGED), dict(R.PROGRAMS), dict(S.CONFIGS), dict(S.GATED), P.PREFETCH_ROWS, K.GRID_PER_SM,
-            K.WARPS, dict(K.STAGES), K.EARLY, KF.embed_rmsnorm, decode_graph.argmax)
+            K.WARPS, dict(K.STAGES), KF.embed_rmsnorm, decode_graph.argmax)
 
 
 def value(obj, key):
@@ -45,13 +45,10 @@ def test_recapture_bakes_a_variant_in_from_the_config_before_any():
     from types import SimpleNamespace
 
     from engine.dev.variants import recapture
-    import engine.kernels_ring as R
     seen = []
-    r = SimpleNamespace(capture_graph=lambda: seen.append((K.WARPS, K.EARLY, r.cfg.kernels.prefetch_rows,
-                                                           sorted(R.PRENORM), R.STAGED.get((6144, 4096)))))
+    r = SimpleNamespace(capture_graph=lambda: seen.append((K.WARPS, dict(K.STAGES), r.cfg.kernels.prefetch_rows)))
     base = EngineConfig()
-    for name in ("nw8", "early", "nopf", "pn16", "base"):
+    for name in ("nw8", "st3", "nopf", "base"):
         recapture(r, base, name)
-    assert seen == [(8, False, 1, [], None), (4, True, 1, [], None), (4, False, 0, [], None),
-                    (4, False, 1, [1, 2, 4, 8], 16), (4, False, 1, [], None)]
-    assert (K.WARPS, K.EARLY, R.PRENORM, R.STAGED) == (4, False, set(), {})
+    assert seen == [(8, {64: 2}, 1), (4, {}, 1), (4, {64: 2}, 0), (4, {64: 2}, 1)]
+    assert (K.WARPS, K.STAGES) == (4, {64: 2})

@@ -131,7 +131,7 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
            "scale": "fp32", "P": "i32", "KVH": "i32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": qkn, "H": 32 if qkn else 0,
-              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False, "EARLY_": False}
+              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False}
     if qkn:
         sig.update({"QKV": "*bf16", "stride_qkv": "i32", "WQ": "*bf16", "WK": "*bf16", "Cos": "*bf16", "Sin": "*bf16",
                     "eps": "fp32"})
@@ -177,8 +177,7 @@ def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
            "scale": "fp32", "P": "i32", "KVH": "i32", "Clock": "*i64"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": False, "H": 0, "PREFETCH_": -1,
-              "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0,
-              "EARLY_": False}
+              "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0}
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -227,7 +226,7 @@ def _folded_split(p_pad: int, nsplit: int) -> tuple[dict, dict]:
            "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": nsplit,
               "FOLD": True, "PDL_": 3, "P_PAD": p_pad, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
-              "Clock": None, "CLOCK_": False, "EARLY_": False}
+              "Clock": None, "CLOCK_": False}
     return sig, consts
 
 
@@ -252,15 +251,3 @@ def test_two_pipeline_stages_let_an_sm_hold_four_split_programs():
     assert sm // shared(3) == 3
     assert sm // shared(K.STAGES[64]) >= 4
 
-
-def test_with_early_the_split_kernel_reads_the_positions_before_its_wait_and_stores_none():
-    """engine/kernels.py EARLY: a program first reads the round's positions (written before its first
-    kernel), so one without an item can leave without the PDL wait; every store still comes after it.
-    Without EARLY the positions are read after the wait, as shipped."""
-    sig, consts = _folded_split(8, 129)
-    for early in (False, True):
-        order = _ptx_order(K._split_kernel, sig, {**consts, "EARLY_": early}, num_warps=4)
-        before = order[:order.index("griddepcontrol.wait")]
-        assert order.count("griddepcontrol.wait") == 1 and "st.global" not in before
-        assert before == (["griddepcontrol.launch_dependents", "ld.global"] if early
-                          else ["griddepcontrol.launch_dependents"])

@@ -40,7 +40,9 @@ DOWN64 = (4096, 12288, 64)
 # runs 52-53's norm / pf0 were module settings of engine/kernels.py at d0d79cf; run 61-62's weight
 # prefetch (w1, w8, w1c1, w1c8) is at 4670d2f; run 69's r128 / r96 at 676ee65; runs 74 and 80's key walks
 # (kv, ahead, i32, kv32, ahead32: engine/kernels.py WALK, INDEX32) and carveouts (carve100, carve50p64:
-# CARVEOUT, engine/cuda_attrs.py) at 9a5a3df.
+# CARVEOUT, engine/cuda_attrs.py) at 9a5a3df; run 85's early exit (early, earlyp64: engine/kernels.py EARLY) and
+# runs 87-88's norm taken into the next ring (pn, pn1, pn16, pnnofence, pnskel: engine/kernels_ring.py PRENORM,
+# NORM) at fc62108.
 VARIANTS: dict[str, Variant] = {
     "base": Variant(),
     "p1": Variant(parallel=1),  # the round at one row
@@ -78,22 +80,12 @@ VARIANTS: dict[str, Variant] = {
     "b128": Variant(((K, "BLOCK", 128),)), "s128b128": Variant(((K, "SPLIT", 128), (K, "BLOCK", 128))),
     # run 79: o at 64 rows back on cuBLAS (no PDL: its programs are not resident while the attention runs)
     "o64cublas": Variant(((S.CONFIGS, (4096, 4096, 64), None),), 64),
-    # run 85: the split kernel's programs without an item leave before the PDL wait (engine/kernels.py EARLY)
-    "early": Variant(((K, "EARLY", True),)), "earlyp64": Variant(((K, "EARLY", True),), 64),
     # run 81: the split kernel's pipeline stages by rows (engine/kernels.py STAGES; {64: 2} shipped after it)
     "st3": Variant(((K, "STAGES", {}),), 64), "st1": Variant(((K, "STAGES", {64: 1}),), 64),
     "st2all": Variant(((K, "STAGES", {n: 2 for n in (1, 2, 4, 8, 16, 32, 64)}),)),
     # run 86, a bound and not a candidate (other tokens): no add+RMSNorm kernel in the trunk, each product's
     # output read as it is by the next one; what a norm folded into the next ring's programs could save at most
     "nonorm": Variant(((KF, "add_rmsnorm", lambda x, r, w, eps: (x, x if r is None else r)),)),
-    # run 87: q/k/v and gate/up take the add+RMSNorm before them in (engine/kernels_ring.py PRENORM) at these
-    # rows; pn16: and stage their whole ring of W before the norm is done
-    "pn": Variant(((R, "PRENORM", {1, 2, 4, 8}),)), "pn1": Variant(((R, "PRENORM", {1}),)),
-    "pn16": Variant(((R, "PRENORM", {1, 2, 4, 8}), (R.STAGED, (6144, 4096), 16),
-                     (R.STAGED, (24576, 4096, "gated"), 16))),
-    # run 88, timing probes of pn (other bits): without the proxy fence; without the rows normed either
-    "pnnofence": Variant(((R, "PRENORM", {1, 2, 4, 8}), (R, "_PROBE", 1))),
-    "pnskel": Variant(((R, "PRENORM", {1, 2, 4, 8}), (R, "_PROBE", 2))),
     # run 77: the split kernel's warps a program (4 shipped)
     "nw2": Variant(((K, "WARPS", 2),)), "nw8": Variant(((K, "WARPS", 8),)),
 }
