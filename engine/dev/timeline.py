@@ -4,7 +4,7 @@ CUDA activity for 10 rounds. Writes, per kernel of the round in order, its name,
 idle gap before it, a summary by kernel name, and the critical path a layer (`layer_path`): where
 the round's time beyond the weights' stream goes.
 
-    PYTHONPATH=. python3 -m engine.dev.timeline --out $OUT [--parallel 64 --streams 64]
+    PYTHONPATH=. python3 -m engine.dev.timeline --out $OUT [--parallel 64 --streams 64] [--variant NAME]
 """
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def main(argv):
     streams = int(argv[argv.index("--streams") + 1]) if "--streams" in argv else 1
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
                                   max_model_len=1024, prefill_rows=256))
+    if "--variant" in argv:  # a decode-graph variant (engine/dev/variants.py) captured in place of the defaults
+        from engine.dev.variants import recapture
+        recapture(r, r.cfg, argv[argv.index("--variant") + 1])
     lanes = list(range(streams))
     toks, pos = [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(128)]) for ln in lanes], 128
     for _ in range(5):
