@@ -86,6 +86,8 @@ VARIANTS: dict[str, Variant] = {
     # run 86, a bound and not a candidate (other tokens): no add+RMSNorm kernel in the trunk, each product's
     # output read as it is by the next one; what a norm folded into the next ring's programs could save at most
     "nonorm": Variant(((KF, "add_rmsnorm", lambda x, r, w, eps: (x, x if r is None else r)),)),
+    # run 90: fewer stages of W staged before the wait in every ring (8 shipped; run 33: 12 and 16 lost)
+    **{f"stg{n}": Variant(tuple((R.STAGED, key, n) for key in R.SHAPES)) for n in (2, 4, 6)},
     # run 77: the split kernel's warps a program (4 shipped)
     "nw2": Variant(((K, "WARPS", 2),)), "nw8": Variant(((K, "WARPS", 8),)),
 }
