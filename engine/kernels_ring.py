@@ -147,37 +147,41 @@ if HAVE_GLUON:
         return acc, acu
 
     @gluon.jit
-    def _krange_norm(xa, xb, w_s, ready, empty, c, lay: gl.constexpr, GATED: gl.constexpr, NB: gl.constexpr):
-        """_krange over a whole NORM_BLOCK of K from stage c (a tile's first), x's K chunk j in slot j of xa, or
-        of xb past TAIL: the same wgmmas in the same order, their A from the slots the MMA warps wrote."""
+    def _group(xs, slot, w_s, ready, empty, t, rel, acc, acu, lay: gl.constexpr, GATED: gl.constexpr,
+               NB: gl.constexpr):
+        """P stages from stage t on, x's chunks from `slot` of xs on (NORM); the group before released if rel."""
         XC: gl.constexpr = BK // 64
+        for u in gl.static_range(P):
+            mbarrier.wait(ready.index((t + u) % NS), ((t + u) // NS) & 1)
+        for u in gl.static_range(P):
+            w = w_s.index((t + u) % NS)
+            for q in gl.static_range(XC):
+                a = _a64(xs, slot + u * XC + q)
+                if GATED:
+                    acc = warpgroup_mma(a, w.slice(0, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acc, is_async=True)
+                    acu = warpgroup_mma(a, w.slice(NB, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acu, is_async=True)
+                else:
+                    acc = warpgroup_mma(a, w.slice(0, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acc, is_async=True)
+        if GATED:
+            acc, acu = warpgroup_mma_wait(2 * P * XC, deps=[acc, acu])
+        else:
+            acc = warpgroup_mma_wait(P * XC, deps=[acc])
+        if rel:
+            mbarrier.arrive(empty.index(((t - P) % NS) // P))
+        return acc, acu
+
+    @gluon.jit
+    def _krange_norm(xa, xb, w_s, ready, empty, c, lay: gl.constexpr, GATED: gl.constexpr, NB: gl.constexpr):
+        """_krange over a whole NORM_BLOCK of K from stage c (a tile's first), x's K chunk j in slot j of xa, the
+        last group's (from TAIL on) in xb's first slots: the same wgmmas in the same order. (A run-time loop, so
+        the chunks' views are made where used, not hoisted and spilled.)"""
+        XC: gl.constexpr = BK // 64
+        G: gl.constexpr = NORM_BLOCK // BK // P
         acc = gl.zeros([64, NB], gl.float32, layout=lay)
         acu = gl.zeros([64, NB], gl.float32, layout=lay)
-        for i in gl.static_range(NORM_BLOCK // BK // P):
-            t = c + P * i
-            for u in gl.static_range(P):
-                mbarrier.wait(ready.index((t + u) % NS), ((t + u) // NS) & 1)
-            for u in gl.static_range(P):
-                w = w_s.index((t + u) % NS)
-                for q in gl.static_range(XC):
-                    if (P * i + u) * XC + q < TAIL:  # x's K chunk (P * i + u) * XC + q
-                        a = _a64(xa, (P * i + u) * XC + q)
-                    else:
-                        a = _a64(xb, (P * i + u) * XC + q - TAIL)
-                    if GATED:
-                        acc = warpgroup_mma(a, w.slice(0, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acc,
-                                            is_async=True)
-                        acu = warpgroup_mma(a, w.slice(NB, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acu,
-                                            is_async=True)
-                    else:
-                        acc = warpgroup_mma(a, w.slice(0, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acc,
-                                            is_async=True)
-            if GATED:
-                acc, acu = warpgroup_mma_wait(2 * P * XC, deps=[acc, acu])
-            else:
-                acc = warpgroup_mma_wait(P * XC, deps=[acc])
-            if i > 0:
-                mbarrier.arrive(empty.index(((t - P) % NS) // P))
+        for i in range(G - 1):
+            acc, acu = _group(xa, P * XC * i, w_s, ready, empty, c + P * i, i > 0, acc, acu, lay, GATED, NB)
+        acc, acu = _group(xb, 0, w_s, ready, empty, c + P * (G - 1), True, acc, acu, lay, GATED, NB)
         if GATED:
             acc, acu = warpgroup_mma_wait(0, deps=[acc, acu])
         else:

@@ -133,7 +133,8 @@ def test_device_code_streams_weights_unwaited_and_multiplies_after_the_row_is_no
     assert not any("wgmma.mma_async" in ln for ln in lines[:at])
     copies = [ln for ln in lines if "cp.async.bulk.tensor" in ln]
     assert len(copies) == (2 if gated else 1) * 2  # W's boxes (gated: gate's and up's), no x box
-    assert ptx.count("wgmma.mma_async") == (2 if gated else 1) * 64 * 4  # 64 chunks of K, 4 k16 steps each
+    # a group of P stages (2 chunks of K each, 4 k16 steps a chunk) in the loop, and the last group after it
+    assert ptx.count("wgmma.mma_async") == (2 if gated else 1) * 2 * R._P * 2 * 4
     assert k.metadata.shared <= 227 * 1024
 
 
