@@ -190,12 +190,14 @@ if HAVE_GLUON:
         return acc, acu
 
     @gluon.jit
-    def _norm_x(x3a, x3b, X, R, NW, XOut, N, eps, PDL: gl.constexpr):
+    def _norm_x(xa, xb, X, R, NW, XOut, N, eps, PDL: gl.constexpr):
         """(NORM, one row) once the kernel before has ended: x + r and its RMSNorm by NW, as
         kernels_fused._add_rmsnorm_kernel computes them at NORM_WARPS = 4 (the row laid out as its launches lay
-        it: 8 elements a thread a step, 32 threads, 4 warps, so its sum runs in the same order), written into
-        all 8 rows of every x slot (rows past the first are never stored); program 0 also writes x + r."""
+        it: 8 elements a thread a step, 32 threads, 4 warps, so its sum runs in the same order), into the first
+        row of x's slots (the other rows only make output rows never stored); program 0 also writes x + r.
+        A slot's first row is its first 128 bytes, unswizzled, so a plain view writes it."""
         lay: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, 4], [1, 0])
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         if PDL:
             e = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
             gl.inline_asm_elementwise(GDC, "=r,r", [e], dtype=gl.int32, is_pure=False, pack=1)
@@ -208,20 +210,20 @@ if HAVE_GLUON:
         inv = 1.0 / gl.sqrt(gl.sum(xf * xf, 1) / N + eps)
         w = gl.load(NW + c, mask=m, other=0.0).to(gl.float32)
         y = ((xf * inv[:, None]).to(gl.bfloat16).to(gl.float32) * w).to(gl.bfloat16)
-        y8, _ = gl.broadcast(y, gl.zeros([XR, NORM_BLOCK], gl.bfloat16, layout=lay))
-        x3a.store(gl.permute(gl.reshape(y8, [XR, NORM_BLOCK // 64, 64]), [1, 0, 2]))
-        # the chunks past TAIL again, into the second buffer: the same elements, recomputed the same way
+        rows = xa._reinterpret(gl.bfloat16, [NORM_BLOCK // 64, XR * 64], plain).slice(0, 64, dim=1)
+        rows.store(gl.reshape(y, [NORM_BLOCK // 64, 64]))
+        # the chunks past TAIL again, into the second buffer: the same elements, computed the same way
         ct = TAIL * 64 + gl.arange(0, NORM_BLOCK - TAIL * 64, layout=gl.SliceLayout(0, lay))[None, :]
         xt = (gl.load(X + ct).to(gl.float32) + gl.load(R + ct).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
         yt = ((xt * inv[:, None]).to(gl.bfloat16).to(gl.float32) * gl.load(NW + ct).to(gl.float32)).to(gl.bfloat16)
-        yt8, _ = gl.broadcast(yt, gl.zeros([XR, NORM_BLOCK - TAIL * 64], gl.bfloat16, layout=lay))
-        x3b.slice(0, XR).store(gl.permute(gl.reshape(yt8, [XR, XR, 64]), [1, 0, 2]))
+        tail = xb._reinterpret(gl.bfloat16, [2 * XR, XR * 64], plain).slice(0, NORM_BLOCK // 64 - TAIL)
+        tail.slice(0, 64, dim=1).store(gl.reshape(yt, [NORM_BLOCK // 64 - TAIL, 64]))
         fence_async_shared()  # the slots written through the generic proxy, read by wgmma
         gl.thread_barrier()
 
     @gluon.jit
     def _mma(x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-             NB: gl.constexpr, x3a=None, x3b=None, X=None, R=None, NW=None, XOut=None, eps=0.0,
+             NB: gl.constexpr, xb=None, X=None, R=None, NW=None, XOut=None, eps=0.0,
              NORM: gl.constexpr = False, PDL: gl.constexpr = False):
         """The 4 MMA warps (default partition): each tile's K ranges, then its rows < M stored.
         NORM: first x itself (_norm_x), then each tile over the whole K from those slots."""
@@ -231,13 +233,10 @@ if HAVE_GLUON:
         rm = gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
         c = 0
         if NORM:
-            _norm_x(x3a, x3b, X, R, NW, XOut, K, eps, PDL)
-            l2: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-            xa = x3a._reinterpret(gl.bfloat16, [NORM_BLOCK // 64, XR, 64], l2)
-            xb = x3b._reinterpret(gl.bfloat16, [2 * XR, XR, 64], l2)
+            _norm_x(x_s, xb, X, R, NW, XOut, K, eps, PDL)
         for t in range(pid, T, NP):
             if NORM:
-                acc, acu = _krange_norm(xa, xb, w_s, ready, empty, c, lay, GATED, NB)
+                acc, acu = _krange_norm(x_s, xb, w_s, ready, empty, c, lay, GATED, NB)
             else:
                 acc, acu = _krange(x_s, w_s, ready, empty, c, KR, lay, GATED, NB)
             c += KR
@@ -263,21 +262,18 @@ if HAVE_GLUON:
         w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], wd.layout)
         # 8-row x slots, XC a stage, and as many spare: a wgmma's 64-row A view runs 7 slots on
         x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * NS * XC, XR, 64], xd.layout)
-        if NORM:  # the whole K of x: chunks up to TAIL in x_s's slots, the rest in a second buffer, each
-            l3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-            x3a = x_s._reinterpret(gl.bfloat16, [NORM_BLOCK // 64, XR, 64], l3)  # with 7 slots after its last
-            x3b = gl.allocate_shared_memory(gl.bfloat16, [2 * XR, XR, 64], l3)
+        if NORM:  # the whole K of x: chunk j in slot j, those from TAIL on (whose views would run past x_s's
+            xb = gl.allocate_shared_memory(gl.bfloat16, [2 * XR, XR, 64], xd.layout)  # end) in xb's first slots
         else:
-            x3a = x_s
-            x3b = x_s
+            xb = x_s
         ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NS // P, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(NS):
             mbarrier.init(ready.index(j), count=1)
         for j in gl.static_range(NS // P):
             mbarrier.init(empty.index(j), count=1)
-        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB, x3a, x3b, X, R,
-                                    NW, XOut, eps, NORM, PDL)),
+        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB, xb, X, R, NW,
+                                    XOut, eps, NORM, PDL)),
                             (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB, NORM))],
                            [1], [48])
 
