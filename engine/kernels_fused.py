@@ -48,39 +48,13 @@ def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl
     tl.store(Y + row * N + c, y.to(Y.dtype.element_ty), mask=m)
 
 
-def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float,
-                x_out: torch.Tensor | None = None):
-    """Returns (x + r, into x_out if given, and rmsnorm(x + r) * w); with r None, (x, rmsnorm(x) * w)."""
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float):
+    """Returns (x + r, rmsnorm(x + r) * w); with r None, (x, rmsnorm(x) * w)."""
     rows, n = x.shape
     y = torch.empty_like(x)
-    xo = x if r is None else torch.empty_like(x) if x_out is None else x_out
+    xo = torch.empty_like(x) if r is not None else x
     _norm(rows, n, x, r if r is not None else x, w, xo, y, eps, HAS_R=r is not None, PREFETCH_=prefetch_on())
     return xo, y
-
-
-class PendingNorm:
-    """add_rmsnorm(x, r, w, eps) not run yet: the decode product that reads the norm may compute it itself
-    (engine/kernels_ring.py product_norm); `normed()` runs the kernel where it does not. Either way
-    `x_out` receives x + r, once."""
-
-    def __init__(self, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float):
-        self.x, self.r, self.w, self.eps = x, r, w, eps
-        self.x_out, self._h = torch.empty_like(x), None
-
-    @classmethod
-    def of(cls, x, r, w, eps):
-        """(x + r as it will be, the pending norm)."""
-        p = cls(x, r, w, eps)
-        return p.x_out, p
-
-    @property
-    def shape(self):
-        return self.x.shape
-
-    def normed(self) -> torch.Tensor:
-        if self._h is None:
-            self._h = add_rmsnorm(self.x, self.r, self.w, self.eps, x_out=self.x_out)[1]
-        return self._h
 
 
 def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: float):
@@ -93,16 +67,10 @@ def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: 
     return x, y
 
 
-# The norm kernel's warps a program. Its layout fixes the order of a row's sum, so every kernel that norms
-# a row the round may also norm through it (engine/tp_fused.py's, engine/kernels_ring.py's NORM in its 4 MMA
-# warps) lays the row out the same way: 4 warps, 8 elements a thread a step.
-NORM_WARPS = 4
-
-
 def _norm(rows: int, n: int, x, r, w, xo, y, eps: float, **consts) -> None:
     """_add_rmsnorm_kernel over `rows` rows of n elements: a program a row, one launch."""
     _add_rmsnorm_kernel[(rows,)](x, r, w, xo, y, n, eps, BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(),
-                                 num_warps=NORM_WARPS, **consts, **launch_opts())
+                                 num_warps=8 if n >= 2048 else 4, **consts, **launch_opts())
 
 
 @triton.jit

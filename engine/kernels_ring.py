@@ -27,8 +27,7 @@ import torch
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     # written for and measured with triton 3.6's Gluon (the H200's); later ones renamed these and refuse the
     # 64-row view, and Gluon's API moves between releases: any other takes the Triton kernels
     import triton
@@ -41,10 +40,6 @@ _BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stag
 _STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
 STAGED: dict[tuple, int] = {}  # SHAPES' keys -> stages staged before the wait, where not _STAGED
 MAX_ROWS = _XR
-_NORM_N = 4096  # the row width whose add+RMSNorm a ring takes in (NORM): qwen3-8b's hidden
-# The round's row counts where q/k/v and gate/up take the add+RMSNorm before them in (NORM): the MMA warps
-# norm the row themselves into their x slots, so the norm kernel and its boundary leave the round (PERF.md runs 91-92)
-PRENORM: set[int] = set()
 
 
 BROKEN: list[str] = []  # why the ring failed in this process (then the Triton kernels take every product)
@@ -63,8 +58,6 @@ def available() -> bool:
 if HAVE_GLUON:
     BN, BK, NS, P, XR = (gl.constexpr(v) for v in (_BN, _BK, _NS, _P, _XR))
     GDC = gl.constexpr("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;")
-    NORM_BLOCK = gl.constexpr(_NORM_N)
-    TAIL = gl.constexpr(56)  # NORM: x's K chunks from here on sit in a second buffer (the views run 7 slots on)
 
     @gluon.jit
     def _a64(x_s, i):
@@ -73,13 +66,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _stage(wd, xd, w_s, x_s, ready, empty, c, row0, up0, k, W: gl.constexpr, X: gl.constexpr,
-               GATED: gl.constexpr, NB: gl.constexpr, XB: gl.constexpr = True):
+               GATED: gl.constexpr, NB: gl.constexpr):
         """Stage c into slot c % NS: wait until the MMA warps released the slot's last use (c - NS;
         one "empty" barrier a P-stage group), arm "ready" for W and x, then W and / or x's copies."""
         s = c % NS
         if W:
             mbarrier.wait(empty.index(s // P), ((c // NS) + 1) & 1, pred=c >= NS)
-            mbarrier.expect(ready.index(s), (2 * NB if GATED else NB) * BK * 2 + (XR * BK * 2 if XB else 0))
+            mbarrier.expect(ready.index(s), (2 * NB if GATED else NB) * BK * 2 + XR * BK * 2)
             tma.async_copy_global_to_shared(wd, [row0, k], ready.index(s), w_s.index(s).slice(0, NB))
             if GATED:
                 tma.async_copy_global_to_shared(wd, [up0, k], ready.index(s), w_s.index(s).slice(NB, NB))
@@ -89,12 +82,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _loader(wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT: gl.constexpr, GATED: gl.constexpr,
-                PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr, NORM: gl.constexpr = False):
-        """The 1-warp partition: every TMA copy of this program's tiles pid, pid + grid, ...
-        NORM: W alone, never waiting for the kernel before (the MMA warps make x)."""
+                PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr):
+        """The 1-warp partition: every TMA copy of this program's tiles pid, pid + grid, ..."""
         pid, NP = gl.program_id(0), gl.num_programs(0)
         KT = K // BK
-        if S > 0:  # (PDL) the first S stages' W before the wait; their x after it
+        if PDL:  # the first S stages' W before the wait; their x after it
             for q in gl.static_range(S):
                 _stage(wd, xd, w_s, x_s, ready, empty, q, pid * NB, I + pid * NB, q * BK, True, False, GATED, NB)
             warm = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
@@ -104,10 +96,7 @@ if HAVE_GLUON:
         c = 0
         for t in range(pid, T, NP):
             for j in range(KT):
-                if NORM:
-                    _stage(wd, xd, w_s, x_s, ready, empty, c, t * NB, I + t * NB, j * BK, True, False, GATED, NB,
-                           False)
-                elif (c >= S) | (not PDL):
+                if (c >= S) | (not PDL):
                     _stage(wd, xd, w_s, x_s, ready, empty, c, t * NB, I + t * NB, j * BK, True, True, GATED, NB)
                 c += 1
 
@@ -147,100 +136,16 @@ if HAVE_GLUON:
         return acc, acu
 
     @gluon.jit
-    def _group(xs, slot, w_s, ready, empty, t, rel, acc, acu, lay: gl.constexpr, GATED: gl.constexpr,
-               NB: gl.constexpr):
-        """P stages from stage t on, x's chunks from `slot` of xs on (NORM); the group before released if rel."""
-        XC: gl.constexpr = BK // 64
-        for u in gl.static_range(P):
-            mbarrier.wait(ready.index((t + u) % NS), ((t + u) // NS) & 1)
-        for u in gl.static_range(P):
-            w = w_s.index((t + u) % NS)
-            for q in gl.static_range(XC):
-                a = _a64(xs, slot + u * XC + q)
-                if GATED:
-                    acc = warpgroup_mma(a, w.slice(0, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acc, is_async=True)
-                    acu = warpgroup_mma(a, w.slice(NB, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acu, is_async=True)
-                else:
-                    acc = warpgroup_mma(a, w.slice(0, NB).slice(64 * q, 64, dim=1).permute((1, 0)), acc, is_async=True)
-        if GATED:
-            acc, acu = warpgroup_mma_wait(2 * P * XC, deps=[acc, acu])
-        else:
-            acc = warpgroup_mma_wait(P * XC, deps=[acc])
-        if rel:
-            mbarrier.arrive(empty.index(((t - P) % NS) // P))
-        return acc, acu
-
-    @gluon.jit
-    def _krange_norm(xa, xb, w_s, ready, empty, c, lay: gl.constexpr, GATED: gl.constexpr, NB: gl.constexpr):
-        """_krange over a whole NORM_BLOCK of K from stage c (a tile's first), x's K chunk j in slot j of xa, the
-        last group's (from TAIL on) in xb's first slots: the same wgmmas in the same order. (A run-time loop, so
-        the chunks' views are made where used, not hoisted and spilled.)"""
-        XC: gl.constexpr = BK // 64
-        G: gl.constexpr = NORM_BLOCK // BK // P
-        acc = gl.zeros([64, NB], gl.float32, layout=lay)
-        acu = gl.zeros([64, NB], gl.float32, layout=lay)
-        for i in range(G - 1):
-            acc, acu = _group(xa, P * XC * i, w_s, ready, empty, c + P * i, i > 0, acc, acu, lay, GATED, NB)
-        acc, acu = _group(xb, 0, w_s, ready, empty, c + P * (G - 1), True, acc, acu, lay, GATED, NB)
-        if GATED:
-            acc, acu = warpgroup_mma_wait(0, deps=[acc, acu])
-        else:
-            acc = warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(empty.index(((c + NORM_BLOCK // BK - P) % NS) // P))
-        return acc, acu
-
-    @gluon.jit
-    def _norm_x(xa, xb, X, R, NW, XOut, N, eps, PDL: gl.constexpr):
-        """(NORM, one row) once the kernel before has ended: x + r and its RMSNorm by NW, as
-        kernels_fused._add_rmsnorm_kernel computes them at NORM_WARPS = 4 (the row laid out as its launches lay
-        it: 8 elements a thread a step, 32 threads, 4 warps, so its sum runs in the same order), into the first
-        row of x's slots (the other rows only make output rows never stored); program 0 also writes x + r.
-        A slot's first row is its first 128 bytes, unswizzled, so a plain view writes it."""
-        lay: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, 4], [1, 0])
-        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        if PDL:
-            e = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
-            gl.inline_asm_elementwise(GDC, "=r,r", [e], dtype=gl.int32, is_pure=False, pack=1)
-        c = gl.arange(0, NORM_BLOCK, layout=gl.SliceLayout(0, lay))[None, :]
-        m = c < N
-        # the chunks past TAIL twice: the same elements again, computed the same way, for the second buffer;
-        # every load asked for before any arithmetic (one trip to L2, not three)
-        ct = TAIL * 64 + gl.arange(0, NORM_BLOCK - TAIL * 64, layout=gl.SliceLayout(0, lay))[None, :]
-        x, r = gl.load(X + c, mask=m, other=0.0), gl.load(R + c, mask=m, other=0.0)
-        w = gl.load(NW + c, mask=m, other=0.0)
-        xt, rt, wt = gl.load(X + ct), gl.load(R + ct), gl.load(NW + ct)
-        x = (x.to(gl.float32) + r.to(gl.float32)).to(gl.bfloat16)
-        gl.store(XOut + c, x, mask=m & (gl.program_id(0) == 0))
-        xf = x.to(gl.float32)
-        inv = 1.0 / gl.sqrt(gl.sum(xf * xf, 1) / N + eps)
-        y = ((xf * inv[:, None]).to(gl.bfloat16).to(gl.float32) * w.to(gl.float32)).to(gl.bfloat16)
-        rows = xa._reinterpret(gl.bfloat16, [NORM_BLOCK // 64, XR * 64], plain).slice(0, 64, dim=1)
-        rows.store(gl.reshape(y, [NORM_BLOCK // 64, 64]))
-        xt = (xt.to(gl.float32) + rt.to(gl.float32)).to(gl.bfloat16).to(gl.float32)
-        yt = ((xt * inv[:, None]).to(gl.bfloat16).to(gl.float32) * wt.to(gl.float32)).to(gl.bfloat16)
-        tail = xb._reinterpret(gl.bfloat16, [2 * XR, XR * 64], plain).slice(0, NORM_BLOCK // 64 - TAIL)
-        tail.slice(0, 64, dim=1).store(gl.reshape(yt, [NORM_BLOCK // 64 - TAIL, 64]))
-        fence_async_shared()  # the slots written through the generic proxy, read by wgmma
-        gl.thread_barrier()
-
-    @gluon.jit
     def _mma(x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-             NB: gl.constexpr, xb=None, X=None, R=None, NW=None, XOut=None, eps=0.0,
-             NORM: gl.constexpr = False, PDL: gl.constexpr = False):
-        """The 4 MMA warps (default partition): each tile's K ranges, then its rows < M stored.
-        NORM: first x itself (_norm_x), then each tile over the whole K from those slots."""
+             NB: gl.constexpr):
+        """The 4 MMA warps (default partition): each tile's K ranges, then its rows < M stored."""
         lay: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NB, 16])
         pid, NP = gl.program_id(0), gl.num_programs(0)
         KR = K // BK // SPLIT
         rm = gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
         c = 0
-        if NORM:
-            _norm_x(x_s, xb, X, R, NW, XOut, K, eps, PDL)
         for t in range(pid, T, NP):
-            if NORM:
-                acc, acu = _krange_norm(x_s, xb, w_s, ready, empty, c, lay, GATED, NB)
-            else:
-                acc, acu = _krange(x_s, w_s, ready, empty, c, KR, lay, GATED, NB)
+            acc, acu = _krange(x_s, w_s, ready, empty, c, KR, lay, GATED, NB)
             c += KR
             for r in gl.static_range(1, SPLIT):  # the next K ranges, summed in order (split-K's bits)
                 acc2, acu2 = _krange(x_s, w_s, ready, empty, c, KR, lay, GATED, NB)
@@ -256,27 +161,20 @@ if HAVE_GLUON:
 
     @gluon.jit
     def ring_kernel(wd, xd, Y, M, T, I, K, stride_y, SPLIT: gl.constexpr, GATED: gl.constexpr,
-                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr, X=None, R=None, NW=None, XOut=None,
-                    eps=0.0, NORM: gl.constexpr = False):
-        """T tiles of NB columns (GATED: NB of gate at rows t * NB, the same of up at I + t * NB).
-        NORM (one row, K = NORM_BLOCK, SPLIT 1): x is add+RMSNorm(X + R) by NW, made by the MMA warps."""
+                    PDL: gl.constexpr, S: gl.constexpr, NB: gl.constexpr):
+        """T tiles of NB columns (GATED: NB of gate at rows t * NB, the same of up at I + t * NB)."""
         XC: gl.constexpr = BK // 64
         w_s = gl.allocate_shared_memory(gl.bfloat16, [NS, BN, BK], wd.layout)
         # 8-row x slots, XC a stage, and as many spare: a wgmma's 64-row A view runs 7 slots on
         x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * NS * XC, XR, 64], xd.layout)
-        if NORM:  # the whole K of x: chunk j in slot j, those from TAIL on (whose views would run past x_s's
-            xb = gl.allocate_shared_memory(gl.bfloat16, [2 * XR, XR, 64], xd.layout)  # end) in xb's first slots
-        else:
-            xb = x_s
         ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NS // P, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(NS):
             mbarrier.init(ready.index(j), count=1)
         for j in gl.static_range(NS // P):
             mbarrier.init(empty.index(j), count=1)
-        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB, xb, X, R, NW,
-                                    XOut, eps, NORM, PDL)),
-                            (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB, NORM))],
+        gl.warp_specialize([(_mma, (x_s, w_s, ready, empty, Y, M, T, K, stride_y, SPLIT, GATED, NB)),
+                            (_loader, (wd, xd, w_s, x_s, ready, empty, T, I, K, SPLIT, GATED, PDL, S, NB))],
                            [1], [48])
 
 
@@ -339,12 +237,8 @@ def try_product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = 
                 out: torch.Tensor | None = None) -> torch.Tensor | None:
     """product(), or None where it fails (a compile or launch error: the first is in a decode graph's
     warm-up, before capture): the reason goes to BROKEN and the log, and the caller runs the Triton kernel."""
-    return _tried(product, x, w, split, gated, pdl, out)
-
-
-def _tried(fn, *args):
     try:
-        return fn(*args)
+        return product(x, w, split, gated, pdl, out)
     except Exception as e:  # pragma: no cover - depends on the device's Triton
         import logging
         BROKEN.append(repr(e)[:500])
@@ -356,38 +250,6 @@ def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = Fals
             out: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w^T in K ranges of `split` (gated: silu(x @ Wg^T) * (x @ Wu^T), w = [Wg; Wu]) -> [M, N or N/2].
     pdl: launched with programmatic dependent launch, W staged before the wait."""
-    return _launch(x, w, split, gated, pdl, out, S=_staged(w.shape[0], w.shape[1], gated) if pdl else 0)
-
-
-def norm_takes(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, split: int,
-               gated: bool = False) -> bool:
-    """Whether product_norm takes the product of add_rmsnorm(x, r, norm_w) by w: PRENORM has the row count (one
-    row: the MMA warps norm one), the ring takes the product in one K range, the row is _NORM_N wide, and x, r
-    and norm_w are contiguous 16-byte aligned bf16 (else Triton lays the norm kernel out otherwise)."""
-    return (r.shape[0] in PRENORM and r.shape[0] == 1 and split == 1 and takes(r, w, split, gated)
-            and r.shape == x.shape == (1, _NORM_N) and x.is_contiguous() and r.is_contiguous()
-            and x.dtype == norm_w.dtype == torch.bfloat16 and norm_w.shape == (_NORM_N,) and norm_w.is_contiguous()
-            and x.device == r.device == norm_w.device and x.data_ptr() % 16 == 0 and norm_w.data_ptr() % 16 == 0)
-
-
-def try_product_norm(x, r, w, norm_w, eps: float, gated: bool = False, pdl: bool = False,
-                     x_out: torch.Tensor | None = None):
-    """product_norm(), or None where it fails (as try_product)."""
-    return _tried(product_norm, x, r, w, norm_w, eps, gated, pdl, x_out)
-
-
-def product_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, norm_w: torch.Tensor, eps: float,
-                 gated: bool = False, pdl: bool = False,
-                 x_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels_fused.add_rmsnorm(x, r, norm_w, eps) for one row, then product() of its norm by w, in one
-    launch and with the same bits: the MMA warps norm the row into their x slots. Returns (x + r, into
-    x_out if given, and the product)."""
-    xo = torch.empty_like(x) if x_out is None else x_out
-    # (x's descriptor is a launch argument the NORM ring never copies from)
-    return xo, _launch(x, w, 1, gated, pdl, None, S=0, X=x, R=r, NW=norm_w, XOut=xo, eps=eps, NORM=True)
-
-
-def _launch(x: torch.Tensor, w: torch.Tensor, split: int, gated: bool, pdl: bool, out, **consts) -> torch.Tensor:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     m, (n, k) = x.shape[0], w.shape
     tiles, nb = plan(n, k, m, split, gated)
@@ -397,5 +259,5 @@ def _launch(x: torch.Tensor, w: torch.Tensor, split: int, gated: bool, pdl: bool
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     grid = min(tiles, sms, PROGRAMS.get((n, k, "gated") if gated else (n, k), sms))
     ring_kernel[(grid,)](_wdesc(w, nb), xd, y, m, tiles, cols, k, y.stride(0), SPLIT=split, GATED=gated,
-                        PDL=pdl, NB=nb, num_warps=4, **consts, **({"launch_pdl": True} if pdl else {}))
+                        PDL=pdl, S=_staged(n, k, gated) if pdl else 0, NB=nb, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return y

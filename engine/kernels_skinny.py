@@ -292,36 +292,13 @@ def _on_ring(x, w, split: int | None, gated: bool = False, out=None) -> torch.Te
     return R.try_product(x, w, split, gated, pdl_on() > 0, out) if R.takes(x, w, split, gated) else None
 
 
-def _on_ring_normed(p, w, split: int | None, gated: bool = False) -> torch.Tensor | None:
-    """p (kernels_fused.PendingNorm) normed and times w in one ring launch where it takes them, else None."""
-    if not RING or split is None:
-        return None
-    from engine import kernels_ring as R
-    if not R.norm_takes(p.x, p.r, w, p.w, split, gated):
-        return None
-    done = R.try_product_norm(p.x, p.r, w, p.w, p.eps, gated, pdl_on() > 0, p.x_out)
-    return None if done is None else done[1]
-
-
-def _unpended(x, w, gated: bool = False):
-    """(the product, None) where x is a pending norm the ring takes in; else (None, x as a tensor)."""
-    from engine.kernels_fused import PendingNorm
-    if not isinstance(x, PendingNorm):
-        return None, x
-    y = _on_ring_normed(x, w, ring_split(*w.shape, x.shape[0], gated=gated), gated)
-    return (y, None) if y is not None else (None, x.normed())
-
-
 def gated_smem(c: SkinnyConfig, bm: int) -> int:
     return (bm + 2 * c.block_n) * c.block_k * 2 * c.num_stages
 
 
 def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
     """silu(gate) * up of x times the fused gate/up matrix w ([2I, K]) -> [M, I]: one kernel where
-    GATED (or `config`) has the shape, else linear() then silu_mul. x may be a pending norm (PendingNorm)."""
-    y, x = _unpended(x, w, gated=True)
-    if y is not None:
-        return y
+    GATED (or `config`) has the shape, else linear() then silu_mul."""
     m, (n, k) = x.shape[0], w.shape
     c = config or GATED.get((n, k, block_m(m)))
     y = _on_ring(x, w, None if config is not None else ring_split(n, k, m, gated=True), gated=True)
@@ -372,10 +349,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, out: torch.Tensor
 
 def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, w) for a decode round: skinny when it takes the shape. out: a contiguous [M, N]
-    to write into (engine/tp_fused.py: symmetric memory), the same bits. x may be a pending norm (PendingNorm)."""
-    y, x = _unpended(x, w) if out is None else (None, x)
-    if y is not None:
-        return y
+    to write into (engine/tp_fused.py: symmetric memory), the same bits."""
     c = config_for(*w.shape, x.shape[0])
     if supports(x, w, c):
         y = _on_ring(x, w, ring_split(*w.shape, x.shape[0]), out=out)

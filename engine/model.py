@@ -133,7 +133,8 @@ class Qwen3ForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.cos: torch.Tensor | None = None  # [max_len, head_dim], model dtype (setup_rope)
         self.sin: torch.Tensor | None = None
-        # Tensor parallel (engine/parallel.py): the sum across ranks after the row-parallel o and down; None: one rank
+        # Tensor parallel (engine/parallel.py): the sum across ranks after the row-parallel o and
+        # down products; None (one rank): nothing to sum.
         self.tp_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         # and, in the fused trunk, the sum fused with the add + norm after it (TensorParallel's
         # fused_write / fused_add_norm); None: sum, then add_rmsnorm
@@ -142,14 +143,13 @@ class Qwen3ForCausalLM(nn.Module):
     def _summed(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.tp_reduce is None else self.tp_reduce(y)
 
-    def _add_summed_norm(self, x, mm, a, w, norm_w, eps, pending=False):
-        """add_rmsnorm(x, the sum over ranks of mm(a, w), norm_w): fused (engine/tp_fused.py) where it takes
-        the product, the same bits either way; or (pending, one rank) left to the product that reads it."""
-        from engine.kernels_fused import PendingNorm, add_rmsnorm
-        if pending and self.tp_reduce is None and self.tp_fused is None:
-            return PendingNorm.of(x, mm(a, w), norm_w, eps)
-        if self.tp_fused is not None and self.tp_fused.fused_write(mm, a, w):
-            return self.tp_fused.fused_add_norm(x, norm_w, eps)
+    def _add_summed_norm(self, x, mm, a, w, norm_w, eps):
+        """add_rmsnorm(x, the sum over ranks of mm(a, w), norm_w): fused (engine/tp_fused.py) where
+        it takes the product, the same bits either way."""
+        from engine.kernels_fused import add_rmsnorm
+        f = self.tp_fused
+        if f is not None and f.fused_write(mm, a, w):
+            return f.fused_add_norm(x, norm_w, eps)
         return add_rmsnorm(x, self._summed(mm(a, w)), norm_w, eps)
 
     # ---- set-up after the weights are in place -------------------------------------------
@@ -246,11 +246,11 @@ class Qwen3ForCausalLM(nn.Module):
                     attend_qkv=None) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
-        rows) engine.kernels_skinny's where it measured faster (a norm left pending to them), or `mm`'s.
-        attend_qkv(i, qkv, attn): the q/k norm, RoPE and cache write done by the attention itself."""
-        from engine.kernels_fused import embed_rmsnorm, qk_norm_rope_write, silu_mul
+        rows) engine.kernels_skinny's where it measured faster, or `mm`'s. attend_qkv(i, qkv, attn):
+        the q/k norm, RoPE and cache write done by the attention itself (engine/kernels_qkfold.py)."""
+        from engine.kernels_fused import add_rmsnorm, embed_rmsnorm, qk_norm_rope_write, silu_mul
         from engine.kernels_skinny import gate_up_silu, linear
-        if pend := (mm is None and skinny):
+        if mm is None and skinny:
             mm, act = linear, gate_up_silu
         elif mm is None:
             mm, act = F.linear, (lambda h, w: silu_mul(F.linear(h, w)))
@@ -267,9 +267,9 @@ class Qwen3ForCausalLM(nn.Module):
             else:
                 o = attend(i, qk_norm_rope_write(qkv, a.q_norm.weight, a.k_norm.weight, self.cos, self.sin, kv.k[i],
                                                  kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps))
-            x, h = self._add_summed_norm(x, mm, o, a.o_proj.weight, layer.post_attention_layernorm.weight, eps, pend)
+            x, h = self._add_summed_norm(x, mm, o, a.o_proj.weight, layer.post_attention_layernorm.weight, eps)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = self._add_summed_norm(x, mm, act(h, m.w_gate_up), m.down_proj.weight, nxt, eps, pend)
+            x, h = self._add_summed_norm(x, mm, act(h, m.w_gate_up), m.down_proj.weight, nxt, eps)
         return h
 
     def _qk_folded(self, attend_fn, kv, lanes, positions):

@@ -37,7 +37,6 @@ import triton
 import triton.language as tl
 
 from engine.kernels import launch_opts, pdl_enter, pdl_on
-from engine.kernels_fused import NORM_WARPS
 
 # Bytes of one partial-sum buffer (two a rank): a decode round at --parallel 64 of qwen3-32b is
 # 64 x 5,120 x 2 B = 640 KiB. Larger products (prompt cuts) take the sum-then-norm path.
@@ -121,7 +120,7 @@ def sum_add_rmsnorm(x: torch.Tensor, own: torch.Tensor, peer: torch.Tensor, w: t
     own_pad, peer_pad = pads if pads is not None else (own, own)
     _sum_add_rmsnorm_kernel[(rows,)](x, own, peer, w, xo, y, n, eps, own_pad, peer_pad, RANK=rank,
                                      BARRIER=pads is not None, BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(),
-                                     num_warps=NORM_WARPS, **launch_opts())
+                                     num_warps=8 if n >= 2048 else 4, **launch_opts())
     return xo, y
 
 

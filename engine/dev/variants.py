@@ -42,7 +42,7 @@ DOWN64 = (4096, 12288, 64)
 # (kv, ahead, i32, kv32, ahead32: engine/kernels.py WALK, INDEX32) and carveouts (carve100, carve50p64:
 # CARVEOUT, engine/cuda_attrs.py) at 9a5a3df; run 85's early exit (early, earlyp64: engine/kernels.py EARLY) and
 # runs 87-88's norm taken into the next ring (pn, pn1, pn16, pnnofence, pnskel: engine/kernels_ring.py PRENORM,
-# NORM) at fc62108.
+# NORM) at fc62108; runs 91-94's norm in the ring's MMA warps (pn; norm8w: kernels_fused.NORM_WARPS) at 728cdba.
 VARIANTS: dict[str, Variant] = {
     "base": Variant(),
     "p1": Variant(parallel=1),  # the round at one row
@@ -85,11 +85,7 @@ VARIANTS: dict[str, Variant] = {
     "st2all": Variant(((K, "STAGES", {n: 2 for n in (1, 2, 4, 8, 16, 32, 64)}),)),
     # run 86, a bound and not a candidate (other tokens): no add+RMSNorm kernel in the trunk, each product's
     # output read as it is by the next one; what a norm folded into the next ring's programs could save at most
-    "nonorm": Variant(((KF, "add_rmsnorm", lambda x, r, w, eps, x_out=None: (x, x if r is None else r)),)),
-    # runs 91-92: q/k/v and gate/up take the add+RMSNorm before them in at one row (engine/kernels_ring.py
-    # PRENORM: the MMA warps norm the row into their x slots)
-    "pn": Variant(((R, "PRENORM", {1}),)),
-    "norm8w": Variant(((KF, "NORM_WARPS", 8),)),  # the norm kernel at 8 warps, as shipped before run 91 (other bits)
+    "nonorm": Variant(((KF, "add_rmsnorm", lambda x, r, w, eps: (x, x if r is None else r)),)),
     # run 90: fewer stages of W staged before the wait in every ring (8 shipped; run 33: 12 and 16 lost)
     **{f"stg{n}": Variant(tuple((R.STAGED, key, n) for key in R.SHAPES)) for n in (2, 4, 6)},
     # run 77: the split kernel's warps a program (4 shipped)
