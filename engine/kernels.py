@@ -40,6 +40,10 @@ BLOCK = 64
 GRID_PER_SM = 32
 # The split kernel's warps a program (run 77: 2 and 8 slower than 4).
 WARPS = 4
+# The small kernels on a round's path (the add+RMSNorm, the split kernel's q/k norm and rotation) ask every
+# load before any arithmetic, where the norm's weight, the rotation's tables and V came after the sums:
+# one trip to L2 on the path, not two to four (engine/dev/PERF.md run 95). The same arithmetic.
+LOADS_FIRST = True
 # The split kernel's software-pipeline stages by the round's padded rows (Triton's default, 3, elsewhere).
 # As launched (strides divisible by 16) 3 stages take 71.7 KB of shared memory a program on sm_90, so an
 # SM holds three: at 64 rows items past 396 (of 512 at context 128) start one item, 13 us, late (runs
@@ -114,7 +118,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                   FOLD: tl.constexpr = False, PDL_: tl.constexpr = 0,
                   QKV=None, stride_qkv=0, WQ=None, WK=None, Cos=None, Sin=None, eps=0.0, H: tl.constexpr = 0,
                   QKN: tl.constexpr = False, P_PAD: tl.constexpr = 1, ITEMS: tl.constexpr = 1,
-                  PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False):
+                  PREFETCH_: tl.constexpr = -1, Clock=None, CLOCK_: tl.constexpr = False,
+                  LOADS_FIRST_: tl.constexpr = True):
     """Each program takes the items w = pid, pid + G, ... of the (split, row, KV head) space, split
     slowest, up to the splits the longest row needs: a short context's items are the first
     rows x KV heads, and the grid (at most GRID_PER_SM a SM) does not grow with max_model_len."""
@@ -144,7 +149,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
             _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                         stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh, stride_os,
                         stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_, BLOCK_, DYNAMIC,
-                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_)
+                        NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN, Clock, CLOCK_,
+                        LF_=LOADS_FIRST_)
     else:  # the interpreter cannot loop to a run-time bound: ITEMS turns, past the last masked
         for i in range(0, ITEMS):
             w = pid + i * g
@@ -152,7 +158,8 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
                 _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, w // pk, (w % pk) // KVH, w % KVH,
                             stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_or, stride_oh,
                             stride_os, stride_lr, stride_lh, stride_out, scale, KVH, GROUP, GROUP_PAD, D, SPLIT_,
-                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN)
+                            BLOCK_, DYNAMIC, NSPLIT, FOLD, QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H, QKN,
+                            LF_=LOADS_FIRST_)
 
 
 @triton.jit
@@ -162,7 +169,7 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT_: tl.constexpr,
                 BLOCK_: tl.constexpr, DYNAMIC: tl.constexpr, NSPLIT: tl.constexpr, FOLD: tl.constexpr,
                 QKV, stride_qkv, WQ, WK, Cos, Sin, eps, H: tl.constexpr, QKN: tl.constexpr,
-                Clock=None, CLOCK_: tl.constexpr = False):
+                Clock=None, CLOCK_: tl.constexpr = False, LF_: tl.constexpr = True):
     """Split s of one row's KV head: its keys reduced, then stored (or combined: FOLD)."""
     lane = tl.load(Lanes + row).to(tl.int64)
     length = tl.load(Pos + row).to(tl.int32) + 1
@@ -176,7 +183,7 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
             n = (length + SPLIT_ - 1) // SPLIT_
             qn = qk_heads(QKV, WQ, WK, Cos, Sin, K + lane * stride_kb, V + lane * stride_kb, row,
                           tl.load(Pos + row).to(tl.int64), kvh, s == n - 1, stride_qkv, stride_kt, stride_kh, eps,
-                          H, KVH, GROUP, GROUP_PAD, D)
+                          H, KVH, GROUP, GROUP_PAD, D, LF_)
             # q goes through memory and is read back by the load below, as the unfolded kernel reads
             # it: attending with the tile in registers gave other bits (engine/dev/PERF.md run 19).
             # The barrier also orders the K/V rows just written before the split holding pos reads them.
@@ -282,7 +289,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), num_warps=WARPS,
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), LOADS_FIRST_=LOADS_FIRST, num_warps=WARPS,
         **({"num_stages": STAGES[p]} if p in STAGES else {}), **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](

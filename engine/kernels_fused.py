@@ -25,7 +25,7 @@ from engine.kernels_prefetch import l2_prefetch, line_offsets, prefetch_on
 @triton.jit
 def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl.constexpr,
                         PDL_: tl.constexpr = 0, PREFETCH_: tl.constexpr = False, Ids=None,
-                        GATHER: tl.constexpr = False):
+                        GATHER: tl.constexpr = False, WFIRST_: tl.constexpr = True):
     row = tl.program_id(0).to(tl.int64)
     pdl_launch(PDL_)
     if PREFETCH_:  # the weight and the residual row (written kernels ago) into L2 while the product runs
@@ -38,13 +38,17 @@ def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl
     m = c < N
     src = tl.load(Ids + row).to(tl.int64) if GATHER else row  # GATHER: X is the embedding table
     x = tl.load(X + src * N + c, mask=m, other=0.0)
+    if WFIRST_:  # the weight asked for beside x, not after the sum (engine/kernels.py LOADS_FIRST)
+        w = tl.load(W + c, mask=m, other=0.0)
     if HAS_R:
         x = (x.to(tl.float32) + tl.load(R + row * N + c, mask=m, other=0.0).to(tl.float32)).to(XOut.dtype.element_ty)
     if HAS_R or GATHER:
         tl.store(XOut + row * N + c, x, mask=m)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
-    y = (xf * inv).to(Y.dtype.element_ty).to(tl.float32) * tl.load(W + c, mask=m, other=0.0).to(tl.float32)
+    if not WFIRST_:
+        w = tl.load(W + c, mask=m, other=0.0)
+    y = (xf * inv).to(Y.dtype.element_ty).to(tl.float32) * w.to(tl.float32)
     tl.store(Y + row * N + c, y.to(Y.dtype.element_ty), mask=m)
 
 
@@ -69,8 +73,9 @@ def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: 
 
 def _norm(rows: int, n: int, x, r, w, xo, y, eps: float, **consts) -> None:
     """_add_rmsnorm_kernel over `rows` rows of n elements: a program a row, one launch."""
+    import engine.kernels as K
     _add_rmsnorm_kernel[(rows,)](x, r, w, xo, y, n, eps, BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(),
-                                 num_warps=8 if n >= 2048 else 4, **consts, **launch_opts())
+                                 WFIRST_=K.LOADS_FIRST, num_warps=8 if n >= 2048 else 4, **consts, **launch_opts())
 
 
 @triton.jit

@@ -41,10 +41,13 @@ def warp_sumsq(x, G: tl.constexpr):
 
 @triton.jit
 def qk_heads(QKV, WQ, WK, Cos, Sin, KC, VC, row, pos, kvh, write, stride_row, stride_ct, stride_ch, eps,
-             H: tl.constexpr, KVH, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr):
+             H: tl.constexpr, KVH, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+             LF: tl.constexpr = True):
     """The GROUP q heads of KV head kvh, normed and rotated: a [GROUP_PAD, D] tile whose rows past
     GROUP are not q (row GROUP computes K); where `write`, K (normed, rotated) and V of this KV
-    head stored at row pos of KC / VC (the lane's caches)."""
+    head stored at row pos of KC / VC (the lane's caches). LF (engine/kernels.py LOADS_FIRST): every
+    load asked for before any arithmetic (one trip to L2 on the round's path, where the norm's weights,
+    the rotation's tables and V each came after the arithmetic before them)."""
     g = tl.arange(0, GROUP_PAD)
     half = tl.arange(0, D // 2)
     isk = g == GROUP
@@ -53,26 +56,44 @@ def qk_heads(QKV, WQ, WK, Cos, Sin, KC, VC, row, pos, kvh, write, stride_row, st
     base = QKV + row * stride_row + head[:, None] * D + half[None, :]
     x1 = tl.load(base, mask=live, other=0.0).to(tl.float32)
     x2 = tl.load(base + D // 2, mask=live, other=0.0).to(tl.float32)
+    if LF:
+        vsrc = QKV + row * stride_row + (H + KVH + kvh) * D + half
+        wk1, wq1 = tl.load(WK + half)[None, :], tl.load(WQ + half)[None, :]
+        wk2, wq2 = tl.load(WK + D // 2 + half)[None, :], tl.load(WQ + D // 2 + half)[None, :]
+        c1 = tl.load(Cos + pos * D + half).to(tl.float32)[None, :]
+        s1 = tl.load(Sin + pos * D + half).to(tl.float32)[None, :]
+        c2 = tl.load(Cos + pos * D + D // 2 + half).to(tl.float32)[None, :]
+        s2 = tl.load(Sin + pos * D + D // 2 + half).to(tl.float32)[None, :]
+        v1, v2 = tl.load(vsrc), tl.load(vsrc + D // 2)
     inv = 1.0 / tl.sqrt((warp_sumsq(x1, GROUP_PAD) + warp_sumsq(x2, GROUP_PAD)) / D + eps)
-    w1 = tl.where(isk[:, None], tl.load(WK + half)[None, :], tl.load(WQ + half)[None, :]).to(tl.float32)
-    w2 = tl.where(isk[:, None], tl.load(WK + D // 2 + half)[None, :], tl.load(WQ + D // 2 + half)[None, :]).to(tl.float32)
+    if not LF:
+        wk1, wq1 = tl.load(WK + half)[None, :], tl.load(WQ + half)[None, :]
+        wk2, wq2 = tl.load(WK + D // 2 + half)[None, :], tl.load(WQ + D // 2 + half)[None, :]
+    w1 = tl.where(isk[:, None], wk1, wq1).to(tl.float32)
+    w2 = tl.where(isk[:, None], wk2, wq2).to(tl.float32)
     dt = QKV.dtype.element_ty
     n1 = (x1 * inv[:, None]).to(dt).to(tl.float32) * w1
     n2 = (x2 * inv[:, None]).to(dt).to(tl.float32) * w2
     n1 = n1.to(dt).to(tl.float32)
     n2 = n2.to(dt).to(tl.float32)
-    c1 = tl.load(Cos + pos * D + half).to(tl.float32)[None, :]
-    s1 = tl.load(Sin + pos * D + half).to(tl.float32)[None, :]
-    c2 = tl.load(Cos + pos * D + D // 2 + half).to(tl.float32)[None, :]
-    s2 = tl.load(Sin + pos * D + D // 2 + half).to(tl.float32)[None, :]
+    if not LF:
+        c1 = tl.load(Cos + pos * D + half).to(tl.float32)[None, :]
+        s1 = tl.load(Sin + pos * D + half).to(tl.float32)[None, :]
+        c2 = tl.load(Cos + pos * D + D // 2 + half).to(tl.float32)[None, :]
+        s2 = tl.load(Sin + pos * D + D // 2 + half).to(tl.float32)[None, :]
     o1 = n1 * c1 - n2 * s1
     o2 = n2 * c2 + n1 * s2
     on = (half[None, :] * 0 + write.to(tl.int32)) > 0
     kb = KC + pos * stride_ct + kvh * stride_ch + g[:, None] * 0 + half[None, :]
     tl.store(kb, o1.to(KC.dtype.element_ty), mask=isk[:, None] & on)
     tl.store(kb + D // 2, o2.to(KC.dtype.element_ty), mask=isk[:, None] & on)
-    vsrc = QKV + row * stride_row + (H + KVH + kvh) * D + half
+    if not LF:
+        vsrc = QKV + row * stride_row + (H + KVH + kvh) * D + half
     vb = VC + pos * stride_ct + kvh * stride_ch + half
-    tl.store(vb, tl.load(vsrc).to(tl.float32).to(VC.dtype.element_ty), mask=on.reshape([D // 2]))
-    tl.store(vb + D // 2, tl.load(vsrc + D // 2).to(tl.float32).to(VC.dtype.element_ty), mask=on.reshape([D // 2]))
+    if not LF:
+        v1 = tl.load(vsrc)
+    tl.store(vb, v1.to(tl.float32).to(VC.dtype.element_ty), mask=on.reshape([D // 2]))
+    if not LF:
+        v2 = tl.load(vsrc + D // 2)
+    tl.store(vb + D // 2, v2.to(tl.float32).to(VC.dtype.element_ty), mask=on.reshape([D // 2]))
     return tl.reshape(tl.permute(tl.join(o1.to(dt), o2.to(dt)), (0, 2, 1)), [GROUP_PAD, D])

@@ -131,7 +131,7 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
            "scale": "fp32", "P": "i32", "KVH": "i32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": qkn, "H": 32 if qkn else 0,
-              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False}
+              "PREFETCH_": prefetch, "Clock": None, "CLOCK_": False, "LOADS_FIRST_": True}
     if qkn:
         sig.update({"QKV": "*bf16", "stride_qkv": "i32", "WQ": "*bf16", "WK": "*bf16", "Cos": "*bf16", "Sin": "*bf16",
                     "eps": "fp32"})
@@ -148,6 +148,40 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
         loads = (prefetch > 0 or qkn) + (prefetch > 0)
         assert before[1:] == ["ld.global"] * loads + ["prefetch"] * (2 * (prefetch > 0) + 4 * qkn)
     assert "ld.global" in order[len(before):]
+
+
+def _ops(fn, sig: dict, consts: dict, keys: tuple, **opts) -> list[str]:
+    """The kernel compiled for sm_90: which of `keys` each instruction is, in program order."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                         options=opts).asm["ptx"]
+    code = (line for line in ptx.splitlines() if not line.lstrip().startswith((".file", ".loc", "//")))
+    return [next(k for k in keys if k in line) for line in code if any(k in line for k in keys)]
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_the_round_path_kernels_ask_their_loads_before_their_sums(first):
+    """engine/kernels.py LOADS_FIRST: the add+RMSNorm asks for its weight beside x, not after the row's sum,
+    and the split kernel's q/k norm and rotation ask for the norms' weights, the rotation's tables and V
+    before the q/k sums, so each is one trip to L2 on the round's path. Off, as before: loads after."""
+    from engine.kernels_fused import _add_rmsnorm_kernel
+    sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
+    norm = _ops(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": 3, "PREFETCH_": False,
+                                           "WFIRST_": first}, ("ld.global", "shfl"), num_warps=8)
+    assert ("ld.global" in norm[norm.index("shfl"):]) is not first
+    sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "QKV", "WQ", "WK", "Cos", "Sin")}, "Lanes": "*i64",
+           "Pos": "*i64", "Opart": "*fp32", "Lse": "*fp32", "Count": "*i32",
+           **{n: "i32" for n in ("stride_qr", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_or",
+                                 "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out", "stride_qkv")},
+           "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
+    consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
+              "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
+              "Clock": None, "CLOCK_": False, "LOADS_FIRST_": first}
+    split = _ops(K._split_kernel, sig, consts, ("ld.global", "st.global", "sqrt"), num_warps=4)
+    qk = split[split.index("sqrt"):]  # from the q/k norm's root: K's and V's rows written, q stored, q read back
+    ahead = qk[:qk.index("ld.global")]
+    assert (ahead.count("st.global") >= 5) is first and (ahead.count("st.global") == 0) is not first
 
 
 def test_the_round_ends_wait_before_their_loads():
@@ -177,7 +211,8 @@ def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
            "scale": "fp32", "P": "i32", "KVH": "i32", "Clock": "*i64"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": False, "H": 0, "PREFETCH_": -1,
-              "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0}
+              "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0,
+              "LOADS_FIRST_": True}
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -226,7 +261,7 @@ def _folded_split(p_pad: int, nsplit: int) -> tuple[dict, dict]:
            "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
     consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": nsplit,
               "FOLD": True, "PDL_": 3, "P_PAD": p_pad, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
-              "Clock": None, "CLOCK_": False}
+              "Clock": None, "CLOCK_": False, "LOADS_FIRST_": True}
     return sig, consts
 
 
