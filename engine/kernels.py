@@ -40,10 +40,11 @@ BLOCK = 64
 GRID_PER_SM = 32
 # The split kernel's warps a program (run 77: 2 and 8 slower than 4).
 WARPS = 4
-# The small kernels on a round's path (the add+RMSNorm, the split kernel's q/k norm and rotation) ask every
-# load before any arithmetic, where the norm's weight, the rotation's tables and V came after the sums:
-# one trip to L2 on the path, not two to four (engine/dev/PERF.md run 95). The same arithmetic.
-LOADS_FIRST = True
+# The round's padded rows at which the small kernels on its path (the add+RMSNorm, the split kernel's q/k
+# norm and rotation) ask every load before any arithmetic, where the norm's weight, the rotation's tables and
+# V came after the sums: one trip to L2 on the path, not two to four. The same arithmetic. Not at 64 rows:
+# there the loads held across the sums cost the split kernel more than the trips (engine/dev/PERF.md run 95).
+LOADS_FIRST = {1, 2, 4, 8}
 # The split kernel's software-pipeline stages by the round's padded rows (Triton's default, 3, elsewhere).
 # As launched (strides divisible by 16) 3 stages take 71.7 KB of shared memory a program on sm_90, so an
 # SM holds three: at 64 rows items past 396 (of 512 at context 128) start one item, 13 us, late (runs
@@ -289,7 +290,7 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
         DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), LOADS_FIRST_=LOADS_FIRST, num_warps=WARPS,
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), LOADS_FIRST_=p in LOADS_FIRST, num_warps=WARPS,
         **({"num_stages": STAGES[p]} if p in STAGES else {}), **extra, **launch_opts())
     if not fold:
         _combine_kernel[(p, h)](

@@ -75,7 +75,7 @@ def _norm(rows: int, n: int, x, r, w, xo, y, eps: float, **consts) -> None:
     """_add_rmsnorm_kernel over `rows` rows of n elements: a program a row, one launch."""
     import engine.kernels as K
     _add_rmsnorm_kernel[(rows,)](x, r, w, xo, y, n, eps, BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(),
-                                 WFIRST_=K.LOADS_FIRST, num_warps=8 if n >= 2048 else 4, **consts, **launch_opts())
+                                 WFIRST_=rows in K.LOADS_FIRST, num_warps=8 if n >= 2048 else 4, **consts, **launch_opts())
 
 
 @triton.jit

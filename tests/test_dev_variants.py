@@ -14,7 +14,7 @@ from engine.dev.variants import VARIANTS, applied
 
 def state():
     return (dict(R.STAGED), dict(R.PROGRAMS), dict(S.CONFIGS), dict(S.GATED), P.PREFETCH_ROWS, K.GRID_PER_SM,
-            K.WARPS, dict(K.STAGES), K.LOADS_FIRST, KF.embed_rmsnorm, decode_graph.argmax)
+            K.WARPS, dict(K.STAGES), set(K.LOADS_FIRST), KF.embed_rmsnorm, decode_graph.argmax)
 
 
 def value(obj, key):

@@ -89,7 +89,8 @@ VARIANTS: dict[str, Variant] = {
     # run 90: fewer stages of W staged before the wait in every ring (8 shipped; run 33: 12 and 16 lost)
     **{f"stg{n}": Variant(tuple((R.STAGED, key, n) for key in R.SHAPES)) for n in (2, 4, 6)},
     # run 95: the loads of the round's small kernels where they were before LOADS_FIRST (after the sums)
-    "late": Variant(((K, "LOADS_FIRST", False),)), "latep64": Variant(((K, "LOADS_FIRST", False),), 64),
+    "late": Variant(((K, "LOADS_FIRST", set()),)), "latep64": Variant(((K, "LOADS_FIRST", set()),), 64),
+    "first64": Variant(((K, "LOADS_FIRST", {64}),), 64),  # run 95: loads first at 64 rows too
     # run 77: the split kernel's warps a program (4 shipped)
     "nw2": Variant(((K, "WARPS", 2),)), "nw8": Variant(((K, "WARPS", 8),)),
 }
