@@ -181,3 +181,22 @@ def test_the_split_attention_runs_two_pipeline_stages_only_in_64_row_rounds(monk
         K.decode_attention(kv, 0, torch.zeros(p, 32, 128), torch.arange(p), torch.zeros(p, dtype=torch.long),
                            fold=True, programs=4)
     assert [kw.get("num_stages") for kw in launches] == [None, None, 2]
+    # LOADS_FIRST: the q/k fold's loads before its sums in rounds of 1-8 rows, not at 64, where holding them
+    # takes the kernel to 148 registers and three programs a SM (engine/dev/PERF.md runs 95-96)
+    assert [kw["LOADS_FIRST_"] for kw in launches] == [True, True, False]
+
+
+def test_the_norm_asks_its_weight_early_only_in_rounds_of_up_to_8_rows(monkeypatch):
+    """engine/kernels.py LOADS_FIRST for the add+RMSNorm: the weight beside x at 1-8 rows (one trip to L2 on
+    a small round's path), after the sum as before at 64 rows and in the prompts' many-row launches."""
+    import engine.kernels_fused as KF
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid[0], kw["WFIRST_"]))
+    monkeypatch.setattr(KF, "_add_rmsnorm_kernel", Recorder())
+    for rows in (1, 2, 8, 64, 4096):
+        x = torch.zeros(rows, 64)
+        KF.add_rmsnorm(x, x, torch.ones(64), 1e-6)
+    assert launches == [(1, True), (2, True), (8, True), (64, False), (4096, False)]
