@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+import engine.kernels as K
 from engine.kernels import launch_opts, pdl_enter, pdl_launch, pdl_on, pdl_wait
 from engine.kernels_prefetch import l2_prefetch, line_offsets, prefetch_on
 
@@ -73,7 +74,6 @@ def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: 
 
 def _norm(rows: int, n: int, x, r, w, xo, y, eps: float, **consts) -> None:
     """_add_rmsnorm_kernel over `rows` rows of n elements: a program a row, one launch."""
-    import engine.kernels as K
     _add_rmsnorm_kernel[(rows,)](x, r, w, xo, y, n, eps, BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(),
                                  WFIRST_=rows in K.LOADS_FIRST, num_warps=8 if n >= 2048 else 4, **consts, **launch_opts())
 
