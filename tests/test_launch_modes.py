@@ -89,7 +89,7 @@ def test_a_small_kernel_at_3_lets_the_next_launch_before_its_wait(pdl, prefetch)
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
     from engine.kernels_fused import _add_rmsnorm_kernel
     order = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": pdl, "PREFETCH_": prefetch,
-                                                  "Ids": None, "GATHER": False},
+                                                  "Ids": None, "GATHER": False, "WFIRST_": True},
                        num_warps=8)
     before = order[:order.index("griddepcontrol.wait")]
     assert before == (["griddepcontrol.launch_dependents"] if pdl == 3 else []) + ["prefetch"] * (2 * prefetch)
@@ -168,7 +168,8 @@ def test_the_round_path_kernels_ask_their_loads_before_their_sums(first):
     from engine.kernels_fused import _add_rmsnorm_kernel
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
     norm = _ops(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": 3, "PREFETCH_": False,
-                                           "WFIRST_": first}, ("ld.global", "shfl"), num_warps=8)
+                                           "Ids": None, "GATHER": False, "WFIRST_": first}, ("ld.global", "shfl"),
+                num_warps=8)
     assert ("ld.global" in norm[norm.index("shfl"):]) is not first
     sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "QKV", "WQ", "WK", "Cos", "Sin")}, "Lanes": "*i64",
            "Pos": "*i64", "Opart": "*fp32", "Lse": "*fp32", "Count": "*i32",
@@ -191,7 +192,7 @@ def test_the_round_ends_wait_before_their_loads():
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32",
            "Ids": "*i64"}
     norm = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": False, "BLOCK": 4096, "PDL_": 3, "GATHER": True,
-                                                 "PREFETCH_": False}, num_warps=8)
+                                                 "PREFETCH_": False, "WFIRST_": True}, num_warps=8)
     sig = {"X": "*bf16", "Out": "*i64", "Val": "*fp32", "Idx": "*i32", "Count": "*i32", "N": "i32", "stride_x": "i32",
            "CHUNKS": "i32"}
     top = _ptx_order(_argmax_kernel, sig, {"CHUNK": 4096, "CHUNKS_PAD": 64, "PDL_": 3}, num_warps=4)
