@@ -69,7 +69,7 @@ def _merge_values(lse, o, valid, m, l, acc):
 
 @triton.jit
 def merge_split(Opart, Lse, row, h, s, n, stride_or, stride_oh, stride_os, stride_lr, stride_lh, m, l, acc,
-           D: tl.constexpr):
+                D: tl.constexpr):
     """Fold split s (if s < n) into the running (m, l, acc)."""
     d = tl.arange(0, D)
     valid = s < n

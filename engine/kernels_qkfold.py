@@ -40,6 +40,22 @@ def warp_sumsq(x, G: tl.constexpr):
 
 
 @triton.jit
+def _norm_weights(WQ, WK, half, D: tl.constexpr):
+    """The q and k norms' weights, each in its two halves: (k's first, q's first, k's second, q's second)."""
+    return (tl.load(WK + half)[None, :], tl.load(WQ + half)[None, :],
+            tl.load(WK + D // 2 + half)[None, :], tl.load(WQ + D // 2 + half)[None, :])
+
+
+@triton.jit
+def _rope_tables(Cos, Sin, pos, half, D: tl.constexpr):
+    """The rotation's cos and sin at pos, each in its two halves: (cos, sin of the first; of the second)."""
+    return (tl.load(Cos + pos * D + half).to(tl.float32)[None, :],
+            tl.load(Sin + pos * D + half).to(tl.float32)[None, :],
+            tl.load(Cos + pos * D + D // 2 + half).to(tl.float32)[None, :],
+            tl.load(Sin + pos * D + D // 2 + half).to(tl.float32)[None, :])
+
+
+@triton.jit
 def qk_heads(QKV, WQ, WK, Cos, Sin, KC, VC, row, pos, kvh, write, stride_row, stride_ct, stride_ch, eps,
              H: tl.constexpr, KVH, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
              LF: tl.constexpr = True):
@@ -58,17 +74,12 @@ def qk_heads(QKV, WQ, WK, Cos, Sin, KC, VC, row, pos, kvh, write, stride_row, st
     x2 = tl.load(base + D // 2, mask=live, other=0.0).to(tl.float32)
     if LF:
         vsrc = QKV + row * stride_row + (H + KVH + kvh) * D + half
-        wk1, wq1 = tl.load(WK + half)[None, :], tl.load(WQ + half)[None, :]
-        wk2, wq2 = tl.load(WK + D // 2 + half)[None, :], tl.load(WQ + D // 2 + half)[None, :]
-        c1 = tl.load(Cos + pos * D + half).to(tl.float32)[None, :]
-        s1 = tl.load(Sin + pos * D + half).to(tl.float32)[None, :]
-        c2 = tl.load(Cos + pos * D + D // 2 + half).to(tl.float32)[None, :]
-        s2 = tl.load(Sin + pos * D + D // 2 + half).to(tl.float32)[None, :]
+        wk1, wq1, wk2, wq2 = _norm_weights(WQ, WK, half, D)
+        c1, s1, c2, s2 = _rope_tables(Cos, Sin, pos, half, D)
         v1, v2 = tl.load(vsrc), tl.load(vsrc + D // 2)
     inv = 1.0 / tl.sqrt((warp_sumsq(x1, GROUP_PAD) + warp_sumsq(x2, GROUP_PAD)) / D + eps)
     if not LF:
-        wk1, wq1 = tl.load(WK + half)[None, :], tl.load(WQ + half)[None, :]
-        wk2, wq2 = tl.load(WK + D // 2 + half)[None, :], tl.load(WQ + D // 2 + half)[None, :]
+        wk1, wq1, wk2, wq2 = _norm_weights(WQ, WK, half, D)
     w1 = tl.where(isk[:, None], wk1, wq1).to(tl.float32)
     w2 = tl.where(isk[:, None], wk2, wq2).to(tl.float32)
     dt = QKV.dtype.element_ty
@@ -77,10 +88,7 @@ def qk_heads(QKV, WQ, WK, Cos, Sin, KC, VC, row, pos, kvh, write, stride_row, st
     n1 = n1.to(dt).to(tl.float32)
     n2 = n2.to(dt).to(tl.float32)
     if not LF:
-        c1 = tl.load(Cos + pos * D + half).to(tl.float32)[None, :]
-        s1 = tl.load(Sin + pos * D + half).to(tl.float32)[None, :]
-        c2 = tl.load(Cos + pos * D + D // 2 + half).to(tl.float32)[None, :]
-        s2 = tl.load(Sin + pos * D + D // 2 + half).to(tl.float32)[None, :]
+        c1, s1, c2, s2 = _rope_tables(Cos, Sin, pos, half, D)
     o1 = n1 * c1 - n2 * s1
     o2 = n2 * c2 + n1 * s2
     on = (half[None, :] * 0 + write.to(tl.int32)) > 0

@@ -48,13 +48,16 @@ print("ok")
 ''')
 
 
-def _ptx_order(fn, sig: dict, consts: dict, **opts) -> list[str]:
-    """The kernel compiled for sm_90 (no GPU needed): its PDL and memory instructions in program order."""
+_ORDER = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "cp.async", "st.global", "prefetch")
+
+
+def _ptx_order(fn, sig: dict, consts: dict, keys: tuple = _ORDER, **opts) -> list[str]:
+    """The kernel compiled for sm_90 (no GPU needed): its instructions among `keys` (by default the PDL and
+    memory ones) in program order."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                          options=opts).asm["ptx"]
-    keys = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "cp.async", "st.global", "prefetch")
     # instructions only: a .file / .loc line names engine/kernels_prefetch.py
     code = (line for line in ptx.splitlines() if not line.lstrip().startswith((".file", ".loc", "//")))
     return [k for line in code for k in keys if k in line]
@@ -150,16 +153,6 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
     assert "ld.global" in order[len(before):]
 
 
-def _ops(fn, sig: dict, consts: dict, keys: tuple, **opts) -> list[str]:
-    """The kernel compiled for sm_90: which of `keys` each instruction is, in program order."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                         options=opts).asm["ptx"]
-    code = (line for line in ptx.splitlines() if not line.lstrip().startswith((".file", ".loc", "//")))
-    return [next(k for k in keys if k in line) for line in code if any(k in line for k in keys)]
-
-
 @pytest.mark.parametrize("first", [True, False])
 def test_the_round_path_kernels_ask_their_loads_before_their_sums(first):
     """engine/kernels.py LOADS_FIRST: the add+RMSNorm asks for its weight beside x, not after the row's sum,
@@ -167,19 +160,13 @@ def test_the_round_path_kernels_ask_their_loads_before_their_sums(first):
     before the q/k sums, so each is one trip to L2 on the round's path. Off, as before: loads after."""
     from engine.kernels_fused import _add_rmsnorm_kernel
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
-    norm = _ops(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": 3, "PREFETCH_": False,
-                                           "Ids": None, "GATHER": False, "WFIRST_": first}, ("ld.global", "shfl"),
-                num_warps=8)
+    norm = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": 3, "PREFETCH_": False,
+                                                 "Ids": None, "GATHER": False, "WFIRST_": first},
+                      ("ld.global", "shfl"), num_warps=8)
     assert ("ld.global" in norm[norm.index("shfl"):]) is not first
-    sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "QKV", "WQ", "WK", "Cos", "Sin")}, "Lanes": "*i64",
-           "Pos": "*i64", "Opart": "*fp32", "Lse": "*fp32", "Count": "*i32",
-           **{n: "i32" for n in ("stride_qr", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_or",
-                                 "stride_oh", "stride_os", "stride_lr", "stride_lh", "stride_out", "stride_qkv")},
-           "scale": "fp32", "P": "i32", "KVH": "i32", "eps": "fp32"}
-    consts = {"GROUP": 4, "GROUP_PAD": 16, "D": 128, "SPLIT_": 256, "BLOCK_": 64, "DYNAMIC": True, "NSPLIT": 129,
-              "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": True, "H": 32, "PREFETCH_": -1,
-              "Clock": None, "CLOCK_": False, "LOADS_FIRST_": first}
-    split = _ops(K._split_kernel, sig, consts, ("ld.global", "st.global", "sqrt"), num_warps=4)
+    sig, consts = _folded_split(8, 129)
+    split = _ptx_order(K._split_kernel, sig, {**consts, "LOADS_FIRST_": first}, ("ld.global", "st.global", "sqrt"),
+                       num_warps=4)
     qk = split[split.index("sqrt"):]  # from the q/k norm's root: K's and V's rows written, q stored, q read back
     ahead = qk[:qk.index("ld.global")]
     assert (ahead.count("st.global") >= 5) is first and (ahead.count("st.global") == 0) is not first
@@ -214,16 +201,12 @@ def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
               "FOLD": True, "PDL_": 3, "P_PAD": 8, "ITEMS": 1, "QKN": False, "H": 0, "PREFETCH_": -1,
               "QKV": None, "WQ": None, "WK": None, "Cos": None, "Sin": None, "stride_qkv": 0, "eps": 0.0,
               "LOADS_FIRST_": True}
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     def reads(clock):
         s = dict(sig) if clock else {k: v for k, v in sig.items() if k != "Clock"}
         c = {**consts, "CLOCK_": clock} if clock else {**consts, "Clock": None, "CLOCK_": False}
-        ptx = triton.compile(ASTSource(fn=K._split_kernel, signature=s, constexprs=c), target=GPUTarget("cuda", 90, 32),
-                             options={"num_warps": 4}).asm["ptx"]
-        code = [line for line in ptx.splitlines() if not line.lstrip().startswith((".file", ".loc", "//"))]
-        return [k for line in code for k in ("griddepcontrol.wait", "%clock64", "%globaltimer", "%smid") if k in line]
+        return _ptx_order(K._split_kernel, s, c, ("griddepcontrol.wait", "%clock64", "%globaltimer", "%smid"),
+                          num_warps=4)
     assert reads(False) == ["griddepcontrol.wait"]
     got = reads(True)
     assert got.count("%clock64") == 6 and got.count("%globaltimer") == 3 and got.count("%smid") == 1
@@ -250,7 +233,6 @@ def test_the_clock_probe_reads_the_kernels_span_and_its_sms():
     assert s["span"] == [19000.0] * 2 and s["last entry"] == [2000.0] * 2
     assert s["last end after the median"] == [10000.0] * 2  # torch's median of 4: the lower middle
     assert s["items on the busiest SM"] == [3] * 2 and s["items on the least busy SM"] == [1] * 2
-
 
 
 def _folded_split(p_pad: int, nsplit: int) -> tuple[dict, dict]:
@@ -286,4 +268,3 @@ def test_two_pipeline_stages_let_an_sm_hold_four_split_programs():
     sm = 228 * 1024
     assert sm // shared(3) == 3
     assert sm // shared(K.STAGES[64]) >= 4
-

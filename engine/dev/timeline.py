@@ -17,6 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from engine.config import EngineConfig
+from engine.dev.variants import recapture
 from engine.runner import build_runner
 
 
@@ -27,7 +28,6 @@ def main(argv):
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
                                   max_model_len=1024, prefill_rows=256))
     if "--variant" in argv:  # a decode-graph variant (engine/dev/variants.py) captured in place of the defaults
-        from engine.dev.variants import recapture
         recapture(r, r.cfg, argv[argv.index("--variant") + 1])
     lanes = list(range(streams))
     toks, pos = [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(128)]) for ln in lanes], 128
