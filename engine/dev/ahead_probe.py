@@ -12,7 +12,7 @@ and the host's time in each step of decode(ahead=True), and the GPU's idle betwe
 --grids (runs 44-45): the split attention's grid cap, at contexts 128 and 4,000.
 --variants base,o12,o16 (run 46): decode-graph variants (VARIANTS) side by side; --ctxs 128,4000 their contexts.
 --recaptured nopf,base (run 54): variants in one runner, its graphs captured again for each in turn
-[--parallel 64 (run 64): 8 and 64 streams].
+[--parallel 64 (run 64): 8 and 64 streams] [--model qwen3-32b --max-len 8192 (run 99)].
 """
 from __future__ import annotations
 
@@ -176,14 +176,14 @@ def variants(out, names, turns=5, ctxs=(128,)):
     report(samples, res, f"{out}/variants.json")
 
 
-def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784, parallel=8):
+def recaptured(out, names, turns=4, ctxs=(128, 4000), max_len=32784, parallel=8, model="qwen3-8b"):
     """Run 54: variants of VARIANTS' module settings (at --parallel 8) in ONE runner, its graphs
     captured again for each variant in turn, so the KV cache and the weights stay where they are
     (run 53: separate runners differed by up to 0.15 ms a round with nothing but their memory
     between them). The chained graph on the GPU's clock at each context, 1 and 8 streams, at the
     bench's --max-model-len; stream 0's ids over 16 rounds against the first variant's. At --parallel
-    above 8 (run 64): 8 and all streams."""
-    r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
+    above 8 (run 64): 8 and all streams. `--model qwen3-32b` wants a shorter --max-len (its KV cache)."""
+    r = build_runner(EngineConfig(model=model, device="cuda", dtype="bfloat16", parallel=parallel,
                                   max_model_len=max_len, prefill_rows=4096))
     r.cuts_warmed.result()
     firsts, cfg = _firsts(r, ctxs), r.cfg
@@ -210,7 +210,8 @@ def main(argv):
         return [int(x) for x in argv[argv.index(name) + 1].split(",")] if name in argv else default
     if "--recaptured" in argv:
         return recaptured(out, argv[argv.index("--recaptured") + 1].split(","), ctxs=tuple(arg("--ctxs", (128, 4000))),
-                          parallel=arg("--parallel", [8])[0], max_len=arg("--max-len", [32784])[0])
+                          parallel=arg("--parallel", [8])[0], max_len=arg("--max-len", [32784])[0],
+                          model=argv[argv.index("--model") + 1] if "--model" in argv else "qwen3-8b")
     if "--variants" in argv:
         return variants(out, argv[argv.index("--variants") + 1].split(","), ctxs=tuple(arg("--ctxs", (128,))))
     if "--grids" in argv:  # [--caps 4,8,1048576 --max-len 16400 --ctxs 128,4000]
