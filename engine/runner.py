@@ -231,10 +231,26 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _warm_cuts(self) -> int:
-        """Build cuDNN's graphs for full cuts at every grid start (engine/kernels_prefill.py)."""
+        """Build cuDNN's graphs for full cuts at every grid start (engine/kernels_prefill.py), then
+        run each prompt path once in the spare lane (a full cut, a short tail, a batched short cut),
+        so their Triton kernels compile here, not in a first request (~3 s in receipt 20261201-062113's
+        first server). The spare lane's KV is scratch: no lane a request owns is touched."""
         from engine.kernels_prefill import warm
         a = self.model.model.layers[0].self_attn
-        return warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows)
+        built = warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows)
+        # Triton compiles a kernel again for an int argument of 1, a multiple of 16, or neither: rows of
+        # 17 and 32, and batched forwards of one cut and of two
+        r, n = self.prefill_rows, self.max_model_len
+        ids = torch.zeros(max(r, 32), dtype=torch.long, device=self.device)
+        if n >= r + 17:
+            self._forward_cut(ids[:r], self.spare, 0)
+            self._forward_cut(ids[:17], self.spare, r)
+        if self.batch_cuts and n >= 96:
+            self._forward_many([(ids[:17], self.spare, 0)])
+            self._forward_many([(ids[:17], self.spare, 0), (ids[:32], self.spare, 64)])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return built
 
     def prefill(self, lane: int, tokens: Sequence[int], start: int = 0, sampling: SamplingParams | None = None) -> int:
         """The whole prompt from `start`, cut by cut on the grid: the same forwards as stepping."""
