@@ -231,15 +231,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _warm_cuts(self) -> int:
-        """Build cuDNN's graphs for full cuts at every grid start (engine/kernels_prefill.py), then
-        run each prompt path once in the spare lane (a full cut, a short tail, a batched short cut),
-        so their Triton kernels compile here, not in a first request (~3 s in receipt 20261201-062113's
-        first server). The spare lane's KV is scratch: no lane a request owns is touched."""
+        """cuDNN's graphs for full cuts at every grid start (engine/kernels_prefill.py), then each prompt
+        path once in the spare lane (its KV is scratch), so Triton compiles here, not in a first request."""
         from engine.kernels_prefill import warm
         a = self.model.model.layers[0].self_attn
         built = warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows)
-        # Triton compiles a kernel again for an int argument of 1, a multiple of 16, or neither: rows of
-        # 17 and 32, and batched forwards of one cut and of two
+        if self.cfg.tensor_parallel > 1:  # its forwards meet other ranks' collectives: not checked on 2 GPUs yet
+            return built
+        # Triton compiles again for an int argument of 1, a multiple of 16 or neither: 17 and 32 rows, 1 and 2 cuts
         r, n = self.prefill_rows, self.max_model_len
         ids = torch.zeros(max(r, 32), dtype=torch.long, device=self.device)
         if n >= r + 17:
