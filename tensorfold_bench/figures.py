@@ -354,6 +354,16 @@ def sweep_latency(data: dict) -> dict[str, dict[str, float | None]]:
     return {n: {v: median(xs) for v, xs in by.items()} for n, by in out.items()}
 
 
+def sweep_predicted(data: dict) -> dict[str, dict[str, float | None]]:
+    """variant -> figure -> median for a sweep's predictions: tok/s from the statistics, the
+    latencies as the receipt's latency table gives them."""
+    out = stats_medians(data["stats"])
+    for name, by in sweep_latency(data).items():
+        for v, m in by.items():
+            out.setdefault(v, {})[name] = m
+    return out
+
+
 def stats_medians(figs: dict) -> dict[str, dict[str, float | None]]:
     """variant -> figure -> median, from a receipt's statistics (for predictions)."""
     out: dict[str, dict] = {}

@@ -61,7 +61,8 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} -m tensorfold_bench.fakeserver")
     (tmp_path / "v.yaml").write_text("- {name: whole, flags: --prefill-mode whole}\n"
                                      "- {name: stepped, flags: [--prefill-mode, stepped, --prefill-share, '0.5']}\n")
-    (tmp_path / "p.yaml").write_text("stepped:\n  tok_s@1 vs whole: [0.01, 100]\n  tok_s@2: [1.0e+9, null]\n")
+    (tmp_path / "p.yaml").write_text("stepped:\n  tok_s@1 vs whole: [0.01, 100]\n  tok_s@2: [1.0e+9, null]\n"
+                                     "  ttft_p50@2 vs whole: [0.01, 100]\n  itl_p50@1: [0, 1.0e+9]\n")
     args = ["sweep", "--model", "tiny", "--levels", "1,2", "--tokens", "4", "--cells", "1", "--reps", "1",
             "--prompt-tokens", "12", "--variants", str(tmp_path / "v.yaml"), "--order", "whole,stepped,whole",
             "--aa", "--predict", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "r")]
@@ -71,7 +72,8 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
     data = json.loads(js.read_text())
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped", "whole", "whole A/A", "whole A/A", "whole"]
     assert data["predictions"]["read_at"] < data["runs"][0]["started"]
-    assert [p["status"] for p in data["predictions"]["items"]] == ["in", "out"]
+    # latency figures are checked too (they came back "not measured" before: only tok/s was looked up)
+    assert [p["status"] for p in data["predictions"]["items"]] == ["in", "out", "in", "in"]
     assert data["hashes"]["ok"] and data["hashes"]["replies"] == 6 * 3
     assert set(data["stats"]["tok_s@2"]["comparisons"]) == {"stepped", "whole A/A"}
     assert data["variants"][1]["source"]["ref"] is None  # the working tree
@@ -80,7 +82,7 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
         assert all(len(g) == 4 for b in r["batches"] for g in b["gaps_us"])
         assert r["figures"]["ttft_p50@2"] > 0 and r["figures"]["itl_p99@2"] >= r["figures"]["itl_p50@2"] >= 0
     md = js.with_suffix(".md").read_text()
-    assert "| 2 | whole A/A |" in md and "1 of 2 predictions in range" in md
+    assert "| 2 | whole A/A |" in md and "3 of 4 predictions in range" in md
     assert "**Latency**" in md and "| 2 | stepped |" in md
     assert js.with_suffix(".png").exists()
     rep = CliRunner().invoke(app, ["report", str(js)])

@@ -229,5 +229,5 @@ def complete(s: Session, data: dict) -> dict:
     """analyse() and the predictions checked (idempotent: after every run, and at the end)."""
     analyse(data)
     if s.predictions:
-        data["predictions"] = s.predictions.check(figures.stats_medians(data["stats"])).to_dict()
+        data["predictions"] = s.predictions.check(figures.sweep_predicted(data)).to_dict()
     return data
