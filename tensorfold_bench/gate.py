@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, session, stats, worktree
+from tensorfold_bench import exactness, figures, session, stats, sweep_figures, worktree
 from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.report.fmt import num
 from tensorfold_bench.sampling import GREEDY, Sampling
@@ -159,8 +159,8 @@ def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY) -> dict:
 
 def finish(entry: dict) -> str:
     """The run's figures: the sweep's, and the long-prompt ones when that run is valid."""
-    sw = figures.sweep_run(entry["sweep"]["batches"])
-    entry["sweep"]["errors"] = figures.batch_errors(entry["sweep"]["batches"])
+    sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
+    entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
     lp = figures.long_prompt_of(entry["long_prompt"]["records"])
     entry["long_prompt"]["figures"] = lp.to_dict()
     entry["figures"] = {**sw, **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}

@@ -1,7 +1,7 @@
 """Figures on hand-made timestamp traces: long-prompt, the sweep's batches and levels, latencies."""
 import pytest
 
-from tensorfold_bench import figures
+from tensorfold_bench import figures, sweep_figures
 from tensorfold_bench.client import StreamRecord, _apply_event, chunk_tokens
 from tensorfold_bench.figures import count_in, longest_pause, medians, rate_before
 from tensorfold_bench.figures import long_prompt as long_prompt_figures
@@ -135,7 +135,7 @@ def srec(sent, times, ids=None, error=None):
 def test_batch_figure_is_all_tokens_over_first_send_to_last_token():
     a = srec(10.0, [10.5, 11.0, 11.5, 12.0])
     b = srec(10.1, [10.6, 11.1, 11.6, 14.0])
-    batch = figures.sweep_batch(2, 0, 0, [a, b], 4, ["h0", "h1"])
+    batch = sweep_figures.sweep_batch(2, 0, 0, [a, b], 4, ["h0", "h1"])
     assert batch["tokens"] == 8 and batch["wall_s"] == pytest.approx(4.0) and batch["tok_s"] == pytest.approx(2.0)
     assert not batch["errors"] and batch["hashes"] == ["h0", "h1"]
     # every token's time kept, compactly: from the send, then gap by gap, in microseconds
@@ -143,9 +143,9 @@ def test_batch_figure_is_all_tokens_over_first_send_to_last_token():
 
 
 def test_a_short_or_failed_stream_voids_the_batch():
-    batch = figures.sweep_batch(2, 0, 0, [srec(0.0, [1.0, 2.0]), srec(0.0, [1.0], error="HTTP 500: boom")], 2, [None, None])
+    batch = sweep_figures.sweep_batch(2, 0, 0, [srec(0.0, [1.0, 2.0]), srec(0.0, [1.0], error="HTTP 500: boom")], 2, [None, None])
     assert batch["tok_s"] is None and "stream 1: HTTP 500: boom" in batch["errors"]
-    short = figures.sweep_batch(1, 0, 0, [srec(0.0, [1.0])], 2, [None])
+    short = sweep_figures.sweep_batch(1, 0, 0, [srec(0.0, [1.0])], 2, [None])
     assert short["tok_s"] is None and "1 of 2 tokens" in short["errors"][0]
 
 
@@ -156,14 +156,14 @@ def batch(level, cell, rep, tok_s, gaps=None):
 def test_cell_is_median_over_reps_and_level_median_over_cells():
     bs = [batch(1, 0, 0, 10), batch(1, 0, 1, 12), batch(1, 0, 2, 30),
           batch(1, 1, 0, 20), batch(1, 1, 1, 20), batch(1, 1, 2, None)]
-    assert figures.cell_tok_s(bs, 1, 0) == 12 and figures.cell_tok_s(bs, 1, 1) == 20
-    assert figures.sweep_run(bs) == {"tok_s@1": 16}  # no kept times (an older receipt): no latencies
+    assert sweep_figures.cell_tok_s(bs, 1, 0) == 12 and sweep_figures.cell_tok_s(bs, 1, 1) == 20
+    assert sweep_figures.sweep_run(bs) == {"tok_s@1": 16}  # no kept times (an older receipt): no latencies
 
 
 def test_latencies_come_from_the_kept_token_times():
     # two streams: first tokens after 100 and 300 ms; then gaps of 10 ms, one 0 (a chunk of two), one 50 ms
     bs = [batch(2, 0, 0, 1.0, gaps=[[100000, 10000, 10000], [300000, 0, 50000]])]
-    f = figures.sweep_run(bs)
+    f = sweep_figures.sweep_run(bs)
     assert f["ttft_p50@2"] == pytest.approx(200.0)
     assert f["itl_p50@2"] == pytest.approx(10.0)
     assert f["itl_p99@2"] == pytest.approx(10 + 0.97 * 40)  # numpy's linear percentile over 0, 10, 10, 50

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from tensorfold_bench import stats
-from tensorfold_bench.figures import LATENCY, at, spec, sweep_latency
+from tensorfold_bench.figures import LATENCY, at, spec
+from tensorfold_bench.sweep_figures import sweep_latency
 from tensorfold_bench.predictions import Predictions
 from tensorfold_bench.report.fmt import environment_lines, not_run_lines, num, stats_table
 from tensorfold_bench.worktree import Source

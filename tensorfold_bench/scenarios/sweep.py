@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, session, targets
+from tensorfold_bench import exactness, figures, session, sweep_figures, targets
 from tensorfold_bench.client import Request, StreamRecord, new_record, stream
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.predictions import read as read_predictions
@@ -106,7 +106,7 @@ async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str
 
 async def play_levels(url: str, script: SweepScript, vocab: int, label: str, model: str = "default",
                       progress: Callable[[str], None] | None = None, token_ids: str = "ids") -> list[dict]:
-    """Every level, cell and rep on one server: each batch's records, reduced (figures.sweep_batch)."""
+    """Every level, cell and rep on one server: each batch's records, reduced (sweep_figures.sweep_batch)."""
     batches = []
     for level in script.levels:
         for cell in range(script.cells):
@@ -115,7 +115,7 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
                 recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s, token_ids,
                                         script.sampling, cell)
                 hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
-                b = figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
+                b = sweep_figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
                 batches.append(b)
                 if progress:
                     tok = "failed" if b["tok_s"] is None else f"{b['tok_s']:.1f} tok/s"
@@ -185,9 +185,9 @@ def finish(entry: dict) -> str:
     if entry.get("error"):
         entry.update(batches=[], figures={}, errors=[entry["failure"]])
         return f"{entry['variant']}: FAILED: {entry['failure']}"
-    entry["figures"] = figures.sweep_run(entry["batches"])
-    entry["errors"] = figures.batch_errors(entry["batches"])
-    entry["counted_by"] = figures.sweep_counted_by(entry["batches"])
+    entry["figures"] = sweep_figures.sweep_run(entry["batches"])
+    entry["errors"] = sweep_figures.batch_errors(entry["batches"])
+    entry["counted_by"] = sweep_figures.sweep_counted_by(entry["batches"])
     return f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in entry["figures"].items()
                                                if k.startswith("tok_s"))
 
@@ -195,7 +195,7 @@ def finish(entry: dict) -> str:
 def analyse(data: dict) -> dict:
     """The statistics, the hash check, the predictions and what was not run, from the runs."""
     st = data["settings"]
-    data["stats"] = figures.sweep_stats(data)
+    data["stats"] = sweep_figures.sweep_stats(data)
     ref = next((i for i, r in enumerate(data["runs"]) if r["variant"] == st["base"]), 0)
     data["hashes"] = exactness.sweep([(r["variant"], r["batches"]) for r in data["runs"]], ref).to_dict()
     notes = [st["scaled_down"]] if st.get("scaled_down") else []
@@ -229,5 +229,5 @@ def complete(s: Session, data: dict) -> dict:
     """analyse() and the predictions checked (idempotent: after every run, and at the end)."""
     analyse(data)
     if s.predictions:
-        data["predictions"] = s.predictions.check(figures.sweep_predicted(data)).to_dict()
+        data["predictions"] = s.predictions.check(sweep_figures.sweep_predicted(data)).to_dict()
     return data
