@@ -14,9 +14,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .config import ConfigError, EngineConfig, share_from_env
-from .drafter import make_drafter
-from .faults import Faults, with_faults
+from engine.config import ConfigError, EngineConfig, share_from_env
+from engine.scheduler.drafter import make_drafter
+from engine.faults import Faults, with_faults
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="tfengine: a Qwen3-family inference engine with lanes, stepped prompts and a lane host.")
@@ -54,8 +54,8 @@ def write_port(path: Path | None, port: int) -> None:
 def check_config(cfg: EngineConfig) -> str:
     """What serve would refuse before loading weights, as a ConfigError (a launcher asks once,
     before starting any server). The runner checks the same when it starts."""
-    from .parallel import check_tensor_parallel
-    from .presets import resolve_model
+    from engine.parallel.group import check_tensor_parallel
+    from engine.models.presets import resolve_model
 
     mcfg, name, _ = resolve_model(cfg.model)
     if cfg.device.startswith("cuda"):
@@ -108,21 +108,21 @@ def serve(
                        prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
                        seed=seed, trace=trace, trace_len=trace_len)
     faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment
-    from .server import HttpConfig, ServedModel, serve as serve_http
+    from engine.server.http import HttpConfig, ServedModel, serve as serve_http
 
     http = HttpConfig(max_body_mb=max_body_mb, stall_timeout_s=stall_timeout_s, idle_timeout_s=idle_timeout_s,
                       body_timeout_s=body_timeout_s)
     if check:
         typer.echo(check_config(cfg))
         return
-    from .host import LaneHost
-    from .runner import build_runner
+    from engine.scheduler.host import LaneHost
+    from engine.runner.model_runner import build_runner
 
     check_config(cfg)  # before any worker rank starts
     if cfg.tensor_parallel > 1:
         import torch
 
-        from .tp_launch import start_tensor_parallel
+        from engine.parallel.launch import start_tensor_parallel
         if device == "cpu" and threads is None:  # the ranks share the cores: spinning threads would fight
             torch.set_num_threads(max(1, torch.get_num_threads() // cfg.tensor_parallel))
             chose += f"; {cfg.tensor_parallel} ranks share them, {torch.get_num_threads()} each"
@@ -170,7 +170,7 @@ def device_defaults(device: str, dtype: str | None, parallel: int | None, thread
         if threads is not None:
             raise ConfigError("--threads is for --device cpu")
         return dtype or "bfloat16", 4 if parallel is None else parallel, ""
-    from .cpu_kernels import cpu_dtype, cpu_threads
+    from engine.cpu.kernels import cpu_dtype, cpu_threads
     if threads is not None and threads < 1:
         raise ConfigError("--threads must be at least 1")
     auto, why = cpu_dtype()

@@ -46,7 +46,7 @@ class GenerationDefaults:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The subset of a Hugging Face Qwen3 `config.json` that the model uses (engine/hf_config.py
+    """The subset of a Hugging Face Qwen3 `config.json` that the model uses (engine/models/hf_config.py
     reads one). `eos_token_ids`: every id that ends a reply; `eos_token_id` is the first of them."""
 
     vocab_size: int
@@ -74,7 +74,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict, generation: dict | None = None) -> "ModelConfig":
-        from engine.hf_config import from_hf_dict
+        from engine.models.hf_config import from_hf_dict
         return from_hf_dict(d, generation)
 
     @classmethod
@@ -128,57 +128,57 @@ class KernelConfig:
     # CPU falls back to eager rounds and records why).
     cuda_graph: bool | None = None
     fused: bool = True  # CUDA: Triton kernels around the matmuls (off: plain torch ops)
-    # CUDA, with fused: decode rounds' matmuls in Triton (engine/kernels_skinny.py) on the shapes
-    # where they measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (engine/dev/PERF.md run 5).
+    # CUDA, with fused: decode rounds' matmuls in Triton (engine/cuda/skinny.py) on the shapes
+    # where they measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (tools/PERF.md run 5).
     skinny: bool = True
     # CPU: matmuls on weights prepacked once (oneDNN bf16 / MKL fp32) and the decode round's
-    # attention batched by span (engine/cpu_kernels.py); off: plain torch ops, one SDPA a row.
+    # attention batched by span (engine/cpu/kernels.py); off: plain torch ops, one SDPA a row.
     cpu_fast: bool = True
-    # CPU, with cpu_fast: the decode round in C++ (engine/cpu_round.py), the same bits. None: built
+    # CPU, with cpu_fast: the decode round in C++ (engine/cpu/round.py), the same bits. None: built
     # in the background, taken once loaded; True: built (or loaded) before the first round; False: never.
     cpu_cpp: bool | None = None
     # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or
     # several in one forward (ModelRunner.prefill_many), so the lane host fills short prompts that
     # wait together in one forward with each prompt's bits equal to its bits alone. Eight
-    # 200-token prompts at qwen3-8b on the H200: median first token 75 -> 35 ms (engine/dev/PERF.md run 13).
+    # 200-token prompts at qwen3-8b on the H200: median first token 75 -> 35 ms (tools/PERF.md run 13).
     batch_cuts: bool = True
     # with batch_cuts: cuBLAS at the row counts a start-up check found bitwise row-invariant
-    # (engine/kernels_batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
+    # (engine/cuda/batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
     batch_cublas: bool = True
     # CUDA decode graph (Hopper): programmatic dependent launch for the round's kernels (0 off, 1 wait
     # only, 2 wait then launch the next kernel at once, 3 the small kernels launch the next first;
-    # engine/kernels.py PDL). None: 3 at one rank on Hopper, else 0. With the ring, 3 took qwen3-8b's
-    # round from 4.58 to 4.34 ms; alone, qwen3-32b's from 16.78 to 16.65 (engine/dev/PERF.md runs 29-31).
+    # engine/cuda/decode_attention.py PDL). None: 3 at one rank on Hopper, else 0. With the ring, 3 took qwen3-8b's
+    # round from 4.58 to 4.34 ms; alone, qwen3-32b's from 16.78 to 16.65 (tools/PERF.md runs 29-31).
     pdl: int | None = None
     # CUDA decode graph on Hopper with triton 3.6's Gluon, rounds of <= 8 rows: the products of the
-    # shapes in engine/kernels_ring.py SHAPES go through a warp-specialized TMA ring, the same bits as
-    # engine/kernels_skinny.py's; with pdl, each product's weights stream before it waits.
+    # shapes in engine/cuda/ring.py SHAPES go through a warp-specialized TMA ring, the same bits as
+    # engine/cuda/skinny.py's; with pdl, each product's weights stream before it waits.
     ring: bool = True
-    # Decode rounds launched one ahead (engine/ahead.py): where the lane host expects the next
+    # Decode rounds launched one ahead (engine/runner/ahead.py): where the lane host expects the next
     # round to feed this one's greedy ids, it runs while the host reads them. None: on with the
     # CUDA decode graph at one rank; True on the CPU runs the same logic eagerly (tests).
     overlap: bool | None = None
-    # Decode rounds of a few streams at fewer rows (engine/decode_graph.py buckets): graphs at 1, 2, 4, ...
+    # Decode rounds of a few streams at fewer rows (engine/runner/decode_graph.py buckets): graphs at 1, 2, 4, ...
     # rows beside the padded shape, where every product takes the same kernel and tiles as at the padded
     # shape (so a row's bits are the same), as vLLM captures several batch sizes. None: on with the CUDA
     # decode graph at one rank; False: every round at the padded shape; True on the CPU: eager rounds
     # at those row counts (tests).
     row_buckets: bool | None = None
     # CUDA decode graph with PDL: rounds of at most this many rows ask their small kernels' inputs into
-    # L2 before the wait (engine/kernels_prefetch.py); 0: never. One row gains, eight lose (PERF.md run 54).
+    # L2 before the wait (engine/cuda/prefetch.py); 0: never. One row gains, eight lose (PERF.md run 54).
     prefetch_rows: int = 1
     # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
-    # last split program instead of a kernel of its own (engine/kernels.py), the same bits:
-    # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (engine/dev/PERF.md run 17).
+    # last split program instead of a kernel of its own (engine/cuda/decode_attention.py), the same bits:
+    # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (tools/PERF.md run 17).
     fold_combine: bool = True
     # CUDA decode graph at one rank: the q/k per-head RMSNorm + RoPE + K/V cache write done by the split
-    # attention (engine/kernels_qkfold.py; head_dim 128) instead of a kernel of its own, the same
-    # bits: qwen3-8b's round -0.025 ms more (engine/dev/PERF.md runs 18-20).
+    # attention (engine/cuda/qkfold.py; head_dim 128) instead of a kernel of its own, the same
+    # bits: qwen3-8b's round -0.025 ms more (tools/PERF.md runs 18-20).
     fold_qk_norm: bool = True
     # Tensor parallel on CUDA at two ranks: "fused": each decode sum and the add + RMSNorm after it
-    # in one kernel (engine/tp_fused.py; qwen3-32b round 10.54 ms against 11.21, engine/dev/PERF.md
+    # in one kernel (engine/parallel/fused.py; qwen3-32b round 10.54 ms against 11.21, tools/PERF.md
     # issue 15 round 3), symm for the rest; "symm": a one-shot all-reduce in symmetric memory
-    # (engine/tp_symm.py); "nccl": NCCL's all_reduce. The same bits every way.
+    # (engine/parallel/symm.py); "nccl": NCCL's all_reduce. The same bits every way.
     tp_allreduce: str = "fused"  # fused | symm | nccl
 
 
@@ -191,7 +191,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"  # float32 | bfloat16
     parallel: int = 4
-    tensor_parallel: int = 1  # ranks the model is split over (engine/parallel.py), one process each
+    tensor_parallel: int = 1  # ranks the model is split over (engine/parallel/group.py), one process each
     max_model_len: int = 4096
     prefill_rows: int = 256
     prefill_mode: str = "stepped"  # stepped | whole

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from .config import ConfigError
+from engine.config import ConfigError
 
 
 @dataclass(frozen=True)

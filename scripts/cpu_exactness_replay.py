@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.runner import build_runner
-from engine.sampling import SamplingParams
+from engine.runner.model_runner import build_runner
+from engine.scheduler.sampling import SamplingParams
 from tensorfold_bench.sampling import request_seed
 from tensorfold_bench.scenarios.streams import prompt_ids
 

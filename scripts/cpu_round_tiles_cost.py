@@ -17,9 +17,9 @@ import types
 
 import torch
 
-import engine.cpu_kernels as ck
+import engine.cpu.kernels as ck
 from engine.config import EngineConfig
-from engine.runner import build_runner
+from engine.runner.model_runner import build_runner
 
 
 def mm_any(self, x, key):

@@ -22,6 +22,6 @@ timeout ${T2:-270} python3 -m tensorfold_bench sweep --device cuda --model qwen3
   --levels 1,2,4,8,16,32,64 --tokens 128 --cells 1 --reps 1 --share 0.5 \
   --predict ${SW_PRED:-receipts/predictions/h200-tp2-sweep.yaml} --out /tmp/sw 2>&1 | tail -25
 keep sw
-[ "${T3:-50}" = 0 ] || timeout ${T3:-50} python3 -m engine.dev.tp_check --phase tp --world 2 --model qwen3-32b --long 0 --no-skinny \
+[ "${T3:-50}" = 0 ] || timeout ${T3:-50} python3 -m tools.tp_check --phase tp --world 2 --model qwen3-32b --long 0 --no-skinny \
   --sums symm,nccl --tag _cublas --out "$OUT" 2>&1 | grep '^{' | cut -c1-1500
 ls -la "$OUT"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call on nvidia-h200-x2 (issue 15, round 5): the decode round at N = 1, N = 2 (fused
 # sums, two turns) and N = 1 again with the shipped tables, then the N = 2 receipts with the
-# round-5 predictions (scripts/h200_tp_receipts.sh). Predictions: engine/dev/PERF.md, issue 15
+# round-5 predictions (scripts/h200_tp_receipts.sh). Predictions: tools/PERF.md, issue 15
 # round 5, and receipts/predictions/h200-tp2-*-r2.yaml.
 # Usage (repository root): TFBENCH_COMMIT=<sha> bash scripts/h200_tp_round5.sh
 set -u
@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 run() {  # name timeout args...
   local name=$1 t=$2; shift 2
-  timeout "$t" python3 -m engine.dev.tp_check --model qwen3-32b --long 0 --rounds 200 --tag "_$name" \
+  timeout "$t" python3 -m tools.tp_check --model qwen3-32b --long 0 --rounds 200 --tag "_$name" \
     --out /tmp/tp "$@" >"/tmp/tp_$name.log" 2>&1
   echo "== $name rc $?"; grep '^{' "/tmp/tp_$name.log" | tail -1 | cut -c1-1500
 }

@@ -1,11 +1,11 @@
 #!/bin/bash
 # One device call (issue 15, rounds 2-3): where the N = 2 decode round's time goes, and the 128
 # small sums a round through NCCL, symmetric memory's one-shot all-reduce ("symm"), the sum fused
-# into the add + RMSNorm after it ("fused", engine/tp_fused.py), or skipped (timing only). Phase
+# into the add + RMSNorm after it ("fused", engine/parallel/fused.py), or skipped (timing only). Phase
 # one: the plain engine at N = 1; phase tp: N = 2, its decode graph recaptured for each way in turn
-# (engine/dev/tp_check.py --sums), with the bit checks. EXTRA=1 adds fused under PDL 2 and at
+# (tools/tp_check.py --sums), with the bit checks. EXTRA=1 adds fused under PDL 2 and at
 # --parallel 64; LL=1 adds round 2's NCCL_PROTO=LL phase.
-# Predictions and outcome: engine/dev/PERF.md, issue 15 rounds 2 and 3.
+# Predictions and outcome: tools/PERF.md, issue 15 rounds 2 and 3.
 # Usage (repository root): MODEL=qwen3-32b bash scripts/h200_tp_sums.sh
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -18,7 +18,7 @@ print({n: hasattr(o, n) for n in ('one_shot_all_reduce_out', 'one_shot_all_reduc
 'signal pad bytes', getattr(s, 'get_signal_pad_size', lambda: '?')())" 2>&1 | tee -a "$OUT/gpus.txt"
 run() {  # name timeout args...
   local name=$1 t=$2; shift 2
-  timeout "$t" python3 -m engine.dev.tp_check --model "$MODEL" --long 0 --rounds "$ROUNDS" --out "$OUT" "$@" \
+  timeout "$t" python3 -m tools.tp_check --model "$MODEL" --long 0 --rounds "$ROUNDS" --out "$OUT" "$@" \
     >"$OUT/$name.log" 2>&1
   echo "== $name rc $?"; grep -v Warning "$OUT/$name.log" | tail -4 | cut -c1-3000
 }

@@ -1,10 +1,10 @@
 #!/bin/bash
 # One device call (issue 15, round 4): the skinny configs for one rank's (halved) qwen3-32b shapes
 # at N = 2, and the gated gate/up kernel at N = 1 and N = 2, tuned at once on both GPUs
-# (engine/dev/bench_skinny.py --tensor-parallel 2; --rows 4: tp_check's round, padded to 16);
+# (tools/bench_skinny.py --tensor-parallel 2; --rows 4: tp_check's round, padded to 16);
 # then the decode round at N = 1 and N = 2 (fused sums) with the shipped tables ("old") and with
-# the tuned entries ("new") in turn, with the bit checks (engine/dev/tp_check.py --skinny --turns).
-# Predictions and outcome: engine/dev/PERF.md, issue 15 round 4.
+# the tuned entries ("new") in turn, with the bit checks (tools/tp_check.py --skinny --turns).
+# Predictions and outcome: tools/PERF.md, issue 15 round 4.
 # Usage (repository root): bash scripts/h200_tp_tune.sh   (DEVICE=cpu MODEL=tiny: the dry run)
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -18,7 +18,7 @@ else  # the dry run: Triton's interpreter, gloo, no fused/symm sums
 fi
 tune() {  # name gpu args...
   local name=$1 gpu=$2; shift 2
-  CUDA_VISIBLE_DEVICES=$gpu timeout "${TT:-200}" python3 -m engine.dev.bench_skinny --model "$MODEL" --device "$DEVICE" \
+  CUDA_VISIBLE_DEVICES=$gpu timeout "${TT:-200}" python3 -m tools.bench_skinny --model "$MODEL" --device "$DEVICE" \
     --rows "$ROWS" --json "$OUT/$name.json" "$@" >"$OUT/$name.log" 2>&1
   echo "== $name rc $?"; grep -E "best|adopt|chain|failed|Error" "$OUT/$name.log" | cut -c1-600
 }
@@ -31,7 +31,7 @@ tune tune_tp2_a "$G0" --tensor-parallel 2 --only "${A:-qkv,o,gate_up}" &
 wait
 run() {  # name timeout args...
   local name=$1 t=$2; shift 2
-  timeout "$t" python3 -m engine.dev.tp_check --model "$MODEL" --device "$DEVICE" --long 0 --rounds "$ROUNDS" \
+  timeout "$t" python3 -m tools.tp_check --model "$MODEL" --device "$DEVICE" --long 0 --rounds "$ROUNDS" \
     --out "$OUT" "$@" >"$OUT/$name.log" 2>&1
   echo "== $name rc $?"; grep -v Warning "$OUT/$name.log" | tail -2 | cut -c1-4000
 }

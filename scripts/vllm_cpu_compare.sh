@@ -7,7 +7,7 @@
 #    removes the GPU builds of torchvision/torchaudio/torchcodec that break its imports;
 # 2. writes a random Qwen3 checkpoint (hidden 512, 8 layers, 8/4 heads of 64, intermediate 1,536,
 #    vocab 8,192, bf16 safetensors) under runs/ (git-ignored);
-# 3. serves it with both engines and measures them in turns: `python -m engine.dev.serve_compare`
+# 3. serves it with both engines and measures them in turns: `python -m tools.serve_compare`
 #    (decode tok/s at 1/2/4/8 streams of 256 tokens, a cold 4,096-token prompt's first token),
 #    printing the table and writing runs/vllm_cpu_compare.json. With BASELINE=TREE (e.g. /work/main)
 #    a second tfengine served from that checkout is measured in the same turns (before/after).
@@ -24,8 +24,8 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm" 2>/dev/n
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 DIR=runs/qwen3-random-512
-[ -f "$DIR/config.json" ] || PYTHONPATH=$PWD "$PY" -m engine.dev.random_qwen3 "$DIR"
+[ -f "$DIR/config.json" ] || PYTHONPATH=$PWD "$PY" -m tools.random_qwen3 "$DIR"
 echo "load before: $(cat /proc/loadavg 2>/dev/null || uptime)"
-PYTHONPATH=$PWD "$PY" -m engine.dev.serve_compare --model-dir "$DIR" --vllm "$VENV/bin/python" \
+PYTHONPATH=$PWD "$PY" -m tools.serve_compare --model-dir "$DIR" --vllm "$VENV/bin/python" \
     --reps "$REPS" --logs runs/vllm_cpu_compare_logs --json runs/vllm_cpu_compare.json ${BASELINE:+--baseline "$BASELINE"}
 echo "load after: $(cat /proc/loadavg 2>/dev/null || uptime)"

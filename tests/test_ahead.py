@@ -1,14 +1,14 @@
-"""Decode rounds run one ahead (engine/ahead.py), on the CPU: the eager rounds run the logic the
+"""Decode rounds run one ahead (engine/runner/ahead.py), on the CPU: the eager rounds run the logic the
 CUDA graphs capture (the device-side advance, the match, the guards); ids equal to plain rounds."""
 import pytest
 import torch
 
-from engine.ahead import advance
+from engine.runner.ahead import advance
 from engine.config import SHORT_ROWS, EngineConfig, KernelConfig
-from engine.host import LaneHost
-from engine.runner import build_runner
-from engine.sampling import SamplingParams
-from engine.sequence import Sequence
+from engine.scheduler.host import LaneHost
+from engine.runner.model_runner import build_runner
+from engine.scheduler.sampling import SamplingParams
+from engine.scheduler.sequence import Sequence
 
 LEN = 96
 

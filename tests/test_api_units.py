@@ -4,12 +4,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.api.errors import ApiError, BadRequest
-from engine.api.jsonparse import parse_checked
-from engine.api.params import parse_chat, parse_completion
-from engine.api.render import Logprobs
-from engine.api.text import ChoiceText
-from engine.tokenizer import ByteTokenizer
+from engine.server.errors import ApiError, BadRequest
+from engine.server.jsonparse import parse_checked
+from engine.server.params import parse_chat, parse_completion
+from engine.server.render import Logprobs
+from engine.server.text import ChoiceText
+from engine.models.tokenizer import ByteTokenizer
 
 
 @dataclass
@@ -137,12 +137,12 @@ def test_generation_config_defaults_fill_fields_a_request_leaves_out():
 
 def test_the_body_parser_process_starts_with_the_server_not_with_the_first_long_body():
     """Bodies over 64 KiB are parsed in a process of their own; spawning it costs ~70 ms, which the
-    first long prompt waited for before warm() (engine/dev/PERF.md run 38: its first cut 86 ms after
+    first long prompt waited for before warm() (tools/PERF.md run 38: its first cut 86 ms after
     its send). warm() starts that process; the first long body is then served by it, no second spawn."""
     import asyncio
     import json
 
-    from engine.api.body import INLINE_BYTES, BodyReader
+    from engine.server.body import INLINE_BYTES, BodyReader
 
     async def go():
         r = BodyReader(1 << 24, 1 << 20, 10.0)

@@ -1,4 +1,4 @@
-"""cuBLAS at checked row counts for short cuts filled together (engine/kernels_batch.py
+"""cuBLAS at checked row counts for short cuts filled together (engine/cuda/batch.py
 adopt_buckets / bucketed / padded_rows; ModelRunner.prefill_many pads a forward once). On the CPU
 the same code runs with torch's CPU matmul: the start-up check either adopts counts (then a cut
 filled beside others must equal the cut alone, bit for bit) or refuses them (then the tiles stay)."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import engine.kernels_batch as B
+import engine.cuda.batch as B
 
 
 @pytest.fixture(autouse=True)
@@ -72,13 +72,13 @@ def test_bucket_check_catches_a_row_order_that_depends_on_the_count():
 def test_cuts_together_equal_alone_through_adopted_counts(interpret):
     """The forward's padding (spare-lane rows up to a checked count, chunks of the largest) keeps
     a cut's bits: with a matmul that is row-invariant (as the check found cuBLAS at its counts on
-    the H200, engine/dev/PERF.md run 12), cuts filled together equal each cut alone."""
+    the H200, tools/PERF.md run 12), cuts filled together equal each cut alone."""
     interpret(r'''
 import torch
 import torch.nn.functional as F
-import engine.kernels_batch as B
+import engine.cuda.batch as B
 from engine.config import EngineConfig
-from engine.runner import build_runner
+from engine.runner.model_runner import build_runner
 F.linear = lambda x, w: (x[:, None, :] * w[None, :, :]).sum(-1)  # each row on its own, one order
 r = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
 r.fused = r.batch_cuts = True

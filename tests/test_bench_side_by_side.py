@@ -1,12 +1,12 @@
-"""engine.dev.bench.side_by_side: the prompt ratio's matrix rate is taken in bursts between the
+"""tools.bench.side_by_side: the prompt ratio's matrix rate is taken in bursts between the
 prompts, each about as long as one prompt, so both figures see the same load (a power-capped card
-clocks ~1,500 MHz under it, 1,980 after idle: engine/dev/PERF.md run 76). On a fake clock: a prompt
+clocks ~1,500 MHz under it, 1,980 after idle: tools/PERF.md run 76). On a fake clock: a prompt
 takes 60 ms, a product 1 ms, so what runs when is exact, whatever the machine's load."""
 import itertools
 
 import torch
 
-from engine.dev.bench import side_by_side
+from tools.bench import side_by_side
 
 
 class Clock:

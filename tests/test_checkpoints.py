@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine.config import ConfigError, EngineConfig, ModelConfig
-from engine.dev.make_model_dir import make_model_dir
-from engine.presets import PRESETS, resolve_model
-from engine.runner import build_runner
+from tools.make_model_dir import make_model_dir
+from engine.models.presets import PRESETS, resolve_model
+from engine.runner.model_runner import build_runner
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +80,8 @@ def test_every_eos_id_stops_the_engine(dirs):
     """The lane host (what the server runs) and runner.generate stop at any id of eos_token_ids."""
     import queue
 
-    from engine.host import LaneHost
-    from engine.sequence import Sequence
+    from engine.scheduler.host import LaneHost
+    from engine.scheduler.sequence import Sequence
     cfg = EngineConfig(model=str(dirs["plain"]), load_format="safetensors", parallel=2, max_model_len=256,
                        prefill_rows=16)
     r = build_runner(cfg)

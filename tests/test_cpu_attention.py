@@ -1,11 +1,11 @@
-"""A prompt cut's attention on the CPU (engine/cpu_attention.py): the causal attention of the
+"""A prompt cut's attention on the CPU (engine/cpu/cut_attention.py): the causal attention of the
 reference, and a row's bits set by its own position and keys only, whatever the cuts, the other
 rows, or the cache rows past the prompt, in bfloat16 and float32."""
 import pytest
 import torch
 
-from engine.cpu_attention import TILE, cut_attention_cpu
-from engine.model import prefill_attention
+from engine.cpu.cut_attention import TILE, cut_attention_cpu
+from engine.models.qwen3 import prefill_attention
 
 H, KVH, D, L = 4, 2, 16, 160  # heads, KV heads, head_dim, cache rows of the lane
 DTYPES = [torch.float32, torch.bfloat16]
@@ -58,7 +58,7 @@ def test_row_bits_do_not_depend_on_other_rows_or_stale_cache_rows(dtype):
 @pytest.mark.parametrize("start,t,tile", [(0, 16, 32), (16, 16, 32), (48, 7, 32), (5, 1, 32), (0, 150, 32),
                                           (30, 100, TILE), (0, L, L)])
 def test_is_the_reference_causal_attention(dtype, start, t, tile):
-    """Against engine.model.prefill_attention (SDPA, causal at the bottom right) in float32 on
+    """Against engine.models.qwen3.prefill_attention (SDPA, causal at the bottom right) in float32 on
     the same inputs: float32 to rounding, bfloat16 within its scores' and probabilities' rounding."""
     q, k, v = lane(dtype)
     end = start + t

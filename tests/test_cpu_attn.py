@@ -1,4 +1,4 @@
-"""The C decode attention (engine/cpu_attn.c, engine/cpu_attn.py): close to float64 attention,
+"""The C decode attention (engine/cpu/decode_attention.c, engine/cpu/decode_attention.py): close to float64 attention,
 a row's bits its own (alone, beside other lanes, in any row, among other spans), and the
 batched-matmul path when no kernel can be had."""
 import math
@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-import engine.cpu_attn as ca
+import engine.cpu.decode_attention as ca
 from engine.config import EngineConfig
-from engine.runner import build_runner
+from engine.runner.model_runner import build_runner
 
 SPARE = 8
 
@@ -98,7 +98,7 @@ def test_fallback_to_bmm_keeps_decoding(monkeypatch, dtype):
     """Without the kernel the runner attends through the batched matmuls and says so; the
     replies are those of a runner with the kernel up to the rounding (same tokens here)."""
     monkeypatch.setattr(ca, "_chosen", [None])
-    monkeypatch.setattr("engine.runner.c_attention", ca.kernel)
+    monkeypatch.setattr("engine.runner.model_runner.c_attention", ca.kernel)
     r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=2, max_model_len=128, prefill_rows=16))
     assert r.cpu_attn is None and r.describe()["decode_attention"].startswith("bmm")
     assert r.cpu_round is None or r.cpu_round.attn == 0

@@ -1,4 +1,4 @@
-"""The C++ round's elementwise passes in C (engine/cpu_elem.c): the bits of the ATen ops they stand
+"""The C++ round's elementwise passes in C (engine/cpu/elem.c): the bits of the ATen ops they stand
 for (RMSNorm with its mean of squares and the residual add before it; the q/k heads' norm and
 rotation; the greedy argmax), on random rows of every magnitude, and the C++ round with them
 equal to the Python round on head_dim 64."""
@@ -7,10 +7,10 @@ import ctypes
 import pytest
 import torch
 
-import engine.cpu_attn as ca
+import engine.cpu.decode_attention as ca
 from engine.config import EngineConfig, KernelConfig
-from engine.model import RMSNorm, rotate
-from engine.runner import build_runner
+from engine.models.qwen3 import RMSNorm, rotate
+from engine.runner.model_runner import build_runner
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_greedy_is_atens_argmax(kernel, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cpp_round_with_them_is_the_python_round(kernel, dtype):
-    from engine.cpu_round import build, load
+    from engine.cpu.round import build, load
     try:
         load(build())
     except RuntimeError as e:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.cpu_kernels import ROW_TILE
-from engine.runner import build_runner
-from engine.sampler import choose, draw
-from engine.sampling import SamplingParams
+from engine.cpu.kernels import ROW_TILE
+from engine.runner.model_runner import build_runner
+from engine.runner.sampler import choose, draw
+from engine.scheduler.sampling import SamplingParams
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 FED = [5, 301, 77, 460]  # the tokens fed to the rounds after the prompt

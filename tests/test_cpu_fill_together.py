@@ -1,17 +1,17 @@
 """Short prompt cuts on the CPU (bf16) filled together in one forward (ModelRunner.prefill_many,
 Qwen3ForCausalLM.prefill_many_cpu), and a tile's attention over the cut's rows only: where the
-start-up check finds the products row-invariant (engine.cpu_kernels.rows_invariant), every cut
+start-up check finds the products row-invariant (engine.cpu.kernels.rows_invariant), every cut
 keeps the bits it has alone, and alone the bits of the old path (padded tiles, one cut a forward),
 so no greedy id moves."""
 import pytest
 import torch
 
 from engine.config import EngineConfig, KernelConfig
-from engine.cpu_attention import cut_attention_cpu
-from engine.cpu_kernels import rows_invariant
-from engine.host import LaneHost
-from engine.runner import build_runner
-from engine.sequence import Sequence
+from engine.cpu.cut_attention import cut_attention_cpu
+from engine.cpu.kernels import rows_invariant
+from engine.scheduler.host import LaneHost
+from engine.runner.model_runner import build_runner
+from engine.scheduler.sequence import Sequence
 
 R = 64
 A, B, C = ([(i * 13 + 1) % 500 for i in range(40)], [(i * 5 + 3) % 500 for i in range(7)],

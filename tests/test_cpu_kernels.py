@@ -1,14 +1,14 @@
-"""The CPU fast path (engine/cpu_kernels.py): prepacked matmuls and span-grouped decode attention
+"""The CPU fast path (engine/cpu/kernels.py): prepacked matmuls and span-grouped decode attention
 keep every exactness property of the reference path, in float32 and in bfloat16."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-import engine.cpu_kernels as ck
-from engine.backend import cuts
+import engine.cpu.kernels as ck
+from engine.scheduler.backend import cuts
 from engine.config import ConfigError, EngineConfig, KernelConfig
-from engine.model import decode_attention_loop
-from engine.runner import build_runner
+from engine.models.qwen3 import decode_attention_loop
+from engine.runner.model_runner import build_runner
 
 R = 16
 
@@ -31,7 +31,7 @@ def round_logits(r, lanes, tokens, positions):
 
 
 def test_fast_path_is_on_by_default(runner):
-    from engine.cpu_attn import BMM, C_KERNEL, kernel
+    from engine.cpu.decode_attention import BMM, C_KERNEL, kernel
     d = runner.describe()
     # the C kernel wherever it builds; TFENGINE_NO_CC=1 (or no compiler) must give the bmm path
     assert runner.cpu_mm is not None and d["decode_attention"] == (C_KERNEL if kernel() is not None else BMM)

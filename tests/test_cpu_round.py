@@ -1,5 +1,5 @@
-"""The CPU decode round in C++ (engine/cpu_round.py, engine/cpu_round.cpp) gives the Python round's
-bits (with the C decode attention, engine/cpu_attn.c, in both, or the batched matmuls in both), and the engine keeps decoding through the Python round when it cannot be built."""
+"""The CPU decode round in C++ (engine/cpu/round.py, engine/cpu/round.cpp) gives the Python round's
+bits (with the C decode attention, engine/cpu/decode_attention.c, in both, or the batched matmuls in both), and the engine keeps decoding through the Python round when it cannot be built."""
 import threading
 import time
 from pathlib import Path
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.cpu_attn as cattn
-import engine.cpu_round as cr
+import engine.cpu.decode_attention as cattn
+import engine.cpu.round as cr
 from engine.config import EngineConfig, KernelConfig
-from engine.cpu_kernels import BucketPlan
-from engine.runner import build_runner
+from engine.cpu.kernels import BucketPlan
+from engine.runner.model_runner import build_runner
 
 # (lanes, tokens, positions): one row; spans apart; a drafter's second entry; lanes apart in one
 # span (lanes a server hands out after others finish); every lane across span edges
@@ -33,7 +33,7 @@ def runner(request, built):
     dtype, parallel, c_attention = request.param  # 11 lanes: rounds of two 8-row tiles
     with pytest.MonkeyPatch.context() as m:  # without the C attention: the batched matmuls in both rounds
         if not c_attention:
-            m.setattr("engine.runner.c_attention", lambda: None)
+            m.setattr("engine.runner.model_runner.c_attention", lambda: None)
         r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=parallel, max_model_len=320, prefill_rows=16,
                                       seed=3, kernels=KernelConfig(cpu_cpp=True)))
     assert (r.cpu_attn is not None) == c_attention or cattn.kernel() is None
@@ -131,7 +131,7 @@ def test_python_round_when_the_build_fails(monkeypatch):
 def test_a_runner_that_wraps_the_round_keeps_the_python_round():
     """A tensor-parallel rank wraps _decode_body (sums across ranks, the vocabulary gathered):
     the C++ round, which would skip both, stays off there."""
-    from engine.runner import ModelRunner
+    from engine.runner.model_runner import ModelRunner
 
     class Wrapped(ModelRunner):
         def _decode_body(self, inp, rows=None):

@@ -1,15 +1,15 @@
-"""engine/dev/variants.py: the decode-graph variants the A/B probe captures in turn in one runner. A
+"""tools/variants.py: the decode-graph variants the A/B probe captures in turn in one runner. A
 setting left behind would run under every later variant's name and mislabel its figures."""
 import pytest
 
-import engine.kernels as K
-import engine.kernels_fused as KF
-import engine.kernels_prefetch as P
-import engine.kernels_ring as R
-import engine.kernels_skinny as S
-from engine import decode_graph
+import engine.cuda.decode_attention as K
+import engine.cuda.fused as KF
+import engine.cuda.prefetch as P
+import engine.cuda.ring as R
+import engine.cuda.skinny as S
+from engine.runner import decode_graph
 from engine.config import EngineConfig, KernelConfig
-from engine.dev.variants import VARIANTS, applied
+from tools.variants import VARIANTS, applied
 
 
 def state():
@@ -44,7 +44,7 @@ def test_recapture_bakes_a_variant_in_from_the_config_before_any():
     (not on the last variant's), the settings undone after."""
     from types import SimpleNamespace
 
-    from engine.dev.variants import recapture
+    from tools.variants import recapture
     seen = []
     r = SimpleNamespace(capture_graph=lambda: seen.append((K.WARPS, dict(K.STAGES), r.cfg.kernels.prefetch_rows)))
     base = EngineConfig()

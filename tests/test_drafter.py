@@ -2,11 +2,11 @@
 import pytest
 
 from engine.config import EngineConfig
-from engine.drafter import NgramDrafter, make_drafter
+from engine.scheduler.drafter import NgramDrafter, make_drafter
 from engine.config import ConfigError
-from engine.host import LaneHost
-from engine.runner import build_runner
-from engine.sequence import Sequence, Status
+from engine.scheduler.host import LaneHost
+from engine.runner.model_runner import build_runner
+from engine.scheduler.sequence import Sequence, Status
 
 
 def test_ngram_proposes_what_followed_the_last_occurrence():

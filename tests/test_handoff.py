@@ -1,11 +1,11 @@
-"""The host's hand-off of emitted events to the event loop (engine/api/handoff.py): one wake-up
+"""The host's hand-off of emitted events to the event loop (engine/server/handoff.py): one wake-up
 of the loop a step or a round, not one a token, with every stream's events delivered in order."""
 import asyncio
 
-from engine.api.handoff import Outbox
+from engine.server.handoff import Outbox
 from engine.config import EngineConfig
-from engine.host import LaneHost
-from engine.sequence import Sequence
+from engine.scheduler.host import LaneHost
+from engine.scheduler.sequence import Sequence
 
 from tests.test_host_policy import Clock, FakeBackend
 

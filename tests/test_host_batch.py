@@ -1,8 +1,8 @@
 """The lane host fills several short prompts in one forward when the backend can do so exactly
 (`batch_cuts`, `prefill_many`); the streams' replies equal those of one-at-a-time fills."""
 from engine.config import EngineConfig
-from engine.host import LaneHost
-from engine.sequence import Sequence
+from engine.scheduler.host import LaneHost
+from engine.scheduler.sequence import Sequence
 
 R = 64
 

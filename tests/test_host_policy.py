@@ -5,10 +5,10 @@ import math
 import pytest
 
 from engine.config import EngineConfig
-from engine.host import LaneHost
+from engine.scheduler.host import LaneHost
 from engine.faults import Faults, FaultyBackend
-from engine.policy import DEBT_CAP_S, PrefillBudget, checked_share
-from engine.sequence import Sequence, Status
+from engine.scheduler.policy import DEBT_CAP_S, PrefillBudget, checked_share
+from engine.scheduler.sequence import Sequence, Status
 
 R = 256
 LONG = 2048  # 8 cuts: more than SHORT_ROWS, so it steps

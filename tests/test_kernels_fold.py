@@ -1,4 +1,4 @@
-"""The decode round's small kernels folded into their neighbours (engine/kernels.py, issue 14
+"""The decode round's small kernels folded into their neighbours (engine/cuda/decode_attention.py, issue 14
 round 5), run by Triton's interpreter on the CPU: each folded form gives the same bits as the
 kernels it replaces, so a fold never moves a token. The interpreter computes in numpy, so a change
 of the folded form's arithmetic order (a split merged out of order, a rounding moved) shows here."""
@@ -12,7 +12,7 @@ def cache(seed: int, layers: int) -> str:
     96 rows, 2 KV heads of 16) and q of 3 query heads a KV head (GROUP 3, padded to 16) for 5 rows."""
     return f'''
 import torch
-import engine.kernels as K
+import engine.cuda.decode_attention as K
 K.SPLIT, K.BLOCK = 32, 16
 g = torch.Generator().manual_seed({seed})
 layers, lanes_n, max_len, kvh, d = {layers}, 4, 96, 2, 16
@@ -38,7 +38,7 @@ assert torch.equal(one, two), (one - two).abs().max()
 assert torch.equal(K.decode_attention(kv, 1, q, lanes, pos, fold=True), one)
 assert all(int(s[2].abs().sum()) == 0 for s in K._scratch.values())
 # against the reference too (not bitwise): every head of every row written
-from engine.model import decode_attention_loop
+from engine.models.qwen3 import decode_attention_loop
 ref = decode_attention_loop(kv, 1, q, lanes, pos)
 assert (one - ref).abs().max() < 1e-5
 # bf16, as on the device
@@ -55,7 +55,7 @@ def test_qk_fold_sums_squares_in_the_one_warp_order(interpret):
     bitwise a torch model of that order, and not of another (lanes holding l and l + 32)."""
     interpret(r'''
 import torch, triton, triton.language as tl
-from engine.kernels_qkfold import warp_sumsq
+from engine.cuda.qkfold import warp_sumsq
 
 @triton.jit
 def k(X, Y):
@@ -84,7 +84,7 @@ def qk_inputs(lanes_n: int, max_len: int, p: int, seed: int, cache_seed: int) ->
     a q/k/v product of `p` rows (6 q heads, 2 KV heads of 128), the q/k norm weights, RoPE tables."""
     return f'''
 import torch
-import engine.kernels as K
+import engine.cuda.decode_attention as K
 K.SPLIT, K.BLOCK = 32, 16
 g = torch.Generator().manual_seed({seed})
 lanes_n, max_len, kvh, d, h, p = {lanes_n}, {max_len}, 2, 128, 6, {p}
@@ -104,9 +104,9 @@ def test_qk_fold_in_split_attention_matches_the_standalone_kernel(interpret):
     """The q/k norm + RoPE + cache write done by the split kernel (decode_attention's qk): the same
     attention output and K rows as qk_norm_rope_write then decode_attention up to the sum's order
     (the interpreter sums the standalone kernel's squares in numpy's order; on the device the two
-    are bitwise equal, engine/dev/PERF.md runs 19-20), V rows bitwise, no other cache row touched."""
+    are bitwise equal, tools/PERF.md runs 19-20), V rows bitwise, no other cache row touched."""
     interpret(qk_inputs(lanes_n=3, max_len=96, p=4, seed=3, cache_seed=1) + r'''
-from engine.kernels_fused import qk_norm_rope_write
+from engine.cuda.fused import qk_norm_rope_write
 lanes, pos = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 40, 95, 0])  # 1, 2 and 3 splits of 32
 a, b = cache(), cache()
 ref = K.decode_attention(a, 0, qk_norm_rope_write(qkv, wq, wk, cos, sin, a.k[0], a.v[0], lanes, pos, h, kvh, d, 1e-6),
@@ -124,15 +124,15 @@ print("ok")
 
 
 def test_decode_round_with_the_qk_fold(interpret):
-    """The model's fused decode round with the q/k fold on (engine.kernels.FOLD_QK_NORM, head_dim
+    """The model's fused decode round with the q/k fold on (engine.cuda.decode_attention.FOLD_QK_NORM, head_dim
     128): the same logits as with it off up to the interpreter's sum order, and the same K/V
     cache rows written (V bitwise)."""
     interpret(r'''
 import torch
-import engine.kernels as K
+import engine.cuda.decode_attention as K
 from engine.config import ModelConfig
-from engine.kv_cache import KVCache
-from engine.model import Qwen3ForCausalLM
+from engine.runner.kv_cache import KVCache
+from engine.models.qwen3 import Qwen3ForCausalLM
 K.SPLIT, K.BLOCK = 32, 16
 cfg = ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=128)
@@ -141,7 +141,7 @@ m = Qwen3ForCausalLM(cfg)
 for p in m.parameters():
     torch.nn.init.normal_(p, std=0.2)
 m.fuse(); m.setup_rope(80)
-import engine.kernels_fused as F
+import engine.cuda.fused as F
 calls, orig = [], F.qk_norm_rope_write
 F.qk_norm_rope_write = lambda *a, **k: calls.append(1) or orig(*a, **k)
 out = {}
@@ -163,8 +163,8 @@ print("ok")
 def test_folds_are_on_in_the_decode_graph_only():
     """The folds are the decode graph's (KernelConfig on by default; the runner's capture turns them
     on at one rank), while eager calls run the plain kernels; launch_mode scopes them."""
-    import engine.kernels as K
-    import engine.kernels_skinny as S
+    import engine.cuda.decode_attention as K
+    import engine.cuda.skinny as S
     from engine.config import KernelConfig
     assert KernelConfig().fold_combine and KernelConfig().fold_qk_norm
     assert not K.FOLD_COMBINE and not K.FOLD_QK_NORM
@@ -182,9 +182,9 @@ def test_runner_folds_and_draft_rounds():
     written in the same round) runs eagerly, unfolded, when the graph has it."""
     from dataclasses import replace
     from types import SimpleNamespace as NS
-    from engine import decode_graph
+    from engine.runner import decode_graph
     from engine.config import EngineConfig, KernelConfig
-    from engine.runner import ModelRunner
+    from engine.runner.model_runner import ModelRunner
     attn = NS(n_heads=32, n_kv=8, head_dim=128)
     model = NS(model=NS(layers=[NS(self_attn=attn)]))
     cfg = EngineConfig(device="cuda")
@@ -206,7 +206,7 @@ def test_runner_folds_and_draft_rounds():
 
 
 def test_split_programs_walking_several_items_give_the_same_bits(interpret):
-    """The split kernel's grid is capped (engine.kernels.GRID_PER_SM): a program walks the items
+    """The split kernel's grid is capped (engine.cuda.decode_attention.GRID_PER_SM): a program walks the items
     pid, pid + G, ... (split slowest). Fewer programs than items, an odd count among them, give
     bitwise the one-item-a-program outputs, folded combine or not, q/k fold or not, and every
     arrival counter back at 0."""

@@ -1,6 +1,6 @@
-"""The decode products' TMA ring (engine/kernels_ring.py): which products it takes, that the round
+"""The decode products' TMA ring (engine/cuda/ring.py): which products it takes, that the round
 hands them over with the Triton kernel's K ranges (its bits: the ring sums in the same order, checked
-bitwise on the H200 by engine/dev/ring_probe.py and engine/dev/gpu_check.py), and, where this
+bitwise on the H200 by tools/ring_probe.py and tools/gpu_check.py), and, where this
 Triton's Gluon is the one it is written for (3.6), its device code compiled for sm_90 on the CPU:
 the weights staged before the grid-dependency wait, x only after it, no spills."""
 import pytest
@@ -8,9 +8,9 @@ import torch
 
 pytest.importorskip("triton")
 
-import engine.kernels as K  # noqa: E402
-import engine.kernels_ring as R  # noqa: E402
-import engine.kernels_skinny as S  # noqa: E402
+import engine.cuda.decode_attention as K  # noqa: E402
+import engine.cuda.ring as R  # noqa: E402
+import engine.cuda.skinny as S  # noqa: E402
 
 
 def test_it_takes_the_measured_shapes_at_up_to_8_rows():

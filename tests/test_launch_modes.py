@@ -1,5 +1,5 @@
-"""The decode graph's launch knob (engine/kernels.py PDL, KernelConfig.pdl; by default 3 at one
-rank on Hopper, engine/dev/PERF.md runs 12-16 and 29-31): a launch mode is scoped to the capture it wraps, the interpreter
+"""The decode graph's launch knob (engine/cuda/decode_attention.py PDL, KernelConfig.pdl; by default 3 at one
+rank on Hopper, tools/PERF.md runs 12-16 and 29-31): a launch mode is scoped to the capture it wraps, the interpreter
 never launches with PDL, and in the device code (PTX for sm_90, compiled on the CPU) the
 grid-dependency wait comes before every load, so no program reads what the kernel before it
 writes until that kernel is done (Triton's pipeliner may hoist loads above a wait placed inside a
@@ -9,8 +9,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-import engine.kernels as K  # noqa: E402
-import engine.kernels_skinny as S  # noqa: E402
+import engine.cuda.decode_attention as K  # noqa: E402
+import engine.cuda.skinny as S  # noqa: E402
 from engine.config import KernelConfig  # noqa: E402
 
 
@@ -33,8 +33,8 @@ def test_launch_mode_is_scoped_and_off_outside_it():
 def test_interpreter_never_launches_with_pdl(interpret):
     interpret(r'''
 import torch
-import engine.kernels as K
-import engine.kernels_skinny as S
+import engine.cuda.decode_attention as K
+import engine.cuda.skinny as S
 assert K.INTERPRET
 g = torch.Generator().manual_seed(3)
 w, wg, x = torch.randn(40, 128, generator=g), torch.randn(64, 128, generator=g), torch.randn(8, 128, generator=g)
@@ -58,7 +58,7 @@ def _ptx_order(fn, sig: dict, consts: dict, keys: tuple = _ORDER, **opts) -> lis
     from triton.compiler import ASTSource
     ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                          options=opts).asm["ptx"]
-    # instructions only: a .file / .loc line names engine/kernels_prefetch.py
+    # instructions only: a .file / .loc line names engine/cuda/prefetch.py
     code = (line for line in ptx.splitlines() if not line.lstrip().startswith((".file", ".loc", "//")))
     return [k for line in code for k in keys if k in line]
 
@@ -90,7 +90,7 @@ def test_a_small_kernel_at_3_lets_the_next_launch_before_its_wait(pdl, prefetch)
     the product before; it still waits before every load, so no read moves ahead of a write. With
     PREFETCH its weight and residual row are asked into L2 before the wait: prefetches, not loads."""
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
-    from engine.kernels_fused import _add_rmsnorm_kernel
+    from engine.cuda.fused import _add_rmsnorm_kernel
     order = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": pdl, "PREFETCH_": prefetch,
                                                   "Ids": None, "GATHER": False, "WFIRST_": True},
                        num_warps=8)
@@ -155,10 +155,10 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
 
 @pytest.mark.parametrize("first", [True, False])
 def test_the_round_path_kernels_ask_their_loads_before_their_sums(first):
-    """engine/kernels.py LOADS_FIRST: the add+RMSNorm asks for its weight beside x, not after the row's sum,
+    """engine/cuda/decode_attention.py LOADS_FIRST: the add+RMSNorm asks for its weight beside x, not after the row's sum,
     and the split kernel's q/k norm and rotation ask for the norms' weights, the rotation's tables and V
     before the q/k sums, so each is one trip to L2 on the round's path. Off, as before: loads after."""
-    from engine.kernels_fused import _add_rmsnorm_kernel
+    from engine.cuda.fused import _add_rmsnorm_kernel
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
     norm = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": 3, "PREFETCH_": False,
                                                  "Ids": None, "GATHER": False, "WFIRST_": first},
@@ -175,7 +175,7 @@ def test_the_round_path_kernels_ask_their_loads_before_their_sums(first):
 def test_the_round_ends_wait_before_their_loads():
     """The first norm with the embedding gathered in it, and the chunked argmax, as the decode graph
     launches them (PDL 3): compiled for sm_90, no load before the wait."""
-    from engine.kernels_fused import _add_rmsnorm_kernel, _argmax_kernel
+    from engine.cuda.fused import _add_rmsnorm_kernel, _argmax_kernel
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32",
            "Ids": "*i64"}
     norm = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": False, "BLOCK": 4096, "PDL_": 3, "GATHER": True,
@@ -189,7 +189,7 @@ def test_the_round_ends_wait_before_their_loads():
 
 
 def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
-    """engine/kernels_clock.py's stamps (the attention probe, engine/dev/attn_clock.py): absent from the
+    """engine/cuda/clock.py's stamps (the attention probe, tools/attn_clock.py): absent from the
     kernel the engine launches; with CLOCK_, six cycle reads, three timer reads and the SM's id, all but
     the entry's (a cycle read, a timer read, the SM) after the PDL wait."""
     sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out")}, "Lanes": "*i64", "Pos": "*i64", "Opart": "*fp32",
@@ -214,7 +214,7 @@ def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
 
 
 def test_the_clock_probe_turns_cycles_into_ns():
-    from engine.dev.attn_clock import phases
+    from tools.attn_clock import phases
     c = torch.zeros(6, 3, 10, dtype=torch.int64)
     c[..., :6] = torch.tensor([0, 100, 300, 700, 1500, 1700])  # cycles
     c[..., 6], c[..., 7] = 1000, 1000 + 800  # ns between stamps 1 and 5: 1,600 cycles at 2 GHz
@@ -224,7 +224,7 @@ def test_the_clock_probe_turns_cycles_into_ns():
 
 
 def test_the_clock_probe_reads_the_kernels_span_and_its_sms():
-    from engine.dev.attn_clock import spans
+    from tools.attn_clock import spans
     c = torch.zeros(6, 4, 10, dtype=torch.int64)
     c[..., 8] = torch.tensor([1000, 1000, 3000, 2000])  # entries (ns)
     c[..., 7] = torch.tensor([9000, 10000, 20000, 11000])  # ends (ns)
@@ -249,10 +249,10 @@ def _folded_split(p_pad: int, nsplit: int) -> tuple[dict, dict]:
 
 
 def test_two_pipeline_stages_let_an_sm_hold_four_split_programs():
-    """engine/kernels.py STAGES {64: 2}: compiled for sm_90 as launched (pointers and strides divisible
+    """engine/cuda/decode_attention.py STAGES {64: 2}: compiled for sm_90 as launched (pointers and strides divisible
     by 16), the split kernel's pipelined key walk takes more than a quarter of an SM's 228 KB of shared
     memory at Triton's default 3 stages, so an SM holds three programs (a 64-row round's 512 items then
-    run in two waves: engine/dev/PERF.md runs 79-81), and under a quarter at 2 stages."""
+    run in two waves: tools/PERF.md runs 79-81), and under a quarter at 2 stages."""
     import inspect
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

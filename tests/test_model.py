@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine.config import ConfigError, EngineConfig
-from engine.model import Qwen3ForCausalLM
-from engine.presets import PRESETS, resolve_model
+from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.presets import PRESETS, resolve_model
 
 
 def test_hf_parameter_names():

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from engine.dev.make_model_dir import make_model_dir
+    from tools.make_model_dir import make_model_dir
     d = make_model_dir(tmp_path_factory.mktemp("hf") / "model", seed=0)
     flags = ["--model", str(d), "--load-format", "safetensors", "--parallel", "2", "--max-model-len", "256",
              "--prefill-rows", "8"]

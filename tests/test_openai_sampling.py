@@ -6,7 +6,7 @@ import math
 import httpx
 import pytest
 
-pytest.importorskip("engine.sampling")
+pytest.importorskip("engine.scheduler.sampling")
 
 from tensorfold_bench.launcher import launch  # noqa: E402
 from tests.openai_helpers import prompt_ids, sse_events  # noqa: E402

@@ -68,7 +68,7 @@ def test_errors_are_openai_errors(client):
 
 
 def test_sampling_and_logprobs(client):
-    pytest.importorskip("engine.sampling")
+    pytest.importorskip("engine.scheduler.sampling")
     a = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=1.0, seed=4, logprobs=2,
                                   extra_body={"ignore_eos": True})
     b = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=1.0, seed=4,

@@ -1,4 +1,4 @@
-"""A prompt cut's attention on the CUDA path (engine/kernels_prefill.py: the prefix and the
+"""A prompt cut's attention on the CUDA path (engine/cuda/prefill.py: the prefix and the
 diagonal halves, merged by a Triton kernel), run by Triton's interpreter on the CPU: it equals
 causal attention over the lane's rows, and a prompt's cuts give the same bits whether it is
 filled whole, stepped or resumed from a prompt cache."""
@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 def test_cut_attention_matches_causal_attention(interpret):
     interpret(r'''
 import torch, torch.nn.functional as F
-from engine.kernels_prefill import cut_attention
+from engine.cuda.prefill import cut_attention
 g = torch.Generator().manual_seed(0)
 H, KVH, d, n = 4, 2, 16, 70
 q, k, v = torch.randn(n, H, d, generator=g), torch.randn(n, KVH, d, generator=g), torch.randn(n, KVH, d, generator=g)
@@ -32,7 +32,7 @@ def test_cuts_equal_across_schedules(interpret):
     interpret(r'''
 import torch
 from engine.config import EngineConfig
-from engine.runner import build_runner
+from engine.runner.model_runner import build_runner
 r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16))
 r.fused = True
 toks = [(i * 13 + 1) % 256 for i in range(40)]
@@ -62,9 +62,9 @@ def test_kv_cache_size_and_clear_error(monkeypatch):
     names the flags and the length that would fit (free memory faked: no GPU here)."""
     import torch
     from engine.config import ConfigError, EngineConfig
-    from engine.kv_cache import KVCache
-    from engine.presets import PRESETS
-    from engine.runner import KV_HEADROOM, build_runner
+    from engine.runner.kv_cache import KVCache
+    from engine.models.presets import PRESETS
+    from engine.runner.model_runner import KV_HEADROOM, build_runner
     r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16))
     assert KVCache.bytes_for(r.model_config, 3, 48, torch.float32) == r.kv.nbytes()
     # qwen3-8b, 64 lanes of 4,096 rows in bf16: 65 x 4096 x 147,456 bytes = 39.3 GB
@@ -82,9 +82,9 @@ def test_cut_backend_rule_and_cut_thread():
     ahead); the CUDA runner's prompt cuts run in a thread of their own and give the same tokens
     as cuts run in the caller's thread (exercised here on the CPU)."""
     from concurrent.futures import ThreadPoolExecutor
-    import engine.kernels_prefill as KP
+    import engine.cuda.prefill as KP
     from engine.config import EngineConfig
-    from engine.runner import build_runner
+    from engine.runner.model_runner import build_runner
     assert KP.backend_for(4096) == KP.BACKEND == "cudnn" and KP.backend_for(1024) == "cudnn"
     assert {KP.backend_for(n) for n in (1, 512, 1000, 3328, 4095, 6144)} == {"flash"}
     r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=48, prefill_rows=16))
@@ -98,10 +98,10 @@ def test_cut_backend_rule_and_cut_thread():
 
 def test_float32_half_by_plain_math_equals_the_flash_half(interpret):
     """Flash and cuDNN take no float32, so a float32 CUDA runner's halves are plain matmuls
-    (engine.kernels_prefill._half_math): the same output and log-sum-exp as the flash half."""
+    (engine.cuda.prefill._half_math): the same output and log-sum-exp as the flash half."""
     interpret(r'''
 import torch
-from engine.kernels_prefill import _expand, _half_math
+from engine.cuda.prefill import _expand, _half_math
 g = torch.Generator().manual_seed(1)
 q = torch.randn(1, 4, 9, 16, generator=g)
 for causal, s in ((True, 9), (False, 23)):

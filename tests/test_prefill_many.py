@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 def test_batch_matmul_rows_do_not_depend_on_the_batch(interpret):
     interpret(r'''
 import torch
-import engine.kernels_batch as B
+import engine.cuda.batch as B
 B.DEFAULT = B.TileConfig(16, 16, 16)
 g = torch.Generator().manual_seed(0)
 w = torch.randn(40, 64, generator=g)
@@ -34,7 +34,7 @@ def test_cuts_together_equal_cuts_alone(interpret):
     interpret(r'''
 import torch
 from engine.config import EngineConfig
-from engine.runner import build_runner
+from engine.runner.model_runner import build_runner
 r = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
 plain_a = r.generate([(i * 13 + 1) % 256 for i in range(12)], 3, lane=0)
 r.fused = r.batch_cuts = True

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.runner import build_runner
-from engine.weights import save_pretrained
+from engine.runner.model_runner import build_runner
+from engine.models.weights import save_pretrained
 
 transformers = pytest.importorskip("transformers")
 

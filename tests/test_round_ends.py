@@ -1,4 +1,4 @@
-"""The decode round's first and last kernels (engine/kernels_fused.py), by Triton's interpreter on
+"""The decode round's first and last kernels (engine/cuda/fused.py), by Triton's interpreter on
 the CPU: the embedding gathered inside the first norm gives add_rmsnorm's bits on the embedding's
 rows, and argmax_rows gives torch.argmax's ids (the first maximum; a NaN counts as the largest),
 whatever chunk holds them."""
@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 def test_embedding_gathered_in_the_first_norm_is_bitwise_the_two_kernels(interpret):
     interpret(r'''
 import torch
-from engine.kernels_fused import add_rmsnorm, embed_rmsnorm
+from engine.cuda.fused import add_rmsnorm, embed_rmsnorm
 g = torch.Generator().manual_seed(3)
 for dtype in (torch.float32, torch.bfloat16):
     table = torch.randn(50, 96, generator=g).to(dtype)  # 96: a row not a power of two
@@ -27,7 +27,7 @@ print("ok")
 def test_argmax_rows_are_torch_argmax(interpret):
     interpret(r'''
 import torch
-import engine.kernels_fused as F
+import engine.cuda.fused as F
 F.ARGMAX_CHUNK = 32  # several chunks a row, one partly filled (100 = 3 x 32 + 4)
 g = torch.Generator().manual_seed(9)
 x = torch.randn(7, 100, generator=g)

@@ -1,4 +1,4 @@
-"""Decode rounds at fewer rows than the padded shape (engine/decode_graph.py buckets): which row
+"""Decode rounds at fewer rows than the padded shape (engine/runner/decode_graph.py buckets): which row
 counts a runner may use (every product routed as at the padded shape), and, on the CPU's eager
 rounds, ids equal to rounds at the padded shape while streams join and leave, with and without
 rounds run ahead."""
@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import engine.kernels_skinny as S
-from engine import decode_graph, kernels_ring
+import engine.cuda.skinny as S
+from engine.runner import decode_graph
+from engine.cuda import ring as kernels_ring
 from engine.config import EngineConfig, KernelConfig
-from engine.runner import build_runner
+from engine.runner.model_runner import build_runner
 
 QWEN3_8B = {"wqkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
             "lm_head": (151936, 4096)}
@@ -53,7 +54,7 @@ def test_route_names_the_kernel_the_product_runs(monkeypatch, rows, name):
     monkeypatch.setattr(S, "_gated_kernel", Gated())
     real_linear = F.linear
     monkeypatch.setattr(F, "linear", lambda x, w: ran.append(("cublas", x.shape[0])) or real_linear(x, w))
-    import engine.kernels_fused as KF
+    import engine.cuda.fused as KF
     monkeypatch.setattr(KF, "silu_mul", lambda y: ran.insert(0, ("silu",)))
     n, k = QWEN3_8B[name]
     x, w = torch.empty(rows, k, dtype=torch.bfloat16, device="meta"), torch.empty(n, k, dtype=torch.bfloat16, device="meta")
@@ -65,7 +66,7 @@ def test_route_names_the_kernel_the_product_runs(monkeypatch, rows, name):
 
 def test_a_64_row_round_runs_o_on_the_triton_tiles():
     """At 33-64 rows o takes Triton's 32x128 tiles (launched under PDL in the round), not cuBLAS: alone
-    cuBLAS was 0.1 us faster, in the round Triton's 0.09 ms a round (engine/dev/PERF.md runs 64-65);
+    cuBLAS was 0.1 us faster, in the round Triton's 0.09 ms a round (tools/PERF.md runs 64-65);
     q/k/v and gate/up stay cuBLAS's, the ring (at most 8 rows) takes none of them."""
     o = ("skinny", S.SkinnyConfig(32, 128, 4, 6), 64)
     assert S.route(4096, 4096, 64, ring=False) == o and S.route(4096, 4096, 40, ring=True) == o
@@ -125,9 +126,9 @@ def test_rounds_at_fewer_rows_give_the_padded_shapes_ids(overlap):
 
 def test_the_l2_prefetch_is_captured_only_into_rounds_of_few_rows(monkeypatch):
     """KernelConfig.prefetch_rows: each row count's graphs are captured (in launch_mode) with
-    engine/kernels_prefetch.py PREFETCH on at most that many rows (one row gained, eight lost: engine/dev/PERF.md run 54), and the module
+    engine/cuda/prefetch.py PREFETCH on at most that many rows (one row gained, eight lost: tools/PERF.md run 54), and the module
     setting is left as it was."""
-    import engine.kernels_prefetch as K
+    import engine.cuda.prefetch as K
     seen = {}
     monkeypatch.setattr(decode_graph, "_capture_at", lambda r, n, chained: seen.setdefault(n, K.prefetch_on()))
     r = fake_runner(8)
@@ -144,8 +145,8 @@ def test_the_l2_prefetch_is_captured_only_into_rounds_of_few_rows(monkeypatch):
 def test_the_lane_host_serves_the_same_replies_at_fewer_rows():
     """Ten streams of different lengths through the lane host (16 lanes: rounds of 16 rows while
     lanes past 7 decode, of 8 once they are done), rounds ahead: the replies of the padded shape."""
-    from engine.host import LaneHost
-    from engine.sequence import Sequence
+    from engine.scheduler.host import LaneHost
+    from engine.scheduler.sequence import Sequence
     got = {}
     for buckets in (True, False):
         r = runner(buckets, True)
@@ -161,11 +162,11 @@ def test_the_lane_host_serves_the_same_replies_at_fewer_rows():
 
 
 def test_the_split_attention_runs_two_pipeline_stages_only_in_64_row_rounds(monkeypatch):
-    """engine/kernels.py STAGES: at 3 stages (Triton's default) the split kernel takes 71.7 KB of shared
+    """engine/cuda/decode_attention.py STAGES: at 3 stages (Triton's default) the split kernel takes 71.7 KB of shared
     memory on sm_90 and an SM holds three, so a 64-row round's 512 items ran in two waves; 2 stages hold
-    four (engine/dev/PERF.md runs 79-83). Rounds of 1-8 rows keep the default (2 stages lost 0.06 ms at
+    four (tools/PERF.md runs 79-83). Rounds of 1-8 rows keep the default (2 stages lost 0.06 ms at
     one row). The launch is recorded here; the device run compares the bits (warps_bits)."""
-    import engine.kernels as K
+    import engine.cuda.decode_attention as K
     launches = []
 
     class Recorder:
@@ -182,14 +183,14 @@ def test_the_split_attention_runs_two_pipeline_stages_only_in_64_row_rounds(monk
                            fold=True, programs=4)
     assert [kw.get("num_stages") for kw in launches] == [None, None, 2]
     # LOADS_FIRST: the q/k fold's loads before its sums in rounds of 1-8 rows, not at 64, where holding them
-    # takes the kernel to 148 registers and three programs a SM (engine/dev/PERF.md runs 95-96)
+    # takes the kernel to 148 registers and three programs a SM (tools/PERF.md runs 95-96)
     assert [kw["LOADS_FIRST_"] for kw in launches] == [True, True, False]
 
 
 def test_the_norm_asks_its_weight_early_only_in_rounds_of_up_to_8_rows(monkeypatch):
-    """engine/kernels.py LOADS_FIRST for the add+RMSNorm: the weight beside x at 1-8 rows (one trip to L2 on
+    """engine/cuda/decode_attention.py LOADS_FIRST for the add+RMSNorm: the weight beside x at 1-8 rows (one trip to L2 on
     a small round's path), after the sum as before at 64 rows and in the prompts' many-row launches."""
-    import engine.kernels_fused as KF
+    import engine.cuda.fused as KF
     launches = []
 
     class Recorder:

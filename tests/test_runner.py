@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from engine.backend import cuts
+from engine.scheduler.backend import cuts
 from engine.config import ConfigError, EngineConfig, KernelConfig
-from engine.runner import ModelRunner, build_runner
+from engine.runner.model_runner import ModelRunner, build_runner
 
 R = 16
 
@@ -94,7 +94,7 @@ def test_padded_round_is_row_invariant(runner):
     def logits(rows):
         inp = torch.tensor(rows, dtype=torch.long)
         with torch.inference_mode():
-            from engine.model import decode_attention_loop
+            from engine.models.qwen3 import decode_attention_loop
             return r.model.decode(inp[0], inp[1], inp[2], r.kv,
                                   lambda kv, i, q, l, p: decode_attention_loop(kv, i, q, l, p, spare=r.spare))
 
@@ -160,7 +160,7 @@ def test_fused_kernels_in_interpreter(interpret):
     interpret(r'''
 import torch
 from engine.config import EngineConfig
-from engine.runner import build_runner
+from engine.runner.model_runner import build_runner
 r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
 toks = [(i * 13 + 1) % 256 for i in range(12)]
 with torch.inference_mode():
@@ -183,10 +183,10 @@ def test_triton_decode_kernel_in_interpreter(interpret):
     code = r'''
 import os, torch
 os.environ["TRITON_INTERPRET"] = "1"
-import engine.kernels as K
+import engine.cuda.decode_attention as K
 from engine.config import EngineConfig
-from engine.runner import build_runner
-from engine.model import decode_attention_loop
+from engine.runner.model_runner import build_runner
+from engine.models.qwen3 import decode_attention_loop
 K.SPLIT, K.BLOCK = 32, 16
 r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=96, prefill_rows=16))
 for lane, n in enumerate([5, 70, 33]):

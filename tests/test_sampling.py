@@ -6,14 +6,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.backend import cuts
+from engine.scheduler.backend import cuts
 from engine.config import EngineConfig
-from engine.drafter import make_drafter
-from engine.host import LaneHost
-from engine.runner import build_runner
-from engine.sampler import choose, draw
-from engine.sampling import SamplingParams, TokenLogprob, uniform
-from engine.sequence import Sequence, Status
+from engine.scheduler.drafter import make_drafter
+from engine.scheduler.host import LaneHost
+from engine.runner.model_runner import build_runner
+from engine.runner.sampler import choose, draw
+from engine.scheduler.sampling import SamplingParams, TokenLogprob, uniform
+from engine.scheduler.sequence import Sequence, Status
 
 R = 16
 HOT = SamplingParams(temperature=1.0, seed=1234)

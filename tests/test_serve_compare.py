@@ -1,11 +1,11 @@
-"""engine/dev/serve_compare.py's table (the engine bench's side-by-side column) and its skip note."""
+"""tools/serve_compare.py's table (the engine bench's side-by-side column) and its skip note."""
 import json
 from pathlib import Path
 
 from rich.console import Console
 
-from engine.dev import serve_compare as sc
-from engine.dev.bench import served_comparison
+from tools import serve_compare as sc
+from tools.bench import served_comparison
 
 
 def fig(agg1, agg8, long_s):
@@ -41,7 +41,7 @@ def test_bench_says_why_the_vllm_column_is_skipped(tmp_path):
 
 def test_bench_finds_an_installed_vllm(monkeypatch, tmp_path):
     """The side-by-side column runs whenever vLLM for CPU is installed, no flag needed."""
-    import engine.dev.bench as b
+    import tools.bench as b
     monkeypatch.setattr(b, "DEFAULT_VLLM", tmp_path / "venv" / "bin" / "python")
     given = tmp_path / "other"
     assert b.find_vllm(given) == given

@@ -6,8 +6,8 @@ import time
 import httpx
 import pytest
 
-from engine.metrics import parse_metrics
-from engine.api.render import token_sha as sha12  # the engine's one rule; the harness checks it with its own
+from engine.server.metrics import parse_metrics
+from engine.server.render import token_sha as sha12  # the engine's one rule; the harness checks it with its own
 from tensorfold_bench.launcher import launch
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "4096", "--prefill-rows", "8"]
@@ -194,7 +194,7 @@ def test_four_concurrent_streams_equal_the_plain_replies(server, plain_server):
 
 
 def test_a_client_gone_mid_round_leaves_its_neighbours_every_token_in_order(server, plain_server):
-    """Tokens reach the HTTP loop a round at a time (engine/api/handoff.py): three streams share
+    """Tokens reach the HTTP loop a round at a time (engine/server/handoff.py): three streams share
     rounds with one whose client leaves after 3 tokens; each still gets one chunk a token, in order,
     with the plain reply's ids, and the gone stream's lane is freed."""
     bodies = [{"prompt": prompt_ids(n, 40 + n), "max_tokens": 40, "ignore_eos": True} for n in (6, 9, 12)]

@@ -1,4 +1,4 @@
-"""The decode round's Triton matmuls (engine/kernels_skinny.py), run by Triton's interpreter on
+"""The decode round's Triton matmuls (engine/cuda/skinny.py), run by Triton's interpreter on
 the CPU: they agree with torch, a row's bits never depend on the other rows or their count,
 shapes without a config go to torch, and the engine's tokens with them equal its tokens without."""
 import pytest
@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 def test_skinny_matches_torch_and_is_row_invariant(interpret):
     interpret(r'''
 import torch, torch.nn.functional as F
-import engine.kernels_skinny as S
+import engine.cuda.skinny as S
 c = S.SkinnyConfig(block_n=16, block_k=32)
 g = torch.Generator().manual_seed(0)
 w = torch.randn(48, 96, generator=g)
@@ -49,9 +49,9 @@ def test_engine_tokens_equal_with_skinny_matmuls(interpret):
     another stream."""
     interpret(r'''
 import torch
-import engine.kernels_skinny as S
+import engine.cuda.skinny as S
 from engine.config import EngineConfig
-from engine.runner import build_runner
+from engine.runner.model_runner import build_runner
 S.DEFAULT = S.SkinnyConfig(block_n=16, block_k=32)
 r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=40, prefill_rows=16))
 toks = [(i * 13 + 1) % 256 for i in range(12)]
@@ -83,7 +83,7 @@ def test_skinny_split_k_and_64_rows(interpret):
     back at 0 after each launch, and a (N, K, rows) config wins over the (N, K) one."""
     interpret(r'''
 import torch
-import engine.kernels_skinny as S
+import engine.cuda.skinny as S
 g = torch.Generator().manual_seed(1)
 w = torch.randn(40, 192, generator=g)
 for rows in (8, 40, 64):
@@ -113,8 +113,8 @@ def test_gated_gate_up_equals_two_kernels(interpret):
     shape without a gated config takes the two kernels."""
     interpret(r'''
 import torch, torch.nn.functional as F
-import engine.kernels_skinny as S
-from engine.kernels_fused import silu_mul
+import engine.cuda.skinny as S
+from engine.cuda.fused import silu_mul
 g = torch.Generator().manual_seed(2)
 w = torch.randn(96, 64, generator=g)
 for rows, c in ((5, S.SkinnyConfig(16, 32)), (40, S.SkinnyConfig(32, 16))):
@@ -131,12 +131,12 @@ print("ok")
 
 def test_bench_shapes_are_one_ranks_weights():
     """bench_skinny --tensor-parallel N times the matrices a rank holds: the tiny model's rank-0
-    shard (engine/tp_weights.py, fused as the engine fuses it) has exactly bench_skinny's shapes at
+    shard (engine/parallel/weights.py, fused as the engine fuses it) has exactly bench_skinny's shapes at
     N = 1 and 2; qwen3-32b's at N = 2 are the halved shapes, and CONFIGS / GATED name each of them."""
-    import engine.kernels_skinny as S
-    from engine.dev.bench_skinny import shapes
-    from engine.presets import resolve_model
-    from engine.tp_weights import load_shard
+    import engine.cuda.skinny as S
+    from tools.bench_skinny import shapes
+    from engine.models.presets import resolve_model
+    from engine.parallel.weights import load_shard
     for world in (1, 2):
         m = load_shard(resolve_model("tiny")[0], "dummy", None, "cpu", "float32", 0, 0, world)
         m.fuse()
@@ -154,7 +154,7 @@ def test_bench_shapes_are_one_ranks_weights():
 def test_set_entries_adds_to_the_shipped_tables_and_restores_them():
     """tp_check --skinny's tables: bench_skinny's entries on top of the shipped ones (a None entry:
     cuBLAS), and with no entries exactly the shipped tables again."""
-    import engine.kernels_skinny as S
+    import engine.cuda.skinny as S
     shipped = (dict(S.CONFIGS), dict(S.GATED))
     c = {"block_n": 16, "block_k": 32, "num_warps": 4, "num_stages": 4, "split_k": 2}
     S.set_entries([[48, 96, 16, c, 1.0, 2.0], [4096, 4096, 16, None, 13.0, 12.0]], [[96, 64, 16, c, 1.0, 2.0]])

@@ -89,8 +89,8 @@ def test_seeded_sampling_alone_equals_beside_others(stepped, whole):
 LOGITS = r"""
 import torch
 from engine.config import EngineConfig
-from engine.runner import ModelRunner
-from engine.tp_launch import start_tensor_parallel
+from engine.runner.model_runner import ModelRunner
+from engine.parallel.launch import start_tensor_parallel
 cfg = EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=512, prefill_rows=8)
 one = ModelRunner(cfg)
 two = start_tensor_parallel(EngineConfig(**{**cfg.__dict__, "tensor_parallel": 2}), 1)
@@ -123,7 +123,7 @@ def test_logits_within_rounding_of_one_rank():
 
 SUM = r"""
 import sys, torch, torch.distributed as dist
-from engine.parallel import TensorParallel, join
+from engine.parallel.group import TensorParallel, join
 rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 join("cpu", rank, world, dist.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False))
 tp = TensorParallel(rank, world, vocab=10)
@@ -155,8 +155,8 @@ def test_three_ranks_sum_in_rank_order():
 
 ROUTE = r"""
 import sys, torch, torch.distributed as dist
-from engine.parallel import TensorParallel, join
-from engine.tp_symm import symm_reduce
+from engine.parallel.group import TensorParallel, join
+from engine.parallel.symm import symm_reduce
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 join("cpu", rank, 2, dist.TCPStore("127.0.0.1", port, 2, rank == 0, wait_for_workers=False))
 assert symm_reduce(None, torch.device("cpu"), torch.float32, 2) is None  # CPU: gloo sums, no collective
@@ -275,9 +275,9 @@ def test_safetensors_load_the_same_shards_as_dummy(tmp_path):
 
     import torch
 
-    from engine.presets import PRESETS
-    from engine.tp_weights import load_shard
-    from engine.weights import load_model, save_pretrained
+    from engine.models.presets import PRESETS
+    from engine.parallel.weights import load_shard
+    from engine.models.weights import load_model, save_pretrained
 
     for tied in (False, True):
         cfg = replace(PRESETS["tiny"], vocab_size=511, tie_word_embeddings=tied)  # 511: the last shard padded

@@ -1,6 +1,6 @@
-"""The fused tensor-parallel sum + add + RMSNorm (engine/tp_fused.py) under Triton's interpreter.
+"""The fused tensor-parallel sum + add + RMSNorm (engine/parallel/fused.py) under Triton's interpreter.
 
-The kernel's barrier needs two GPUs (the device check engine/dev/tp_check.py --sums fused); here
+The kernel's barrier needs two GPUs (the device check tools/tp_check.py --sums fused); here
 it is off (a separate jit helper, skipped by a constexpr) and the peer's buffer is a second local
 tensor: the arithmetic, the two-buffer alternation, the routing and the model's use of it."""
 import pytest
@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 
 ARITHMETIC = r'''
 import torch
-from engine.kernels_fused import add_rmsnorm
-from engine.tp_fused import sum_add_rmsnorm
+from engine.cuda.fused import add_rmsnorm
+from engine.parallel.fused import sum_add_rmsnorm
 g = torch.Generator().manual_seed(5)
 for dtype in (torch.float32, torch.bfloat16):
     rows, n = 6, 96  # n not a power of two: the masked tail
@@ -43,9 +43,9 @@ def test_fused_kernel_is_the_sum_then_add_rmsnorm_bitwise(interpret):
 
 PAIR = r'''
 import torch, torch.nn.functional as F
-import engine.kernels_skinny as S
-from engine.kernels_fused import add_rmsnorm
-from engine.tp_fused import FusedSums
+import engine.cuda.skinny as S
+from engine.cuda.fused import add_rmsnorm
+from engine.parallel.fused import FusedSums
 S.DEFAULT = S.SkinnyConfig(16, 32, 4, 1)  # the skinny kernel for any shape: its out= path too
 g = torch.Generator().manual_seed(7)
 rows, n, k = 3, 64, 32
@@ -85,9 +85,9 @@ def test_two_ranks_alternate_buffers_and_refuse_what_they_cannot_take(interpret)
 MODEL = r'''
 import torch
 from engine.config import EngineConfig
-from engine.parallel import TensorParallel
-from engine.runner import build_runner
-from engine.tp_fused import FusedSums
+from engine.parallel.group import TensorParallel
+from engine.runner.model_runner import build_runner
+from engine.parallel.fused import FusedSums
 r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
 m, toks = r.model, torch.tensor([(i * 13 + 1) % 256 for i in range(12)])
 with torch.inference_mode():

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from engine.chat_template import ChatTemplateError
+from engine.models.chat_template import ChatTemplateError
 from engine.config import ConfigError
-from engine.dev.make_model_dir import CHAT_TEMPLATE, write_tokenizer
-from engine.tokenizer import ByteTokenizer, IncrementalDetokenizer, Utf8Stream, chat_text, load_tokenizer
+from tools.make_model_dir import CHAT_TEMPLATE, write_tokenizer
+from engine.models.tokenizer import ByteTokenizer, IncrementalDetokenizer, Utf8Stream, chat_text, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -170,8 +170,8 @@ def test_missing_tokenizers_package_is_a_config_error(tok_dir, monkeypatch):
 
 
 def test_byte_tokenizer_dir_tokenizes_as_the_presets(tmp_path):
-    """engine/dev/byte_tokenizer_dir.py: a tokenizer.json for clients that need one for a preset."""
-    from engine.dev.byte_tokenizer_dir import write_byte_tokenizer
+    """tools/byte_tokenizer_dir.py: a tokenizer.json for clients that need one for a preset."""
+    from tools.byte_tokenizer_dir import write_byte_tokenizer
     write_byte_tokenizer(tmp_path, 512, 256)
     ours, hf, plain = load_tokenizer(tmp_path, 512, 256), transformers.AutoTokenizer.from_pretrained(str(tmp_path)), ByteTokenizer()
     assert ours.name == "tokenizer.json" and ours.vocab_size == len(hf) == 512

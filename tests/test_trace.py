@@ -2,8 +2,8 @@
 import json
 
 from engine.config import EngineConfig
-from engine.host import LaneHost
-from engine.trace import TraceRing
+from engine.scheduler.host import LaneHost
+from engine.scheduler.trace import TraceRing
 from test_host_policy import Clock, FakeBackend, R, run_turns, seq
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine.config import ConfigError
-from engine.presets import PRESETS
-from engine.weights import dummy_state, load_model, save_pretrained
+from engine.models.presets import PRESETS
+from engine.models.weights import dummy_state, load_model, save_pretrained
 
 TINY = PRESETS["tiny"]
 

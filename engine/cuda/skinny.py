@@ -1,0 +1,357 @@
+"""Skinny matmuls for decode rounds: y [M, N] = x [M, K] @ W [N, K]^T with M <= 64 rows.
+
+A decode round multiplies a handful of rows by every weight matrix, so its time is the time to
+stream the weights. At the round's fixed 8 rows cuBLAS picks a GEMM tile that reads qwen3-8b's
+weights at ~82 % of copy bandwidth (86 % at one row; tools/PERF.md run 4). Here each program owns
+BLOCK_N output columns and walks all of K in BLOCK_K steps, the rows padded to 16 for the tensor
+cores (to 32 or 64 for rounds of that many lanes), so the weights stream through once with
+several tiles in flight per program. A config may also cut K into `split_k` fixed ranges (more
+programs in flight for the narrow matrices): each range's float32 partial goes to a scratch
+buffer and the last program of a column block to arrive (an atomic counter) sums the partials
+in range order 0, 1, 2, ...: which program arrives last never changes a bit.
+
+Row invariance: an output element is its row times its column, summed over K in BLOCK_K chunks
+in order (then over the K ranges in order), with one MMA shape whatever the other rows hold; a
+row count up to 16 never changes a row's bits (a round runs at one fixed row count anyway). BLOCK_K sets that order, so a config is part of the numerics: configs are fixed
+per weight shape (CONFIGS, measured on the H200), never autotuned at run time.
+
+Shapes are taken only where they were measured faster than cuBLAS (CONFIGS); any other goes to
+F.linear. Folding silu*up into the down projection's load was tried and measured 6x slower than
+silu_mul + cuBLAS on the H200 (tools/PERF.md run 5), so it is not here.
+Runs under TRITON_INTERPRET=1 on the CPU (tests/test_skinny.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from engine.cuda.decode_attention import INTERPRET, launch_opts, pdl_enter, pdl_on
+
+MAX_ROWS = 64
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    block_n: int = 32
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 4
+    split_k: int = 1
+
+
+# Shapes not in CONFIGS use DEFAULT; None: cuBLAS (tests set a DEFAULT to run the kernel on any shape).
+DEFAULT: SkinnyConfig | None = None
+# (N, K) or (N, K, padded rows) -> config, or None where cuBLAS was as fast. Measured on the H200
+# (us per product over >= 1 GiB of weight copies in one CUDA graph, cuBLAS beside it; tools/PERF.md
+# runs 6 and 7): qwen3-8b at 16 rows (1 to 16 lanes), 32 rows (17 to 32) and 64 rows (33 to 64);
+# qwen3-32b at 16 rows, whole and one rank's at tensor parallel 2 (its other row counts: cuBLAS).
+CONFIGS: dict[tuple, SkinnyConfig | None] = {
+    (6144, 4096): SkinnyConfig(64, 256, 4, 4),        # q/k/v   15.7 us vs cuBLAS 15.8
+    (4096, 4096): SkinnyConfig(32, 128, 4, 6),        # o       12.0 us vs 13.4
+    (24576, 4096): SkinnyConfig(32, 256, 4, 4),       # gate/up 51.7 us vs 56.2
+    (4096, 12288): SkinnyConfig(32, 128, 4, 6, 2),    # down    28.9 us vs 31.9 (K in 2 ranges)
+    (151936, 4096): SkinnyConfig(64, 128, 4, 6),      # lm_head 291.6 us vs 352.5
+    (6144, 4096, 32): None,                           # cuBLAS 16.4 us, best skinny 19.0
+    (4096, 4096, 32): SkinnyConfig(32, 128, 4, 6),    # 13.4 us vs 14.2
+    (24576, 4096, 32): None,                          # cuBLAS 52.0 us, best skinny 52.7
+    (4096, 12288, 32): SkinnyConfig(32, 128, 4, 6, 2),  # 30.3 us vs 30.6
+    (151936, 4096, 32): SkinnyConfig(64, 128, 4, 4),  # 299.3 us vs 301.8
+    (6144, 4096, 64): None,                           # cuBLAS 16.3 us, best skinny 21.3
+    # o at 64 rows: cuBLAS 12.3 us alone, 32x128 12.4; in the round (PDL) the Triton tiles are 0.09 ms faster
+    (4096, 4096, 64): SkinnyConfig(32, 128, 4, 6),    # (tools/PERF.md runs 64-65)
+    (24576, 4096, 64): None,                          # cuBLAS 53.4 us, best skinny 55.4
+    (4096, 12288, 64): SkinnyConfig(32, 128, 4, 6),   # 30.5 us vs 33.1
+    (151936, 4096, 64): SkinnyConfig(128, 128, 4, 4),  # 300.0 us vs 358.5
+    # qwen3-32b, 16 rows (q/k/v 10240 x 5120: cuBLAS 31.5 us, best skinny 33.2)
+    (5120, 8192, 16): SkinnyConfig(32, 256, 4, 4),     # o       27.6 us vs 29.4
+    (51200, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 124.7 us vs 132.3
+    (5120, 25600, 16): SkinnyConfig(32, 128, 4, 6, 2),  # down    70.5 us vs 72.1
+    (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
+    # qwen3-32b at tensor parallel 2, one rank's shapes, 16 rows (tools/PERF.md issue 15 round 4,
+    # calls 1 and 2; cuBLAS at 4 rows, tp_check's round)
+    (5120, 5120, 16): None,                            # q/k/v   cuBLAS 16.0 us, best skinny 17.3
+    (5120, 4096, 16): None,                            # o       cuBLAS 13.8 us, best skinny 14.9
+    (25600, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 68.8 us vs 71.8 (GATED takes it)
+    (5120, 12800, 16): SkinnyConfig(128, 128, 4, 4, 2),  # down  39.0 us vs 39.1 (64x256: 39.9; round -0.09 ms)
+    (75968, 5120, 16): SkinnyConfig(32, 128, 4, 6),    # lm_head 181.9 us vs 186.0
+}
+SMEM_LIMIT = 232_448  # bytes of shared memory a program may take on the H200 (sm_90)
+
+def block_m(m: int) -> int:
+    """Rows a product is padded to for the tensor cores: 16, 32 or 64."""
+    return max(16, triton.next_power_of_2(m))
+
+
+def config_for(n: int, k: int, rows: int = 1) -> SkinnyConfig | None:
+    """The config for weight shape (N, K) at `rows` rows: (N, K, padded rows) first, then (N, K)."""
+    return CONFIGS.get((n, k, block_m(rows)), CONFIGS.get((n, k), DEFAULT))
+
+
+def smem(c: SkinnyConfig, bm: int) -> int:
+    """Shared memory the pipelined x and W tiles take (bf16); Triton refuses a launch above the limit."""
+    return (bm + c.block_n) * c.block_k * 2 * c.num_stages
+
+
+def supports(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> bool:
+    """Whether skinny() takes this product (else use F.linear)."""
+    n, k = w.shape
+    c = config or config_for(n, k, x.shape[0])
+    return (c is not None and x.dim() == 2 and x.shape[1] == k and _fits(c, n, k, x.shape[0])
+            and w.is_contiguous() and x.stride(1) == 1 and x.dtype == w.dtype)
+
+
+@triton.jit
+def _step(xp, wp, xm, wn, acc, BLOCK_K: tl.constexpr):
+    w = tl.load(wp, mask=wn, other=0.0)
+    x = tl.load(xp, mask=xm, other=0.0)
+    return tl.dot(x, tl.trans(w), acc), xp + BLOCK_K, wp + BLOCK_K
+
+
+@triton.jit
+def _skinny_kernel(X, W, Y, Part, Count, M, N, K, stride_xm, stride_wn, stride_ym,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
+                   SPLIT_K: tl.constexpr, PDL_: tl.constexpr = 0):
+    pdl_enter(PDL_)
+    pid = tl.program_id(0)
+    sk = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    xm = rm[:, None] < M
+    wn = rn[:, None] < N
+    k0 = sk * (K // SPLIT_K)
+    xp = X + rm[:, None] * stride_xm + k0 + rk[None, :]
+    wp = W + rn[:, None].to(tl.int64) * stride_wn + k0 + rk[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if K_STEPS:  # the interpreter (older Triton's cannot loop to a run-time bound)
+        for _ in range(0, K_STEPS):
+            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
+    else:
+        for _ in range(0, K // SPLIT_K, BLOCK_K):
+            acc, xp, wp = _step(xp, wp, xm, wn, acc, BLOCK_K)
+    ymask = xm & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=ymask)
+    else:
+        tile = rm[:, None] * N + rn[None, :]
+        tl.store(Part + sk * BLOCK_M * N + tile, acc, mask=ymask)
+        # every thread's partial stored, then release it and acquire the others' (acq_rel, gpu
+        # scope); the last to arrive sums the ranges in order
+        tl.debug_barrier()
+        if tl.atomic_add(Count + pid, 1) == SPLIT_K - 1:
+            total = tl.load(Part + tile, mask=ymask, other=0.0, cache_modifier=".cg")
+            for s in range(1, SPLIT_K):
+                total += tl.load(Part + s * BLOCK_M * N + tile, mask=ymask, other=0.0, cache_modifier=".cg")
+            tl.store(Y + rm[:, None] * stride_ym + rn[None, :], total.to(Y.dtype.element_ty), mask=ymask)
+            tl.atomic_xchg(Count + pid, 0)  # ready for the next launch (graph replays too)
+
+
+@triton.jit
+def _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K: tl.constexpr):
+    x = tl.load(xp, mask=xm, other=0.0)
+    accg = tl.dot(x, tl.trans(tl.load(gp, mask=wn, other=0.0)), accg)
+    accu = tl.dot(x, tl.trans(tl.load(up, mask=wn, other=0.0)), accu)
+    return accg, accu, xp + BLOCK_K, gp + BLOCK_K, up + BLOCK_K
+
+
+@triton.jit
+def _gated_kernel(X, W, Y, M, I, K, stride_xm, stride_wn, stride_ym,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_STEPS: tl.constexpr,
+                  PDL_: tl.constexpr = 0):
+    """silu(x @ Wg^T) * (x @ Wu^T) for W = [Wg; Wu] ([2I, K]): each program owns BLOCK_N columns of
+    both halves, then rounds as the unfused path does (each product to Y's dtype, silu to it)."""
+    pdl_enter(PDL_)
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    xm = rm[:, None] < M
+    wn = rn[:, None] < I
+    xp = X + rm[:, None] * stride_xm + rk[None, :]
+    gp = W + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    up = gp + I * stride_wn
+    accg = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if K_STEPS:  # the interpreter
+        for _ in range(0, K_STEPS):
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
+    else:
+        for _ in range(0, K, BLOCK_K):
+            accg, accu, xp, gp, up = _gstep(xp, gp, up, xm, wn, accg, accu, BLOCK_K)
+    g = accg.to(Y.dtype.element_ty).to(tl.float32)
+    u = accu.to(Y.dtype.element_ty).to(tl.float32)
+    sg = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(Y + rm[:, None] * stride_ym + rn[None, :], (sg * u).to(Y.dtype.element_ty), mask=xm & (rn[None, :] < I))
+
+
+# (2I, K, padded rows) -> config of the gated kernel (gate/up with silu*up folded in); absent:
+# the two kernels (linear, then silu_mul).
+# qwen3-8b at 16 rows, tools/PERF.md run 7: 54.5 us against 58.2 for the two, bitwise equal to them;
+# qwen3-32b at 16 rows, at N = 1 and one rank's at N = 2 (issue 15 round 4), bitwise equal to the two.
+GATED: dict[tuple[int, int, int], SkinnyConfig] = {
+    (24576, 4096, 16): SkinnyConfig(32, 256, 4, 4),
+    (51200, 5120, 16): SkinnyConfig(32, 128, 4, 6),   # 123.2 us vs 125.8 for the two
+    (25600, 5120, 16): SkinnyConfig(32, 128, 4, 6),   # N = 2: 66.7 us vs 71.3 (74.3 with cuBLAS's gate/up)
+}
+SHIPPED = (dict(CONFIGS), dict(GATED))
+
+
+def set_entries(configs=(), gated=()) -> None:
+    """Device checks only (tools/tp_check.py --skinny): the shipped CONFIGS / GATED plus
+    `configs` / `gated` entries [N, K, padded rows, SkinnyConfig fields (None: cuBLAS), ...], as
+    tools/bench_skinny.py writes them. A captured graph keeps its kernels: capture again."""
+    CONFIGS.clear(); CONFIGS.update(SHIPPED[0])  # noqa: E702
+    GATED.clear(); GATED.update(SHIPPED[1])  # noqa: E702
+    for n, k, rows, c, *_ in configs:
+        CONFIGS[(n, k, rows)] = SkinnyConfig(**c) if c else None
+    for n, k, rows, c, *_ in gated:
+        GATED[(n, k, rows)] = SkinnyConfig(**c)
+
+
+RING = False  # products through engine/cuda/ring.py where it takes them (launch_mode's `ring`)
+
+
+class launch_mode:
+    """Within it, the forward's kernels launch with programmatic dependent launch (`pdl`, see
+    engine/cuda/decode_attention.py PDL), the decode attention folds its neighbours or not (`fold_combine`:
+    FOLD_COMBINE, `fold_qk_norm`: FOLD_QK_NORM; None keeps the module's setting), and the products
+    go through the TMA ring or not (`ring`: RING), and the small kernels ask their inputs into L2
+    before their wait or not (`prefetch`: engine/cuda/prefetch.py PREFETCH); the runner captures
+    its decode graphs inside it. Restores them on exit."""
+
+    def __init__(self, pdl: int = 0, fold_combine: bool | None = None, fold_qk_norm: bool | None = None,
+                 ring: bool = False, prefetch: bool = False):
+        self.pdl, self.fold, self.qk, self.ring = int(pdl), fold_combine, fold_qk_norm, bool(ring)
+        self.prefetch = bool(prefetch)
+
+    def __enter__(self):
+        import engine.cuda.decode_attention as K
+        import engine.cuda.prefetch as P
+        global RING
+        self.saved = K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING, P.PREFETCH
+        K.PDL, RING, P.PREFETCH = self.pdl, self.ring, self.prefetch
+        K.FOLD_COMBINE = K.FOLD_COMBINE if self.fold is None else bool(self.fold)
+        K.FOLD_QK_NORM = K.FOLD_QK_NORM if self.qk is None else bool(self.qk)
+        return self
+
+    def __exit__(self, *exc):
+        import engine.cuda.decode_attention as K
+        import engine.cuda.prefetch as P
+        global RING
+        K.PDL, K.FOLD_COMBINE, K.FOLD_QK_NORM, RING, P.PREFETCH = self.saved
+
+
+def ring_split(n: int, k: int, rows: int, gated: bool = False) -> int | None:
+    """The K ranges engine/cuda/ring.py runs weight shape (N, K) at `rows` rows in: the Triton config's
+    (so the ring's bits are the Triton kernel's); None where the ring does not take the shape."""
+    from engine import kernels_ring as R
+    c = GATED.get((n, k, block_m(rows))) if gated else config_for(n, k, rows)
+    split = None if c is None else 1 if gated else c.split_k
+    return split if split is not None and R.plan(n, k, rows, split, gated) else None
+
+
+def route(n: int, k: int, rows: int, gated: bool = False, ring: bool | None = None) -> tuple:
+    """The kernel linear() (gated: gate_up_silu()) runs weight shape (N, K) on at `rows` rows, and its
+    tiles: ("ring", split), ("gated" or "skinny", config, padded rows), ("cublas", rows); gated's
+    fallback prefixes linear()'s route with "silu". A row's bits follow its route (its tiles and K
+    order), so row counts with equal routes give a row the same bits. `ring`: whether the TMA ring
+    takes products (default: RING and the ring available)."""
+    if ring is None:
+        from engine import kernels_ring as R
+        ring = RING and R.available()
+    bm = block_m(rows)
+    if gated:
+        split = ring_split(n, k, rows, gated=True)
+        if ring and split is not None:
+            return ("ring", split)
+        c = GATED.get((n, k, bm))
+        if c is not None and _fits(c, n, k, rows) and n % 2 == 0 and gated_smem(c, bm) <= SMEM_LIMIT:
+            return ("gated", c, bm)
+        return ("silu",) + route(n, k, rows, ring=ring)
+    c = config_for(n, k, rows)
+    if c is None or not _fits(c, n, k, rows):
+        return ("cublas", rows)
+    split = ring_split(n, k, rows)
+    return ("ring", split) if ring and split is not None else ("skinny", c, bm)
+
+
+def _fits(c: SkinnyConfig, n: int, k: int, rows: int) -> bool:
+    """supports()'s conditions on the shapes alone."""
+    return rows <= MAX_ROWS and smem(c, block_m(rows)) <= SMEM_LIMIT and k % (c.block_k * c.split_k) == 0
+
+
+def _on_ring(x, w, split: int | None, gated: bool = False, out=None) -> torch.Tensor | None:
+    """The product on the ring inside a launch mode with `ring`, else (or where it fails) None."""
+    if not RING or split is None:
+        return None
+    from engine import kernels_ring as R
+    return R.try_product(x, w, split, gated, pdl_on() > 0, out) if R.takes(x, w, split, gated) else None
+
+
+def gated_smem(c: SkinnyConfig, bm: int) -> int:
+    return (bm + 2 * c.block_n) * c.block_k * 2 * c.num_stages
+
+
+def gate_up_silu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
+    """silu(gate) * up of x times the fused gate/up matrix w ([2I, K]) -> [M, I]: one kernel where
+    GATED (or `config`) has the shape, else linear() then silu_mul."""
+    m, (n, k) = x.shape[0], w.shape
+    c = config or GATED.get((n, k, block_m(m)))
+    y = _on_ring(x, w, None if config is not None else ring_split(n, k, m, gated=True), gated=True)
+    if y is not None:
+        return y
+    if c is None or not supports(x, w, c) or n % 2 or gated_smem(c, block_m(m)) > SMEM_LIMIT:
+        from engine.cuda.fused import silu_mul
+        return silu_mul(linear(x, w))
+    y = torch.empty(m, n // 2, dtype=w.dtype, device=w.device)
+    grid = triton.cdiv(n // 2, c.block_n)
+    _gated_kernel[(grid,)](
+        x, w, y, m, n // 2, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=block_m(m), BLOCK_N=c.block_n, BLOCK_K=c.block_k, K_STEPS=k // c.block_k if INTERPRET else 0,
+        PDL_=min(pdl_on(), 2), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
+    return y
+
+
+def skinny(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig | None = None) -> torch.Tensor:
+    """x [M, K] times w [N, K]^T -> [M, N] in w's dtype."""
+    c = config or config_for(*w.shape, x.shape[0])
+    if not supports(x, w, c):
+        raise ValueError(f"skinny: unsupported product x {tuple(x.shape)} {x.dtype} by w {tuple(w.shape)} "
+                         f"{w.dtype} (no config, or shape/dtype/layout it does not take)")
+    return _launch(x, w, c)
+
+
+_scratch: dict = {}  # split-K partials and arrival counters, one pair per shape
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, c: SkinnyConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+    m, (n, k) = x.shape[0], w.shape
+    bm, grid_n = block_m(m), triton.cdiv(n, c.block_n)
+    y = torch.empty(m, n, dtype=w.dtype, device=w.device) if out is None else out
+    part = count = y
+    if c.split_k > 1:  # allocated once per shape, before a graph capture uses it (warm-up rounds)
+        key = (n, bm, grid_n, c.split_k, w.device)
+        if key not in _scratch:
+            _scratch[key] = (torch.empty(c.split_k, bm, n, dtype=torch.float32, device=w.device),
+                             torch.zeros(grid_n, dtype=torch.int32, device=w.device))
+        part, count = _scratch[key]
+    _skinny_kernel[(grid_n, c.split_k)](
+        x, w, y, part, count, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        K_STEPS=k // (c.block_k * c.split_k) if INTERPRET else 0, SPLIT_K=c.split_k,
+        PDL_=min(pdl_on(), 2), num_warps=c.num_warps, num_stages=c.num_stages, **launch_opts())
+    return y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w) for a decode round: skinny when it takes the shape. out: a contiguous [M, N]
+    to write into (engine/parallel/fused.py: symmetric memory), the same bits."""
+    c = config_for(*w.shape, x.shape[0])
+    if supports(x, w, c):
+        y = _on_ring(x, w, ring_split(*w.shape, x.shape[0]), out=out)
+        return y if y is not None else _launch(x, w, c, out)
+    return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)  # F.linear's mm for 2-D x

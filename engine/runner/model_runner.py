@@ -1,0 +1,400 @@
+"""ModelRunner: the real engine.scheduler.backend.Backend. Only this module turns lanes and ids into tensors.
+
+- `prefill_step(lane, tokens, start, end, sampling=None, logprobs=None)`: one cut of one lane,
+  causal over the lane's rows [0, end); on the prompt's last cut returns the first token (lm_head
+  for the last row only): greedy, or drawn per `sampling` (engine/runner/sampler.py).
+- `decode(lanes, tokens, positions, sampling=None, logprobs=None)`: one batched forward at the
+  padded shape `parallel`, or at fewer rows where every product takes the same kernel and tiles
+  (`buckets`, engine/runner/decode_graph.py): row r always carries lane r; rows of lanes not decoding
+  point at a spare KV lane whose writes go nowhere harmful. Linear layers thus always run the
+  same tiles, and each row's attention reads its own lane's rows [0, pos] in an order that
+  depends on that length only, so a row's bits never depend on how many neighbours decode or
+  how long they are.
+- CUDA: the decode round is captured as CUDA graphs (engine/runner/decode_graph.py: its first node copies
+  the rows in, the only host sync is reading the new ids; greedy rounds may run one ahead,
+  engine/runner/ahead.py); decode attention is a Triton split-K kernel with a
+  fixed split size (engine/cuda/decode_attention.py); a prompt cut's attention is its prefix and its diagonal
+  through cuDNN (or flash), merged (engine/cuda/prefill.py). Up to 64 lanes (the round's
+  matmuls pad to 16, 32 or 64 rows); the KV cache must fit beside the weights. On CPU, or
+  when capture fails, the same round runs eagerly (`graph_fallback_reason` says why).
+- Sampling: greedy rows take the round's argmax as always; a sampled row (or one asking for
+  logprobs) is drawn outside the graph from the logits the graph writes, from its own row only.
+  `sampling` is one SamplingParams per entry (None: all greedy); `logprobs`, when given, gets
+  one TokenLogprob or None appended per returned token.
+
+Kernel choices come from `EngineConfig.kernels` (engine.config.KernelConfig). Fault and
+slow-down hooks for tests live in a wrapper backend (engine/faults.py), not here.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+import torch
+
+from engine.runner import decode_graph
+from engine.runner.ahead import Ahead, EagerRounds
+from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
+from engine.cpu.kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets, rows_invariant
+from engine.cpu.decode_attention import BMM, C_KERNEL, kernel as c_attention
+from engine.cpu.cut_attention import tile_for
+from engine.cpu.round import CppRound
+from engine.runner.kv_cache import KVCache
+from engine.models.qwen3 import decode_attention_loop
+from engine.models.presets import resolve_model
+from engine.runner.sampler import choose
+from engine.scheduler.sampling import SamplingParams
+from engine.models.tokenizer import load_tokenizer
+from engine.models.weights import DTYPES, load_model
+
+log = logging.getLogger("engine.runner.model_runner")
+# CUDA memory kept free beside the weights and the KV cache: a prompt cut's activations, scratch.
+KV_HEADROOM = 4 << 30
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, model=None):
+        """`model`: reuse an already loaded (fused) model of the same shape (bench comparisons)."""
+        self.cfg = cfg
+        mcfg, name, model_dir = resolve_model(cfg.model)
+        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"--device {cfg.device} asked for, but torch {torch.__version__} sees no CUDA device")
+        if not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
+            raise ConfigError(f"--device must be cpu or cuda, not {cfg.device!r}")
+        self.device = torch.device(cfg.device)
+        self.dtype = DTYPES[cfg.dtype]
+        self.model_config: ModelConfig = mcfg
+        self.model_name: str = name
+        self.model_dir = model_dir
+        self.parallel: int = cfg.parallel
+        self.max_model_len: int = cfg.max_model_len
+        self.prefill_rows: int = cfg.prefill_rows
+        self.vocab_size: int = mcfg.vocab_size
+        self.eos_token_id: int = mcfg.eos_token_id  # the first of eos_token_ids (old callers)
+        self.eos_token_ids: tuple[int, ...] = mcfg.eos_token_ids  # a reply stops at any of them
+        self.tokenizer = load_tokenizer(model_dir, mcfg.vocab_size, mcfg.eos_token_id)
+
+        if model is None:
+            model = load_model(mcfg, cfg.load_format, model_dir, self.device, self.dtype, cfg.seed)
+            model.fuse()
+        self.model = model
+        if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
+            model.setup_rope(cfg.max_model_len)
+        # the model's own shape: a tensor-parallel rank's holds its share of the KV heads
+        if self.device.type == "cuda":
+            self._check_kv_fits(model.config)
+        self.kv = KVCache(model.config, cfg.parallel, cfg.max_model_len, self.dtype, self.device)
+        self.spare = self.kv.spare
+
+        knobs = cfg.kernels
+        self.fused = self.device.type == "cuda" and knobs.fused
+        self.skinny = self.fused and knobs.skinny
+        # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
+        # forward (prefill_many): cuBLAS at the row counts checked bitwise here, else the tiles
+        self.batch_cuts, self.batch_rows = self.fused and knobs.batch_cuts, ()
+        if self.batch_cuts and knobs.batch_cublas:
+            from engine.cuda.batch import adopt_buckets
+            a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
+            self.batch_rows = adopt_buckets([a.wqkv, a.o_proj.weight, m.w_gate_up, m.down_proj.weight])
+        # CPU: matmuls on prepacked weights, batched span-grouped decode attention
+        # (engine/cpu/kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
+        self.cpu_mm = None
+        self.cpu_round: CppRound | None = None
+        self.cpu_attn = None  # the C decode attention (engine/cpu/decode_attention.py), chosen once a process
+        self.cpu_rows_free = False  # bf16 prompt products found row-invariant here (cpu_kernels.rows_invariant)
+        self.round_rows = cfg.parallel  # the padded shape: the most rows a decode round has
+        if self.device.type == "cpu" and knobs.cpu_fast:
+            self.cpu_mm = PackedLinears(model)
+            # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
+            self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
+            c = c_attention()  # before the first forward; never switched mid-serve (it would move bits)
+            self.cpu_attn = c if c is not None and c.takes(*self.cpu_mm.shape) else None
+            log.info("decode attention: %s", C_KERNEL if self.cpu_attn else BMM)
+            if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
+                self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp,  # engine/cpu/round.py
+                                                  self.cpu_attn.address if self.cpu_attn else 0,
+                                                  c.elem((mcfg.hidden_size, mcfg.head_dim)) if c else (0, 0, 0, 0))
+                # short cuts together, tiles without zero rows: where a row's bits are its own (one rank)
+                self.cpu_rows_free = knobs.batch_cuts and rows_invariant(self.cpu_mm, tile_for(cfg.prefill_rows))
+                self.batch_cuts = self.cpu_rows_free
+                log.info("CPU prompt cuts: %s", "together" if self.cpu_rows_free else "one at a time")
+        self.graph = None
+        self.rounds: dict = {}  # row count -> its graphs (engine/runner/decode_graph.py Bucket)
+        self.buckets: tuple[int, ...] = (self.round_rows,)  # the row counts rounds run at
+        self.ahead: Ahead | None = None  # rounds launched one ahead (engine/runner/ahead.py)
+        self._qk_fold = False  # the graph norms q/k in its attention (capture_graph)
+        self.graph_fallback_reason: str | None = None
+        self._attend_cuda = None
+        self._cut_thread: ThreadPoolExecutor | None = None
+        if self.device.type == "cuda":
+            from engine.cuda.decode_attention import decode_attention
+            self._attend_cuda = decode_attention
+            if knobs.cuda_graph is not False:
+                self.capture_graph()
+            # Prompt cuts run in one thread of their own, which builds cuDNN's graphs for the full
+            # cuts first (in the background, after the capture), so no request waits for a build.
+            # (on this runner's device: a tensor-parallel rank's is not the thread's default, cuda:0)
+            self._cut_thread = ThreadPoolExecutor(1, thread_name_prefix="prompt-cuts",
+                                                  initializer=_on_device, initargs=(self.device,))
+            self.cuts_warmed = self._cut_thread.submit(self._warm_cuts)
+        elif knobs.cuda_graph:
+            self.capture_graph()  # falls back: records why
+        self._eager: EagerRounds | None = None
+        if self.device.type != "cuda":
+            self.buckets = decode_graph.buckets(self)
+            if decode_graph.overlaps(self):
+                self._eager = e = EagerRounds(lambda inp, rows: self._decode_body(inp, rows), self.spare, self.device)
+                self.ahead = Ahead(e.fresh, e.chained, self.spare, self.max_model_len, self.round_rows, self.device)
+
+    def _check_kv_fits(self, mcfg: ModelConfig) -> None:
+        """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""
+        need = KVCache.bytes_for(mcfg, self.parallel, self.max_model_len, self.dtype)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if need > free - KV_HEADROOM:
+            per_lane = (free - KV_HEADROOM) // max(1, KVCache.bytes_for(mcfg, self.parallel, 1, self.dtype))
+            raise ConfigError(
+                f"--parallel {self.parallel} with --max-model-len {self.max_model_len}: the KV cache needs "
+                f"{need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free on {self.device} (keeping "
+                f"{KV_HEADROOM / 2**30:.0f} GiB for activations); at this --parallel, --max-model-len "
+                f"{max(0, per_lane)} fits")
+
+    # ---- prompt cuts -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int,
+                     sampling: SamplingParams | None = None, logprobs: list | None = None) -> int | None:
+        n = len(tokens)
+        self._check_cut(lane, n, start, end)
+        if self.batch_cuts and end - start <= SHORT_ROWS:  # the same forward as beside other cuts
+            (tok,), logits = self._many([(lane, tokens, start, end)])
+        else:
+            ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
+            if self._cut_thread is not None:  # CUDA: where cuDNN's graphs for cuts were built
+                logits = self._cut_thread.submit(self._forward_cut, ids, lane, start).result()
+            else:
+                logits = self._forward_cut(ids, lane, start)
+            tok = int(logits.argmax(-1).item()) if end == n else None
+        if end == n:
+            if sampling is None or sampling.plain:
+                return tok
+            return choose(logits.reshape(1, -1), [tok], [sampling], [n], logprobs)[0]
+        if self.device.type == "cuda":
+            # The host times each step to charge the decoders' share: a step must not return
+            # while its kernels are still queued, or the next decode round pays for it.
+            torch.cuda.synchronize(self.device)
+        return None
+
+    def _check_cut(self, lane: int, n: int, start: int, end: int) -> None:
+        if not (0 <= lane < self.parallel):
+            raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
+        if not (0 <= start < end <= n):
+            raise ValueError(f"bad cut [{start}, {end}) of a {n}-token prompt")
+        if end > self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens exceeds max_model_len {self.max_model_len}")
+
+    @torch.inference_mode()
+    def prefill_many(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[int | None]:
+        """Several prompt cuts [(lane, tokens, start, end)], one per lane. CUDA: cuts of at most
+        SHORT_ROWS rows go in one forward through row-invariant matmuls (engine/cuda/batch.py),
+        so each cut's bits equal its bits alone; otherwise one after another. Returns per cut the
+        greedy first token if it ends its prompt, else None."""
+        if not (self.batch_cuts and all(e - s <= SHORT_ROWS for _, _, s, e in items)):
+            return [self.prefill_step(*it) for it in items]
+        if len({it[0] for it in items}) < len(items):
+            raise ValueError("two cuts of one lane in one forward")
+        for lane, tokens, start, end in items:
+            self._check_cut(lane, len(tokens), start, end)
+        return self._many(items)[0]
+
+    def _many(self, items) -> list[int | None]:
+        seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in items]
+        if self._cut_thread is not None:
+            logits = self._cut_thread.submit(self._forward_many, seqs).result()
+        else:
+            logits = self._forward_many(seqs)
+        firsts = logits.argmax(-1).tolist()  # the one sync: the cuts' work is done when it returns
+        return [int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, items)], logits
+
+    @torch.inference_mode()
+    def _forward_many(self, seqs) -> torch.Tensor:
+        if self.cpu_mm is not None and not self.fused:  # each cut's bits its own (cpu_rows_free)
+            return self.model.prefill_many_cpu(seqs, self.kv, self.cpu_mm, self.prefill_rows, pad=False)
+        from engine.cuda.batch import matmul
+        return self.model.prefill_many(seqs, self.kv, matmul)
+
+    @torch.inference_mode()
+    def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
+        if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
+            return self.model.prefill_many_cpu([(ids, lane, start)], self.kv, self.cpu_mm, self.prefill_rows,
+                                               pad=not self.cpu_rows_free)[0]
+        return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
+
+    @torch.inference_mode()
+    def _warm_cuts(self) -> int:
+        """cuDNN's graphs for full cuts at every grid start (engine/cuda/prefill.py), then each prompt
+        path once in the spare lane (its KV is scratch), so Triton compiles here, not in a first request."""
+        from engine.cuda.prefill import warm
+        a = self.model.model.layers[0].self_attn
+        built = warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows)
+        if self.cfg.tensor_parallel > 1:  # its forwards meet other ranks' collectives: not checked on 2 GPUs yet
+            return built
+        # Triton compiles again for an int argument of 1, a multiple of 16 or neither: 17 and 32 rows, 1 and 2 cuts
+        r, n = self.prefill_rows, self.max_model_len
+        ids = torch.zeros(max(r, 32), dtype=torch.long, device=self.device)
+        if n >= r + 17:
+            self._forward_cut(ids[:r], self.spare, 0)
+            self._forward_cut(ids[:17], self.spare, r)
+        if self.batch_cuts and n >= 96:
+            self._forward_many([(ids[:17], self.spare, 0)])
+            self._forward_many([(ids[:17], self.spare, 0), (ids[:32], self.spare, 64)])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return built
+
+    def prefill(self, lane: int, tokens: Sequence[int], start: int = 0, sampling: SamplingParams | None = None) -> int:
+        """The whole prompt from `start`, cut by cut on the grid: the same forwards as stepping."""
+        from engine.scheduler.backend import cuts
+        out = None
+        for s, e in cuts(start, len(tokens), self.prefill_rows):
+            out = self.prefill_step(lane, tokens, s, e, sampling)
+        return out
+
+    # ---- decode rounds -----------------------------------------------------------------------
+    def _padded(self, lanes, tokens, positions) -> tuple[list[list[int]], list[int]]:
+        """[tokens, positions, lanes] of the round's row count (the fewest of `buckets` holding its
+        highest lane and all its entries), and the row each entry went to. A lane's first entry
+        sits in row `lane`, as in every plain round; further entries of the same lane (a
+        drafter's tokens to verify, at the next positions) take rows no lane of this round owns.
+        Every row writes its K/V before any row attends, so a draft row sees the rows before it
+        exactly as a later plain round would."""
+        if len(lanes) > self.round_rows:
+            raise ValueError(f"{len(lanes)} rows in one decode round; the round has {self.round_rows}")
+        need = max(len(lanes), max(lanes) + 1)
+        p = next((n for n in self.buckets if n >= need), self.round_rows)
+        tok, pos, ln = [0] * p, [0] * p, [self.spare] * p
+        owned = set(lanes)
+        spare_rows = (r for r in range(p) if r not in owned)
+        where = []
+        for lane, t, q in zip(lanes, tokens, positions):
+            if not (0 <= lane < self.parallel):
+                raise ValueError(f"lane {lane} outside 0..{self.parallel - 1}")
+            if not (0 <= q < self.max_model_len):
+                raise ValueError(f"position {q} outside the lane (max_model_len {self.max_model_len})")
+            if not (0 <= t < self.vocab_size):
+                raise ValueError(f"token id {t} outside the vocabulary")
+            row = lane if ln[lane] == self.spare else next(spare_rows, None)
+            if row is None:
+                raise ValueError(f"no free row for another entry of lane {lane}")
+            tok[row], pos[row], ln[row] = t, q, lane
+            where.append(row)
+        return [tok, pos, ln], where
+
+    def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
+        """The round's logits [parallel, vocab]."""
+        tokens, positions, lanes = inp[0], inp[1], inp[2]
+        if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
+            return self._decode_cpu(tokens, positions, lanes, rows)
+        if self._attend_cuda is not None:
+            attend = self._attend_cuda
+        else:
+            def attend(kv, i, q, lanes_t, positions_t):
+                return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
+        return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused,
+                                 skinny=self.skinny)
+
+    def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
+        kv, c = self.kv, self.cpu_attn
+        if c is not None:  # the same compiled function as the C++ round's
+            lanes_c, positions_c = lanes.contiguous(), positions.contiguous()
+            attend = lambda i, q: c(kv.k[i], kv.v[i], q, lanes_c, positions_c, self.spare)  # noqa: E731
+        else:
+            plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
+            attend = lambda i, q: decode_attention_buckets(kv, i, q, plan)  # noqa: E731
+        return self.model.decode_cpu(tokens, positions, lanes, kv, attend, self.cpu_mm)
+
+    @torch.inference_mode()
+    def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
+               sampling: Sequence[SamplingParams] | None = None, logprobs: list | None = None,
+               ahead: bool = False) -> list[int]:
+        """`ahead`: the caller expects the next round to feed these lanes their ids at the next
+        positions; where the runner runs rounds ahead (engine/runner/ahead.py) it launches that round now."""
+        if not (len(lanes) == len(tokens) == len(positions)):
+            raise ValueError("lanes, tokens and positions differ in length")
+        if not lanes:
+            return []
+        rows, where = self._padded(lanes, tokens, positions)
+        greedy = sampling is None or all(sp.plain for sp in sampling)
+        if self.ahead is not None and (self.graph is None or self._graph_takes(lanes)):
+            out = self.ahead.round(rows, ahead and len(set(lanes)) == len(lanes), greedy)  # engine/runner/ahead.py
+            logits = self._eager.logits if self._eager is not None else self.rounds[len(rows[0])].s_logits
+        elif self._graph_takes(lanes):
+            out = decode_graph.fresh(self, rows).tolist()
+            logits = self.rounds[len(rows[0])].s_logits
+        elif self.cpu_round is not None and self.cpu_round.ready and not self.fused:
+            logits, ids_t = self.cpu_round.rows(rows, self.spare, self.kv)  # the same bits as below
+            out = ids_t.tolist()
+        else:
+            if self.ahead is not None:
+                self.ahead.drop()  # (a round of several rows a lane: see _graph_takes)
+            inp = torch.tensor(rows, dtype=torch.long, device=self.device)
+            logits = self._decode_body(inp, rows=list(zip(rows[2], rows[1])))
+            out = logits.argmax(-1).tolist()
+        ids = [out[row] for row in where]
+        if greedy:
+            return ids
+        # the new token of an entry fed at position q sits at q + 1
+        return choose(logits[where], ids, sampling, [q + 1 for q in positions], logprobs)
+
+    def _graph_takes(self, lanes: Sequence[int]) -> bool:
+        """Whether a round of these lanes replays the graph: not where a lane has several rows and
+        the graph has the q/k fold (eager rounds run the unfolded kernels: the same bits)."""
+        return self.graph is not None and not (self._qk_fold and len(set(lanes)) < len(lanes))
+
+    def capture_graph(self) -> bool:
+        """Capture the decode round at each of its row counts (engine/runner/decode_graph.py); on CPU (or
+        failure) fall back to eager rounds and say why. Returns whether a graph is in use."""
+        return decode_graph.capture(self)
+
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether decode(..., ahead=True) launches the next round before returning (engine/runner/ahead.py)."""
+        return self.ahead is not None
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False,
+                 sampling: SamplingParams | None = None) -> list[int]:
+        """Tokens for one prompt alone in `lane` (tests, checks, bench): greedy unless `sampling`."""
+        out = [self.prefill(lane, tokens, sampling=sampling)]
+        pos = len(tokens)
+        while len(out) < max_tokens and pos < self.max_model_len:
+            if stop_at_eos and out[-1] in self.eos_token_ids:
+                break
+            out.append(self.decode([lane], [out[-1]], [pos], None if sampling is None else [sampling],
+                                   ahead=len(out) + 1 < max_tokens)[0])
+            pos += 1
+        return out
+
+    def generate_together(self, prompts: Sequence[Sequence[int]], lanes: Sequence[int], max_tokens: int) -> list[list[int]]:
+        """Greedy tokens for several prompts, each in its lane, decoded in the same rounds (checks, bench)."""
+        outs = [[self.prefill(lane, p)] for lane, p in zip(lanes, prompts)]
+        pos = [len(p) for p in prompts]
+        while len(outs[0]) < max_tokens:
+            for o, t in zip(outs, self.decode(list(lanes), [o[-1] for o in outs], pos, ahead=len(outs[0]) + 1 < max_tokens)):
+                o.append(t)
+            pos = [q + 1 for q in pos]
+        return outs
+
+    def describe(self) -> dict:
+        """What /v1/engine and the receipts report of this runner (engine/runner/report.py)."""
+        from engine.runner.report import describe
+        return describe(self)
+
+
+def _on_device(device: torch.device) -> None:
+    """A thread's CUDA device, where the runner names one (Triton launches on the current device)."""
+    if device.index is not None:
+        torch.cuda.set_device(device)
+
+
+def build_runner(cfg: EngineConfig) -> ModelRunner:
+    return ModelRunner(cfg)

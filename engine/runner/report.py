@@ -1,0 +1,78 @@
+"""What a ModelRunner reports of itself (/v1/engine, receipts, benches): its model, device,
+kernels and shapes. Read at start-up and by benches; nothing here is on a hot path."""
+from __future__ import annotations
+
+import torch
+
+from engine.runner import device_info
+from engine.cpu.decode_attention import BMM, C_KERNEL
+from engine.cpu.kernels import cpu_bf16_native
+from engine.cpu.round import CppRound
+
+
+def describe(r) -> dict:
+    """The runner's model, device, kernels and shapes, for /v1/engine and the receipts."""
+    m = r.model_config
+    dev = device_info.identity(r.device)
+    return {
+        **dev,
+        "fused_kernels": r.fused,
+        "decode_matmuls": "triton skinny" if r.skinny else ("cublas" if r.device.type == "cuda" else "torch"),
+        "torch": torch.__version__,
+        "dtype": r.cfg.dtype,
+        "model": r.model_name,
+        "load_format": r.cfg.load_format,
+        "shape": {"hidden": m.hidden_size, "layers": m.num_hidden_layers, "heads": m.num_attention_heads,
+                  "kv_heads": m.num_key_value_heads, "head_dim": m.head_dim,
+                  "intermediate": m.intermediate_size, "vocab": m.vocab_size},
+        "parameters": m.num_parameters(),
+        "parallel": r.parallel,
+        "tensor_parallel": 1,  # engine/parallel/runner.py: N, and every rank's device in `devices`
+        "devices": [dev["device_name"]],
+        "max_model_len": r.max_model_len,
+        "prefill_rows": r.prefill_rows,
+        "cuda_graph": r.graph is not None,
+        "decode_ahead": r.ahead is not None,  # rounds run one ahead (engine/runner/ahead.py)
+        "decode_rows": list(r.buckets),  # the row counts decode rounds run at (engine/runner/decode_graph.py)
+        **(_describe_cuda(r) if r.device.type == "cuda" else {}),
+        "prefill_attention": _prefill_attention_name(r),
+        "threads": torch.get_num_threads(),
+        **(_describe_cpu(r) if r.device.type == "cpu" else {}),
+    }
+
+
+def _describe_cuda(r) -> dict:
+    """The decode graph's launch mode and which products its TMA ring takes (engine/cuda/ring.py)."""
+    from engine import kernels_ring as R
+    from engine.cuda.skinny import ring_split
+    ring = []
+    if r.skinny and r.cfg.kernels.ring and r.graph is not None and R.available():
+        layer = r.model.model.layers[0]
+        for name, w, gated in (("q/k/v", layer.self_attn.wqkv, False), ("o", layer.self_attn.o_proj.weight, False),
+                               ("down", layer.mlp.down_proj.weight, False), ("gate/up", layer.mlp.w_gate_up, True)):
+            if ring_split(*w.shape, r.round_rows, gated) is not None:
+                ring.append(name)
+    return {"decode_pdl": getattr(r, "decode_pdl", 0) if r.graph is not None else 0, "decode_ring": ring}
+
+
+def _describe_cpu(r) -> dict:
+    mm = r.cpu_mm
+    kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
+    return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
+            "decode_attention": "sdpa a row" if mm is None else C_KERNEL if r.cpu_attn else BMM,
+            "cpu_round": CppRound.describe(r.cpu_round),
+            "cpu_prompt_cuts": cpu_prompt_cuts(r)}
+
+
+def cpu_prompt_cuts(r) -> str:
+    """How a CPU runner fills prompt cuts (ModelRunner.cpu_rows_free)."""
+    return "short ones filled together, tiles of their rows only" if r.cpu_rows_free else "one at a time, tiles padded"
+
+
+def _prefill_attention_name(r) -> str:
+    if r.device.type != "cuda":
+        from engine.cpu.cut_attention import describe as cut_attention
+        return "sdpa" if r.cpu_mm is None else cut_attention(r.dtype, r.prefill_rows)
+    from engine import kernels_prefill as kp
+    return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
+            "flash below")

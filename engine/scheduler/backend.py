@@ -1,0 +1,45 @@
+"""What the lane host asks of a backend. The host speaks lanes and token ids; only the backend
+touches tensors. `ModelRunner` is the real one; tests drive the host with a fake."""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+
+def next_cut(pos: int, length: int, rows: int) -> int:
+    """End of the cut that starts at `pos`: cut boundaries are absolute multiples of `rows`."""
+    return min(length, (pos // rows + 1) * rows)
+
+
+def cuts(start: int, length: int, rows: int) -> list[tuple[int, int]]:
+    """Every cut from `start` to the end of a `length`-token prompt, on the fixed grid."""
+    out = []
+    while start < length:
+        end = next_cut(start, length, rows)
+        out.append((start, end))
+        start = end
+    return out
+
+
+class Backend(Protocol):
+    parallel: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_id: int  # the first of eos_token_ids
+    eos_token_ids: tuple[int, ...]  # a reply stops at any of them (optional: defaults to (eos_token_id,))
+
+    def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int, *,
+                     sampling=None, logprobs: list | None = None) -> int | None:
+        """Run one cut: write KV rows [start, end) of `lane` for `tokens[start:end]` (rows below
+        `start` are already in the lane). On the prompt's last cut (end == len(tokens)) return
+        the first token (greedy, or drawn per `sampling`, an engine.scheduler.sampling.SamplingParams, with
+        a TokenLogprob appended to `logprobs` when asked); otherwise None. The host passes
+        `sampling` only for a sampled or logprobs-asking stream, so a greedy-only backend works. It returns only when the cut's work is done
+        (on a GPU: synchronized), because the host times steps to charge the prefill share."""
+
+    def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int], *,
+               sampling=None, logprobs: list | None = None) -> list[int]:
+        """One decode round: for each lane, feed `tokens[i]` at `positions[i]` (writing its KV
+        row) and return the next token: greedy, or per `sampling[i]` (one SamplingParams per
+        entry, only when some stream samples or asks for logprobs; then `logprobs` gets one
+        TokenLogprob or None appended per entry). The batch is padded to a fixed shape so a row's
+        bits never depend on its neighbours."""
