@@ -30,7 +30,7 @@ COSTS = {("cpu", "cpu"): Cost(4.0, 0.03, 0.003, 0.0009),
 
 
 def cost(s: Session) -> Cost | None:
-    return None if s.url else COSTS.get((s.engine.models.qwen3, s.engine.device))
+    return None if s.url else COSTS.get((s.engine.model, s.engine.device))
 
 
 def engine_lines(s: Session) -> list[str]:
@@ -51,7 +51,7 @@ def lines(s: Session, per_run: list[float] | None, extra: list[str]) -> str:
     out += ["", f"Run order ({len(s.order)} runs, a fresh server each): " + " / ".join(s.order), "",
             "Engine command lines (each also gets --port-file and --nonce):", *engine_lines(s), "", *extra]
     if per_run is None:
-        out.append(f"Estimated time: none for --model {s.engine.models.qwen3} on {s.engine.device} "
+        out.append(f"Estimated time: none for --model {s.engine.model} on {s.engine.device} "
                    f"(known: {', '.join(m for m, _ in COSTS)}).")
     else:
         out.append(f"Estimated time: about {clock_text(sum(per_run))} "

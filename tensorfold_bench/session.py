@@ -171,7 +171,7 @@ def run_vocab(session: Session, ident: ServerIdentity) -> int:
     """--vocab, else the server's vocab_size, --tokenizer DIR or the --model directory."""
     if session.vocab:
         return session.vocab
-    model_dir = session.engine.models.qwen3 if Path(session.engine.models.qwen3).is_dir() else None
+    model_dir = session.engine.model if Path(session.engine.model).is_dir() else None
     return discover_vocab(ident, session.tokenizer, model_dir)
 
 

@@ -207,7 +207,7 @@ def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
     # the salt) prompts are fresh random ids, so none of them is a prefix of an earlier one
     prompts = make_prompts(s, vocab, f"-run{run.index}{run.salt}" if run.shared else "")
     recs = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
-    trace = session.fetch_trace(run.url) if (settings.session.engine.scheduler.trace or run.shared) else None
+    trace = session.fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
     if run.variant.name not in data["alone"]:
         alone_or_defer(settings, data, run, lambda: play_b_alone(run, s, vocab, trace is not None))
     records = records_dict(recs)

@@ -133,7 +133,7 @@ class SweepSettings:
     scaled: dict = field(default_factory=dict)  # settings.scaled_down: what the device's defaults cut
 
     def __post_init__(self):
-        if self.session.engine.parallel.group < self.script.max_level:
+        if self.session.engine.parallel < self.script.max_level:
             self.session.engine = replace(self.session.engine, parallel=self.script.max_level)
 
 
