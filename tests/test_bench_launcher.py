@@ -194,7 +194,7 @@ def test_engine_flags_are_checked_without_serving(tmp_path):
 
     # the CPU's default dtype is bfloat16 where it has AMX or avx512_bf16, else float32
     assert check_engine_flags(["--model", "tiny", "--prefill-mode", "whole"]) in (
-        "ok: tiny on cpu, float32", "ok: tiny on cpu, bfloat16")
+        "ok: tiny on cpu, float32, 256-row cuts", "ok: tiny on cpu, bfloat16, 256-row cuts")
     for flags, said in ((["--model", "nosuch"], "--model 'nosuch' is neither a preset"),
                         (["--dtype", "float8"], "--dtype must be float32 or bfloat16"),
                         (["--bogus"], "No such option: --bogus")):

@@ -36,3 +36,14 @@ def test_engine_commit_from_git_env_or_none(tmp_path, monkeypatch):
     assert out == "None"
     monkeypatch.setenv("TFENGINE_COMMIT", "abc123")
     assert engine_commit() == "abc123"
+
+
+def test_cut_rows_default_by_device():
+    """A GPU cut is a few large products (a small one spends its time outside them), so cuda
+    defaults to 1,024-row cuts; the CPU keeps 256; the flag always wins."""
+    from engine.cli import cut_rows
+    assert (cut_rows("cuda", None), cut_rows("cuda:1", None), cut_rows("cpu", None)) == (1024, 1024, 256)
+    assert cut_rows("cuda", 512) == 512
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", "tiny", "--check"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "256-row cuts" in r.stdout
