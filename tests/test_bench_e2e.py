@@ -51,6 +51,11 @@ def test_long_prompt_tiny_engine(tmp_path):
     assert all(a["idle"]["confirmed"] and a["b_first_token"] > 0 for a in data["alone"].values())
     md = next(tmp_path.glob("*-long-prompt.md")).read_text()
     assert "| whole |" in md and "6 of 6 equal" in md and "Not run, and why" in md
+    # a CPU run names the CPU (its vector instructions set its speed and its bits), never a CUDA build
+    device = next(ln for ln in md.splitlines() if ln.startswith("- Device:"))
+    cpu = env["engine"]["cpu"]
+    assert device.startswith("- Device: CPU, ") and cpu["isa"] in device and "CUDA" not in device
+    assert cpu["cores"] >= 1 and cpu["threads"] >= 1
     assert next(tmp_path.glob("*-long-prompt.png")).stat().st_size > 10_000
     # the Markdown renders from the JSON alone
     js = next(tmp_path.glob("*-long-prompt.json"))

@@ -1,10 +1,14 @@
-"""What a runner's device is called, for /v1/engine and the receipts: its name, compute
-capability, CUDA version and driver. Read once at start-up; nothing here is on a hot path."""
+"""What a runner's device is called, for /v1/engine and the receipts: a GPU's name, compute
+capability, CUDA version and driver; a CPU's model, the cores this process may use, the compute
+threads and the vector instructions its kernels can use. Read once at start-up; nothing here is on
+a hot path."""
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -22,7 +26,41 @@ def _driver() -> str | None:
     return out.splitlines()[0] if r.returncode == 0 and out else None
 
 
+def _cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo's first `model name`), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def cpu_isa() -> str:
+    """The widest vector instructions torch's CPU kernels use here, and the bf16 units: the same
+    weights can round differently on an AVX2 machine than on an AVX-512 one, so a receipt says which."""
+    isa = [torch.backends.cpu.get_cpu_capability()]
+    for name, probe in (("AMX", "_is_amx_tile_supported"), ("avx512_bf16", "_is_avx512_bf16_supported")):
+        try:
+            if getattr(torch.cpu, probe)():
+                isa.append(name)
+        except (AttributeError, RuntimeError):
+            pass
+    return ", ".join(isa)
+
+
+def cpu_identity() -> dict:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"model": _cpu_model(), "arch": platform.machine(), "cores": cores, "threads": torch.get_num_threads(),
+            "isa": cpu_isa()}
+
+
 def identity(device: torch.device) -> dict:
+    if device.type == "cpu":
+        cpu = cpu_identity()
+        return {"device": "cpu", "device_name": cpu["model"], "compute_capability": None, "cuda_version": None,
+                "driver": None, "cpu": cpu}
     dev = {"device": device.type, "device_name": platform.processor() or platform.machine() or "cpu",
            "compute_capability": None, "cuda_version": torch.version.cuda, "driver": _driver()}
     if device.type == "cuda":

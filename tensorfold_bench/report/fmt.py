@@ -75,6 +75,12 @@ def environment_lines(data: dict) -> list[str]:
     if tp > 1 and devices:  # every rank's device, by name
         names = sorted(set(devices), key=devices.index)
         dev = (f"{len(devices)} x {names[0]}" if len(names) == 1 else " + ".join(devices)) + f" (tensor parallel {tp})"
+    cpu = desc.get("cpu")
+    if cpu and desc.get("device") == "cpu":  # the CPU by what sets its speed and its bits
+        lines = [f"- Device: CPU, {cpu['model']} ({cpu['arch']}), {cpu['cores']} cores for the engine, "
+                 f"{cpu['threads']} compute threads, {cpu['isa']}; torch {desc.get('torch') or '-'}, "
+                 f"engine commit {short_commit(eng.get('commit'))}."]
+        return [*lines, *_model_lines(desc, cfg), *server_lines(data), host_line(data)]
     bits = [f"{dev}"]
     if desc.get("compute_capability"):
         bits.append(f"sm {desc['compute_capability']}")
@@ -83,14 +89,17 @@ def environment_lines(data: dict) -> list[str]:
     bits.append(f"torch {desc.get('torch') or '-'}")
     bits.append(f"engine commit {short_commit(eng.get('commit'))}")
     lines = ["- Device: " + ", ".join(bits) + "."]
+    return [*lines, *_model_lines(desc, cfg), *server_lines(data), host_line(data)]
+
+
+def _model_lines(desc: dict, cfg: dict) -> list[str]:
     shape = desc.get("shape") or {}
     shape_s = ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
                         for k, v in shape.items())
     params = desc.get("parameters")
-    lines.append(f"- Model: `{desc.get('model') or cfg.get('model') or '?'}` ({desc.get('dtype') or cfg.get('dtype') or '?'}"
-                 + (f", {params:,} parameters" if isinstance(params, int) else "") + ")"
-                 + (f"; shape: {shape_s}." if shape_s else "."))
-    return [*lines, *server_lines(data), host_line(data)]
+    return [f"- Model: `{desc.get('model') or cfg.get('model') or '?'}` ({desc.get('dtype') or cfg.get('dtype') or '?'}"
+            + (f", {params:,} parameters" if isinstance(params, int) else "") + ")"
+            + (f"; shape: {shape_s}." if shape_s else ".")]
 
 
 def server_lines(data: dict) -> list[str]:
