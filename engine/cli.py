@@ -78,6 +78,10 @@ def check_config(cfg: EngineConfig) -> str:
             raise ConfigError(f"--device {cfg.device} asked for, but torch {torch.__version__} sees no CUDA device")
     elif cfg.device != "cpu":
         raise ConfigError(f"--device must be cpu or cuda, not {cfg.device!r}")
+    else:
+        from engine.cpu.kernels import bf16_refused
+        if why := bf16_refused(cfg.dtype):
+            raise ConfigError(why)
     check_tensor_parallel(mcfg, cfg.tensor_parallel, cfg.device)
     tp = f", tensor parallel {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
     return f"ok: {name} on {cfg.device}, {cfg.dtype}, {cfg.prefill_rows}-row cuts{tp}"

@@ -16,13 +16,21 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Triton's interpreter computes tl.dot with numpy, whose OpenBLAS picks its sgemm kernel by CPU.
+# The FMA kernels (Haswell and later: every AVX2 machine) round a row by where it falls in the
+# block, which a GPU's tensor-core tile does not, so the row-invariance checks would test OpenBLAS,
+# not the kernel. Sandy Bridge's kernel (AVX, no FMA) keeps each row's sums in one order.
+# Only where nothing set the core type already (some machines set it to avoid broken kernels).
+INTERPRET_ENV = {"TRITON_INTERPRET": "1", "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "Sandybridge")}
+
+
 @pytest.fixture
 def interpret():
     """Run a code string in a fresh interpreter with TRITON_INTERPRET=1 (Triton kernels on the
     CPU; the variable must be set before triton is imported); it must print "ok"."""
     def run(code: str) -> None:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
-                             env={**os.environ, "TRITON_INTERPRET": "1"},
+                             env={**os.environ, **INTERPRET_ENV},
                              cwd=str(pathlib.Path(__file__).resolve().parents[1]))
         assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
     return run

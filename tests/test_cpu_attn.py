@@ -9,6 +9,7 @@ import torch
 import engine.cpu.decode_attention as ca
 from engine.config import EngineConfig
 from engine.runner.model_runner import build_runner
+from marks import bf16, needs_cpu_bf16  # noqa: F401
 
 SPARE = 8
 
@@ -71,6 +72,7 @@ def test_a_rows_bits_are_its_own(kernel, dtype):
     assert not torch.equal(row([3], [201], 0), alone)  # (the test can tell rows apart)
 
 
+@needs_cpu_bf16
 def test_runner_says_c_kernel_and_both_rounds_call_it(kernel):
     r = build_runner(EngineConfig(model="tiny", dtype="bfloat16", parallel=2, max_model_len=128, prefill_rows=16))
     assert r.cpu_attn is kernel and r.describe()["decode_attention"] == "c kernel"
@@ -93,7 +95,7 @@ def test_no_compiler_is_a_clear_reason(monkeypatch, tmp_path):
     assert ca.kernel() is None  # and the process takes the bmm path
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", bf16()])
 def test_fallback_to_bmm_keeps_decoding(monkeypatch, dtype):
     """Without the kernel the runner attends through the batched matmuls and says so; the
     replies are those of a runner with the kernel up to the rounding (same tokens here)."""

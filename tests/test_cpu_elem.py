@@ -11,6 +11,7 @@ import engine.cpu.decode_attention as ca
 from engine.config import EngineConfig, KernelConfig
 from engine.models.qwen3 import RMSNorm, rotate
 from engine.runner.model_runner import build_runner
+from marks import bf16, needs_cpu_bf16  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_greedy_is_atens_argmax(kernel, dtype):
     assert out[:6].tolist() == want and want[1:] == [100, 3, 0, 999, 0] and out[6:].tolist() == [0, 0]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", bf16()])
 def test_cpp_round_with_them_is_the_python_round(kernel, dtype):
     from engine.cpu.round import build, load
     try:

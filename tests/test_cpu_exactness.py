@@ -17,6 +17,7 @@ from engine.cpu.kernels import ROW_TILE
 from engine.runner.model_runner import build_runner
 from engine.runner.sampler import choose, draw
 from engine.scheduler.sampling import SamplingParams
+from marks import bf16, needs_cpu_bf16  # noqa: F401
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 FED = [5, 301, 77, 460]  # the tokens fed to the rounds after the prompt
@@ -42,7 +43,7 @@ def lane_logits(r, lane, others=()):
 
 
 # the tiny preset shows float32's two kernels; bf16's show on the cpu preset's shapes only
-@pytest.mark.parametrize("dtype,model", [("float32", "tiny"), ("bfloat16", "cpu")])
+@pytest.mark.parametrize("dtype,model", [("float32", "tiny"), bf16(("bfloat16", "cpu"))])
 def test_round_logits_do_not_depend_on_the_lane_count_or_lane(dtype, model):
     """The plain reference's one lane against a server's lanes: --parallel 4 (one 8-row tile),
     and lane 9 of --parallel 11 (row 1 of a 16-row round's second tile, beside two neighbours,
@@ -56,7 +57,7 @@ def test_round_logits_do_not_depend_on_the_lane_count_or_lane(dtype, model):
     assert torch.equal(lane_logits(crowded, 9, others=((2, 40), (6, 100))), ref)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, bf16(torch.bfloat16)])
 def test_a_row_s_product_does_not_depend_on_its_place_in_the_tile(dtype):
     """MKL (float32) and oneDNN (bf16) kernels work on register blocks of rows, with edge
     kernels for the rest: a row must get the same bits at every place of a round's tiles, beside

@@ -8,7 +8,7 @@ import torch
 
 from engine.config import EngineConfig, KernelConfig
 from engine.cpu.cut_attention import cut_attention_cpu
-from engine.cpu.kernels import rows_invariant
+from engine.cpu.kernels import packs_bf16, rows_invariant
 from engine.scheduler.host import LaneHost
 from engine.runner.model_runner import build_runner
 from engine.scheduler.sequence import Sequence
@@ -25,6 +25,8 @@ def runner(batch: bool = True):
 
 @pytest.fixture(scope="module")
 def pair():
+    if not packs_bf16():
+        pytest.skip("this CPU has no packed bf16 products (AVX2 only)")
     on, off = runner(True), runner(False)
     if not on.cpu_rows_free:
         pytest.skip("this machine's bf16 products are not row-invariant: cuts are filled one at a time")

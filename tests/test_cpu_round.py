@@ -12,6 +12,7 @@ import engine.cpu.round as cr
 from engine.config import EngineConfig, KernelConfig
 from engine.cpu.kernels import BucketPlan
 from engine.runner.model_runner import build_runner
+from marks import bf16, needs_cpu_bf16  # noqa: F401
 
 # (lanes, tokens, positions): one row; spans apart; a drafter's second entry; lanes apart in one
 # span (lanes a server hands out after others finish); every lane across span edges
@@ -27,8 +28,8 @@ def built():
         pytest.skip(f"the C++ round cannot be built here: {e}")
 
 
-@pytest.fixture(scope="module", params=[("float32", 6, True), ("bfloat16", 6, True), ("bfloat16", 11, True),
-                                        ("float32", 6, False), ("bfloat16", 6, False)])
+@pytest.fixture(scope="module", params=[("float32", 6, True), bf16(("bfloat16", 6, True)), bf16(("bfloat16", 11, True)),
+                                        ("float32", 6, False), bf16(("bfloat16", 6, False))])
 def runner(request, built):
     dtype, parallel, c_attention = request.param  # 11 lanes: rounds of two 8-row tiles
     with pytest.MonkeyPatch.context() as m:  # without the C attention: the batched matmuls in both rounds
@@ -103,7 +104,7 @@ def test_background_build_then_the_decode_thread_loads(monkeypatch, built):
     monkeypatch.setattr(cr, "_loaded", None)  # (loading the same file again is a no-op for the dispatcher)
     monkeypatch.setattr(cr, "build", lambda: (gate.wait(60), so)[1])
     monkeypatch.setattr(cr, "load", lambda p: (loads.append(threading.current_thread()), real_load(p)))
-    r = build_runner(EngineConfig(model="tiny", dtype="bfloat16", parallel=2, max_model_len=128, prefill_rows=16))
+    r = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=128, prefill_rows=16))
     prompt = [(i * 5 + 2) % 200 for i in range(30)]
     assert r.describe()["cpu_round"] == "python (C++ building)"
     python = r.generate(prompt, 12)

@@ -37,6 +37,21 @@ def cpu_bf16_native() -> bool:
         return False
 
 
+def packs_bf16() -> bool:
+    """Whether oneDNN multiplies bf16 weights here: it needs AVX-512 (bw, vl, dq) or AVX-NE-CONVERT."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def bf16_refused(dtype: str) -> str | None:
+    """Why `--dtype` cannot run on this CPU's fast path, or None. The fast path keeps its bf16
+    products row-invariant through oneDNN's packed weights, which this CPU cannot take; rather
+    than fail at the first product, the engine refuses the flag."""
+    if dtype == "bfloat16" and not packs_bf16():
+        return (f"--dtype bfloat16 needs a CPU with AVX-512 or AVX-NE-CONVERT for its packed bf16 products; "
+                f"this one has {torch.backends.cpu.get_cpu_capability()}: use --dtype float32 (the default here)")
+    return None
+
+
 def cpu_dtype() -> tuple[str, str]:
     """(dtype, why) for `--dtype` left unset on the CPU."""
     if cpu_bf16_native():

@@ -248,7 +248,7 @@ class launch_mode:
 def ring_split(n: int, k: int, rows: int, gated: bool = False) -> int | None:
     """The K ranges engine/cuda/ring.py runs weight shape (N, K) at `rows` rows in: the Triton config's
     (so the ring's bits are the Triton kernel's); None where the ring does not take the shape."""
-    from engine import kernels_ring as R
+    from engine.cuda import ring as R
     c = GATED.get((n, k, block_m(rows))) if gated else config_for(n, k, rows)
     split = None if c is None else 1 if gated else c.split_k
     return split if split is not None and R.plan(n, k, rows, split, gated) else None
@@ -261,7 +261,7 @@ def route(n: int, k: int, rows: int, gated: bool = False, ring: bool | None = No
     order), so row counts with equal routes give a row the same bits. `ring`: whether the TMA ring
     takes products (default: RING and the ring available)."""
     if ring is None:
-        from engine import kernels_ring as R
+        from engine.cuda import ring as R
         ring = RING and R.available()
     bm = block_m(rows)
     if gated:
@@ -288,7 +288,7 @@ def _on_ring(x, w, split: int | None, gated: bool = False, out=None) -> torch.Te
     """The product on the ring inside a launch mode with `ring`, else (or where it fails) None."""
     if not RING or split is None:
         return None
-    from engine import kernels_ring as R
+    from engine.cuda import ring as R
     return R.try_product(x, w, split, gated, pdl_on() > 0, out) if R.takes(x, w, split, gated) else None
 
 

@@ -56,7 +56,7 @@ def buckets(r) -> tuple[int, ...]:
         return tuple(n for n in _doublings(ROW_TILE, full) if on) + (full,)
     if not r.skinny:
         return (full,)
-    from engine import kernels_ring as R
+    from engine.cuda import ring as R
     from engine.cuda.skinny import route
     ring = r.cfg.kernels.ring and R.available()
     layer = r.model.model.layers[0]

@@ -36,7 +36,7 @@ import torch
 from engine.runner import decode_graph
 from engine.runner.ahead import Ahead, EagerRounds
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
-from engine.cpu.kernels import ROW_TILE, BucketPlan, PackedLinears, decode_attention_buckets, rows_invariant
+from engine.cpu.kernels import ROW_TILE, BucketPlan, PackedLinears, bf16_refused, decode_attention_buckets, rows_invariant
 from engine.cpu.decode_attention import BMM, C_KERNEL, kernel as c_attention
 from engine.cpu.cut_attention import tile_for
 from engine.cpu.round import CppRound
@@ -62,6 +62,8 @@ class ModelRunner:
             raise ConfigError(f"--device {cfg.device} asked for, but torch {torch.__version__} sees no CUDA device")
         if not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
             raise ConfigError(f"--device must be cpu or cuda, not {cfg.device!r}")
+        if cfg.device == "cpu" and cfg.kernels.cpu_fast and (why := bf16_refused(cfg.dtype)):
+            raise ConfigError(why)
         self.device = torch.device(cfg.device)
         self.dtype = DTYPES[cfg.dtype]
         self.model_config: ModelConfig = mcfg

@@ -43,7 +43,7 @@ def describe(r) -> dict:
 
 def _describe_cuda(r) -> dict:
     """The decode graph's launch mode and which products its TMA ring takes (engine/cuda/ring.py)."""
-    from engine import kernels_ring as R
+    from engine.cuda import ring as R
     from engine.cuda.skinny import ring_split
     ring = []
     if r.skinny and r.cfg.kernels.ring and r.graph is not None and R.available():
@@ -73,6 +73,6 @@ def _prefill_attention_name(r) -> str:
     if r.device.type != "cuda":
         from engine.cpu.cut_attention import describe as cut_attention
         return "sdpa" if r.cpu_mm is None else cut_attention(r.dtype, r.prefill_rows)
-    from engine import kernels_prefill as kp
+    from engine.cuda import prefill as kp
     return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
             "flash below")
