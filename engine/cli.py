@@ -171,8 +171,9 @@ def serve(
 
 def await_warm_up(runner) -> None:
     """Serve only once the runner's background warm-up (cuDNN's graphs for the prompt cuts, on the
-    cut thread) is done: a request sent during it waited for all of it, 1-4 s for a 16-token
-    prompt (receipt 20261201-062113, stream A's first token on each fresh server)."""
+    cut thread) is done: a request sent during it waited for all of it, and on an H200 a fresh
+    server's first 16-token prompt got its first token 1-4 s late, which the harness measured as
+    a slow stream."""
     warmed = getattr(runner, "cuts_warmed", None)
     if warmed is not None:
         t = time.perf_counter()

@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call: the qwen3-32b long-prompt receipt of issue 14 (whole vs stepped p=0.5, plain
+# One device call: the qwen3-32b long-prompt receipt (whole vs stepped p=0.5, plain
 # check), under $OUT. Usage: TFBENCH_COMMIT=<sha> [PRED=<predictions.yaml>] bash scripts/h200_receipt_32b.sh
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown}

@@ -1,6 +1,6 @@
 #!/bin/bash
-# One device call: the H200 receipts of issue 14, written under $OUT (flat: the device tool brings
-# back at most 8 files). Predictions are committed under receipts/predictions/ before the call.
+# One device call: the qwen3-8b H200 receipts, written under $OUT (flat, so a device tool that brings
+# back a few files keeps them all). Predictions are committed under receipts/predictions/ before the call.
 #   long-prompt: qwen3-8b, B of 32,000 tokens, whole vs stepped p=1 and p=0.5, plain check
 #   sweep: --levels 1,2,4,8,16,32,64 --tokens 256 --cells 2 --reps 2 (the call fits 10 min), whole vs p=0.5
 # Usage: TFBENCH_COMMIT=<sha> [LP_PRED=... SW_PRED=... SWEEP=0 LONG=0] bash scripts/h200_receipts.sh

@@ -1,7 +1,7 @@
 #!/bin/bash
-# One device call: tensor parallel on the GPU (issue 15). Phase one: the plain engine at N = 1;
+# One device call: tensor parallel on the GPU, checked and timed against one rank. Phase one: the plain engine at N = 1;
 # phase tp: the same engine at N = WORLD ranks (2 on nvidia-h200-x2; 1 on a one-GPU machine: one
-# NCCL rank, collectives forced into the decode graph). Predictions: tools/PERF.md, issue 15.
+# NCCL rank, collectives forced into the decode graph). Write the expected figures down before the call.
 # Usage (repository root): WORLD=2 MODEL=qwen3-32b LONG=16384 bash scripts/h200_tp.sh
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

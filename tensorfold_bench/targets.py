@@ -31,7 +31,7 @@ def select(url: list[str] | str | None, share: str | None, variants_file, base_r
 
 def shared_fields(engine) -> dict[str, str]:
     """What a command variant may say besides {host} and {port}: the shared flags' values."""
-    return {"{model}": engine.models.qwen3, "{dtype}": engine.dtype or "auto",
+    return {"{model}": engine.model, "{dtype}": engine.dtype or "auto",
             "{max_model_len}": str(engine.max_model_len or "")}
 
 

@@ -38,7 +38,7 @@ from tensorfold_bench.errors import BenchError, FlagError
 @dataclass(frozen=True)
 class Variant:
     """A named engine configuration: flags and environment on top of the shared engine flags,
-    and optionally a git ref of this repository (run from a worktree; see issue 5)."""
+    and optionally a git ref of this repository (run from its own worktree: tensorfold_bench/worktree.py)."""
 
     name: str
     args: list[str] = field(default_factory=list)

@@ -72,7 +72,7 @@ def test_bucket_check_catches_a_row_order_that_depends_on_the_count():
 def test_cuts_together_equal_alone_through_adopted_counts(interpret):
     """The forward's padding (spare-lane rows up to a checked count, chunks of the largest) keeps
     a cut's bits: with a matmul that is row-invariant (as the check found cuBLAS at its counts on
-    the H200, tools/PERF.md run 12), cuts filled together equal each cut alone."""
+    the H200), cuts filled together equal each cut alone."""
     interpret(r'''
 import torch
 import torch.nn.functional as F

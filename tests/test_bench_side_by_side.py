@@ -1,6 +1,6 @@
 """tools.bench.side_by_side: the prompt ratio's matrix rate is taken in bursts between the
 prompts, each about as long as one prompt, so both figures see the same load (a power-capped card
-clocks ~1,500 MHz under it, 1,980 after idle: tools/PERF.md run 76). On a fake clock: a prompt
+clocks ~1,500 MHz under it, 1,980 after idle: an H200 at its 700 W cap). On a fake clock: a prompt
 takes 60 ms, a product 1 ms, so what runs when is exact, whatever the machine's load."""
 import itertools
 

@@ -1,14 +1,14 @@
 """A CPU decode round's logits, bit for bit, whatever else the round holds (float32 and bfloat16).
 
 Equal greedy ids are not enough: a sampled draw turns any bit of a row's logits into a token
-sooner or later. The float32 long-prompt receipt 20261130-105114 (engine 9799600, T=1.0 seed
-1234) had run 3's A part from the plain reference at token 267: the reference ran --parallel 1,
+sooner or later. A sampled float32 long-prompt run (T=1.0, seed 1234) once had A part from the
+plain reference at token 267: the reference ran --parallel 1,
 so its rounds multiplied 1 row by weights packed for 1 row, and the server's rounds 4 rows by
 weights packed for 4; MKL's packed sgemm has one kernel for 1 to 3 rows and another for 4 or
 more (whose rows keep their bits at any row count and place), which round differently: A's logits
 differed by up to 2e-6 from the first round, and A's draw at token 267 fell between the two. A alone on a
---parallel 4 runner gives the same token 235 (scripts/cpu_exactness_replay.py); runs 1, 2 and 4
-ended before token 267. Rounds of whole 8-row tiles (cpu_kernels.ROW_TILE) fixed it."""
+--parallel 4 runner gives the same token 235 (scripts/cpu_exactness_replay.py replays it); the
+prompt steps played no part. Rounds of whole 8-row tiles (cpu_kernels.ROW_TILE) fixed it."""
 import pytest
 import torch
 

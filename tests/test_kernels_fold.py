@@ -1,5 +1,5 @@
-"""The decode round's small kernels folded into their neighbours (engine/cuda/decode_attention.py, issue 14
-round 5), run by Triton's interpreter on the CPU: each folded form gives the same bits as the
+"""The decode round's small kernels folded into their neighbours (engine/cuda/decode_attention.py),
+run by Triton's interpreter on the CPU: each folded form gives the same bits as the
 kernels it replaces, so a fold never moves a token. The interpreter computes in numpy, so a change
 of the folded form's arithmetic order (a split merged out of order, a rounding moved) shows here."""
 import pytest
@@ -104,7 +104,7 @@ def test_qk_fold_in_split_attention_matches_the_standalone_kernel(interpret):
     """The q/k norm + RoPE + cache write done by the split kernel (decode_attention's qk): the same
     attention output and K rows as qk_norm_rope_write then decode_attention up to the sum's order
     (the interpreter sums the standalone kernel's squares in numpy's order; on the device the two
-    are bitwise equal, tools/PERF.md runs 19-20), V rows bitwise, no other cache row touched."""
+    are bitwise equal, checked on an H200), V rows bitwise, no other cache row touched."""
     interpret(qk_inputs(lanes_n=3, max_len=96, p=4, seed=3, cache_seed=1) + r'''
 from engine.cuda.fused import qk_norm_rope_write
 lanes, pos = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 40, 95, 0])  # 1, 2 and 3 splits of 32

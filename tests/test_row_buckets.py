@@ -66,7 +66,7 @@ def test_route_names_the_kernel_the_product_runs(monkeypatch, rows, name):
 
 def test_a_64_row_round_runs_o_on_the_triton_tiles():
     """At 33-64 rows o takes Triton's 32x128 tiles (launched under PDL in the round), not cuBLAS: alone
-    cuBLAS was 0.1 us faster, in the round Triton's 0.09 ms a round (tools/PERF.md runs 64-65);
+    cuBLAS was 0.1 us faster, in the round Triton's 0.09 ms a round faster on an H200;
     q/k/v and gate/up stay cuBLAS's, the ring (at most 8 rows) takes none of them."""
     o = ("skinny", S.SkinnyConfig(32, 128, 4, 6), 64)
     assert S.route(4096, 4096, 64, ring=False) == o and S.route(4096, 4096, 40, ring=True) == o
@@ -126,7 +126,7 @@ def test_rounds_at_fewer_rows_give_the_padded_shapes_ids(overlap):
 
 def test_the_l2_prefetch_is_captured_only_into_rounds_of_few_rows(monkeypatch):
     """KernelConfig.prefetch_rows: each row count's graphs are captured (in launch_mode) with
-    engine/cuda/prefetch.py PREFETCH on at most that many rows (one row gained, eight lost: tools/PERF.md run 54), and the module
+    engine/cuda/prefetch.py PREFETCH on at most that many rows (on an H200 one row gained 0.02 ms, eight lost up to 0.20), and the module
     setting is left as it was."""
     import engine.cuda.prefetch as K
     seen = {}
@@ -164,7 +164,7 @@ def test_the_lane_host_serves_the_same_replies_at_fewer_rows():
 def test_the_split_attention_runs_two_pipeline_stages_only_in_64_row_rounds(monkeypatch):
     """engine/cuda/decode_attention.py STAGES: at 3 stages (Triton's default) the split kernel takes 71.7 KB of shared
     memory on sm_90 and an SM holds three, so a 64-row round's 512 items ran in two waves; 2 stages hold
-    four (tools/PERF.md runs 79-83). Rounds of 1-8 rows keep the default (2 stages lost 0.06 ms at
+    four, and the 64-row round ran 0.16 ms faster. Rounds of 1-8 rows keep the default (2 stages lost 0.06 ms at
     one row). The launch is recorded here; the device run compares the bits (warps_bits)."""
     import engine.cuda.decode_attention as K
     launches = []
@@ -183,7 +183,7 @@ def test_the_split_attention_runs_two_pipeline_stages_only_in_64_row_rounds(monk
                            fold=True, programs=4)
     assert [kw.get("num_stages") for kw in launches] == [None, None, 2]
     # LOADS_FIRST: the q/k fold's loads before its sums in rounds of 1-8 rows, not at 64, where holding them
-    # takes the kernel to 148 registers and three programs a SM (tools/PERF.md runs 95-96)
+    # takes the kernel to 148 registers and three programs a SM (+0.14 to +0.34 ms a 64-row round)
     assert [kw["LOADS_FIRST_"] for kw in launches] == [True, True, False]
 
 

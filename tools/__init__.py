@@ -1,1 +1,1 @@
-"""Developer tools, out of the server's way: benches, GPU checks and their measured notes (PERF.md)."""
+"""Developer tools, out of the server's way: benches, device checks and probes (tools/README.md)."""

@@ -1,9 +1,9 @@
-"""Where the split attention's time goes, phase by phase (issue 14 round 9, run 73): the decode round's
+"""Where the split attention's time goes, phase by phase: the decode round's
 graphs captured with engine/cuda/clock.py's stamps in the split kernel, then rounds of `--streams`
 streams at context 128 (not ahead: each round's stamps are read after it). Per program of a row's first
 split: after its PDL wait, the positions read, q ready (its norm, RoPE and the K/V row written), the
 keys walked, the output stored; medians over rounds, middle layers and programs, in ns (the SM's cycles
-over the global timer's ns between the same two stamps). Beside them, per middle layer (run 78): the
+over the global timer's ns between the same two stamps). Beside them, per middle layer: the
 kernel's span on the global timer over the programs with an item, how late the last of them entered,
 how far the last end trails the median, and how many of them the busiest and least busy SM ran.
 

@@ -68,7 +68,7 @@ def side_by_side(r: ModelRunner, n: int, reps: int, size: int = 8192, clock=time
     """A whole n-token prompt and bursts of the size^3 product, alternated rep by rep, each burst
     about as long as one prompt: (median prompt seconds, median product FLOP/s). Both figures are
     taken under the same load, where matmul_rate's short burst after idle runs at the card's
-    boost clock (tools/PERF.md run 76). `clock` and `product` (one size^3 product) are the
+    boost clock (an H200 under a prompt holds its 700 W cap near 1,500 MHz). `clock` and `product` (one size^3 product) are the
     tests' to replace."""
     if product is None:
         dtype = torch.bfloat16 if r.device.type == "cuda" else torch.float32
@@ -204,7 +204,7 @@ def _prompt_rows(r, plens, reps, rate, out, table, console) -> None:
     """Whole prompts of each length: time, tok/s and, with a measured matrix rate, the roofline. On
     CUDA the roofline's rate is the n^3 product's in bursts alternated with the prompts (side_by_side):
     under a prompt's load the card holds its power cap at ~1,500 MHz where the burst after idle
-    (`rate`) runs at 1,980 (tools/PERF.md run 76); the ratio against `rate` is kept beside it."""
+    (`rate`) runs at 1,980; the ratio against `rate` is kept beside it."""
     out["prefill"] = {}
     for n in plens:
         if rate:
@@ -315,8 +315,9 @@ def main(
     return out
 
 
-# where scripts/vllm_cpu_compare.sh installs vLLM for CPU by default
-DEFAULT_VLLM = Path("/work/venvs/vllm/bin/python")
+# where scripts/vllm_cpu_compare.sh installs vLLM for CPU by default: .venvs/ under the repository
+# (git-ignored), so nothing outside the checkout is assumed
+DEFAULT_VLLM = Path(__file__).resolve().parent.parent / ".venvs" / "vllm" / "bin" / "python"
 
 
 def find_vllm(given: Optional[Path]) -> Optional[Path]:

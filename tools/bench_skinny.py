@@ -42,13 +42,13 @@ app = typer.Typer(add_completion=False, help=__doc__)
 CANDIDATES = [S.SkinnyConfig(16, 256), S.SkinnyConfig(32, 256), S.SkinnyConfig(64, 256),
               S.SkinnyConfig(16, 512), S.SkinnyConfig(32, 512, 4, 3), S.SkinnyConfig(32, 256, 8, 4),
               S.SkinnyConfig(32, 128, 4, 6), S.SkinnyConfig(64, 128, 4, 6),
-              # K in ranges: more programs in flight on the narrow matrices (down: run 6)
+              # K in ranges: more programs in flight on the narrow matrices (down)
               S.SkinnyConfig(32, 128, 4, 6, 2), S.SkinnyConfig(32, 256, 4, 4, 2), S.SkinnyConfig(16, 256, 4, 4, 2),
               S.SkinnyConfig(32, 128, 4, 6, 4),
-              # 64 and 128 columns in 2 K ranges: the 5,120-column shapes of tensor parallel 2 (round 4)
+              # 64 and 128 columns in 2 K ranges: the 5,120-column shapes of tensor parallel 2
               S.SkinnyConfig(64, 256, 4, 4, 2), S.SkinnyConfig(64, 128, 4, 6, 2), S.SkinnyConfig(64, 256, 4, 3, 2),
               S.SkinnyConfig(128, 128, 4, 4), S.SkinnyConfig(128, 128, 4, 4, 2), S.SkinnyConfig(128, 128, 8, 4, 2)]
-# the gated kernel's: run 7's four (tools/round2_call2.py) and two with 64 columns
+# the gated kernel's: four measured on the H200 and two with 64 columns
 GATED_CANDIDATES = [S.SkinnyConfig(32, 256, 4, 4), S.SkinnyConfig(16, 256, 4, 4), S.SkinnyConfig(32, 128, 4, 6),
                     S.SkinnyConfig(16, 128, 4, 6), S.SkinnyConfig(64, 128, 4, 6), S.SkinnyConfig(64, 128, 4, 4)]
 

@@ -1,4 +1,4 @@
-"""Issue 14, runs 103-104 (tools/PERF.md): a fresh server's first requests, one after another.
+"""A fresh server's first requests, one after another.
 
 Starts `engine serve --trace` from a source tree (this one, or another commit's: --root), sends
 --n streamed completions of a --prompt-tokens prompt (seeded token ids, a new prompt each, so no

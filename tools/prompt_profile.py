@@ -1,4 +1,4 @@
-"""Where a whole prompt's time goes (issue 14, run 75): qwen3-8b, one cut of `--rows` (default 4,096)
+"""Where a whole prompt's time goes: qwen3-8b, one cut of `--rows` (default 4,096)
 rows as tools.bench times it, then torch.profiler's CUDA activity for one such prefill: kernel
 time by name, the span from the first kernel to the last and the GPU's idle inside it. Beside it,
 each of the trunk's products alone through torch (cuBLAS) at that row count and the n^3 product the
@@ -7,7 +7,7 @@ attention, the rest and the idle.
 
     PYTHONPATH=. python3 -m tools.prompt_profile --out $OUT [--rows 4096] [--rates]
 
---rates (run 76): instead, the n^3 product's rate three ways, each phase's start and end on the wall
+--rates: instead, the n^3 product's rate three ways, each phase's start and end on the wall
 clock (time.time(), to read beside a clock trace such as `nvidia-smi -lms 20`): a 10-product burst
 after 3 s idle (the bench's matmul_rate), bursts alternated with whole prompts (bench.side_by_side),
 and 2 s of products back to back (the rate of each 0.25 s).

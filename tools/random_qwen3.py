@@ -2,7 +2,7 @@
 
     python -m tools.random_qwen3 DIR [--seed 0]
 
-Shape of issue 13's comparison: hidden 512, 8 layers, 8/4 heads of 64, intermediate 1,536,
+Shape of the CPU comparison against vLLM: hidden 512, 8 layers, 8/4 heads of 64, intermediate 1,536,
 vocab 8,192. No tokenizer is written: both engines are driven with token-id prompts
 (vLLM with --skip-tokenizer-init).
 """

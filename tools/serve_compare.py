@@ -1,8 +1,8 @@
 """tfengine against vLLM for CPU, served side by side on the same weights, one client for both.
 
-    python -m tools.serve_compare --vllm /work/venvs/vllm/bin/python --model-dir DIR
+    python -m tools.serve_compare --vllm .venvs/vllm/bin/python --model-dir DIR
 
-Both servers load DIR (a Hugging Face Qwen3 directory, bf16 safetensors: scripts/write_random_qwen3.py)
+Both servers load DIR (a Hugging Face Qwen3 directory, bf16 safetensors: `python -m tools.random_qwen3 DIR` writes one)
 and stay up; the client then measures them in turns (A B B A ...), so a burst of load from other
 processes on a shared machine lands on both, the server not being measured paused (SIGSTOP:
 an idle vLLM keeps polling threads busy), and reports medians:
@@ -12,7 +12,7 @@ an idle vLLM keeps polling threads busy), and reports medians:
 - long: one cold 4,096-token prompt alone (fresh random ids each time, so no prefix cache hit),
   max_tokens 1: the time to its first token.
 tfengine runs with its defaults (only --max-model-len 8192 so a 4,096-token prompt fits);
-vLLM with its defaults as PEERS notes say (`--skip-tokenizer-init`, `--max-model-len 16384`,
+vLLM with the flags a token-id client needs and its defaults otherwise (`--skip-tokenizer-init`, `--max-model-len 16384`,
 caches in VENV/../cache, VLLM_CPU_KVCACHE_SPACE=2). Without --vllm, or when that python
 is missing, only tfengine is measured and the vLLM column says why. `--baseline TREE` adds a
 second tfengine served from another checkout (e.g. main's, `PYTHONPATH=TREE`), measured in the same

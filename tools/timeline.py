@@ -1,4 +1,4 @@
-"""One decode round's kernels on the GPU's clock (issue 14, runs 40, 57 and 66): qwen3-8b at --parallel 8,
+"""One decode round's kernels on the GPU's clock: qwen3-8b at --parallel 8,
 one stream at context 128 (since row buckets: a one-row round), rounds run ahead; torch.profiler's
 CUDA activity for 10 rounds. Writes, per kernel of the round in order, its name, duration and the
 idle gap before it, a summary by kernel name, and the critical path a layer (`layer_path`): where

@@ -1,5 +1,5 @@
 """Tensor parallel on the GPU: the engine at N = 1 against the same engine at N ranks, one phase a
-process (scripts/h200_tp.sh runs them in turn; predictions in tools/PERF.md).
+process (scripts/h200_tp.sh runs them in turn).
 
     PYTHONPATH=. python3 -m tools.tp_check --phase one --model qwen3-32b --out $OUT
     PYTHONPATH=. python3 -m tools.tp_check --phase tp --world 2 --model qwen3-32b --out $OUT

@@ -1,5 +1,5 @@
-"""Whether the split attention's bits depend on its warps a program (engine/cuda/decode_attention.py WARPS; run 77) or
-its pipeline's stages (STAGES; run 81):
+"""Whether the split attention's bits depend on its warps a program (engine/cuda/decode_attention.py WARPS) or
+its pipeline's stages (STAGES):
 qwen3-8b's attention shapes (32 q heads, 8 KV heads, head_dim 128, bf16) on a random KV cache, rows
 of 1-4,000 keys, decode_attention at each WARPS against the shipped 4: equal or the largest difference.
 
@@ -45,7 +45,7 @@ def main(argv):
         pos = torch.tensor(([0, 63, 64, 128, 129, 1000, 2047, 4000] * 8)[:p] if p > 1 else [128], device="cuda")
         # the first value of each is the one the others are compared against
         for what, attr, values in (("warps", "WARPS", {4: 4, 2: 2, 8: 8}),
-                                   ("stages", "STAGES", {st: {p: st} for st in (3, 2, 1)})):  # (run 81)
+                                   ("stages", "STAGES", {st: {p: st} for st in (3, 2, 1)})):
             got = outputs(attr, values, kv, 0, q, lanes, pos)
             first, *others = got
             for v in others:

@@ -12,7 +12,7 @@ the cuts fall (R, a resumed prompt) nor on the other rows.
   bf16 scores with torch's float32 internals. The scores are rounded to bf16 once, as the decode
   round's attention does (engine.cpu.kernels.decode_attention_buckets). On an AMD EPYC core
   (avx512_bf16, no AMX) a 4,096-token prompt's attention, one layer: ~175 ms against ~300 ms for
-  float32 flash with its prefix converted every cut (tools/PERF.md, issue 13).
+  float32 flash with its prefix converted every cut.
 - float32: the CPU flash kernel a tile, over the keys before the tile (no mask) and the tile's
   own square causal block, merged by their log-sum-exps (a mask tensor sends flash down a slower
   path).

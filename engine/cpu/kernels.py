@@ -5,7 +5,7 @@
   or MKL's packed sgemm layout (fp32 decode rounds: `mkl._mkl_linear` at the round's fixed row
   count). Plain `F.linear` reorders a bf16 weight on every call; on one core of a Xeon with AMX
   that cost 9.7 ms against 7.1 ms packed for the `cpu` preset's 66 MB of bf16 matrices at 8 rows
-  (PERF.md, issue 13). A given shape always takes the same kernel, so rows stay exact.
+  on one core. A given shape always takes the same kernel, so rows stay exact.
 - `decode_attention_buckets`: the decode round's attention batched over rows, where the C kernel
   (engine/cpu/decode_attention.c, the default) cannot be built. Each row attends
   over a span that depends on its own position only (its length rounded up to SPAN multiples,

@@ -3,7 +3,8 @@
 The Python round (Qwen3ForCausalLM.decode_cpu) makes ~700 torch calls, each paying Python's
 argument parsing and a GIL hand-off. The C++ round makes the same ATen calls on the same shapes
 and layouts, in the same order, so the same kernels run and the logits are the same bits; it is
-one call a round, with the GIL released (1.3-1.5x less CPU a round: tools/PERF.md, issue 13).
+one call a round, with the GIL released: measured in-process on two AMD EPYC cores, 1.3-1.5x less
+CPU a round, and the HTTP thread runs meanwhile.
 
 Building takes 20-60 s of one core (ATen's headers), so it never delays start-up: the runner
 builds in a background thread (`start`), through a `nice` subprocess, into a cache keyed by the

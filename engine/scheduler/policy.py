@@ -127,7 +127,7 @@ class LanePolicy:
         boundary, so the resumed prompt runs the same cuts as a cold one, and short of the last cut,
         which must run to give the first token. Ties: the lowest lane holding no complete cut
         (streams in adjacent lanes share one run of decode attention: 4 streams in lanes 6,7,0,1
-        cost ~0.5 ms a round more than in 0-3, tools/PERF.md issue 13 serving), else the lane
+        cost ~0.5 ms a round more than in 0-3 on two CPU cores), else the lane
         freed longest ago (its cut is the oldest to lose)."""
         if not self.prompt_cache:
             return min(free), 0

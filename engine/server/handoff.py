@@ -4,7 +4,7 @@ The host emits a round's tokens (each appended here) and then flushes once, so t
 once a round, not once a token. Each wake-up writes the loop's self-pipe, and the woken HTTP
 thread was placed on the host thread's core and preempted it: 1.0-1.5 ms a round of run-queue
 waits at 4-8 streams on a 2-core box while other processes held the other core (neutral in the
-served aggregate at lighter load: tools/PERF.md, issue 13, serving). Order is kept: a batch
+served aggregate at lighter load). Order is kept: a batch
 is delivered in the order its events were emitted, batches in the order they were flushed.
 """
 from __future__ import annotations
