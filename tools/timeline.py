@@ -4,7 +4,7 @@ CUDA activity for 10 rounds. Writes, per kernel of the round in order, its name,
 idle gap before it, a summary by kernel name, and the critical path a layer (`layer_path`): where
 the round's time beyond the weights' stream goes.
 
-    PYTHONPATH=. python3 -m tools.timeline --out $OUT [--parallel 64 --streams 64] [--variant NAME]
+    PYTHONPATH=. python3 -m tools.timeline --out $OUT [--parallel 64 --streams 64]
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from engine.config import EngineConfig
-from tools.variants import recapture
 from engine.runner.model_runner import build_runner
 
 
@@ -27,8 +26,6 @@ def main(argv):
     streams = int(argv[argv.index("--streams") + 1]) if "--streams" in argv else 1
     r = build_runner(EngineConfig(model="qwen3-8b", device="cuda", dtype="bfloat16", parallel=parallel,
                                   max_model_len=1024, prefill_rows=256))
-    if "--variant" in argv:  # a decode-graph variant (tools/variants.py) captured in place of the defaults
-        recapture(r, r.cfg, argv[argv.index("--variant") + 1])
     lanes = list(range(streams))
     toks, pos = [r.prefill(ln, [(i * 37 + 5 + ln) % 1000 for i in range(128)]) for ln in lanes], 128
     for _ in range(5):
