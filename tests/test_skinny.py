@@ -24,18 +24,21 @@ assert torch.equal(y[:3], S.skinny(x[:3], w, config=c))
 # N not a multiple of BLOCK_N: the last program's columns are masked
 w2 = torch.randn(40, 96, generator=g)
 assert (S.skinny(x[:5], w2, config=c) - x[:5] @ w2.T).abs().max() < 1e-4
-# shapes without a config (DEFAULT None, nothing in CONFIGS) and shapes it does not take go to torch
-assert not S.supports(x, w) and torch.equal(S.linear(x, w), F.linear(x, w))
-S.CONFIGS[(48, 96)] = c
-assert S.supports(x, w) and torch.equal(S.linear(x, w), y)
-S.CONFIGS[(48, 96)] = None  # measured no faster than cuBLAS
-assert not S.supports(x, w)
-S.DEFAULT = c
-assert not S.supports(torch.randn(65, 96), w) and not S.supports(torch.randn(4, 80), torch.randn(8, 80))
+# shapes without a config (no default, nothing in the tables) and shapes it does not take go to torch
+t = S.SkinnyTables(smem=S.H200_SMEM)
+assert not S.supports(x, w, tables=t) and torch.equal(S.linear(x, w, tables=t), F.linear(x, w))
+t = S.SkinnyTables({(48, 96): c}, smem=S.H200_SMEM)
+assert S.supports(x, w, tables=t) and torch.equal(S.linear(x, w, tables=t), y)
+t = S.SkinnyTables({(48, 96): None}, smem=S.H200_SMEM)  # measured no faster than cuBLAS
+assert not S.supports(x, w, tables=t)
+t = S.SkinnyTables(smem=S.H200_SMEM, default=c)
+assert not S.supports(torch.randn(65, 96), w, tables=t) and not S.supports(torch.randn(4, 80), torch.randn(8, 80), tables=t)
 x65 = torch.randn(65, 96, generator=g)
-assert torch.equal(S.linear(x65, w), F.linear(x65, w))
+assert torch.equal(S.linear(x65, w, tables=t), F.linear(x65, w))
+# on the CPU (no device tables were measured on) every product goes to torch
+assert S.tables_for(torch.device("cpu")) == S.SkinnyTables() and torch.equal(S.linear(x, w), F.linear(x, w))
 try:
-    S.skinny(torch.randn(65, 96), w)
+    S.skinny(torch.randn(65, 96), w, tables=t)
     raise SystemExit("no error for 65 rows")
 except ValueError as e:
     assert "unsupported" in str(e)
@@ -52,8 +55,8 @@ import torch
 import engine.cuda.skinny as S
 from engine.config import EngineConfig
 from engine.runner.model_runner import build_runner
-S.DEFAULT = S.SkinnyConfig(block_n=16, block_k=32)
 r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=40, prefill_rows=16))
+r.kernels.skinny = S.SkinnyTables(smem=S.H200_SMEM, default=S.SkinnyConfig(block_n=16, block_k=32))
 toks = [(i * 13 + 1) % 256 for i in range(12)]
 other = [(i * 5 + 3) % 256 for i in range(7)]
 plain = r.generate(toks, 6, lane=0)
@@ -100,9 +103,8 @@ try:
     raise SystemExit("no error for K not a multiple of block_k * split_k")
 except ValueError:
     pass
-S.CONFIGS[(40, 192)] = S.SkinnyConfig(16, 32)
-S.CONFIGS[(40, 192, 64)] = S.SkinnyConfig(32, 64, split_k=3)
-assert S.config_for(40, 192, 8).split_k == 1 and S.config_for(40, 192, 33).split_k == 3
+t = S.SkinnyTables({(40, 192): S.SkinnyConfig(16, 32), (40, 192, 64): S.SkinnyConfig(32, 64, split_k=3)})
+assert S.config_for(40, 192, 8, t).split_k == 1 and S.config_for(40, 192, 33, t).split_k == 3
 print("ok")
 ''')
 
@@ -119,12 +121,12 @@ g = torch.Generator().manual_seed(2)
 w = torch.randn(96, 64, generator=g)
 for rows, c in ((5, S.SkinnyConfig(16, 32)), (40, S.SkinnyConfig(32, 16))):
     x = torch.randn(rows, 64, generator=g)
-    a = S.gate_up_silu(x, w, config=c)
-    assert a.shape == (rows, 48) and torch.equal(a, silu_mul(S.skinny(x, w, config=c)))
+    a = S.gate_up_silu(x, w, config=c, tables=S.H200)
+    assert a.shape == (rows, 48) and torch.equal(a, silu_mul(S.skinny(x, w, config=c, tables=S.H200)))
     other = torch.randn(rows, 64, generator=g); other[1] = x[1]
-    assert torch.equal(S.gate_up_silu(other, w, config=c)[1], a[1])
+    assert torch.equal(S.gate_up_silu(other, w, config=c, tables=S.H200)[1], a[1])
 x = torch.randn(3, 64, generator=g)
-assert torch.equal(S.gate_up_silu(x, w), silu_mul(F.linear(x, w)))
+assert torch.equal(S.gate_up_silu(x, w, tables=S.H200), silu_mul(F.linear(x, w)))
 print("ok")
 ''')
 
@@ -132,7 +134,7 @@ print("ok")
 def test_bench_shapes_are_one_ranks_weights():
     """bench_skinny --tensor-parallel N times the matrices a rank holds: the tiny model's rank-0
     shard (engine/parallel/weights.py, fused as the engine fuses it) has exactly bench_skinny's shapes at
-    N = 1 and 2; qwen3-32b's at N = 2 are the halved shapes, and CONFIGS / GATED name each of them."""
+    N = 1 and 2; qwen3-32b's at N = 2 are the halved shapes, and the H200's tables name each of them."""
     import engine.cuda.skinny as S
     from tools.bench_skinny import shapes
     from engine.models.presets import resolve_model
@@ -147,21 +149,39 @@ def test_bench_shapes_are_one_ranks_weights():
                {k: tuple(w.shape) for k, w in held.items()}, world
     s = shapes("qwen3-32b", 2)
     assert [v[:2] for v in s.values()] == [(5120, 5120), (5120, 4096), (25600, 5120), (5120, 12800), (75968, 5120)]
-    assert all((n, k, 16) in S.CONFIGS for n, k, _, _ in s.values())
-    assert (25600, 5120, 16) in S.GATED and (51200, 5120, 16) in S.GATED
+    assert all((n, k, 16) in S.H200.configs for n, k, _, _ in s.values())
+    assert (25600, 5120, 16) in S.H200.gated and (51200, 5120, 16) in S.H200.gated
 
 
 def test_set_entries_adds_to_the_shipped_tables_and_restores_them():
     """tp_check --skinny's tables: bench_skinny's entries on top of the shipped ones (a None entry:
-    cuBLAS), and with no entries exactly the shipped tables again."""
+    cuBLAS), and with no entries exactly the shipped tables again; the shipped ones never change."""
     import engine.cuda.skinny as S
-    shipped = (dict(S.CONFIGS), dict(S.GATED))
+    shipped = (dict(S.H200.configs), dict(S.H200.gated))
     c = {"block_n": 16, "block_k": 32, "num_warps": 4, "num_stages": 4, "split_k": 2}
-    S.set_entries([[48, 96, 16, c, 1.0, 2.0], [4096, 4096, 16, None, 13.0, 12.0]], [[96, 64, 16, c, 1.0, 2.0]])
-    try:
-        assert S.config_for(48, 96, 4) == S.SkinnyConfig(16, 32, split_k=2) and S.config_for(48, 96, 20) is None
-        assert S.config_for(4096, 4096, 8) is None  # the (N, K) entry is shadowed by the 16-row one
-        assert S.GATED[(96, 64, 16)] == S.SkinnyConfig(16, 32, split_k=2)
-    finally:
-        S.set_entries()
-    assert (S.CONFIGS, S.GATED) == shipped
+    t = S.H200.with_entries([[48, 96, 16, c, 1.0, 2.0], [4096, 4096, 16, None, 13.0, 12.0]], [[96, 64, 16, c, 1.0, 2.0]])
+    assert S.config_for(48, 96, 4, t) == S.SkinnyConfig(16, 32, split_k=2) and S.config_for(48, 96, 20, t) is None
+    assert S.config_for(4096, 4096, 8, t) is None  # the (N, K) entry is shadowed by the 16-row one
+    assert t.gated[(96, 64, 16)] == S.SkinnyConfig(16, 32, split_k=2)
+    assert S.config_for(48, 96, 4, S.H200) is None and (dict(S.H200.configs), dict(S.H200.gated)) == shipped
+    assert S.H200.with_entries() == S.H200 and t.smem == S.H200.smem
+
+
+def test_tables_are_the_devices_they_were_measured_on(monkeypatch):
+    """The H200's tables only on an H200 (compute capability 9.0 and its name); another GPU gets
+    none (cuBLAS for every product) and its own shared-memory limit; the CPU none."""
+    from types import SimpleNamespace as NS
+    import torch
+    import engine.cuda.skinny as S
+    props = {"h200": NS(major=9, minor=0, name="NVIDIA H200", shared_memory_per_block_optin=232_448),
+             "h100": NS(major=9, minor=0, name="NVIDIA H100 80GB HBM3", shared_memory_per_block_optin=232_448),
+             "a100": NS(major=8, minor=0, name="NVIDIA A100-SXM4-80GB", shared_memory_per_block_optin=166_912)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    got = {}
+    for name, p in props.items():
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d, p=p: p)
+        got[name] = S.tables_for.__wrapped__(torch.device("cuda", 0))
+    assert got["h200"] is S.H200
+    assert got["h100"] == S.SkinnyTables(smem=232_448) and got["a100"] == S.SkinnyTables(smem=166_912)
+    assert S.tables_for.__wrapped__(torch.device("cpu")) == S.SkinnyTables()
+    assert S.route(4096, 4096, 8, got["a100"]) == ("cublas", 8) and S.route(4096, 4096, 8, S.H200)[0] == "skinny"
