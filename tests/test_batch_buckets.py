@@ -63,38 +63,36 @@ def test_bucket_check_catches_a_row_order_that_depends_on_the_count():
     assert ok[-2:] == (16, 32) and 8 not in ok
 
 
-def test_cuts_together_equal_alone_through_adopted_counts(interpret):
+@pytest.mark.interpreted
+def test_cuts_together_equal_alone_through_adopted_counts(monkeypatch):
     """The forward's padding (spare-lane rows up to a checked count, chunks of the largest) keeps
     a cut's bits: with a matmul that is row-invariant (as the check found cuBLAS at its counts on
     the H200), cuts filled together equal each cut alone."""
-    interpret(r'''
-import torch
-import torch.nn.functional as F
-import engine.cuda.batch as B
-from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
-F.linear = lambda x, w: (x[:, None, :] * w[None, :, :]).sum(-1)  # each row on its own, one order
-r = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
-r.fused = r.batch_cuts = True
-layer = r.model.model.layers[0]
-r.kernels.batch = B.adopt_buckets([layer.self_attn.wqkv, layer.self_attn.o_proj.weight, layer.mlp.w_gate_up,
-                                   layer.mlp.down_proj.weight], (8, 16, 32))
-assert r.kernels.batch.rows == (8, 16, 32), r.kernels.batch
-calls = []
-orig = B.bucketed
-B.bucketed = lambda x, w, b: calls.append(x.shape[0]) or orig(x, w, b)
-a, b, c = ([(i * 13 + 1) % 256 for i in range(12)], [(i * 5 + 3) % 256 for i in range(7)],
-           [(i * 7 + 2) % 256 for i in range(20)])
-alone = [r.prefill_step(0, a, 0, 12), r.prefill_step(1, b, 0, 7), r.prefill_step(2, c, 0, 16)]
-assert calls and set(calls) <= {8, 16, 32}, calls  # every product at a checked count
-kv_alone = r.kv.k[:, :3].clone(), r.kv.v[:, :3].clone()
-r.kv.k.zero_(); r.kv.v.zero_()
-calls.clear()
-together = r.prefill_many([(2, c, 0, 16), (0, a, 0, 12), (1, b, 0, 7)])  # 35 rows -> 64: 2 chunks of 32
-assert together == [None, alone[0], alone[1]], (together, alone)
-assert set(calls) == {64}, calls
-for lane, n in ((0, 12), (1, 7), (2, 16)):
-    assert torch.equal(r.kv.k[:, lane, :n], kv_alone[0][:, lane, :n])
-    assert torch.equal(r.kv.v[:, lane, :n], kv_alone[1][:, lane, :n])
-print("ok")
-''')
+    import torch
+    import torch.nn.functional as F
+    import engine.cuda.batch as B
+    from engine.config import EngineConfig
+    from engine.runner.model_runner import build_runner
+    monkeypatch.setattr(F, "linear", lambda x, w: (x[:, None, :] * w[None, :, :]).sum(-1))  # each row alone
+    r = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
+    r.fused = r.batch_cuts = True
+    layer = r.model.model.layers[0]
+    r.kernels.batch = B.adopt_buckets([layer.self_attn.wqkv, layer.self_attn.o_proj.weight, layer.mlp.w_gate_up,
+                                       layer.mlp.down_proj.weight], (8, 16, 32))
+    assert r.kernels.batch.rows == (8, 16, 32), r.kernels.batch
+    calls = []
+    orig = B.bucketed
+    monkeypatch.setattr(B, "bucketed", lambda x, w, b: calls.append(x.shape[0]) or orig(x, w, b))
+    a, b, c = ([(i * 13 + 1) % 256 for i in range(12)], [(i * 5 + 3) % 256 for i in range(7)],
+               [(i * 7 + 2) % 256 for i in range(20)])
+    alone = [r.prefill_step(0, a, 0, 12), r.prefill_step(1, b, 0, 7), r.prefill_step(2, c, 0, 16)]
+    assert calls and set(calls) <= {8, 16, 32}, calls  # every product at a checked count
+    kv_alone = r.kv.k[:, :3].clone(), r.kv.v[:, :3].clone()
+    r.kv.k.zero_(); r.kv.v.zero_()
+    calls.clear()
+    together = r.prefill_many([(2, c, 0, 16), (0, a, 0, 12), (1, b, 0, 7)])  # 35 rows -> 64: 2 chunks of 32
+    assert together == [None, alone[0], alone[1]], (together, alone)
+    assert set(calls) == {64}, calls
+    for lane, n in ((0, 12), (1, 7), (2, 16)):
+        assert torch.equal(r.kv.k[:, lane, :n], kv_alone[0][:, lane, :n])
+        assert torch.equal(r.kv.v[:, lane, :n], kv_alone[1][:, lane, :n])

@@ -32,23 +32,21 @@ def test_launch_mode_is_scoped_and_off_outside_it():
     assert PLAIN.opts() == {} and not PLAIN.fold_combine and not PLAIN.prefetch_on()
 
 
-def test_interpreter_never_launches_with_pdl(interpret):
-    interpret(r'''
-import torch
-import engine.cuda.decode_attention as K
-import engine.cuda.skinny as S
-assert K.INTERPRET
-g = torch.Generator().manual_seed(3)
-w, wg, x = torch.randn(40, 128, generator=g), torch.randn(64, 128, generator=g), torch.randn(8, 128, generator=g)
-c = S.SkinnyConfig(16, 32, split_k=2)
-ref, gref = S.skinny(x, w, config=c), S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32))
-from engine.cuda.launch import LaunchMode
-m = LaunchMode(pdl=2)
-assert m.opts() == {} and m.pdl_on() == 0
-assert torch.equal(S.skinny(x, w, config=c, mode=m), ref)
-assert torch.equal(S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32), mode=m), gref)
-print("ok")
-''')
+@pytest.mark.interpreted
+def test_interpreter_never_launches_with_pdl():
+    import torch
+    import engine.cuda.decode_attention as K
+    import engine.cuda.skinny as S
+    assert K.INTERPRET
+    g = torch.Generator().manual_seed(3)
+    w, wg, x = torch.randn(40, 128, generator=g), torch.randn(64, 128, generator=g), torch.randn(8, 128, generator=g)
+    c = S.SkinnyConfig(16, 32, split_k=2)
+    ref, gref = S.skinny(x, w, config=c), S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32))
+    from engine.cuda.launch import LaunchMode
+    m = LaunchMode(pdl=2)
+    assert m.opts() == {} and m.pdl_on() == 0
+    assert torch.equal(S.skinny(x, w, config=c, mode=m), ref)
+    assert torch.equal(S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32), mode=m), gref)
 
 
 _ORDER = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "cp.async", "st.global", "prefetch")
