@@ -114,8 +114,8 @@ def test_the_products_never_launch_the_next_before_their_wait(monkeypatch):
     x, w = torch.zeros(8, 256, dtype=torch.bfloat16), torch.zeros(64, 256, dtype=torch.bfloat16)
     m = LaunchMode(pdl=3, interpret=False)
     assert m.pdl_on() == 3
-    S.skinny(x, w, config=S.SkinnyConfig(32, 128), mode=m)
-    S.gate_up_silu(x, w, config=S.SkinnyConfig(32, 128), mode=m)
+    S.skinny(x, w, config=S.SkinnyConfig(32, 128), mode=m, tables=S.H200)
+    S.gate_up_silu(x, w, config=S.SkinnyConfig(32, 128), mode=m, tables=S.H200)
     assert seen == [2, 2]
 
 

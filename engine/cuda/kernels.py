@@ -38,10 +38,6 @@ class CudaKernels:
         """The row-invariant product of prompt cuts filled together (engine/cuda/batch.py)."""
         return batch.matmul(x, w, self.batch)
 
-    def ring_on(self, mode: LaunchMode) -> bool:
-        """Whether products may go through the ring under `mode` (asked for, and working here)."""
-        return mode.ring and self.ring.available()
-
 
 @dataclass(frozen=True)
 class Launch:
