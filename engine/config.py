@@ -1,11 +1,9 @@
 """Configuration passed explicitly to every constructor: the model's shape and the engine's knobs."""
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 SHORT_ROWS = 512  # a prompt with at most this many rows left goes in whole, before the next round
 
@@ -47,7 +45,7 @@ class GenerationDefaults:
 @dataclass(frozen=True)
 class ModelConfig:
     """The subset of a Hugging Face Qwen3 `config.json` that the model uses (engine/models/hf_config.py
-    reads one). `eos_token_ids`: every id that ends a reply; `eos_token_id` is the first of them."""
+    from_hf_dict / read_model_dir read one). `eos_token_ids`: every id that ends a reply; `eos_token_id` is the first of them."""
 
     vocab_size: int
     hidden_size: int
@@ -71,15 +69,6 @@ class ModelConfig:
         # eos_token_ids always starts with eos_token_id (so dataclasses.replace of either stays coherent)
         rest = tuple(i for i in self.eos_token_ids if i != self.eos_token_id)
         object.__setattr__(self, "eos_token_ids", (self.eos_token_id, *rest))
-
-    @classmethod
-    def from_dict(cls, d: dict, generation: dict | None = None) -> "ModelConfig":
-        from engine.models.hf_config import from_hf_dict
-        return from_hf_dict(d, generation)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "ModelConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
     def to_hf_dict(self) -> dict:
         """config.json as transformers writes it; RoPE both ways, so 4.x and 5.x read the same base."""
@@ -129,7 +118,7 @@ class KernelConfig:
     cuda_graph: bool | None = None
     fused: bool = True  # CUDA: Triton kernels around the matmuls (off: plain torch ops)
     # CUDA, with fused: decode rounds' matmuls in Triton (engine/cuda/skinny.py) on the shapes
-    # where they measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms (tools/PERF.md run 5).
+    # where they measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms on the H200.
     skinny: bool = True
     # CPU: matmuls on weights prepacked once (oneDNN bf16 / MKL fp32) and the decode round's
     # attention batched by span (engine/cpu/kernels.py); off: plain torch ops, one SDPA a row.
@@ -140,15 +129,15 @@ class KernelConfig:
     # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or
     # several in one forward (ModelRunner.prefill_many), so the lane host fills short prompts that
     # wait together in one forward with each prompt's bits equal to its bits alone. Eight
-    # 200-token prompts at qwen3-8b on the H200: median first token 75 -> 35 ms (tools/PERF.md run 13).
+    # 200-token prompts at qwen3-8b on the H200: median first token 75 -> 35 ms.
     batch_cuts: bool = True
     # with batch_cuts: cuBLAS at the row counts a start-up check found bitwise row-invariant
     # (engine/cuda/batch.py adopt_buckets); the Triton tiles (1.5-2x cuBLAS's time) where it found none
     batch_cublas: bool = True
     # CUDA decode graph (Hopper): programmatic dependent launch for the round's kernels (0 off, 1 wait
     # only, 2 wait then launch the next kernel at once, 3 the small kernels launch the next first;
-    # engine/cuda/decode_attention.py PDL). None: 3 at one rank on Hopper, else 0. With the ring, 3 took qwen3-8b's
-    # round from 4.58 to 4.34 ms; alone, qwen3-32b's from 16.78 to 16.65 (tools/PERF.md runs 29-31).
+    # engine/cuda/launch.py LaunchMode). None: 3 at one rank on Hopper, else 0. With the ring, 3 took qwen3-8b's
+    # round from 4.58 to 4.34 ms; alone, qwen3-32b's from 16.78 to 16.65 (H200).
     pdl: int | None = None
     # CUDA decode graph on Hopper with triton 3.6's Gluon, rounds of <= 8 rows: the products of the
     # shapes in engine/cuda/ring.py SHAPES go through a warp-specialized TMA ring, the same bits as
@@ -165,19 +154,19 @@ class KernelConfig:
     # at those row counts (tests).
     row_buckets: bool | None = None
     # CUDA decode graph with PDL: rounds of at most this many rows ask their small kernels' inputs into
-    # L2 before the wait (engine/cuda/prefetch.py); 0: never. One row gains, eight lose (PERF.md run 54).
+    # L2 before the wait (engine/cuda/prefetch.py); 0: never. One row gains, eight lose (H200).
     prefetch_rows: int = 1
     # CUDA decode graph at one rank: the split attention's combine done by each (row, KV head)'s
     # last split program instead of a kernel of its own (engine/cuda/decode_attention.py), the same bits:
-    # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (tools/PERF.md run 17).
+    # qwen3-8b's round 4.719 -> 4.646 ms, qwen3-32b's 16.89 -> 16.77 ms (H200).
     fold_combine: bool = True
     # CUDA decode graph at one rank: the q/k per-head RMSNorm + RoPE + K/V cache write done by the split
     # attention (engine/cuda/qkfold.py; head_dim 128) instead of a kernel of its own, the same
-    # bits: qwen3-8b's round -0.025 ms more (tools/PERF.md runs 18-20).
+    # bits: qwen3-8b's round -0.025 ms more (H200).
     fold_qk_norm: bool = True
     # Tensor parallel on CUDA at two ranks: "fused": each decode sum and the add + RMSNorm after it
-    # in one kernel (engine/parallel/fused.py; qwen3-32b round 10.54 ms against 11.21, tools/PERF.md
-    # issue 15 round 3), symm for the rest; "symm": a one-shot all-reduce in symmetric memory
+    # in one kernel (engine/parallel/fused.py; qwen3-32b round 10.54 ms against 11.21 on two H200s),
+    # symm for the rest; "symm": a one-shot all-reduce in symmetric memory
     # (engine/parallel/symm.py); "nccl": NCCL's all_reduce. The same bits every way.
     tp_allreduce: str = "fused"  # fused | symm | nccl
 

@@ -16,6 +16,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Triton's interpreter computes tl.dot with numpy, whose OpenBLAS picks its sgemm kernel by CPU.
 # The FMA kernels (Haswell and later: every AVX2 machine) round a row by where it falls in the
 # block, which a GPU's tensor-core tile does not, so the row-invariance checks would test OpenBLAS,
@@ -24,10 +25,35 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 INTERPRET_ENV = {"TRITON_INTERPRET": "1", "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "Sandybridge")}
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "interpreted: runs under Triton's interpreter (TRITON_INTERPRET=1), "
+                                       "in a pytest process of its own unless the session already is one")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test marked `interpreted` runs in a child pytest with TRITON_INTERPRET=1, unless this session
+    already has it (then here). Why a child: triton reads the variable once, at import, and then
+    decorates every @triton.jit kernel as an interpreted function, which triton.compile cannot compile
+    (no cache_key); the tests that compile the kernels' sm_90 PTX on the CPU (test_launch_modes.py,
+    test_kernels_ring.py) need the compiled path in the same session, so one process cannot serve
+    both. The test itself is an ordinary function: `TRITON_INTERPRET=1 pytest -m interpreted` runs
+    them all in one process (each patches what it changes with monkeypatch)."""
+    if pyfuncitem.get_closest_marker("interpreted") is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+                         capture_output=True, text=True, timeout=600, cwd=str(ROOT),
+                         env={**os.environ, **INTERPRET_ENV})
+    assert res.returncode == 0, (res.stdout[-4000:] + res.stderr[-2000:])
+    return True
+
+
 @pytest.fixture
 def interpret():
     """Run a code string in a fresh interpreter with TRITON_INTERPRET=1 (Triton kernels on the
-    CPU; the variable must be set before triton is imported); it must print "ok"."""
+    CPU; the variable must be set before triton is imported); it must print "ok". Older tests'
+    form: new ones are ordinary functions marked `interpreted` (pytest_pyfunc_call above says why
+    those still run in a process of their own)."""
     def run(code: str) -> None:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
                              env={**os.environ, **INTERPRET_ENV},

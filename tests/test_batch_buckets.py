@@ -1,5 +1,5 @@
 """cuBLAS at checked row counts for short cuts filled together (engine/cuda/batch.py
-adopt_buckets / bucketed / padded_rows; ModelRunner.prefill_many pads a forward once). On the CPU
+adopt_buckets / bucketed / Buckets.padded_rows; ModelRunner.prefill_many pads a forward once). On the CPU
 the same code runs with torch's CPU matmul: the start-up check either adopts counts (then a cut
 filled beside others must equal the cut alone, bit for bit) or refuses them (then the tiles stay)."""
 import pytest
@@ -7,13 +7,6 @@ import torch
 import torch.nn.functional as F
 
 import engine.cuda.batch as B
-
-
-@pytest.fixture(autouse=True)
-def _clean_buckets():
-    B.BUCKETS.clear()
-    yield
-    B.BUCKETS.clear()
 
 
 def test_bucketed_pads_and_chunks_at_the_given_counts():
@@ -34,9 +27,9 @@ def test_bucketed_pads_and_chunks_at_the_given_counts():
 
 
 def test_padded_rows_follows_the_adopted_counts():
-    assert B.padded_rows(200) == 200  # nothing adopted: no padding
-    B.BUCKETS[(8, 4)] = (128, 256, 384)
-    assert [B.padded_rows(m) for m in (1, 128, 129, 384, 385, 800)] == [128, 128, 256, 384, 768, 1152]
+    assert B.NO_BUCKETS.padded_rows(200) == 200  # nothing adopted: no padding
+    b = B.Buckets({(8, 4): (128, 256, 384)})
+    assert [b.padded_rows(m) for m in (1, 128, 129, 384, 385, 800)] == [128, 128, 256, 384, 768, 1152]
 
 
 def test_adopt_needs_every_shape_and_the_largest_count():
@@ -45,10 +38,11 @@ def test_adopt_needs_every_shape_and_the_largest_count():
     orig = B.bucket_check
     try:
         B.bucket_check = lambda w, c: c if w.shape[0] == 16 else c[1:]
-        assert B.adopt_buckets(ws, (8, 16, 32)) == (16, 32)
-        assert B.BUCKETS == {(16, 32): (16, 32), (24, 32): (16, 32)}
+        got = B.adopt_buckets(ws, (8, 16, 32))
+        assert got.rows == (16, 32) and dict(got.table) == {(16, 32): (16, 32), (24, 32): (16, 32)}
         B.bucket_check = lambda w, c: c[:-1]  # the largest count fails: chunks of it would not be exact
-        assert B.adopt_buckets(ws, (8, 16, 32)) == () and B.BUCKETS == {}
+        got = B.adopt_buckets(ws, (8, 16, 32))
+        assert got == B.NO_BUCKETS and got.rows == () and dict(got.table) == {}
     finally:
         B.bucket_check = orig
 
@@ -69,38 +63,36 @@ def test_bucket_check_catches_a_row_order_that_depends_on_the_count():
     assert ok[-2:] == (16, 32) and 8 not in ok
 
 
-def test_cuts_together_equal_alone_through_adopted_counts(interpret):
+@pytest.mark.interpreted
+def test_cuts_together_equal_alone_through_adopted_counts(monkeypatch):
     """The forward's padding (spare-lane rows up to a checked count, chunks of the largest) keeps
     a cut's bits: with a matmul that is row-invariant (as the check found cuBLAS at its counts on
     the H200), cuts filled together equal each cut alone."""
-    interpret(r'''
-import torch
-import torch.nn.functional as F
-import engine.cuda.batch as B
-from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
-F.linear = lambda x, w: (x[:, None, :] * w[None, :, :]).sum(-1)  # each row on its own, one order
-r = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
-r.fused = r.batch_cuts = True
-layer = r.model.model.layers[0]
-rows = B.adopt_buckets([layer.self_attn.wqkv, layer.self_attn.o_proj.weight, layer.mlp.w_gate_up,
-                        layer.mlp.down_proj.weight], (8, 16, 32))
-assert rows == (8, 16, 32), rows
-calls = []
-orig = B.bucketed
-B.bucketed = lambda x, w, b: calls.append(x.shape[0]) or orig(x, w, b)
-a, b, c = ([(i * 13 + 1) % 256 for i in range(12)], [(i * 5 + 3) % 256 for i in range(7)],
-           [(i * 7 + 2) % 256 for i in range(20)])
-alone = [r.prefill_step(0, a, 0, 12), r.prefill_step(1, b, 0, 7), r.prefill_step(2, c, 0, 16)]
-assert calls and set(calls) <= {8, 16, 32}, calls  # every product at a checked count
-kv_alone = r.kv.k[:, :3].clone(), r.kv.v[:, :3].clone()
-r.kv.k.zero_(); r.kv.v.zero_()
-calls.clear()
-together = r.prefill_many([(2, c, 0, 16), (0, a, 0, 12), (1, b, 0, 7)])  # 35 rows -> 64: 2 chunks of 32
-assert together == [None, alone[0], alone[1]], (together, alone)
-assert set(calls) == {64}, calls
-for lane, n in ((0, 12), (1, 7), (2, 16)):
-    assert torch.equal(r.kv.k[:, lane, :n], kv_alone[0][:, lane, :n])
-    assert torch.equal(r.kv.v[:, lane, :n], kv_alone[1][:, lane, :n])
-print("ok")
-''')
+    import torch
+    import torch.nn.functional as F
+    import engine.cuda.batch as B
+    from engine.config import EngineConfig
+    from engine.runner.model_runner import build_runner
+    monkeypatch.setattr(F, "linear", lambda x, w: (x[:, None, :] * w[None, :, :]).sum(-1))  # each row alone
+    r = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
+    r.fused = r.batch_cuts = True
+    layer = r.model.model.layers[0]
+    r.kernels.batch = B.adopt_buckets([layer.self_attn.wqkv, layer.self_attn.o_proj.weight, layer.mlp.w_gate_up,
+                                       layer.mlp.down_proj.weight], (8, 16, 32))
+    assert r.kernels.batch.rows == (8, 16, 32), r.kernels.batch
+    calls = []
+    orig = B.bucketed
+    monkeypatch.setattr(B, "bucketed", lambda x, w, b: calls.append(x.shape[0]) or orig(x, w, b))
+    a, b, c = ([(i * 13 + 1) % 256 for i in range(12)], [(i * 5 + 3) % 256 for i in range(7)],
+               [(i * 7 + 2) % 256 for i in range(20)])
+    alone = [r.prefill_step(0, a, 0, 12), r.prefill_step(1, b, 0, 7), r.prefill_step(2, c, 0, 16)]
+    assert calls and set(calls) <= {8, 16, 32}, calls  # every product at a checked count
+    kv_alone = r.kv.k[:, :3].clone(), r.kv.v[:, :3].clone()
+    r.kv.k.zero_(); r.kv.v.zero_()
+    calls.clear()
+    together = r.prefill_many([(2, c, 0, 16), (0, a, 0, 12), (1, b, 0, 7)])  # 35 rows -> 64: 2 chunks of 32
+    assert together == [None, alone[0], alone[1]], (together, alone)
+    assert set(calls) == {64}, calls
+    for lane, n in ((0, 12), (1, 7), (2, 16)):
+        assert torch.equal(r.kv.k[:, lane, :n], kv_alone[0][:, lane, :n])
+        assert torch.equal(r.kv.v[:, lane, :n], kv_alone[1][:, lane, :n])

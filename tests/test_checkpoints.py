@@ -12,6 +12,7 @@ import torch
 
 from engine.config import ConfigError, EngineConfig, ModelConfig
 from tools.make_model_dir import make_model_dir
+from engine.models.hf_config import from_hf_dict
 from engine.models.presets import PRESETS, resolve_model
 from engine.runner.model_runner import build_runner
 
@@ -59,9 +60,9 @@ def test_transformers_4_layout_reads_the_same(dirs, tmp_path):
     d5 = json.loads((dirs["plain"] / "config.json").read_text())
     d4 = {k: v for k, v in d5.items() if k not in ("rope_parameters", "dtype", "layer_types")}
     d4.update(rope_theta=d5["rope_parameters"]["rope_theta"], rope_scaling=None, torch_dtype="bfloat16")
-    a, b = ModelConfig.from_dict(d5), ModelConfig.from_dict(d4)
+    a, b = from_hf_dict(d5), from_hf_dict(d4)
     assert a == b and a.rope_theta == 50_000.0 and (a.dtype, b.dtype) == ("float32", "bfloat16")
-    assert ModelConfig.from_dict({k: v for k, v in d4.items() if k != "rope_theta"}).rope_theta == 10_000.0
+    assert from_hf_dict({k: v for k, v in d4.items() if k != "rope_theta"}).rope_theta == 10_000.0
 
 
 def test_eos_ids_and_generation_defaults(dirs):
@@ -72,7 +73,7 @@ def test_eos_ids_and_generation_defaults(dirs):
     assert g.sampling_defaults() == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
     d = json.loads((dirs["plain"] / "config.json").read_text())
     d["eos_token_id"] = [7, 9, 7]
-    assert ModelConfig.from_dict(d).eos_token_ids == (7, 9)  # config.json's when there is no generation file
+    assert from_hf_dict(d).eos_token_ids == (7, 9)  # config.json's when there is no generation file
     assert PRESETS["cpu"].eos_token_ids == (256,)
 
 
@@ -176,10 +177,10 @@ def test_config_errors_name_the_field(dirs, changes, gen, message):
     d = json.loads((dirs["plain"] / "config.json").read_text())
     d.update(changes)
     with pytest.raises(ConfigError, match=message):
-        ModelConfig.from_dict(d, gen)
+        from_hf_dict(d, gen)
 
 
 def test_rope_scaling_default_is_plain_rope(dirs):
     d = json.loads((dirs["plain"] / "config.json").read_text())
     d.update(rope_scaling={"rope_type": "default"}, use_sliding_window=True, sliding_window=4096)  # 28 > 2 layers
-    assert ModelConfig.from_dict(d).rope_theta == 50_000.0
+    assert from_hf_dict(d).rope_theta == 50_000.0

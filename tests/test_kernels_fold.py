@@ -1,5 +1,4 @@
-"""The decode round's small kernels folded into their neighbours (engine/cuda/decode_attention.py),
-run by Triton's interpreter on the CPU: each folded form gives the same bits as the
+"""The decode round's small kernels folded into their neighbours (engine/cuda/decode_attention.py), run by Triton's interpreter on the CPU: each folded form gives the same bits as the
 kernels it replaces, so a fold never moves a token. The interpreter computes in numpy, so a change
 of the folded form's arithmetic order (a split merged out of order, a rounding moved) shows here."""
 import pytest
@@ -104,7 +103,7 @@ def test_qk_fold_in_split_attention_matches_the_standalone_kernel(interpret):
     """The q/k norm + RoPE + cache write done by the split kernel (decode_attention's qk): the same
     attention output and K rows as qk_norm_rope_write then decode_attention up to the sum's order
     (the interpreter sums the standalone kernel's squares in numpy's order; on the device the two
-    are bitwise equal, checked on an H200), V rows bitwise, no other cache row touched."""
+    are bitwise equal, tools/PERF.md runs 19-20), V rows bitwise, no other cache row touched."""
     interpret(qk_inputs(lanes_n=3, max_len=96, p=4, seed=3, cache_seed=1) + r'''
 from engine.cuda.fused import qk_norm_rope_write
 lanes, pos = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 40, 95, 0])  # 1, 2 and 3 splits of 32
@@ -124,7 +123,7 @@ print("ok")
 
 
 def test_decode_round_with_the_qk_fold(interpret):
-    """The model's fused decode round with the q/k fold on (engine.cuda.decode_attention.FOLD_QK_NORM, head_dim
+    """The model's fused decode round with the q/k fold on (LaunchMode.fold_qk_norm, head_dim
     128): the same logits as with it off up to the interpreter's sum order, and the same K/V
     cache rows written (V bitwise)."""
     interpret(r'''
@@ -133,6 +132,8 @@ import engine.cuda.decode_attention as K
 from engine.config import ModelConfig
 from engine.runner.kv_cache import KVCache
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.cuda.kernels import CudaKernels
+from engine.cuda.launch import LaunchMode
 K.SPLIT, K.BLOCK = 32, 16
 cfg = ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=128)
@@ -149,9 +150,9 @@ for fold in (False, True):
     kv = KVCache(cfg, 3, 80, torch.float32, "cpu")
     torch.manual_seed(1)
     kv.k.normal_(); kv.v.normal_()
-    K.FOLD_QK_NORM = fold
+    launch = CudaKernels("cpu").at(LaunchMode(fold_qk_norm=fold))
     logits = m.decode(torch.tensor([3, 7, 9]), torch.tensor([4, 40, 0]), torch.tensor([0, 1, 3]), kv,
-                      K.decode_attention, fused=True)
+                      launch.attention, fused=True, launch=launch)
     out[fold] = (logits, kv.k.clone(), kv.v.clone())
     assert len(calls) == 2, (fold, calls)  # the standalone kernel ran for the two layers of the unfolded round only
 (l0, k0, v0), (l1, k1, v1) = out[False], out[True]
@@ -162,18 +163,18 @@ print("ok")
 
 def test_folds_are_on_in_the_decode_graph_only():
     """The folds are the decode graph's (KernelConfig on by default; the runner's capture turns them
-    on at one rank), while eager calls run the plain kernels; launch_mode scopes them."""
-    import engine.cuda.decode_attention as K
-    import engine.cuda.skinny as S
-    from engine.config import KernelConfig
+    on at one rank), while eager calls run the plain kernels: the mode the graph passes down."""
+    from types import SimpleNamespace as NS
+    from engine.config import EngineConfig, KernelConfig
+    from engine.cuda.launch import PLAIN
+    from engine.runner.decode_graph import DecodeGraphs
     assert KernelConfig().fold_combine and KernelConfig().fold_qk_norm
-    assert not K.FOLD_COMBINE and not K.FOLD_QK_NORM
-    with S.launch_mode(fold_combine=True, fold_qk_norm=True):
-        assert K.FOLD_COMBINE and K.FOLD_QK_NORM
-        with S.launch_mode(fold_qk_norm=False):
-            assert K.FOLD_COMBINE and not K.FOLD_QK_NORM
-        assert K.FOLD_QK_NORM
-    assert not K.FOLD_COMBINE and not K.FOLD_QK_NORM
+    assert not PLAIN.fold_combine and not PLAIN.fold_qk_norm
+    g = DecodeGraphs(NS(round_rows=8, cfg=EngineConfig(device="cuda"), skinny=True))
+    g.fold_combine, g.qk_fold = True, True  # what capture() sets from folds()
+    assert g.mode_at(8).fold_combine and g.mode_at(8).fold_qk_norm
+    g.qk_fold = False
+    assert g.mode_at(8).fold_combine and not g.mode_at(8).fold_qk_norm
 
 
 def test_runner_folds_and_draft_rounds():
@@ -198,11 +199,11 @@ def test_runner_folds_and_draft_rounds():
     assert decode_graph.folds(NS(cfg=off, fused=True, model=model)) == (False, False)
     attn.head_dim = 64  # not a shape the q/k fold takes
     assert decode_graph.folds(r) == (True, False)
-    g = NS(graph=object(), _qk_fold=True)
+    g = NS(graph=object(), graphs=NS(qk_fold=True))
     assert ModelRunner._graph_takes(g, [0, 1, 2]) and not ModelRunner._graph_takes(g, [0, 1, 1])
-    g._qk_fold = False
+    g.graphs.qk_fold = False
     assert ModelRunner._graph_takes(g, [0, 1, 1])
-    assert not ModelRunner._graph_takes(NS(graph=None, _qk_fold=False), [0])
+    assert not ModelRunner._graph_takes(NS(graph=None, graphs=NS(qk_fold=False)), [0])
 
 
 def test_split_programs_walking_several_items_give_the_same_bits(interpret):

@@ -8,9 +8,9 @@ import torch
 
 pytest.importorskip("triton")
 
-import engine.cuda.decode_attention as K  # noqa: E402
 import engine.cuda.ring as R  # noqa: E402
 import engine.cuda.skinny as S  # noqa: E402
+from engine.cuda.launch import PLAIN, LaunchMode  # noqa: E402
 
 
 def test_it_takes_the_measured_shapes_at_up_to_8_rows():
@@ -25,7 +25,7 @@ def test_it_takes_the_measured_shapes_at_up_to_8_rows():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
 def test_not_on_a_machine_without_hopper():
-    assert not R.available()
+    assert not R.supported() and not R.Ring().available()
     x, w = torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(6144, 4096, dtype=torch.bfloat16)
     assert not R.takes(x, w, 1)
 
@@ -33,34 +33,41 @@ def test_not_on_a_machine_without_hopper():
 def test_the_round_hands_products_over_with_the_triton_configs_k_ranges(monkeypatch):
     calls = []
     monkeypatch.setattr(R, "takes", lambda x, w, split, gated=False: True)
-    monkeypatch.setattr(R, "try_product", lambda x, w, split=1, gated=False, pdl=False, out=None:
+    monkeypatch.setattr(R, "supported", lambda: True)
+    ring = R.Ring()
+    monkeypatch.setattr(ring, "try_product", lambda x, w, split=1, gated=False, pdl=False, out=None:
                         calls.append((tuple(w.shape), split, gated, pdl)) or torch.zeros(1))
-    monkeypatch.setattr(K, "INTERPRET", False)
     x, x3 = torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(8, 12288, dtype=torch.bfloat16)
     qkv, down = torch.empty(6144, 4096, dtype=torch.bfloat16), torch.empty(4096, 12288, dtype=torch.bfloat16)
     gate_up = torch.empty(24576, 4096, dtype=torch.bfloat16)
-    with S.launch_mode(pdl=3, ring=True):
-        S.linear(x, qkv), S.linear(x3, down), S.gate_up_silu(x, gate_up)
-    with S.launch_mode(ring=True):
-        S.linear(x, qkv)
-    assert calls == [((6144, 4096), 1, False, True), ((4096, 12288), S.config_for(4096, 12288, 8).split_k, False, True),
+    on = dict(tables=S.H200, ring=ring)
+    m = LaunchMode(pdl=3, ring=True, interpret=False)
+    S.linear(x, qkv, mode=m, **on), S.linear(x3, down, mode=m, **on), S.gate_up_silu(x, gate_up, mode=m, **on)
+    S.linear(x, qkv, mode=LaunchMode(ring=True, interpret=False), **on)
+    assert calls == [((6144, 4096), 1, False, True),
+                     ((4096, 12288), S.config_for(4096, 12288, 8, S.H200).split_k, False, True),
                      ((24576, 4096), 1, True, True), ((6144, 4096), 1, False, False)]
     assert calls[1][1] == 2
-    assert not S.RING  # scoped to the launch mode
+    calls.clear()
+    monkeypatch.setattr(S, "_launch", lambda *a, **kw: None)
+    S.linear(x, qkv, mode=PLAIN, **on), S.linear(x, qkv, mode=m, tables=S.H200)  # plain, or no ring given
+    assert calls == []
 
 
 def test_a_ring_that_fails_hands_every_product_back_to_triton(monkeypatch):
     """A compile or launch error of the ring (another Triton's Gluon, say) must not cost the decode graph:
-    the Triton kernel runs that product, and the ring is off for the rest of the process."""
+    the Triton kernel runs that product, and the ring is off for the rest of that runner (another
+    runner's ring is its own)."""
     def boom(*a, **kw):
         raise RuntimeError("no such Gluon op")
     monkeypatch.setattr(R, "product", boom)
-    monkeypatch.setattr(R, "_hopper", lambda: True)
-    monkeypatch.setattr(R, "BROKEN", [])
+    monkeypatch.setattr(R, "supported", lambda: True)
+    ring, other = R.Ring(), R.Ring()
     x, w = torch.zeros(8, 4096, dtype=torch.bfloat16), torch.zeros(6144, 4096, dtype=torch.bfloat16)
-    assert R.available()
-    assert R.try_product(x, w) is None
-    assert not R.available() and "no such Gluon op" in R.BROKEN[0]
+    assert ring.available()
+    assert ring.try_product(x, w) is None
+    assert not ring.available() and "no such Gluon op" in ring.broken[0]
+    assert other.available() and not other.broken
 
 
 def _compile(split, gated, pdl, nb):

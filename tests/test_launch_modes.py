@@ -1,5 +1,5 @@
-"""The decode graph's launch knob (engine/cuda/decode_attention.py PDL, KernelConfig.pdl; by default 3 at one
-rank on Hopper, where it shortened qwen3-8b's round by ~0.2 ms): a launch mode is scoped to the capture it wraps, the interpreter
+"""The decode graph's launch knob (engine/cuda/launch.py LaunchMode.pdl, KernelConfig.pdl; by default 3 at one
+rank on Hopper): a launch mode is an argument, plain unless given, the interpreter
 never launches with PDL, and in the device code (PTX for sm_90, compiled on the CPU) the
 grid-dependency wait comes before every load, so no program reads what the kernel before it
 writes until that kernel is done (Triton's pipeliner may hoist loads above a wait placed inside a
@@ -12,6 +12,7 @@ triton = pytest.importorskip("triton")
 import engine.cuda.decode_attention as K  # noqa: E402
 import engine.cuda.skinny as S  # noqa: E402
 from engine.config import KernelConfig  # noqa: E402
+from engine.cuda.launch import PLAIN, LaunchMode  # noqa: E402
 
 
 def test_default_mode_is_3_at_one_rank_on_hopper_only():
@@ -22,30 +23,30 @@ def test_default_mode_is_3_at_one_rank_on_hopper_only():
 
 
 def test_launch_mode_is_scoped_and_off_outside_it():
-    assert K.PDL == 0 and K.launch_opts() == {}
-    with S.launch_mode(pdl=2):
-        assert K.PDL == 2
-        assert K.launch_opts() == ({} if K.INTERPRET else {"launch_pdl": True})
-        assert K.pdl_on() == (0 if K.INTERPRET else 2)
-    assert K.PDL == 0 and K.launch_opts() == {}
+    assert PLAIN.pdl == 0 and PLAIN.opts() == {}
+    m = LaunchMode(pdl=2)
+    assert m.opts() == ({} if K.INTERPRET else {"launch_pdl": True})
+    assert m.pdl_on() == (0 if K.INTERPRET else 2)
+    assert LaunchMode(pdl=2, interpret=False).opts() == {"launch_pdl": True}
+    assert LaunchMode(pdl=2, interpret=True).opts() == {} and LaunchMode(pdl=2, interpret=True).pdl_on() == 0
+    assert PLAIN.opts() == {} and not PLAIN.fold_combine and not PLAIN.prefetch_on()
 
 
-def test_interpreter_never_launches_with_pdl(interpret):
-    interpret(r'''
-import torch
-import engine.cuda.decode_attention as K
-import engine.cuda.skinny as S
-assert K.INTERPRET
-g = torch.Generator().manual_seed(3)
-w, wg, x = torch.randn(40, 128, generator=g), torch.randn(64, 128, generator=g), torch.randn(8, 128, generator=g)
-c = S.SkinnyConfig(16, 32, split_k=2)
-ref, gref = S.skinny(x, w, config=c), S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32))
-with S.launch_mode(pdl=2):
-    assert K.launch_opts() == {} and K.pdl_on() == 0
-    assert torch.equal(S.skinny(x, w, config=c), ref)
-    assert torch.equal(S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32)), gref)
-print("ok")
-''')
+@pytest.mark.interpreted
+def test_interpreter_never_launches_with_pdl():
+    import torch
+    import engine.cuda.decode_attention as K
+    import engine.cuda.skinny as S
+    assert K.INTERPRET
+    g = torch.Generator().manual_seed(3)
+    w, wg, x = torch.randn(40, 128, generator=g), torch.randn(64, 128, generator=g), torch.randn(8, 128, generator=g)
+    c = S.SkinnyConfig(16, 32, split_k=2)
+    ref, gref = S.skinny(x, w, config=c), S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32))
+    from engine.cuda.launch import LaunchMode
+    m = LaunchMode(pdl=2)
+    assert m.opts() == {} and m.pdl_on() == 0
+    assert torch.equal(S.skinny(x, w, config=c, mode=m), ref)
+    assert torch.equal(S.gate_up_silu(x, wg, config=S.SkinnyConfig(16, 32), mode=m), gref)
 
 
 _ORDER = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "ld.global", "cp.async", "st.global", "prefetch")
@@ -88,7 +89,7 @@ def test_the_wait_comes_before_every_load(pdl):
 def test_a_small_kernel_at_3_lets_the_next_launch_before_its_wait(pdl, prefetch):
     """At 3 the norm lets the product after it launch (and stage its weights) before the norm waits for
     the product before; it still waits before every load, so no read moves ahead of a write. With
-    PREFETCH its weight and residual row are asked into L2 before the wait: prefetches, not loads."""
+    the prefetch on its weight and residual row are asked into L2 before the wait: prefetches, not loads."""
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "XOut": "*bf16", "Y": "*bf16", "N": "i32", "eps": "fp32"}
     from engine.cuda.fused import _add_rmsnorm_kernel
     order = _ptx_order(_add_rmsnorm_kernel, sig, {"HAS_R": True, "BLOCK": 4096, "PDL_": pdl, "PREFETCH_": prefetch,
@@ -102,7 +103,7 @@ def test_a_small_kernel_at_3_lets_the_next_launch_before_its_wait(pdl, prefetch)
 
 def test_the_products_never_launch_the_next_before_their_wait(monkeypatch):
     """Under mode 3 the Triton products act as 2 (a product's programs resident and waiting would hold
-    the SMs the product before needs: that measured +0.12 ms a round on an H200)."""
+    the SMs the product before needs: measured +0.12 ms a round on the H200)."""
     seen = []
 
     class Grab:
@@ -110,12 +111,11 @@ def test_the_products_never_launch_the_next_before_their_wait(monkeypatch):
             return lambda *a, **kw: seen.append(kw["PDL_"])
     monkeypatch.setattr(S, "_skinny_kernel", Grab())
     monkeypatch.setattr(S, "_gated_kernel", Grab())
-    monkeypatch.setattr(K, "INTERPRET", False)
     x, w = torch.zeros(8, 256, dtype=torch.bfloat16), torch.zeros(64, 256, dtype=torch.bfloat16)
-    with S.launch_mode(pdl=3):
-        assert K.pdl_on() == 3
-        S.skinny(x, w, config=S.SkinnyConfig(32, 128))
-        S.gate_up_silu(x, w, config=S.SkinnyConfig(32, 128))
+    m = LaunchMode(pdl=3, interpret=False)
+    assert m.pdl_on() == 3
+    S.skinny(x, w, config=S.SkinnyConfig(32, 128), mode=m, tables=S.H200)
+    S.gate_up_silu(x, w, config=S.SkinnyConfig(32, 128), mode=m, tables=S.H200)
     assert seen == [2, 2]
 
 
@@ -125,7 +125,7 @@ def test_split_attention_compiles_its_walk_with_the_wait_first(qkn, prefetch):
     """The split attention as the decode graph launches it (PDL 3, folded combine, the capped grid's
     run-time walk over its items) compiles for sm_90, and its PDL order holds: the next kernel may
     launch first, but no load comes before the wait but the positions and lanes (written before the
-    round's first kernel), which place the first item's L2 prefetches (PREFETCH): no store before it."""
+    round's first kernel), which place the first item's L2 prefetches (PREFETCH_): no store before it."""
     ptrs = ("Q", "K", "V", "Lanes", "Pos", "Opart", "Lse", "Out", "Count")
     sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out")}, "Lanes": "*i64", "Pos": "*i64", "Opart": "*fp32",
            "Lse": "*fp32", "Count": "*i32",

@@ -7,54 +7,50 @@ import pytest
 pytest.importorskip("triton")
 
 
-def test_cut_attention_matches_causal_attention(interpret):
-    interpret(r'''
-import torch, torch.nn.functional as F
-from engine.cuda.prefill import cut_attention
-g = torch.Generator().manual_seed(0)
-H, KVH, d, n = 4, 2, 16, 70
-q, k, v = torch.randn(n, H, d, generator=g), torch.randn(n, KVH, d, generator=g), torch.randn(n, KVH, d, generator=g)
-th = lambda x: x.transpose(0, 1)[None]
-ref = F.scaled_dot_product_attention(th(q), th(k), th(v), is_causal=True, enable_gqa=True)[0].transpose(0, 1).reshape(n, H * d)
-for grid in ([(0, 70)], [(0, 32), (32, 64), (64, 70)], [(0, 1), (1, 70)], [(0, 69), (69, 70)]):
-    out = torch.cat([cut_attention(q[s:e].contiguous(), k[:e], v[:e], s) for s, e in grid])
-    assert (out - ref).abs().max() < 1e-5, (grid, (out - ref).abs().max())
-# a misaligned diagonal (top-left on the whole range) would differ by far more than rounding
-wrong = F.scaled_dot_product_attention(th(q[32:]), th(k), th(v), is_causal=True, enable_gqa=True)
-assert (wrong[0].transpose(0, 1).reshape(-1, H * d) - ref[32:]).abs().max() > 1e-2
-print("ok")
-''')
+@pytest.mark.interpreted
+def test_cut_attention_matches_causal_attention():
+    import torch, torch.nn.functional as F
+    from engine.cuda.prefill import cut_attention
+    g = torch.Generator().manual_seed(0)
+    H, KVH, d, n = 4, 2, 16, 70
+    q, k, v = torch.randn(n, H, d, generator=g), torch.randn(n, KVH, d, generator=g), torch.randn(n, KVH, d, generator=g)
+    th = lambda x: x.transpose(0, 1)[None]
+    ref = F.scaled_dot_product_attention(th(q), th(k), th(v), is_causal=True, enable_gqa=True)[0].transpose(0, 1).reshape(n, H * d)
+    for grid in ([(0, 70)], [(0, 32), (32, 64), (64, 70)], [(0, 1), (1, 70)], [(0, 69), (69, 70)]):
+        out = torch.cat([cut_attention(q[s:e].contiguous(), k[:e], v[:e], s) for s, e in grid])
+        assert (out - ref).abs().max() < 1e-5, (grid, (out - ref).abs().max())
+    # a misaligned diagonal (top-left on the whole range) would differ by far more than rounding
+    wrong = F.scaled_dot_product_attention(th(q[32:]), th(k), th(v), is_causal=True, enable_gqa=True)
+    assert (wrong[0].transpose(0, 1).reshape(-1, H * d) - ref[32:]).abs().max() > 1e-2
 
 
-def test_cuts_equal_across_schedules(interpret):
+@pytest.mark.interpreted
+def test_cuts_equal_across_schedules():
     """The fused trunk with the cut attention (float32, interpreter): stepped == whole ==
     resumed from a cached prefix, bit for bit (logits and KV rows), and close to the plain trunk."""
-    interpret(r'''
-import torch
-from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
-r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16))
-r.fused = True
-toks = [(i * 13 + 1) % 256 for i in range(40)]
-ids = torch.tensor(toks)
-with torch.inference_mode():
-    whole = torch.cat([r.model.prefill(ids[s:e], 0, s, r.kv, all_logits=True, fused=True)
-                       for s, e in [(0, 16), (16, 32), (32, 40)]])
-    plain = r.model.prefill(ids, 1, 0, r.kv, all_logits=True)
-    assert (whole - plain).abs().max() < 1e-4
-    # resumed: lane 2 gets lane 0's first 16 rows (a cached prefix), then runs the later cuts
-    r.kv.k[:, 2, :16], r.kv.v[:, 2, :16] = r.kv.k[:, 0, :16], r.kv.v[:, 0, :16]
-    resumed = torch.cat([r.model.prefill(ids[s:e], 2, s, r.kv, all_logits=True, fused=True)
-                         for s, e in [(16, 32), (32, 40)]])
-    assert torch.equal(resumed, whole[16:])
-    assert torch.equal(r.kv.k[:, 2, :40], r.kv.k[:, 0, :40]) and torch.equal(r.kv.v[:, 2, :40], r.kv.v[:, 0, :40])
-# the runner's own schedules: whole (prefill) and stepped (prefill_step per cut) in other lanes
-first = r.prefill(1, toks)
-stepped = [r.prefill_step(2, toks, s, e) for s, e in [(0, 16), (16, 32), (32, 40)]]
-assert stepped[:2] == [None, None] and stepped[2] == first == int(whole[-1].argmax())
-assert torch.equal(r.kv.k[:, 1, :40], r.kv.k[:, 2, :40])
-print("ok")
-''')
+    import torch
+    from engine.config import EngineConfig
+    from engine.runner.model_runner import build_runner
+    r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16))
+    r.fused = True
+    toks = [(i * 13 + 1) % 256 for i in range(40)]
+    ids = torch.tensor(toks)
+    with torch.inference_mode():
+        whole = torch.cat([r.model.prefill(ids[s:e], 0, s, r.kv, all_logits=True, fused=True)
+                           for s, e in [(0, 16), (16, 32), (32, 40)]])
+        plain = r.model.prefill(ids, 1, 0, r.kv, all_logits=True)
+        assert (whole - plain).abs().max() < 1e-4
+        # resumed: lane 2 gets lane 0's first 16 rows (a cached prefix), then runs the later cuts
+        r.kv.k[:, 2, :16], r.kv.v[:, 2, :16] = r.kv.k[:, 0, :16], r.kv.v[:, 0, :16]
+        resumed = torch.cat([r.model.prefill(ids[s:e], 2, s, r.kv, all_logits=True, fused=True)
+                             for s, e in [(16, 32), (32, 40)]])
+        assert torch.equal(resumed, whole[16:])
+        assert torch.equal(r.kv.k[:, 2, :40], r.kv.k[:, 0, :40]) and torch.equal(r.kv.v[:, 2, :40], r.kv.v[:, 0, :40])
+    # the runner's own schedules: whole (prefill) and stepped (prefill_step per cut) in other lanes
+    first = r.prefill(1, toks)
+    stepped = [r.prefill_step(2, toks, s, e) for s, e in [(0, 16), (16, 32), (32, 40)]]
+    assert stepped[:2] == [None, None] and stepped[2] == first == int(whole[-1].argmax())
+    assert torch.equal(r.kv.k[:, 1, :40], r.kv.k[:, 2, :40])
 
 
 def test_kv_cache_size_and_clear_error(monkeypatch):
@@ -85,8 +81,10 @@ def test_cut_backend_rule_and_cut_thread():
     import engine.cuda.prefill as KP
     from engine.config import EngineConfig
     from engine.runner.model_runner import build_runner
-    assert KP.backend_for(4096) == KP.BACKEND == "cudnn" and KP.backend_for(1024) == "cudnn"
+    assert KP.backend_for(4096) == KP.CutBackend().name == "cudnn" and KP.backend_for(1024) == "cudnn"
     assert {KP.backend_for(n) for n in (1, 512, 1000, 3328, 4095, 6144)} == {"flash"}
+    gone = KP.CutBackend("flash")  # a runner whose build refused cuDNN attention: flash for every cut
+    assert gone.for_rows(4096) == "flash" and KP.backend_for(4096) == "cudnn"
     r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=48, prefill_rows=16))
     toks = [(i * 11 + 2) % 256 for i in range(37)]
     here = r.generate(toks, 4, lane=0)
@@ -96,19 +94,17 @@ def test_cut_backend_rule_and_cut_thread():
     r._cut_thread.shutdown()
 
 
-def test_float32_half_by_plain_math_equals_the_flash_half(interpret):
+@pytest.mark.interpreted
+def test_float32_half_by_plain_math_equals_the_flash_half():
     """Flash and cuDNN take no float32, so a float32 CUDA runner's halves are plain matmuls
     (engine.cuda.prefill._half_math): the same output and log-sum-exp as the flash half."""
-    interpret(r'''
-import torch
-from engine.cuda.prefill import _expand, _half_math
-g = torch.Generator().manual_seed(1)
-q = torch.randn(1, 4, 9, 16, generator=g)
-for causal, s in ((True, 9), (False, 23)):
-    k, v = torch.randn(1, 2, s, 16, generator=g), torch.randn(1, 2, s, 16, generator=g)
-    ke, ve = _expand(k, 4), _expand(v, 4)
-    o_ref, l_ref = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, causal)[:2]
-    o, l = _half_math(q, ke, ve, causal)
-    assert (o - o_ref).abs().max() < 1e-5 and (l - l_ref).abs().max() < 1e-5, causal
-print("ok")
-''')
+    import torch
+    from engine.cuda.prefill import _expand, _half_math
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 9, 16, generator=g)
+    for causal, s in ((True, 9), (False, 23)):
+        k, v = torch.randn(1, 2, s, 16, generator=g), torch.randn(1, 2, s, 16, generator=g)
+        ke, ve = _expand(k, 4), _expand(v, 4)
+        o_ref, l_ref = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, ke, ve, 0.0, causal)[:2]
+        o, l = _half_math(q, ke, ve, causal)
+        assert (o - o_ref).abs().max() < 1e-5 and (l - l_ref).abs().max() < 1e-5, causal

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 import engine.cuda.skinny as S
 from engine.runner import decode_graph
-from engine.cuda import ring as kernels_ring
 from engine.config import EngineConfig, KernelConfig
 from engine.runner.model_runner import build_runner
 
@@ -18,26 +17,28 @@ QWEN3_8B = {"wqkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "
             "lm_head": (151936, 4096)}
 
 
-def fake_runner(parallel, shapes=QWEN3_8B, row_buckets=None):
-    """What decode_graph.buckets reads of a CUDA runner: its knobs and its weights' shapes."""
+def fake_runner(parallel, shapes=QWEN3_8B, row_buckets=None, ring=False):
+    """What decode_graph.buckets reads of a CUDA runner: its knobs, its weights' shapes, its kernels'
+    tables (the H200's) and whether its ring works."""
     w = {k: SimpleNamespace(shape=v) for k, v in shapes.items()}
     layer = SimpleNamespace(self_attn=SimpleNamespace(wqkv=w["wqkv"], o_proj=SimpleNamespace(weight=w["o"])),
                             mlp=SimpleNamespace(w_gate_up=w["gate_up"], down_proj=SimpleNamespace(weight=w["down"])))
     model = SimpleNamespace(model=SimpleNamespace(layers=[layer]), lm_head=SimpleNamespace(weight=w["lm_head"]))
     cfg = SimpleNamespace(kernels=KernelConfig(row_buckets=row_buckets), tensor_parallel=1)
-    return SimpleNamespace(round_rows=parallel, cfg=cfg, device=torch.device("cuda"), skinny=True, model=model)
+    kernels = SimpleNamespace(skinny=S.H200, ring=SimpleNamespace(available=lambda: ring))
+    return SimpleNamespace(round_rows=parallel, cfg=cfg, device=torch.device("cuda"), skinny=True, model=model,
+                           kernels=kernels)
 
 
 @pytest.mark.parametrize("ring", [False, True])
-def test_row_counts_are_those_routed_as_the_padded_shape(monkeypatch, ring):
-    monkeypatch.setattr(kernels_ring, "available", lambda: ring)
+def test_row_counts_are_those_routed_as_the_padded_shape(ring):
     # 8 lanes: the ring (at most 8 rows) or the Triton tiles (padded to 16 rows) at every count
-    assert decode_graph.buckets(fake_runner(8)) == (1, 2, 4, 8)
+    assert decode_graph.buckets(fake_runner(8, ring=ring)) == (1, 2, 4, 8)
     # 16 lanes: 16 rows run the Triton kernels; 1-8 would run the ring, or the same Triton tiles
-    assert decode_graph.buckets(fake_runner(16)) == ((16,) if ring else (1, 2, 4, 8, 16))
+    assert decode_graph.buckets(fake_runner(16, ring=ring)) == ((16,) if ring else (1, 2, 4, 8, 16))
     # 32 lanes: q/k/v at 32 rows is cuBLAS's, whose kernel depends on the row count itself
-    assert decode_graph.buckets(fake_runner(32)) == (32,)
-    assert decode_graph.buckets(fake_runner(8, row_buckets=False)) == (8,)
+    assert decode_graph.buckets(fake_runner(32, ring=ring)) == (32,)
+    assert decode_graph.buckets(fake_runner(8, row_buckets=False, ring=ring)) == (8,)
 
 
 @pytest.mark.parametrize("rows", [1, 8, 16, 32, 64])
@@ -45,33 +46,32 @@ def test_row_counts_are_those_routed_as_the_padded_shape(monkeypatch, ring):
 def test_route_names_the_kernel_the_product_runs(monkeypatch, rows, name):
     """route() against the dispatch itself (linear / gate_up_silu, the ring off), on meta tensors."""
     ran = []
-    monkeypatch.setattr(S, "_launch", lambda x, w, c, out=None: ran.append(("skinny", c, S.block_m(x.shape[0]))))
+    monkeypatch.setattr(S, "_launch", lambda x, w, c, mode, out=None: ran.append(("skinny", c, S.block_m(x.shape[0]))))
 
     class Gated:
         def __getitem__(self, grid):
-            return lambda x, w, *a, **kw: ran.append(("gated", S.GATED.get((w.shape[0], w.shape[1], kw["BLOCK_M"])),
+            return lambda x, w, *a, **kw: ran.append(("gated", S.H200.gated.get((w.shape[0], w.shape[1], kw["BLOCK_M"])),
                                                       kw["BLOCK_M"]))
     monkeypatch.setattr(S, "_gated_kernel", Gated())
     real_linear = F.linear
     monkeypatch.setattr(F, "linear", lambda x, w: ran.append(("cublas", x.shape[0])) or real_linear(x, w))
-    import engine.cuda.fused as KF
-    monkeypatch.setattr(KF, "silu_mul", lambda y: ran.insert(0, ("silu",)))
+    monkeypatch.setattr(S, "silu_mul", lambda y, mode: ran.insert(0, ("silu",)))
     n, k = QWEN3_8B[name]
     x, w = torch.empty(rows, k, dtype=torch.bfloat16, device="meta"), torch.empty(n, k, dtype=torch.bfloat16, device="meta")
     gated = name == "gate_up"
-    (S.gate_up_silu if gated else S.linear)(x, w)
+    (S.gate_up_silu if gated else S.linear)(x, w, tables=S.H200)
     got = ran[0] if len(ran) == 1 else ran[0] + ran[1]
-    assert got == S.route(n, k, rows, gated, ring=False)
+    assert got == S.route(n, k, rows, S.H200, gated, ring=False)
 
 
 def test_a_64_row_round_runs_o_on_the_triton_tiles():
     """At 33-64 rows o takes Triton's 32x128 tiles (launched under PDL in the round), not cuBLAS: alone
-    cuBLAS was 0.1 us faster, in the round Triton's 0.09 ms a round faster on an H200;
+    cuBLAS was 0.1 us faster, in the round Triton's 0.09 ms a round (qwen3-8b, H200);
     q/k/v and gate/up stay cuBLAS's, the ring (at most 8 rows) takes none of them."""
     o = ("skinny", S.SkinnyConfig(32, 128, 4, 6), 64)
-    assert S.route(4096, 4096, 64, ring=False) == o and S.route(4096, 4096, 40, ring=True) == o
-    assert S.route(6144, 4096, 64, ring=True) == ("cublas", 64)
-    assert S.route(24576, 4096, 64, gated=True, ring=True) == ("silu", "cublas", 64)
+    assert S.route(4096, 4096, 64, S.H200, ring=False) == o and S.route(4096, 4096, 40, S.H200, ring=True) == o
+    assert S.route(6144, 4096, 64, S.H200, ring=True) == ("cublas", 64)
+    assert S.route(24576, 4096, 64, S.H200, gated=True, ring=True) == ("silu", "cublas", 64)
 
 
 def runner(row_buckets, overlap):
@@ -125,21 +125,18 @@ def test_rounds_at_fewer_rows_give_the_padded_shapes_ids(overlap):
 
 
 def test_the_l2_prefetch_is_captured_only_into_rounds_of_few_rows(monkeypatch):
-    """KernelConfig.prefetch_rows: each row count's graphs are captured (in launch_mode) with
-    engine/cuda/prefetch.py PREFETCH on at most that many rows (on an H200 one row gained 0.02 ms, eight lost up to 0.20), and the module
-    setting is left as it was."""
-    import engine.cuda.prefetch as K
-    seen = {}
-    monkeypatch.setattr(decode_graph, "_capture_at", lambda r, n, chained: seen.setdefault(n, K.prefetch_on()))
+    """KernelConfig.prefetch_rows: each row count's graphs are captured with a launch mode whose L2
+    prefetch (engine/cuda/prefetch.py) is on at most that many rows (one row gained, eight lost on
+    qwen3-8b, H200), and the plain mode of eager calls keeps it off."""
+    from dataclasses import replace
+    from engine.cuda.launch import PLAIN
     r = fake_runner(8)
-    r.decode_pdl, r._fold_combine, r._qk_fold = 3, True, True  # what capture() sets before the row counts
-    for n in (1, 2, 8):
-        decode_graph._capture(r, n, False)
-    assert seen == {1: True, 2: False, 8: False} and K.PREFETCH is False
+    g = decode_graph.DecodeGraphs(r)
+    g.pdl, g.fold_combine, g.qk_fold = 3, True, True  # what capture() sets before the row counts
+    on = {n: replace(g.mode_at(n), interpret=False).prefetch_on() for n in (1, 2, 8)}
+    assert on == {1: True, 2: False, 8: False} and not PLAIN.prefetch_on()
     r.cfg.kernels = KernelConfig(prefetch_rows=0)
-    seen.clear()
-    decode_graph._capture(r, 1, False)
-    assert seen == {1: False}
+    assert not replace(g.mode_at(1), interpret=False).prefetch_on()
 
 
 def test_the_lane_host_serves_the_same_replies_at_fewer_rows():
@@ -164,8 +161,7 @@ def test_the_lane_host_serves_the_same_replies_at_fewer_rows():
 def test_the_split_attention_runs_two_pipeline_stages_only_in_64_row_rounds(monkeypatch):
     """engine/cuda/decode_attention.py STAGES: at 3 stages (Triton's default) the split kernel takes 71.7 KB of shared
     memory on sm_90 and an SM holds three, so a 64-row round's 512 items ran in two waves; 2 stages hold
-    four, and the 64-row round ran 0.16 ms faster. Rounds of 1-8 rows keep the default (2 stages lost 0.06 ms at
-    one row). The launch is recorded here; the device run compares the bits (warps_bits)."""
+    four. Rounds of 1-8 rows keep the default (2 stages lost 0.06 ms at one row on the H200). The launch is recorded here; the device run compares the bits (warps_bits)."""
     import engine.cuda.decode_attention as K
     launches = []
 
@@ -183,7 +179,7 @@ def test_the_split_attention_runs_two_pipeline_stages_only_in_64_row_rounds(monk
                            fold=True, programs=4)
     assert [kw.get("num_stages") for kw in launches] == [None, None, 2]
     # LOADS_FIRST: the q/k fold's loads before its sums in rounds of 1-8 rows, not at 64, where holding them
-    # takes the kernel to 148 registers and three programs a SM (+0.14 to +0.34 ms a 64-row round)
+    # takes the kernel to 148 registers and three programs a SM
     assert [kw["LOADS_FIRST_"] for kw in launches] == [True, True, False]
 
 

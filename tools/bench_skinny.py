@@ -147,9 +147,10 @@ def label(c: S.SkinnyConfig) -> str:
 
 def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates, out: dict, say,
                  world: int = 1, only: tuple[str, ...] = (), keep: bool = False) -> None:
-    """Section 1-2: each shape's variants, the best config adopted in-process (CONFIGS at
-    (N, K, padded rows)) where it beats cuBLAS at `rows` rows and is row-invariant. keep: a shape
-    CONFIGS already has an entry for is timed with that entry only and keeps it."""
+    """Section 1-2: each shape's variants, the best config adopted (out["adopt"], at (N, K, padded
+    rows); adopted_tables gives the device's tables with them) where it beats cuBLAS at `rows` rows
+    and is row-invariant. keep: a shape the tables already have an entry for is timed with that
+    entry only and keeps it."""
     from engine.cuda.fused import silu_mul
     gen = torch.Generator(device=dev).manual_seed(0)
     bm = S.block_m(rows)
@@ -163,8 +164,9 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
         xs = {m: torch.randn(m, kin, device=dev, generator=gen, dtype=torch.float32).to(dtype) for m in {1, rows, bm}}
         first = silu_mul if silu else (lambda x: x)
         cublas = lambda m: (lambda c: F.linear(first(xs[m]), ws[c]))  # noqa: E731
-        shipped = (n, k, bm) in S.CONFIGS or (n, k) in S.CONFIGS
-        cands = [S.config_for(n, k, rows)] if keep and shipped else candidates
+        tables = adopted_tables(dev, adopt)
+        shipped = (n, k, bm) in tables.configs or (n, k) in tables.configs
+        cands = [S.config_for(n, k, rows, tables)] if keep and shipped else candidates
         configs = {label(c): c for c in cands if c is not None and k % (c.block_k * c.split_k) == 0}
         variants = {f"cublas {rows} rows": cublas(rows), **({f"cublas {bm} rows": cublas(bm)} if bm != rows else {}),
                     "cublas 1 row": cublas(1),
@@ -181,7 +183,6 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
             cub = rec["variants"][f"cublas {rows} rows"].get("us", math.inf)
             won = ok[vn]["us"] < cub and rec["row_invariant"]
             if not (keep and shipped):
-                S.CONFIGS[(n, k, bm)] = cfg if won else None
                 adopt["configs"].append([n, k, bm, asdict(cfg) if won else None, round(ok[vn]["us"], 1), round(cub, 1)])
             rec["best"] = {"variant": vn, "config": asdict(cfg), "adopted": won and not (keep and shipped)}
             what = "shipped: kept" if keep and shipped else "adopted" if won else "cuBLAS is as fast: kept"
@@ -204,13 +205,14 @@ def bench_shapes(model: str, dev, dtype, rows: int, bw: float | None, candidates
 
 def bench_gated(n: int, k: int, ws: list[torch.Tensor], x: torch.Tensor, bw: float | None, out: dict, say) -> None:
     """Section 3: gate/up with silu*up folded in, against the two kernels (the plain product with
-    the config just adopted, then silu_mul); adopted into GATED where faster by > 0.5 us, right
-    (rel err, row-invariant)."""
+    the config just adopted, then silu_mul); adopted (out["adopt"]["gated"]) where faster by > 0.5 us,
+    right (rel err, row-invariant)."""
     from engine.cuda.fused import silu_mul
     dev, bm = x.device, S.block_m(x.shape[0])
-    cands = ({label(c): c for c in GATED_CANDIDATES if S.gated_smem(c, bm) <= S.SMEM_LIMIT}
+    tables = adopted_tables(dev, out["adopt"])
+    cands = ({label(c): c for c in GATED_CANDIDATES if S.gated_smem(c, bm) <= tables.smem}
              if dev.type == "cuda" else {label(c): c for c in (S.SkinnyConfig(16, 32), S.SkinnyConfig(32, 32))})
-    variants = {"two kernels": lambda i: silu_mul(S.linear(x, ws[i])),
+    variants = {"two kernels": lambda i: silu_mul(S.linear(x, ws[i], tables=tables)),
                 **{vn: (lambda cfg: (lambda i: S.gate_up_silu(x, ws[i], config=cfg)))(c) for vn, c in cands.items()}}
     res = vary("gated", variants, len(ws), dev, n * k * torch.finfo(x.dtype).bits // 8, bw, say)
     rec = out["gated"] = {"N": n, "K": k, "rows": x.shape[0], "variants": res}
@@ -222,18 +224,24 @@ def bench_gated(n: int, k: int, ws: list[torch.Tensor], x: torch.Tensor, bw: flo
     ref = lambda xx: silu_mul(F.linear(xx.float(), ws[0].float()))  # noqa: E731
     rec.update(row_checks(lambda xx: S.gate_up_silu(xx, ws[0], config=cfg), ref, x))
     one = S.gate_up_silu(x, ws[0], config=cfg)
-    rec["bitwise_eq_two_kernels"] = bool(torch.equal(one, silu_mul(S.linear(x, ws[0]))))
+    rec["bitwise_eq_two_kernels"] = bool(torch.equal(one, silu_mul(S.linear(x, ws[0], tables=tables))))
     won = ok[vn]["us"] < two - 0.5 and rec["row_invariant"] and rec["rel_err_vs_fp32"] < 2e-2
     rec["best"] = {"variant": vn, "config": asdict(cfg), "adopted": won}
     if won:
-        S.GATED[(n, k, bm)] = cfg
         out["adopt"]["gated"].append([n, k, bm, asdict(cfg), round(ok[vn]["us"], 1), round(two, 1)])
     say(f"gated      best {vn} ({'adopted' if won else 'the two kernels kept'}) {ok[vn]['us']:.1f} us vs two "
         f"{two:.1f}: rel err {rec['rel_err_vs_fp32']:.2e}, row invariant {rec['row_invariant']}, "
         f"== two kernels {rec['bitwise_eq_two_kernels']}")
 
 
-def bench_round(model: str, device: str, dtype: str, rows: int, out: dict, say, rounds: int, reps: int) -> None:
+def adopted_tables(dev, adopt: dict, default: S.SkinnyConfig | None = None) -> S.SkinnyTables:
+    """The device's skinny tables plus the entries adopted so far (and `default` for other shapes)."""
+    t = S.tables_for(torch.device(dev)).with_entries(adopt["configs"], adopt["gated"])
+    return replace(t, default=default) if default is not None else t
+
+
+def bench_round(model: str, device: str, dtype: str, rows: int, out: dict, say, rounds: int, reps: int,
+                tables: S.SkinnyTables) -> None:
     from tools.bench import bench_decode, prompt
     from engine.runner.model_runner import ModelRunner
     cfg = EngineConfig(model=model, device=device, dtype=dtype, parallel=rows, max_model_len=512,
@@ -242,6 +250,9 @@ def bench_round(model: str, device: str, dtype: str, rows: int, out: dict, say, 
     sk = ModelRunner(replace(cfg, kernels=KernelConfig(skinny=True)), model=base.model)
     if device == "cpu":  # the dry run: Triton's interpreter in place of CUDA
         sk.fused = sk.skinny = True
+    sk.kernels.skinny = tables  # the adopted entries; the graph captured again with them
+    if sk.graph is not None:
+        sk.capture_graph()
     out["round"] = {"graph": [base.graph is not None, sk.graph is not None],
                     "decode_matmuls": [base.describe()["decode_matmuls"], sk.describe()["decode_matmuls"]]}
     for k in (1, 4):
@@ -268,7 +279,7 @@ def main(model: Annotated[str, typer.Option(help="preset")] = "qwen3-8b",
          rows: Annotated[int, typer.Option(help="the round's fixed row count (--parallel)")] = 8,
          tensor_parallel: Annotated[int, typer.Option(help="one rank's shapes at this TP size (no round)")] = 1,
          only: Annotated[str, typer.Option(help="these shapes only, e.g. gate_up (no round)")] = "",
-         keep: Annotated[bool, typer.Option("--keep", help="shapes with a CONFIGS entry: time it, keep it")] = False,
+         keep: Annotated[bool, typer.Option("--keep", help="shapes with a table entry: time it, keep it")] = False,
          rounds: int = 32, reps: int = 3,
          json_path: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None):
     cuda = device.startswith("cuda")
@@ -297,9 +308,8 @@ def main(model: Annotated[str, typer.Option(help="preset")] = "qwen3-8b",
     if tensor_parallel > 1 or names:
         say("done")
         return
-    if not cuda:
-        S.DEFAULT = cands[0]
-    bench_round(model, device, "bfloat16" if cuda else "float32", rows, out, say, rounds, reps)
+    tables = adopted_tables(device, out["adopt"], None if cuda else cands[0])
+    bench_round(model, device, "bfloat16" if cuda else "float32", rows, out, say, rounds, reps, tables)
     say("done")
 
 

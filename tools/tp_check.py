@@ -126,8 +126,8 @@ def skinny_turns(be, cfg: EngineConfig, vocab: int, rounds: int, turns: list[str
             be._both("set_skinny", args, {})
             ok = be._both("set_sums", (how or "fused",), {})
         else:
-            from engine.cuda.skinny import set_entries
-            set_entries(*args)
+            from engine.cuda.skinny import tables_for
+            be.kernels.skinny = tables_for(be.device).with_entries(*args)
             ok = be.capture_graph() if be.graph is not None else True
         run = {"turn": turn, "set": ok, "cuda_graph": getattr(be, "runner", be).graph is not None}
         if ok:

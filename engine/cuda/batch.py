@@ -10,23 +10,25 @@ of that row and W alone, whatever M, whichever tile row it lands in.
 Programs walk the M tiles of one column block together (pid -> column block major), so the
 column block's weights come from HBM once and from L2 for the other row tiles.
 
-The tiles take 1.5-2x cuBLAS's time (tools/PERF.md runs 8-10). cuBLAS is row-invariant too
-at row counts where its kernel does not split K: `adopt_buckets` checks that bitwise for a
-model's shapes at start-up (on the H200 every multiple of 128 from 384 to 2,048 passed, run 13),
-and a shape it adopted runs cuBLAS at the smallest checked count >= M (ModelRunner.prefill_many
-pads the forward's rows once, `padded_rows`), in chunks of the largest.
+The tiles take 1.5-2x cuBLAS's time on the H200. cuBLAS is row-invariant too at row counts
+where its kernel does not split K: `adopt_buckets` checks that bitwise for a model's shapes at
+start-up (on the H200 every multiple of 128 from 384 to 2,048 passed) and returns the Buckets the
+runner keeps; a shape in them runs cuBLAS at the smallest checked count >= M (ModelRunner.prefill_many
+pads the forward's rows once, `Buckets.padded_rows`), in chunks of the largest.
 Runs under TRITON_INTERPRET=1 on the CPU (tests/test_prefill_many.py, tests/test_batch_buckets.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.cuda.decode_attention import INTERPRET
+from engine.cuda.launch import INTERPRET
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class TileConfig:
 
 DEFAULT = TileConfig()
 # (N, K) -> config; part of the numerics (it fixes the sum order), so constants, never autotuned.
-CONFIGS: dict[tuple[int, int], TileConfig] = {}
+CONFIGS: Mapping[tuple[int, int], TileConfig] = MappingProxyType({})
 
 
 @triton.jit
@@ -91,10 +93,30 @@ def _tile_tma_kernel(XD, WD, YD, M, N, K,
     YD.store([om, on], acc.to(YD.dtype))  # rows past M are clipped by the copy engine
 
 
-# (N, K) -> row counts at which cuBLAS gave every row the same bits, whatever the count and the
-# row's place (bucket_check); such shapes run through cuBLAS at the smallest count >= M (rows
-# padded with zeros), in chunks of the largest. Empty: the tiles below for every shape.
-BUCKETS: dict[tuple[int, int], tuple[int, ...]] = {}
+@dataclass(frozen=True)
+class Buckets:
+    """(N, K) -> row counts at which cuBLAS gave every row the same bits, whatever the count and the
+    row's place (bucket_check, at start-up: adopt_buckets); such shapes run through cuBLAS at the
+    smallest count >= M (rows padded with zeros), in chunks of the largest. Empty: the tiles for
+    every shape."""
+
+    table: Mapping[tuple[int, int], tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """The checked row counts (every shape's are the same), () when none."""
+        return next(iter(self.table.values()), ())
+
+    def padded_rows(self, m: int) -> int:
+        """Rows a forward of m rows is padded to, so that every product runs at a checked count: m
+        when there are none."""
+        rows = self.rows
+        if not rows:
+            return m
+        return -(-m // rows[-1]) * rows[-1] if m > rows[-1] else next(b for b in rows if b >= m)
+
+
+NO_BUCKETS = Buckets()
 
 
 def bucketed(x: torch.Tensor, w: torch.Tensor, buckets: tuple[int, ...]) -> torch.Tensor:
@@ -128,35 +150,25 @@ def bucket_check(w: torch.Tensor, buckets: tuple[int, ...], shifts=(0, 1, 37, 64
 CANDIDATES = tuple(range(128, 2049, 128))
 
 
-def adopt_buckets(weights: list[torch.Tensor], candidates: tuple[int, ...] = CANDIDATES) -> tuple[int, ...]:
-    """Check every weight shape (bucket_check); the row counts all of them passed become BUCKETS
-    for each shape, if the largest candidate is among them (chunks of it must stay exact).
-    Returns those counts, () when cuBLAS failed the check and the tiles stay."""
+def adopt_buckets(weights: list[torch.Tensor], candidates: tuple[int, ...] = CANDIDATES) -> Buckets:
+    """Check every weight shape (bucket_check); the row counts all of them passed become the
+    Buckets of each shape, if the largest candidate is among them (chunks of it must stay exact).
+    NO_BUCKETS when cuBLAS failed the check and the tiles stay."""
     common = set(candidates)
     for w in weights:
         common &= set(bucket_check(w, candidates))
     rows = tuple(sorted(common))
-    BUCKETS.clear()
     if rows and rows[-1] == candidates[-1]:
-        BUCKETS.update({tuple(w.shape): rows for w in weights})
-        return rows
-    return ()
+        return Buckets(MappingProxyType({tuple(w.shape): rows for w in weights}))
+    return NO_BUCKETS
 
 
-def padded_rows(m: int) -> int:
-    """Rows a forward of m rows is padded to, so that every product runs at a checked count: m
-    when BUCKETS is empty."""
-    rows = next(iter(BUCKETS.values()), ())
-    if not rows:
-        return m
-    return -(-m // rows[-1]) * rows[-1] if m > rows[-1] else next(b for b in rows if b >= m)
-
-
-def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] times w [N, K]^T -> [M, N] in w's dtype, rows independent of M."""
+def matmul(x: torch.Tensor, w: torch.Tensor, buckets: Buckets = NO_BUCKETS) -> torch.Tensor:
+    """x [M, K] times w [N, K]^T -> [M, N] in w's dtype, rows independent of M. buckets: the
+    runner's adopted cuBLAS row counts (adopt_buckets)."""
     m, (n, k) = x.shape[0], w.shape
-    if (n, k) in BUCKETS:
-        return bucketed(x, w, BUCKETS[(n, k)])
+    if (n, k) in buckets.table:
+        return bucketed(x, w, buckets.table[(n, k)])
     c = CONFIGS.get((n, k), DEFAULT)
     if k % c.block_k or x.shape[1] != k or x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError(f"batch matmul: x {tuple(x.shape)} by w {tuple(w.shape)}: K must be a multiple of "

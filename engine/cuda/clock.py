@@ -1,20 +1,19 @@
 """In-kernel clocks for a dev probe (tools/attn_clock.py): where a split-attention program's time
-goes between its phases, read from the SM's cycle counter. The engine never sets CLOCK, so its kernels
-compile without them (the split kernel's CLOCK_ constexpr is off).
+goes between its phases, read from the SM's cycle counter. Only the probe gives the runner a clock
+buffer (engine/cuda/kernels.py CudaKernels.clock); without one the kernels compile without them
+(the split kernel's CLOCK_ constexpr is off).
 
 A stamp takes a value computed from the data of the phase before it, so it is read when that data has
 arrived, not when its loads were issued.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-# [layers, programs, SLOTS] int64 on the device, set by the probe before it captures its graphs:
-# decode_attention(i, ...) passes CLOCK[i] to the split kernel; program p (a row's first split, KV head
-# p % KVH of row p // KVH) writes its slots at p.
-CLOCK: torch.Tensor | None = None
+# The probe's buffer: [layers, programs, SLOTS] int64 on the device, set before it captures its graphs;
+# layer i's decode_attention passes clock[i] to the split kernel; program p (a row's first split, KV
+# head p % KVH of row p // KVH) writes its slots at p.
 SLOTS = tl.constexpr(10)
 # slots: 0 entry, 1 after the PDL wait, 2 the positions read, 3 q ready (its norm, RoPE and K/V write),
 # 4 the keys walked, 5 the output stored (cycles); 6 / 7 the global timer at 1 / 5 (ns); 8 the global

@@ -17,93 +17,43 @@ Runs under TRITON_INTERPRET=1 on the CPU too (tests/test_runner.py checks it aga
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from engine.cuda import clock as kernels_clock
 from engine.cuda.clock import SLOTS, stamp, stamp_sm
+from engine.cuda.launch import INTERPRET, PLAIN, LaunchMode, pdl_enter, pdl_launch, pdl_wait
 from engine.cuda.merge import fold_tail, merge_split
 from engine.cuda.prefetch import prefetch_first_split, prefetch_rows
 from engine.cuda.qkfold import qk_heads
 from engine.cuda.walk import walk
 
 SPLIT = 256
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 64
 # The split kernel's programs a SM at most: its grid stops growing with the KV cache's length. One
 # program an item (rows x KV heads x max splits) is 8,256 programs at --parallel 8 and 32,784 tokens,
 # 0.16 ms a round slower at context 128 than 32 a SM (4,224); 8 a SM was no better at 1 stream and
-# slower at 8 streams (tools/PERF.md runs 42-45). Below 4,224 items the grid is one an item.
+# slower at 8 streams (qwen3-8b, H200). Below 4,224 items the grid is one an item.
 GRID_PER_SM = 32
-# The split kernel's warps a program (run 77: 2 and 8 slower than 4).
+# The split kernel's warps a program (2 and 8 measured slower than 4 on the H200).
 WARPS = 4
 # The round's padded rows at which the small kernels on its path (the add+RMSNorm, the split kernel's q/k
 # norm and rotation) ask every load before any arithmetic, where the norm's weight, the rotation's tables and
 # V came after the sums: one trip to L2 on the path, not two to four. The same arithmetic. Not at 64 rows:
-# there the loads held across the sums cost the split kernel more than the trips (tools/PERF.md run 95).
+# there the loads held across the sums cost the split kernel more than the trips (measured on the H200).
 LOADS_FIRST = {1, 2, 4, 8}
 # The split kernel's software-pipeline stages by the round's padded rows (Triton's default, 3, elsewhere).
 # As launched (strides divisible by 16) 3 stages take 71.7 KB of shared memory a program on sm_90, so an
-# SM holds three: at 64 rows items past 396 (of 512 at context 128) start one item, 13 us, late (runs
-# 78-79). 2 stages take 38.9 KB and 128 registers, four a SM; 1 stage 22.5 KB but 168 registers, three.
+# SM holds three: at 64 rows items past 396 (of 512 at context 128) start one item, 13 us, late. 2 stages take 38.9 KB and 128 registers, four a SM; 1 stage 22.5 KB but 168 registers, three.
 STAGES: dict[int, int] = {64: 2}
-# Programmatic dependent launch (Hopper) for the Triton kernels of the CUDA forward: a kernel may
-# be launched while the one before it runs; it waits (gdc_wait) before touching memory, so its
-# launch and set-up overlap the previous kernel's tail and no bit changes. Off: plain launches.
-# 0: off; 1: wait only (the next kernel launches as this one's programs finish); 2: wait, then
-# let the next kernel launch at once (its programs wait on the GPU for this one); 3: the small kernels
-# (norms, attention) let the next launch first, then wait, so the product after one (the TMA ring,
-# engine/cuda/ring.py, whose weights stream before its own wait) starts during the product before
-# (the products themselves act as 2). Weights in registers or L2 before the wait, and 3 for the
-# Triton products, measured no faster (PERF.md runs 15-16).
-PDL = 0
-# The decode graph's folds of the split attention's neighbours, the same bits (tools/PERF.md
-# runs 17-20); off here, so eager calls run the plain kernels; the runner's capture turns them on
-# (kernels_skinny.launch_mode, from KernelConfig.fold_combine / fold_qk_norm):
-# - FOLD_COMBINE: the combine done by each (row, KV head)'s last-arriving split program
-#   (decode_attention's fold): qwen3-8b's round -0.072 ms. Loading V beside K, or a block ahead,
-#   measured no faster (run 17).
-# - FOLD_QK_NORM: the q/k per-head RMSNorm + RoPE + K/V cache write done by the split kernel
-#   (decode_attention's qk, engine/cuda/qkfold.py): -0.025 ms more.
-FOLD_COMBINE = False
-FOLD_QK_NORM = False
-
-
-def launch_opts() -> dict:
-    """Extra launch arguments every kernel of the forward passes (launch_pdl when PDL is on)."""
-    return {"launch_pdl": True} if PDL and not INTERPRET else {}
-
-
-def pdl_on() -> int:
-    return 0 if INTERPRET else int(PDL)
-
-
-@triton.jit
-def pdl_enter(PDL_: tl.constexpr):
-    """First thing in a kernel launched with PDL: wait for the kernel before to finish (its writes
-    visible), then (PDL 2) let the next one launch; PDL 3 lets it launch first. Every program calls
-    it, before any load or store (or pdl_launch, prefetches (engine/cuda/prefetch.py), then pdl_wait)."""
-    pdl_launch(PDL_)
-    pdl_wait(PDL_)
-
-
-@triton.jit
-def pdl_launch(PDL_: tl.constexpr):
-    """pdl_enter's first half: at PDL 3 the next kernel may launch now."""
-    if PDL_ > 2:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_wait(PDL_: tl.constexpr):
-    """pdl_enter's second half: the wait (then, at PDL 2, the next kernel's launch)."""
-    if PDL_ > 0:
-        tl.extra.cuda.gdc_wait()
-    if PDL_ == 2:
-        tl.extra.cuda.gdc_launch_dependents()
+# The decode graph's folds of the split attention's neighbours, the same bits (LaunchMode.fold_combine /
+# fold_qk_norm, from KernelConfig; off in eager calls, which run the plain kernels):
+# - fold_combine: the combine done by each (row, KV head)'s last-arriving split program
+#   (engine/cuda/merge.py fold_tail): qwen3-8b's round -0.072 ms on the H200. Loading V beside K, or
+#   a block ahead, measured no faster.
+# - fold_qk_norm: the q/k per-head RMSNorm + RoPE + K/V cache write done by the split kernel
+#   (engine/cuda/qkfold.py): -0.025 ms more.
 
 
 @triton.jit
@@ -139,7 +89,7 @@ def _split_kernel(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count,
     pdl_wait(PDL_)
     if DYNAMIC:
         r = tl.arange(0, P_PAD)
-        # int64 (the positions'); an int32 item index measured no faster (tools/PERF.md runs 69, 74)
+        # int64 (the positions'); an int32 item index measured no faster
         if CLOCK_:
             stamp(Clock, pid * SLOTS, 1, pid, pid < pk)
             stamp(Clock, pid * SLOTS, 6, pid, pid < pk, NS=True)
@@ -186,7 +136,7 @@ def _split_item(Q, K, V, Lanes, Pos, Opart, Lse, Out, Count, s, row, kvh,
                           tl.load(Pos + row).to(tl.int64), kvh, s == n - 1, stride_qkv, stride_kt, stride_kh, eps,
                           H, KVH, GROUP, GROUP_PAD, D, LF_)
             # q goes through memory and is read back by the load below, as the unfolded kernel reads
-            # it: attending with the tile in registers gave other bits (tools/PERF.md run 19).
+            # it: attending with the tile in registers gave other bits.
             # The barrier also orders the K/V rows just written before the split holding pos reads them.
             tl.store(Q + row * stride_qr + heads[:, None] * stride_qh + d[None, :], qn, mask=gmask[:, None])
             tl.debug_barrier()
@@ -248,21 +198,24 @@ _scratch: dict = {}
 
 
 def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions: torch.Tensor,
-                     fold: bool | None = None, qk: tuple | None = None, programs: int | None = None) -> torch.Tensor:
+                     fold: bool | None = None, qk: tuple | None = None, programs: int | None = None,
+                     mode: LaunchMode = PLAIN, clock: torch.Tensor | None = None) -> torch.Tensor:
     """q [P, H, D] at `positions` of `lanes` (KV rows already written). Returns [P, H*D].
-    fold (default FOLD_COMBINE): the combine done by the split kernel's last program of each
+    mode: how the kernels launch (PDL, the L2 prefetch; engine/cuda/launch.py).
+    fold (default mode.fold_combine): the combine done by the split kernel's last program of each
     (row, KV head) instead of a second kernel, the same bits.
     qk = (wq, wk, cos, sin, H, eps): q is the q/k/v product [P, (H + 2 KVH) * D] instead, and the
     split kernel norms and rotates q and k and writes the K/V rows itself (engine/cuda/qkfold.py),
-    as kernels_fused.qk_norm_rope_write would; only where qk_fold_takes() says so.
+    as engine/cuda/fused.py qk_norm_rope_write would; only where qk_fold_takes() says so.
     programs: the split kernel's grid (default: every item on the interpreter, else at most
-    GRID_PER_SM a SM); which program takes an item does not touch its bits."""
+    GRID_PER_SM a SM); which program takes an item does not touch its bits.
+    clock: [programs, SLOTS] int64, a dev probe's phase clocks (engine/cuda/clock.py); None: compiled out."""
     k, v = kv.k[i], kv.v[i]  # [lanes+1, M, KVH, D]
     kvh, max_len, d = k.shape[2], k.shape[1], k.shape[3]
     p, h = q.shape[0], (qk[4] if qk is not None else q.shape[1])
     group = h // kvh
     nsplit = triton.cdiv(max_len, SPLIT)
-    fold = FOLD_COMBINE if fold is None else fold
+    fold = mode.fold_combine if fold is None else fold
     key = (p, h, d, nsplit, q.device)
     if key not in _scratch:  # allocated once, outside any graph capture's first use
         _scratch[key] = (torch.empty(p, h, nsplit, d, dtype=torch.float32, device=q.device),
@@ -276,8 +229,8 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         wq, wk, cos, sin, _, eps = qk
         extra = dict(QKV=q, stride_qkv=q.stride(0), WQ=wq, WK=wk, Cos=cos, Sin=sin, eps=eps, H=h, QKN=True)
         q = torch.empty(p, h, d, dtype=q.dtype, device=q.device)
-    if kernels_clock.CLOCK is not None and not INTERPRET:  # a dev probe's phase clocks (engine/cuda/clock.py)
-        extra.update(Clock=kernels_clock.CLOCK[i], CLOCK_=True)
+    if clock is not None and not INTERPRET:  # a dev probe's phase clocks (engine/cuda/clock.py)
+        extra.update(Clock=clock, CLOCK_=True)
     items = p * kvh * nsplit
     grid = programs or (items if INTERPRET else min(items, GRID_PER_SM * _sms(q.device)))
     _split_kernel[(grid,)](
@@ -289,16 +242,16 @@ def decode_attention(kv, i: int, q: torch.Tensor, lanes: torch.Tensor, positions
         out.stride(0),
         d ** -0.5, p, kvh,
         GROUP=group, GROUP_PAD=group_pad(group), D=d, SPLIT_=SPLIT, BLOCK_=BLOCK,
-        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=pdl_on(), P_PAD=triton.next_power_of_2(p),
-        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(), LOADS_FIRST_=p in LOADS_FIRST, num_warps=WARPS,
-        **({"num_stages": STAGES[p]} if p in STAGES else {}), **extra, **launch_opts())
+        DYNAMIC=not INTERPRET, NSPLIT=nsplit, FOLD=fold, PDL_=mode.pdl_on(), P_PAD=triton.next_power_of_2(p),
+        ITEMS=triton.cdiv(items, grid), PREFETCH_=prefetch_rows(mode), LOADS_FIRST_=p in LOADS_FIRST, num_warps=WARPS,
+        **({"num_stages": STAGES[p]} if p in STAGES else {}), **extra, **mode.opts())
     if not fold:
         _combine_kernel[(p, h)](
             opart, lse, positions, out,
             opart.stride(0), opart.stride(1), opart.stride(2),
             lse.stride(0), lse.stride(1),
             out.stride(0),
-            D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=pdl_on(), num_warps=1, **launch_opts())
+            D=d, SPLIT_=SPLIT, NSPLIT=nsplit, DYNAMIC=not INTERPRET, PDL_=mode.pdl_on(), num_warps=1, **mode.opts())
     return out
 
 
@@ -312,6 +265,6 @@ def group_pad(group: int) -> int:
 
 
 def qk_fold_takes(n_heads: int, n_kv: int, head_dim: int) -> bool:
-    """Whether the split kernel can do the q/k norm + RoPE + cache write (FOLD_QK_NORM): head_dim
-    128 (the order kernels_qkfold reproduces) and a spare row in the head tile for K."""
+    """Whether the split kernel can do the q/k norm + RoPE + cache write (LaunchMode.fold_qk_norm):
+    head_dim 128 (the order engine/cuda/qkfold.py reproduces) and a spare row in the head tile for K."""
     return head_dim == 128 and n_heads // n_kv < group_pad(n_heads // n_kv)

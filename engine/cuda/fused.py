@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-import engine.cuda.decode_attention as K
-from engine.cuda.decode_attention import launch_opts, pdl_enter, pdl_launch, pdl_on, pdl_wait
-from engine.cuda.prefetch import l2_prefetch, line_offsets, prefetch_on
+from engine.cuda.decode_attention import LOADS_FIRST
+from engine.cuda.launch import PLAIN, LaunchMode, pdl_enter, pdl_launch, pdl_wait
+from engine.cuda.prefetch import l2_prefetch, line_offsets
 
 
 @triton.jit
@@ -53,29 +53,31 @@ def _add_rmsnorm_kernel(X, R, W, XOut, Y, N, eps, HAS_R: tl.constexpr, BLOCK: tl
     tl.store(Y + row * N + c, y.to(Y.dtype.element_ty), mask=m)
 
 
-def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float):
-    """Returns (x + r, rmsnorm(x + r) * w); with r None, (x, rmsnorm(x) * w)."""
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float, mode: LaunchMode = PLAIN):
+    """Returns (x + r, rmsnorm(x + r) * w); with r None, (x, rmsnorm(x) * w). mode: how it launches
+    (engine/cuda/launch.py), as every launcher here takes it."""
     rows, n = x.shape
     y = torch.empty_like(x)
     xo = torch.empty_like(x) if r is not None else x
-    _norm(rows, n, x, r if r is not None else x, w, xo, y, eps, HAS_R=r is not None, PREFETCH_=prefetch_on())
+    _norm(rows, n, x, r if r is not None else x, w, xo, y, eps, HAS_R=r is not None, mode=mode,
+          PREFETCH_=mode.prefetch_on())
     return xo, y
 
 
-def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: float):
+def embed_rmsnorm(table: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, eps: float, mode: LaunchMode = PLAIN):
     """Returns (table[ids], rmsnorm(table[ids]) * w): add_rmsnorm(embedding(ids), None, w) in one
     kernel, the same bits (the rows are copied, then normed as add_rmsnorm norms them)."""
     rows, n = ids.shape[0], table.shape[1]
     x = torch.empty(rows, n, dtype=table.dtype, device=table.device)
     y = torch.empty_like(x)
-    _norm(rows, n, table, x, w, x, y, eps, HAS_R=False, PREFETCH_=False, Ids=ids, GATHER=True)
+    _norm(rows, n, table, x, w, x, y, eps, HAS_R=False, PREFETCH_=False, Ids=ids, GATHER=True, mode=mode)
     return x, y
 
 
-def _norm(rows: int, n: int, x, r, w, xo, y, eps: float, **consts) -> None:
+def _norm(rows: int, n: int, x, r, w, xo, y, eps: float, mode: LaunchMode, **consts) -> None:
     """_add_rmsnorm_kernel over `rows` rows of n elements: a program a row, one launch."""
-    _add_rmsnorm_kernel[(rows,)](x, r, w, xo, y, n, eps, BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(),
-                                 WFIRST_=rows in K.LOADS_FIRST, num_warps=8 if n >= 2048 else 4, **consts, **launch_opts())
+    _add_rmsnorm_kernel[(rows,)](x, r, w, xo, y, n, eps, BLOCK=triton.next_power_of_2(n), PDL_=mode.pdl_on(),
+                                 WFIRST_=rows in LOADS_FIRST, num_warps=8 if n >= 2048 else 4, **consts, **mode.opts())
 
 
 @triton.jit
@@ -124,7 +126,8 @@ def _qk_norm_rope_kernel(QKV, WQ, WK, Cos, Sin, QOut, KC, VC, Lanes, Pos,
         tl.store(vb + D // 2 + half, x2.to(VC.dtype.element_ty))
 
 
-def qk_norm_rope_write(qkv, wq, wk, cos, sin, kc, vc, lanes, positions, n_heads, n_kv, head_dim, eps):
+def qk_norm_rope_write(qkv, wq, wk, cos, sin, kc, vc, lanes, positions, n_heads, n_kv, head_dim, eps,
+                       mode: LaunchMode = PLAIN):
     """qkv [rows, (H + 2 KVH) * D] -> q [rows, H, D] normed and rotated; k (normed, rotated) and v
     written into kc/vc ([lanes, max_len, KVH, D], one layer) at (lanes[r], positions[r])."""
     rows = qkv.shape[0]
@@ -132,7 +135,7 @@ def qk_norm_rope_write(qkv, wq, wk, cos, sin, kc, vc, lanes, positions, n_heads,
     _qk_norm_rope_kernel[(rows, n_heads + 2 * n_kv)](
         qkv, wq, wk, cos, sin, q, kc, vc, lanes, positions,
         qkv.stride(0), kc.stride(0), kc.stride(1), kc.stride(2), eps,
-        H=n_heads, KVH=n_kv, D=head_dim, PDL_=pdl_on(), num_warps=1, **launch_opts())
+        H=n_heads, KVH=n_kv, D=head_dim, PDL_=mode.pdl_on(), num_warps=1, **mode.opts())
     return q
 
 
@@ -148,13 +151,13 @@ def _silu_mul_kernel(GU, Out, I, BLOCK: tl.constexpr, PDL_: tl.constexpr = 0):
     tl.store(Out + row * I + c, (s * u).to(Out.dtype.element_ty), mask=m)
 
 
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, mode: LaunchMode = PLAIN) -> torch.Tensor:
     rows, two_i = gu.shape
     i = two_i // 2
     out = torch.empty(rows, i, dtype=gu.dtype, device=gu.device)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, BLOCK=block, PDL_=pdl_on(), num_warps=4,
-                                                    **launch_opts())
+    _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, BLOCK=block, PDL_=mode.pdl_on(), num_warps=4,
+                                                    **mode.opts())
     return out
 
 
@@ -197,10 +200,10 @@ def _argmax_kernel(X, Out, Val, Idx, Count, N, stride_x, CHUNKS, CHUNK: tl.const
 _argmax_scratch: dict = {}
 
 
-def argmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None, mode: LaunchMode = PLAIN) -> torch.Tensor:
     """torch.argmax(logits, -1) for a decode round's [rows, vocab] logits, into `out` (int64) if
     given: chunks of each row side by side instead of one program walking it (the H200's argmax of
-    qwen3's 151,936 logits took 9 us a round, tools/PERF.md run 40)."""
+    qwen3's 151,936 logits took 9 us a round)."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     rows, n = logits.shape
     chunks = triton.cdiv(n, ARGMAX_CHUNK)
@@ -212,6 +215,6 @@ def argmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     val, idx, count = _argmax_scratch[key]
     out = torch.empty(rows, dtype=torch.long, device=logits.device) if out is None else out
     _argmax_kernel[(rows, chunks)](logits, out, val, idx, count, n, logits.stride(0), chunks, CHUNK=ARGMAX_CHUNK,
-                                   CHUNKS_PAD=triton.next_power_of_2(chunks), PDL_=pdl_on(), num_warps=4,
-                                   **launch_opts())
+                                   CHUNKS_PAD=triton.next_power_of_2(chunks), PDL_=mode.pdl_on(), num_warps=4,
+                                   **mode.opts())
     return out

@@ -1,24 +1,25 @@
 """The L2 prefetch of the decode round's small kernels, asked for between their PDL launch and
 their wait (engine/cuda/decode_attention.py pdl_launch / pdl_wait): the split attention's first split
 (`prefetch_first_split`) and the norms' weight and residual row (engine/cuda/fused.py).
-The decode graph's capture turns it on for its rounds of few rows (kernels_skinny.launch_mode's
-`prefetch`, from KernelConfig.prefetch_rows).
+The decode graph's capture turns it on for its rounds of few rows (LaunchMode.prefetch, from
+KernelConfig.prefetch_rows; engine/cuda/launch.py).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from engine.cuda.launch import LaunchMode
+
 # Under PDL, what a small kernel will read that the kernel before it does not write (the K/V rows
 # below a row's position, the norms' weights, the residual row, the RoPE tables) is asked into L2
-# before its wait, so after the wait those loads are L2 hits, not DRAM round trips. Off here; the
-# decode graph's capture turns it on (launch_mode) for its rounds of few rows (KernelConfig.prefetch_rows: at one
-# row -0.017 / -0.022 ms a round at contexts 128 / 4,000; at eight rows +0.015 / +0.2, tools/PERF.md
-# run 54).
-PREFETCH = False
+# before its wait, so after the wait those loads are L2 hits, not DRAM round trips. Off in eager
+# calls; the decode graph's capture asks for it (LaunchMode.prefetch) in its rounds of few rows
+# (KernelConfig.prefetch_rows: on qwen3-8b, H200, at one row -0.017 / -0.022 ms a round at contexts
+# 128 / 4,000; at eight rows +0.015 / +0.2 ms).
 # K/V rows of each row's first split the attention asks into L2 (0: only the norms' weights and RoPE
 # rows). Every split's rows at once was 0.2-0.5 ms a round slower at 4,000 tokens: up to 131 MB a
-# layer pulled in while the q/k/v product streams (run 52).
+# layer pulled in while the q/k/v product streams (measured on the H200).
 PREFETCH_ROWS = 64
 # prefetch.global.L2: the line holding the address brought into L2 where the flag is set. A hint: no
 # register is held through the wait, and a later load reads what memory holds then (L2 is where the
@@ -26,20 +27,14 @@ PREFETCH_ROWS = 64
 _PREFETCH = tl.constexpr("{ .reg .pred %p; setp.ne.b32 %p, $2, 0; @%p prefetch.global.L2 [$1]; mov.u32 $0, 0; }")
 
 
-def prefetch_on() -> bool:
-    """Whether the PDL kernels ask their inputs into L2 before the wait (never without PDL)."""
-    from engine.cuda.decode_attention import pdl_on  # (engine.cuda.decode_attention imports this module)
-    return bool(PREFETCH and pdl_on())
-
-
-def prefetch_rows() -> int:
+def prefetch_rows(mode: LaunchMode) -> int:
     """The split attention's PREFETCH_ constexpr: K/V rows asked for (0: the tables only; -1: none)."""
-    return PREFETCH_ROWS if prefetch_on() else -1
+    return PREFETCH_ROWS if mode.prefetch_on() else -1
 
 
 @triton.jit
 def l2_prefetch(ptrs, on):
-    """Each address's line into L2 where `on` (module doc of PREFETCH): a hint, never a load."""
+    """Each address's line into L2 where `on` (the note above PREFETCH_ROWS): a hint, never a load."""
     tl.inline_asm_elementwise(_PREFETCH, "=r,l,r", [ptrs, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 

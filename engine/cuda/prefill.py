@@ -10,7 +10,7 @@ So a cut is split where the two halves need no offset mask at all:
 - the diagonal: the same queries against keys [start, end), plain causal on a square (top-left
   and bottom-right alignment coincide there);
 
-each through the fastest causal/dense kernel the build has (cuDNN on the H200, `BACKEND`), each
+each through the fastest causal/dense kernel the build has (cuDNN on the H200, `CutBackend`), each
 returning its log-sum-exp; one Triton pass merges them: o = (oA eA + oB eB) / (eA + eB) with
 e = exp(lse - max). A cut at start 0 is its diagonal alone. Every cut of every schedule
 (stepped, whole, resumed from a prompt cache) runs this same function of (start, end) and the
@@ -28,9 +28,7 @@ import triton
 import triton.language as tl
 
 log = logging.getLogger("engine.cuda.prefill")
-# "cudnn" or "flash": which SDPA kernel computes the halves of a long cut on CUDA (tools/PERF.md run 6).
-BACKEND = "cudnn"
-# cuDNN builds a graph for each new shape (70-140 ms on the H200, tools/PERF.md run 6), and PyTorch
+# cuDNN builds a graph for each new shape (70-140 ms on the H200), and PyTorch
 # keeps those graphs per thread. So only cuts of a power-of-two row count of at least
 # CUDNN_MIN_ROWS go through it: a server's full cuts (R rows) at each grid start, a bounded set
 # that `warm` builds ahead; other cuts (a prompt's last, short ones) go through flash, which has
@@ -44,24 +42,36 @@ def _expand(k: torch.Tensor, heads: int) -> torch.Tensor:
     return k if g == 1 else k.repeat_interleave(g, dim=1)
 
 
-def backend_for(rows: int) -> str:
-    return BACKEND if rows >= CUDNN_MIN_ROWS and rows & (rows - 1) == 0 else "flash"
+class CutBackend:
+    """Which SDPA kernel computes the halves of a long cut on CUDA, for one runner: "cudnn" until a
+    build without cuDNN attention refuses it, then "flash" from that cut on."""
+
+    def __init__(self, name: str = "cudnn"):
+        self.name = name
+
+    def for_rows(self, rows: int) -> str:
+        return self.name if rows >= CUDNN_MIN_ROWS and rows & (rows - 1) == 0 else "flash"
 
 
-def warm(k: torch.Tensor, v: torch.Tensor, heads: int, rows: int) -> int:
+def backend_for(rows: int, backend: CutBackend | None = None) -> str:
+    return (backend or CutBackend()).for_rows(rows)
+
+
+def warm(k: torch.Tensor, v: torch.Tensor, heads: int, rows: int, backend: CutBackend | None = None) -> int:
     """Build cuDNN's graphs for cuts of `rows` rows at every grid start k ([max_len, KVH, d], one
     layer of a lane whose contents do not matter) allows, in the calling thread (PyTorch's cache
     of them is per thread). Returns how many cut shapes ran."""
-    if not k.is_cuda or backend_for(rows) != "cudnn":
+    backend = backend or CutBackend()
+    if not k.is_cuda or backend.for_rows(rows) != "cudnn":
         return 0
     q = torch.zeros(rows, heads, k.shape[2], dtype=k.dtype, device=k.device)
     starts = range(0, k.shape[0] - rows + 1, rows)
     for start in starts:
-        cut_attention(q, k[:start + rows], v[:start + rows], start)
+        cut_attention(q, k[:start + rows], v[:start + rows], start, backend)
     return len(starts)
 
 
-def _half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
+def _half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, backend: CutBackend):
     """q [1, H, T, d], k/v [1, KVH, S, d] (strided views) -> (o [1, H, T, d], lse with lse[0, h, t])."""
     if not q.is_cuda:
         k, v = _expand(k, q.shape[1]), _expand(v, q.shape[1])
@@ -69,14 +79,13 @@ def _half(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
         return o, lse
     if q.dtype == torch.float32:  # flash and cuDNN take no float32: a float32 CUDA runner (a reference) does the math
         return _half_math(q, _expand(k, q.shape[1]), _expand(v, q.shape[1]), causal)
-    global BACKEND
-    if backend_for(q.shape[2]) == "cudnn":
+    if backend.for_rows(q.shape[2]) == "cudnn":
         try:
             o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)[:2]
             return o, lse[..., 0] if lse.dim() == 4 else lse
         except RuntimeError as e:  # a build without cuDNN attention: flash from the first cut on
             log.warning("cuDNN attention unavailable (%s): prompt cuts through flash", e)
-            BACKEND = "flash"
+            backend.name = "flash"
     o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[:2]
     return o, lse
 
@@ -124,14 +133,16 @@ def merge(oa, la, ob, lb) -> torch.Tensor:
     return out
 
 
-def cut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+def cut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                  backend: CutBackend | None = None) -> torch.Tensor:
     """q [T, H, d] at positions [start, start+T); k, v [end, KVH, d] of one lane (end = start+T).
-    Causal with the diagonal bottom-right. Returns [T, H*d]."""
+    Causal with the diagonal bottom-right. Returns [T, H*d]. backend: the runner's (CUDA)."""
+    backend = backend or CutBackend()
     t, h, d = q.shape
     qh = q.transpose(0, 1)[None]
     kh, vh = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    ob, lb = _half(qh, kh[:, :, start:], vh[:, :, start:], causal=True)
+    ob, lb = _half(qh, kh[:, :, start:], vh[:, :, start:], True, backend)
     if start == 0:
         return ob[0].transpose(0, 1).reshape(t, h * d)
-    oa, la = _half(qh, kh[:, :, :start], vh[:, :, :start], causal=False)
+    oa, la = _half(qh, kh[:, :, :start], vh[:, :, :start], False, backend)
     return merge(oa, la, ob, lb)

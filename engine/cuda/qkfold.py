@@ -1,7 +1,7 @@
 """The q/k per-head RMSNorm, RoPE and K/V cache write (engine/cuda/fused.py
 `_qk_norm_rope_kernel`) done inside the decode attention's split kernel (engine/cuda/decode_attention.py), so
 the round loses that kernel's launch. The same bits as the kernel it replaces (checked on the
-H200, tools/PERF.md runs 19-20):
+H200):
 
 - Every operation after the sum of squares is the standalone kernel's, element by element.
 - The sum of squares of a 64-element half head is where the bits could move: `tl.sum`'s order
@@ -13,7 +13,7 @@ H200, tools/PERF.md runs 19-20):
   halving's operand order does not matter; its grouping does, and it is the butterfly's.
 - The split kernel stores the q tile and reads it back with the unfolded kernel's own load before
   attending: q, K and V came out bitwise equal to the standalone kernel's, but attending with the
-  tile straight from registers gave other bits in a few outputs (run 19).
+  tile straight from registers gave other bits in a few outputs.
 Only for head_dim 128 (the lane layout above) with a spare row in the head tile for K
 (engine.cuda.decode_attention.qk_fold_takes); other shapes keep the standalone kernel.
 """

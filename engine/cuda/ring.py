@@ -2,11 +2,11 @@
 
 Why: a decode round is 144 weight products of a few rows, and engine/cuda/skinny.py's Triton
 kernels stream each at 70-88 % of copy bandwidth, losing ~4.5-5 us at every product's start and end
-(tools/PERF.md runs 16 and 23). Here each program is warp-specialized: one loader warp keeps a
+(qwen3-8b on the H200). Here each program is warp-specialized: one loader warp keeps a
 ring of 16 shared-memory stages (W [32, 128] and x's 8 rows a stage, one mbarrier each) full with TMA
 copies, walking all of its tiles back to back, and the 4 MMA warps run wgmma straight from shared
 memory (x's 8-row slots viewed as wgmma's 64-row A: the other 56 rows' outputs are never stored).
-That ring streams at 98.6 % of copy (run 28). With programmatic dependent launch the loader asks
+That ring streams at 98.6 % of copy on the H200. With programmatic dependent launch the loader asks
 for its first S stages of W before `griddepcontrol.wait`, so a product's weights stream while the
 kernel before it ends (the weights never depend on it); only x waits.
 
@@ -21,6 +21,9 @@ PTX (staged copies before the wait, x after it, wgmma, no spills), and the host-
 from __future__ import annotations
 
 import functools
+import logging
+from types import MappingProxyType
+from typing import Mapping
 
 import torch
 
@@ -37,22 +40,40 @@ except Exception:  # no Triton, or one without Gluon's Hopper ops: the Triton ke
     HAVE_GLUON = False
 
 _BN, _BK, _NS, _P, _XR = 32, 128, 16, 4, 8  # W rows a stage (at most), K a stage, stages, stages a group, x rows
-_STAGED = 8  # stages of W asked for before the wait (run 27: half the ring; the whole ring only lost)
-STAGED: dict[tuple, int] = {}  # SHAPES' keys -> stages staged before the wait, where not _STAGED
+_STAGED = 8  # stages of W asked for before the wait (half the ring; the whole ring measured slower)
+STAGED: Mapping[tuple, int] = MappingProxyType({})  # SHAPES' keys -> stages staged before the wait, where not _STAGED
 MAX_ROWS = _XR
-
-
-BROKEN: list[str] = []  # why the ring failed in this process (then the Triton kernels take every product)
+log = logging.getLogger("tfengine")
 
 
 @functools.cache
-def _hopper() -> bool:
+def supported() -> bool:
+    """Gluon with Hopper's TMA and wgmma, and a Hopper GPU."""
     return HAVE_GLUON and torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def available() -> bool:
-    """Gluon with Hopper's TMA and wgmma, a Hopper GPU, and no failure of the ring in this process."""
-    return _hopper() and not BROKEN
+class Ring:
+    """The ring as one runner uses it: `broken` says why it failed there (a compile or launch
+    error), after which the Triton kernels take every product of that runner."""
+
+    def __init__(self):
+        self.broken: list[str] = []
+
+    def available(self) -> bool:
+        """supported(), and no failure of the ring in this runner."""
+        return supported() and not self.broken
+
+    def try_product(self, x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = False,
+                    pdl: bool = False, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """product(), or None where it fails (a compile or launch error: the first is in a decode graph's
+        warm-up, before capture): the reason goes to `broken` and the log, and the caller runs the Triton
+        kernel."""
+        try:
+            return product(x, w, split, gated, pdl, out)
+        except Exception as e:  # pragma: no cover - depends on the device's Triton
+            self.broken.append(repr(e)[:500])
+            log.warning("TMA ring off for this runner (%s): the Triton kernels take the products", self.broken[-1])
+            return None
 
 
 if HAVE_GLUON:
@@ -184,18 +205,18 @@ def layout():
 
 
 # (N, K) or (2I, K, "gated") -> columns a tile, for the weight shapes where the ring measured faster
-# than engine/cuda/skinny.py in the round (tools/PERF.md runs 29-31); others stay Triton's.
-SHAPES: dict[tuple, int] = {
+# than engine/cuda/skinny.py in qwen3-8b's round on the H200; others stay Triton's.
+SHAPES: Mapping[tuple, int] = MappingProxyType({
     (6144, 4096): 32,            # qwen3-8b q/k/v
     (4096, 4096): 32,            # o
     (24576, 4096, "gated"): 16,  # gate/up, 16 columns of each
     (4096, 12288): 32,           # down
-}  # lm_head (151936, 4096) ran 287.5 us a launch against Triton's 286.2; q/k/v in 16 columns 15.8 us against 15.1
+})  # lm_head (151936, 4096) ran 287.5 us a launch against Triton's 286.2; q/k/v in 16 columns 15.8 us against 15.1
 # the same keys -> programs (each walks tiles pid, pid + programs, ..); absent: one a SM, at most one a tile.
 # Fewer than the SMs leaves room for the norm or attention between rings and the next ring's early launch:
 # q/k/v after a norm 19.7 -> 16.2 us, gate/up 55.4 -> 52.6; the round 4.325 -> 4.297 ms at 1 stream,
-# 4.420 -> 4.362 at 8 (tools/PERF.md run 36)
-PROGRAMS: dict[tuple, int] = {(6144, 4096): 96, (24576, 4096, "gated"): 128}
+# 4.420 -> 4.362 at 8 (qwen3-8b, H200)
+PROGRAMS: Mapping[tuple, int] = MappingProxyType({(6144, 4096): 96, (24576, 4096, "gated"): 128})
 
 
 def plan(n: int, k: int, rows: int, split: int, gated: bool) -> tuple[int, int] | None:
@@ -227,23 +248,11 @@ def _wdesc(w: torch.Tensor, nb: int):
 
 
 def takes(x: torch.Tensor, w: torch.Tensor, split: int, gated: bool = False) -> bool:
-    return (available() and x.is_cuda and x.dtype == w.dtype == torch.bfloat16 and x.dim() == 2
+    """Whether product() takes these operands (whether the ring works here: Ring.available)."""
+    return (x.is_cuda and x.dtype == w.dtype == torch.bfloat16 and x.dim() == 2
             and x.shape[1] == w.shape[1] and x.stride(1) == 1 and (x.stride(0) * 2) % 16 == 0
             and x.data_ptr() % 16 == 0 and w.is_contiguous()
             and plan(w.shape[0], w.shape[1], x.shape[0], split, gated) is not None)
-
-
-def try_product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = False, pdl: bool = False,
-                out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """product(), or None where it fails (a compile or launch error: the first is in a decode graph's
-    warm-up, before capture): the reason goes to BROKEN and the log, and the caller runs the Triton kernel."""
-    try:
-        return product(x, w, split, gated, pdl, out)
-    except Exception as e:  # pragma: no cover - depends on the device's Triton
-        import logging
-        BROKEN.append(repr(e)[:500])
-        logging.getLogger("tfengine").warning("TMA ring off for this process (%s): the Triton kernels take the products", BROKEN[-1])
-        return None
 
 
 def product(x: torch.Tensor, w: torch.Tensor, split: int = 1, gated: bool = False, pdl: bool = False,

@@ -1,7 +1,7 @@
 """The key walk of one split of the decode attention (engine/cuda/decode_attention.py): the split's keys reduced
 in BLOCK-row steps from its start, online softmax in float32. A block's K is loaded, scored, then
 its V loaded and weighed; loading K and V together, or the next block's ahead, measured slower on
-the H200 (tools/PERF.md run 74; those walks are at commit 9a5a3df).
+the H200 (those walks are at commit 9a5a3df).
 """
 from __future__ import annotations
 

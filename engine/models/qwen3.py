@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
+from engine.cpu.cut_attention import TILE, cut_attention_cpu, tile_for
 
 
 class RMSNorm(nn.Module):
@@ -143,14 +144,13 @@ class Qwen3ForCausalLM(nn.Module):
     def _summed(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.tp_reduce is None else self.tp_reduce(y)
 
-    def _add_summed_norm(self, x, mm, a, w, norm_w, eps):
+    def _add_summed_norm(self, x, mm, a, w, norm_w, eps, launch):
         """add_rmsnorm(x, the sum over ranks of mm(a, w), norm_w): fused (engine/parallel/fused.py) where
         it takes the product, the same bits either way."""
-        from engine.cuda.fused import add_rmsnorm
         f = self.tp_fused
         if f is not None and f.fused_write(mm, a, w):
-            return f.fused_add_norm(x, norm_w, eps)
-        return add_rmsnorm(x, self._summed(mm(a, w)), norm_w, eps)
+            return f.fused_add_norm(x, norm_w, eps, launch.mode)
+        return launch.add_rmsnorm(x, self._summed(mm(a, w)), norm_w, eps)
 
     # ---- set-up after the weights are in place -------------------------------------------
     def setup_rope(self, length: int) -> None:
@@ -213,7 +213,6 @@ class Qwen3ForCausalLM(nn.Module):
         each cut's last-row logits. A cut attends over its own lane in query tiles (cpu_attention.tile_for(
         --prefill-rows)) at absolute positions; pad=False: a partly covered tile multiplies the cut's rows
         only. With row-invariant products (cpu_kernels.rows_invariant) a cut's bits are its bits alone."""
-        from engine.cpu.cut_attention import TILE, cut_attention_cpu, tile_for
         tile = tile_for(rows) if rows else TILE
         ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
         spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
@@ -242,81 +241,93 @@ class Qwen3ForCausalLM(nn.Module):
 
         return packed.mm_tiled(self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed, tiled=True), "lm_head")
 
+    def _launch(self, launch):
+        """The fused forward's kernels (engine.cuda.kernels.Launch): the runner's, or plain ones for
+        this model's device. Imported here: the CPU forwards must not need triton."""
+        if launch is not None:
+            return launch
+        from engine.cuda.kernels import CudaKernels
+        return CudaKernels(self.model.embed_tokens.weight.device).at()
+
     def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None,
-                    attend_qkv=None) -> torch.Tensor:
+                    attend_qkv=None, launch=None) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
         rows) engine.cuda.skinny's where it measured faster, or `mm`'s. attend_qkv(i, qkv, attn):
-        the q/k norm, RoPE and cache write done by the attention itself (engine/cuda/qkfold.py)."""
-        from engine.cuda.fused import add_rmsnorm, embed_rmsnorm, qk_norm_rope_write, silu_mul
-        from engine.cuda.skinny import gate_up_silu, linear
+        the q/k norm, RoPE and cache write done by the attention itself (engine/cuda/qkfold.py).
+        launch: the kernels and their launch mode (engine.cuda.kernels.Launch; None: plain)."""
+        launch = self._launch(launch)
         if mm is None and skinny:
-            mm, act = linear, gate_up_silu
+            mm, act = launch.linear, launch.gate_up_silu
         elif mm is None:
-            mm, act = F.linear, (lambda h, w: silu_mul(F.linear(h, w)))
+            mm, act = F.linear, (lambda h, w: launch.silu_mul(F.linear(h, w)))
         else:
-            act = lambda h, w: silu_mul(mm(h, w))  # noqa: E731
+            act = lambda h, w: launch.silu_mul(mm(h, w))  # noqa: E731
         cfg, layers = self.config, self.model.layers
         eps = cfg.rms_norm_eps
-        x, h = embed_rmsnorm(self.model.embed_tokens.weight, tokens, layers[0].input_layernorm.weight, eps)
+        x, h = launch.embed_rmsnorm(self.model.embed_tokens.weight, tokens, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
             a, m = layer.self_attn, layer.mlp
             qkv = mm(h, a.wqkv)
             if attend_qkv is not None:
                 o = attend_qkv(i, qkv, a)
             else:
-                o = attend(i, qk_norm_rope_write(qkv, a.q_norm.weight, a.k_norm.weight, self.cos, self.sin, kv.k[i],
-                                                 kv.v[i], lanes, positions, a.n_heads, a.n_kv, a.head_dim, eps))
-            x, h = self._add_summed_norm(x, mm, o, a.o_proj.weight, layer.post_attention_layernorm.weight, eps)
+                o = attend(i, launch.qk_norm_rope_write(qkv, a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
+                                                        kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv,
+                                                        a.head_dim, eps))
+            x, h = self._add_summed_norm(x, mm, o, a.o_proj.weight, layer.post_attention_layernorm.weight, eps, launch)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = self._add_summed_norm(x, mm, act(h, m.w_gate_up), m.down_proj.weight, nxt, eps)
+            x, h = self._add_summed_norm(x, mm, act(h, m.w_gate_up), m.down_proj.weight, nxt, eps, launch)
         return h
 
-    def _qk_folded(self, attend_fn, kv, lanes, positions):
-        """The decode round's attend_qkv for trunk_fused where engine.cuda.decode_attention.FOLD_QK_NORM is on and
-        the attention is engine.cuda.decode_attention.decode_attention on a shape it takes; else None."""
-        import engine.cuda.decode_attention as K
+    def _qk_folded(self, attend_fn, kv, lanes, positions, launch):
+        """The decode round's attend_qkv for trunk_fused where the launch mode folds the q/k norm
+        (LaunchMode.fold_qk_norm), the attention is the launch's decode attention and it takes the
+        shape (engine.cuda.decode_attention.qk_fold_takes); else None."""
         a0 = self.model.layers[0].self_attn
-        if not (K.FOLD_QK_NORM and attend_fn is K.decode_attention and K.qk_fold_takes(a0.n_heads, a0.n_kv,
-                                                                                        a0.head_dim)):
+        if not (launch.mode.fold_qk_norm and attend_fn == launch.attention
+                and launch.qk_fold_takes(a0.n_heads, a0.n_kv, a0.head_dim)):
             return None
         eps = self.config.rms_norm_eps
 
         def attend_qkv(i, qkv, a):
             qk = (a.q_norm.weight, a.k_norm.weight, self.cos, self.sin, a.n_heads, eps)
-            return K.decode_attention(kv, i, qkv, lanes, positions, qk=qk)
+            return launch.attention(kv, i, qkv, lanes, positions, qk=qk)
         return attend_qkv
 
     def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
-                fused: bool = False) -> torch.Tensor:
+                fused: bool = False, launch=None) -> torch.Tensor:
         """One cut: tokens [T] at positions [start, start+T) of `lane`. Returns the logits of the
         last row ([vocab], the lm_head runs for that row only), or of every row if all_logits.
-        fused: run the trunk through the Triton kernels (CUDA, or the interpreter)."""
+        fused: run the trunk through the Triton kernels (CUDA, or the interpreter), `launch`'s."""
         attention = prefill_attention
         if fused:  # the CUDA path's cut attention, also under the interpreter (tests)
-            from engine.cuda.prefill import cut_attention
-            attention = cut_attention
+            launch = self._launch(launch)
+            attention = launch.cut_attention
         positions, write_kv, attend = cut_io(tokens, lane, start, kv, attention)
         if fused:
             lanes = torch.full_like(positions, lane)
-            x = self.trunk_fused(tokens, positions, lanes, kv, attend)
+            x = self.trunk_fused(tokens, positions, lanes, kv, attend, launch=launch)
         else:
             x = self.trunk(tokens, positions, write_kv, attend)
         return self.lm_head(x if all_logits else x[-1])
 
-    def prefill_many(self, seqs: list[tuple[torch.Tensor, int, int]], kv, mm) -> torch.Tensor:
+    def prefill_many(self, seqs: list[tuple[torch.Tensor, int, int]], kv, mm, padded_rows=None,
+                     launch=None) -> torch.Tensor:
         """Several cuts in one forward through the fused kernels: seqs = [(tokens [T], lane, start)],
         their rows one after another. Each cut's attention reads only its own lane (cut_attention)
         and `mm` must give a row's bits whatever the other rows (engine.cuda.batch.matmul), so
-        a cut's results do not depend on the cuts beside it. Returns each cut's last-row logits."""
-        from engine.cuda.batch import padded_rows
-        from engine.cuda.prefill import cut_attention
+        a cut's results do not depend on the cuts beside it. padded_rows(m): the rows a forward
+        of m rows runs at (engine.cuda.batch.Buckets.padded_rows; None: m). Returns each cut's
+        last-row logits."""
+        launch = self._launch(launch)
+        cut_attention = launch.cut_attention
         dev = seqs[0][0].device
         ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
         spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
-        # rows up to a count every product was checked at (kernels_batch.BUCKETS): token 0 at
+        # rows up to a count every product was checked at (the runner's batch Buckets): token 0 at
         # position 0 of the spare lane, never attended to, never read back
-        pad = padded_rows(ends[-1]) - ends[-1]
+        pad = (padded_rows(ends[-1]) if padded_rows is not None else ends[-1]) - ends[-1]
         zeros = torch.zeros(pad, dtype=torch.long, device=dev)
         tokens = torch.cat([t for t, _, _ in seqs] + [zeros])
         positions = torch.cat([torch.arange(s, s + b - a, device=dev) for a, b, _, s in spans] + [zeros])
@@ -326,14 +337,16 @@ class Qwen3ForCausalLM(nn.Module):
             return torch.cat([cut_attention(q[a:b], kv.k[i, lane, :s + b - a], kv.v[i, lane, :s + b - a], s)
                               for a, b, lane, s in spans] + [q.new_zeros(pad, q.shape[1] * q.shape[2])])
 
-        h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm)
+        h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, launch=launch)
         return mm(h[[b - 1 for _, b, _, _ in spans]], self.lm_head.weight)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn,
-               fused: bool = False, skinny: bool = False) -> torch.Tensor:
+               fused: bool = False, skinny: bool = False, launch=None) -> torch.Tensor:
         """One row per entry of the fixed padded batch: tokens, positions, lanes [P]. Writes each
         row's K/V at (lane, position); attend_fn(kv, layer, q, lanes, positions) reads [0, pos].
-        skinny (with fused): the matmuls through engine.cuda.skinny."""
+        skinny (with fused): the matmuls through engine.cuda.skinny. launch (with fused): the
+        kernels and their launch mode (engine.cuda.kernels.Launch; None: plain); attend_fn may be
+        its `attention`, whose q/k fold the mode may ask for."""
 
         def write_kv(i, k, v):
             kv.k[i, lanes, positions] = k
@@ -343,10 +356,10 @@ class Qwen3ForCausalLM(nn.Module):
             return attend_fn(kv, i, q, lanes, positions)
 
         if fused:
-            from engine.cuda.skinny import linear
-            h = self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=skinny,
-                                 attend_qkv=self._qk_folded(attend_fn, kv, lanes, positions))
-            return (linear if skinny else F.linear)(h, self.lm_head.weight)
+            launch = self._launch(launch)
+            h = self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=skinny, launch=launch,
+                                 attend_qkv=self._qk_folded(attend_fn, kv, lanes, positions, launch))
+            return (launch.linear if skinny else F.linear)(h, self.lm_head.weight)
         return self.lm_head(self.trunk(tokens, positions, write_kv, attend))
 
 
@@ -370,7 +383,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
     aligned at the bottom right (query row t sees keys [0, start + t]). Returns [T, H*d]."""
     t, h, d = q.shape
     qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    if q.is_cuda:  # cuDNN halves, no offset mask (engine/cuda/prefill.py)
+    if q.is_cuda:  # cuDNN halves, no offset mask (engine/cuda/prefill.py; imported here: CPU runs need no triton)
         from engine.cuda.prefill import cut_attention
         return cut_attention(q, k, v, start)
     if start == 0:

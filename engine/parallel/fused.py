@@ -36,7 +36,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.cuda.decode_attention import launch_opts, pdl_enter, pdl_on
+from engine.cuda.kernels import Launch
+from engine.cuda.launch import PLAIN, LaunchMode, pdl_enter
+from engine.cuda.skinny import linear
 
 # Bytes of one partial-sum buffer (two a rank): a decode round at --parallel 64 of qwen3-32b is
 # 64 x 5,120 x 2 B = 640 KiB. Larger products (prompt cuts) take the sum-then-norm path.
@@ -112,15 +114,16 @@ def _sum_add_rmsnorm_kernel(X, Own, Peer, W, XOut, Y, N, eps, OwnPad, PeerPad, R
 
 
 def sum_add_rmsnorm(x: torch.Tensor, own: torch.Tensor, peer: torch.Tensor, w: torch.Tensor, eps: float,
-                    pads: tuple[torch.Tensor, torch.Tensor] | None = None, rank: int = 0):
+                    pads: tuple[torch.Tensor, torch.Tensor] | None = None, rank: int = 0,
+                    mode: LaunchMode = PLAIN):
     """(x + (own + peer), its RMSNorm * w): add_rmsnorm(x, own + peer, w, eps)'s bits. `pads`
     (this rank's signal pad, the peer's): meet the peer first; None: no barrier (peer already here)."""
     rows, n = x.shape
     xo, y = torch.empty_like(x), torch.empty_like(x)
     own_pad, peer_pad = pads if pads is not None else (own, own)
     _sum_add_rmsnorm_kernel[(rows,)](x, own, peer, w, xo, y, n, eps, own_pad, peer_pad, RANK=rank,
-                                     BARRIER=pads is not None, BLOCK=triton.next_power_of_2(n), PDL_=pdl_on(),
-                                     num_warps=8 if n >= 2048 else 4, **launch_opts())
+                                     BARRIER=pads is not None, BLOCK=triton.next_power_of_2(n), PDL_=mode.pdl_on(),
+                                     num_warps=8 if n >= 2048 else 4, **mode.opts())
     return xo, y
 
 
@@ -139,28 +142,29 @@ class FusedSums:
 
     def write(self, mm, a: torch.Tensor, w: torch.Tensor) -> bool:
         """mm(a, w) (this rank's partial sum) into the next buffer; False where it does not take
-        it (too big, another dtype, an mm it cannot point at the buffer): nothing written."""
-        from engine.cuda.skinny import linear
+        it (too big, another dtype, an mm it cannot point at the buffer): nothing written. mm: F.linear,
+        engine.cuda.skinny.linear or a Launch's linear (engine/cuda/kernels.py)."""
         rows, n = a.shape[0], w.shape[0]
+        launched = getattr(mm, "__func__", None) is Launch.linear
         if (a.dim() != 2 or a.dtype != self.dtype or w.dtype != self.dtype or rows > self.max_rows
-                or rows * n > self.own[0].numel() or mm not in (linear, F.linear)):
+                or rows * n > self.own[0].numel() or not (launched or mm in (linear, F.linear))):
             return False
         out = self.own[self.k % 2][:rows * n].view(rows, n)
-        if mm is linear:
-            linear(a, w, out=out)
+        if launched or mm is linear:
+            mm(a, w, out=out)
         else:  # F.linear's own call for 2-D operands (at::matmul -> mm): the same cuBLAS product
             torch.mm(a, w.t(), out=out)
         self._rows_n = (rows, n)
         return True
 
-    def add_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float):
-        """After `write`: (x + the two ranks' sum, its RMSNorm * w)."""
+    def add_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, mode: LaunchMode = PLAIN):
+        """After `write`: (x + the two ranks' sum, its RMSNorm * w), launched per `mode`."""
         (rows, n), b = self._rows_n, self.k % 2
         self.k += 1
         self._rows_n = None
         own = self.own[b][:rows * n].view(rows, n)
         peer = self.peer[b][:rows * n].view(rows, n)
-        return sum_add_rmsnorm(x, own, peer, w, eps, self.pads, self.rank)
+        return sum_add_rmsnorm(x, own, peer, w, eps, self.pads, self.rank, mode)
 
 
 def fused_sums(group, device: torch.device, dtype: torch.dtype, world: int, hidden: int) -> FusedSums | None:

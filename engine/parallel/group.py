@@ -111,9 +111,10 @@ class TensorParallel:
         False: not fused here (none set up, timing-only skip, a product it does not take)."""
         return self.fused is not None and not self.skip_sums and self.fused.write(mm, a, w)
 
-    def fused_add_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float):
-        """After fused_write: add_rmsnorm(x, the sum over ranks, w, eps) in one kernel."""
-        return self.fused.add_norm(x, w, eps)
+    def fused_add_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, mode=None):
+        """After fused_write: add_rmsnorm(x, the sum over ranks, w, eps) in one kernel, launched per
+        `mode` (engine/cuda/launch.py LaunchMode; None: plain)."""
+        return self.fused.add_norm(x, w, eps) if mode is None else self.fused.add_norm(x, w, eps, mode)
 
     def symm_agrees(self, y: torch.Tensor) -> bool:
         """Whether the symmetric-memory sum of `y` has NCCL's bits (a check on the device)."""

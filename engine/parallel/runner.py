@@ -53,10 +53,10 @@ class TPRunner(ModelRunner):
 
     def set_skinny(self, configs: list, gated: list) -> None:
         """Device checks (tools/tp_check.py --skinny), sent to every rank as a plan: the
-        skinny tables as shipped plus these entries (kernels_skinny.set_entries); the next
+        skinny tables of this device plus these entries (SkinnyTables.with_entries); the next
         set_sums captures the decode graph with them."""
-        from engine.cuda.skinny import set_entries
-        set_entries(configs, gated)
+        from engine.cuda.skinny import tables_for
+        self.kernels.skinny = tables_for(self.device).with_entries(configs, gated)
 
     def symm_agrees(self, rows: int) -> bool:
         """A device check: the symmetric-memory sum of a random [rows, hidden] tensor (a different
@@ -85,8 +85,8 @@ class TPRunner(ModelRunner):
             ok = ok and all(torch.equal(p, q) for p, q in zip(got, want))
         return ok
 
-    def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
-        return self.tp.gather_vocab(super()._decode_body(inp, rows))
+    def _decode_body(self, inp: torch.Tensor, rows=None, mode=None) -> torch.Tensor:
+        return self.tp.gather_vocab(super()._decode_body(inp, rows, mode))
 
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
         return self.tp.gather_vocab(super()._forward_cut(ids, lane, start))

@@ -2,7 +2,7 @@
 
 A plain round: the host writes its rows, the graph runs, the host waits for the ids, emits them,
 builds the next round and launches it. The GPU idles through the host's part (~0.2 ms a round
-on the H200, tools/PERF.md run 38). When the lane host expects the next round to be this
+on the H200). When the lane host expects the next round to be this
 one's lanes fed their own greedy ids at the next positions (`ahead`: no prompt waits, every
 stream greedy, one row a stream), the runner launches that round at once, from the ids still on
 the device (`advance_inputs`: tokens = the last round's argmax, positions + 1 on a lane's row),

@@ -1,16 +1,21 @@
 """The decode round as CUDA graphs, captured for a ModelRunner at each of its row counts.
 
 - Row counts (`buckets`): the padded shape (--parallel), and below it 1, 2, 4, ... rows where every
-  product takes the same kernel and tiles as at the padded shape (kernels_skinny.route), so a row's
-  bits are the same whichever graph computes it. Row r always carries lane r: a round runs at the
-  fewest rows holding its highest lane (vLLM captures several batch sizes likewise).
+  product takes the same kernel and tiles as at the padded shape (engine/cuda/skinny.py route), so a
+  row's bits are the same whichever graph computes it. Row r always carries lane r: a round runs at
+  the fewest rows holding its highest lane (vLLM captures several batch sizes likewise).
 - Each row count's host-fed graph: its first node copies the round's rows (tokens, positions,
   lanes, steps) from pinned memory, then the forward and the argmax; `fresh` writes the rows and
   replays it.
 - Where rounds run ahead (`overlaps`, engine/runner/ahead.py), two copies of each row count's chained
   graph: the round after the last, its inputs advanced on the device from the last round's ids.
-- Captured inside the launch mode of the runner's knobs (engine/cuda/skinny.py launch_mode: PDL,
-  the attention's folds, the TMA ring); a failed capture leaves eager rounds and says why.
+- Each row count is captured with the launch mode its KernelConfig gives it (DecodeGraphs.mode_at:
+  PDL, the attention's folds, the TMA ring, the L2 prefetch at few rows), passed down the forward;
+  a failed capture leaves eager rounds and says why.
+
+DecodeGraphs owns all of it; the runner holds one and reads it through its public names. What it
+reads of the runner is public too: cfg, device, model, fused, skinny, kernels, spare, round_rows,
+max_model_len, round_logits.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.cpu.kernels import ROW_TILE
 from engine.runner.ahead import Ahead, advance_inputs, steps
 
 log = logging.getLogger("engine.runner.model_runner")
@@ -46,26 +52,25 @@ class Bucket:
 def buckets(r) -> tuple[int, ...]:
     """The row counts r's decode rounds run at, ascending, the padded shape last. CUDA: those below it
     whose products all route as the padded shape's (KernelConfig.row_buckets None or True). CPU (only
-    with row_buckets=True): whole tiles of cpu_kernels.ROW_TILE rows, which is what a CPU product
-    multiplies at any row count."""
+    with row_buckets=True): whole tiles of engine/cpu/kernels.py ROW_TILE rows, which is what a CPU
+    product multiplies at any row count."""
     full, on = r.round_rows, r.cfg.kernels.row_buckets
     if on is False or r.cfg.tensor_parallel != 1:
         return (full,)
     if r.device.type != "cuda":
-        from engine.cpu.kernels import ROW_TILE
         return tuple(n for n in _doublings(ROW_TILE, full) if on) + (full,)
     if not r.skinny:
         return (full,)
-    from engine.cuda import ring as R
+    # imported here: the CPU runner never loads triton
     from engine.cuda.skinny import route
-    ring = r.cfg.kernels.ring and R.available()
+    tables, ring = r.kernels.skinny, r.cfg.kernels.ring and r.kernels.ring.available()
     layer = r.model.model.layers[0]
     a, m = layer.self_attn, layer.mlp
     shapes = [(*a.wqkv.shape, False), (*a.o_proj.weight.shape, False), (*m.w_gate_up.shape, True),
               (*m.down_proj.weight.shape, False), (*r.model.lm_head.weight.shape, False)]
 
     def routes(rows):
-        return [route(n, k, rows, gated, ring) for n, k, gated in shapes]
+        return [route(n, k, rows, tables, gated, ring) for n, k, gated in shapes]
     return tuple(n for n in _doublings(1, full) if routes(n) == routes(full)) + (full,)
 
 
@@ -77,87 +82,12 @@ def _doublings(first: int, below: int) -> list[int]:
     return out
 
 
-def capture(r) -> bool:
-    """ModelRunner.capture_graph: the graphs into `r` (rounds, graph, ahead, the padded shape's
-    static buffers); False, with `r.graph_fallback_reason`, on the CPU or where capture fails."""
-    if r.device.type != "cuda":
-        r.graph_fallback_reason = f"no CUDA graphs on device {r.device.type}: eager decode rounds"
-        log.info(r.graph_fallback_reason)
-        return False
-    try:
-        r._fold_combine, r._qk_fold = folds(r)
-        cap = torch.cuda.get_device_capability(r.device)
-        r.decode_pdl = r.cfg.kernels.pdl_for(r.cfg.tensor_parallel, cap) * r.fused  # /v1/engine's decode_pdl
-        rows = buckets(r)
-        with torch.inference_mode():
-            r.rounds = {n: _capture(r, n, overlaps(r)) for n in reversed(rows)}  # the padded shape's first
-        torch.cuda.synchronize()
-        full = r.rounds[r.round_rows]
-        r.buckets = rows
-        # the padded shape's graph and buffers under the runner's names (the dev probes use them)
-        r.graph, r._h_in, r._h_np, r._s_in = full.graph, full.h_in, full.h_np, full.s_in
-        r._s_logits, r._s_out = full.s_logits, full.s_out
-        if overlaps(r):
-            r.ahead = Ahead(lambda rws: fresh(r, rws), lambda n: chain(r, n), r.spare, r.max_model_len,
-                            r.round_rows, r.device)
-        return True
-    except Exception as e:  # pragma: no cover - depends on the device
-        r.graph, r.ahead, r.rounds, r.buckets = None, None, {}, (r.round_rows,)
-        r.graph_fallback_reason = f"CUDA graph capture failed ({e!r}): eager decode rounds"
-        log.warning(r.graph_fallback_reason)
-        return False
-
-
-def _capture(r, n: int, chained: bool) -> Bucket:
-    """One row count's graphs, inside the launch mode of the runner's knobs: PDL, the attention's
-    folds, the ring, and the L2 prefetch at few rows (KernelConfig.prefetch_rows)."""
-    from engine.cuda.skinny import launch_mode
-    knobs = r.cfg.kernels
-    with launch_mode(r.decode_pdl, fold_combine=r._fold_combine, fold_qk_norm=r._qk_fold,
-                     ring=r.skinny and knobs.ring, prefetch=n <= knobs.prefetch_rows):
-        return _capture_at(r, n, chained)
-
-
-def _capture_at(r, n: int, chained: bool) -> Bucket:
-    b = Bucket(n, torch.zeros(4, n, dtype=torch.long).pin_memory(),
-               torch.zeros(4, n, dtype=torch.long, device=r.device))
-    b.s_in[2] = b.h_in[2] = r.spare  # warm-up (and a replay before any round) write the spare lane
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):  # (compiles, and allocates the kernels' scratch outside the capture)
-            argmax(r, r._decode_body(b.s_in))
-    torch.cuda.current_stream().wait_stream(s)
-    b.graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(b.graph):  # the H2D copy inside: one launch a round, not two
-        b.s_in.copy_(b.h_in, non_blocking=True)
-        b.s_logits = r._decode_body(b.s_in)
-        b.s_out = argmax(r, b.s_logits)
-    if chained:  # the round after the last, from its ids on the device; two copies taken in turn
-        for _ in range(2):
-            c = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(c):
-                advance_inputs(b.s_in, b.s_out)
-                argmax(r, r._decode_body(b.s_in), b.s_out)
-            b.chains.append(c.replay)
-    return b
-
-
-def argmax(r, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The round's greedy ids: engine/cuda/fused.py argmax_rows in the fused forward (torch.argmax's
-    ids, in chunks side by side), else torch.argmax."""
-    if r.fused:
-        from engine.cuda.fused import argmax_rows
-        return argmax_rows(logits, out)
-    return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
-
-
 def folds(r) -> tuple[bool, bool]:
     """The decode graph's folds (engine/cuda/decode_attention.py): the attention's combine, and its q/k norm +
     RoPE + K/V write. At one rank only (checked on the device there). The q/k fold writes a row's
     K/V in the kernel that attends, so not with a drafter: its rows of one lane read the rows
     before them, written in the same round."""
-    from engine.cuda.decode_attention import qk_fold_takes
+    from engine.cuda.decode_attention import qk_fold_takes  # (CUDA only: no triton on the CPU runner)
     knobs, a = r.cfg.kernels, r.model.model.layers[0].self_attn
     solo = r.fused and r.cfg.tensor_parallel == 1
     qk = (solo and knobs.fold_qk_norm and not (r.cfg.drafter and r.cfg.drafts)
@@ -171,19 +101,110 @@ def overlaps(r) -> bool:
     return bool(on) if on is not None else r.device.type == "cuda" and r.cfg.tensor_parallel == 1
 
 
-def fresh(r, rows) -> torch.Tensor:
-    """Launch the host-fed graph of rows' count on `rows` [tokens, positions, lanes]: written into its
-    pinned inputs (with the steps row), which its first node copies in. Returns where its ids go."""
-    b = r.rounds[len(rows[0])]
-    b.h_np[:3] = rows
-    b.h_np[3] = steps(rows[2], r.spare)
-    b.graph.replay()
-    return b.s_out
+class DecodeGraphs:
+    """A runner's decode graphs (module doc): set up by `capture`, then `fresh` / `chain` launch them.
+    fold_combine / qk_fold / pdl: what the capture chose (the q/k fold decides which rounds may
+    replay: ModelRunner._graph_takes; pdl is /v1/engine's decode_pdl)."""
 
+    def __init__(self, runner):
+        self.runner = runner
+        self.rounds: dict[int, Bucket] = {}
+        self.rows: tuple[int, ...] = (runner.round_rows,)
+        self.fold_combine = self.qk_fold = False
+        self.pdl = 0
+        self.ahead: Ahead | None = None
+        self.fallback_reason: str | None = None
 
-def chain(r, n: int) -> torch.Tensor:
-    """Launch n rows' chained graph (the round after that count's last); returns where its ids go."""
-    b = r.rounds[n]
-    b.chains[b.turn % len(b.chains)]()
-    b.turn += 1
-    return b.s_out
+    @property
+    def full(self) -> Bucket | None:
+        """The padded shape's graphs and buffers (the dev probes use them)."""
+        return self.rounds.get(self.runner.round_rows)
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        full = self.full
+        return None if full is None else full.graph
+
+    def mode_at(self, n: int):
+        """The launch mode of n rows' graphs: the capture's PDL and folds, the ring where the skinny
+        products run, and the L2 prefetch at few rows (KernelConfig.prefetch_rows)."""
+        from engine.cuda.launch import LaunchMode  # (CUDA only: no triton on the CPU runner)
+        r, knobs = self.runner, self.runner.cfg.kernels
+        return LaunchMode(pdl=self.pdl, fold_combine=self.fold_combine, fold_qk_norm=self.qk_fold,
+                          ring=r.skinny and knobs.ring, prefetch=n <= knobs.prefetch_rows)
+
+    def capture(self) -> bool:
+        """The graphs at every row count; False, with `fallback_reason`, on the CPU or where capture fails."""
+        r = self.runner
+        if r.device.type != "cuda":
+            self.fallback_reason = f"no CUDA graphs on device {r.device.type}: eager decode rounds"
+            log.info(self.fallback_reason)
+            return False
+        try:
+            self.fold_combine, self.qk_fold = folds(r)
+            cap = torch.cuda.get_device_capability(r.device)
+            self.pdl = r.cfg.kernels.pdl_for(r.cfg.tensor_parallel, cap) * r.fused
+            rows = buckets(r)
+            chained = overlaps(r)
+            with torch.inference_mode():
+                self.rounds = {n: self.capture_at(n, chained) for n in reversed(rows)}  # the padded shape's first
+            torch.cuda.synchronize()
+            self.rows = rows
+            self.ahead = (Ahead(self.fresh, self.chain, r.spare, r.max_model_len, r.round_rows, r.device)
+                          if chained else None)
+            self.fallback_reason = None
+            return True
+        except Exception as e:  # pragma: no cover - depends on the device
+            self.rounds, self.rows, self.ahead = {}, (r.round_rows,), None
+            self.fallback_reason = f"CUDA graph capture failed ({e!r}): eager decode rounds"
+            log.warning(self.fallback_reason)
+            return False
+
+    def capture_at(self, n: int, chained: bool) -> Bucket:
+        """n rows' graphs, launched in mode_at(n)."""
+        r, mode = self.runner, self.mode_at(n)
+        b = Bucket(n, torch.zeros(4, n, dtype=torch.long).pin_memory(),
+                   torch.zeros(4, n, dtype=torch.long, device=r.device))
+        b.s_in[2] = b.h_in[2] = r.spare  # warm-up (and a replay before any round) write the spare lane
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):  # (compiles, and allocates the kernels' scratch outside the capture)
+                self.argmax(r.round_logits(b.s_in, mode), mode)
+        torch.cuda.current_stream().wait_stream(s)
+        b.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(b.graph):  # the H2D copy inside: one launch a round, not two
+            b.s_in.copy_(b.h_in, non_blocking=True)
+            b.s_logits = r.round_logits(b.s_in, mode)
+            b.s_out = self.argmax(b.s_logits, mode)
+        if chained:  # the round after the last, from its ids on the device; two copies taken in turn
+            for _ in range(2):
+                c = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(c):
+                    advance_inputs(b.s_in, b.s_out)
+                    self.argmax(r.round_logits(b.s_in, mode), mode, b.s_out)
+                b.chains.append(c.replay)
+        return b
+
+    def argmax(self, logits: torch.Tensor, mode, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The round's greedy ids: engine/cuda/fused.py argmax_rows in the fused forward (torch.argmax's
+        ids, in chunks side by side), else torch.argmax."""
+        if self.runner.fused:
+            return self.runner.kernels.at(mode).argmax_rows(logits, out)
+        return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
+
+    def fresh(self, rows) -> torch.Tensor:
+        """Launch the host-fed graph of rows' count on `rows` [tokens, positions, lanes]: written into its
+        pinned inputs (with the steps row), which its first node copies in. Returns where its ids go."""
+        b = self.rounds[len(rows[0])]
+        b.h_np[:3] = rows
+        b.h_np[3] = steps(rows[2], self.runner.spare)
+        b.graph.replay()
+        return b.s_out
+
+    def chain(self, n: int) -> torch.Tensor:
+        """Launch n rows' chained graph (the round after that count's last); returns where its ids go."""
+        b = self.rounds[n]
+        b.chains[b.turn % len(b.chains)]()
+        b.turn += 1
+        return b.s_out

@@ -34,6 +34,7 @@ from typing import Sequence
 import torch
 
 from engine.runner import decode_graph
+from engine.runner.decode_graph import DecodeGraphs
 from engine.runner.ahead import Ahead, EagerRounds
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.cpu.kernels import ROW_TILE, BucketPlan, PackedLinears, bf16_refused, decode_attention_buckets, rows_invariant
@@ -94,11 +95,13 @@ class ModelRunner:
         self.skinny = self.fused and knobs.skinny
         # CUDA: cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or several in one
         # forward (prefill_many): cuBLAS at the row counts checked bitwise here, else the tiles
+        self._kernels = None  # engine.cuda.kernels.CudaKernels, made on first use (`kernels`)
         self.batch_cuts, self.batch_rows = self.fused and knobs.batch_cuts, ()
         if self.batch_cuts and knobs.batch_cublas:
-            from engine.cuda.batch import adopt_buckets
+            from engine.cuda.batch import adopt_buckets  # (CUDA only: the CPU runner never loads triton)
             a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
-            self.batch_rows = adopt_buckets([a.wqkv, a.o_proj.weight, m.w_gate_up, m.down_proj.weight])
+            self.kernels.batch = adopt_buckets([a.wqkv, a.o_proj.weight, m.w_gate_up, m.down_proj.weight])
+            self.batch_rows = self.kernels.batch.rows
         # CPU: matmuls on prepacked weights, batched span-grouped decode attention
         # (engine/cpu/kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
         self.cpu_mm = None
@@ -121,17 +124,12 @@ class ModelRunner:
                 self.cpu_rows_free = knobs.batch_cuts and rows_invariant(self.cpu_mm, tile_for(cfg.prefill_rows))
                 self.batch_cuts = self.cpu_rows_free
                 log.info("CPU prompt cuts: %s", "together" if self.cpu_rows_free else "one at a time")
-        self.graph = None
-        self.rounds: dict = {}  # row count -> its graphs (engine/runner/decode_graph.py Bucket)
+        self.graphs = DecodeGraphs(self)  # the decode round's CUDA graphs (capture_graph)
         self.buckets: tuple[int, ...] = (self.round_rows,)  # the row counts rounds run at
         self.ahead: Ahead | None = None  # rounds launched one ahead (engine/runner/ahead.py)
-        self._qk_fold = False  # the graph norms q/k in its attention (capture_graph)
         self.graph_fallback_reason: str | None = None
-        self._attend_cuda = None
         self._cut_thread: ThreadPoolExecutor | None = None
         if self.device.type == "cuda":
-            from engine.cuda.decode_attention import decode_attention
-            self._attend_cuda = decode_attention
             if knobs.cuda_graph is not False:
                 self.capture_graph()
             # Prompt cuts run in one thread of their own, which builds cuDNN's graphs for the full
@@ -148,6 +146,31 @@ class ModelRunner:
             if decode_graph.overlaps(self):
                 self._eager = e = EagerRounds(lambda inp, rows: self._decode_body(inp, rows), self.spare, self.device)
                 self.ahead = Ahead(e.fresh, e.chained, self.spare, self.max_model_len, self.round_rows, self.device)
+
+    @property
+    def kernels(self):
+        """This runner's CUDA kernel state (engine/cuda/kernels.py CudaKernels: its device's tables,
+        the adopted batch buckets, the ring's state); made on first use, so a CPU runner that never
+        runs the fused kernels never loads triton."""
+        if self._kernels is None:
+            from engine.cuda.kernels import CudaKernels
+            self._kernels = CudaKernels(self.device)
+        return self._kernels
+
+    @property
+    def graph(self):
+        """The padded shape's host-fed decode graph, None without graphs (eager rounds)."""
+        return self.graphs.graph
+
+    @property
+    def decode_pdl(self) -> int:
+        """The decode graph's PDL mode (/v1/engine's decode_pdl)."""
+        return self.graphs.pdl
+
+    def _launch(self, mode=None):
+        """The fused forward's kernels under `mode` (None: plain)."""
+        from engine.cuda.launch import PLAIN
+        return self.kernels.at(mode or PLAIN)
 
     def _check_kv_fits(self, mcfg: ModelConfig) -> None:
         """A clear error, naming the flags, when the KV cache cannot fit beside the weights."""
@@ -221,15 +244,16 @@ class ModelRunner:
     def _forward_many(self, seqs) -> torch.Tensor:
         if self.cpu_mm is not None and not self.fused:  # each cut's bits its own (cpu_rows_free)
             return self.model.prefill_many_cpu(seqs, self.kv, self.cpu_mm, self.prefill_rows, pad=False)
-        from engine.cuda.batch import matmul
-        return self.model.prefill_many(seqs, self.kv, matmul)
+        k = self.kernels
+        return self.model.prefill_many(seqs, self.kv, k.matmul, k.batch.padded_rows, launch=self._launch())
 
     @torch.inference_mode()
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
         if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
             return self.model.prefill_many_cpu([(ids, lane, start)], self.kv, self.cpu_mm, self.prefill_rows,
                                                pad=not self.cpu_rows_free)[0]
-        return self.model.prefill(ids, lane, start, self.kv, fused=self.fused)
+        return self.model.prefill(ids, lane, start, self.kv, fused=self.fused,
+                                  launch=self._launch() if self.fused else None)
 
     @torch.inference_mode()
     def _warm_cuts(self) -> int:
@@ -237,7 +261,7 @@ class ModelRunner:
         path once in the spare lane (its KV is scratch), so Triton compiles here, not in a first request."""
         from engine.cuda.prefill import warm
         a = self.model.model.layers[0].self_attn
-        built = warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows)
+        built = warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows, self.kernels.cuts)
         if self.cfg.tensor_parallel > 1:  # its forwards meet other ranks' collectives: not checked on 2 GPUs yet
             return built
         # Triton compiles again for an int argument of 1, a multiple of 16 or neither: 17 and 32 rows, 1 and 2 cuts
@@ -291,18 +315,24 @@ class ModelRunner:
             where.append(row)
         return [tok, pos, ln], where
 
-    def _decode_body(self, inp: torch.Tensor, rows=None) -> torch.Tensor:
-        """The round's logits [parallel, vocab]."""
+    def round_logits(self, inp: torch.Tensor, mode) -> torch.Tensor:
+        """A decode round's logits from inp [tokens, positions, lanes, ...] on the device, its kernels
+        launched in `mode` (engine/cuda/launch.py LaunchMode): what the decode graphs capture."""
+        return self._decode_body(inp, mode=mode)
+
+    def _decode_body(self, inp: torch.Tensor, rows=None, mode=None) -> torch.Tensor:
+        """The round's logits [parallel, vocab]; mode: the CUDA kernels' launch mode (None: plain)."""
         tokens, positions, lanes = inp[0], inp[1], inp[2]
         if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
             return self._decode_cpu(tokens, positions, lanes, rows)
-        if self._attend_cuda is not None:
-            attend = self._attend_cuda
+        launch = self._launch(mode) if self.fused else None
+        if self.device.type == "cuda":
+            attend = launch.attention if launch is not None else self.kernels.at().attention
         else:
             def attend(kv, i, q, lanes_t, positions_t):
                 return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
         return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused,
-                                 skinny=self.skinny)
+                                 skinny=self.skinny, launch=launch)
 
     def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
         kv, c = self.kv, self.cpu_attn
@@ -328,10 +358,10 @@ class ModelRunner:
         greedy = sampling is None or all(sp.plain for sp in sampling)
         if self.ahead is not None and (self.graph is None or self._graph_takes(lanes)):
             out = self.ahead.round(rows, ahead and len(set(lanes)) == len(lanes), greedy)  # engine/runner/ahead.py
-            logits = self._eager.logits if self._eager is not None else self.rounds[len(rows[0])].s_logits
+            logits = self._eager.logits if self._eager is not None else self.graphs.rounds[len(rows[0])].s_logits
         elif self._graph_takes(lanes):
-            out = decode_graph.fresh(self, rows).tolist()
-            logits = self.rounds[len(rows[0])].s_logits
+            out = self.graphs.fresh(rows).tolist()
+            logits = self.graphs.rounds[len(rows[0])].s_logits
         elif self.cpu_round is not None and self.cpu_round.ready and not self.fused:
             logits, ids_t = self.cpu_round.rows(rows, self.spare, self.kv)  # the same bits as below
             out = ids_t.tolist()
@@ -350,12 +380,15 @@ class ModelRunner:
     def _graph_takes(self, lanes: Sequence[int]) -> bool:
         """Whether a round of these lanes replays the graph: not where a lane has several rows and
         the graph has the q/k fold (eager rounds run the unfolded kernels: the same bits)."""
-        return self.graph is not None and not (self._qk_fold and len(set(lanes)) < len(lanes))
+        return self.graph is not None and not (self.graphs.qk_fold and len(set(lanes)) < len(lanes))
 
     def capture_graph(self) -> bool:
         """Capture the decode round at each of its row counts (engine/runner/decode_graph.py); on CPU (or
         failure) fall back to eager rounds and say why. Returns whether a graph is in use."""
-        return decode_graph.capture(self)
+        ok = self.graphs.capture()
+        self.buckets, self.ahead = self.graphs.rows, self.graphs.ahead
+        self.graph_fallback_reason = self.graphs.fallback_reason
+        return ok
 
     @property
     def runs_ahead(self) -> bool:

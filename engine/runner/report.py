@@ -43,14 +43,13 @@ def describe(r) -> dict:
 
 def _describe_cuda(r) -> dict:
     """The decode graph's launch mode and which products its TMA ring takes (engine/cuda/ring.py)."""
-    from engine.cuda import ring as R
-    from engine.cuda.skinny import ring_split
+    from engine.cuda.skinny import ring_split  # (CUDA only: a CPU runner's report loads no triton)
     ring = []
-    if r.skinny and r.cfg.kernels.ring and r.graph is not None and R.available():
+    if r.skinny and r.cfg.kernels.ring and r.graph is not None and r.kernels.ring.available():
         layer = r.model.model.layers[0]
         for name, w, gated in (("q/k/v", layer.self_attn.wqkv, False), ("o", layer.self_attn.o_proj.weight, False),
                                ("down", layer.mlp.down_proj.weight, False), ("gate/up", layer.mlp.w_gate_up, True)):
-            if ring_split(*w.shape, r.round_rows, gated) is not None:
+            if ring_split(*w.shape, r.round_rows, r.kernels.skinny, gated) is not None:
                 ring.append(name)
     return {"decode_pdl": getattr(r, "decode_pdl", 0) if r.graph is not None else 0, "decode_ring": ring}
 
@@ -73,6 +72,6 @@ def _prefill_attention_name(r) -> str:
     if r.device.type != "cuda":
         from engine.cpu.cut_attention import describe as cut_attention
         return "sdpa" if r.cpu_mm is None else cut_attention(r.dtype, r.prefill_rows)
-    from engine.cuda import prefill as kp
-    return (f"prefix + diagonal halves merged; {kp.BACKEND} for cuts of >= {kp.CUDNN_MIN_ROWS} rows, "
+    from engine.cuda.prefill import CUDNN_MIN_ROWS
+    return (f"prefix + diagonal halves merged; {r.kernels.cuts.name} for cuts of >= {CUDNN_MIN_ROWS} rows, "
             "flash below")
