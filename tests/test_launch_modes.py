@@ -189,7 +189,7 @@ def test_the_round_ends_wait_before_their_loads():
 
 
 def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
-    """engine/cuda/clock.py's stamps (the attention probe, tools/attn_clock.py): absent from the
+    """engine/cuda/clock.py's stamps (the in-kernel clocks of the split attention, for profiling): absent from the
     kernel the engine launches; with CLOCK_, six cycle reads, three timer reads and the SM's id, all but
     the entry's (a cycle read, a timer read, the SM) after the PDL wait."""
     sig = {**{n: "*bf16" for n in ("Q", "K", "V", "Out")}, "Lanes": "*i64", "Pos": "*i64", "Opart": "*fp32",
@@ -211,28 +211,6 @@ def test_the_dev_clocks_compile_only_where_asked_and_read_after_the_wait():
     got = reads(True)
     assert got.count("%clock64") == 6 and got.count("%globaltimer") == 3 and got.count("%smid") == 1
     assert got[:4] == ["%clock64", "%globaltimer", "%smid", "griddepcontrol.wait"]
-
-
-def test_the_clock_probe_turns_cycles_into_ns():
-    from tools.attn_clock import phases
-    c = torch.zeros(6, 3, 10, dtype=torch.int64)
-    c[..., :6] = torch.tensor([0, 100, 300, 700, 1500, 1700])  # cycles
-    c[..., 6], c[..., 7] = 1000, 1000 + 800  # ns between stamps 1 and 5: 1,600 cycles at 2 GHz
-    p = phases(c, 2)
-    assert p["positions"] == [100.0] * 4 and p["walk"] == [400.0] * 4 and p["after the wait"] == [800.0] * 4
-    assert p["GHz"] == [2.0] * 4
-
-
-def test_the_clock_probe_reads_the_kernels_span_and_its_sms():
-    from tools.attn_clock import spans
-    c = torch.zeros(6, 4, 10, dtype=torch.int64)
-    c[..., 8] = torch.tensor([1000, 1000, 3000, 2000])  # entries (ns)
-    c[..., 7] = torch.tensor([9000, 10000, 20000, 11000])  # ends (ns)
-    c[..., 9] = torch.tensor([0, 5, 5, 5])  # SMs
-    s = spans(c, 4)
-    assert s["span"] == [19000.0] * 2 and s["last entry"] == [2000.0] * 2
-    assert s["last end after the median"] == [10000.0] * 2  # torch's median of 4: the lower middle
-    assert s["items on the busiest SM"] == [3] * 2 and s["items on the least busy SM"] == [1] * 2
 
 
 def _folded_split(p_pad: int, nsplit: int) -> tuple[dict, dict]:

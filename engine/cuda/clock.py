@@ -1,4 +1,4 @@
-"""In-kernel clocks for a dev probe (tools/attn_clock.py): where a split-attention program's time
+"""In-kernel clocks for profiling the split attention: where a split-attention program's time
 goes between its phases, read from the SM's cycle counter. Only the probe gives the runner a clock
 buffer (engine/cuda/kernels.py CudaKernels.clock); without one the kernels compile without them
 (the split kernel's CLOCK_ constexpr is off).

@@ -21,7 +21,7 @@ from engine.cuda.ring import Ring
 class CudaKernels:
     """A runner's kernel state (module doc). `skinny`: the tables its decode products use (default:
     the device's); `batch`: set once at start-up from adopt_buckets; `clock`: [layers, programs,
-    SLOTS] int64, set by tools/attn_clock.py before it captures (None: the kernels compile without)."""
+    SLOTS] int64, set by a profiling probe before it captures (None: the kernels compile without)."""
 
     def __init__(self, device: torch.device, tables: skinny.SkinnyTables | None = None):
         self.device = torch.device(device)
