@@ -4,6 +4,8 @@ PYTHON ?= python3
 CPU_TORCH := $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl))
 
 .PHONY: setup demo test
+# The test extra includes the engine extra (torch, triton where it has wheels, ...): the tests
+# cover the engine, and need nothing installed by hand.
 setup:
 	$(PYTHON) -m pip install -q $(CPU_TORCH) -e '.[test]'
 

@@ -206,6 +206,10 @@ def _root():
     """tfengine."""
 
 
+# The engine extra's modules that the harness-only install lacks (typer and numpy it has).
+ENGINE_NEEDS = ("torch", "triton", "aiohttp", "safetensors", "tokenizers", "jinja2")
+
+
 def main() -> None:
     """Known errors become one line and exit code 2; no traceback."""
     try:
@@ -217,6 +221,12 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
+    except ModuleNotFoundError as exc:  # `pip install tfbench` installs the harness alone
+        if (exc.name or "").partition(".")[0] not in ENGINE_NEEDS:
+            raise
+        typer.secho(f'error: tfengine needs {exc.name}, which is not installed here: pip install "tfbench[engine]"',
+                    fg="red", err=True)
+        sys.exit(2)
     except Exception as exc:
         if not hasattr(exc, "format_message"):  # click/typer usage errors have one
             raise

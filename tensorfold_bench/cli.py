@@ -12,6 +12,7 @@ from typing import Annotated, Callable, Optional
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 
 from typer import Abort, Exit
 
@@ -274,7 +275,8 @@ def main() -> None:
         rv = app(standalone_mode=False)
     except BenchError as e:
         first, _, rest = str(e).partition("\n")
-        console.print(f"[red]error: {first}[/red]", highlight=False, soft_wrap=True)
+        # escaped: a message may quote brackets (`tfbench[engine]`), which are not markup
+        console.print(f"[red]error: {escape(first)}[/red]", highlight=False, soft_wrap=True)
         if rest:
             console.print(rest, markup=False, highlight=False, style="dim", soft_wrap=True)
         sys.exit(2)
@@ -285,7 +287,7 @@ def main() -> None:
         if msg:  # an empty message: the help was already shown (no arguments)
             ctx = getattr(e, "ctx", None)
             hint = f" (see {ctx.command_path} --help)" if ctx else ""
-            console.print(f"[red]error: {msg}{hint}[/red]", highlight=False, soft_wrap=True)
+            console.print(f"[red]error: {escape(msg)}{escape(hint)}[/red]", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (KeyboardInterrupt, Abort) as e:  # before or after the runs: nothing to keep
         sig = lifecycle.signum_of(e)

@@ -22,6 +22,7 @@ is not healthy within `start_timeout`, raises ServerError quoting its log's tail
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import shlex
@@ -36,6 +37,7 @@ from typing import Iterator, Sequence
 
 import httpx
 
+from tensorfold_bench import lifeline
 from tensorfold_bench.errors import BenchError, ServerError
 from tensorfold_bench.lifeline import GRACE_S, members
 from tensorfold_bench.ports import port_owner
@@ -44,6 +46,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 HEALTH_TIMEOUT_S = 300.0
 DEFAULT_HEALTH = ("/health", "/v1/models")
 TAIL_LINES = 20
+# The supervisor is this harness's own lifeline.py, run by its absolute path in isolated mode
+# (-I: no PYTHONPATH, no current directory on sys.path). It needs only the standard library, and
+# it runs in the server's directory, where `-m tensorfold_bench.lifeline` would find whatever
+# tensorfold_bench that directory (a git-ref worktree, a model folder) holds, or none at all.
+LIFELINE = str(Path(lifeline.__file__).resolve())
+# What `python -m engine serve` imports beyond the harness's own dependencies (the `engine` extra).
+ENGINE_MODULES = ("torch", "aiohttp", "safetensors", "tokenizers", "jinja2")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -137,7 +146,7 @@ def start(argv: list[str], log: Path, env: dict[str, str], cwd: Path | None) -> 
         with open(log, "wb") as logf:
             logf.write(("$ " + shlex.join(argv) + "\n").encode())
             logf.flush()
-            proc = subprocess.Popen([sys.executable, "-m", "tensorfold_bench.lifeline", str(r), "--", *argv],
+            proc = subprocess.Popen([sys.executable, "-I", LIFELINE, str(r), "--", *argv],
                                     cwd=cwd, env=env, stdout=logf, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(r,))
     except BaseException:
@@ -196,14 +205,45 @@ def engine_program(engine_cmd: Sequence[str] | None) -> list[str] | None:
     return list(engine_cmd) if engine_cmd else shlex.split(env_cmd) if env_cmd else None
 
 
+def absolute_path_list(value: str, cwd: str | Path | None = None) -> str:
+    """A PYTHONPATH with its relative entries made absolute against `cwd` (default: ours). An
+    empty entry means the current directory, so it becomes `cwd` too."""
+    base = Path(cwd or os.getcwd())
+    return os.pathsep.join(str(base / p) if not os.path.isabs(p) else p for p in value.split(os.pathsep))
+
+
 def server_env(env: dict[str, str] | None, root: Path | None = None) -> dict[str, str]:
-    """tfbench's environment plus `env`; with an engine `root`, that source first on PYTHONPATH."""
+    """tfbench's environment plus `env`; with an engine `root`, that source first on PYTHONPATH.
+
+    The server runs in another directory (its source root), where a relative PYTHONPATH entry
+    such as the README's `PYTHONPATH=.` would name something else: entries are made absolute
+    against tfbench's own directory first, so they mean for the server what they meant here."""
     penv = dict(os.environ)
     penv.update({k: str(v) for k, v in (env or {}).items()})
     penv.setdefault("PYTHONUNBUFFERED", "1")
+    if penv.get("PYTHONPATH"):
+        penv["PYTHONPATH"] = absolute_path_list(penv["PYTHONPATH"])
     if root is not None:
         penv["PYTHONPATH"] = str(root) + (os.pathsep + penv["PYTHONPATH"] if penv.get("PYTHONPATH") else "")
     return penv
+
+
+def installed(module: str) -> bool:
+    """Can `module` be imported here? Asked without importing it (torch alone takes seconds)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder refused it, or sys.modules holds it as None
+        return False
+
+
+def need_engine() -> None:
+    """tfengine is to be launched with this interpreter: a one-line BenchError when the engine's
+    own dependencies are missing (a harness-only `pip install tfbench`)."""
+    missing = [m for m in ENGINE_MODULES if not installed(m)]
+    if missing:
+        raise BenchError(f"launching tfengine needs the engine, and {', '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} not installed here: "
+                         'pip install "tfbench[engine]" (or point tfbench at a running server with --url)')
 
 
 def check_engine_flags(flags: Sequence[str], *, root: Path | None = None, env: dict[str, str] | None = None,
@@ -213,8 +253,10 @@ def check_engine_flags(flags: Sequence[str], *, root: Path | None = None, env: d
     predates --check (nothing to ask)."""
     root = Path(root or REPO_ROOT)
     program = engine_program(engine_cmd)
-    if program is None and not speaks_port_file(root):
-        return None
+    if program is None:
+        need_engine()
+        if not speaks_port_file(root):
+            return None
     argv = [*(program or [sys.executable, "-m", "engine"]), "serve", *flags, "--check"]
     try:
         p = subprocess.run(argv, cwd=root, env=server_env(env, root), capture_output=True, text=True,
@@ -258,6 +300,8 @@ def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str,
         paths = (health,) if isinstance(health, str) else tuple(health or DEFAULT_HEALTH)
     else:
         program = engine_program(engine_cmd)
+        if program is None:
+            need_engine()
         extra: list[str] = []
         if port is None and (program is not None or speaks_port_file(root)):
             nonce, port_file = secrets.token_hex(8), log.with_name(log.name + ".port")

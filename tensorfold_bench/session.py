@@ -23,7 +23,7 @@ from tensorfold_bench import __version__, stats, worktree
 from tensorfold_bench.client import TOKEN_ID_ROUTES
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.identity import ServerIdentity, discover_vocab, identify
-from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, existing, launch
+from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, engine_program, existing, launch, need_engine
 from tensorfold_bench.defaults import (DEVICE_PRESETS, FULL, DevicePreset, EngineSetup, check_margin,  # noqa: F401
                                        device_preset, engine_setup, positive, scaled_note, sized)
 from tensorfold_bench.predictions import Predictions
@@ -199,7 +199,10 @@ def partial_mark(order: list[str], done: int, after: list[str] = (), why: str = 
 def check_engines(session: Session, srcs: dict[str, worktree.Source]) -> None:
     """Ask each variant's engine to validate its flags (`serve --check`) before any server starts:
     a bad flag is one line and exit 2 now, not a failed run after others were launched. Raises
-    ServerError naming the variant (the gate falls back to A/A on a base that will not serve)."""
+    ServerError naming the variant (the gate falls back to A/A on a base that will not serve).
+    With no engine installed at all it is one BenchError for all of them: no variant is to blame."""
+    if engine_program(None) is None and any(v.launched and v.command is None for v in session.variants):
+        need_engine()
     asked = set()
     for v in session.variants:
         if not v.launched or v.command is not None or v.name not in srcs:

@@ -17,8 +17,10 @@ from tensorfold_bench.cli import app
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.launcher import group_alive, launch
 
+import foreignserver
+
 SHORT = ["--b-at", "0.4", "--c-after", "0.1", "--b-tokens", "300", "--c-tokens", "8", "--no-trace"]
-STANDIN = [sys.executable, "-m", "tensorfold_bench.foreignserver", "serve", "--port", "{port}"]
+STANDIN = [*foreignserver.CMD, "serve", "--port", "{port}"]
 
 
 def standin(*flags: str) -> list[str]:
@@ -110,20 +112,20 @@ def test_ids_route_is_asked_and_logprobs_only_when_asked(servers, tmp_path):
 
 
 def write_variants(path: Path, entries: str) -> Path:
-    path.write_text(entries.replace("RAWPY", sys.executable).replace("PY", json.dumps(sys.executable)))
+    path.write_text(entries.replace("FOREIGN", foreignserver.CMD[1]).replace("RAWPY", sys.executable).replace("PY", json.dumps(sys.executable)))
     return path
 
 
 def test_variants_launch_commands_as_process_groups(tmp_path):
     vf = write_variants(tmp_path / "v.yaml", """
 - name: budget 256
-  command: [PY, -m, tensorfold_bench.foreignserver, serve, --port, "{port}", --model, "{model}",
+  command: [PY, FOREIGN, serve, --port, "{port}", --model, "{model}",
             --max-model-len, "{max_model_len}"]
   flags: --prefill-rows 256
   health: /v1/models
   start_timeout: 60
 - name: whole
-  command: RAWPY -m tensorfold_bench.foreignserver serve --host {host} --port {port} --model {model}
+  command: RAWPY FOREIGN serve --host {host} --port {port} --model {model}
   flags: [--prefill-mode, whole]
 - name: not run
   flags: [--prefill-mode, stepped]

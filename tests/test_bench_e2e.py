@@ -12,6 +12,8 @@ from tensorfold_bench.cli import app
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.launcher import group_alive, launch
 
+import fakeserver
+
 # B at 0.25 s: the tiny engine decodes A's whole reply (751 tokens, the context's room) in ~0.6 s,
 # and a run where A ends before B's first token is invalid; at 0.5 s that race was lost now and then.
 SHORT = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64"]
@@ -66,7 +68,7 @@ def test_long_prompt_tiny_engine(tmp_path):
 
 
 def test_url_targets_running_server(tmp_path):
-    cmd = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
+    cmd = fakeserver.CMD
     with launch(["--trace"], tmp_path / "fake.log", command=cmd) as srv:
         res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--url", srv.url, "--order", "base,base",
                                        "--out", str(tmp_path / "r")])
@@ -100,7 +102,7 @@ def test_bad_flag_is_one_red_line_exit_2(args, flag):
 
 def test_a_variant_whose_server_dies_is_a_failed_run_not_a_lost_receipt(tmp_path, monkeypatch):
     srv = tmp_path / "srv.py"
-    srv.write_text("import sys\nfrom tensorfold_bench import fakeserver\n"
+    srv.write_text(fakeserver.IMPORT + "import sys\n"
                    "if '--prefill-share' in sys.argv and '--check' not in sys.argv:\n"
                    "    sys.exit('refusing --prefill-share (a broken new side: its flags check, it will not serve)')\n"
                    "fakeserver.main(sys.argv[1:])\n")

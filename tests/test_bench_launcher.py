@@ -1,6 +1,7 @@
 """The launcher: a server that dies at start fails fast with its log; the group is gone after;
 the server measured is the one launched; any server can be launched by command."""
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -14,7 +15,10 @@ import pytest
 from tensorfold_bench.errors import BenchError, ServerError
 from tensorfold_bench.launcher import check_reachable, existing, free_port, group_alive, launch
 
-FOREIGN = [sys.executable, "-m", "tensorfold_bench.foreignserver", "serve", "--port", "{port}"]
+import fakeserver
+import foreignserver
+
+FOREIGN = [*foreignserver.CMD, "serve", "--port", "{port}"]
 
 
 def test_server_exiting_at_start_fails_fast_with_log_tail(tmp_path):
@@ -37,7 +41,7 @@ def test_server_command_from_env(tmp_path, monkeypatch):
 
 
 def test_fake_server_group_killed_on_exit_and_error(tmp_path):
-    cmd = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
+    cmd = fakeserver.CMD
     with launch([], tmp_path / "ok.log", engine_cmd=cmd) as srv:
         pgid = srv.pgid
         assert group_alive(pgid)
@@ -75,7 +79,7 @@ def test_ctrl_c_mid_run_stops_the_server_group(tmp_path):
     import signal
     import subprocess
 
-    env = dict(os.environ, TFBENCH_SERVER_CMD=f"{sys.executable} -m tensorfold_bench.fakeserver")
+    env = dict(os.environ, TFBENCH_SERVER_CMD=shlex.join(fakeserver.CMD))
     p = subprocess.Popen([sys.executable, "-m", "tensorfold_bench", "run", "long-prompt", "--model", "tiny",
                           "--b-at", "30", "--b-tokens", "600", "--out", str(tmp_path)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -100,7 +104,7 @@ def test_ctrl_c_mid_run_stops_the_server_group(tmp_path):
 def foreign_on_a_port(tmp_path):
     """A server tfbench did not launch, already listening on a port."""
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "tensorfold_bench.foreignserver", "serve", "--port", str(port)],
+    p = subprocess.Popen([*foreignserver.CMD, "serve", "--port", str(port)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -141,7 +145,7 @@ def test_a_tfengine_whose_port_points_elsewhere_fails_the_nonce(tmp_path, foreig
 
 
 def test_tfengine_stand_in_binds_port_0_and_echoes_the_nonce(tmp_path):
-    with launch([], tmp_path / "f.log", engine_cmd=[sys.executable, "-m", "tensorfold_bench.fakeserver"]) as srv:
+    with launch([], tmp_path / "f.log", engine_cmd=fakeserver.CMD) as srv:
         assert "--port" in srv.argv and srv.argv[srv.argv.index("--port") + 1] == "0"
         assert srv.port and srv.url.endswith(f":{srv.port}")
         assert httpx.get(srv.url + "/v1/engine").json()["nonce"] == srv.nonce
@@ -149,7 +153,7 @@ def test_tfengine_stand_in_binds_port_0_and_echoes_the_nonce(tmp_path):
 
 
 def test_launch_any_command_string_with_host_port_env_and_health_fallback(tmp_path):
-    cmd = (f"{sys.executable} -m tensorfold_bench.foreignserver serve --host {{host}} --port {{port}} --no-health "
+    cmd = (f"{shlex.join(foreignserver.CMD)} serve --host {{host}} --port {{port}} --no-health "
            "--model $NAME")  # not a shell: $NAME stays as written
     with launch(log=tmp_path / "c.log", command=cmd, env={"TFB_TEST_VAR": "x"}) as srv:
         models = httpx.get(srv.url + "/v1/models").json()
@@ -201,7 +205,7 @@ def test_engine_flags_are_checked_without_serving(tmp_path):
         with pytest.raises(BenchError) as e:
             check_engine_flags(flags)
         assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
-    fake = [sys.executable, "-m", "tensorfold_bench.fakeserver"]
+    fake = fakeserver.CMD
     assert check_engine_flags(["--model", "m"], engine_cmd=fake) == "ok: m (fake)"
     old = tmp_path / "old"  # a source from before --check: nothing to ask
     (old / "engine").mkdir(parents=True)
@@ -212,3 +216,54 @@ def test_a_string_command_must_say_where_to_listen(tmp_path):
     with pytest.raises(ValueError, match="has no {port}"):
         with launch(log=tmp_path / "p.log", command="vllm serve some/model"):
             pass
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_relative_pythonpath_means_tfbenchs_directory_to_the_server(tmp_path):
+    """The README's `PYTHONPATH=.`, with tfbench in one directory and the server launched in
+    another (its source root, as a git-ref variant's worktree is): the server must find what `.`
+    named for tfbench, here the only copy of the server module."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    (here / "server_here.py").write_text(fakeserver.IMPORT + "fakeserver.main(sys.argv[1:])\n")
+    parent = textwrap.dedent(f"""\
+        import sys
+        from pathlib import Path
+        from tensorfold_bench.launcher import launch
+        with launch([], Path("s.log"), root=Path({str(there)!r}),
+                    engine_cmd=[sys.executable, "-m", "server_here"], start_timeout=60) as srv:
+            print("served", srv.port)
+        """)
+    # `.` first, as the README has it; this repository after it, so that the harness under test
+    # is this checkout's whatever else is installed
+    env = {k: v for k, v in os.environ.items() if k != "TFBENCH_SERVER_CMD"}
+    env["PYTHONPATH"] = "." + os.pathsep + str(REPO)
+    p = subprocess.run([sys.executable, "-c", parent], cwd=here, env=env, capture_output=True, text=True,
+                       timeout=120)
+    log = (here / "s.log").read_text() if (here / "s.log").exists() else "(no log)"
+    assert p.returncode == 0 and "served" in p.stdout, p.stderr[-2000:] + log
+    assert "No module named" not in log
+
+
+def test_launching_tfengine_without_the_engine_says_how_to_install_it(tmp_path):
+    """A harness-only install (`pip install tfbench`, no torch) asked to launch tfengine: one line
+    naming the extra, no traceback, exit 2 as for any bad setting. The interpreter here has torch:
+    a first import finder that refuses it makes it as absent as in an environment without it."""
+    code = ("import sys\n"
+            "class NoTorch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.partition('.')[0] == 'torch':\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, NoTorch())\n"
+            "from tensorfold_bench.cli import main\n"
+            f"sys.argv = ['tfbench', 'run', 'long-prompt', '--model', 'tiny', '--out', {str(tmp_path)!r}]\n"
+            "main()\n")
+    env = {k: v for k, v in os.environ.items() if k != "TFBENCH_SERVER_CMD"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    errors = [ln for ln in (p.stdout + p.stderr).splitlines() if "error" in ln]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert len(errors) == 1 and errors[0].startswith("error: launching tfengine needs the engine"), errors
+    assert 'torch is not installed here: pip install "tfbench[engine]"' in errors[0], errors

@@ -8,9 +8,12 @@ import httpx
 import pytest
 
 from tensorfold_bench.client import Request, StreamRecord, new_record, stream
-from tensorfold_bench.fakeserver import token_for
-from tensorfold_bench.foreignserver import REFUSAL
 from tensorfold_bench.launcher import launch
+
+import fakeserver
+import foreignserver
+from fakeserver import token_for
+from foreignserver import REFUSAL
 
 PROMPT = [11, 12, 13, 14, 15]
 N = 7
@@ -33,10 +36,9 @@ def servers(tmp_path_factory):
     from contextlib import ExitStack
     with ExitStack() as stack:
         urls = {k: stack.enter_context(launch(log=log / f"{k}.log", command=[
-            sys.executable, "-m", "tensorfold_bench.foreignserver", "serve", "--port", "{port}", *flags])).url
+            *foreignserver.CMD, "serve", "--port", "{port}", *flags])).url
             for k, flags in kinds.items()}
-        urls["tfengine-like"] = stack.enter_context(launch([], log / "fake.log", engine_cmd=[
-            sys.executable, "-m", "tensorfold_bench.fakeserver"])).url
+        urls["tfengine-like"] = stack.enter_context(launch([], log / "fake.log", engine_cmd=fakeserver.CMD)).url
         yield urls
 
 

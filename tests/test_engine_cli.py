@@ -24,6 +24,24 @@ def test_bad_flag_is_one_line_naming_the_flag(args, flag):
     assert flag in r.stderr and "Traceback" not in r.stderr
 
 
+def test_serve_without_torch_is_one_line_naming_the_extra():
+    """`pip install tfbench` (the harness alone) still installs the tfengine script: serving must
+    say what to install, not end in a traceback. A first import finder refusing torch makes it
+    as absent here as there."""
+    code = ("import sys\n"
+            "class NoTorch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.partition('.')[0] == 'torch':\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, NoTorch())\n"
+            "from engine.cli import main\n"
+            "sys.argv = ['tfengine', 'serve', '--model', 'tiny', '--port', '1']\n"
+            "main()\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip() == 'error: tfengine needs torch, which is not installed here: pip install "tfbench[engine]"'
+
+
 def test_engine_commit_from_git_env_or_none(tmp_path, monkeypatch):
     from engine.cli import engine_commit
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()

@@ -9,6 +9,8 @@ import pytest
 
 from tensorfold_bench import exactness, figures, gate, report, stats
 
+import fakeserver
+
 ORDER = ["base", "new", "new", "base"]
 
 
@@ -146,7 +148,7 @@ def test_a_base_that_will_not_serve_falls_back_to_a_a(tmp_path, monkeypatch):
     (r / "serve.py").write_text("import sys\nsys.exit('this engine is broken')\n")
     git("add", "-A")
     git("commit", "-qm", "broken")
-    (r / "serve.py").write_text("import sys\nfrom tensorfold_bench import fakeserver\nfakeserver.main(sys.argv[1:])\n")
+    (r / "serve.py").write_text(fakeserver.IMPORT + "import sys\nfakeserver.main(sys.argv[1:])\n")
     git("add", "-A")
     git("commit", "-qm", "working")
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} serve.py")  # run in each source's folder

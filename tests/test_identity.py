@@ -6,10 +6,13 @@ import sys
 import pytest
 
 from tensorfold_bench.errors import BenchError
-from tensorfold_bench.fakeserver import VOCAB
-from tensorfold_bench.foreignserver import VERSION
 from tensorfold_bench.identity import ServerIdentity, discover_vocab, identify, vocab_from_dir
 from tensorfold_bench.launcher import free_port, launch
+
+import fakeserver
+import foreignserver
+from fakeserver import VOCAB
+from foreignserver import VERSION
 
 
 def hf_dir(path, vocab=8192, tokenizer_ids=None):
@@ -24,7 +27,7 @@ def hf_dir(path, vocab=8192, tokenizer_ids=None):
 
 def test_a_foreign_server_is_named_by_itself(tmp_path):
     model = hf_dir(tmp_path / "qwen3-random", vocab=8192)
-    cmd = [sys.executable, "-m", "tensorfold_bench.foreignserver", "serve", "--port", "{port}",
+    cmd = [*foreignserver.CMD, "serve", "--port", "{port}",
            "--model", "random-qwen3", "--root", str(model)]
     with launch(log=tmp_path / "f.log", command=cmd) as srv:
         ident = identify(srv.url, srv)
@@ -39,7 +42,7 @@ def test_a_foreign_server_is_named_by_itself(tmp_path):
 
 def test_a_tfengine_is_named_with_its_engine_facts(tmp_path):
     with launch(["--model", "tiny"], tmp_path / "e.log",
-                engine_cmd=[sys.executable, "-m", "tensorfold_bench.fakeserver"]) as srv:
+                engine_cmd=fakeserver.CMD) as srv:
         ident = identify(srv.url, srv)
     assert ident.name == "tfengine" and ident.model == "tiny" and ident.engine["nonce"] == srv.nonce
     assert ident.vocab_size == VOCAB and discover_vocab(ident) == VOCAB

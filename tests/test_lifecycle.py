@@ -16,6 +16,8 @@ from tensorfold_bench import lifecycle, progress
 from tensorfold_bench.cli import app
 from tensorfold_bench.errors import BenchError
 
+import fakeserver
+
 ROOT = Path(__file__).resolve().parents[1]
 # B at 0.25 s: the tiny engine decodes A's whole reply (751 tokens, the context's room) in ~0.6 s,
 # and a run where A ends before B's first token is invalid; at 0.5 s that race was lost now and then.
@@ -86,7 +88,7 @@ def test_a_receipt_after_the_first_run_and_a_signal_keeps_it(tmp_path, cmd, sig)
 
 def test_every_run_failed_exits_1_after_writing_the_receipt(tmp_path):
     srv = tmp_path / "srv.py"  # its flags check, it never serves
-    srv.write_text("import sys\nfrom tensorfold_bench import fakeserver\n"
+    srv.write_text(fakeserver.IMPORT + "import sys\n"
                    "if '--check' not in sys.argv:\n    sys.exit('this engine cannot serve')\n"
                    "fakeserver.main(sys.argv[1:])\n")
     p = tfbench(["run", "long-prompt", *SHORT, "--order", "base,new", "--out", str(tmp_path / "r")],
@@ -103,9 +105,8 @@ def test_b_alone_waits_for_a_fresh_server_when_the_engine_died(tmp_path, monkeyp
     """The first server dies when C arrives: its run is invalid, and B alone for that variant is
     measured on its next run, not on the dead server."""
     srv = tmp_path / "srv.py"
-    srv.write_text(f"""import os, sys
+    srv.write_text(fakeserver.IMPORT + f"""import os, sys
 from pathlib import Path
-from tensorfold_bench import fakeserver
 marker = Path({str(tmp_path / 'died')!r})
 class Dying(fakeserver.Fake):
     n = 0

@@ -6,12 +6,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from tensorfold_bench.lifeline import members
 from tensorfold_bench.ports import listening_inodes
 
+HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
 
 # A `command:` server with children of its own, as vLLM has: one stays in the group, one
@@ -21,7 +23,7 @@ SERVER = textwrap.dedent("""\
     nap = [sys.executable, "-c", "import time; time.sleep(600)"]
     subprocess.Popen(nap)
     subprocess.Popen(nap, start_new_session=True)
-    from tensorfold_bench.foreignserver import main
+    from foreignserver import main
     main(["serve", "--port", sys.argv[1]])
 """)
 
@@ -29,13 +31,14 @@ SERVER = textwrap.dedent("""\
 PARENT = textwrap.dedent("""\
     import json, sys, time
     from pathlib import Path
+    import fakeserver
     from tensorfold_bench.launcher import launch
     from tensorfold_bench.lifeline import members
     kind, log, server = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     if kind == "command":
         ctx = launch(log=log, command=[sys.executable, server, "{port}"])
     elif kind == "stand-in":
-        ctx = launch([], log, engine_cmd=[sys.executable, "-m", "tensorfold_bench.fakeserver"])
+        ctx = launch([], log, engine_cmd=fakeserver.CMD)
     else:
         ctx = launch(["--model", "tiny"], log, start_timeout=120)
     with ctx as srv:
@@ -68,8 +71,9 @@ def alive(pids):
                                        ("tfengine", signal.SIGKILL)],
                          ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
 def test_killing_tfbench_stops_the_server_group(tmp_path, kind, sig):
-    (tmp_path / "server.py").write_text(SERVER)
-    (tmp_path / "parent.py").write_text(PARENT)
+    # both import the stand-ins, which live in this folder
+    (tmp_path / "server.py").write_text(f"import sys; sys.path.insert(0, {str(HERE)!r})\n" + SERVER)
+    (tmp_path / "parent.py").write_text(f"import sys; sys.path.insert(0, {str(HERE)!r})\n" + PARENT)
     p = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), kind, str(tmp_path / "s.log"),
                           str(tmp_path / "server.py")], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,6 +1,7 @@
 """The sweep scenario: hashes across reps, levels and variants; levels and scripts; the CLI end to end."""
 import hashlib
 import json
+import shlex
 import sys
 
 import pytest
@@ -10,6 +11,8 @@ from tensorfold_bench import exactness
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.cli import app
 from tensorfold_bench.scenarios import sweep
+
+import fakeserver
 
 
 def batch(level, cell, rep, hashes):
@@ -58,7 +61,7 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
     re-renders the same Markdown from the JSON and `compare` reads two receipts. Six fresh
     servers, so the harness's fake server stands in (seconds, not a torch start each); the
     sweep on the real engine runs in the gate's end-to-end test."""
-    monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} -m tensorfold_bench.fakeserver")
+    monkeypatch.setenv("TFBENCH_SERVER_CMD", shlex.join(fakeserver.CMD))
     (tmp_path / "v.yaml").write_text("- {name: whole, flags: --prefill-mode whole}\n"
                                      "- {name: stepped, flags: [--prefill-mode, stepped, --prefill-share, '0.5']}\n")
     (tmp_path / "p.yaml").write_text("stepped:\n  tok_s@1 vs whole: [0.01, 100]\n  tok_s@2: [1.0e+9, null]\n"

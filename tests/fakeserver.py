@@ -2,9 +2,11 @@
 (docs/API.md), a simulated device (one asyncio lock; a prompt row costs ROW_S, a decode round
 ROUND_S), deterministic greedy-looking tokens. Whole prompts hold the device for the whole
 prompt; stepped prompts release it after each cut. Not a scheduler model, just enough for the
-harness to see stalls and hashes.
+harness to see stalls and hashes. It lives with the tests, not in the package: a user of
+tfbench never needs it. Run it as a script (`CMD`); its directory is then on sys.path, which is
+how foreignserver.py finds it.
 
-    python -m tensorfold_bench.fakeserver serve --port 8000 [--prefill-mode whole] ...
+    python tests/fakeserver.py serve --port 8000 [--prefill-mode whole] ...
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +25,9 @@ from aiohttp import web
 ROW_S = 0.0004
 ROUND_S = 0.01
 VOCAB = 1000
+CMD = [sys.executable, str(Path(__file__).resolve())]  # the stand-in's command line
+# The first line of a generated server script that imports this module (it runs elsewhere).
+IMPORT = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\nimport fakeserver\n"
 
 
 def token_for(prompt: list[int], out: list[int]) -> int:

@@ -4,7 +4,7 @@ tests of the client, the launcher and the identity helpers without vLLM installe
 Unlike fakeserver (the tfengine stand-in) it has no /v1/engine, no /v1/trace and never sends
 `token_sha`; its knobs select the other gaps a real server may have:
 
-    python -m tensorfold_bench.foreignserver serve --port 8000
+    python tests/foreignserver.py serve --port 8000
         [--ids asked|always|never]   token_ids per event: only when the request says
                                      return_token_ids (vLLM >= 0.10, the default), always, never
         [--logprobs refuse|ids]      a request with logprobs: 400 (vLLM started without a
@@ -19,10 +19,15 @@ Unlike fakeserver (the tfengine stand-in) it has no /v1/engine, no /v1/trace and
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from aiohttp import web
 
-from tensorfold_bench import fakeserver
-from tensorfold_bench.fakeserver import VOCAB, Fake, parser
+import fakeserver
+from fakeserver import VOCAB, Fake, parser
+
+CMD = [sys.executable, str(Path(__file__).resolve())]  # the stand-in's command line
 
 VERSION = "0.0.1-standin"
 REFUSAL = "Unable to get tokenizer because skip_tokenizer_init=True"
