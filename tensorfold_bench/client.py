@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import httpx
 
+from tensorfold_bench import wire
+
 clock = time.monotonic
 
 # How a record's tokens were counted, strongest first; a record keeps the weakest it met.
@@ -193,19 +195,123 @@ def _apply_event(rec: StreamRecord, event: dict, now: float) -> None:
         rec.server_sha = sha
 
 
-async def stream(client: httpx.AsyncClient, base_url: str, req: Request, rec: StreamRecord,
-                 model: str = "default") -> StreamRecord:
-    """Send `req` and fill `rec` as tokens arrive. Cancelling the task closes the stream (the
-    server cancels the request): `rec.cancelled` is set and the CancelledError propagates."""
-    rec.sent = clock()
+@dataclass
+class OpenStreams:
+    """Streams open at once, as the client counts them: from connected to the reply's end."""
+
+    now: int = 0
+    peak: int = 0
+
+    def opened(self) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+
+    def closed(self) -> None:
+        self.now -= 1
+
+    def restart(self) -> int:
+        """The peak so far; the next peak counts from the streams open now."""
+        peak, self.peak = self.peak, self.now
+        return peak
+
+
+CLIENT_KINDS = ("wire", "live", "httpx")  # the default first; calibrate compares them
+
+
+class StreamClient:
+    """Every scenario's HTTP client: one connection per stream and no pool, so a level of N is N
+    streams open at once. kind "wire" decodes each reply after it ended (tensorfold_bench.wire),
+    "live" as it comes; "httpx" is httpx's line iterator (`limit`: its connection cap, None for
+    none), kept so `tfbench calibrate` can show what the choice is worth."""
+
+    def __init__(self, kind: str = "wire", limit: int | None = None):
+        if kind not in CLIENT_KINDS:
+            raise ValueError(f"client must be one of {', '.join(CLIENT_KINDS)}, not {kind!r}")
+        self.kind, self.limit = kind, limit
+        self.open = OpenStreams()
+        self._httpx: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> "StreamClient":
+        if self.kind == "httpx":
+            self._httpx = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=wire.CONNECT_TIMEOUT_S),
+                                            limits=httpx.Limits(max_connections=self.limit,
+                                                                max_keepalive_connections=0))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._httpx is not None:
+            await self._httpx.aclose()
+            self._httpx = None
+
+    def prepare(self, base_url: str, req: Request, model: str) -> tuple[wire.Target, bytes] | None:
+        """The request's bytes, built before its send time (None for httpx, which builds its own)."""
+        if self.kind == "httpx":
+            return None
+        target = wire.Target.parse(base_url)
+        return target, target.request(req.path, req.body(model))
+
+
+def _http_error(status: int, body: str) -> str:
     try:
-        async with client.stream("POST", base_url.rstrip("/") + req.path, json=req.body(model)) as resp:
+        return f"HTTP {status}: {json.loads(body)['error']['message']}"
+    except Exception:
+        return f"HTTP {status}: {body[:300]}"
+
+
+async def stream(client: StreamClient, base_url: str, req: Request, rec: StreamRecord,
+                 model: str = "default", prepared: tuple[wire.Target, bytes] | None = None) -> StreamRecord:
+    """Send `req` and fill `rec` with its tokens, each stamped with its arrival time. Cancelling
+    the task closes the stream (the server cancels the request): `rec.cancelled` is set and the
+    CancelledError propagates. `prepared`: the request's bytes from `client.prepare`."""
+    if client.kind == "httpx":
+        return await _stream_httpx(client, base_url, req, rec, model)
+    opened = False
+
+    def on_open():
+        nonlocal opened
+        opened = True
+        client.open.opened()
+
+    def on_close(t: float):
+        rec.ended = t
+        if opened:
+            client.open.closed()
+
+    def on_data(payload: str, t: float):
+        try:
+            event = json.loads(payload)
+        except json.JSONDecodeError:
+            return
+        _apply_event(rec, event, t)
+
+    try:
+        target, payload = prepared or client.prepare(base_url, req, model)
+        rec.sent = clock()
+        dec = await wire.post_stream(target, payload, clock, on_data, client.kind == "wire", on_open, on_close)
+        if dec.status != 200:
+            rec.error = _http_error(dec.status, bytes(dec.error_body).decode(errors="replace"))
+    except asyncio.CancelledError:
+        rec.cancelled = True
+        raise
+    except wire.WireError as e:
+        rec.error = str(e)
+    finally:
+        if rec.ended is None:
+            rec.ended = clock()
+    return rec
+
+
+async def _stream_httpx(client: StreamClient, base_url: str, req: Request, rec: StreamRecord,
+                        model: str) -> StreamRecord:
+    """The same through httpx's line iterator (parsing each event as it comes)."""
+    rec.sent = clock()
+    opened = False
+    try:
+        async with client._httpx.stream("POST", base_url.rstrip("/") + req.path, json=req.body(model)) as resp:
+            opened = True
+            client.open.opened()
             if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")
-                try:
-                    rec.error = f"HTTP {resp.status_code}: {json.loads(body)['error']['message']}"
-                except Exception:
-                    rec.error = f"HTTP {resp.status_code}: {body[:300]}"
+                rec.error = _http_error(resp.status_code, (await resp.aread()).decode(errors="replace"))
                 return rec
             async for line in resp.aiter_lines():
                 now = clock()
@@ -226,6 +332,8 @@ async def stream(client: httpx.AsyncClient, base_url: str, req: Request, rec: St
         rec.error = f"{type(e).__name__}: {e}"
     finally:
         rec.ended = clock()
+        if opened:
+            client.open.closed()
     return rec
 
 

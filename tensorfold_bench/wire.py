@@ -1,0 +1,254 @@
+"""The streaming client's HTTP/1.1 on a bare asyncio protocol: one connection per stream, no pool.
+
+Why not httpx's line iterator: at hundreds of streams its per-token path (a pool, anyio
+streams, a line decoder, one task wake-up per line) makes the event loop the thing measured.
+Here a token's only work while the clock runs is `data_received`: stamp the time and keep the
+bytes. Chunked decoding, SSE splitting and JSON happen when the stream has ended (`defer=True`),
+off the clock; every event keeps the arrival time of the read that completed it, so the record
+is the same as parsing live, minus the client's own delay. `defer=False` parses as bytes come,
+for comparison (`tfbench calibrate --client live`).
+
+The end of a stream is seen without parsing: the response's Content-Length reached, `[DONE]`
+or the chunked terminator at the end of a read, or the server closing the connection (every
+request says `Connection: close`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import urlsplit
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class WireError(Exception):
+    """The connection failed or the reply broke off: one line for the record's `error`."""
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    port: int
+    tls: bool
+    prefix: str  # the base URL's path, prepended to each request's path
+
+    @classmethod
+    def parse(cls, base_url: str) -> "Target":
+        u = urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise WireError(f"not an http(s) URL: {base_url!r}")
+        tls = u.scheme == "https"
+        return cls(u.hostname, u.port or (443 if tls else 80), tls, u.path.rstrip("/"))
+
+    def request(self, path: str, body: dict) -> bytes:
+        """The whole request, headers and JSON body, ready to write."""
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        host = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
+        head = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Accept: text/event-stream\r\nConnection: close\r\nContent-Length: {len(payload)}\r\n\r\n")
+        return head.encode("latin-1") + payload
+
+
+class Decoder:
+    """Response bytes -> status, headers and SSE `data:` payloads, fed read by read."""
+
+    def __init__(self, on_data: Callable[[str, float], None]):
+        self.on_data = on_data  # (payload of one `data:` line, arrival time of its read)
+        self.status: int | None = None
+        self.headers: dict[str, str] = {}
+        self._head = b""
+        self._raw = bytearray()  # chunked framing not yet decoded
+        self._body = bytearray()  # decoded bytes not yet split into events
+        self.chunked = False
+        self.complete = False  # the body's end was decoded
+        self.done_seen = False  # the `data: [DONE]` line came
+        self.error_body = bytearray()  # a non-200 reply's body, kept whole
+
+    def feed(self, data: bytes, t: float) -> None:
+        if self.status is None:
+            data = self._feed_head(data)
+            if data is None:
+                return
+        if self.chunked:
+            self._raw += data
+            self._dechunk()
+        else:
+            self._body += data
+        if self.status != 200:
+            self.error_body += self._body
+            self._body.clear()
+            return
+        self._split(t)
+
+    def _feed_head(self, data: bytes) -> bytes | None:
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        lines = self._head[:end].decode("latin-1").split("\r\n")
+        try:
+            self.status = int(lines[0].split(" ", 2)[1])
+        except (IndexError, ValueError):
+            raise WireError(f"RemoteProtocolError: not an HTTP status line: {lines[0][:80]!r}") from None
+        for ln in lines[1:]:
+            k, _, v = ln.partition(":")
+            self.headers[k.strip().lower()] = v.strip()
+        self.chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
+        rest = self._head[end + 4:]
+        self._head = b""
+        return rest
+
+    def _dechunk(self) -> None:
+        raw = self._raw
+        pos = 0
+        while True:
+            nl = raw.find(b"\r\n", pos)
+            if nl < 0:
+                break
+            size = int(raw[pos:nl].split(b";", 1)[0] or b"0", 16)
+            if size == 0:
+                self.complete = True
+                pos = len(raw)
+                break
+            if len(raw) < nl + 2 + size + 2:
+                break
+            self._body += raw[nl + 2:nl + 2 + size]
+            pos = nl + 2 + size + 2
+        del raw[:pos]
+
+    def _split(self, t: float) -> None:
+        body = self._body
+        start = 0
+        while True:
+            end = body.find(b"\n", start)
+            if end < 0:
+                break
+            line = body[start:end]
+            start = end + 1
+            if line.startswith(b"data:"):
+                payload = line[5:].strip().decode("utf-8", "replace")
+                if payload == "[DONE]":
+                    self.done_seen = True
+                    continue
+                self.on_data(payload, t)
+        del body[:start]
+
+    @property
+    def content_length(self) -> int | None:
+        v = self.headers.get("content-length")
+        return int(v) if v and v.isdigit() else None
+
+
+class StreamProtocol(asyncio.Protocol):
+    """One request's connection: writes the request, keeps each read with its arrival time."""
+
+    def __init__(self, request: bytes, clock: Callable[[], float], decoder: Decoder, defer: bool):
+        self.request, self.clock, self.decoder, self.defer = request, clock, decoder, defer
+        self.reads: list[tuple[float, bytes]] = []  # deferred: every read, stamped, not yet fed
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.sent: float | None = None
+        self._tail = b""
+        self._received = 0  # body bytes (deferred, Content-Length replies)
+        self._head_seen = False
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.sent = self.clock()
+        transport.write(self.request)
+
+    def data_received(self, data: bytes):
+        t = self.clock()
+        if self.defer:
+            self.reads.append((t, data))
+            tail = self._tail + data
+            if b"[DONE]" in tail or tail.endswith(b"\r\n0\r\n\r\n") or self._length_reached(data):
+                self._finish(None)
+            self._tail = tail[-16:]
+            return
+        try:
+            self.decoder.feed(data, t)
+        except WireError as e:
+            self._finish(e)
+            return
+        d = self.decoder
+        cl = d.content_length
+        if d.complete or d.done_seen or (d.status is not None and not d.chunked and cl is not None
+                          and len(d.error_body) + len(d._body) >= cl):
+            self._finish(None)
+
+    def _length_reached(self, data: bytes) -> bool:
+        """Deferred: a Content-Length reply (an error's JSON) is over once that many bytes came."""
+        if not self._head_seen:
+            head = b"".join(d for _, d in self.reads)
+            end = head.find(b"\r\n\r\n")
+            if end < 0:
+                return False
+            self._head_seen = True
+            text = head[:end].decode("latin-1").lower()
+            self._length = None
+            if "chunked" not in text:
+                for ln in text.split("\r\n"):
+                    if ln.startswith("content-length:") and ln[15:].strip().isdigit():
+                        self._length = int(ln[15:].strip())
+            self._received = len(head) - end - 4
+        else:
+            self._received += len(data)
+        return self._length is not None and self._received >= self._length
+
+    def connection_lost(self, exc):
+        self._finish(None)
+
+    def _finish(self, exc):
+        if not self.done.done():
+            self.done.set_exception(exc) if exc else self.done.set_result(None)
+        if self.transport is not None:
+            self.transport.close()
+
+    def replay(self) -> None:
+        """Deferred: feed every kept read to the decoder, each with its own arrival time."""
+        reads, self.reads = self.reads, []
+        for t, data in reads:
+            self.decoder.feed(data, t)
+
+
+async def post_stream(target: Target, request: bytes, clock: Callable[[], float], on_data: Callable[[str, float], None],
+                      defer: bool = True, on_open: Callable[[], None] | None = None,
+                      on_close: Callable[[float], None] | None = None) -> Decoder:
+    """Send one prepared request and decode its reply; `on_data(payload, t)` per SSE `data:`
+    line. `on_open()` once connected, `on_close(t)` when the reply is over (before the deferred
+    decoding: t is the stream's end, not the parser's). Returns the decoder (its status, and a
+    non-200 reply's body). Cancelling closes the connection; what had arrived is decoded first."""
+    loop = asyncio.get_running_loop()
+    decoder = Decoder(on_data)
+    proto = StreamProtocol(request, clock, decoder, defer)
+    ctx = ssl.create_default_context() if target.tls else None
+    try:
+        await asyncio.wait_for(loop.create_connection(lambda: proto, target.host, target.port, ssl=ctx,
+                                                      server_hostname=target.host if ctx else None),
+                               CONNECT_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise WireError(f"ConnectTimeout: no connection to {target.host}:{target.port} "
+                        f"in {CONNECT_TIMEOUT_S:g} s") from None
+    except OSError as e:
+        raise WireError(f"ConnectError: {e.strerror or e}") from None
+    if on_open:
+        on_open()
+    try:
+        await proto.done
+    finally:
+        if proto.transport is not None:
+            proto.transport.close()
+        if on_close:
+            on_close(clock())
+        if defer:
+            proto.replay()
+    if decoder.status is None:
+        raise WireError("RemoteProtocolError: the server closed the connection without a response")
+    if decoder.status == 200 and decoder.chunked and not decoder.complete and not decoder.done_seen:
+        raise WireError("RemoteProtocolError: peer closed connection without sending complete message body "
+                        "(incomplete chunked read)")
+    return decoder
