@@ -229,6 +229,7 @@ class StreamClient:
             raise ValueError(f"client must be one of {', '.join(CLIENT_KINDS)}, not {kind!r}")
         self.kind, self.limit = kind, limit
         self.open = OpenStreams()
+        self.pending: list[tuple[wire.StreamProtocol, StreamRecord]] = []  # streams over, not yet decoded
         self._httpx: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> "StreamClient":
@@ -239,9 +240,24 @@ class StreamClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        self.settle()
         if self._httpx is not None:
             await self._httpx.aclose()
             self._httpx = None
+
+    def settle(self) -> None:
+        """Decode every stream that has ended into its record. Call it when none is running: the
+        decoding then costs no stream its arrival times."""
+        pending, self.pending = self.pending, []
+        for proto, rec in pending:
+            try:
+                dec = wire.settle(proto)
+            except wire.WireError as e:
+                if not rec.error and not rec.cancelled:
+                    rec.error = str(e)
+                continue
+            if dec.status != 200 and not rec.error:
+                rec.error = _http_error(dec.status, bytes(dec.kept).decode(errors="replace"))
 
     def prepare(self, base_url: str, req: Request, model: str) -> tuple[wire.Target, bytes] | None:
         """The request's bytes, built before its send time (None for httpx, which builds its own)."""
@@ -260,9 +276,10 @@ def _http_error(status: int, body: str) -> str:
 
 async def stream(client: StreamClient, base_url: str, req: Request, rec: StreamRecord,
                  model: str = "default", prepared: tuple[wire.Target, bytes] | None = None) -> StreamRecord:
-    """Send `req` and fill `rec` with its tokens, each stamped with its arrival time. Cancelling
-    the task closes the stream (the server cancels the request): `rec.cancelled` is set and the
-    CancelledError propagates. `prepared`: the request's bytes from `client.prepare`."""
+    """Send `req` and stamp its reply's reads as they arrive; `rec` is filled once the client
+    settles (`client.settle()`, or leaving its `async with`), at once for kinds live and httpx.
+    Cancelling the task closes the stream (the server cancels the request): `rec.cancelled` is
+    set and the CancelledError propagates. `prepared`: the request's bytes from `client.prepare`."""
     if client.kind == "httpx":
         return await _stream_httpx(client, base_url, req, rec, model)
     opened = False
@@ -284,12 +301,12 @@ async def stream(client: StreamClient, base_url: str, req: Request, rec: StreamR
             return
         _apply_event(rec, event, t)
 
+    proto = None
     try:
         target, payload = prepared or client.prepare(base_url, req, model)
         rec.sent = clock()
-        dec = await wire.post_stream(target, payload, clock, on_data, client.kind == "wire", on_open, on_close)
-        if dec.status != 200:
-            rec.error = _http_error(dec.status, bytes(dec.error_body).decode(errors="replace"))
+        proto = wire.new_stream(payload, clock, on_data, defer=client.kind == "wire")
+        await wire.exchange(target, proto, on_open, on_close)
     except asyncio.CancelledError:
         rec.cancelled = True
         raise
@@ -298,6 +315,10 @@ async def stream(client: StreamClient, base_url: str, req: Request, rec: StreamR
     finally:
         if rec.ended is None:
             rec.ended = clock()
+        if proto is not None:
+            client.pending.append((proto, rec))
+            if client.kind == "live":
+                client.settle()
     return rec
 
 

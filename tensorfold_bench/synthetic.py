@@ -160,6 +160,7 @@ class Synthetic:
     def reset(self) -> None:
         self.log = []
         self.peak = self.open
+        self.arrivals = 0
 
 
 class Conn(asyncio.Protocol):

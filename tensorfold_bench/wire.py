@@ -51,12 +51,17 @@ class Target:
                 f"Accept: text/event-stream\r\nConnection: close\r\nContent-Length: {len(payload)}\r\n\r\n")
         return head.encode("latin-1") + payload
 
+    def get_request(self, path: str) -> bytes:
+        host = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
+        return f"GET {self.prefix}{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode("latin-1")
+
 
 class Decoder:
     """Response bytes -> status, headers and SSE `data:` payloads, fed read by read."""
 
-    def __init__(self, on_data: Callable[[str, float], None]):
+    def __init__(self, on_data: Callable[[str, float], None], sse: bool = True):
         self.on_data = on_data  # (payload of one `data:` line, arrival time of its read)
+        self.sse = sse  # False: keep the whole body (`kept`), as for a non-200 reply
         self.status: int | None = None
         self.headers: dict[str, str] = {}
         self._head = b""
@@ -65,7 +70,7 @@ class Decoder:
         self.chunked = False
         self.complete = False  # the body's end was decoded
         self.done_seen = False  # the `data: [DONE]` line came
-        self.error_body = bytearray()  # a non-200 reply's body, kept whole
+        self.kept = bytearray()  # a non-200 (or non-SSE) reply's body, whole
 
     def feed(self, data: bytes, t: float) -> None:
         if self.status is None:
@@ -77,8 +82,8 @@ class Decoder:
             self._dechunk()
         else:
             self._body += data
-        if self.status != 200:
-            self.error_body += self._body
+        if self.status != 200 or not self.sse:
+            self.kept += self._body
             self._body.clear()
             return
         self._split(t)
@@ -177,7 +182,7 @@ class StreamProtocol(asyncio.Protocol):
         d = self.decoder
         cl = d.content_length
         if d.complete or d.done_seen or (d.status is not None and not d.chunked and cl is not None
-                          and len(d.error_body) + len(d._body) >= cl):
+                          and len(d.kept) + len(d._body) >= cl):
             self._finish(None)
 
     def _length_reached(self, data: bytes) -> bool:
@@ -215,16 +220,20 @@ class StreamProtocol(asyncio.Protocol):
             self.decoder.feed(data, t)
 
 
-async def post_stream(target: Target, request: bytes, clock: Callable[[], float], on_data: Callable[[str, float], None],
-                      defer: bool = True, on_open: Callable[[], None] | None = None,
-                      on_close: Callable[[float], None] | None = None) -> Decoder:
-    """Send one prepared request and decode its reply; `on_data(payload, t)` per SSE `data:`
-    line. `on_open()` once connected, `on_close(t)` when the reply is over (before the deferred
-    decoding: t is the stream's end, not the parser's). Returns the decoder (its status, and a
-    non-200 reply's body). Cancelling closes the connection; what had arrived is decoded first."""
+def new_stream(request: bytes, clock: Callable[[], float], on_data: Callable[[str, float], None],
+               defer: bool = True, sse: bool = True) -> StreamProtocol:
+    """A connection for one prepared request; `on_data(payload, t)` per SSE `data:` line."""
+    return StreamProtocol(request, clock, Decoder(on_data, sse), defer)
+
+
+async def exchange(target: Target, proto: StreamProtocol, on_open: Callable[[], None] | None = None,
+                   on_close: Callable[[float], None] | None = None) -> None:
+    """Connect, send the request and read the reply to its end; `on_open()` once connected,
+    `on_close(t)` when the reply is over. Then `settle(proto)` decodes what it kept and says how
+    the reply ended: deferred, nothing is decoded here, so a caller running other streams on this
+    loop settles them all once none is running. Cancelling closes the connection (what came is
+    kept for settle)."""
     loop = asyncio.get_running_loop()
-    decoder = Decoder(on_data)
-    proto = StreamProtocol(request, clock, decoder, defer)
     ctx = ssl.create_default_context() if target.tls else None
     try:
         await asyncio.wait_for(loop.create_connection(lambda: proto, target.host, target.port, ssl=ctx,
@@ -243,12 +252,26 @@ async def post_stream(target: Target, request: bytes, clock: Callable[[], float]
         if proto.transport is not None:
             proto.transport.close()
         if on_close:
-            on_close(clock())
-        if defer:
-            proto.replay()
+            on_close(proto.clock())
+
+
+def settle(proto: StreamProtocol) -> Decoder:
+    """Decode every read the connection kept (each with its own arrival time) and check the end:
+    the decoder (its status, and a non-200 reply's body), or WireError for a broken reply."""
+    if proto.defer:
+        proto.replay()
+    decoder = proto.decoder
     if decoder.status is None:
         raise WireError("RemoteProtocolError: the server closed the connection without a response")
     if decoder.status == 200 and decoder.chunked and not decoder.complete and not decoder.done_seen:
         raise WireError("RemoteProtocolError: peer closed connection without sending complete message body "
                         "(incomplete chunked read)")
     return decoder
+
+
+async def get_text(target: Target, path: str, clock: Callable[[], float]) -> str | None:
+    """GET path's body as text; None unless it answers 200 (e.g. a server without /metrics)."""
+    proto = new_stream(target.get_request(path), clock, lambda payload, t: None, sse=False)
+    await exchange(target, proto)
+    dec = settle(proto)
+    return bytes(dec.kept).decode(errors="replace") if dec.status == 200 else None
