@@ -113,7 +113,7 @@ async def _calibrate_client(url: str, spec: str, settings: CalibrateSettings, pr
         for level in settings.levels:
             prompts = [prompt_ids(level, f"calibrate:{i}", PROMPT_TOKENS, synthetic.VOCAB) for i in range(level)]
             await asyncio.to_thread(httpx.post, url + "/v1/synthetic/reset")
-            async with selfcheck.Watch() as watch:
+            async with selfcheck.Watch(lambda: client.open.now > 0) as watch:
                 burst = await play_burst(client, url, prompts, settings.tokens, synthetic.MODEL, timeout_s=600)
             log = (await asyncio.to_thread(httpx.get, url + "/v1/synthetic", timeout=60)).json()
             row = level_errors(burst.records, prompts, log, level)

@@ -76,7 +76,7 @@ async def play_script(url: str, script: LongPromptScript, prompts: Prompts, mode
                       token_ids: str = "ids") -> tuple[dict[str, StreamRecord], dict]:
     """Play A, B and C on the script; their raw records and the client's self-check."""
     ra, rb, rc = requests(script, prompts, token_ids)
-    async with http_client() as client, selfcheck.Watch() as watch:
+    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
         ready = [client.prepare(url, r, model) for r in (ra, rb, rc)]
         t0 = clock()
         a = new_record(ra, t0)
