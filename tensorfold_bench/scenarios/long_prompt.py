@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from tensorfold_bench import exactness, figures, selfcheck, session, targets
-from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, new_record, stream
+from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, collector_held, new_record, stream
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
@@ -76,6 +76,12 @@ async def play_script(url: str, script: LongPromptScript, prompts: Prompts, mode
                       token_ids: str = "ids") -> tuple[dict[str, StreamRecord], dict]:
     """Play A, B and C on the script; their raw records and the client's self-check."""
     ra, rb, rc = requests(script, prompts, token_ids)
+    with collector_held():
+        return await _play_script(url, script, model, ra, rb, rc)
+
+
+async def _play_script(url: str, script: LongPromptScript, model: str, ra: Request, rb: Request,
+                       rc: Request) -> tuple[dict[str, StreamRecord], dict]:
     async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
         ready = [client.prepare(url, r, model) for r in (ra, rb, rc)]
         t0 = clock()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from tensorfold_bench import exactness, figures, selfcheck, session, sweep_figures, targets, wire
-from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, new_record, stream
+from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
@@ -124,18 +124,19 @@ async def play_burst(client: StreamClient, url: str, prompts: list[list[int]], t
     reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True, token_ids=token_ids),
                            prompt_name(cell, i)) for i, p in enumerate(prompts)]
     ready = [client.prepare(url, q, model) for q in reqs]
-    client.open.restart()
-    t0 = clock()
-    recs = [new_record(r, t0) for r in reqs]
-    tasks = [asyncio.create_task(stream(client, url, q, r, model, w)) for q, r, w in zip(reqs, recs, ready)]
-    count = asyncio.create_task(server_open(url, client, len(reqs)))
-    done, pending = await asyncio.wait(tasks, timeout=timeout_s)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    count.cancel()
-    srv = (await asyncio.gather(count, return_exceptions=True))[0]
-    client.settle()  # every stream is over: decoding now delays none
+    with collector_held():
+        client.open.restart()
+        t0 = clock()
+        recs = [new_record(r, t0) for r in reqs]
+        tasks = [asyncio.create_task(stream(client, url, q, r, model, w)) for q, r, w in zip(reqs, recs, ready)]
+        count = asyncio.create_task(server_open(url, client, len(reqs)))
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        count.cancel()
+        srv = (await asyncio.gather(count, return_exceptions=True))[0]
+        client.settle()  # every stream is over: decoding now delays none
     for r, t in zip(recs, tasks):
         if t in pending and not r.error:
             r.error = f"not done after {timeout_s:.0f} s"
