@@ -157,8 +157,9 @@ class StreamProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.sent: float | None = None
         self._tail = b""
-        self._received = 0  # body bytes (deferred, Content-Length replies)
-        self._head_seen = False
+        self._head: bytearray | None = bytearray()  # deferred: the reply's head, until it is whole
+        self._length: int | None = None  # its Content-Length, if any
+        self._received = 0  # body bytes since the head
 
     def connection_made(self, transport):
         self.transport = transport
@@ -169,10 +170,11 @@ class StreamProtocol(asyncio.Protocol):
         t = self.clock()
         if self.defer:
             self.reads.append((t, data))
-            tail = self._tail + data
-            if b"[DONE]" in tail or tail.endswith(b"\r\n0\r\n\r\n") or self._length_reached(data):
+            # the end marks may straddle two reads: the last few bytes of the one before are kept
+            if (b"[DONE]" in data or b"[DONE]" in self._tail + data[:8] or data.endswith(b"\r\n0\r\n\r\n")
+                    or (self._tail + data[:8]).endswith(b"\r\n0\r\n\r\n") or self._length_reached(data)):
                 self._finish(None)
-            self._tail = tail[-16:]
+            self._tail = data[-8:]
             return
         try:
             self.decoder.feed(data, t)
@@ -187,19 +189,17 @@ class StreamProtocol(asyncio.Protocol):
 
     def _length_reached(self, data: bytes) -> bool:
         """Deferred: a Content-Length reply (an error's JSON) is over once that many bytes came."""
-        if not self._head_seen:
-            head = b"".join(d for _, d in self.reads)
-            end = head.find(b"\r\n\r\n")
+        if self._head is not None:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
             if end < 0:
                 return False
-            self._head_seen = True
-            text = head[:end].decode("latin-1").lower()
-            self._length = None
+            text = self._head[:end].decode("latin-1").lower()
+            self._received, self._head = len(self._head) - end - 4, None
             if "chunked" not in text:
                 for ln in text.split("\r\n"):
                     if ln.startswith("content-length:") and ln[15:].strip().isdigit():
                         self._length = int(ln[15:].strip())
-            self._received = len(head) - end - 4
         else:
             self._received += len(data)
         return self._length is not None and self._received >= self._length
