@@ -23,12 +23,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tensorfold_bench import selfcheck, synthetic
+from tensorfold_bench import selfcheck, synthetic, workers
 from tensorfold_bench.client import CLIENT_KINDS, StreamClient, StreamRecord
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.launcher import launch
 from tensorfold_bench.scenarios.streams import prompt_ids
-from tensorfold_bench.scenarios.sweep import parse_levels, play_burst
+from tensorfold_bench.scenarios.sweep import burst_requests, parse_levels, play_burst
 
 ITL_BOUND_MS = 1.0
 FIRST_BOUND_MS = 5.0
@@ -41,6 +41,7 @@ class CalibrateSettings:
     tokens: int = 200
     schedule: synthetic.Schedule = field(default_factory=synthetic.Schedule)
     clients: tuple[str, ...] = ("wire",)  # each "kind" or "httpx:LIMIT" (httpx with a connection cap)
+    procs: int = 1  # worker processes for the wire client, each with its own loop (tensorfold_bench.workers)
 
     def __post_init__(self):
         if self.tokens < 2:
@@ -50,15 +51,18 @@ class CalibrateSettings:
             if kind not in CLIENT_KINDS or (limit and (kind != "httpx" or not limit.isdigit())):
                 raise FlagError("--client", f"{c!r}: each client is one of {', '.join(CLIENT_KINDS)} "
                                             "(httpx:N: httpx with at most N connections)")
+        if self.procs < 1:
+            raise FlagError("--procs", f"must be at least 1, not {self.procs}")
 
 
 def parse_settings(levels: str, tokens: int, first_ms: float, every_ms: float, stall_every: int, stall_ms: float,
-                   clients: str) -> CalibrateSettings:
+                   clients: str, procs: int = 1) -> CalibrateSettings:
     try:
         sc = synthetic.Schedule(first_ms, every_ms, stall_every, stall_ms)
     except ValueError as e:
         raise FlagError("--first-ms/--every-ms/--stall-ms", str(e)) from None
-    return CalibrateSettings(parse_levels(levels), tokens, sc, tuple(c.strip() for c in clients.split(",") if c.strip()))
+    return CalibrateSettings(parse_levels(levels), tokens, sc, tuple(c.strip() for c in clients.split(",") if c.strip()),
+                             procs)
 
 
 def make_client(spec: str) -> StreamClient:
@@ -107,21 +111,28 @@ def level_errors(recs: list[StreamRecord], prompts: list[list[int]], log: dict, 
     return out
 
 
-async def _calibrate_client(url: str, spec: str, settings: CalibrateSettings, progress) -> list[dict]:
+async def _calibrate_client(url: str, spec: str, settings: CalibrateSettings, progress,
+                            pool: workers.Workers | None = None) -> list[dict]:
     rows = []
     async with make_client(spec) as client:
         for level in settings.levels:
             prompts = [prompt_ids(level, f"calibrate:{i}", PROMPT_TOKENS, synthetic.VOCAB) for i in range(level)]
             await asyncio.to_thread(httpx.post, url + "/v1/synthetic/reset")
-            async with selfcheck.Watch(lambda: client.open.now > 0) as watch:
-                burst = await play_burst(client, url, prompts, settings.tokens, synthetic.MODEL, timeout_s=600)
+            if pool is not None:
+                recs, watch = await pool.burst(url, burst_requests(prompts, settings.tokens), synthetic.MODEL, 600)
+                peak = workers.peak_open(recs)
+            else:
+                async with selfcheck.Watch(lambda: client.open.now > 0) as watch:
+                    burst = await play_burst(client, url, prompts, settings.tokens, synthetic.MODEL, timeout_s=600)
+                recs, peak = burst.records, burst.peak_open
             log = (await asyncio.to_thread(httpx.get, url + "/v1/synthetic", timeout=60)).json()
-            row = level_errors(burst.records, prompts, log, level)
-            check = selfcheck.summary(watch, [r.sent - r.scheduled for r in burst.records], {level: burst.peak_open})
-            row.update(client=spec, peak_open=burst.peak_open, loop_lag_p99=check["loop_lag_p99_ms"],
-                       cpu_share=check["cpu_share"], late_max=check["late_max_ms"], invalid=check["invalid"])
+            row = level_errors(recs, prompts, log, level)
+            check = selfcheck.summary(watch, [r.sent - r.scheduled for r in recs], {level: peak})
+            row.update(client=spec + (f" x{pool.procs}" if pool else ""), peak_open=peak,
+                       loop_lag_p99=check["loop_lag_p99_ms"], cpu_share=check["cpu_share"],
+                       late_max=check["late_max_ms"], invalid=check["invalid"])
             rows.append(row)
-            progress(f"{spec}: {level} streams: inter-token p99 {row['itl_p99']:.2f} ms "
+            progress(f"{row['client']}: {level} streams: inter-token p99 {row['itl_p99']:.2f} ms "
                      f"(truth {row['itl_truth_p99']:.2f})")
     return rows
 
@@ -135,7 +146,11 @@ def run(settings: CalibrateSettings, progress=lambda text: None) -> dict:
         with launch(command=cmd, log=Path(tmp) / "synthetic.log", health="/health") as srv:
             rows = []
             for spec in settings.clients:
-                rows += asyncio.run(_calibrate_client(srv.url, spec, settings, progress))
+                if settings.procs > 1 and spec == "wire":
+                    with workers.Workers(settings.procs) as pool:
+                        rows += asyncio.run(_calibrate_client(srv.url, spec, settings, progress, pool))
+                else:
+                    rows += asyncio.run(_calibrate_client(srv.url, spec, settings, progress))
     return {"settings": {**asdict(settings), "levels": list(settings.levels)}, "load": os.getloadavg(),
             "cpus": os.cpu_count(), "rows": rows}
 

@@ -244,11 +244,12 @@ def calibrate(
     stall_every: Annotated[int, typer.Option("--stall-every", help="Every this-th stream stalls once (0: none).")] = 16,
     stall_ms: Annotated[float, typer.Option("--stall-ms", help="The stall: this many ms more before the middle token.")] = 100.0,
     client: Annotated[str, typer.Option("--client", help="Clients to compare, comma-separated: wire (the default client), live (the same, decoding as bytes come), httpx (httpx's line iterator), httpx:N (with at most N connections; httpx:64 was the old client).")] = "wire",
+    procs: Annotated[int, typer.Option("--procs", help="Worker processes for the wire client, each with its own event loop (1: the harness's own loop).")] = 1,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the table's data here.")] = None,
 ):
     """The client's error against a synthetic server with an exact schedule, at rising levels."""
     from tensorfold_bench import calibrate as calibrate_mod
-    settings = calibrate_mod.parse_settings(levels, tokens, first_ms, every_ms, stall_every, stall_ms, client)
+    settings = calibrate_mod.parse_settings(levels, tokens, first_ms, every_ms, stall_every, stall_ms, client, procs)
     data = calibrate_mod.run(settings, lambda text: console.print(text, style="dim", highlight=False))
     if json_out:
         json_out.write_text(json.dumps(data, indent=1) + "\n")

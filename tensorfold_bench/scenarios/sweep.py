@@ -116,13 +116,18 @@ async def server_open(url: str, client: StreamClient, level: int, settle_s: floa
     return int(sum(vals.values())) if len(vals) == 2 else None
 
 
+def burst_requests(prompts: list[list[int]], tokens: int, token_ids: str = "ids", sampling: Sampling = GREEDY,
+                   cell: int = 0) -> list[Request]:
+    return [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True, token_ids=token_ids),
+                           prompt_name(cell, i)) for i, p in enumerate(prompts)]
+
+
 async def play_burst(client: StreamClient, url: str, prompts: list[list[int]], tokens: int, model: str = "default",
                      timeout_s: float = 900.0, token_ids: str = "ids", sampling: Sampling = GREEDY,
                      cell: int = 0) -> Burst:
     """All streams of one burst, built first, then started together (each one's schedule is that
     start); stream s samples with prompt P(cell, s)'s seed."""
-    reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True, token_ids=token_ids),
-                           prompt_name(cell, i)) for i, p in enumerate(prompts)]
+    reqs = burst_requests(prompts, tokens, token_ids, sampling, cell)
     ready = [client.prepare(url, q, model) for q in reqs]
     with collector_held():
         client.open.restart()
