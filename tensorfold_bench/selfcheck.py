@@ -105,7 +105,8 @@ def reasons(d: dict, bounds: Bounds = BOUNDS) -> list[str]:
 def line(d: dict) -> str:
     """One line for a receipt's Markdown."""
     parts = [f"event-loop lag p99 {d['loop_lag_p99_ms']:.2f} ms (max {d['loop_lag_max_ms']:.1f})",
-             f"CPU {d['cpu_s']:.2f} s" + (f" ({100 * d['cpu_share']:.0f} % of the wall time)" if d.get("cpu_share") else ""),
+             f"CPU {d['cpu_s']:.2f} s"
+             + (f" ({100 * d['cpu_share']:.0f} % of the wall time)" if d.get("cpu_share") else ""),
              f"send lateness p99 {d['late_p99_ms']:.1f} ms (max {d['late_max_ms']:.1f})"]
     if d.get("peak_open"):
         srv = d.get("server_open") or {}

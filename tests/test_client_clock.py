@@ -60,10 +60,10 @@ def test_a_starved_client_is_marked_invalid(sim):
         finally:
             h.cancel()
 
-    _, check = asyncio.run(starved())
+    batches, check = asyncio.run(starved())
     assert check["loop_lag_p99_ms"] > selfcheck.BOUNDS.lag_p99_s * 1000
     assert any("event loop lagged" in r for r in check["invalid"])
-    entry = {"variant": "sim", "batches": _, "client": check}
+    entry = {"variant": "sim", "batches": batches, "client": check}
     assert "INVALID: the client's event loop lagged" in sweep.finish(entry)
     _, calm = asyncio.run(sweep.play_levels(sim, script, synthetic.VOCAB, "sim", synthetic.MODEL))
     assert calm["invalid"] == [] and calm["peak_open"] == {"8": 8}
