@@ -22,6 +22,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 CONNECT_TIMEOUT_S = 10.0
+LAST_CHUNK = b"\r\n0\r\n\r\n"  # a chunked body's end: the previous chunk's CRLF, then the zero-size chunk
 
 
 class WireError(Exception):
@@ -171,8 +172,9 @@ class StreamProtocol(asyncio.Protocol):
         if self.defer:
             self.reads.append((t, data))
             # the end marks may straddle two reads: the last few bytes of the one before are kept
-            if (b"[DONE]" in data or b"[DONE]" in self._tail + data[:8] or data.endswith(b"\r\n0\r\n\r\n")
-                    or (self._tail + data[:8]).endswith(b"\r\n0\r\n\r\n") or self._length_reached(data)):
+            edge = self._tail + data[:8]
+            if (b"[DONE]" in data or b"[DONE]" in edge or data.endswith(LAST_CHUNK) or edge.endswith(LAST_CHUNK)
+                    or ((self._head is not None or self._length is not None) and self._length_reached(data))):
                 self._finish(None)
             self._tail = data[-8:]
             return
