@@ -4,6 +4,7 @@ which checks them), makes one library call under a progress display, writes the 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 from pathlib import Path
@@ -233,6 +234,27 @@ def gate(
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")
     raise Exit(PASS if data["passed"] else FAIL)
+
+
+@app.command("calibrate")
+def calibrate(
+    levels: Annotated[str, typer.Option("--levels", help="Stream counts, each a burst of that many streams at once.")] = "1,8,64,256",
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens each stream reads.")] = 200,
+    first_ms: Annotated[float, typer.Option("--first-ms", help="The synthetic server's first token, ms after it read the request.")] = 20.0,
+    every_ms: Annotated[float, typer.Option("--every-ms", help="Then one token every this many ms.")] = 10.0,
+    stall_every: Annotated[int, typer.Option("--stall-every", help="Every this-th stream stalls once (0: none).")] = 16,
+    stall_ms: Annotated[float, typer.Option("--stall-ms", help="The stall: this many ms more before the middle token.")] = 100.0,
+    client: Annotated[str, typer.Option("--client", help="Clients to compare, comma-separated: wire (the default client), live (the same, decoding as bytes come), httpx (httpx's line iterator), httpx:N (with at most N connections; httpx:64 was the old client).")] = "wire",
+    procs: Annotated[int, typer.Option("--procs", help="Worker processes for the wire client, each with its own event loop (1: the harness's own loop).")] = 1,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the table's data here.")] = None,
+):
+    """The client's error against a synthetic server with an exact schedule, at rising levels."""
+    from tensorfold_bench import calibrate as calibrate_mod
+    settings = calibrate_mod.parse_settings(levels, tokens, first_ms, every_ms, stall_every, stall_ms, client, procs)
+    data = calibrate_mod.run(settings, lambda text: console.print(text, style="dim", highlight=False))
+    if json_out:
+        json_out.write_text(json.dumps(data, indent=1) + "\n")
+    sys.stdout.write(calibrate_mod.table(data))
 
 
 @app.command("compare")

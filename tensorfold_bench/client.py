@@ -16,11 +16,15 @@ refuses it. An event with neither counts each non-empty text chunk as one token 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import time
 from dataclasses import asdict, dataclass, field, fields
 
 import httpx
+
+from tensorfold_bench import wire
 
 clock = time.monotonic
 
@@ -193,19 +197,161 @@ def _apply_event(rec: StreamRecord, event: dict, now: float) -> None:
         rec.server_sha = sha
 
 
-async def stream(client: httpx.AsyncClient, base_url: str, req: Request, rec: StreamRecord,
-                 model: str = "default") -> StreamRecord:
-    """Send `req` and fill `rec` as tokens arrive. Cancelling the task closes the stream (the
-    server cancels the request): `rec.cancelled` is set and the CancelledError propagates."""
-    rec.sent = clock()
+@dataclass
+class OpenStreams:
+    """Streams open at once, as the client counts them: from connected to the reply's end."""
+
+    now: int = 0
+    peak: int = 0
+
+    def opened(self) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+
+    def closed(self) -> None:
+        self.now -= 1
+
+    def restart(self) -> int:
+        """The peak so far; the next peak counts from the streams open now."""
+        peak, self.peak = self.peak, self.now
+        return peak
+
+
+@contextlib.contextmanager
+def collector_held():
+    """No garbage collection while streams are open: one full collection of the harness's heap
+    took over 100 ms at 256 streams, and every token arriving then was stamped that late.
+    Collected and frozen first (so what was there is never traversed again), resumed after."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     try:
-        async with client.stream("POST", base_url.rstrip("/") + req.path, json=req.body(model)) as resp:
+        yield
+    finally:
+        gc.unfreeze()
+        if was:
+            gc.enable()
+
+
+CLIENT_KINDS = ("wire", "live", "httpx")  # the default first; calibrate compares them
+
+
+class StreamClient:
+    """Every scenario's HTTP client: one connection per stream and no pool, so a level of N is N
+    streams open at once. kind "wire" decodes each reply after it ended (tensorfold_bench.wire),
+    "live" as it comes; "httpx" is httpx's line iterator (`limit`: its connection cap, None for
+    none), kept so `tfbench calibrate` can show what the choice is worth."""
+
+    def __init__(self, kind: str = "wire", limit: int | None = None):
+        if kind not in CLIENT_KINDS:
+            raise ValueError(f"client must be one of {', '.join(CLIENT_KINDS)}, not {kind!r}")
+        self.kind, self.limit = kind, limit
+        self.open = OpenStreams()
+        self.pending: list[tuple[wire.StreamProtocol, StreamRecord]] = []  # streams over, not yet decoded
+        self._httpx: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> "StreamClient":
+        if self.kind == "httpx":
+            self._httpx = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=wire.CONNECT_TIMEOUT_S),
+                                            limits=httpx.Limits(max_connections=self.limit,
+                                                                max_keepalive_connections=0))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.settle()
+        if self._httpx is not None:
+            await self._httpx.aclose()
+            self._httpx = None
+
+    def settle(self) -> None:
+        """Decode every stream that has ended into its record. Call it when none is running: the
+        decoding then costs no stream its arrival times."""
+        pending, self.pending = self.pending, []
+        for proto, rec in pending:
+            try:
+                dec = wire.settle(proto)
+            except wire.WireError as e:
+                if not rec.error and not rec.cancelled:
+                    rec.error = str(e)
+                continue
+            if dec.status != 200 and not rec.error:
+                rec.error = _http_error(dec.status, bytes(dec.kept).decode(errors="replace"))
+
+    def prepare(self, base_url: str, req: Request, model: str) -> tuple[wire.Target, bytes] | None:
+        """The request's bytes, built before its send time (None for httpx, which builds its own)."""
+        if self.kind == "httpx":
+            return None
+        target = wire.Target.parse(base_url)
+        return target, target.request(req.path, req.body(model))
+
+
+def _http_error(status: int, body: str) -> str:
+    try:
+        return f"HTTP {status}: {json.loads(body)['error']['message']}"
+    except Exception:
+        return f"HTTP {status}: {body[:300]}"
+
+
+async def stream(client: StreamClient, base_url: str, req: Request, rec: StreamRecord,
+                 model: str = "default", prepared: tuple[wire.Target, bytes] | None = None) -> StreamRecord:
+    """Send `req` and stamp its reply's reads as they arrive; `rec` is filled once the client
+    settles (`client.settle()`, or leaving its `async with`), at once for kinds live and httpx.
+    Cancelling the task closes the stream (the server cancels the request): `rec.cancelled` is
+    set and the CancelledError propagates. `prepared`: the request's bytes from `client.prepare`."""
+    if client.kind == "httpx":
+        return await _stream_httpx(client, base_url, req, rec, model)
+    opened = False
+
+    def on_open():
+        nonlocal opened
+        opened = True
+        client.open.opened()
+
+    def on_close(t: float):
+        rec.ended = t
+        if opened:
+            client.open.closed()
+
+    def on_data(payload: str, t: float):
+        try:
+            event = json.loads(payload)
+        except json.JSONDecodeError:
+            return
+        _apply_event(rec, event, t)
+
+    proto = None
+    try:
+        target, payload = prepared or client.prepare(base_url, req, model)
+        rec.sent = clock()
+        proto = wire.new_stream(payload, clock, on_data, defer=client.kind == "wire")
+        await wire.exchange(target, proto, on_open, on_close)
+    except asyncio.CancelledError:
+        rec.cancelled = True
+        raise
+    except wire.WireError as e:
+        rec.error = str(e)
+    finally:
+        if rec.ended is None:
+            rec.ended = clock()
+        if proto is not None:
+            client.pending.append((proto, rec))
+            if client.kind == "live":
+                client.settle()
+    return rec
+
+
+async def _stream_httpx(client: StreamClient, base_url: str, req: Request, rec: StreamRecord,
+                        model: str) -> StreamRecord:
+    """The same through httpx's line iterator (parsing each event as it comes)."""
+    rec.sent = clock()
+    opened = False
+    try:
+        async with client._httpx.stream("POST", base_url.rstrip("/") + req.path, json=req.body(model)) as resp:
+            opened = True
+            client.open.opened()
             if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")
-                try:
-                    rec.error = f"HTTP {resp.status_code}: {json.loads(body)['error']['message']}"
-                except Exception:
-                    rec.error = f"HTTP {resp.status_code}: {body[:300]}"
+                rec.error = _http_error(resp.status_code, (await resp.aread()).decode(errors="replace"))
                 return rec
             async for line in resp.aiter_lines():
                 now = clock()
@@ -226,6 +372,8 @@ async def stream(client: httpx.AsyncClient, base_url: str, req: Request, rec: St
         rec.error = f"{type(e).__name__}: {e}"
     finally:
         rec.ended = clock()
+        if opened:
+            client.open.closed()
     return rec
 
 

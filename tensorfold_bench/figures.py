@@ -282,6 +282,6 @@ def figure_runs(data: dict) -> dict[str, dict[str, list[float]]]:
         values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
     else:
         names = list(dict.fromkeys(n for r in data["runs"] for n in r["figures"]))
-        values = [r["figures"] for r in data["runs"]]
+        values = [{} if (r.get("client") or {}).get("invalid") else r["figures"] for r in data["runs"]]
     order = [r["variant"] for r in data["runs"]]
     return {n: stats.by_variant(order, [v.get(n) for v in values]) for n in names}

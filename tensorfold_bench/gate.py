@@ -149,12 +149,13 @@ def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY) -> dict:
     """One run: a short sweep, then a short long-prompt run, on one server; raw records."""
     sw = sweep.SweepScript(levels=p.levels, tokens=p.tokens, cells=1, reps=p.reps, prompt_tokens=p.prompt_tokens,
                            seed=sampling.seed, sampling=sampling)
-    batches = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
+    batches, sw_check = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
     script = long_prompt.LongPromptScript(b_at=p.b_at, c_after=p.c_after, b_tokens=p.b_tokens,
                                           a_max_tokens=p.max_model_len - 32, seed=sampling.seed, sampling=sampling)
     prompts = long_prompt.make_prompts(script, run.vocab)
-    recs = asyncio.run(long_prompt.play_script(run.url, script, prompts, run.model))
-    return {"sweep": {"batches": batches}, "long_prompt": {"records": long_prompt.records_dict(recs)}}
+    recs, lp_check = asyncio.run(long_prompt.play_script(run.url, script, prompts, run.model))
+    return {"sweep": {"batches": batches, "client": sw_check},
+            "long_prompt": {"records": long_prompt.records_dict(recs), "client": lp_check}}
 
 
 def finish(entry: dict) -> str:
@@ -162,11 +163,15 @@ def finish(entry: dict) -> str:
     sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
     entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
     lp = figures.long_prompt_of(entry["long_prompt"]["records"])
+    long_prompt.client_bottleneck(lp, entry["long_prompt"].get("client"))
     entry["long_prompt"]["figures"] = lp.to_dict()
-    entry["figures"] = {**sw, **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}
+    sw_bad = (entry["sweep"].get("client") or {}).get("invalid")
+    entry["figures"] = {**({} if sw_bad else sw),
+                        **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}
     return (f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in sw.items() if k.startswith("tok_s"))
             + f"; B first token {num(lp.b_first_token, 2, '–')} s, C {num(lp.c_first_token, 2, '–')} s"
-            + ("" if lp.valid else f" (long-prompt run invalid: {'; '.join(lp.invalid_reasons)})"))
+            + ("" if lp.valid else f" (long-prompt run invalid: {'; '.join(lp.invalid_reasons)})")
+            + (f" (sweep invalid: {'; '.join(sw_bad)})" if sw_bad else ""))
 
 
 def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None,
@@ -259,6 +264,10 @@ def analyse(data: dict) -> dict:
         if not lp["valid"]:
             notes.append(f"run {r['index']} ({r['variant']}): long-prompt run invalid, left out: "
                          + "; ".join(lp["invalid_reasons"]))
+        sw_bad = (r["sweep"].get("client") or {}).get("invalid")
+        if sw_bad:
+            notes.append(f"run {r['index']} ({r['variant']}): sweep invalid, the client was the bottleneck, left "
+                         "out: " + "; ".join(sw_bad))
     if data.get("missing_base"):
         notes.append(data["missing_base"])
     if data["accepted_outputs"]:

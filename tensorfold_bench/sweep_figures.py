@@ -92,12 +92,17 @@ def batch_errors(batches: list[dict]) -> list[str]:
     return [f"level {b['level']} cell {b['cell']} rep {b['rep']}: {e}" for b in batches for e in b["errors"]]
 
 
+def counted_figures(run: dict) -> dict:
+    """The run's figures, or none when its client self-check marked it invalid."""
+    return {} if (run.get("client") or {}).get("invalid") else run["figures"]
+
+
 def sweep_stats(data: dict) -> dict:
     """tok_s@L's statistics for every level."""
     st = data["settings"]
     names = [at("tok_s", lv) for lv in st["script"]["levels"]]
     return {k: fs.to_dict() for k, fs in stats_for(
-        names, [r["variant"] for r in data["runs"]], [r["figures"] for r in data["runs"]], st["base"],
+        names, [r["variant"] for r in data["runs"]], [counted_figures(r) for r in data["runs"]], st["base"],
         st.get("margin", stats.DEFAULT_MARGIN)).items()}
 
 
@@ -105,7 +110,7 @@ def sweep_latency(data: dict) -> dict[str, dict[str, float | None]]:
     """figure -> variant -> median over runs, for the latency figures a sweep kept; {} if none."""
     out: dict[str, dict] = {}
     for r in data["runs"]:
-        for name, v in r["figures"].items():
+        for name, v in counted_figures(r).items():
             if spec(name).name in LATENCY:
                 out.setdefault(name, {}).setdefault(r["variant"], []).append(v)
     return {n: {v: median(xs) for v, xs in by.items()} for n, by in out.items()}

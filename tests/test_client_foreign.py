@@ -4,10 +4,9 @@ counts with usage, and unknown (never mismatched) ids, cached tokens and fingerp
 import asyncio
 import sys
 
-import httpx
 import pytest
 
-from tensorfold_bench.client import Request, StreamRecord, new_record, stream
+from tensorfold_bench.client import Request, StreamClient, StreamRecord, new_record, stream
 from tensorfold_bench.launcher import launch
 
 import fakeserver
@@ -44,8 +43,9 @@ def servers(tmp_path_factory):
 
 def play(url: str, req: Request) -> StreamRecord:
     async def go():
-        async with httpx.AsyncClient(timeout=30) as client:
-            return await stream(client, url, req, new_record(req), model="tiny")
+        async with StreamClient() as client:
+            rec = await stream(client, url, req, new_record(req), model="tiny")
+        return rec
     return asyncio.run(go())
 
 

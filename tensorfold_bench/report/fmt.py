@@ -2,6 +2,8 @@
 shares."""
 from __future__ import annotations
 
+from tensorfold_bench import selfcheck
+
 from typing import Callable
 
 from tensorfold_bench import stats
@@ -168,3 +170,16 @@ def identity_line(i: dict) -> str:
 
 def not_run_lines(notes: list[str]) -> list[str]:
     return ["**Not run, and why.**", *([f"- {n}" for n in notes] or ["- Nothing left out."])]
+
+
+def client_lines(runs: list[tuple[str, dict | None]]) -> list[str]:
+    """The client's self-check, one line per (label, check); none for receipts from before it."""
+    have = [(label, c) for label, c in runs if c]
+    if not have:
+        return []
+    b = have[0][1]["bounds"]
+    out = [f"**Client self-check** (was the client what got measured? invalid past a loop lag p99 of "
+           f"{b['lag_p99_ms']:g} ms or a send {b['late_ms']:g} ms late, or at a level whose streams were never all "
+           "open at once).", ""]
+    out += [f"- {label}: {selfcheck.line(c)}" for label, c in have]
+    return out + [""]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from tensorfold_bench.errors import FAIL, PASS
-from tensorfold_bench.report.fmt import environment_lines, stats_table
+from tensorfold_bench.report.fmt import client_lines, environment_lines, stats_table
 from tensorfold_bench.worktree import Source
 
 
@@ -33,6 +33,10 @@ def markdown(data: dict, png_name: str | None = None) -> str:
         lines.append(f"- Sweep replies ({label}): {hc['equal']} of {hc['replies']} equal.")
     lines.append("- Long-prompt replies: " + ", ".join(f"{k} {v['equal']} of {v['of']}"
                                                        for k, v in ex["long_prompt"].items()) + ".")
+    checks = client_lines([(f"Run {r['index']} ({r['variant']}) {part}", r[part].get("client"))
+                           for r in data["runs"] for part in ("sweep", "long_prompt")])
+    if checks:
+        lines += ["", *checks[:-1]]
     if data["notes"]:
         lines += ["", "**Notes.**", *[f"- {n}" for n in data["notes"]]]
     lines += ["", f"Exit code {PASS if data['passed'] else FAIL} (0 pass, 1 regression, 2 usage or infrastructure error)."]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tensorfold_bench.figures import LongPromptFigures, long_prompt_summary, spec
 from tensorfold_bench.predictions import Predictions
-from tensorfold_bench.report.fmt import environment_lines, not_run_lines, num, stats_table
+from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
 
 
 def cell(figs: list[LongPromptFigures], key: str, med: float | None, digits: int | None = None) -> str:
@@ -145,6 +145,7 @@ def markdown(data: dict, png_name: str | None = None) -> str:
            test_paragraph(data), "", *table(data), "",
            "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "
            "started):", "", *runs_table(data), "", *cold_lines(data),
+           *client_lines([(f"Run {r['index']} ({r['variant']})", r.get("client")) for r in data["runs"]]),
            "**Exactness.**", *exactness_lines(data), ""]
     if png_name:
         out += [f"![timeline: A's inter-token gaps, B and C marked]({png_name})", ""]

@@ -5,7 +5,7 @@ from tensorfold_bench import stats
 from tensorfold_bench.figures import LATENCY, at, spec
 from tensorfold_bench.sweep_figures import sweep_latency
 from tensorfold_bench.predictions import Predictions
-from tensorfold_bench.report.fmt import environment_lines, not_run_lines, num, stats_table
+from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
 from tensorfold_bench.worktree import Source
 
 DASH = "–"  # sweep receipts have always shown a missing value as an en dash
@@ -89,6 +89,7 @@ def markdown(data: dict, png_name: str | None = None) -> str:
     if len(h["flagged"]) > 20:
         lines.append(f"- … and {len(h['flagged']) - 20} more (see the JSON)")
     lines.append("")
+    lines += client_lines([(f"Run {r['index']} ({r['variant']})", r.get("client")) for r in data["runs"]])
     if data.get("predictions"):
         lines += Predictions.from_dict(data["predictions"]).markdown() + [""]
     lines += not_run_lines(data["not_run"])

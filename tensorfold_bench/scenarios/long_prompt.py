@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, session, targets
-from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, new_record, stream
+from tensorfold_bench import exactness, figures, selfcheck, session, targets
+from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, collector_held, new_record, stream
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
@@ -73,20 +73,27 @@ def requests(script: LongPromptScript, prompts: Prompts, token_ids: str = "ids")
 
 
 async def play_script(url: str, script: LongPromptScript, prompts: Prompts, model: str = "default",
-                      token_ids: str = "ids") -> dict[str, StreamRecord]:
-    """Play A, B and C on the script; return their raw records."""
+                      token_ids: str = "ids") -> tuple[dict[str, StreamRecord], dict]:
+    """Play A, B and C on the script; their raw records and the client's self-check."""
     ra, rb, rc = requests(script, prompts, token_ids)
-    async with http_client() as client:
+    with collector_held():
+        return await _play_script(url, script, model, ra, rb, rc)
+
+
+async def _play_script(url: str, script: LongPromptScript, model: str, ra: Request, rb: Request,
+                       rc: Request) -> tuple[dict[str, StreamRecord], dict]:
+    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+        ready = [client.prepare(url, r, model) for r in (ra, rb, rc)]
         t0 = clock()
         a = new_record(ra, t0)
         b = new_record(rb, t0 + script.b_at)
         c = new_record(rc, t0 + script.b_at + script.c_after)
-        a_task = asyncio.create_task(stream(client, url, ra, a, model))
+        a_task = asyncio.create_task(stream(client, url, ra, a, model, ready[0]))
         try:
             await sleep_until(b.scheduled)
-            b_task = asyncio.create_task(stream(client, url, rb, b, model))
+            b_task = asyncio.create_task(stream(client, url, rb, b, model, ready[1]))
             await sleep_until(c.scheduled)
-            c_task = asyncio.create_task(stream(client, url, rc, c, model))
+            c_task = asyncio.create_task(stream(client, url, rc, c, model, ready[2]))
             done, pending = await asyncio.wait({b_task, c_task}, timeout=script.timeout_s)
             for t in pending:
                 t.cancel()
@@ -98,7 +105,8 @@ async def play_script(url: str, script: LongPromptScript, prompts: Prompts, mode
             if not a_task.done():
                 a_task.cancel()
             await asyncio.gather(a_task, return_exceptions=True)
-    return {"A": a, "B": b, "C": c}
+    recs = {"A": a, "B": b, "C": c}
+    return recs, selfcheck.summary(watch, [figures.lateness(r) for r in recs.values()], open_peak=client.open.peak)
 
 
 async def play_sequence(url: str, reqs: list[Request], model: str = "default") -> dict[str, StreamRecord]:
@@ -206,12 +214,12 @@ def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
     # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
     # the salt) prompts are fresh random ids, so none of them is a prefix of an earlier one
     prompts = make_prompts(s, vocab, f"-run{run.index}{run.salt}" if run.shared else "")
-    recs = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
+    recs, check = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
     trace = session.fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
     if run.variant.name not in data["alone"]:
         alone_or_defer(settings, data, run, lambda: play_b_alone(run, s, vocab, trace is not None))
     records = records_dict(recs)
-    return {"records": records, "hashes": exactness.reply_hashes(records), "trace": trace,
+    return {"records": records, "client": check, "hashes": exactness.reply_hashes(records), "trace": trace,
             "cold": cold_check(recs["B"], run.shared), "counted_by": counted_by(recs.values()),
             "system_fingerprint": next((r.system_fingerprint for r in recs.values() if r.system_fingerprint), None)}
 
@@ -241,10 +249,20 @@ def finish(entry: dict) -> str:
         if not cold.get("held", True):
             f.valid = False
             f.invalid_reasons.append(f"B was not cold: the server reports {cold['cached_tokens']} cached tokens")
+        client_bottleneck(f, entry.get("client"))
     entry["figures"] = f.to_dict()
     s = lambda v: "-" if v is None else f"{num(v)} s"  # noqa: E731
     return (f"{entry['variant']}: B first token {s(f.b_first_token)}, C {s(f.c_first_token)}, "
             f"A pause {s(f.a_longest_pause)}" + ("" if f.valid else f"  INVALID: {'; '.join(f.invalid_reasons)}"))
+
+
+def client_bottleneck(f: figures.LongPromptFigures, check: dict | None) -> None:
+    """A run whose client self-check failed is invalid, its reasons said; a send late past the
+    bound is already one of the figures' own reasons."""
+    for why in (check or {}).get("invalid") or []:
+        if not why.startswith("a request was sent"):
+            f.valid = False
+            f.invalid_reasons.append(why)
 
 
 def run_plain(settings: LongPromptSettings, data: dict, base_source, vocab: int) -> dict:

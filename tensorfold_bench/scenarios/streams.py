@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
-import httpx
 import numpy as np
 
-from tensorfold_bench.client import Request, StreamRecord, clock, new_record, stream
+from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, new_record, stream
 
 PROMPT_ID_FLOOR = 256  # stay clear of the low (byte / special) ids
 
@@ -21,9 +20,9 @@ def prompt_ids(seed: int, key: str, n: int, vocab: int) -> list[int]:
     return rng.integers(lo, vocab, size=n).tolist()
 
 
-def http_client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
-                             limits=httpx.Limits(max_connections=64, max_keepalive_connections=0))
+def http_client(kind: str = "wire") -> StreamClient:
+    """One connection per stream and no cap: a level of N streams is N open at once."""
+    return StreamClient(kind)
 
 
 async def sleep_until(t: float) -> None:

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, session, sweep_figures, targets
-from tensorfold_bench.client import Request, StreamRecord, new_record, stream
+from tensorfold_bench import exactness, figures, selfcheck, session, sweep_figures, targets, wire
+from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
@@ -85,43 +85,103 @@ def cell_prompts(script: SweepScript, cell: int, level: int, vocab: int) -> list
     return [prompt_ids(script.seed, prompt_name(cell, s), script.prompt_tokens, vocab) for s in range(level)]
 
 
-async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
-                     timeout_s: float = 900.0, token_ids: str = "ids", sampling: Sampling = GREEDY,
-                     cell: int = 0) -> list[StreamRecord]:
-    """All streams of one burst, started together; stream s samples with prompt P(cell, s)'s seed."""
-    reqs = [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True, token_ids=token_ids),
+@dataclass
+class Burst:
+    """One batch's records and what the client saw of it: the streams open at once (its own
+    count, and the server's running + waiting streams where its /metrics says)."""
+
+    records: list[StreamRecord]
+    peak_open: int
+    server_open: int | None = None
+
+
+async def server_open(url: str, client: StreamClient, level: int, settle_s: float = 0.02) -> int | None:
+    """Once the client has all `level` streams open (and the server a moment to read them), the
+    server's running + waiting streams from tfengine's /metrics; None if it has no such gauges
+    or a stream ended before the count."""
+    while client.open.now < level:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(settle_s)
+    try:
+        text = await wire.get_text(wire.Target.parse(url), "/metrics", clock)
+    except wire.WireError:
+        return None
+    if text is None or client.open.now < level:
+        return None
+    vals = {}
+    for ln in text.splitlines():
+        name, _, v = ln.partition(" ")
+        if name in ("tfengine_running_streams", "tfengine_waiting_streams"):
+            vals[name] = float(v)
+    return int(sum(vals.values())) if len(vals) == 2 else None
+
+
+def burst_requests(prompts: list[list[int]], tokens: int, token_ids: str = "ids", sampling: Sampling = GREEDY,
+                   cell: int = 0) -> list[Request]:
+    return [sampling.apply(Request(f"s{i}", p, max_tokens=tokens, ignore_eos=True, token_ids=token_ids),
                            prompt_name(cell, i)) for i, p in enumerate(prompts)]
-    recs = [new_record(r) for r in reqs]
-    async with http_client() as client:
-        tasks = [asyncio.create_task(stream(client, url, q, r, model)) for q, r in zip(reqs, recs)]
+
+
+async def play_burst(client: StreamClient, url: str, prompts: list[list[int]], tokens: int, model: str = "default",
+                     timeout_s: float = 900.0, token_ids: str = "ids", sampling: Sampling = GREEDY,
+                     cell: int = 0) -> Burst:
+    """All streams of one burst, built first, then started together (each one's schedule is that
+    start); stream s samples with prompt P(cell, s)'s seed."""
+    reqs = burst_requests(prompts, tokens, token_ids, sampling, cell)
+    ready = [client.prepare(url, q, model) for q in reqs]
+    with collector_held():
+        client.open.restart()
+        t0 = clock()
+        recs = [new_record(r, t0) for r in reqs]
+        tasks = [asyncio.create_task(stream(client, url, q, r, model, w)) for q, r, w in zip(reqs, recs, ready)]
+        count = asyncio.create_task(server_open(url, client, len(reqs)))
         done, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for t in pending:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        count.cancel()
+        srv = (await asyncio.gather(count, return_exceptions=True))[0]
+        client.settle()  # every stream is over: decoding now delays none
     for r, t in zip(recs, tasks):
         if t in pending and not r.error:
             r.error = f"not done after {timeout_s:.0f} s"
-    return recs
+    return Burst(recs, client.open.restart(), srv if isinstance(srv, int) else None)
+
+
+async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
+                     timeout_s: float = 900.0, token_ids: str = "ids", sampling: Sampling = GREEDY,
+                     cell: int = 0) -> list[StreamRecord]:
+    """play_burst on a client of its own; the records."""
+    async with http_client() as client:
+        return (await play_burst(client, url, prompts, tokens, model, timeout_s, token_ids, sampling, cell)).records
 
 
 async def play_levels(url: str, script: SweepScript, vocab: int, label: str, model: str = "default",
-                      progress: Callable[[str], None] | None = None, token_ids: str = "ids") -> list[dict]:
-    """Every level, cell and rep on one server: each batch's records, reduced (sweep_figures.sweep_batch)."""
-    batches = []
-    for level in script.levels:
-        for cell in range(script.cells):
-            prompts = cell_prompts(script, cell, level, vocab)
-            for rep in range(script.reps):
-                recs = await play_batch(url, prompts, script.tokens, model, script.timeout_s, token_ids,
-                                        script.sampling, cell)
-                hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
-                b = sweep_figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
-                batches.append(b)
-                if progress:
-                    tok = "failed" if b["tok_s"] is None else f"{b['tok_s']:.1f} tok/s"
-                    progress(f"{label}: {level} streams, cell {cell + 1}/{script.cells}, "
-                             f"rep {rep + 1}/{script.reps}: {tok}")
-    return batches
+                      progress: Callable[[str], None] | None = None, token_ids: str = "ids") -> tuple[list[dict], dict]:
+    """Every level, cell and rep on one server: each batch's records, reduced (sweep_figures.sweep_batch),
+    and the client's self-check over them all (tensorfold_bench.selfcheck)."""
+    batches, late, peaks, srv = [], [], {}, {}
+    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+        for level in script.levels:
+            for cell in range(script.cells):
+                prompts = cell_prompts(script, cell, level, vocab)
+                for rep in range(script.reps):
+                    burst = await play_burst(client, url, prompts, script.tokens, model, script.timeout_s, token_ids,
+                                             script.sampling, cell)
+                    recs = burst.records
+                    hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
+                    b = sweep_figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
+                    b.update(peak_open=burst.peak_open, server_open=burst.server_open)
+                    batches.append(b)
+                    late += [figures.lateness(r) for r in recs]
+                    peaks[level] = min(peaks.get(level, level), burst.peak_open)
+                    if burst.server_open is not None:
+                        srv[level] = min(srv.get(level, level), burst.server_open)
+                    if progress:
+                        tok = "failed" if b["tok_s"] is None else f"{b['tok_s']:.1f} tok/s"
+                        progress(f"{label}: {level} streams, cell {cell + 1}/{script.cells}, "
+                                 f"rep {rep + 1}/{script.reps}: {tok}")
+    return batches, selfcheck.summary(watch, late, peaks, srv)
 
 
 # ---- a session of runs ---------------------------------------------------------------------
@@ -175,8 +235,9 @@ def check_server(run: Run, script: SweepScript) -> int:
 def play(script: SweepScript, run: Run) -> dict:
     """One run on its server: every batch, raw times kept."""
     vocab = check_server(run, script)
-    batches = asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.status, run.token_ids))
-    return {"batches": batches,
+    batches, check = asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.status,
+                                             run.token_ids))
+    return {"batches": batches, "client": check,
             "system_fingerprint": next((b["system_fingerprint"] for b in batches if b["system_fingerprint"]), None)}
 
 
@@ -188,8 +249,9 @@ def finish(entry: dict) -> str:
     entry["figures"] = sweep_figures.sweep_run(entry["batches"])
     entry["errors"] = sweep_figures.batch_errors(entry["batches"])
     entry["counted_by"] = sweep_figures.sweep_counted_by(entry["batches"])
+    bad = (entry.get("client") or {}).get("invalid")
     return f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in entry["figures"].items()
-                                               if k.startswith("tok_s"))
+                                               if k.startswith("tok_s")) + (f"  INVALID: {'; '.join(bad)}" if bad else "")
 
 
 def analyse(data: dict) -> dict:
@@ -207,6 +269,9 @@ def analyse(data: dict) -> dict:
             notes.append(f"Run {r['index']} ({r['variant']}) failed and is left out: {r['failure']} (log: {r['log']})")
             continue
         notes += [f"Run {r['index']} ({r['variant']}): {e}: that batch is left out." for e in r.get("errors", [])]
+        if (r.get("client") or {}).get("invalid"):
+            notes.append(f"Run {r['index']} ({r['variant']}) is invalid, the client was the bottleneck, and its "
+                         f"figures are left out: {'; '.join(r['client']['invalid'])}.")
     data["not_run"] = notes
     return data
 

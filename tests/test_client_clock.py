@@ -1,0 +1,126 @@
+"""The client is never what gets measured: a level of N streams is N open at the server, every
+run carries the client's self-check, a starved client makes its run invalid, and `tfbench
+calibrate` holds the client against the synthetic server's own send times."""
+import asyncio
+import sys
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from tensorfold_bench import calibrate, selfcheck, synthetic, wire
+from tensorfold_bench.cli import app
+from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, new_record, stream
+from tensorfold_bench.launcher import launch
+from tensorfold_bench.launcher import free_port
+from tensorfold_bench.scenarios import sweep
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    """The synthetic server, launched as calibrate launches it (no stall unless asked)."""
+    log = tmp_path_factory.mktemp("sim") / "synthetic.log"
+    cmd = [sys.executable, "-m", "tensorfold_bench.synthetic", "--port", "{port}", "--first-ms", "20",
+           "--every-ms", "10", "--stall-every", "0"]
+    with launch(command=cmd, log=log, health="/health") as srv:
+        yield srv.url
+
+
+def reset(url):
+    httpx.post(url + "/v1/synthetic/reset")
+
+
+def test_a_level_of_256_is_256_streams_open_at_the_server(sim):
+    reset(sim)
+    script = sweep.SweepScript(levels=(256,), tokens=30, cells=1, reps=1, prompt_tokens=8)
+    batches, check = asyncio.run(sweep.play_levels(sim, script, synthetic.VOCAB, "sim", synthetic.MODEL))
+    (b,) = batches
+    assert not b["errors"] and b["tokens"] == 256 * 30
+    assert httpx.get(sim + "/v1/synthetic").json()["peak_open"] == 256  # the server's own count
+    assert b["peak_open"] == 256 and check["peak_open"] == {"256": 256}
+    assert b["server_open"] == 256 and check["server_open"] == {"256": 256}  # as its /metrics said
+    assert not [r for r in check["invalid"] if "open at once" in r]
+
+
+def test_a_starved_client_is_marked_invalid(sim):
+    """A busy loop in the harness process (50 ms of every 60 ms on the event loop): the tokens
+    are stamped late, and the self-check says so; the same run without it is valid."""
+    script = sweep.SweepScript(levels=(8,), tokens=40, cells=1, reps=1, prompt_tokens=8)
+
+    async def starved():
+        async def hog():
+            while True:
+                t = clock()
+                while clock() - t < 0.05:
+                    pass
+                await asyncio.sleep(0.01)
+        h = asyncio.create_task(hog())
+        try:
+            return await sweep.play_levels(sim, script, synthetic.VOCAB, "sim", synthetic.MODEL)
+        finally:
+            h.cancel()
+
+    batches, check = asyncio.run(starved())
+    assert check["loop_lag_p99_ms"] > selfcheck.BOUNDS.lag_p99_s * 1000
+    assert any("event loop lagged" in r for r in check["invalid"])
+    entry = {"variant": "sim", "batches": batches, "client": check}
+    assert "INVALID: the client's event loop lagged" in sweep.finish(entry)
+    _, calm = asyncio.run(sweep.play_levels(sim, script, synthetic.VOCAB, "sim", synthetic.MODEL))
+    assert calm["invalid"] == [] and calm["peak_open"] == {"8": 8}
+
+
+def test_an_invalid_sweep_run_stays_out_of_the_medians():
+    runs = [{"variant": "a", "figures": {"tok_s@1": 10.0}, "client": None},
+            {"variant": "a", "figures": {"tok_s@1": 99.0}, "client": {"invalid": ["the client's event loop lagged"]}}]
+    data = {"settings": {"script": {"levels": [1]}, "base": "a"}, "runs": runs}
+    assert sweep.sweep_figures.sweep_stats(data)["tok_s@1"]["medians"]["a"] == 10.0
+
+
+def test_the_decoder_stamps_each_event_with_the_read_that_completed_it():
+    got = []
+    d = wire.Decoder(lambda payload, t: got.append((payload, t)))
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ev1, ev2 = b'data: {"a":1}\n\n', b'data: {"b":2}\n\ndata: [DONE]\n\n'
+    body = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(ev1), ev1, len(ev2), ev2)
+    d.feed(head + body[:9], 1.0)  # the first event is split across reads
+    d.feed(body[9:20], 2.0)
+    d.feed(body[20:], 3.0)
+    assert got == [('{"a":1}', 2.0), ('{"b":2}', 3.0)] and d.done_seen and d.complete
+
+
+def play_one(url: str) -> StreamRecord:
+    async def go():
+        req = Request("x", [1, 2], max_tokens=3)
+        async with StreamClient() as c:
+            rec = await stream(c, url, req, new_record(req))
+        return rec
+    return asyncio.run(go())
+
+
+def test_an_error_reply_or_no_server_is_one_line_on_the_record(sim):
+    rec = play_one(sim + "/nope")  # the base URL's path is kept: the server answers 404 with a JSON error
+    assert rec.error == "HTTP 404: no route POST /nope/v1/completions" and rec.tokens == 0
+    assert play_one(f"http://127.0.0.1:{free_port('127.0.0.1')}").error.startswith("ConnectError: ")
+    assert play_one(sim).tokens == 3
+
+
+def test_calibrate_measures_the_stall_and_the_server_keeps_its_schedule():
+    s = calibrate.CalibrateSettings(levels=(1, 16), tokens=30,
+                                    schedule=synthetic.Schedule(first_ms=20, every_ms=10, stall_every=8, stall_ms=80))
+    data = calibrate.run(s)
+    rows = {r["level"]: r for r in data["rows"]}
+    for lv, r in rows.items():
+        assert r["peak_open"] == lv == r["server_peak_open"]
+        assert r["stall_truth"] >= 85 and abs(r["stall"] - r["stall_truth"]) < 20  # 80 ms more than a 10 ms gap
+        assert r["first_truth_p50"] >= 20 and r["delay_p50"] < 10
+    text = calibrate.table(data)
+    assert "| wire | 16 | 16 / 16 |" in text and "the highest level measured within bounds" in text
+
+
+def test_calibrate_flags_are_checked_in_one_line():
+    res = CliRunner().invoke(app, ["calibrate", "--client", "nope"])
+    assert res.exit_code != 0
+    with pytest.raises(Exception, match="--client"):
+        calibrate.parse_settings("1", 10, 20, 10, 0, 0, "nope")
+    with pytest.raises(Exception, match="--every-ms"):
+        calibrate.parse_settings("1", 10, 20, 0, 0, 0, "wire")
