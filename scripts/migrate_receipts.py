@@ -6,12 +6,12 @@ tensorfold_bench.figures from the runs' figures) instead of the renderer computi
 made with a verdict margin (`settings.margin`) get `stats` added; older ones had no statistics
 section and get none. Nothing else in the JSON changes, so each Markdown renders byte-identical.
 
-2026-12-01: receipts' data is stored as STEM.json.xz (compact JSON under xz, see
+2026-12-01: receipts' data is stored as STEM.json.gz (compact JSON under gzip, see
 tensorfold_bench/report/store.py) instead of indented STEM.json. Each STEM.json is rewritten in
 the new form, read back and compared with what the old file held (equal, or the script stops
 before deleting anything), and then deleted. The Markdown and picture beside it stay as they are.
 
-    PYTHONPATH=. python scripts/migrate_receipts.py receipts/*.json receipts/*.json.xz
+    PYTHONPATH=. python scripts/migrate_receipts.py receipts/*.json receipts/*.json.gz
 """
 import copy
 import sys
@@ -31,7 +31,7 @@ def migrate(data: dict) -> bool:
 
 def convert(path: Path) -> str:
     """One receipt file, old form or new: `stats` added where it lacks them, written as
-    STEM.json.xz, the old file deleted once the new one reads back equal to what it held."""
+    STEM.json.gz, the old file deleted once the new one reads back equal to what it held."""
     old = store.load(path)
     data = copy.deepcopy(old)
     changed = migrate(data)

@@ -41,7 +41,7 @@ def invoke(*args: str):
 
 
 def receipt(out: Path, kind: str = "long-prompt") -> tuple[dict, str]:
-    js = next(out.glob(f"*-{kind}.json.xz"))
+    js = next(out.glob(f"*-{kind}.json.gz"))
     return report.load(js), report.sibling(js, ".md").read_text()
 
 

@@ -18,7 +18,7 @@ SHORT = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", 
 
 
 def receipt_json(out: Path) -> dict:
-    files = list(out.glob("*-long-prompt.json.xz"))
+    files = list(out.glob("*-long-prompt.json.gz"))
     assert len(files) == 1, files
     return report.load(files[0])
 
@@ -53,7 +53,7 @@ def test_long_prompt_tiny_engine(tmp_path):
     assert "| whole |" in md and "6 of 6 equal" in md and "Not run, and why" in md
     assert next(tmp_path.glob("*-long-prompt.png")).stat().st_size > 10_000
     # the Markdown renders from the JSON alone
-    js = next(tmp_path.glob("*-long-prompt.json.xz"))
+    js = next(tmp_path.glob("*-long-prompt.json.gz"))
     before = md
     res = CliRunner().invoke(app, ["report", str(js), "--no-png"])
     assert res.exit_code == 0, res.output

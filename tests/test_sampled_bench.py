@@ -82,7 +82,7 @@ def test_sampled_long_prompt_replies_equal_across_schedules_and_the_plain_refere
     res = CliRunner().invoke(app, ["run", "long-prompt", *LONG, "--share", "0.5", "--order", "base,new",
                                    "--plain-check", *SAMPLED, "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
-    js = only(tmp_path, "*-long-prompt.json.xz")
+    js = only(tmp_path, "*-long-prompt.json.gz")
     data = report.load(js)
     assert data["settings"]["sampling"]["temperature"] == 1.0 and data["settings"]["sampling"]["seed"] == 7
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped p=0.5"]
@@ -99,7 +99,7 @@ def test_sampled_sweep_replies_equal_at_1_and_4_streams_stepped_and_whole(tmp_pa
                                    "--reps", "2", "--prompt-tokens", "24", "--share", "0.5", "--order", "base,new",
                                    *SAMPLED, "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
-    js = only(tmp_path, "*-sweep.json.xz")
+    js = only(tmp_path, "*-sweep.json.gz")
     data = report.load(js)
     assert data["hashes"]["ok"] and data["hashes"]["replies"] == 2 * (1 + 4) * 2 and data["hashes"]["prompts"] == 4
     assert "- Sampling: temperature 1, seed 7;" in report.sibling(js, ".md").read_text()

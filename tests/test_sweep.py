@@ -67,7 +67,7 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
             "--aa", "--predict", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "r")]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, (res.output, res.exception)
-    (js,) = (tmp_path / "r").glob("*-sweep.json.xz")
+    (js,) = (tmp_path / "r").glob("*-sweep.json.gz")
     data = report.load(js)
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped", "whole", "whole A/A", "whole A/A", "whole"]
     assert data["predictions"]["read_at"] < data["runs"][0]["started"]

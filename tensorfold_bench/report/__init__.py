@@ -1,6 +1,6 @@
-"""Receipts: the JSON behind a session (everything; on disk as STEM.json.xz, see
+"""Receipts: the JSON behind a session (everything; on disk as STEM.json.gz, see
 tensorfold_bench.report.store), and the Markdown a reviewer pastes into a pull request, rendered
-from the JSON alone (`tfbench report STEM.json.xz` re-renders it). Renders figures and
+from the JSON alone (`tfbench report STEM.json.gz` re-renders it). Renders figures and
 statistics that tensorfold_bench.figures computed; imports no scenario."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def render_png(data: dict, path: Path) -> Path | None:
 
 
 def write(data: dict, out_dir: Path, stem: str, png: bool = True) -> dict[str, Path]:
-    """Write STEM.json.xz (the data), STEM.md and (but for a gate, or with png=False) STEM.png
+    """Write STEM.json.gz (the data), STEM.md and (but for a gate, or with png=False) STEM.png
     under out_dir; return their paths. Each file is written whole and then renamed, so a reader
     (or a stop mid-write) never sees half a receipt."""
     out_dir.mkdir(parents=True, exist_ok=True)
