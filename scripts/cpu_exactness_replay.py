@@ -11,7 +11,6 @@ played no part: runs 1, 2 and 4 ended before token 267. Engine 1ce9b89 (8-row ti
 1 and 4 give the same bits, both part from the old reference at token 267 with 235: the reference
 itself came from 1-row rounds, whose MKL kernel rounds differently (tests/test_cpu_exactness.py).
 """
-import json
 from pathlib import Path
 
 import torch
@@ -19,10 +18,11 @@ import torch
 from engine.config import EngineConfig
 from engine.runner.model_runner import build_runner
 from engine.scheduler.sampling import SamplingParams
+from tensorfold_bench import report
 from tensorfold_bench.sampling import request_seed
 from tensorfold_bench.scenarios.streams import prompt_ids
 
-RECEIPT = Path(__file__).resolve().parent.parent / "receipts" / "20261130-105114-long-prompt.json"
+RECEIPT = Path(__file__).resolve().parent.parent / "receipts" / "20261130-105114-long-prompt.json.gz"
 
 
 def reply(parallel: int, n: int) -> list[int]:
@@ -41,7 +41,7 @@ def first_diff(a: list[int], b: list[int]):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # as the receipt's servers (every core but one, on 2 cores)
-    data = json.loads(RECEIPT.read_text())
+    data = report.load(RECEIPT)
     ref = data["plain"]["records"]["A"]["token_ids"]
     run3 = data["runs"][2]["records"]["A"]["token_ids"]
     one, four = reply(1, len(ref)), reply(4, len(ref))

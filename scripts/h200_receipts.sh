@@ -9,7 +9,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > /tmp/gpu.txt 2>&1
 keep() {  # copy a run's receipt files under $OUT as soon as it ends (a later timeout keeps them)
-  for f in /tmp/$1/*.md /tmp/$1/*.json /tmp/$1/*.png; do [ -f "$f" ] && cp "$f" "$OUT/$1-$(basename "$f")"; done
+  for f in /tmp/$1/*.md /tmp/$1/*.json.gz /tmp/$1/*.png; do [ -f "$f" ] && cp "$f" "$OUT/$1-$(basename "$f")"; done
 }
 if [ "${LONG:-1}" = 1 ]; then  # LONG=0: the sweep alone
 timeout 250 python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b --share 1,0.5 \

@@ -12,7 +12,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 keep() {  # copy a run's receipt files under $OUT as soon as it ends (a later timeout keeps them)
-  for f in /tmp/$1/*.md /tmp/$1/*.json /tmp/$1/*.png; do [ -f "$f" ] && cp "$f" "$OUT/$1-$(basename "$f")"; done
+  for f in /tmp/$1/*.md /tmp/$1/*.json.gz /tmp/$1/*.png; do [ -f "$f" ] && cp "$f" "$OUT/$1-$(basename "$f")"; done
   tar czf "$OUT/logs.tgz" -C /tmp lp sw 2>/dev/null
 }
 timeout ${T1:-270} python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-32b --tensor-parallel 2 \

@@ -46,7 +46,7 @@ Order = Annotated[Optional[str], typer.Option("--order", help="Comma sequence of
 Url = Annotated[Optional[list[str]], typer.Option("--url", help="Measure a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched, no verdicts. URL, or NAME=URL repeated to compare several, in the order given.")]
 TokenIds = Annotated[str, typer.Option("--token-ids", help="How replies' token ids are asked for: ids (return_token_ids), logprobs (a server started with --return-tokens-as-token-ids), or chunks (none: count text chunks; hashes unknown).")]
 Tokenizer = Annotated[Optional[Path], typer.Option("--tokenizer", help="A tokenizer or model directory (config.json / tokenizer.json) to read the vocabulary from, when the server reports none.")]
-OutDir = Annotated[Path, typer.Option("--out", help="Directory for the receipt (Markdown, JSON, PNG) and the run's logs.")]
+OutDir = Annotated[Path, typer.Option("--out", help="Directory for the receipt (STEM.md, its data STEM.json.gz, STEM.png) and the run's logs.")]
 PlainCheck = Annotated[bool, typer.Option("--plain-check", help="Also run the plain reference (each request alone, whole prompt, no cache, no drafts, 1 stream) and count equal replies.")]
 Parallel = Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default 4).")]
 TensorParallel = Annotated[int, typer.Option("--tensor-parallel", help="Engine ranks: tfengine --tensor-parallel N (one GPU each; 1: not passed).")]
@@ -258,8 +258,8 @@ def calibrate(
 
 
 @app.command("compare")
-def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's JSON (the reference).")],
-            b: Annotated[Path, typer.Argument(help="The later receipt's JSON.")]):
+def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's data, STEM.json.gz (or an older receipt's STEM.json): the reference.")],
+            b: Annotated[Path, typer.Argument(help="The later receipt's data, STEM.json.gz or STEM.json.")]):
     """Compare two saved receipts figure by figure: medians, A's span, B vs A in percent."""
     for p in (a, b):
         if not p.exists():
@@ -269,9 +269,9 @@ def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's JSON (
 
 
 @app.command("report")
-def report_command(path: Annotated[Path, typer.Argument(help="A receipt's JSON.")],
-                   png: Annotated[bool, typer.Option("--png/--no-png", help="Redraw the timeline beside the JSON.")] = True):
-    """Re-render a receipt's Markdown (and timeline) from its JSON alone; print the Markdown."""
+def report_command(path: Annotated[Path, typer.Argument(help="A receipt's data: STEM.json.gz (or an older receipt's STEM.json).")],
+                   png: Annotated[bool, typer.Option("--png/--no-png", help="Redraw the timeline beside it (STEM.png).")] = True):
+    """Re-render a receipt's Markdown (STEM.md, and timeline) from its data alone; print the Markdown."""
     if not path.exists():
         raise FlagError("RECEIPT", f"{path} does not exist")
     with incomplete_receipt(str(path)):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import exactness
+from tensorfold_bench import exactness, report
 from tensorfold_bench.cli import app
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.launcher import group_alive, launch
@@ -43,8 +43,8 @@ def invoke(*args: str):
 
 
 def receipt(out: Path, kind: str = "long-prompt") -> tuple[dict, str]:
-    js = next(out.glob(f"*-{kind}.json"))
-    return json.loads(js.read_text()), js.with_suffix(".md").read_text()
+    js = next(out.glob(f"*-{kind}.json.gz"))
+    return report.load(js), report.sibling(js, ".md").read_text()
 
 
 def test_url_is_one_server_named_by_itself_without_verdicts(servers, tmp_path):

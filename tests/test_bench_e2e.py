@@ -1,6 +1,5 @@
 """End to end through the CLI on the real engine's `tiny` preset with short timings; and --url
 against the harness's fake server."""
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tensorfold_bench import report
 from tensorfold_bench.cli import app
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.launcher import group_alive, launch
@@ -20,9 +20,9 @@ SHORT = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", 
 
 
 def receipt_json(out: Path) -> dict:
-    files = list(out.glob("*-long-prompt.json"))
+    files = list(out.glob("*-long-prompt.json.gz"))
     assert len(files) == 1, files
-    return json.loads(files[0].read_text())
+    return report.load(files[0])
 
 
 def test_long_prompt_tiny_engine(tmp_path):
@@ -60,11 +60,11 @@ def test_long_prompt_tiny_engine(tmp_path):
     assert cpu["cores"] >= 1 and cpu["threads"] >= 1
     assert next(tmp_path.glob("*-long-prompt.png")).stat().st_size > 10_000
     # the Markdown renders from the JSON alone
-    js = next(tmp_path.glob("*-long-prompt.json"))
+    js = next(tmp_path.glob("*-long-prompt.json.gz"))
     before = md
     res = CliRunner().invoke(app, ["report", str(js), "--no-png"])
     assert res.exit_code == 0, res.output
-    assert js.with_suffix(".md").read_text() == before
+    assert report.sibling(js, ".md").read_text() == before
 
 
 def test_url_targets_running_server(tmp_path):

@@ -1,7 +1,6 @@
 """A command's life through the real entry point: the receipt after every run, a signal mid-command
 (partial receipt, exit 130 / 143, no engine left), every run failed (exit 1), flag faults caught
 before any server starts (exit 2, one line), and "B alone" never measured on a dead server."""
-import json
 import os
 import signal
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import lifecycle, progress
+from tensorfold_bench import lifecycle, progress, report
 from tensorfold_bench.cli import app
 from tensorfold_bench.errors import BenchError
 
@@ -62,17 +61,17 @@ def test_a_receipt_after_the_first_run_and_a_signal_keeps_it(tmp_path, cmd, sig)
     """On the real engine's tiny preset: the receipt exists (partial) once the first run is done;
     a signal in the second run rewrites it as interrupted, says so, exits 128 + n, stops the engine."""
     p = tfbench([*cmd, "--out", str(tmp_path)])
-    js = wait_for("*.json", tmp_path, p)
-    first = json.loads(js.read_text())
+    js = wait_for("*.json.gz", tmp_path, p)
+    first = report.load(js)
     assert first["partial"]["done"] == 1 and len(first["runs"]) == 1 and first["partial"]["total"] == 4
     assert first["partial"]["missing"][0].startswith("run 2 (")
-    assert "**Partial receipt (in progress).** 1 of 4 runs finished" in js.with_suffix(".md").read_text()
+    assert "**Partial receipt (in progress).** 1 of 4 runs finished" in report.sibling(js, ".md").read_text()
     p.send_signal(sig)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + sig, err
     name = signal.Signals(sig).name
     assert f"interrupted by {name}: partial receipt (" in err and "Traceback" not in err, err
-    data = json.loads(js.read_text())
+    data = report.load(js)
     assert data["partial"]["why"] == f"interrupted by {name}" and data["runs"][0]["index"] == 1
     run_dir = Path(data["settings"]["run_dir"])
     deadline = time.monotonic() + 15
@@ -96,8 +95,8 @@ def test_every_run_failed_exits_1_after_writing_the_receipt(tmp_path):
     _, err = p.communicate(timeout=240)
     assert p.returncode == 1, err
     assert "every run failed or was invalid" in err and "this engine cannot serve" in err and "Traceback" not in err
-    (js,) = (tmp_path / "r").glob("*.json")
-    data = json.loads(js.read_text())
+    (js,) = (tmp_path / "r").glob("*.json.gz")
+    data = report.load(js)
     assert data["partial"] is None and all(r["error"] for r in data["runs"])
 
 
@@ -120,8 +119,8 @@ fakeserver.main(sys.argv[1:], kind=Dying)
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} {srv}")
     res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--order", "base,new,base", "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, (res.output, res.exception)
-    (js,) = (tmp_path / "r").glob("*.json")
-    data = json.loads(js.read_text())
+    (js,) = (tmp_path / "r").glob("*.json.gz")
+    data = report.load(js)
     assert not data["runs"][0]["figures"]["valid"]
     assert data["alone"]["whole"]["run"] == 3 and data["alone"]["whole"]["b_first_token"] > 0
     assert data["alone"]["stepped p=0.5"]["run"] == 2
@@ -135,6 +134,8 @@ def fault_files(tmp_path: Path) -> dict[str, Path]:
     for k, text in files.items():
         out[k] = tmp_path / f"{k}.{'json' if k in ('broken', 'noschema') else 'yaml'}"
         out[k].write_text(text)
+    out["cut"] = tmp_path / "cut.json.gz"  # a receipt's data cut short after its first bytes
+    out["cut"].write_bytes(report.store.encode({"schema": "tfbench.receipt/1"})[:40])
     return out
 
 
@@ -147,6 +148,7 @@ FAULTS = [  # (args, text the one line must hold)
     (["run", "long-prompt", "--model", "nosuch"], "--model 'nosuch'"), ([*LP, "--dtype", "float8"], "--dtype"),
     ([*LP, "--engine-arg=--bogus"], "--bogus"), (["sweep", "--model", "tiny", "--share", ""], "--share"),
     (["report", "{broken}"], "not JSON"), (["report", "{noschema}"], "not a tfbench receipt"),
+    (["report", "{cut}"], "broken gzip data"),
     (["compare", "{broken}", "{noschema}"], "not a tfbench receipt"), (["report", "/nonexistent.json"], "does not exist"),
 ]
 

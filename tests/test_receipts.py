@@ -1,31 +1,38 @@
-"""Every committed receipt re-renders byte-identical from its JSON alone (what `tfbench report`
-does), so a change to the renderers or the figures cannot silently rewrite a published receipt."""
+"""Every committed receipt re-renders byte-identical from its data alone (what `tfbench report`
+does), so a change to the renderers or the figures cannot silently rewrite a published receipt;
+and the data's on-disk form (STEM.json.gz, older STEM.json still read) is small and lossless."""
+import json
+import random
 from pathlib import Path
 
 import pytest
 
 from tensorfold_bench import report
 
-RECEIPTS = sorted((Path(__file__).resolve().parents[1] / "receipts").glob("*.json"))
+DIR = Path(__file__).resolve().parents[1] / "receipts"
+RECEIPTS = sorted(DIR.glob("*" + report.store.SUFFIX))
 
 
-def test_there_are_receipts():
+def test_there_are_receipts_and_all_in_the_compact_form():
     assert len(RECEIPTS) >= 8
+    assert not list(DIR.glob("*.json")), "an indented receipt: convert it with scripts/migrate_receipts.py"
 
 
-@pytest.mark.parametrize("path", RECEIPTS, ids=[p.stem for p in RECEIPTS])
+@pytest.mark.parametrize("path", RECEIPTS, ids=[report.store.stem(p) for p in RECEIPTS])
 def test_a_committed_receipt_re_renders_byte_identical(path):
-    png = path.with_suffix(".png")
+    png = report.sibling(path, ".png")
     md = report.render_markdown(report.load(path), png.name if png.exists() else None)
-    assert md == path.with_suffix(".md").read_text()
+    assert md == report.sibling(path, ".md").read_text()
 
 
-def test_report_rewrites_the_markdown_beside_the_json(tmp_path):
+def test_report_rewrites_the_markdown_beside_the_data(tmp_path):
     src = next(p for p in RECEIPTS if "sweep" in p.name)
-    js = tmp_path / src.name
-    js.write_bytes(src.read_bytes())
-    assert report.rerender(js) == src.with_suffix(".md").read_text().replace(src.with_suffix(".png").name, js.with_suffix(".png").name)
-    assert js.with_suffix(".png").stat().st_size > 10_000 and js.with_suffix(".md").exists()
+    data = tmp_path / src.name
+    data.write_bytes(src.read_bytes())
+    png, md = report.sibling(src, ".png").name, report.sibling(src, ".md").read_text()
+    assert report.rerender(data) == md.replace(png, report.sibling(data, ".png").name)
+    assert report.sibling(data, ".png").stat().st_size > 10_000 and report.sibling(data, ".md").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{report.store.stem(src)}.{x}" for x in ("json.gz", "md", "png")]
 
 
 def test_compare_two_committed_sweeps():
@@ -33,3 +40,53 @@ def test_compare_two_committed_sweeps():
     md = report.compare.markdown(report.load(a), report.load(b), a.name, b.name)
     rows = [ln for ln in md.splitlines() if ln.startswith("| tok_s@1 | whole |")]
     assert len(rows) == 1 and ("within A's span" in rows[0] or "outside A's span" in rows[0])
+
+
+def per_token_receipt(n: int = 10_000) -> dict:
+    """A long-prompt-like receipt with n tokens' times (seconds to the nanosecond), ids and gaps:
+    the bulk of a real one."""
+    rng = random.Random(1)
+    t, times = 51.717645412, []
+    for _ in range(n):
+        t = round(t + 0.005 + rng.gauss(0, 0.0002), 9)
+        times.append(t)
+    gaps = [round((b - a) * 1e6) for a, b in zip(times, times[1:])]
+    return {"schema": "tfbench.receipt/1", "scenario": "long-prompt", "partial": None,
+            "runs": [{"records": {"A": {"token_times": times, "token_ids": [rng.randrange(151_936) for _ in times]}},
+                      "batches": [{"gaps_us": [gaps], "sent": [t]}]}],
+            "edges": [0.1 + 0.2, 5e-324, 1.7976931348623157e308, -0.0, 2 ** 80, -1, "é ✓", None, True, {}]}
+
+
+def test_the_writer_is_compact_and_reads_back_equal(tmp_path):
+    data = per_token_receipt()
+    path = report.store.write(data, tmp_path, "x-long-prompt")
+    assert path.name == "x-long-prompt.json.gz" and not list(tmp_path.glob("*.tmp"))
+    indented = len(json.dumps(data, indent=1))  # the old form: 462 kB
+    assert path.stat().st_size < 120_000 < indented / 3
+    back = report.load(path)
+    assert back == data
+    assert [repr(x) for x in back["edges"]] == [repr(x) for x in data["edges"]]  # -0.0 stays -0.0
+
+
+def test_an_old_receipt_still_loads_and_renders_beside_itself(tmp_path):
+    """An indented STEM.json from before: `tfbench report` (report.rerender) writes STEM.md beside
+    it, as it did, and `tfbench compare` (report.load) reads it."""
+    src = next(p for p in RECEIPTS if "long-prompt" in p.name)
+    data = report.load(src)
+    old = tmp_path / f"{report.store.stem(src)}.json"
+    old.write_text(json.dumps(data, indent=1) + "\n")
+    assert report.load(old) == data
+    assert report.rerender(old, png=False) == report.render_markdown(data, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [old.name, report.sibling(old, ".md").name]
+    assert report.sibling(old, ".md").read_text() == report.render_markdown(data, None)
+    assert "## tfbench compare" in report.compare.markdown(report.load(old), data, old.name, src.name)
+
+
+def test_a_partial_receipt_is_written_in_the_new_form_only(tmp_path):
+    """As the lifecycle writes it after each run: the data and the Markdown, no picture."""
+    data = report.load(min(RECEIPTS, key=lambda p: p.stat().st_size))
+    data["partial"] = {"done": 1, "total": len(data["runs"]) + 1, "missing": ["run 9 (x)"]}
+    paths = report.write(data, tmp_path, "s-partial", png=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s-partial.json.gz", "s-partial.md"]
+    assert report.load(paths["json"]) == data
+    assert "**Partial receipt (in progress).** 1 of" in paths["md"].read_text()

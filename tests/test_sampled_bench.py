@@ -2,7 +2,6 @@
 role, so sampled replies compare across schedules and with the plain reference exactly as greedy
 ones do; on the real engine's `tiny` preset, through the CLI and the library."""
 import asyncio
-import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -10,7 +9,7 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import gate
+from tensorfold_bench import gate, report
 from tensorfold_bench.cli import app
 from tensorfold_bench.client import Request
 from tensorfold_bench.errors import FlagError
@@ -83,15 +82,15 @@ def test_sampled_long_prompt_replies_equal_across_schedules_and_the_plain_refere
     res = CliRunner().invoke(app, ["run", "long-prompt", *LONG, "--share", "0.5", "--order", "base,new",
                                    "--plain-check", *SAMPLED, "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
-    js = only(tmp_path, "*-long-prompt.json")
-    data = json.loads(js.read_text())
+    js = only(tmp_path, "*-long-prompt.json.gz")
+    data = report.load(js)
     assert data["settings"]["sampling"]["temperature"] == 1.0 and data["settings"]["sampling"]["seed"] == 7
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped p=0.5"]
     ex = data["exactness"]
     for cmp in list(ex["vs_plain"].values()) + list(ex["across_runs"].values()):
         assert [c["equal"] for c in cmp] == [True, True, True], cmp
     assert ex["server_sha"]["mismatch"] == 0 and ex["server_sha"]["match"] >= 4
-    md = js.with_suffix(".md").read_text()
+    md = report.sibling(js, ".md").read_text()
     assert "- Sampling: temperature 1, seed 7;" in md and "stepped p=0.5 3 of 3 equal" in md
 
 
@@ -100,10 +99,10 @@ def test_sampled_sweep_replies_equal_at_1_and_4_streams_stepped_and_whole(tmp_pa
                                    "--reps", "2", "--prompt-tokens", "24", "--share", "0.5", "--order", "base,new",
                                    *SAMPLED, "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
-    js = only(tmp_path, "*-sweep.json")
-    data = json.loads(js.read_text())
+    js = only(tmp_path, "*-sweep.json.gz")
+    data = report.load(js)
     assert data["hashes"]["ok"] and data["hashes"]["replies"] == 2 * (1 + 4) * 2 and data["hashes"]["prompts"] == 4
-    assert "- Sampling: temperature 1, seed 7;" in js.with_suffix(".md").read_text()
+    assert "- Sampling: temperature 1, seed 7;" in report.sibling(js, ".md").read_text()
 
 
 def test_the_seed_and_the_temperature_change_the_replies_and_nothing_else_does(tmp_path):

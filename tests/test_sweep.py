@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import exactness
+from tensorfold_bench import exactness, report
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.cli import app
 from tensorfold_bench.scenarios import sweep
@@ -71,8 +71,8 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
             "--aa", "--predict", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "r")]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, (res.output, res.exception)
-    (js,) = (tmp_path / "r").glob("*-sweep.json")
-    data = json.loads(js.read_text())
+    (js,) = (tmp_path / "r").glob("*-sweep.json.gz")
+    data = report.load(js)
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped", "whole", "whole A/A", "whole A/A", "whole"]
     assert data["predictions"]["read_at"] < data["runs"][0]["started"]
     # latency figures are checked too (they came back "not measured" before: only tok/s was looked up)
@@ -84,12 +84,12 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
         assert not r["errors"] and [b["tokens"] for b in r["batches"]] == [4, 8]
         assert all(len(g) == 4 for b in r["batches"] for g in b["gaps_us"])
         assert r["figures"]["ttft_p50@2"] > 0 and r["figures"]["itl_p99@2"] >= r["figures"]["itl_p50@2"] >= 0
-    md = js.with_suffix(".md").read_text()
+    md = report.sibling(js, ".md").read_text()
     assert "| 2 | whole A/A |" in md and "3 of 4 predictions in range" in md
     assert "**Latency**" in md and "| 2 | stepped |" in md
-    assert js.with_suffix(".png").exists()
+    assert report.sibling(js, ".png").exists()
     rep = CliRunner().invoke(app, ["report", str(js)])
-    assert rep.exit_code == 0 and js.with_suffix(".md").read_text() == md
+    assert rep.exit_code == 0 and report.sibling(js, ".md").read_text() == md
     cmp = CliRunner().invoke(app, ["compare", str(js), str(js)])
     assert cmp.exit_code == 0 and "| tok_s@1 | stepped |" in cmp.output and "within A's span" in cmp.output
 

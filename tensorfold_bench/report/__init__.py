@@ -1,15 +1,15 @@
-"""Receipts: the JSON behind a session (everything), and the Markdown a reviewer pastes into a
-pull request, rendered from the JSON alone (`tfbench report FILE.json` re-renders it). Renders
-figures and statistics that tensorfold_bench.figures computed; imports no scenario."""
+"""Receipts: the JSON behind a session (everything; on disk as STEM.json.gz, see
+tensorfold_bench.report.store), and the Markdown a reviewer pastes into a pull request, rendered
+from the JSON alone (`tfbench report STEM.json.gz` re-renders it). Renders figures and
+statistics that tensorfold_bench.figures computed; imports no scenario."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from tensorfold_bench.errors import BenchError
-from tensorfold_bench.report import compare, gate, long_prompt, pictures, sweep
+from tensorfold_bench.report import compare, gate, long_prompt, pictures, store, sweep
+from tensorfold_bench.report.store import load, sibling
 
-__all__ = ["compare", "load", "render_markdown", "render_png", "rerender", "write"]
+__all__ = ["compare", "load", "render_markdown", "render_png", "rerender", "sibling", "store", "write"]
 
 MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown}
 PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep}  # a gate receipt has none
@@ -38,43 +38,25 @@ def render_png(data: dict, path: Path) -> Path | None:
 
 
 def write(data: dict, out_dir: Path, stem: str, png: bool = True) -> dict[str, Path]:
-    """Write STEM.json, STEM.md and (but for a gate, or with png=False) STEM.png under out_dir;
-    return their paths. Each file is written whole and then renamed, so a reader (or a stop
-    mid-write) never sees half a receipt."""
+    """Write STEM.json.gz (the data), STEM.md and (but for a gate, or with png=False) STEM.png
+    under out_dir; return their paths. Each file is written whole and then renamed, so a reader
+    (or a stop mid-write) never sees half a receipt."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
-    _atomic(paths["json"], json.dumps(data, indent=1) + "\n")
+    paths = {"json": store.write(data, out_dir, stem), "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
     png = render_png(data, paths["png"]) if png else None
     if png is None:
         del paths["png"]
-    _atomic(paths["md"], render_markdown(data, png.name if png else None))
+    store.atomic(paths["md"], render_markdown(data, png.name if png else None).encode())
     return paths
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def load(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise BenchError(f"{path}: cannot read: {e.strerror}") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BenchError(f"{path} is not a tfbench receipt (not JSON: {e})") from None
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("tfbench.receipt/"):
-        raise BenchError(f"{path} is not a tfbench receipt (no schema field)")
-    return data
-
-
 def rerender(path: Path, png: bool = True) -> str:
-    """`tfbench report`: the Markdown again from the JSON (and the picture, unless png=False;
-    an existing picture beside the JSON is still linked), written beside it and returned."""
+    """`tfbench report`: the Markdown again from the receipt's data, new form or old (and the
+    picture, unless png=False; an existing picture beside it is still linked), written beside
+    it and returned."""
     data = load(path)
-    png_path = render_png(data, path.with_suffix(".png")) if png else path.with_suffix(".png")
+    png_path = render_png(data, sibling(path, ".png")) if png else sibling(path, ".png")
     png_path = png_path if png_path is not None and png_path.exists() else None
     md = render_markdown(data, png_path.name if png_path else None)
-    path.with_suffix(".md").write_text(md)
+    sibling(path, ".md").write_text(md)
     return md
