@@ -9,5 +9,5 @@ needs_cpu_bf16 = pytest.mark.skipif(not packs_bf16(), reason="this CPU has no pa
 
 
 def bf16(value="bfloat16"):
-    """A parametrize value that needs the CPU's bf16 products."""
-    return pytest.param(value, marks=needs_cpu_bf16)
+    """A parametrize value (a tuple for several names) that needs the CPU's bf16 products."""
+    return pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=needs_cpu_bf16)
