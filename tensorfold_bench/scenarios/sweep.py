@@ -95,25 +95,33 @@ class Burst:
     server_open: int | None = None
 
 
-async def server_open(url: str, client: StreamClient, level: int, settle_s: float = 0.02) -> int | None:
-    """Once the client has all `level` streams open (and the server a moment to read them), the
-    server's running + waiting streams from tfengine's /metrics; None if it has no such gauges
-    or a stream ended before the count."""
+async def server_open(url: str, client: StreamClient, level: int, within_s: float = 2.0) -> int | None:
+    """While the client has all `level` streams open, the most running + waiting streams tfengine's
+    /metrics showed, read every 10 ms until it shows all of them or `within_s` passes (a request
+    reaches the lane host some milliseconds after its connection opens, later on a busy server);
+    None if the server has no such gauges or a stream ended before the first count."""
     while client.open.now < level:
         await asyncio.sleep(0.005)
-    await asyncio.sleep(settle_s)
-    try:
-        text = await wire.get_text(wire.Target.parse(url), "/metrics", clock)
-    except wire.WireError:
-        return None
-    if text is None or client.open.now < level:
-        return None
-    vals = {}
-    for ln in text.splitlines():
-        name, _, v = ln.partition(" ")
-        if name in ("tfengine_running_streams", "tfengine_waiting_streams"):
-            vals[name] = float(v)
-    return int(sum(vals.values())) if len(vals) == 2 else None
+    best, deadline, target = None, clock() + within_s, wire.Target.parse(url)
+    while client.open.now >= level and clock() < deadline:
+        try:
+            text = await wire.get_text(target, "/metrics", clock)
+        except wire.WireError:
+            return best
+        if text is None:
+            return best
+        vals = {}
+        for ln in text.splitlines():
+            name, _, v = ln.partition(" ")
+            if name in ("tfengine_running_streams", "tfengine_waiting_streams"):
+                vals[name] = float(v)
+        if len(vals) != 2:
+            return best
+        best = max(best or 0, int(sum(vals.values())))
+        if best >= level:
+            break
+        await asyncio.sleep(0.01)
+    return best
 
 
 def burst_requests(prompts: list[list[int]], tokens: int, token_ids: str = "ids", sampling: Sampling = GREEDY,
