@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 
 from tensorfold_bench.errors import BenchError
-from tensorfold_bench.report import compare, gate, long_prompt, pictures, sweep
+from tensorfold_bench.report import compare, gate, long_prompt, pictures, script, sweep
 
 __all__ = ["compare", "load", "render_markdown", "render_png", "rerender", "write"]
 
-MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown}
+MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown,
+            "script": script.markdown}
 PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep}  # a gate receipt has none
 
 
