@@ -13,7 +13,7 @@ __all__ = ["compare", "load", "render_markdown", "render_png", "rerender", "writ
 
 MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown,
             "script": script.markdown}
-PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep}  # a gate receipt has none
+PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep, "script": pictures.script}  # a gate receipt has none
 
 
 def partial_banner(partial: dict) -> str:
