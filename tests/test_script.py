@@ -204,3 +204,21 @@ def test_a_stream_not_sent_says_why_and_its_windows_are_empty():
     assert f.invalid_reasons[0] == "R: not sent: X.cancelled did not happen"
     assert "longest_pause:A: R.first_token did not happen" in f.invalid_reasons
     assert f.expects[0]["held"] is None and not f.expects[0]["unknown"]
+
+
+def test_the_long_prompt_script_sends_long_prompts_own_prompts_and_requests():
+    """Streams A, B and C of the shipped timeline draw long-prompt's seeded ids and ask for what
+    long-prompt's A, B and C ask for (with --temperature, the same per-role seeds too)."""
+    from tensorfold_bench.sampling import Sampling
+    from tensorfold_bench.scenarios import long_prompt as lp
+    from tensorfold_bench.scenarios import script as sc
+
+    script = load(ROOT / "examples/scripts/long-prompt.yaml")
+    mine = sc.make_prompts(script, 512)
+    theirs = lp.make_prompts(lp.LongPromptScript(b_at=3.0, c_after=0.5, b_tokens=4096), 512)
+    assert (mine["A"], mine["B"], mine["C"]) == (theirs.a, theirs.b, theirs.c)
+    sampling = Sampling(0.7, 3)
+    ref = lp.requests(lp.LongPromptScript(b_at=3.0, c_after=0.5, b_tokens=4096, sampling=sampling), theirs)
+    for r in ref:
+        got = sc.request(script.stream(r.name), mine[r.name], "ids", sampling)
+        assert (got.body("m") | {"max_tokens": 0}) == (r.body("m") | {"max_tokens": 0}), r.name
