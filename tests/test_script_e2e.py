@@ -121,3 +121,21 @@ def test_the_docs_example_runs_unmodified(tiny, tmp_path):
     data = run_url(tiny, path, tmp_path / "r")
     assert data["runs"][0]["figures"]["values"]
     assert json.dumps(data)  # the receipt's data is plain JSON
+
+
+def test_any_server_through_url_runs_a_script(tmp_path):
+    """The harness's fake server (another program, no tfengine) plays cancel-and-retry."""
+    import sys
+    with launch(["--max-model-len", "8192"], tmp_path / "fake.log",
+                command=[sys.executable, "-m", "tensorfold_bench.fakeserver"]) as srv:
+        data = run_url(srv.url, SCRIPTS / "cancel-and-retry.yaml", tmp_path / "r")
+    recs = data["runs"][0]["records"]
+    assert recs["X"]["cancelled"] and recs["R"]["cached_tokens"] >= 256
+    assert any("--url" in n for n in data["not_run"])
+
+
+def test_compare_two_committed_script_receipts():
+    """`tfbench compare` reads script receipts figure by figure (their keys, valid runs only)."""
+    a, b = sorted((ROOT / "receipts").glob("*-script.json"))[:2]
+    md = report.compare.markdown(report.load(a), report.load(b), a.name, b.name)
+    assert "| longest_pause:A | whole | 16.11 / 11.51 |" in md and "| first_token:B | whole | - |" in md
