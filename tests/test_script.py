@@ -222,3 +222,15 @@ def test_the_long_prompt_script_sends_long_prompts_own_prompts_and_requests():
     for r in ref:
         got = sc.request(script.stream(r.name), mine[r.name], "ids", sampling)
         assert (got.body("m") | {"max_tokens": 0}) == (r.body("m") | {"max_tokens": 0}), r.name
+
+
+def test_run_long_prompt_is_the_short_form_of_the_shipped_timeline():
+    """`run long-prompt`'s flags at the cpu defaults make the shipped long-prompt script's
+    streams (its cold check is the scenario's own, not an expectation)."""
+    from dataclasses import replace
+
+    from tensorfold_bench.scenarios import long_prompt as lp
+
+    flags = lp.timeline(lp.LongPromptScript(b_at=3.0, c_after=0.5, b_tokens=4096))
+    shipped = load(ROOT / "examples/scripts/long-prompt.yaml")
+    assert flags.streams == tuple(replace(s, expect=()) for s in shipped.streams)

@@ -6,6 +6,7 @@ whole file stays short. Cuts of 8 or 16 rows make the tiny model's 4,096-token p
 a second or two, long enough for the scripts' cancels and windows to land inside it."""
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "examples" / "scripts"
 
 
-def receipt(out: Path) -> tuple[dict, Path]:
-    files = list(out.glob("*-script.json"))
+def receipt(out: Path) -> tuple[dict, Path, Path]:
+    """The receipt's data, its JSON file (plain or compressed, whichever the writer writes) and its Markdown."""
+    files = list(out.glob("*-script.json*"))
     assert len(files) == 1, files
-    return report.load(files[0]), files[0]
+    md = list(out.glob("*-script.md"))
+    return report.load(files[0]), files[0], md[0]
+
+
+def fake_server_cmd() -> list[str]:
+    """The harness's stand-in server: a script beside the tests where it lives there, else the module."""
+    try:
+        import fakeserver
+        return fakeserver.CMD
+    except ImportError:
+        return [sys.executable, "-m", "tensorfold_bench.fakeserver"]
 
 
 def test_cancel_and_retry_keeps_the_cut_rows_and_equals_the_plain_reference(tmp_path):
@@ -32,7 +44,7 @@ def test_cancel_and_retry_keeps_the_cut_rows_and_equals_the_plain_reference(tmp_
                                    "--prefill-rows", "8", "--share", "0.5", "--order", "base,new,base", "--plain-check", "--predict", str(pred),
                                    "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
-    data, js = receipt(tmp_path)
+    data, js, md_path = receipt(tmp_path)
     assert data["scenario"] == "script" and data["settings"]["script"]["name"] == "cancel-and-retry"
     # base/new/base: the fewest runs that pair new with a base run on each side (two pairs: a verdict)
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped p=0.5", "whole"]
@@ -55,14 +67,14 @@ def test_cancel_and_retry_keeps_the_cut_rows_and_equals_the_plain_reference(tmp_
     assert all(c["equal"] for r in valid for c in ex["vs_plain"][str(r["index"])] if c["stream"] == "R")
     assert set(data["stats"]) == {"first_token:R", "cached_tokens:R", "longest_pause:A", "rate:A", "rate_before:A"}
     assert {p["key"] for p in data["predictions"]["items"]} == {"first_token:R", "cached_tokens:R"}
-    md = js.with_suffix(".md").read_text()
+    md = md_path.read_text()
     assert md.startswith("# tfbench receipt: script cancel-and-retry")
     assert f"R {len(valid)} of {len(valid)} equal" in md  # across runs and against the plain reference
     assert "```yaml\n# A cancel during a long prompt" in md  # the script itself, as read
     # the Markdown renders from the JSON alone
     res = CliRunner().invoke(app, ["report", str(js), "--no-png"])
     assert res.exit_code == 0, res.output
-    assert js.with_suffix(".md").read_text() == md
+    assert md_path.read_text() == md
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +89,7 @@ def tiny(tmp_path_factory):
 def run_url(url: str, path: Path, out: Path, *extra: str) -> dict:
     res = CliRunner().invoke(app, ["run", "script", str(path), "--url", url, "--out", str(out), *extra])
     assert res.exit_code == 0, (res.output, res.exception)
-    data, _ = receipt(out)
+    data, _, _ = receipt(out)
     assert len(data["runs"]) == 1 and "stats" not in data  # a server tfbench did not launch: no verdicts
     f = data["runs"][0]["figures"]
     assert f["valid"], f["invalid_reasons"]
@@ -125,9 +137,7 @@ def test_the_docs_example_runs_unmodified(tiny, tmp_path):
 
 def test_any_server_through_url_runs_a_script(tmp_path):
     """The harness's fake server (another program, no tfengine) plays cancel-and-retry."""
-    import sys
-    with launch(["--max-model-len", "8192"], tmp_path / "fake.log",
-                command=[sys.executable, "-m", "tensorfold_bench.fakeserver"]) as srv:
+    with launch(["--max-model-len", "8192"], tmp_path / "fake.log", command=fake_server_cmd()) as srv:
         data = run_url(srv.url, SCRIPTS / "cancel-and-retry.yaml", tmp_path / "r")
     recs = data["runs"][0]["records"]
     assert recs["X"]["cancelled"] and recs["R"]["cached_tokens"] >= 256
@@ -136,6 +146,6 @@ def test_any_server_through_url_runs_a_script(tmp_path):
 
 def test_compare_two_committed_script_receipts():
     """`tfbench compare` reads script receipts figure by figure (their keys, valid runs only)."""
-    a, b = sorted((ROOT / "receipts").glob("*-script.json"))[:2]
+    a, b = sorted((ROOT / "receipts").glob("*-script.json*"))[:2]
     md = report.compare.markdown(report.load(a), report.load(b), a.name, b.name)
     assert "| longest_pause:A | whole | 16.11 / 11.51 |" in md and "| first_token:B | whole | - |" in md

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Callable
 
 from tensorfold_bench import exactness, figures, session, targets
-from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, new_record, stream
+from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
 from tensorfold_bench.sampling import GREEDY, Sampling
-from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
+from tensorfold_bench.scenarios.script import play_timeline
+from tensorfold_bench.scenarios.streams import play_alone, prompt_ids
+from tensorfold_bench.script import Event, Point, Prompt, Script, Stream, check
 from tensorfold_bench.session import Reporter, Run, Session
 from tensorfold_bench.variants import plain
 
@@ -72,33 +74,27 @@ def requests(script: LongPromptScript, prompts: Prompts, token_ids: str = "ids")
             sample(Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, token_ids=token_ids), "C"))
 
 
+def timeline(script: LongPromptScript) -> Script:
+    """The A/B/C test as a script (tensorfold_bench.script; examples/scripts/long-prompt.yaml is
+    its cpu defaults): `run long-prompt` is its short form, played by the script player. B and C
+    must be done `timeout_s` after C's send, as they always had to be."""
+    sc = Script("long-prompt", (
+        Stream("A", Point(None, 0.0), Prompt(random=script.a_prompt_tokens), script.a_max_tokens,
+               until=(Event("B", "done"), Event("C", "done"))),
+        Stream("B", Point(None, script.b_at), Prompt(random=script.b_tokens), script.b_max_tokens),
+        Stream("C", Point(None, script.b_at + script.c_after), Prompt(random=script.c_tokens), script.c_max_tokens)),
+        timeout_s=script.b_at + script.c_after + script.timeout_s)
+    check(sc)
+    return sc
+
+
 async def play_script(url: str, script: LongPromptScript, prompts: Prompts, model: str = "default",
                       token_ids: str = "ids") -> dict[str, StreamRecord]:
-    """Play A, B and C on the script; return their raw records."""
+    """Play A, B and C on the script's timeline; return their raw records. A is cancelled once B
+    and C are done (or failed)."""
     ra, rb, rc = requests(script, prompts, token_ids)
-    async with http_client() as client:
-        t0 = clock()
-        a = new_record(ra, t0)
-        b = new_record(rb, t0 + script.b_at)
-        c = new_record(rc, t0 + script.b_at + script.c_after)
-        a_task = asyncio.create_task(stream(client, url, ra, a, model))
-        try:
-            await sleep_until(b.scheduled)
-            b_task = asyncio.create_task(stream(client, url, rb, b, model))
-            await sleep_until(c.scheduled)
-            c_task = asyncio.create_task(stream(client, url, rc, c, model))
-            done, pending = await asyncio.wait({b_task, c_task}, timeout=script.timeout_s)
-            for t in pending:
-                t.cancel()
-                rec = b if t is b_task else c
-                rec.error = rec.error or f"not done after {script.timeout_s:.0f} s"
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-        finally:
-            if not a_task.done():
-                a_task.cancel()
-            await asyncio.gather(a_task, return_exceptions=True)
-    return {"A": a, "B": b, "C": c}
+    recs, _ = await play_timeline(url, timeline(script), {"A": ra, "B": rb, "C": rc}, model)
+    return recs
 
 
 async def play_sequence(url: str, reqs: list[Request], model: str = "default") -> dict[str, StreamRecord]:

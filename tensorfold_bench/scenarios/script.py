@@ -147,8 +147,10 @@ async def play_timeline(url: str, script: Script, reqs: dict[str, Request], mode
             if t in pending:
                 t.cancel()
                 rec = tl.recs[name]
-                rec.error = rec.error or (f"not done after {script.timeout_s:g} s" if rec.sent is not None
-                                          else f"not sent in {script.timeout_s:g} s")
+                if rec.sent is None:
+                    rec.error = rec.error or f"not sent in {script.timeout_s:g} s"
+                elif not script.stream(name).cancellable:  # one cancelled anyway is closed, not failed
+                    rec.error = rec.error or f"not done after {script.timeout_s:.0f} s"
         await asyncio.gather(*tasks.values(), return_exceptions=True)
     return tl.recs, tl.t0
 
