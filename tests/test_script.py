@@ -234,3 +234,24 @@ def test_run_long_prompt_is_the_short_form_of_the_shipped_timeline():
     flags = lp.timeline(lp.LongPromptScript(b_at=3.0, c_after=0.5, b_tokens=4096))
     shipped = load(ROOT / "examples/scripts/long-prompt.yaml")
     assert flags.streams == tuple(replace(s, expect=()) for s in shipped.streams)
+
+
+def test_a_streams_options_become_its_request():
+    """priority and draft are sent only when the script sets them; a sampled stream sends its own
+    seed, or one derived from --seed and its name."""
+    from tensorfold_bench.sampling import Sampling, request_seed
+    from tensorfold_bench.scenarios.script import request
+
+    s = parse("""
+streams:
+  - {name: P, at: 0, prompt: {random: 4}}
+  - {name: Q, at: 0, prompt: {text: hi}, priority: background, draft: false, temperature: 0.5, seed: 7,
+     ignore_eos: false}
+""")
+    p = request(s.stream("P"), [300] * 4, "ids", Sampling(0.0, 1)).body("m")
+    assert "priority" not in p and "draft" not in p and "seed" not in p and p["temperature"] == 0
+    q = request(s.stream("Q"), "hi", "ids", Sampling(0.0, 1)).body("m")
+    assert (q["priority"], q["draft"], q["temperature"], q["seed"], q["ignore_eos"], q["prompt"]) == (
+        "background", False, 0.5, 7, False, "hi")
+    sampled = request(s.stream("P"), [300] * 4, "ids", Sampling(0.8, 3)).body("m")
+    assert sampled["seed"] == request_seed(3, "P") and sampled["temperature"] == 0.8

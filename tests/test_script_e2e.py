@@ -149,3 +149,23 @@ def test_compare_two_committed_script_receipts():
     a, b = sorted((ROOT / "receipts").glob("*-script.json*"))[:2]
     md = report.compare.markdown(report.load(a), report.load(b), a.name, b.name)
     assert "| longest_pause:A | whole | 16.11 / 11.51 |" in md and "| first_token:B | whole | - |" in md
+
+
+def test_a_cancel_after_tokens_and_a_retry_at_its_cancel(tiny, tmp_path):
+    """`cancel: {tokens: K}` closes the stream once K tokens came; a stream sent at that cancel
+    plus seconds goes out then, and the receipt shows both."""
+    path = tmp_path / "tokens.yaml"
+    path.write_text("""
+name: cancel-after-tokens
+streams:
+  - {name: S, at: 0, prompt: {random: 64}, max_tokens: 2000, cancel: {tokens: 20}}
+  - {name: T, at: S.cancelled + 0.1, prompt: {same_as: S}, max_tokens: 8, draft: false, priority: background}
+figures:
+  - {first_token: T}
+  - {cached_tokens: T}
+""")
+    data = run_url(tiny, path, tmp_path / "r")
+    recs = data["runs"][0]["records"]
+    assert recs["S"]["cancelled"] and 20 <= len(recs["S"]["token_ids"]) < 2000
+    assert recs["T"]["sent"] - recs["S"]["ended"] >= 0.1 and len(recs["T"]["token_ids"]) == 8
+    assert data["runs"][0]["figures"]["values"]["first_token:T"] > 0

@@ -134,12 +134,18 @@ class Timeline:
         await asyncio.gather(task, return_exceptions=True)
 
 
+def live_client():
+    """The one client, its records filled as each reply arrives: a script's events (a first
+    token, a count of tokens) are read off the records while the streams still run."""
+    return http_client()
+
+
 async def play_timeline(url: str, script: Script, reqs: dict[str, Request], model: str = "default"
                         ) -> tuple[dict[str, StreamRecord], float]:
     """Every stream on the script's timeline; their raw records and the run's start time. A run
     past the script's timeout closes what is still open, each such stream marked."""
     tl = Timeline(script, reqs)
-    async with http_client() as client:
+    async with live_client() as client:
         tl.t0 = clock()
         tasks = {s.name: asyncio.create_task(tl.play(client, url, s, model)) for s in script.streams}
         done, pending = await asyncio.wait(tasks.values(), timeout=script.timeout_s)
