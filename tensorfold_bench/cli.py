@@ -27,6 +27,7 @@ from tensorfold_bench import lifecycle, plan, predictions, progress, report, sta
 from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
 from tensorfold_bench.sampling import Sampling
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
+from tensorfold_bench.scenarios import script as script_mod
 from tensorfold_bench.scenarios import sweep as sweep_mod
 
 console = Console(stderr=True)
@@ -152,6 +153,53 @@ def long_prompt(
         return print(plan.long_prompt(settings))
     data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.long_prompt.summary_markdown(data)))
+    print_paths(paths)
+    no_valid_run(data, paths, lambda r: r["figures"]["valid"])
+
+
+@run_app.command("script")
+def script(
+    file: Annotated[Path, typer.Argument(help="The script: a YAML timeline of streams and figures (docs/scripts.md).")],
+    model: Model = None,
+    device: Device = "cpu",
+    dtype: Dtype = None,
+    share: Share = None,
+    order: Order = None,
+    url: Url = None,
+    out_dir: OutDir = Path("receipts"),
+    plain_check: PlainCheck = False,
+    variants_file: VariantsFile = None,
+    base_ref: BaseRef = None,
+    new_ref: NewRef = None,
+    aa: AA = False,
+    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (the script's, e.g. first_token:R), read, hashed and stamped into the receipt before the first run.")] = None,
+    margin: Margin = stats.DEFAULT_MARGIN,
+    parallel: Parallel = None,
+    tensor_parallel: TensorParallel = 1,
+    prefill_rows: PrefillRows = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: the longest stream's prompt and reply, rounded up to 256).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights; added to the script's seed for its random prompts; with --temperature, each stream's sampling seed is derived from it and the stream's name.")] = 0,
+    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature of every stream that sets none (0: greedy).")] = 0.0,
+    engine_arg: EngineArg = None,
+    vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    token_ids: TokenIds = "ids",
+    verbose: Verbose = False,
+    dry_run: DryRun = False,
+):
+    """A scripted timeline of streams (sends at times or events, cancels, priorities) and its figures."""
+    settings = script_mod.settings_from_flags(
+        file=file, model=model, device=device, dtype=dtype, share=share, order=order, url=url, out_dir=out_dir,
+        plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
+        engine_args=engine_arg, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
+        predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
+        temperature=temperature, tensor_parallel=tensor_parallel)
+    if dry_run:
+        return print(plan.script(settings))
+    data, paths = execute(script_mod.run, settings, out_dir, verbose)
+    out.print(Markdown(report.script.summary_markdown(data)))
+    if data.get("predictions"):
+        out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
     print_paths(paths)
     no_valid_run(data, paths, lambda r: r["figures"]["valid"])
 

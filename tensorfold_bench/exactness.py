@@ -150,6 +150,59 @@ def long_prompt(data: dict) -> dict:
     return out
 
 
+# ---- scripts -------------------------------------------------------------------------------
+
+def script(data: dict) -> dict:
+    """Each stream's reply in each run against its reference, and against the plain reference.
+
+    A stream's reference is its reply in the first run where it finished (else the longest
+    reply, when it was cancelled in every run). A cancelled reply is compared on its own length
+    with the reference's prefix, as long-prompt's A is; a reply that never got a token (cancelled
+    during its prompt, failed, not sent) has nothing to compare and is counted apart. Across
+    runs only when the prompts were the same (fresh servers, not --url)."""
+    runs = [r for r in data["runs"] if r.get("records")]
+    out: dict = {"across_runs": {}, "vs_plain": {}, "refs": {}, "hashes": {}, "no_reply": {}}
+    if not runs:
+        return out
+    names = list(runs[0]["records"])
+
+    def replied(rec: dict | None) -> bool:
+        return bool(rec) and not rec["error"] and bool(rec["token_ids"])
+
+    for n in names:
+        got = [r for r in runs if replied(r["records"].get(n))]
+        whole = [r for r in got if not r["records"][n]["cancelled"]]
+        ref = whole[0] if whole else max(got, key=lambda r: len(r["records"][n]["token_ids"]), default=None)
+        out["refs"][n] = ref["index"] if ref else None
+    same_prompts = not data["settings"].get("url")
+    plain = (data.get("plain") or {}).get("records") or {}
+    for r in runs:
+        across, vs_plain, key = [], [], str(r["index"])
+        for n in names:
+            rec = r["records"][n]
+            if not replied(rec):
+                out["no_reply"].setdefault(n, []).append(r["index"])
+                continue
+            ref = next((x for x in runs if x["index"] == out["refs"][n]), None)
+            if same_prompts and ref is not None:
+                f = ref["records"][n]
+                c = compare_reply(n, rec["token_ids"], f["token_ids"], prefix=rec["cancelled"],
+                                  server_sha=rec["server_sha"], ref_sha=f["server_sha"])
+                across.append(asdict(c))
+            if n in plain and plain[n]["token_ids"]:
+                c = compare_reply(n, rec["token_ids"], plain[n]["token_ids"], prefix=rec["cancelled"],
+                                  server_sha=rec["server_sha"], ref_sha=plain[n]["server_sha"])
+                vs_plain.append(asdict(c))
+        if same_prompts:
+            out["across_runs"][key] = across
+        if plain:
+            out["vs_plain"][key] = vs_plain
+        out["hashes"][key] = {n: {"sha": reply_sha(rec["token_ids"], rec["server_sha"]), "tokens": len(rec["token_ids"]),
+                                  "cancelled": rec["cancelled"]}
+                              for n, rec in r["records"].items() if replied(rec)}
+    return out
+
+
 # ---- sweep ---------------------------------------------------------------------------------
 
 def prompt_key(cell: int, stream_i: int) -> str:

@@ -12,6 +12,10 @@ Long-prompt figures, with W = (B send, B first token]:
   token): A tokens inside it divided by its length (A's first token itself is its start and
   is not counted).
 
+A script's figures (tensorfold_bench.script) are the same functions over any stream and window:
+first token from the stream's own send, longest pause and rate inside a window between events
+(and the rate in the window of equal length just before it), cached tokens as reported.
+
 The sweep's figures are in `sweep_figures`.
 """
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from tensorfold_bench import stats
 from tensorfold_bench.client import StreamRecord
+from tensorfold_bench.script import Figure, Point, Script
 
 LATE_LIMIT_S = 0.25  # a send later than this against its script time makes the run invalid
 
@@ -46,6 +51,12 @@ REGISTRY = {s.name: s for s in (
     FigureSpec("ttft_p50", "ms", False, 1, "first token p50"),
     FigureSpec("itl_p50", "ms", False, 1, "inter-token p50"),
     FigureSpec("itl_p99", "ms", False, 1, "inter-token p99"),
+    # a script's figures, one per stream (or label): `first_token:R`
+    FigureSpec("first_token", "s", False, 2, "first token"),
+    FigureSpec("longest_pause", "s", False, 2, "longest pause"),
+    FigureSpec("rate", "tok/s", True, 1, "rate in the window"),
+    FigureSpec("rate_before", "tok/s", True, 1, "rate before the window"),
+    FigureSpec("cached_tokens", "tokens", True, 0, "cached tokens"),
 )}
 LONG_PROMPT = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_during", "a_rate_before")
 LATENCY = ("ttft_p50", "itl_p50", "itl_p99")
@@ -63,8 +74,9 @@ def predictable_sweep(levels) -> set[str]:
 
 
 def spec(name: str) -> FigureSpec:
-    """A figure's spec; a per-level figure `tok_s@8` is the family `tok_s`."""
-    return REGISTRY[name.split("@", 1)[0]]
+    """A figure's spec; a per-level figure `tok_s@8` is the family `tok_s`, a script's
+    `first_token:R` the kind `first_token`."""
+    return REGISTRY[name.split("@", 1)[0].split(":", 1)[0]]
 
 
 def at(family: str, level: int) -> str:
@@ -252,6 +264,146 @@ def long_prompt_predicted(data: dict) -> dict[str, dict[str, float | None]]:
     return out
 
 
+# ---- scripts -------------------------------------------------------------------------------
+
+def event_time(rec: StreamRecord, kind: str) -> float | None:
+    """When a stream's event (tensorfold_bench.script.EVENTS) happened, or None: not (yet).
+    `done` is a stream that finished by itself; one cancelled or failed is never done."""
+    if kind == "sent":
+        return rec.sent
+    if kind == "first_token":
+        return rec.token_times[0] if rec.token_times else None
+    if kind == "done":
+        return rec.ended if rec.ended is not None and not rec.cancelled and not rec.error else None
+    if kind == "cancelled":
+        return rec.ended if rec.cancelled else None
+    raise ValueError(f"unknown event {kind!r}")
+
+
+def point_time(point: Point, records: dict[str, StreamRecord], t0: float) -> float | None:
+    """A script's time point on the run's clock (t0: the run's start), or None: its event did not happen."""
+    if point.event is None:
+        return t0 + point.plus
+    t = event_time(records[point.event.stream], point.event.kind)
+    return None if t is None else t + point.plus
+
+
+@dataclass
+class ScriptFigures:
+    """One script run's figures (key -> value), each send's lateness, the expectations' results
+    (held None: the server reported nothing to check) and whether the run is valid."""
+
+    values: dict[str, float | None]
+    lateness: dict[str, float | None]
+    expects: list[dict]
+    valid: bool
+    invalid_reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ScriptFigures":
+        return cls(**d)
+
+
+def _window_figure(f: Figure, rec: StreamRecord, lo: float, hi: float, reasons: list[str]) -> dict[str, float | None]:
+    """A stream's longest pause or rate in (lo, hi]; the stream must decode across the window."""
+    times, start, end = rec.token_times, f.window[0], f.window[1]
+    if not times or times[0] >= lo:
+        reasons.append(f"{f.stream} had no token before {start}: it was not decoding across the window")
+    stop = rec.ended if rec.ended is not None else (times[-1] if times else None)
+    if not times or times[-1] < lo or (stop is not None and stop < hi):
+        reasons.append(f"{f.stream} stopped decoding before {end}: it was not decoding across the window")
+    if f.kind == "longest_pause":
+        pause = longest_pause(times, lo, hi)
+        if pause is None and times and times[0] < lo:
+            pause = hi - lo  # its last token came before the window and none after it
+        return {f.key: pause}
+    length = hi - lo
+    out = {f.key: count_in(times, lo, hi) / length if length > 0 else None}
+    if f.versus == "before":
+        out[f.keys[1]] = rate_before(times, lo, length)
+    return out
+
+
+def script_run(script: Script, records: dict[str, StreamRecord], t0: float,
+               late_limit: float = LATE_LIMIT_S) -> ScriptFigures:
+    """One run's figures from its streams' raw records. Invalid: a stream that failed or was not
+    sent, a send later than `late_limit`, a first token that never came, a window whose stream was
+    not decoding across it (or whose event did not happen), an expectation missed."""
+    reasons: list[str] = []
+    for name, r in records.items():
+        if r.error:
+            reasons.append(f"{name}: {r.error}" if r.sent is None else f"{name} failed: {r.error}")
+    late = {name: lateness(r) for name, r in records.items()}
+    reasons += [f"{name} was sent {v:.3f} s late (limit {late_limit} s)" for name, v in late.items()
+                if v is not None and v > late_limit]
+    values: dict[str, float | None] = {}
+    for f in script.figures:
+        rec = records[f.stream]
+        if f.kind == "first_token":
+            values[f.key] = first_token_latency(rec)
+            if values[f.key] is None and not rec.error:
+                reasons.append(f"{f.stream} got no token")
+        elif f.kind == "cached_tokens":
+            values[f.key] = None if rec.cached_tokens is None else float(rec.cached_tokens)
+        else:
+            lo, hi = (point_time(p, records, t0) for p in f.window)
+            missing = [str(p) for p, t in zip(f.window, (lo, hi)) if t is None]
+            if missing:
+                reasons.append(f"{f.key}: {' and '.join(missing)} did not happen")
+                values.update({k: None for k in f.keys})
+                continue
+            values.update(_window_figure(f, rec, lo, hi, reasons))
+    expects = []
+    for s in script.streams:
+        for e in s.expect:
+            rec = records[s.name]
+            got = None if rec.error else rec.cached_tokens
+            held = e.holds(got)
+            # unknown: the stream replied but the server reported nothing to check (never a failure);
+            # a stream that failed or was not sent is already a reason of its own
+            expects.append({"stream": s.name, "check": str(e), "got": got, "held": held,
+                            "unknown": held is None and not rec.error})
+            if held is False:
+                reasons.append(f"{s.name}'s {e.what} is {got}, expected {e.op} {e.value}")
+    reasons = list(dict.fromkeys(reasons))  # a stream in two windows is one reason, once
+    return ScriptFigures(values, late, expects, valid=not reasons, invalid_reasons=reasons)
+
+
+def failed_script(why: str) -> ScriptFigures:
+    """A run whose server failed: no figure, invalid."""
+    return ScriptFigures({}, {}, [], valid=False, invalid_reasons=[f"the server failed: {why}"])
+
+
+def script_values(data: dict) -> list[dict]:
+    """Each run's figures, an invalid run's as none (left out of medians and verdicts)."""
+    return [r["figures"]["values"] if r["figures"]["valid"] else {} for r in data["runs"]]
+
+
+def script_keys(data: dict) -> list[str]:
+    return list(data["settings"]["figure_keys"])
+
+
+def script_medians(data: dict) -> dict[str, dict[str, float | None]]:
+    """variant -> figure -> the median over its valid runs (what predictions are checked against)."""
+    values, out = script_values(data), {}
+    for v in data["variants"]:
+        mine = [x for r, x in zip(data["runs"], values) if r["variant"] == v["name"]]
+        if mine:
+            out[v["name"]] = {k: median([x.get(k) for x in mine]) for k in script_keys(data)}
+    return out
+
+
+def script_stats(data: dict) -> dict:
+    """Each script figure's statistics over the runs, invalid runs left out."""
+    order = [r["variant"] for r in data["runs"]]
+    margin = data["settings"].get("margin", stats.DEFAULT_MARGIN)
+    return {k: fs.to_dict() for k, fs in
+            stats_for(script_keys(data), order, script_values(data), data["variants"][0]["name"], margin).items()}
+
+
 # ---- the gate and comparisons --------------------------------------------------------------
 
 def cut_period(prefill_rows: int | None, b_tokens: int | None, b_first_tokens: list[float]) -> float:
@@ -280,6 +432,8 @@ def figure_runs(data: dict) -> dict[str, dict[str, list[float]]]:
     if data.get("scenario") == "long-prompt":
         names = list(LONG_PROMPT)
         values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
+    elif data.get("scenario") == "script":
+        names, values = script_keys(data), script_values(data)
     else:
         names = list(dict.fromkeys(n for r in data["runs"] for n in r["figures"]))
         values = [{} if (r.get("client") or {}).get("invalid") else r["figures"] for r in data["runs"]]

@@ -101,3 +101,21 @@ def _share(args: list[str]) -> float:
         except (IndexError, ValueError):
             return 1.0
     return 1.0
+
+
+def script(settings) -> str:
+    """A script's runs: each about its latest timed send, its prompts' rows and its longest reply."""
+    s, sc = settings.session, settings.script
+    c = cost(s)
+    per_run = None
+    if c:
+        rows = sum(st.prompt.random or 0 for st in sc.streams) + sum(st.prompt.plus for st in sc.streams)
+        longest = max(st.max_tokens for st in sc.streams if not st.cancellable) if any(
+            not st.cancellable for st in sc.streams) else 0
+        last = max([st.at.plus for st in sc.streams if st.at.event is None] + [0.0])
+        one = c.start_s + last + rows * c.row_s + longest * (c.round_s + (len(sc.streams) - 1) * c.round_per_stream_s)
+        per_run = [one for _ in s.order] + ([c.start_s + rows * c.row_s] if settings.plain_check else [])
+    extra = [f"Each run: the script {sc.name} ({sc.path}): " + "; ".join(
+        f"{st.name} at {st.at}" for st in sc.streams) + "." + (" Then the plain reference." if settings.plain_check
+                                                             else ""), ""]
+    return lines(s, per_run, extra)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tensorfold_bench.report import compare, gate, long_prompt, pictures, store, sweep
+from tensorfold_bench.report import compare, gate, long_prompt, pictures, script, store, sweep
 from tensorfold_bench.report.store import load, sibling
 
 __all__ = ["compare", "load", "render_markdown", "render_png", "rerender", "sibling", "store", "write"]
 
-MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown}
-PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep}  # a gate receipt has none
+MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown,
+            "script": script.markdown}
+PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep, "script": pictures.script}  # a gate receipt has none
 
 
 def partial_banner(partial: dict) -> str:

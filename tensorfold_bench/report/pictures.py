@@ -148,3 +148,77 @@ def sweep(data: dict, path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _script_run(runs: list[dict], key: str | None) -> dict | None:
+    """The valid run whose first figure is the median (the lower middle), else the first run."""
+    ok = [r for r in runs if r["figures"]["valid"] and key and r["figures"]["values"].get(key) is not None]
+    if not ok:
+        return runs[0] if runs else None
+    ok = sorted(ok, key=lambda r: r["figures"]["values"][key])
+    return ok[(len(ok) - 1) // 2]
+
+
+def _event_t(rec: dict, kind: str) -> float | None:
+    if kind == "sent":
+        return rec["sent"]
+    if kind == "first_token":
+        return rec["token_times"][0] if rec["token_times"] else None
+    if kind == "cancelled":
+        return rec["ended"] if rec["cancelled"] else None
+    return rec["ended"] if rec["ended"] is not None and not rec["cancelled"] and not rec["error"] else None
+
+
+def script(data: dict, path: Path) -> Path | None:
+    """Per variant (its representative run), every stream as a lane over time: from its send to
+    its end, a tick per token, its first token and its cancel marked; each window figure's
+    window shaded on its stream's lane."""
+    keys = data["settings"].get("figure_keys") or []
+    panels = []
+    for v in data["variants"]:
+        rep = _script_run([r for r in data["runs"] if r["variant"] == v["name"] and r.get("records")],
+                          keys[0] if keys else None)
+        if rep is not None:
+            panels.append((v["name"], rep))
+    if not panels:
+        return None
+    names = [s["name"] for s in data["settings"]["script"]["streams"]]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 0.45 * len(names) * len(panels) + 1.2 * len(panels) + 0.4),
+                             squeeze=False, sharex=True)
+    for ax, (name, run) in zip(axes[:, 0], panels):
+        recs, t0 = run["records"], run["t0"]
+        for y, n in enumerate(names):
+            r = recs[n]
+            if r["sent"] is None:
+                ax.text(0, y, "  not sent", va="center", fontsize=7, color="0.4")
+                continue
+            end = r["ended"] if r["ended"] is not None else (r["token_times"][-1] if r["token_times"] else r["sent"])
+            ax.broken_barh([(r["sent"] - t0, max(end - r["sent"], 1e-3))], (y - 0.3, 0.6), color="0.9")
+            if r["token_times"]:
+                ax.plot([t - t0 for t in r["token_times"]], [y] * len(r["token_times"]), "|", ms=7, color="0.3",
+                        mew=0.6)
+                ax.plot([r["token_times"][0] - t0], [y], "o", ms=4, color="tab:blue")
+            if r["cancelled"]:
+                ax.plot([end - t0], [y], "x", ms=6, color="tab:red")
+        for f in data["settings"]["script"]["figures"]:
+            if not f["window"]:
+                continue
+            ts = []
+            for p in f["window"]:
+                t = t0 if p["event"] is None else _event_t(recs[p["event"]["stream"]], p["event"]["kind"])
+                ts.append(None if t is None else t + p["plus"] - t0)
+            if None not in ts:
+                y = names.index(f["stream"])
+                ax.broken_barh([(ts[0], ts[1] - ts[0])], (y - 0.45, 0.9), color="tab:orange", alpha=0.15)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_ylim(len(names) - 0.5, -0.5)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_title(f"{name} (run {run['index']})" + ("" if run["figures"]["valid"] else "  [INVALID]"), fontsize=9,
+                     loc="left")
+    axes[-1, 0].set_xlabel("seconds since the run's start")
+    fig.suptitle(f"script {data['settings']['script']['name']}: each stream from its send to its end; ticks: tokens, "
+                 "dot: first token, x: cancelled; shaded: a figure's window", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

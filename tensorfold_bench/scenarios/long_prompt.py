@@ -16,13 +16,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, selfcheck, session, targets
-from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, collector_held, new_record, stream
+from tensorfold_bench import exactness, figures, session, targets
+from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
 from tensorfold_bench.report.fmt import num
 from tensorfold_bench.sampling import GREEDY, Sampling
-from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
+from tensorfold_bench.scenarios.script import play_timeline
+from tensorfold_bench.scenarios.streams import play_alone, prompt_ids
+from tensorfold_bench.script import Event, Point, Prompt, Script, Stream, check
 from tensorfold_bench.session import Reporter, Run, Session
 from tensorfold_bench.variants import plain
 
@@ -72,41 +74,27 @@ def requests(script: LongPromptScript, prompts: Prompts, token_ids: str = "ids")
             sample(Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, token_ids=token_ids), "C"))
 
 
+def timeline(script: LongPromptScript) -> Script:
+    """The A/B/C test as a script (tensorfold_bench.script; examples/scripts/long-prompt.yaml is
+    its cpu defaults): `run long-prompt` is its short form, played by the script player. B and C
+    must be done `timeout_s` after C's send, as they always had to be."""
+    sc = Script("long-prompt", (
+        Stream("A", Point(None, 0.0), Prompt(random=script.a_prompt_tokens), script.a_max_tokens,
+               until=(Event("B", "done"), Event("C", "done"))),
+        Stream("B", Point(None, script.b_at), Prompt(random=script.b_tokens), script.b_max_tokens),
+        Stream("C", Point(None, script.b_at + script.c_after), Prompt(random=script.c_tokens), script.c_max_tokens)),
+        timeout_s=script.b_at + script.c_after + script.timeout_s)
+    check(sc)
+    return sc
+
+
 async def play_script(url: str, script: LongPromptScript, prompts: Prompts, model: str = "default",
                       token_ids: str = "ids") -> tuple[dict[str, StreamRecord], dict]:
-    """Play A, B and C on the script; their raw records and the client's self-check."""
+    """Play A, B and C on the script's timeline; their raw records and the client's self-check.
+    A is cancelled once B and C are done (or failed)."""
     ra, rb, rc = requests(script, prompts, token_ids)
-    with collector_held():
-        return await _play_script(url, script, model, ra, rb, rc)
-
-
-async def _play_script(url: str, script: LongPromptScript, model: str, ra: Request, rb: Request,
-                       rc: Request) -> tuple[dict[str, StreamRecord], dict]:
-    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
-        ready = [client.prepare(url, r, model) for r in (ra, rb, rc)]
-        t0 = clock()
-        a = new_record(ra, t0)
-        b = new_record(rb, t0 + script.b_at)
-        c = new_record(rc, t0 + script.b_at + script.c_after)
-        a_task = asyncio.create_task(stream(client, url, ra, a, model, ready[0]))
-        try:
-            await sleep_until(b.scheduled)
-            b_task = asyncio.create_task(stream(client, url, rb, b, model, ready[1]))
-            await sleep_until(c.scheduled)
-            c_task = asyncio.create_task(stream(client, url, rc, c, model, ready[2]))
-            done, pending = await asyncio.wait({b_task, c_task}, timeout=script.timeout_s)
-            for t in pending:
-                t.cancel()
-                rec = b if t is b_task else c
-                rec.error = rec.error or f"not done after {script.timeout_s:.0f} s"
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-        finally:
-            if not a_task.done():
-                a_task.cancel()
-            await asyncio.gather(a_task, return_exceptions=True)
-    recs = {"A": a, "B": b, "C": c}
-    return recs, selfcheck.summary(watch, [figures.lateness(r) for r in recs.values()], open_peak=client.open.peak)
+    recs, _, check = await play_timeline(url, timeline(script), {"A": ra, "B": rb, "C": rc}, model)
+    return recs, check
 
 
 async def play_sequence(url: str, reqs: list[Request], model: str = "default") -> dict[str, StreamRecord]:

@@ -1,0 +1,369 @@
+"""`tfbench run script FILE`: a script's timeline (tensorfold_bench.script) played on the session's
+run loop, one fresh server per run in the variants' order (or running servers, --url), then the
+plain reference; figures from the figures registry, exactness per stream.
+
+Pacing apart from sending: each stream waits for its send time (seconds from the run's start,
+or an event of another stream plus seconds), then goes out through the one client
+(client.stream). Events are read off the streams' raw records (figures.event_time), looked at
+every POLL_S; a send's lateness against its script time (the event's own time plus the
+seconds) is measured, so a late send makes the run invalid rather than silently shifting it.
+A stream whose event can no longer happen (the stream it waits for ended without it) is not
+sent, and says why. A stream is cancelled by closing its stream: `cancel` after seconds or
+tokens, or `until` once every listed event has happened or can no longer happen.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from tensorfold_bench import exactness, figures, selfcheck, session, targets
+from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, collector_held, new_record, stream
+from tensorfold_bench.errors import BenchError, ServerError
+from tensorfold_bench.predictions import read as read_predictions
+from tensorfold_bench.report.fmt import num
+from tensorfold_bench.sampling import GREEDY, Sampling, request_seed
+from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
+from tensorfold_bench.script import Event, Point, Script, Stream, load
+from tensorfold_bench.session import Reporter, Run, Session
+from tensorfold_bench.variants import plain
+
+POLL_S = 0.002  # how often waiting streams look at the records: a bound on an event-driven send's lateness
+
+
+# ---- prompts and requests ------------------------------------------------------------------
+
+def make_prompts(script: Script, vocab: int, key: str = "", seed: int = 0) -> dict[str, list[int] | str]:
+    """Each stream's prompt. Random ids are seeded by (script seed + --seed, stream name + key):
+    `key` distinguishes runs that share one server (--url), so no run's prompt is cached from an
+    earlier one; fresh servers use one key, so every run's replies compare."""
+    out: dict[str, list[int] | str] = {}
+    todo = list(script.streams)
+    while todo:  # a prompt that repeats or extends another comes after it (the checks refuse cycles)
+        s = next(s for s in todo if not s.prompt.source or s.prompt.source in out)
+        todo.remove(s)
+        p, base = s.prompt, script.seed + seed
+        if p.random is not None:
+            out[s.name] = prompt_ids(base, f"{s.name}{key}", p.random, vocab)
+        elif p.text is not None:
+            out[s.name] = p.text
+        elif p.same_as:
+            out[s.name] = out[p.same_as]
+        else:
+            out[s.name] = list(out[p.prefix_of]) + prompt_ids(base, f"{s.name}+{key}", p.plus, vocab)
+    return out
+
+
+def prompt_len(prompt: list[int] | str) -> int:
+    """Token count of a prompt; a text prompt's is bounded by its UTF-8 bytes (byte-level presets)."""
+    return len(prompt.encode()) + 1 if isinstance(prompt, str) else len(prompt)
+
+
+def request(s: Stream, prompt: list[int] | str, token_ids: str, sampling: Sampling) -> Request:
+    """The stream as a request: fields beyond the OpenAI ones are sent only when the script asks,
+    so a server that knows none of them takes a plain script."""
+    extra: dict = {}
+    if s.priority != "foreground":
+        extra["priority"] = s.priority
+    if not s.draft:
+        extra["draft"] = False
+    # a text prompt goes to /v1/completions as a string (Request sends `prompt` as it is)
+    req = Request(s.name, prompt, max_tokens=s.max_tokens, ignore_eos=s.ignore_eos, extra=extra, token_ids=token_ids)
+    temperature = sampling.temperature if s.temperature is None else s.temperature
+    if not temperature:
+        return req
+    seed = s.seed if s.seed is not None else request_seed(sampling.seed, s.name)
+    return replace(req, temperature=float(temperature), seed=seed)
+
+
+# ---- one run's timeline --------------------------------------------------------------------
+
+class Timeline:
+    """The records of one run as they fill, and what its events say."""
+
+    def __init__(self, script: Script, reqs: dict[str, Request]):
+        self.script, self.reqs = script, reqs
+        self.recs = {n: new_record(r) for n, r in reqs.items()}
+        self.given_up: set[str] = set()
+        self.t0 = 0.0
+
+    def event(self, e: Event) -> float | None | bool:
+        """Its time; None while it may still happen; False once it cannot."""
+        rec = self.recs[e.stream]
+        t = figures.event_time(rec, e.kind)
+        if t is not None:
+            return t
+        return False if (e.stream in self.given_up or rec.ended is not None) else None
+
+    async def when(self, p: Point) -> float | str:
+        """The time p falls at, once known; or why it never will."""
+        if p.event is None:
+            return self.t0 + p.plus
+        while True:
+            t = self.event(p.event)
+            if t is False:
+                return f"{p.event} did not happen"
+            if t is not None:
+                return t + p.plus
+            await asyncio.sleep(POLL_S)
+
+    def must_cancel(self, s: Stream, rec: StreamRecord) -> bool:
+        if s.cancel and s.cancel.after is not None and rec.sent is not None and clock() >= rec.sent + s.cancel.after:
+            return True
+        if s.cancel and s.cancel.tokens is not None and len(rec.token_times) >= s.cancel.tokens:
+            return True
+        return bool(s.until) and all(self.event(e) is not None for e in s.until)
+
+    async def play(self, client, url: str, s: Stream, model: str) -> None:
+        rec, req = self.recs[s.name], self.reqs[s.name]
+        at = await self.when(s.at)
+        if isinstance(at, str):
+            rec.error, rec.ended = f"not sent: {at}", clock()
+            self.given_up.add(s.name)
+            return
+        rec.scheduled = at
+        await sleep_until(at)
+        task = asyncio.create_task(stream(client, url, req, rec, model))
+        if s.cancellable:
+            while not task.done():
+                if self.must_cancel(s, rec):
+                    task.cancel()
+                    break
+                await asyncio.sleep(POLL_S)
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def live_client():
+    """The one client, its records filled as each reply arrives ("live"): a script's events (a
+    first token, a count of tokens) are read off the records while the streams still run."""
+    return http_client("live")
+
+
+async def play_timeline(url: str, script: Script, reqs: dict[str, Request], model: str = "default"
+                        ) -> tuple[dict[str, StreamRecord], float, dict]:
+    """Every stream on the script's timeline; their raw records, the run's start time and the
+    client's self-check. A run past the script's timeout closes what is still open, each such
+    stream marked."""
+    with collector_held():
+        return await _play_timeline(url, script, reqs, model)
+
+
+async def _play_timeline(url: str, script: Script, reqs: dict[str, Request], model: str
+                         ) -> tuple[dict[str, StreamRecord], float, dict]:
+    tl = Timeline(script, reqs)
+    async with live_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+        tl.t0 = clock()
+        tasks = {s.name: asyncio.create_task(tl.play(client, url, s, model)) for s in script.streams}
+        done, pending = await asyncio.wait(tasks.values(), timeout=script.timeout_s)
+        for name, t in tasks.items():
+            if t in pending:
+                t.cancel()
+                rec = tl.recs[name]
+                if rec.sent is None:
+                    rec.error = rec.error or f"not sent in {script.timeout_s:g} s"
+                elif not script.stream(name).cancellable:  # one cancelled anyway is closed, not failed
+                    rec.error = rec.error or f"not done after {script.timeout_s:.0f} s"
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    check = selfcheck.summary(watch, [figures.lateness(r) for r in tl.recs.values() if r.sent is not None],
+                              open_peak=client.open.peak)
+    return tl.recs, tl.t0, check
+
+
+# ---- a session of runs ---------------------------------------------------------------------
+
+@dataclass
+class ScriptSettings:
+    session: Session
+    script: Script
+    plain_check: bool = False
+    sampling: Sampling = GREEDY
+    seed: int = 0  # --seed: added to the script's seed for its random prompts
+    scaled: dict = field(default_factory=dict)
+
+
+def context_for(script: Script) -> int:
+    """An engine context that holds every stream's prompt and reply, rounded up to 256."""
+    lens = {s.name: s.prompt.random or 0 for s in script.streams}
+    for s in script.streams:  # sources first: a repeated or extended prompt's length follows its source's
+        if s.prompt.text is not None:
+            lens[s.name] = len(s.prompt.text.encode()) + 1
+    for _ in script.streams:
+        for s in script.streams:
+            if s.prompt.same_as:
+                lens[s.name] = lens[s.prompt.same_as]
+            elif s.prompt.prefix_of:
+                lens[s.name] = lens[s.prompt.prefix_of] + s.prompt.plus
+    need = max(lens[s.name] + s.max_tokens + 1 for s in script.streams)
+    return -(-need // 256) * 256
+
+
+def settings_from_flags(*, file, model, device, dtype, share, order, url, out_dir, plain_check, parallel,
+                        prefill_rows, max_model_len, seed, engine_args, vocab=None, stamp="", variants_file=None,
+                        base_ref=None, new_ref=None, aa=False, predict=None, margin=0.02, tokenizer=None,
+                        token_ids="ids", temperature=0.0, tensor_parallel=1) -> ScriptSettings:
+    """`tfbench run script FILE`'s flags -> settings. The script is read and checked first: a bad
+    one is one line naming the stream and the field, before any flag is looked at or any server
+    starts. Predictions may name the script's figures (`first_token:R`)."""
+    script = load(file)
+    variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa)
+    engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
+                                  max_model_len=None if url else (max_model_len or context_for(script)), seed=seed,
+                                  trace=False, engine_args=engine_args, tensor_parallel=tensor_parallel)
+    session.check_margin(margin)
+    preds = read_predictions(predict, [v.name for v in variants], set(script.keys)) if predict else None
+    return ScriptSettings(Session(engine, variants, names, Path(out_dir), "script", url=url, margin=margin,
+                                  predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
+                                  token_ids=token_ids), script, plain_check, Sampling(temperature, seed), seed)
+
+
+def fit(script: Script, prompts: dict, mml: int | None) -> dict[str, int]:
+    """Each stream's max_tokens on this server: a stream that is cancelled anyway is cut to the
+    context; any other that does not fit is an error naming it."""
+    out = {}
+    for s in script.streams:
+        n, room = prompt_len(prompts[s.name]), (mml or 0) - prompt_len(prompts[s.name]) - 1
+        if mml is None or n + s.max_tokens <= mml:
+            out[s.name] = s.max_tokens
+        elif s.cancellable and room >= 1:
+            out[s.name] = room
+        else:
+            raise BenchError(f"{script.path}: stream {s.name}: max_tokens: a {n:,}-token prompt and {s.max_tokens:,} "
+                             f"reply tokens exceed the server's max_model_len {mml:,}")
+    return out
+
+
+def requests_for(settings: ScriptSettings, prompts: dict, token_ids: str, mml: int | None) -> dict[str, Request]:
+    sizes = fit(settings.script, prompts, mml)
+    return {s.name: replace(request(s, prompts[s.name], token_ids, settings.sampling), max_tokens=sizes[s.name])
+            for s in settings.script.streams}
+
+
+def play(settings: ScriptSettings, data: dict, run: Run) -> dict:
+    """One run on its server: the timeline's raw records."""
+    if run.vocab is not None and run.vocab < 2:
+        raise BenchError(f"server reports a vocabulary of {run.vocab}")
+    data["vocab"] = run.vocab
+    # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
+    # the salt) random prompts are fresh, so none is a prefix of an earlier one
+    prompts = make_prompts(settings.script, run.vocab, f"-run{run.index}{run.salt}" if run.shared else "",
+                           settings.seed)
+    reqs = requests_for(settings, prompts, run.token_ids, run.max_model_len)
+    recs, t0, check = asyncio.run(play_timeline(run.url, settings.script, reqs, run.model))
+    records = {k: v.to_dict() for k, v in recs.items()}
+    ways = [r.counted_by for r in recs.values() if r.counted_by]
+    return {"records": records, "t0": t0, "client": check, "hashes": exactness.reply_hashes(records),
+            "counted_by": max(ways, key=COUNTED_BY.index) if ways else None,
+            "system_fingerprint": next((r.system_fingerprint for r in recs.values() if r.system_fingerprint), None)}
+
+
+def finish(script: Script, entry: dict) -> str:
+    """The run's figures (a failed run's: none, invalid) and its progress line."""
+    if entry.get("error"):
+        entry.update(records=None, hashes=None, t0=None)
+        f = figures.failed_script(entry["failure"])
+    else:
+        recs = {k: StreamRecord.from_dict(v) for k, v in entry["records"].items()}
+        f = figures.script_run(script, recs, entry["t0"])
+        for why in (entry.get("client") or {}).get("invalid") or []:  # the client was the bottleneck
+            if not why.startswith("a request was sent"):  # a late send is already the figures' own reason
+                f.valid = False
+                f.invalid_reasons.append(why)
+    entry["figures"] = f.to_dict()
+    shown = ", ".join(f"{k} {num(v)}" for k, v in list(f.values.items())[:4])
+    return f"{entry['variant']}: {shown or 'no figures'}" + ("" if f.valid else f"  INVALID: {'; '.join(f.invalid_reasons)}")
+
+
+def run_plain(settings: ScriptSettings, data: dict, base_source, vocab: int) -> dict:
+    """Each stream alone, whole prompt, no cache, no drafts, one stream, on the base's source. A
+    stream cancelled in some run generates as many tokens as its longest reply; one that got no
+    token in any run is not played (nothing to compare)."""
+    script, pv = settings.script, plain(settings.session.variants[0])
+    prompts = make_prompts(script, vocab, "", settings.seed)
+    runs = [r for r in data["runs"] if r.get("records")]
+    reqs = []
+    for s in script.streams:
+        lens = [len(r["records"][s.name]["token_ids"]) for r in runs]
+        if not any(lens):
+            continue
+        req = request(s, prompts[s.name], settings.session.token_ids, settings.sampling)
+        reqs.append(replace(req, max_tokens=max(lens) if s.cancellable else s.max_tokens))
+    log, facts = settings.session.run_dir / "plain.log", {}
+    with session.serve(settings.session, pv, base_source, log, facts) as url:
+        info = session.server_info(url)
+        model, _, _ = session.model_facts(info)
+        recs = {}
+        for r in reqs:
+            recs[r.name] = asyncio.run(play_alone(url, r, model))
+    records = {k: v.to_dict() for k, v in recs.items()}
+    return {"variant": pv.to_dict(), "records": records, "hashes": exactness.reply_hashes(records), "log": str(log),
+            "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": info.get("engine")}
+
+
+def not_run(settings: ScriptSettings, data: dict) -> list[str]:
+    out, url = [], settings.session.url
+    if url:
+        out.append(f"Fresh servers: --url {url}: servers tfbench did not launch, measured as they are configured; "
+                   "no fresh server per run and no cold cache is guaranteed (each run's random prompts are fresh), "
+                   "and no verdicts.")
+    if not settings.plain_check:
+        out.append("The plain reference (--plain-check): not asked for; replies are compared across runs only.")
+    elif url:
+        out.append("The plain reference: needs launched servers, not --url.")
+    elif settings.session.variants[0].command is not None:
+        out.append("The plain reference: runs tfengine only; the base is a command variant.")
+    elif data.get("plain_error"):
+        out.append(f"The plain reference: its server failed: {data['plain_error'].splitlines()[0]}")
+    unknown = sorted({e["stream"] for r in data["runs"] for e in r["figures"]["expects"] if e.get("unknown")})
+    if unknown:
+        out.append(f"Expectations on {', '.join(unknown)}: unknown where the server reports no cached tokens "
+                   "(not counted as a failure).")
+    for r in [r for r in data["runs"] if not r["figures"]["valid"]]:
+        out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
+                   + "; ".join(r["figures"]["invalid_reasons"]) + (f" (log: {r['log']})" if r.get("error") else ""))
+    return out
+
+
+def analyse(settings: ScriptSettings, data: dict) -> dict:
+    """Exactness, what was not run, statistics and predictions from the runs so far (idempotent:
+    after every run for the partial receipt, and once at the end)."""
+    s = settings.session
+    data["exactness"] = exactness.script(data)
+    data["not_run"] = not_run(settings, data)
+    if len(s.variants) > 1 and data["runs"] and not s.url:  # servers not launched: no verdicts
+        data["stats"] = figures.script_stats(data)
+    if s.predictions:
+        data["predictions"] = s.predictions.check(figures.script_medians(data)).to_dict()
+    return data
+
+
+def run(settings: ScriptSettings, reporter: Reporter | None = None,
+        save: Callable[[dict], None] | None = None) -> dict:
+    """Every run in order, a fresh server each (or the running servers), then the plain
+    reference; the receipt's data. `save(data)` gets the receipt so far after every run."""
+    rep, s, sc = reporter or session.QuietReporter(), settings.session, settings.script
+    srcs = session.sources(s)
+    data = session.header(s, srcs, {"script": sc.to_dict(), "script_text": sc.text, "figure_keys": sc.keys,
+                                    "plain_check": settings.plain_check, "sampling": settings.sampling.to_dict(),
+                                    "seed": settings.seed})
+    data.update(plain=None, vocab=None)
+    plain_ref = settings.plain_check and not s.url and s.variants[0].command is None
+    rep.start(len(s.order) + (1 if plain_ref else 0))
+    checkpoint = (lambda: save(analyse(settings, data))) if save else None
+    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, lambda e: finish(sc, e), keep_failed=True,
+                    checkpoint=checkpoint, after=["the plain reference"] if plain_ref else [])
+    if plain_ref:
+        rep.step("plain reference")
+        try:
+            data["plain"] = run_plain(settings, data, srcs[s.variants[0].name], data["vocab"]) if data["vocab"] else None
+        except ServerError as e:
+            data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
+        rep.advance()
+    data["partial"] = None
+    return analyse(settings, data)
+
+
+def script_seconds(script: Script) -> float:
+    """The latest send time given in seconds (a floor on a run's length, for --dry-run)."""
+    return max([s.at.plus for s in script.streams if s.at.event is None] + [0.0])
+
