@@ -117,3 +117,8 @@ def line(d: dict) -> str:
     verdict = "valid" if not d["invalid"] else "INVALID: " + "; ".join(d["invalid"])
     return "; ".join(parts) + f". {verdict}."
 
+
+def bottleneck(check: dict | None) -> list[str]:
+    """Why a run's client was the bottleneck, from its self-check: every reason but a late send,
+    which the scenarios' figures already give as their own."""
+    return [why for why in (check or {}).get("invalid") or [] if not why.startswith("a request was sent")]

@@ -281,3 +281,17 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
         if checkpoint:
             checkpoint()
         rep.advance()
+
+
+def plain_not_run(session: "Session", plain_check: bool, plain_error: str | None) -> list[str]:
+    """The receipt's "not run" line for the plain reference (1 stream, whole prefill, no cache,
+    no drafts), where it was not asked for or could not run."""
+    if not plain_check:
+        return ["The plain reference (--plain-check): not asked for; replies are compared across runs only."]
+    if session.url:
+        return ["The plain reference: needs launched servers, not --url."]
+    if session.variants[0].command is not None:
+        return ["The plain reference: runs tfengine only; the base is a command variant."]
+    if plain_error:
+        return [f"The plain reference: its server failed: {plain_error.splitlines()[0]}"]
+    return []

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, session, targets
+from tensorfold_bench import exactness, figures, selfcheck, session, targets
 from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.predictions import read as read_predictions
@@ -247,10 +247,9 @@ def finish(entry: dict) -> str:
 def client_bottleneck(f: figures.LongPromptFigures, check: dict | None) -> None:
     """A run whose client self-check failed is invalid, its reasons said; a send late past the
     bound is already one of the figures' own reasons."""
-    for why in (check or {}).get("invalid") or []:
-        if not why.startswith("a request was sent"):
-            f.valid = False
-            f.invalid_reasons.append(why)
+    if why := selfcheck.bottleneck(check):
+        f.valid = False
+        f.invalid_reasons += why
 
 
 def run_plain(settings: LongPromptSettings, data: dict, base_source, vocab: int) -> dict:
@@ -280,14 +279,7 @@ def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
         out.append(f"Fresh servers: --url {url}: servers tfbench did not launch, measured as they are "
                    "configured; no fresh server per run and no cold cache is guaranteed (B's cold check: "
                    "cached_tokens where reported, else a fresh random prompt per run), and no verdicts.")
-    if not settings.plain_check:
-        out.append("The plain reference (--plain-check): not asked for; replies are compared across runs only.")
-    elif url:
-        out.append("The plain reference: needs launched servers, not --url.")
-    elif settings.session.variants[0].command is not None:
-        out.append("The plain reference: runs tfengine only; the base is a command variant.")
-    elif data.get("plain_error"):
-        out.append(f"The plain reference: its server failed: {data['plain_error'].splitlines()[0]}")
+    out += session.plain_not_run(settings.session, settings.plain_check, data.get("plain_error"))
     out += data.get("alone_notes") or []
     for r in [r for r in data["runs"] if not r["figures"]["valid"]]:
         out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "

@@ -265,10 +265,9 @@ def finish(script: Script, entry: dict) -> str:
     else:
         recs = {k: StreamRecord.from_dict(v) for k, v in entry["records"].items()}
         f = figures.script_run(script, recs, entry["t0"])
-        for why in (entry.get("client") or {}).get("invalid") or []:  # the client was the bottleneck
-            if not why.startswith("a request was sent"):  # a late send is already the figures' own reason
-                f.valid = False
-                f.invalid_reasons.append(why)
+        if why := selfcheck.bottleneck(entry.get("client")):  # the client was what got measured
+            f.valid = False
+            f.invalid_reasons += why
     entry["figures"] = f.to_dict()
     shown = ", ".join(f"{k} {num(v)}" for k, v in list(f.values.items())[:4])
     return f"{entry['variant']}: {shown or 'no figures'}" + ("" if f.valid else f"  INVALID: {'; '.join(f.invalid_reasons)}")
@@ -306,14 +305,7 @@ def not_run(settings: ScriptSettings, data: dict) -> list[str]:
         out.append(f"Fresh servers: --url {url}: servers tfbench did not launch, measured as they are configured; "
                    "no fresh server per run and no cold cache is guaranteed (each run's random prompts are fresh), "
                    "and no verdicts.")
-    if not settings.plain_check:
-        out.append("The plain reference (--plain-check): not asked for; replies are compared across runs only.")
-    elif url:
-        out.append("The plain reference: needs launched servers, not --url.")
-    elif settings.session.variants[0].command is not None:
-        out.append("The plain reference: runs tfengine only; the base is a command variant.")
-    elif data.get("plain_error"):
-        out.append(f"The plain reference: its server failed: {data['plain_error'].splitlines()[0]}")
+    out += session.plain_not_run(settings.session, settings.plain_check, data.get("plain_error"))
     unknown = sorted({e["stream"] for r in data["runs"] for e in r["figures"]["expects"] if e.get("unknown")})
     if unknown:
         out.append(f"Expectations on {', '.join(unknown)}: unknown where the server reports no cached tokens "
