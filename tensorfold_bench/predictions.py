@@ -172,8 +172,18 @@ def read(path: str | Path, variants: list[str] | None = None, figures: Collectio
     if figures is not None:
         for it in items:
             check_key(str(path), it, figures, variants or [])
-    return Predictions(str(path), hashlib.sha256(data).hexdigest(),
+    return Predictions(shown_path(p), hashlib.sha256(data).hexdigest(),
                        datetime.now(timezone.utc).isoformat(timespec="milliseconds"), items)
+
+
+def shown_path(p: Path) -> str:
+    """The path a receipt names: relative to the working directory when the file is under it,
+    else the file's name alone (the receipt travels without the machine's folders; the sha256
+    identifies the file)."""
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return p.name
 
 
 _SPLIT = re.compile(r"^(?P<left>.+?)(?:\s+(?P<op>vs|pct)\s+|_(?P<op2>vs)_)(?P<right>.+)$")

@@ -72,3 +72,16 @@ def test_unknown_variant_and_missing_file(tmp_path):
         pr.read(f, ["base", "new"])
     with pytest.raises(pr.PredictionError, match="cannot read"):
         pr.read(tmp_path / "missing.yaml")
+
+
+def test_receipt_names_no_folder_outside_the_working_directory(tmp_path, monkeypatch):
+    outside = tmp_path / "elsewhere" / "pred.yaml"
+    outside.parent.mkdir()
+    outside.write_text(YAML)
+    inside = tmp_path / "repo" / "receipts" / "pred.yaml"
+    inside.parent.mkdir(parents=True)
+    inside.write_text(YAML)
+    monkeypatch.chdir(tmp_path / "repo")
+    assert pr.read(outside).path == "pred.yaml"
+    assert pr.read(inside.resolve()).path == "receipts/pred.yaml"
+    assert pr.read("receipts/pred.yaml").path == "receipts/pred.yaml"
