@@ -129,3 +129,22 @@ def test_levels_above_the_lanes_queue_at_the_real_engine(tmp_path):
     assert "6/6 (server 6: 2 running, 4 waiting)" in md
     # the queued streams' first token includes their wait for a lane
     assert run["figures"]["ttft_p50@6"] > run["figures"]["ttft_p50@2"]
+
+
+def test_the_dry_run_decodes_a_queued_level_in_waves():
+    """256 streams behind 64 lanes decode in four waves of 64: the estimate counts four times a
+    64-stream level's rounds (it counted one 256-row wave before)."""
+    from tensorfold_bench import plan
+
+    def est(parallel):
+        s = sweep.settings_from_flags(model="qwen3-8b", device="cuda", dtype=None, share=None, variants_file=None,
+                                      base_ref=None, new_ref=None, aa=False, order="whole", url=None, out_dir="r",
+                                      parallel=parallel, prefill_rows=None, max_model_len=None, seed=0,
+                                      engine_args=None, levels="256", tokens=256, cells=1, reps=1)
+        line = next(ln for ln in plan.sweep(s).splitlines() if ln.startswith("Estimated time"))
+        m, sec = line.split("about ")[1].split(" ")[0].split(":")
+        return int(m) * 60 + int(sec) - 60  # less the server's start
+
+    c = plan.COSTS[("qwen3-8b", "cuda")]
+    wave64 = 256 * (c.round_s + 63 * c.round_per_stream_s)
+    assert est(64) - est(None) == pytest.approx(4 * wave64 - 256 * (c.round_s + 255 * c.round_per_stream_s), abs=1.5)
