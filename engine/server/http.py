@@ -27,6 +27,7 @@ from engine.config import ConfigError
 from engine.scheduler.host import LaneHost
 from engine.server.metrics import render_metrics
 
+LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 log = logging.getLogger("tfengine.server")
 
 
@@ -312,7 +313,10 @@ async def serve(host: LaneHost, model: ServedModel, bind: str, port: int, ready=
     app, api = build_app(host, model, http)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, bind, port)
+    # aiohttp's default listen backlog (128) drops the SYNs of a burst of more connections than
+    # that, which the client resends after 1 s: a sweep of 512 streams had 1 s handshakes
+    site = web.SockSite(runner, sock, backlog=LISTEN_BACKLOG) if sock is not None else \
+        web.TCPSite(runner, bind, port, backlog=LISTEN_BACKLOG)
     await site.start()
     reaper = asyncio.create_task(api.reap_idle(runner.server))
     api.bodies.warm()
