@@ -245,8 +245,10 @@ class Conn(asyncio.Protocol):
 async def serve(schedule: Schedule, host: str = "127.0.0.1", port: int = 0, port_file: str | None = None) -> None:
     sim = Synthetic(schedule)
     loop = asyncio.get_running_loop()
-    sock = socket.create_server((host, port), backlog=4096)
-    server = await loop.create_server(lambda: Conn(sim), sock=sock)
+    sock = socket.create_server((host, port))
+    # the backlog given here: asyncio listens again with its own (100 unless told), and a burst of
+    # more connections than the backlog has its SYNs dropped and resent after 1 s
+    server = await loop.create_server(lambda: Conn(sim), sock=sock, backlog=4096)
     if port_file:
         tmp = Path(port_file + ".tmp")
         tmp.write_text(f"{sock.getsockname()[1]}\n")
