@@ -11,6 +11,10 @@ tensorfold_bench/report/store.py) instead of indented STEM.json. Each STEM.json 
 the new form, read back and compared with what the old file held (equal, or the script stops
 before deleting anything), and then deleted. The Markdown and picture beside it stay as they are.
 
+2026-12-02: the writer stores sweep gaps across streams and records' token times as nanosecond
+deltas (store.pack). A STEM.json.gz whose bytes are not what the writer now writes is rewritten
+the same way: read back, compared equal, and only then put in place of the old file.
+
     PYTHONPATH=. python scripts/migrate_receipts.py receipts/*.json receipts/*.json.gz
 """
 import copy
@@ -35,12 +39,13 @@ def convert(path: Path) -> str:
     old = store.load(path)
     data = copy.deepcopy(old)
     changed = migrate(data)
-    if path.name.endswith(store.SUFFIX) and not changed:
+    if path.name.endswith(store.SUFFIX) and not changed and path.read_bytes() == store.encode(data):
         return f"{path}: up to date"
-    new = store.write(data, path.parent, store.stem(path))
-    back = store.load(new)
-    if back != data:  # without stats added, data is what the old file held
-        raise SystemExit(f"{path}: {new} does not read back equal; {path} kept")
+    new = Path(path).with_name(store.stem(path) + store.SUFFIX)
+    raw = store.encode(data)
+    if store.decode(raw) != data:  # without stats added, data is what the old file held
+        raise SystemExit(f"{path}: the new form does not read back equal; {path} kept")
+    store.atomic(new, raw)
     if new != path:
         path.unlink()
     return f"{path} -> {new.name}" + (" (stats added)" if changed else "")

@@ -14,6 +14,7 @@ token p50 within 5 ms.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -111,8 +112,9 @@ def level_errors(recs: list[StreamRecord], prompts: list[list[int]], log: dict, 
     return out
 
 
-async def _calibrate_client(url: str, spec: str, settings: CalibrateSettings, progress,
-                            pool: workers.Workers | None = None) -> list[dict]:
+async def play_client(url: str, spec: str, settings: CalibrateSettings, progress,
+                      pool: workers.Workers | None = None) -> list[dict]:
+    """One client at every level of `settings` against the synthetic server at `url`: a row each."""
     rows = []
     async with make_client(spec) as client:
         for level in settings.levels:
@@ -139,20 +141,26 @@ async def _calibrate_client(url: str, spec: str, settings: CalibrateSettings, pr
 
 def run(settings: CalibrateSettings, progress=lambda text: None) -> dict:
     """Start the synthetic server, play every client at every level; the table's data."""
-    sc = settings.schedule
+    with synthetic_server(settings.schedule) as srv:
+        rows = []
+        for spec in settings.clients:
+            if settings.procs > 1 and spec == "wire":
+                with workers.Workers(settings.procs) as pool:
+                    rows += asyncio.run(play_client(srv.url, spec, settings, progress, pool))
+            else:
+                rows += asyncio.run(play_client(srv.url, spec, settings, progress))
+    return {"settings": {**asdict(settings), "levels": list(settings.levels)}, "load": os.getloadavg(),
+            "cpus": os.cpu_count(), "rows": rows}
+
+
+@contextlib.contextmanager
+def synthetic_server(sc: synthetic.Schedule):
+    """The synthetic server in a process of its own, on a free port, stopped on exit."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "tensorfold_bench.synthetic", "--port", "{port}", "--first-ms", str(sc.first_ms),
                "--every-ms", str(sc.every_ms), "--stall-every", str(sc.stall_every), "--stall-ms", str(sc.stall_ms)]
         with launch(command=cmd, log=Path(tmp) / "synthetic.log", health="/health") as srv:
-            rows = []
-            for spec in settings.clients:
-                if settings.procs > 1 and spec == "wire":
-                    with workers.Workers(settings.procs) as pool:
-                        rows += asyncio.run(_calibrate_client(srv.url, spec, settings, progress, pool))
-                else:
-                    rows += asyncio.run(_calibrate_client(srv.url, spec, settings, progress))
-    return {"settings": {**asdict(settings), "levels": list(settings.levels)}, "load": os.getloadavg(),
-            "cpus": os.cpu_count(), "rows": rows}
+            yield srv
 
 
 def _n(v, d=1) -> str:

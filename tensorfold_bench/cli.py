@@ -224,7 +224,7 @@ def sweep(
     margin: Margin = stats.DEFAULT_MARGIN,
     url: Url = None,
     out_dir: OutDir = Path("receipts"),
-    parallel: Parallel = None,
+    parallel: Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default: the largest level). Fewer queue a level's streams beyond them in the server.")] = None,
     tensor_parallel: TensorParallel = 1,
     prefill_rows: PrefillRows = None,
     max_model_len: MaxModelLen = None,

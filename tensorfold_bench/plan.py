@@ -64,8 +64,10 @@ def sweep(settings) -> str:
     c = cost(s)
     per_run = None
     if c:
-        one = sum(sc.cells * sc.reps * (sc.prompt_tokens * lv * c.row_s
-                                        + sc.tokens * (c.round_s + (lv - 1) * c.round_per_stream_s))
+        lanes = s.engine.parallel or sc.max_level
+        # a level above the lanes decodes in waves of `lanes` streams, the rest queued
+        one = sum(sc.cells * sc.reps * (sc.prompt_tokens * lv * c.row_s + -(-lv // lanes) * sc.tokens
+                                        * (c.round_s + (min(lv, lanes) - 1) * c.round_per_stream_s))
                   for lv in sc.levels)
         per_run = [c.start_s + one for _ in s.order]
     return lines(s, per_run, [f"Each run: levels {', '.join(map(str, sc.levels))}, {sc.cells} cells x {sc.reps} reps, "

@@ -66,12 +66,13 @@ class Watch:
 
 def summary(watch: Watch, lateness: list[float | None], peaks: dict[int, int] | None = None,
             server_peaks: dict[int, int | None] | None = None, open_peak: int | None = None,
-            bounds: Bounds = BOUNDS) -> dict:
+            bounds: Bounds = BOUNDS, server_split: dict[int, tuple[int, int]] | None = None) -> dict:
     """The receipt's `client` field: loop lag p99/max (ms), CPU seconds and share of the wall
     time, send lateness p99/max (ms), per level the streams open at once (the client's count,
     the fewest over its batches, and where the server says, the server's; a level with fewer is
-    invalid) or, for a script without levels, the most streams open at once (`open_peak`), and
-    the reasons the run is invalid (none: valid)."""
+    invalid; `server_split`: at a level queued behind fewer lanes, the server's running and
+    waiting streams at that count) or, for a script without levels, the most streams open at once
+    (`open_peak`), and the reasons the run is invalid (none: valid)."""
     lags = np.asarray(watch.lags or [0.0]) * 1000
     late = np.asarray([x for x in lateness if x is not None] or [0.0]) * 1000
     d = {"loop_lag_p99_ms": round(float(np.percentile(lags, 99)), 3), "loop_lag_max_ms": round(float(lags.max()), 3),
@@ -82,6 +83,8 @@ def summary(watch: Watch, lateness: list[float | None], peaks: dict[int, int] | 
         d["peak_open"] = {str(k): v for k, v in peaks.items()}
     if server_peaks:
         d["server_open"] = {str(k): v for k, v in server_peaks.items()}
+    if server_split:
+        d["server_split"] = {str(k): list(v) for k, v in server_split.items()}
     if open_peak is not None:
         d["open_peak"] = open_peak
     d["invalid"] = reasons(d, bounds)
@@ -109,9 +112,10 @@ def line(d: dict) -> str:
              + (f" ({100 * d['cpu_share']:.0f} % of the wall time)" if d.get("cpu_share") else ""),
              f"send lateness p99 {d['late_p99_ms']:.1f} ms (max {d['late_max_ms']:.1f})"]
     if d.get("peak_open"):
-        srv = d.get("server_open") or {}
+        srv, split = d.get("server_open") or {}, d.get("server_split") or {}
         parts.append("open at once " + ", ".join(
-            f"{v}/{k}" + (f" (server {srv[k]})" if srv.get(k) is not None else "") for k, v in d["peak_open"].items()))
+            f"{v}/{k}" + (f" (server {srv[k]}" + (f": {split[k][0]} running, {split[k][1]} waiting" if k in split else "")
+                          + ")" if srv.get(k) is not None else "") for k, v in d["peak_open"].items()))
     if d.get("open_peak") is not None:
         parts.append(f"at most {d['open_peak']} streams open at once")
     verdict = "valid" if not d["invalid"] else "INVALID: " + "; ".join(d["invalid"])

@@ -1,7 +1,8 @@
 """A synthetic OpenAI-compatible server with an exact schedule: the truth `tfbench calibrate`
 holds the client against.
 
-Every completion streams `max_tokens` tokens, one event each: the first `first_ms` after its
+Every completion streams `max_tokens` tokens, one event each (the first one's text " sN", N its
+arrival number in the log; then " t"): the first `first_ms` after its
 request was read, then one every `every_ms`; every `stall_every`-th stream (by arrival) waits
 `stall_ms` more before token `max_tokens // 2`. Each event's send time is logged on
 CLOCK_MONOTONIC (`time.monotonic()`, the client's clock), so on one host the client's error is
@@ -113,8 +114,11 @@ class Synthetic:
             self.end(s)
             return
         last = j == s.n - 1
-        ev = ('{"id":"cmpl-%d","object":"text_completion","model":"%s","choices":[{"index":0,"text":" t",'
-              '"token_ids":[%d],"finish_reason":%s}]}' % (s.arrival, MODEL, token_of(s.key, j),
+        # the first token's text names the stream's arrival, so a client that keeps only the text
+        # (vllm bench serve) can be matched with this log
+        text = f" s{s.arrival}" if j == 0 else " t"
+        ev = ('{"id":"cmpl-%d","object":"text_completion","model":"%s","choices":[{"index":0,"text":"%s",'
+              '"token_ids":[%d],"finish_reason":%s}]}' % (s.arrival, MODEL, text, token_of(s.key, j),
                                                           '"length"' if last else "null"))
         out = b"data: " + ev.encode() + b"\n\n"
         if last:
@@ -241,8 +245,10 @@ class Conn(asyncio.Protocol):
 async def serve(schedule: Schedule, host: str = "127.0.0.1", port: int = 0, port_file: str | None = None) -> None:
     sim = Synthetic(schedule)
     loop = asyncio.get_running_loop()
-    sock = socket.create_server((host, port), backlog=4096)
-    server = await loop.create_server(lambda: Conn(sim), sock=sock)
+    sock = socket.create_server((host, port))
+    # the backlog given here: asyncio listens again with its own (100 unless told), and a burst of
+    # more connections than the backlog has its SYNs dropped and resent after 1 s
+    server = await loop.create_server(lambda: Conn(sim), sock=sock, backlog=4096)
     if port_file:
         tmp = Path(port_file + ".tmp")
         tmp.write_text(f"{sock.getsockname()[1]}\n")

@@ -2,6 +2,7 @@
 run carries the client's self-check, a starved client makes its run invalid, and `tfbench
 calibrate` holds the client against the synthetic server's own send times."""
 import asyncio
+import json
 import sys
 
 import httpx
@@ -124,3 +125,34 @@ def test_calibrate_flags_are_checked_in_one_line():
         calibrate.parse_settings("1", 10, 20, 10, 0, 0, "nope")
     with pytest.raises(Exception, match="--every-ms"):
         calibrate.parse_settings("1", 10, 20, 0, 0, 0, "wire")
+
+
+def test_vllm_bench_serves_result_is_read_against_the_server_log(tmp_path):
+    """tools/calibrate_vs_vllm reads `vllm bench serve --save-detailed`'s result (a small one
+    written here: no vLLM in CI): each request is matched with its stream in the synthetic log by
+    the arrival its first token's text names, whatever the order, and its figures sit beside the
+    truth for the same streams; a failed request is counted, not matched."""
+    from tools.calibrate_vs_vllm import vllm_row
+    log = {"peak_open": 2, "streams": [
+        {"arrival": 0, "sends": [100.020, 100.030, 100.040]},
+        {"arrival": 1, "sends": [100.021, 100.031, 100.051]}]}
+    result = {"generated_texts": [" s1 t t", " s0 t t", ""], "start_times": [100.0005, 100.0, 100.0],
+              "ttfts": [0.0215, 0.0210, 0.0], "itls": [[0.0101, 0.0199], [0.0100, 0.0100], []],
+              "errors": ["", "", "Never received a valid chunk"], "max_concurrent_requests": 2}
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    row = vllm_row(json.loads((tmp_path / "r.json").read_text()), log, 2)
+    assert row["failed"] == 1 and row["server_peak_open"] == 2
+    assert row["first_p50"] == pytest.approx(21.25) and row["first_truth_p50"] == pytest.approx(20.25)
+    # gaps pooled: truth 10, 10, 10, 20 ms; vLLM 10.1, 19.9, 10, 10 (p99 by linear interpolation)
+    assert row["itl_truth_p99"] == pytest.approx(19.70) and row["itl_p99"] == pytest.approx(19.606)
+    assert row["within"]
+
+
+def test_the_synthetic_servers_first_token_names_its_arrival(sim):
+    reset(sim)
+    for n in range(2):
+        with httpx.stream("POST", sim + "/v1/completions", json={"prompt": [1, 2, n], "max_tokens": 3,
+                                                                   "stream": True}) as r:
+            texts = [json.loads(ln[6:])["choices"][0]["text"] for ln in r.iter_lines()
+                     if ln.startswith("data: {") and '"choices":[{' in ln]
+        assert texts == [f" s{n}", " t", " t"]

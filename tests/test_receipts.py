@@ -90,3 +90,38 @@ def test_a_partial_receipt_is_written_in_the_new_form_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s-partial.json.gz", "s-partial.md"]
     assert report.load(paths["json"]) == data
     assert "**Partial receipt (in progress).** 1 of" in paths["md"].read_text()
+
+
+def test_token_times_are_stored_compactly_and_read_back_exactly(tmp_path):
+    """A sweep batch's gaps go to disk across streams (each stream's arrivals minus the previous
+    stream's at the same token), a record's token times as nanosecond deltas; both read back
+    exactly, with ragged, empty and single streams, and a list that is not 9-decimal stays as it is."""
+    gaps = [[52_000, 5_010, 4_990, 5_003], [52_040, 5_002, 4_999], [], [51_990, 5_020, 4_980, 5_001, 5_000],
+            [7]]
+    sent = [10.000001, 10.000052, 10.000104, 10.000153, 10.0002]
+    odd = [1.0000000001, 2.0]  # ten decimals: n / 1e9 would not give it back
+    data = {"schema": "tfbench.receipt/1", "runs": [{"batches": [{"sent": sent, "gaps_us": gaps, "x": 1},
+                                                                 {"gaps_us": [[3, 4], [5]]}],
+                                                     "records": {"A": {"token_times": [1.25, 1.250000001, 3.5]},
+                                                                 "B": {"token_times": odd}}}]}
+    disk = json.loads(__import__("gzip").decompress(report.store.encode(data)))
+    b0 = disk["runs"][0]["batches"][0]
+    assert list(b0) == ["sent", "gaps_us_across", "x"]  # renamed in place
+    # stream 1 sent 51 us after stream 0: its arrivals 52,091 57,093 62,092 less 52,000 57,010 62,000
+    assert b0["gaps_us_across"][1] == [91, 83, 92] and b0["gaps_us_across"][:1] == gaps[:1]
+    assert disk["runs"][0]["records"]["A"] == {"token_times_ns": [1_250_000_000, 1, 2_249_999_999]}
+    assert disk["runs"][0]["records"]["B"] == {"token_times": odd}
+    back = report.store.decode(report.store.encode(data))
+    assert back == data and json.dumps(back) == json.dumps(data)
+
+
+def test_the_committed_sweeps_are_stored_across_streams():
+    """The migration ran: no committed receipt keeps plain gaps on disk, and the largest sweep is
+    under 0.7 MB (1.0 MB as plain gaps)."""
+    import gzip
+    sweeps = [p for p in RECEIPTS if "sweep" in p.name]
+    for p in sweeps:
+        raw = gzip.decompress(p.read_bytes())
+        assert b'"gaps_us":' not in raw, p.name
+    assert max(p.stat().st_size for p in sweeps) < 850_000
+    assert report.store.load(DIR / "20261201-230639-sweep.json.gz")["runs"][0]["batches"][0]["gaps_us"]

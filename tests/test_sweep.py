@@ -104,3 +104,47 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
 def test_sweep_cli_bad_flags(args, flag):
     res = CliRunner().invoke(app, ["sweep", "--model", "tiny", *args])
     assert isinstance(res.exception, BenchError) and flag in str(res.exception), (res.output, res.exception)
+
+
+def test_levels_above_the_lanes_queue_at_the_real_engine(tmp_path):
+    """`--parallel 2 --levels 6` on tfengine's tiny preset: the six streams are open at once, the
+    server holds two in lanes and queues four (its /metrics), and the receipt marks the level;
+    before, --parallel was raised to the largest level and no level could queue."""
+    args = ["sweep", "--model", "tiny", "--parallel", "2", "--levels", "2,6", "--tokens", "48", "--cells", "1",
+            "--reps", "1", "--prompt-tokens", "12", "--order", "whole", "--out", str(tmp_path / "r")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, (res.output, res.exception)
+    (js,) = (tmp_path / "r").glob("*-sweep.json.gz")
+    data = report.load(js)
+    assert data["settings"]["engine"]["parallel"] == 2
+    (run,) = data["runs"]
+    assert run["lanes"] == 2
+    check = run["client"]
+    assert check["peak_open"] == {"2": 2, "6": 6} and check["server_open"] == {"2": 2, "6": 6}
+    assert check["server_split"] == {"6": [2, 4]} and not check["invalid"]
+    b6 = next(b for b in run["batches"] if b["level"] == 6)
+    assert (b6["server_running"], b6["server_waiting"]) == (2, 4) and b6["tokens"] == 6 * 48
+    md = report.sibling(js, ".md").read_text()
+    assert "| 6 (queued behind 2 lanes) | whole |" in md and "| 2 | whole |" in md
+    assert "6/6 (server 6: 2 running, 4 waiting)" in md
+    # the queued streams' first token includes their wait for a lane
+    assert run["figures"]["ttft_p50@6"] > run["figures"]["ttft_p50@2"]
+
+
+def test_the_dry_run_decodes_a_queued_level_in_waves():
+    """256 streams behind 64 lanes decode in four waves of 64: the estimate counts four times a
+    64-stream level's rounds (it counted one 256-row wave before)."""
+    from tensorfold_bench import plan
+
+    def est(parallel):
+        s = sweep.settings_from_flags(model="qwen3-8b", device="cuda", dtype=None, share=None, variants_file=None,
+                                      base_ref=None, new_ref=None, aa=False, order="whole", url=None, out_dir="r",
+                                      parallel=parallel, prefill_rows=None, max_model_len=None, seed=0,
+                                      engine_args=None, levels="256", tokens=256, cells=1, reps=1)
+        line = next(ln for ln in plan.sweep(s).splitlines() if ln.startswith("Estimated time"))
+        m, sec = line.split("about ")[1].split(" ")[0].split(":")
+        return int(m) * 60 + int(sec) - 60  # less the server's start
+
+    c = plan.COSTS[("qwen3-8b", "cuda")]
+    wave64 = 256 * (c.round_s + 63 * c.round_per_stream_s)
+    assert est(64) - est(None) == pytest.approx(4 * wave64 - 256 * (c.round_s + 255 * c.round_per_stream_s), abs=1.5)

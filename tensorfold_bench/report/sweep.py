@@ -11,9 +11,28 @@ from tensorfold_bench.worktree import Source
 DASH = "–"  # sweep receipts have always shown a missing value as an en dash
 
 
+def lanes_text(data: dict) -> str | None:
+    """The lanes the runs' servers had, as their /v1/engine said ("64", or "32–64" if they
+    differ); None where no run says (older receipts, servers that do not say)."""
+    got = sorted({r["lanes"] for r in data["runs"] if r.get("lanes")})
+    if not got:
+        return None
+    return str(got[0]) if len(got) == 1 else f"{got[0]}{DASH}{got[-1]}"
+
+
+def level_label(data: dict, level: int | str) -> str:
+    """A level's row label: its stream count, and at a level above the servers' lanes, that its
+    streams beyond them waited in the server's queue."""
+    lanes = [r["lanes"] for r in data["runs"] if r.get("lanes")]
+    if lanes and int(level) > min(lanes):
+        return f"{level} (queued behind {lanes_text(data)} lanes)"
+    return str(level)
+
+
 def tok_s_table(data: dict) -> list[str]:
     return stats_table(data["stats"], data["settings"]["base"], label="streams", runs_header="runs (tok/s, in run order)",
-                       digits=2, none=DASH, span_sep="–", key=lambda n: n.split("@", 1)[1] if "@" in n else n,
+                       digits=2, none=DASH, span_sep="–",
+                       key=lambda n: level_label(data, n.split("@", 1)[1]) if "@" in n else n,
                        verdicts=not data["settings"].get("url"))
 
 
@@ -30,7 +49,7 @@ def latency_table(data: dict) -> list[str]:
         for v in names:
             if v in med.get(at(LATENCY[0], lv), {}):
                 cells = [num(med.get(at(f, lv), {}).get(v), spec(f).digits, DASH) for f in LATENCY]
-                lines.append(f"| {lv} | {v} | " + " | ".join(cells) + " |")
+                lines.append(f"| {level_label(data, lv)} | {v} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -53,6 +72,17 @@ def test_paragraph(data: dict) -> str:
             f"a cell's figure, the median over cells the run's. " + runs_sentence(data))
 
 
+def queued_sentence(data: dict) -> str:
+    """What a level above the lanes means, where the receipt has one."""
+    lanes = [r["lanes"] for r in data["runs"] if r.get("lanes")]
+    over = [lv for lv in data["settings"]["script"]["levels"] if lanes and lv > min(lanes)]
+    if not over:
+        return ""
+    return (f" The servers had {lanes_text(data)} lanes: at {', '.join(map(str, over))} streams all were open at "
+            "once, those beyond the lanes waiting in the server's queue, so first-token times there include "
+            "the wait (the client self-check gives the server's running and waiting streams).")
+
+
 def runs_sentence(data: dict) -> str:
     st, order = data["settings"], "/".join(data["settings"]["order"])
     if st.get("url"):
@@ -68,7 +98,7 @@ def markdown(data: dict, png_name: str | None = None) -> str:
     srcs = [f"{v['name']}: {Source(**v['source']).label}" for v in data["variants"] if v.get("source")]
     if srcs:
         lines.append("- Engine sources: " + "; ".join(srcs) + ".")
-    lines += ["", test_paragraph(data), ""]
+    lines += ["", test_paragraph(data) + queued_sentence(data), ""]
     if data.get("predictions"):
         p = data["predictions"]
         first = data["runs"][0]["started"] if data["runs"] else DASH

@@ -9,8 +9,10 @@ tok/s) and each level's are computed in tensorfold_bench.figures, and every toke
 Prompt P(c, s) is the same at every level, rep and variant, so its reply must be too (greedy
 decoding is exact whatever the batch, and so is sampling with `--temperature`: P(c, s) always
 sends the seed of its key, tensorfold_bench.sampling): each prompt's token hash is compared
-across reps, levels and runs. The engine's `--parallel` must be at least the largest level (the harness gives the
-shared engine flags `--parallel max(levels)` and checks `/v1/engine`).
+across reps, levels and runs. The engine gets `--parallel max(levels)` unless `--parallel N` says
+fewer: a level above N is then that many streams open at once, N in lanes and the rest in the
+server's queue (their first token includes the wait, which is what such a level measures), and
+the receipt marks it.
 
 Reps of a cell run on the same server, so from the second rep on the prompt cache may hold the
 prompts: every variant sees the same, and the median over reps is the warm figure.
@@ -18,7 +20,7 @@ prompts: every variant sees the same, and the median over reps is the warm figur
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -88,18 +90,34 @@ def cell_prompts(script: SweepScript, cell: int, level: int, vocab: int) -> list
 @dataclass
 class Burst:
     """One batch's records and what the client saw of it: the streams open at once (its own
-    count, and the server's running + waiting streams where its /metrics says)."""
+    count, and the server's running + waiting streams where its /metrics says, with the split
+    at that reading: in lanes, and queued for one)."""
 
     records: list[StreamRecord]
     peak_open: int
     server_open: int | None = None
+    server_running: int | None = None
+    server_waiting: int | None = None
 
 
-async def server_open(url: str, client: StreamClient, level: int, within_s: float = 2.0) -> int | None:
-    """While the client has all `level` streams open, the most running + waiting streams tfengine's
-    /metrics showed, read every 10 ms until it shows all of them or `within_s` passes (a request
-    reaches the lane host some milliseconds after its connection opens, later on a busy server);
-    None if the server has no such gauges or a stream ended before the first count."""
+@dataclass(frozen=True)
+class ServerCount:
+    """One reading of tfengine's /metrics: streams in a lane and streams queued for one."""
+
+    running: int
+    waiting: int
+
+    @property
+    def open(self) -> int:
+        return self.running + self.waiting
+
+
+async def server_open(url: str, client: StreamClient, level: int, within_s: float = 2.0) -> ServerCount | None:
+    """While the client has all `level` streams open, the reading of tfengine's /metrics with the
+    most running + waiting streams, read every 10 ms until it shows all of them or `within_s`
+    passes (a request reaches the lane host some milliseconds after its connection opens, later
+    on a busy server); None if the server has no such gauges or a stream ended before the first
+    count."""
     while client.open.now < level:
         await asyncio.sleep(0.005)
     best, deadline, target = None, clock() + within_s, wire.Target.parse(url)
@@ -117,8 +135,10 @@ async def server_open(url: str, client: StreamClient, level: int, within_s: floa
                 vals[name] = float(v)
         if len(vals) != 2:
             return best
-        best = max(best or 0, int(sum(vals.values())))
-        if best >= level:
+        now = ServerCount(int(vals["tfengine_running_streams"]), int(vals["tfengine_waiting_streams"]))
+        if best is None or now.open > best.open:
+            best = now
+        if best.open >= level:
             break
         await asyncio.sleep(0.01)
     return best
@@ -153,7 +173,9 @@ async def play_burst(client: StreamClient, url: str, prompts: list[list[int]], t
     for r, t in zip(recs, tasks):
         if t in pending and not r.error:
             r.error = f"not done after {timeout_s:.0f} s"
-    return Burst(recs, client.open.restart(), srv if isinstance(srv, int) else None)
+    if not isinstance(srv, ServerCount):
+        return Burst(recs, client.open.restart())
+    return Burst(recs, client.open.restart(), srv.open, srv.running, srv.waiting)
 
 
 async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
@@ -168,7 +190,7 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
                       progress: Callable[[str], None] | None = None, token_ids: str = "ids") -> tuple[list[dict], dict]:
     """Every level, cell and rep on one server: each batch's records, reduced (sweep_figures.sweep_batch),
     and the client's self-check over them all (tensorfold_bench.selfcheck)."""
-    batches, late, peaks, srv = [], [], {}, {}
+    batches, late, peaks, srv, split = [], [], {}, {}, {}
     async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
         for level in script.levels:
             for cell in range(script.cells):
@@ -180,16 +202,22 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
                     hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
                     b = sweep_figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
                     b.update(peak_open=burst.peak_open, server_open=burst.server_open)
+                    if burst.server_waiting:  # queued behind fewer lanes: where they were
+                        b.update(server_running=burst.server_running, server_waiting=burst.server_waiting)
                     batches.append(b)
                     late += [figures.lateness(r) for r in recs]
                     peaks[level] = min(peaks.get(level, level), burst.peak_open)
-                    if burst.server_open is not None:
-                        srv[level] = min(srv.get(level, level), burst.server_open)
+                    if burst.server_open is not None and burst.server_open <= srv.get(level, level):
+                        srv[level] = burst.server_open
+                        if burst.server_waiting:
+                            split[level] = (burst.server_running, burst.server_waiting)
+                        else:
+                            split.pop(level, None)
                     if progress:
                         tok = "failed" if b["tok_s"] is None else f"{b['tok_s']:.1f} tok/s"
                         progress(f"{label}: {level} streams, cell {cell + 1}/{script.cells}, "
                                  f"rep {rep + 1}/{script.reps}: {tok}")
-    return batches, selfcheck.summary(watch, late, peaks, srv)
+    return batches, selfcheck.summary(watch, late, peaks, srv, server_split=split)
 
 
 # ---- a session of runs ---------------------------------------------------------------------
@@ -199,10 +227,6 @@ class SweepSettings:
     session: Session
     script: SweepScript
     scaled: dict = field(default_factory=dict)  # settings.scaled_down: what the device's defaults cut
-
-    def __post_init__(self):
-        if self.session.engine.parallel < self.script.max_level:
-            self.session.engine = replace(self.session.engine, parallel=self.script.max_level)
 
 
 def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
@@ -216,7 +240,7 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
     script = SweepScript(levels=parse_levels(levels), tokens=v["--tokens"], cells=v["--cells"], reps=v["--reps"],
                          prompt_tokens=prompt_tokens, seed=seed, sampling=Sampling(temperature, seed))
     session.positive("--parallel", parallel)
-    parallel = max(parallel or 0, script.max_level)  # every stream of the largest level gets a lane
+    parallel = parallel or script.max_level  # by default every stream gets a lane; fewer queue the rest
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=max_model_len, seed=seed, trace=False, engine_args=engine_args,
                                   tensor_parallel=tensor_parallel)
@@ -229,11 +253,14 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
                                  token_ids=token_ids), script, session.scaled_note(device, notes))
 
 
+def lanes(run: Run) -> int | None:
+    """The server's lanes as its /v1/engine says (None: a server that does not say)."""
+    return ((run.info.get("engine") or {}).get("config") or {}).get("parallel")
+
+
 def check_server(run: Run, script: SweepScript) -> int:
-    """The run's vocabulary, once the server's parallel and context are known to fit the script."""
-    par = ((run.info.get("engine") or {}).get("config") or {}).get("parallel")
-    if par is not None and par < script.max_level:
-        raise FlagError("--levels", f"the server has --parallel {par}, below the largest level {script.max_level}")
+    """The run's vocabulary, once the server's context is known to fit the script (fewer lanes
+    than a level only queue its streams)."""
     if run.max_model_len is not None and script.prompt_tokens + script.tokens > run.max_model_len:
         raise FlagError("--tokens", f"{script.prompt_tokens} prompt + {script.tokens} tokens exceed the server's "
                                     f"max_model_len {run.max_model_len}")
@@ -245,7 +272,7 @@ def play(script: SweepScript, run: Run) -> dict:
     vocab = check_server(run, script)
     batches, check = asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.status,
                                              run.token_ids))
-    return {"batches": batches, "client": check,
+    return {"batches": batches, "client": check, "lanes": lanes(run),
             "system_fingerprint": next((b["system_fingerprint"] for b in batches if b["system_fingerprint"]), None)}
 
 
