@@ -90,7 +90,7 @@ class LoadSpec:
         blocks: dict[int, list[int]] = {}
         in_lens, out_lens = self._draws(key, units)
         for u, off in zip(units, offsets):
-            multi = len(u.turns) > 1
+            multi = self.turns > 1  # every unit a session (a ShareGPT one may have fewer turns)
             for k, t in enumerate(u.turns):
                 iid = f"s{u.index}.t{k}" if multi else f"r{u.index}"
                 prompt, hash_ids = self._prompt(key, u, k, t, in_lens, vocab, blocks)
