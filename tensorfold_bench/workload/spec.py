@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tensorfold_bench.errors import FlagError, WorkloadError
-from tensorfold_bench.workload import files, inject as inject_mod, lengths as lengths_mod
+from tensorfold_bench.workload import files, inject as inject_mod, lengths as lengths_mod, readers
 from tensorfold_bench.workload.arrivals import ARRIVALS, Arrivals
 from tensorfold_bench.workload.ids import prompt_ids, rng
 from tensorfold_bench.workload.model import Item, Workload
@@ -218,7 +218,7 @@ def _whole(flag: str, x: int, minimum: int) -> int:
 
 def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str | None = None,
                output_len: str | None = None, prefix_groups: int = 0, prefix_len: int = 0, turns: int = 1,
-               think: float = 0.0, tokenizer: Path | None = None, time_scale: float = 1.0,
+               think: float = 0.0, tokenizer: Path | str | None = None, time_scale: float = 1.0,
                rates: list[float] | None = None, arrival: str = "poisson", burstiness: float = 1.0,
                concurrency: list[int] | None = None, requests: int | None = None, duration: float | None = None,
                warmup: int = 0, inject: str | None = None, seed: int = 0) -> LoadSpec:
@@ -272,8 +272,8 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
         for flag, given in (("--input-len", input_len is not None), ("--prefix-groups", prefix_groups)):
             if given:
                 raise FlagError(flag, "applies to --dataset synthetic (a file gives its prompts)")
-        from tensorfold_bench.workload import readers  # the file readers (and, for text, a tokenizer)
-        data = readers.read(Path(dataset), fmt, tokenizer=tokenizer, output_len=out, turns=turns)
+        data = readers.read(Path(dataset), fmt, tokenizer=Path(tokenizer) if tokenizer else None, output_len=out,
+                            turns=turns)
         if data.fmt != "sharegpt" and turns > 1:
             raise FlagError("--turns", f"applies to --dataset synthetic and ShareGPT files, not {data.fmt}")
         if data.timed and rates:
