@@ -198,6 +198,8 @@ def test_levels_in_the_order_given_and_describe_is_one_line():
     (dict(rates=[1.0], requests=5, inject="big@5"), r"^--inject: "),
     (dict(concurrency=[2], requests=5, inject="100@5"), r"^--inject: .*--duration"),
     (dict(rates=[1.0], requests=0), r"^--requests: "),
+    (dict(rates=[0.2, 5.0], duration=10.0, warmup=3, arrival="constant"), r"^--warmup: 3 warm-up requests leave none of the 2 measured at rate 0.2/s"),
+    (dict(rates=[1.0], duration=10.0, inject="100@4,12"), r"^--inject: 12 s is past --duration 10"),
     (dict(rates=[1.0], duration=0.0), r"^--duration: "),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(flags, match):

@@ -291,9 +291,14 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
         raise FlagError("--requests", "an open loop needs --requests N or --duration S (when to stop)")
     if spec.data is None and concurrency and requests is None:
         raise FlagError("--requests", "a closed loop (--concurrency) needs --requests N (how many to send)")
-    n = requests if spec.data is None else min(requests or len(spec.data.records), len(spec.data.records))
-    if n is not None and warmup >= n:
-        raise FlagError("--warmup", f"{warmup} warm-up requests leave none of the {n} measured")
+    if warmup:
+        for level in spec.levels:  # how many each level sends is known now (offsets need no vocabulary)
+            n = len(spec._schedule(level)[1])
+            if warmup >= n:
+                raise FlagError("--warmup", f"{warmup} warm-up requests leave none of the {n} measured"
+                                            + (f" at {level.label}" if len(spec.levels) > 1 else ""))
+    if inj and duration is not None and any(t >= duration for t in inj.times):
+        raise FlagError("--inject", f"{max(inj.times):g} s is past --duration {duration:g}: it would never be sent")
     if inj and inj.every is not None and concurrency and duration is None:
         raise FlagError("--inject", "an inject every EVERY seconds in a closed loop needs --duration S "
                                     "(or list the times: LEN@T1,T2,...)")
