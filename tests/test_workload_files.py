@@ -218,6 +218,8 @@ def test_mooncake_flags_that_do_not_apply_are_refused():
         from_flags(dataset=path, input_len="20")
     with pytest.raises(FlagError, match=r"^--turns: "):
         from_flags(dataset=path, turns=2)
+    with pytest.raises(FlagError, match=r"^--output-len: .*output_length"):
+        from_flags(dataset=path, output_len="8")
 
 
 # ---- picking the format -----------------------------------------------------------------------

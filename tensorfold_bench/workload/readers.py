@@ -148,7 +148,7 @@ def _jsonl(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None) ->
     recs = []
     for n, obj in _lines(path, text):
         if "prompt" not in obj:
-            raise WorkloadError(f"{path}:{n}: no prompt (a JSONL line has prompt, and optionally output_len, timestamp)")
+            raise WorkloadError(f"{path}:{n}: no prompt (a JSONL line has prompt, optionally output_len, timestamp)")
         p = obj["prompt"]
         if isinstance(p, str) and p:
             prompt = tok.encode(p) if tok.where is not None else p
@@ -234,7 +234,7 @@ def _sharegpt(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None,
         msgs = []
         for k, m in enumerate(conv):
             if not (isinstance(m, dict) and isinstance(m.get("from"), str) and isinstance(m.get("value"), (str, list))):
-                raise WorkloadError(f"{path}:{n}: conversations[{k}] must have \"from\" and \"value\" (text or token ids)")
+                raise WorkloadError(f"{path}:{n}: conversations[{k}] must have \"from\" and \"value\" (text or ids)")
             role = m["from"].lower()
             if role not in HUMAN + GPT + SKIP:
                 raise WorkloadError(f"{path}:{n}: conversations[{k}]: unknown \"from\" {m['from']!r} "

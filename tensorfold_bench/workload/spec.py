@@ -170,9 +170,8 @@ class LoadSpec:
     def describe_source(self) -> str:
         if self.data is not None:
             s = self.data.describe()
-            if self.output_len is not None and self.data.fmt != "mooncake":
-                s += f", output {self.output_len} where a line gives none" if self.data.fmt == "jsonl" else \
-                    f", output {self.output_len}"
+            if self.output_len is not None:
+                s += f", output {self.output_len}" + (" where a line gives none" if self.data.fmt == "jsonl" else "")
         else:
             s = f"synthetic: input {self.input_len}, output {self.output_len}"
             if self.prefix_groups:
@@ -274,6 +273,8 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
                 raise FlagError(flag, "applies to --dataset synthetic (a file gives its prompts)")
         data = readers.read(Path(dataset), fmt, tokenizer=Path(tokenizer) if tokenizer else None, output_len=out,
                             turns=turns)
+        if data.fmt == "mooncake" and out is not None:
+            raise FlagError("--output-len", f"{dataset} is a Mooncake trace: each line gives its output_length")
         if data.fmt != "sharegpt" and turns > 1:
             raise FlagError("--turns", f"applies to --dataset synthetic and ShareGPT files, not {data.fmt}")
         if data.timed and rates:
