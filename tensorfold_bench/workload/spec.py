@@ -18,7 +18,7 @@ from pathlib import Path
 from tensorfold_bench.errors import FlagError, WorkloadError
 from tensorfold_bench.workload import files, inject as inject_mod, lengths as lengths_mod, readers
 from tensorfold_bench.workload.arrivals import ARRIVALS, Arrivals
-from tensorfold_bench.workload.ids import prompt_ids, rng
+from tensorfold_bench.workload.ids import block_ids, prompt_ids, rng
 from tensorfold_bench.workload.model import Item, Workload
 
 DEFAULT_INPUT_LEN = "256"  # synthetic prompts' own part (after any shared prefix)
@@ -87,7 +87,8 @@ class LoadSpec:
         key = f"{level.label}|{salt}"
         units, offsets = self._schedule(level)
         items: list[tuple[float, int, Item]] = []  # (its session's turn-0 offset, 0 load / 1 inject, item)
-        blocks: dict[int, list[int]] = {}
+        blocks = block_ids(self.seed, f"{key}|blocks", sorted({h for u in units for t in u.turns for h in t.hash_ids}),
+                           files.MOONCAKE_BLOCK, vocab)
         in_lens, out_lens = self._draws(key, units)
         for u, off in zip(units, offsets):
             multi = self.turns > 1  # every unit a session (a ShareGPT one may have fewer turns)
@@ -149,8 +150,6 @@ class LoadSpec:
         if t.prompt is None:  # Mooncake: the blocks named by the hash ids, cut to input_len
             ids: list[int] = []
             for h in t.hash_ids:
-                if h not in blocks:
-                    blocks[h] = prompt_ids(self.seed, f"{key}|block{h}", files.MOONCAKE_BLOCK, vocab)
                 ids += blocks[h]
             return tuple(ids[:t.input_len]), t.hash_ids
         if isinstance(t.prompt, tuple) and t.prompt and max(t.prompt) >= vocab:
