@@ -206,3 +206,12 @@ def test_bad_flags_are_one_line_naming_the_flag(flags, match):
     with pytest.raises(FlagError, match=match) as e:
         from_flags(**flags)
     assert "\n" not in str(e.value)
+
+
+def test_a_block_is_a_function_of_seed_key_and_id_alone():
+    from tensorfold_bench.workload.ids import block_ids
+    a = block_ids(0, "k", [5, 9, 70000], 512, VOCAB)
+    assert a[9] == block_ids(0, "k", [9], 512, VOCAB)[9] == block_ids(0, "k", list(range(5000)) + [9], 512, VOCAB)[9]
+    assert a[5] != a[9] and a[9] != block_ids(1, "k", [9], 512, VOCAB)[9] != block_ids(0, "j", [9], 512, VOCAB)[9]
+    ids = np.array([a[h] for h in a])
+    assert ids.min() >= PROMPT_ID_FLOOR and ids.max() < VOCAB and len(np.unique(ids)) > 0.7 * ids.size
