@@ -6,7 +6,8 @@ that does not fit names --format; a needed but missing tokenizer names --tokeniz
   `timestamp` (ms: then every line has one and the file is a timed trace). Other keys are ignored.
 - ShareGPT: a JSON list (or an object a line) of `{"conversations": [{"from", "value"}, ...]}`.
   Each human message with a gpt reply right after it is a turn: the human value the prompt, the
-  reply's token count the output length. `--turns T` keeps the first T turns of each
+  reply's token count the output length; a conversation's turns end where that alternation does
+  (an unknown role or an empty message ends them too, as real ShareGPT dumps have both). `--turns T` keeps the first T turns of each
   conversation as a session (default 1: the first turn only, as vLLM's benchmark does).
 - Mooncake: an object a line: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`."""
 from __future__ import annotations
@@ -236,16 +237,15 @@ def _sharegpt(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None,
             if not (isinstance(m, dict) and isinstance(m.get("from"), str) and isinstance(m.get("value"), (str, list))):
                 raise WorkloadError(f"{path}:{n}: conversations[{k}] must have \"from\" and \"value\" (text or ids)")
             role = m["from"].lower()
-            if role not in HUMAN + GPT + SKIP:
-                raise WorkloadError(f"{path}:{n}: conversations[{k}]: unknown \"from\" {m['from']!r} "
-                                    f"(expected {', '.join(HUMAN + GPT + SKIP)})")
-            if role not in SKIP:
-                msgs.append((k, role in HUMAN, m["value"]))
-        while msgs and not msgs[0][1]:  # a reply before any human message has no prompt
+            if role in SKIP:
+                continue
+            kind = "gpt" if role in GPT else "human" if role in HUMAN and m["value"] else "other"
+            msgs.append((k, kind, m["value"]))  # "other" (an unknown role, an empty message) ends the turns
+        while msgs and msgs[0][1] == "gpt":  # a reply before any human message has no prompt
             msgs.pop(0)
         got = []
-        for (k, human, value), nxt in zip(msgs[::2], msgs[1::2]):
-            if not human or nxt[1]:
+        for (k, kind, value), nxt in zip(msgs[::2], msgs[1::2]):
+            if kind != "human" or nxt[1] != "gpt":
                 break  # the alternation breaks: the turns after would lose their history
             got.append(Turn(_prompt(path, n, k, value, tok, turns), _reply(path, n, nxt[0], nxt[2], tok, output_len)))
             if len(got) == turns:
@@ -264,8 +264,6 @@ def _prompt(path: Path, n: int, k: int, value, tok: Tokenizer, turns: int) -> tu
         return _ids(path, n, f"conversations[{k}].value", value)
     if turns > 1:  # the player builds each later prompt from ids: history, reply, new part
         tok.need(path, n, "multi-turn sessions (--turns) of text need token ids")
-    if not value:
-        raise WorkloadError(f"{path}:{n}: conversations[{k}]: an empty human message")
     return tok.encode(value) if tok.where is not None else value
 
 
