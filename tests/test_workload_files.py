@@ -42,7 +42,7 @@ def test_jsonl_prompts_text_and_ids_with_output_lengths():
     assert spec.data.fmt == "jsonl" and not spec.timed and len(w.items) == 6
     first = w.items[0]
     assert first.prompt.startswith("Summarise") and first.output_len == 48 and first.prompt_len is None
-    assert w.items[2].prompt[:3] == (1201, 877, 3310) and w.items[2].output_len == 16
+    assert w.items[2].prompt[:3] == (301, 477, 310) and w.items[2].output_len == 16
     assert w.items[3].output_len == 8  # the line without output_len takes --output-len
     assert [i.offset for i in w.items] == sorted(i.offset for i in w.items) and w.items[0].offset == 0.0
     # the file bounds the run: --requests takes its first N
