@@ -202,8 +202,11 @@ def test_mooncake_shared_hash_ids_share_a_prefix_and_only_those():
                 blocks[h] = block
     assert pairs > 20
     assert len({b for b in blocks.values()}) == len(blocks)  # distinct ids, distinct tokens
-    a, b = w.items[0], w.items[1]  # [0, 1, 10, 11] and [2, 3]: nothing shared
+    a = w.items[0]
+    b = next(i for i in w.items if not set(i.hash_ids) & set(a.hash_ids))  # nothing shared
     assert a.prompt[:16] != b.prompt[:16]
+    c = next(i for i in w.items[1:] if i.hash_ids[0] == a.hash_ids[0])  # the same first block
+    assert a.prompt[:MOONCAKE_BLOCK] == c.prompt[:MOONCAKE_BLOCK] and a.prompt[MOONCAKE_BLOCK:] != c.prompt[MOONCAKE_BLOCK:]
 
 
 @pytest.mark.parametrize("row,match", [
@@ -275,6 +278,6 @@ def test_warmup_and_injects_with_a_trace():
     load = [i for i in w.items if i.kind == "load"]
     assert [i.warmup for i in load] == [True] * 5 + [False] * 35
     inj = [i for i in w.items if i.kind == "inject"]
-    assert [i.offset for i in inj] == [10.0, 20.0, 30.0, 40.0] and all(i.prompt_len == 2000 for i in inj)
+    assert [i.offset for i in inj] == [10.0, 20.0, 30.0, 40.0, 50.0] and all(i.prompt_len == 2000 for i in inj)
     with pytest.raises(FlagError, match=r"^--warmup: 40 warm-up requests leave none of the 40"):
         from_flags(dataset=str(EXAMPLES / "mooncake-40.jsonl"), warmup=40)
