@@ -250,6 +250,9 @@ def test_a_file_that_matches_no_format_or_is_missing_is_one_line(tmp_path):
     p = write(tmp_path, "odd.csv", ["a,b,c", "1,2,3"])
     with pytest.raises(FlagError, match=rf"^--format: {p}: a \.csv file that matches none of jsonl"):
         from_flags(dataset=str(p), rates=[1.0])
+    p = write(tmp_path, "lists.jsonl", ["[300, 301]", "[302]"])
+    with pytest.raises(FlagError, match=r"^--format: .*lists\.jsonl: a \.jsonl file that matches none"):
+        from_flags(dataset=str(p), rates=[1.0])
     p = write(tmp_path, "odd.jsonl", [{"question": "x"}])
     with pytest.raises(FlagError, match=r"^--format: .*odd\.jsonl"):
         from_flags(dataset=str(p), rates=[1.0])

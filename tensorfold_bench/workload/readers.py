@@ -76,10 +76,11 @@ def read(path: Path, fmt: str = "auto", *, tokenizer: Path | None = None, output
 
 
 def detect(path: Path, text: str) -> str:
-    """The format, from the extension and the first line: a `.json` file (or any) that opens a
-    list is ShareGPT; otherwise the first line's keys decide."""
+    """The format, from the extension and the first line: a file that opens a list is ShareGPT
+    (unless it is named .jsonl: JSON lines of lists are none of the formats); otherwise the first
+    line's keys decide."""
     n, first = next((n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1) if ln.strip())
-    if first.startswith("["):
+    if first.startswith("[") and path.suffix != ".jsonl":
         return "sharegpt"
     try:
         obj = json.loads(first)
