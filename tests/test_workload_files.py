@@ -155,6 +155,24 @@ def test_sharegpt_turns_end_where_the_alternation_does(tmp_path):
     assert spec.data.skipped == 2
 
 
+def test_only_what_a_level_can_send_is_tokenized_but_every_entry_is_checked(tmp_path, tok):
+    conv = lambda q: {"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": "ok"}]}
+    p = write(tmp_path, "many.jsonl", [conv(f"question {k}") for k in range(50)])
+    spec = from_flags(dataset=str(p), rates=[1.0], tokenizer=tok, requests=3)
+    assert len(spec.data.records) == 3 and "(50 conversations, the first 3 read)" in spec.describe()
+    assert [i.prompt for i in spec.build(spec.levels[0], 512).items] == [tuple(f"question {k}".encode()) for k in range(3)]
+    spec = from_flags(dataset=str(p), rates=[1.0, 2.0], tokenizer=tok, duration=5.0, arrival="constant")
+    assert len(spec.data.records) == 10  # 2/s for 5 s
+    assert len(from_flags(dataset=str(p), concurrency=[2], tokenizer=tok).data.records) == 50
+    p = write(tmp_path, "badlate.jsonl", [conv("a"), conv("b"), {"conversation": []}])
+    with pytest.raises(WorkloadError, match=r"badlate\.jsonl:3: expected"):
+        from_flags(dataset=str(p), rates=[1.0], tokenizer=tok, requests=1)
+    p = write(tmp_path, "late.jsonl", [{"prompt": "a", "output_len": 1}, {"prompt": "b", "output_len": 1},
+                                       {"prompt": "c", "output_len": 0}])
+    with pytest.raises(WorkloadError, match=r"late\.jsonl:3: output_len"):
+        from_flags(dataset=str(p), rates=[1.0], tokenizer=tok, requests=1)
+
+
 def test_a_bad_sharegpt_entry_is_named_by_its_line(tmp_path):
     good = '  {"conversations": [{"from": "human", "value": [300]}, {"from": "gpt", "value": [1]}]}'
     cases = [('  {"conversation": []}', r":3: expected \{\"conversations\""),
