@@ -96,3 +96,33 @@ def test_bad_mixed_forwards_are_refused():
         r.mixed([(0, B, 0, 10)], [0], [1], [len(A)])
     with pytest.raises(ValueError, match="bad cut"):
         r.mixed([(1, B, 10, 5)], [0], [1], [len(A)])
+
+
+def test_long_prompt_runs_mixed_variants_through_the_real_server_with_every_reply_equal(tmp_path):
+    """tfbench's long-prompt on the tiny preset: whole, stepped and mixed side by side on fresh
+    servers, then the plain reference; every reply equal, and the mixed server's trace shows its
+    forwards carrying B's cuts beside A."""
+    from typer.testing import CliRunner
+
+    from tensorfold_bench import report
+    from tensorfold_bench.cli import app
+
+    variants = tmp_path / "v.yaml"
+    variants.write_text("- name: whole\n  flags: --prefill-mode whole\n"
+                        "- name: stepped p=1\n  flags: --prefill-mode stepped\n"
+                        "- name: mixed budget=4\n  flags: --prefill-mode mixed --mixed-budget 4\n")
+    short = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64"]
+    res = CliRunner().invoke(app, ["run", "long-prompt", *short, "--variants", str(variants), "--plain-check",
+                                   "--order", "whole,stepped p=1,mixed budget=4", "--out", str(tmp_path)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    data = report.load(next(tmp_path.glob("*-long-prompt.json.gz")))
+    for cmp in list(data["exactness"]["vs_plain"].values()) + list(data["exactness"]["across_runs"].values()):
+        assert all(c["equal"] for c in cmp), cmp
+    hashes = data["exactness"]["hashes"]
+    for k in "ABC":
+        assert len({h[k] for h in hashes.values()}) == 1, (k, hashes)
+    mixed = next(r for r in data["runs"] if r["variant"] == "mixed budget=4")
+    steps = [s for s in mixed["trace"] if s["kind"] == "mixed"]
+    assert len(steps) >= 5 and all(s["streams"] >= 1 for s in steps)
+    assert any(s["rows"] % 64 for s in steps)  # cuts the budget sized, off the grid
+    assert all(s["kind"] != "mixed" for r in data["runs"] if r is not mixed for s in r["trace"])
