@@ -232,3 +232,17 @@ def test_the_cost_model_learns_rows_and_keys_apart():
 def test_a_bad_budget_is_a_config_error(bad):
     with pytest.raises(ConfigError, match="--mixed-budget"):
         EngineConfig(prefill_mode="mixed", mixed_budget_ms=bad)
+
+
+def test_a_fault_hook_sees_a_mixed_forward_as_a_step_and_a_round():
+    from engine.faults import Faults, FaultyBackend
+
+    host, backend, _ = make(cut_free=False)
+    host.backend = FaultyBackend(backend, Faults(fail_step=3, fail_round=None, decode_sleep_s=0.0))
+    a = start_decoder(host, host.backend)
+    b = seq(3000, tag=2)
+    host.submit(b)
+    host.turn()  # B's first cut beside A: step 2 (A's own prompt was step 1)
+    assert b.status == Status.PREFILL
+    host.turn()  # step 3 fails: the forward's streams end
+    assert a.status == b.status == Status.FAILED
