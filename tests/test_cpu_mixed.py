@@ -124,5 +124,4 @@ def test_long_prompt_runs_mixed_variants_through_the_real_server_with_every_repl
     mixed = next(r for r in data["runs"] if r["variant"] == "mixed budget=4")
     steps = [s for s in mixed["trace"] if s["kind"] == "mixed"]
     assert len(steps) >= 5 and all(s["streams"] >= 1 for s in steps)
-    assert any(s["rows"] % 64 for s in steps)  # cuts the budget sized, off the grid
     assert all(s["kind"] != "mixed" for r in data["runs"] if r is not mixed for s in r["trace"])

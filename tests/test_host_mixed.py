@@ -246,3 +246,20 @@ def test_a_fault_hook_sees_a_mixed_forward_as_a_step_and_a_round():
     assert b.status == Status.PREFILL
     host.turn()  # step 3 fails: the forward's streams end
     assert a.status == b.status == Status.FAILED
+
+
+def test_cuts_end_on_the_backend_s_granule():
+    """A backend whose cut attention computes whole tiles (cut_granule): every sized cut ends at a
+    multiple of the tile, so no forward pays for a tile it fills in part."""
+    clock = Clock()
+    backend = MixedBackend(clock)
+    backend.cut_granule = 64
+    cfg = EngineConfig(parallel=4, prefill_rows=R, prefill_mode="mixed", mixed_budget_ms=40.0, out_queue=10**9)
+    host = LaneHost(backend, cfg, clock=clock)
+    start_decoder(host, backend)
+    b = seq(8000, tag=2)
+    host.submit(b)
+    run_until_filled(host, b)
+    ends = [c[3] for c in backend.calls if c[0] == "mixed"][:-1]
+    assert ends and all(e % 64 == 0 for e in ends)
+    assert len({e % R for e in ends}) > 1  # and the budget still sizes them between grid ends

@@ -135,6 +135,8 @@ class ModelRunner:
                      else "each product per part (cuts on the grid)")
         # whether a cut keeps its rows' bits wherever it starts and ends: the host may size it freely
         self.cut_free = self.mix_floor is not None and cfg.prefill_rows >= self.mix_floor
+        # fp32 (and bf16 without cpu_rows_free) cut attention computes whole tiles: cut at their ends
+        self.cut_granule = tile_for(cfg.prefill_rows) if not self.cpu_rows_free else 16
         self.graphs = DecodeGraphs(self)  # the decode round's CUDA graphs (capture_graph)
         self.buckets: tuple[int, ...] = (self.round_rows,)  # the row counts rounds run at
         self.ahead: Ahead | None = None  # rounds launched one ahead (engine/runner/ahead.py)

@@ -53,6 +53,9 @@ class MixedBackend(Backend, Protocol):
     # products, attention in tiles at absolute positions): then the host may size cuts off the
     # grid; otherwise every cut it hands `mixed` is a grid cut.
     cut_free: bool
+    # Mixed cuts end at multiples of this many positions (optional, default 16): where a cut's
+    # attention computes whole tiles, the tile.
+    cut_granule: int
 
     def mixed(self, cuts: Sequence[tuple[int, Sequence[int], int, int]], lanes: Sequence[int],
               tokens: Sequence[int], positions: Sequence[int]) -> tuple[list[int | None], list[int]]:

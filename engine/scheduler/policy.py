@@ -83,13 +83,15 @@ class PrefillBudget:
 
 
 class LanePolicy:
-    def __init__(self, cfg: EngineConfig, clock: Callable[[], float]):
+    def __init__(self, cfg: EngineConfig, clock: Callable[[], float], granule: int = 16):
+        """granule: mixed cuts end at multiples of this many positions (the backend's `cut_granule`:
+        where a cut's attention pads whole tiles, the tile, so a cut never pays for rows it has not)."""
         self.budget = PrefillBudget(cfg.prefill_share)
         self.whole = cfg.prefill_mode == "whole"
         self.mixed = cfg.prefill_mode == "mixed"
-        # cuts up to BATCH_ROWS (engine/scheduler/host.py), at least a grid cut; granule: the tile
-        self.cost = ForwardCost(cfg.mixed_budget_ms / 1000.0, granule=min(16, cfg.prefill_rows),
-                                most=max(cfg.prefill_rows, 1024))
+        # cuts up to BATCH_ROWS (engine/scheduler/host.py) or a grid cut, whichever is larger
+        self.granule = max(1, min(granule, cfg.prefill_rows))
+        self.cost = ForwardCost(cfg.mixed_budget_ms / 1000.0, granule=self.granule, most=max(cfg.prefill_rows, 1024))
         self.aging_s = cfg.aging_s
         self.out_queue = cfg.out_queue
         self.clock = clock
@@ -155,7 +157,10 @@ class LanePolicy:
             return seq, seq.filled, grid, False
         if not self.cost.knows_base:
             return None
-        return seq, seq.filled, seq.filled + self.cost.rows(seq.filled, last - seq.filled), True
+        g, start = self.granule, seq.filled
+        end = (start + self.cost.rows(start, last - start)) // g * g  # at a multiple of the granule
+        end = min(last, max(end, (start // g + 1) * g))
+        return seq, start, end, True
 
     # ---- lanes -------------------------------------------------------------------------------------
     def pick_lane(self, free: list[int], lane_rows: dict[int, list[int]], prompt: list[int]) -> tuple[int, int]:
