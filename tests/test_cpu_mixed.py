@@ -29,6 +29,7 @@ def test_the_floor_is_found_on_this_cpu_and_mixed_cuts_may_leave_the_grid():
     assert r.mix_floor is not None and r.cut_free
     assert invariant_floor(PackedLinears(r.model), R) == r.mix_floor
     assert not runner("stepped").cut_free  # checked only where mixed forwards run
+    assert r.describe()["cpu_mixed"].startswith(f"one product over every row (row-invariant from {r.mix_floor} rows)")
 
 
 @pytest.mark.parametrize("dtype,model", [("float32", "tiny"), ("float32", "cpu"), bf16(("bfloat16", "cpu"))])
