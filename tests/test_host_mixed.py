@@ -263,3 +263,11 @@ def test_cuts_end_on_the_backend_s_granule():
     ends = [c[3] for c in backend.calls if c[0] == "mixed"][:-1]
     assert ends and all(e % 64 == 0 for e in ends)
     assert len({e % R for e in ends}) > 1  # and the budget still sizes them between grid ends
+
+
+def test_mixed_mode_is_refused_where_its_bits_are_not_kept():
+    """CUDA and tensor parallel have no mixed forward that keeps a row's bits: one line, before any load."""
+    from engine.cli import check_config
+    with pytest.raises(ConfigError, match="--prefill-mode mixed runs on --device cpu at one rank"):
+        check_config(EngineConfig(model="tiny", prefill_mode="mixed", tensor_parallel=2))
+    assert check_config(EngineConfig(model="tiny", prefill_mode="mixed")).startswith("ok")
