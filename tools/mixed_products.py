@@ -96,6 +96,18 @@ def main(argv=None) -> None:
                          f"{'-' if grid is None else torch.equal(cublas(key, x[:n], w), grid)} | "
                          f"{'-' if grid is None else torch.equal(c[:n], grid)} | "
                          f"{torch.equal(b[n:], tiles(key, dec, w)) and torch.equal(b[:n], tiles(key, x[:n], w))} |")
+    # ---- the cut's attention: a prompt row's bits when the budget moves the cut -----------------
+    from engine.cuda.prefill import cut_attention
+    grid, at = a.grid, 4 * a.grid  # a grid cut [at, at + grid) against two budget cuts splitting it
+    heads, kvh, hd = m.num_attention_heads, m.num_key_value_heads, m.head_dim
+    q, k, v = rand(grid, heads, hd), rand(at + grid, kvh, hd), rand(at + grid, kvh, hd)
+    whole = cut_attention(q, k[:at + grid], v[:at + grid], at)
+    cut = grid // 4
+    first = cut_attention(q[:cut], k[:at + cut], v[:at + cut], at)
+    second = cut_attention(q[cut:], k, v, at + cut)
+    lines += ["", f"Cut attention (engine/cuda/prefill.py), a {grid}-row grid cut at {at} against cuts of {cut} and "
+              f"{grid - cut} rows: first rows equal {torch.equal(first, whole[:cut])}, the rest equal "
+              f"{torch.equal(second, whole[cut:])} (max diff {(second.float() - whole[cut:].float()).abs().max().item():.2e})."]
     # ---- time ----------------------------------------------------------------------------------
     if cuda:
         def chain(parts):
