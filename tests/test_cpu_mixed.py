@@ -126,3 +126,20 @@ def test_long_prompt_runs_mixed_variants_through_the_real_server_with_every_repl
     steps = [s for s in mixed["trace"] if s["kind"] == "mixed"]
     assert len(steps) >= 5 and all(s["streams"] >= 1 for s in steps)
     assert all(s["kind"] != "mixed" for r in data["runs"] if r is not mixed for s in r["trace"])
+
+
+def test_a_last_cut_below_the_floor_keeps_the_bits_prefill_step_gives_it():
+    """A prompt of 130 tokens ends in a 2-row grid cut, which prefill_step multiplies at 2 rows
+    (another MKL kernel than 4 or more): beside a round it is multiplied alone, so its KV rows and
+    first token are the reference's."""
+    p = B[:130]
+    ref = runner("whole")
+    first = ref.prefill(1, p)
+    ref_kv = kv_rows(ref, 1, len(p))
+    r = runner()
+    a = r.prefill(0, A)
+    r.prefill_step(1, p, 0, 128)
+    (got,), _ = r.mixed([(1, p, 128, 130)], [0], [a], [len(A)])
+    assert got == first
+    for x, y in zip(kv_rows(r, 1, len(p)), ref_kv):
+        assert torch.equal(x, y)
