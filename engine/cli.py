@@ -83,6 +83,9 @@ def check_config(cfg: EngineConfig) -> str:
         if why := bf16_refused(cfg.dtype):
             raise ConfigError(why)
     check_tensor_parallel(mcfg, cfg.tensor_parallel, cfg.device)
+    if cfg.prefill_mode == "mixed" and (cfg.device != "cpu" or cfg.tensor_parallel > 1):
+        raise ConfigError("--prefill-mode mixed runs on --device cpu at one rank so far (the CUDA forward "
+                          "that keeps a row's bits is not built): use stepped with --prefill-share there")
     tp = f", tensor parallel {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
     return f"ok: {name} on {cfg.device}, {cfg.dtype}, {cfg.prefill_rows}-row cuts{tp}"
 
@@ -98,7 +101,8 @@ def serve(
     threads: Annotated[Optional[int], typer.Option(help="cpu: compute threads (default: every core but one, at least 1, leaving a core to the HTTP thread).")] = None,
     max_model_len: Annotated[int, typer.Option(help="Tokens per lane (prompt + completion).")] = 4096,
     prefill_rows: Annotated[Optional[int], typer.Option(help="Rows per prompt cut R: cut boundaries are multiples of R (default: 256 on cpu, 1024 on cuda).")] = None,
-    prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline).")] = "stepped",
+    prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline); mixed: each forward carries a prompt's cut and one row for every runnable stream, the cut sized by --mixed-budget (cpu).")] = "stepped",
+    mixed_budget: Annotated[float, typer.Option(help="mixed: milliseconds a forward carrying a long prompt's cut and the decode rows should take; the cut is sized to it from measured forwards.")] = 50.0,
     prefill_share: Annotated[Optional[float], typer.Option(help="Share p in (0, 1] of wall time for long prompt steps while streams decode; overrides TENSORFOLD_PREFILL_SHARE; default 1 (alternation).")] = None,
     no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Do not reuse a lane's cached prompt prefix.")] = False,
     drafter: Annotated[Optional[str], typer.Option(help="Speculative drafter: ngram (prompt lookup). Drafts are checked in the round's padding rows; replies stay token-exact.")] = None,
@@ -123,7 +127,7 @@ def serve(
     prefill_rows = cut_rows(device, prefill_rows)
     cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel, tensor_parallel=tensor_parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
-                       prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
+                       mixed_budget_ms=mixed_budget, prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
                        seed=seed, trace=trace, trace_len=trace_len)
     faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment
     from engine.server.http import HttpConfig, ServedModel, serve as serve_http

@@ -76,6 +76,18 @@ class FaultyBackend:
             raise RuntimeError(f"injected failure at decode round {self.rounds}")
         return self.inner.decode(*args, **kwargs)
 
+    def mixed(self, cuts, *args, **kwargs):
+        """A mixed forward is the cuts' steps and a round at once: each hook sees it as both."""
+        self.steps += len(cuts)
+        self.rounds += 1
+        if self.faults.decode_sleep_s:
+            time.sleep(self.faults.decode_sleep_s)
+        if self.faults.fail_step is not None and self.steps - len(cuts) < self.faults.fail_step <= self.steps:
+            raise RuntimeError(f"injected failure at prefill step {self.faults.fail_step}")
+        if self.rounds == self.faults.fail_round:
+            raise RuntimeError(f"injected failure at decode round {self.rounds}")
+        return self.inner.mixed(cuts, *args, **kwargs)
+
 
 def with_faults(backend, faults: Faults):
     """`backend` itself when no hook is set; otherwise the wrapper."""

@@ -74,6 +74,34 @@ def stepped(p: float) -> Variant:
     return Variant(share_name(p), ["--prefill-mode", "stepped", "--prefill-share", f"{p:g}"])
 
 
+def mixed_name(budget_ms: float) -> str:
+    return f"mixed budget={budget_ms:g}"
+
+
+def mixed(budget_ms: float) -> Variant:
+    """The engine's mixed forwards (a prompt's cut and every stream's row in one forward) at a budget."""
+    return Variant(mixed_name(budget_ms), ["--prefill-mode", "mixed", "--mixed-budget", f"{budget_ms:g}"])
+
+
+def parse_budgets(flag: str, text: str) -> list[float]:
+    """'40,80' -> [40.0, 80.0]: each a positive number of milliseconds, none repeated."""
+    if not text.strip():
+        raise FlagError(flag, "empty (expected e.g. 40,80: milliseconds a forward)")
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            v = float(part)
+        except ValueError:
+            raise FlagError(flag, f"{part!r} is not a number (expected e.g. 40,80: milliseconds a forward)") from None
+        if not (v > 0 and v < float("inf")):
+            raise FlagError(flag, f"{part} is not a positive number of milliseconds")
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise FlagError(flag, f"{text!r} repeats a value")
+    return out
+
+
 def plain(base: Variant) -> Variant:
     """The plain reference: the base's source, one stream, whole prompts, no cache, no drafts."""
     return Variant("plain", list(base.args) + ["--prefill-mode", "whole", "--no-prompt-cache",
@@ -161,20 +189,24 @@ def with_aa(variants: list[Variant], order: list[str]) -> tuple[list[Variant], l
 
 
 def select_variants(share: str | None, variants_file: str | None = None, base_ref: str | None = None,
-                    new_ref: str | None = None, default_share: str = "0.5") -> list[Variant]:
+                    new_ref: str | None = None, default_share: str = "0.5", budgets: str | None = None) -> list[Variant]:
     """The variants a command compares, the base first:
     - `--variants FILE`: from the YAML file (the first entry is the base);
     - `--base REF` / `--new REF` without `--share`: two builds with the engine's default flags,
       'base' at REF (or the working tree) and 'new' at REF (or the working tree);
     - otherwise whole prompts against stepped prompts at each `--share` value, `--base` / `--new`
-      then naming the refs the base and every new variant run from."""
+      then naming the refs the base and every new variant run from;
+    - `--mixed B,...` adds a variant 'mixed budget=B' a value after those (without `--share`, beside
+      whole alone)."""
     if variants_file:
-        if share is not None or base_ref or new_ref:
-            raise FlagError("--variants", "give either --variants FILE or --share/--base/--new, not both")
+        if share is not None or budgets is not None or base_ref or new_ref:
+            raise FlagError("--variants", "give either --variants FILE or --share/--mixed/--base/--new, not both")
         return read_variants(variants_file)
-    if share is None and (base_ref or new_ref):
+    if share is None and budgets is None and (base_ref or new_ref):
         return [Variant("base", [], {}, base_ref), Variant("new", [], {}, new_ref)]
-    base, news = share_variants(parse_floats("--share", default_share if share is None else share))
+    base, news = share_variants(parse_floats("--share", default_share if share is None else share)
+                                if share is not None or budgets is None else [])
+    news += [mixed(b) for b in (parse_budgets("--mixed", budgets) if budgets is not None else [])]
     return [replace(base, ref=base_ref), *[replace(n, ref=new_ref) for n in news]]
 
 

@@ -64,3 +64,30 @@ def test_variants_file_errors(text, needle):
     with pytest.raises(BenchError) as e:
         variants.parse_variants(text, "v.yaml")
     assert "v.yaml" in str(e.value) and needle in str(e.value)
+
+
+def test_mixed_budgets_add_mixed_variants_after_the_shares():
+    vs = variants.select_variants("1,0.5", budgets="40,80")
+    assert [v.name for v in vs] == ["whole", "stepped p=1", "stepped p=0.5", "mixed budget=40", "mixed budget=80"]
+    assert vs[3].args == ["--prefill-mode", "mixed", "--mixed-budget", "40"]
+    alone = variants.select_variants(None, budgets="25.5")  # without --share: whole and the budgets only
+    assert [v.name for v in alone] == ["whole", "mixed budget=25.5"]
+    assert [v.name for v in variants.select_variants(None)] == ["whole", "stepped p=0.5"]  # the default kept
+
+
+@pytest.mark.parametrize("text,needle", [("", "empty"), ("40,x", "not a number"), ("0", "positive"),
+                                         ("-5", "positive"), ("inf", "positive"), ("40,40", "repeats")])
+def test_bad_mixed_budgets_name_the_flag(text, needle):
+    with pytest.raises(FlagError, match=needle) as e:
+        variants.select_variants(None, budgets=text)
+    assert e.value.flag == "--mixed"
+
+
+def test_mixed_with_a_variants_file_or_a_url_is_refused(tmp_path):
+    from tensorfold_bench import targets
+    f = tmp_path / "v.yaml"
+    f.write_text("- name: a\n- name: b\n")
+    with pytest.raises(FlagError, match="not both"):
+        variants.select_variants(None, str(f), budgets="40")
+    with pytest.raises(FlagError, match="--mixed needs servers tfbench launches"):
+        targets.select("http://127.0.0.1:9", None, None, None, None, None, False, "40")

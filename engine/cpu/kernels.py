@@ -171,6 +171,41 @@ def rows_invariant(packed: PackedLinears, tile: int) -> bool:
         return same(lambda x: mm(x, kv[:, 0].t()), d) and same(lambda x: mm(x, kv[:, 0]), tile)
 
 
+FLOOR_SCAN = 64  # a float32 product is checked at every row count up to this many, to find its floor
+
+
+def invariant_floor(packed: PackedLinears, tile: int) -> int | None:
+    """The fewest rows from which a prompt product gives each row the bits it has in any larger
+    product, so a cut's rows and a round's may share one (ModelRunner.mixed); None where none was
+    found. bf16: 1 where `rows_invariant` holds. float32: layer 0's matrices and the lm_head, at
+    every row count up to FLOOR_SCAN and those of CHECK_ROWS, two offsets, against one CHECK_BIG-row
+    product, and the round's ROW_TILE-row tile (MKL's packed kernel) too. At this thread count:
+    MKL on an AMD EPYC (AVX2) takes another kernel for a block below 4 rows, so one thread is
+    row-invariant from 4 rows on and two (which split the rows) from 12; its 8-row packed tile
+    gives the bits of a cut's product. (The fp32 cut attention pads its tiles: invariant by
+    construction.)"""
+    if packed.shape is None:
+        return None
+    if packed.bf16:
+        return 1 if rows_invariant(packed, tile) else None
+    g = torch.Generator().manual_seed(0)
+    counts = sorted({*range(1, FLOOR_SCAN + 1), *CHECK_ROWS})
+    keys = [(0, "qkv"), (0, "o"), (0, "gate_up"), (0, "down"), "lm_head"]
+    floor = 1
+    with torch.inference_mode():
+        for key in keys:
+            x = torch.randn(CHECK_BIG, packed.plain[key].shape[1], generator=g).to(packed.dtype)
+            whole = packed.mm(x, key)
+            if not torch.equal(packed.mm_tiled(x[:ROW_TILE], key), whole[:ROW_TILE]):
+                return None
+            for m in counts:
+                if m >= floor and not all(torch.equal(packed.mm(x[o:o + m], key), whole[o:o + m]) for o in (0, 5)):
+                    floor = m + 1
+            if floor > FLOOR_SCAN:
+                return None
+    return floor
+
+
 class BucketPlan:
     """(Mirrored in C++ by engine/cpu/round.cpp's bucket_plan.) Per decode round, computed once
     and used by every layer: the active rows grouped by span (and, for a drafter's extra rows of

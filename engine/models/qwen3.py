@@ -191,14 +191,14 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed,
-                  tiled: bool = False) -> torch.Tensor:
+                  tiled: bool = False, mm=None) -> torch.Tensor:
         """The trunk with the CPU's kernels (engine.cpu.kernels.PackedLinears): packed.mm(x, key)
         multiplies by a prepacked matrix, packed.heads(i, qkv, cos, sin) norms and rotates q and
         k in one pass; the same arithmetic as `trunk` otherwise. tiled: a decode round's products
-        in tiles of a fixed row count (packed.mm_tiled)."""
+        in tiles of a fixed row count (packed.mm_tiled); mm(x, key): the products another way."""
         cos, sin = self.cos[positions], self.sin[positions]
         x = self.model.embed_tokens(tokens)
-        mm = packed.mm_tiled if tiled else packed.mm
+        mm = mm or (packed.mm_tiled if tiled else packed.mm)
         for i, layer in enumerate(self.model.layers):
             q, k, v = packed.heads(i, mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
             write_kv(i, k, v)
@@ -230,6 +230,67 @@ class Qwen3ForCausalLM(nn.Module):
 
         x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
         return packed.mm(x[[b - 1 for _, b, _, _ in spans]], "lm_head")
+
+    def mixed_cpu(self, seqs: list[tuple[torch.Tensor, int, int]], dec: torch.Tensor, kv, packed,
+                  attend_dec: Callable[[int, torch.Tensor], torch.Tensor], rows: int, pad: bool,
+                  floor: int | None, grid: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt cuts [(tokens [T], lane, start)] and a padded decode round dec [tokens, positions,
+        lanes] in one forward through trunk_cpu: the cuts' rows first, then the round's. Each row
+        writes its K/V where `prefill_many_cpu` and `decode_cpu` write it; a cut attends as there
+        (tiles at absolute positions), the round's rows through attend_dec(layer, q).
+
+        The products give every row the bits it has in its own call. With `floor` (the fewest rows
+        from which this CPU's products are row-invariant: engine.cpu.kernels.invariant_floor) one
+        product over every row, zero rows added up to the floor, except a whole grid cut (`grid`)
+        shorter than the floor, which `prefill_step` multiplied at its own row count and so is here
+        (a piece of a longer grid cut was multiplied among R rows: it shares). With floor None,
+        each cut alone and the round's rows in its tiles (the cuts must then be grid cuts). Returns
+        (each cut's last-row logits [cuts, vocab], each row alone as prefill_step takes it; the
+        round's logits [P, vocab], in its tiles)."""
+        tile = tile_for(rows)
+        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
+        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
+        n = ends[-1]
+        d_tokens, d_positions, d_lanes = dec[0], dec[1], dec[2]
+        tokens = torch.cat([t for t, _, _ in seqs] + [d_tokens])
+        positions = torch.cat([torch.arange(s, s + b - a, device=tokens.device) for a, b, _, s in spans] + [d_positions])
+        m = tokens.shape[0]
+        if floor is None:
+            parts = [(a, b, packed.mm) for a, b, _, _ in spans] + [(n, m, packed.mm_tiled)]
+        else:  # runs of rows that share a product; a whole grid cut below the floor alone
+            runs = []
+            for a, b, alone in [(a, b, g and b - a < floor) for (a, b, _, _), g in zip(spans, grid)] + [(n, m, False)]:
+                if not alone and runs and not runs[-1][2] and runs[-1][1] == a:
+                    runs[-1] = (runs[-1][0], b, False)
+                else:
+                    runs.append((a, b, alone))
+
+            def shared(x, key):
+                short = floor - x.shape[0]
+                if short <= 0:
+                    return packed.mm(x, key)
+                return packed.mm(torch.cat([x, x.new_zeros(short, x.shape[1])]), key)[:x.shape[0]]
+            parts = [(a, b, packed.mm if alone else shared) for a, b, alone in runs]
+
+        def mm(x, key):
+            if len(parts) == 1:
+                return parts[0][2](x, key)
+            return torch.cat([f(x[a:b], key) for a, b, f in parts])
+
+        def write_kv(i, k, v):
+            for a, b, lane, s in spans:
+                kv.k[i, lane, s:s + b - a] = k[a:b]
+                kv.v[i, lane, s:s + b - a] = v[a:b]
+            kv.k[i, d_lanes, d_positions] = k[n:]
+            kv.v[i, d_lanes, d_positions] = v[n:]
+
+        def attend(i, q):
+            outs = [cut_attention_cpu(q[a:b], kv.k[i, lane], kv.v[i, lane], s, tile, pad) for a, b, lane, s in spans]
+            return torch.cat(outs + [attend_dec(i, q[n:].contiguous())])
+
+        x = self.trunk_cpu(tokens, positions, write_kv, attend, packed, mm=mm)
+        firsts = torch.cat([packed.mm(x[[b - 1]], "lm_head") for _, b, _, _ in spans])
+        return firsts, packed.mm_tiled(x[n:], "lm_head")
 
     def decode_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv,
                    attend_fn: Callable[[int, torch.Tensor], torch.Tensor], packed) -> torch.Tensor:

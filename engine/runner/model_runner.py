@@ -37,11 +37,13 @@ from engine.runner import decode_graph
 from engine.runner.decode_graph import DecodeGraphs
 from engine.runner.ahead import Ahead, EagerRounds
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
-from engine.cpu.kernels import ROW_TILE, BucketPlan, PackedLinears, bf16_refused, decode_attention_buckets, rows_invariant
+from engine.cpu.kernels import (ROW_TILE, BucketPlan, PackedLinears, bf16_refused, decode_attention_buckets,
+                                invariant_floor, rows_invariant)
 from engine.cpu.decode_attention import BMM, C_KERNEL, kernel as c_attention
 from engine.cpu.cut_attention import tile_for
 from engine.cpu.round import CppRound
 from engine.runner.kv_cache import KVCache
+from engine.scheduler.backend import next_cut
 from engine.models.qwen3 import decode_attention_loop
 from engine.models.presets import resolve_model
 from engine.runner.sampler import choose
@@ -124,6 +126,17 @@ class ModelRunner:
                 self.cpu_rows_free = knobs.batch_cuts and rows_invariant(self.cpu_mm, tile_for(cfg.prefill_rows))
                 self.batch_cuts = self.cpu_rows_free
                 log.info("CPU prompt cuts: %s", "together" if self.cpu_rows_free else "one at a time")
+        # mixed forwards (`mixed`): the fewest rows from which a product gives a row its bits beside
+        # any other rows, checked once here (None: each product launched per part of the forward)
+        self.mix_floor: int | None = None
+        if cfg.prefill_mode == "mixed" and self.cpu_mm is not None and self.cpu_round is not None:
+            self.mix_floor = invariant_floor(self.cpu_mm, tile_for(cfg.prefill_rows))
+            log.info("mixed forwards: %s", "one product over every row" if self.mix_floor is not None
+                     else "each product per part (cuts on the grid)")
+        # whether a cut keeps its rows' bits wherever it starts and ends: the host may size it freely
+        self.cut_free = self.mix_floor is not None and cfg.prefill_rows >= self.mix_floor
+        # fp32 (and bf16 without cpu_rows_free) cut attention computes whole tiles: cut at their ends
+        self.cut_granule = tile_for(cfg.prefill_rows) if not self.cpu_rows_free else 16
         self.graphs = DecodeGraphs(self)  # the decode round's CUDA graphs (capture_graph)
         self.buckets: tuple[int, ...] = (self.round_rows,)  # the row counts rounds run at
         self.ahead: Ahead | None = None  # rounds launched one ahead (engine/runner/ahead.py)
@@ -284,6 +297,46 @@ class ModelRunner:
         for s, e in cuts(start, len(tokens), self.prefill_rows):
             out = self.prefill_step(lane, tokens, s, e, sampling)
         return out
+
+    # ---- one forward carrying both ------------------------------------------------------------
+    @torch.inference_mode()
+    def mixed(self, cuts: Sequence[tuple[int, Sequence[int], int, int]], lanes: Sequence[int],
+              tokens: Sequence[int], positions: Sequence[int]) -> tuple[list[int | None], list[int]]:
+        """Prompt cuts [(lane, tokens, start, end)] and one greedy decode round in one forward
+        (engine/scheduler/backend.py MixedBackend): each cut's rows with the bits `prefill_step`
+        gives them and each decode row with the bits `decode` gives it (the CPU's fast path:
+        Qwen3ForCausalLM.mixed_cpu; elsewhere the cuts, then the round). Returns (per cut its
+        greedy first token if it ends its prompt, else None; the round's ids)."""
+        if not (len(lanes) == len(tokens) == len(positions)) or not lanes:
+            raise ValueError("a mixed forward needs decode entries, lanes, tokens and positions alike")
+        if self.cpu_mm is None or self.fused or self.cpu_round is None:
+            return [self.prefill_step(*c) for c in cuts], self.decode(lanes, tokens, positions)
+        taken = set(lanes)
+        for lane, toks, start, end in cuts:
+            self._check_cut(lane, len(toks), start, end)
+            if lane in taken:
+                raise ValueError(f"lane {lane} twice in one mixed forward")
+            taken.add(lane)
+        rows, where = self._padded(lanes, tokens, positions)
+        if self.ahead is not None:
+            self.ahead.drop()
+        seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in cuts]
+        dec = torch.tensor(rows, dtype=torch.long, device=self.device)
+        kv, c = self.kv, self.cpu_attn
+        if c is not None:  # the round's own attention (the C kernel the C++ round calls)
+            lanes_c, positions_c = dec[2].contiguous(), dec[1].contiguous()
+            attend = lambda i, q: c(kv.k[i], kv.v[i], q, lanes_c, positions_c, self.spare)  # noqa: E731
+        else:
+            plan = BucketPlan(list(zip(rows[2], rows[1])), self.spare, self.max_model_len, self.device)
+            attend = lambda i, q: decode_attention_buckets(kv, i, q, plan)  # noqa: E731
+        first_logits, logits = self.model.mixed_cpu(seqs, dec, kv, self.cpu_mm, attend, self.prefill_rows,
+                                                    pad=not self.cpu_rows_free, floor=self.mix_floor,
+                                                    grid=[s % self.prefill_rows == 0 and e == next_cut(s, len(t), self.prefill_rows)
+                                                          for _, t, s, e in cuts])
+        firsts = first_logits.argmax(-1).tolist()
+        out = logits.argmax(-1).tolist()
+        return ([int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, cuts)],
+                [out[row] for row in where])
 
     # ---- decode rounds -----------------------------------------------------------------------
     def _padded(self, lanes, tokens, positions) -> tuple[list[list[int]], list[int]]:

@@ -60,7 +60,17 @@ def _describe_cpu(r) -> dict:
     return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
             "decode_attention": "sdpa a row" if mm is None else C_KERNEL if r.cpu_attn else BMM,
             "cpu_round": CppRound.describe(r.cpu_round),
-            "cpu_prompt_cuts": cpu_prompt_cuts(r)}
+            "cpu_prompt_cuts": cpu_prompt_cuts(r), "cpu_mixed": cpu_mixed(r)}
+
+
+def cpu_mixed(r) -> str:
+    """How a CPU runner's mixed forwards multiply (ModelRunner.mix_floor, cut_free, cut_granule)."""
+    if r.cfg.prefill_mode != "mixed":
+        return "off"
+    if r.mix_floor is None:
+        return "each product per part, cuts on the grid"
+    return (f"one product over every row (row-invariant from {r.mix_floor} rows), "
+            f"cuts end on multiples of {r.cut_granule}")
 
 
 def cpu_prompt_cuts(r) -> str:

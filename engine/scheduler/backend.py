@@ -43,3 +43,23 @@ class Backend(Protocol):
         entry, only when some stream samples or asks for logprobs; then `logprobs` gets one
         TokenLogprob or None appended per entry). The batch is padded to a fixed shape so a row's
         bits never depend on its neighbours."""
+
+
+class MixedBackend(Backend, Protocol):
+    """A backend that can carry a prompt's cut and decode rows in one forward (`--prefill-mode
+    mixed`; optional: the host runs stepped turns with a backend that has no `mixed`)."""
+
+    # Whether a cut's rows keep their bits wherever the cut starts and ends (row-invariant
+    # products, attention in tiles at absolute positions): then the host may size cuts off the
+    # grid; otherwise every cut it hands `mixed` is a grid cut.
+    cut_free: bool
+    # Mixed cuts end at multiples of this many positions (optional, default 16): where a cut's
+    # attention computes whole tiles, the tile.
+    cut_granule: int
+
+    def mixed(self, cuts: Sequence[tuple[int, Sequence[int], int, int]], lanes: Sequence[int],
+              tokens: Sequence[int], positions: Sequence[int]) -> tuple[list[int | None], list[int]]:
+        """One forward: each cut (lane, tokens, start, end) as `prefill_step` runs it and one row
+        per decode entry as `decode` runs it, every row with the bits it has in those calls (greedy
+        rows only). Returns (per cut its first token if it ends its prompt, else None; the round's
+        ids). It returns only when the work is done: the host times it to learn its cost."""

@@ -10,7 +10,9 @@ A turn:
      with `batch_cuts` set fills several short greedy prompts' cuts in one `prefill_many`
      forward, each cut with the bits it has alone);
   3. one decode round for every runnable stream; what a step or round emitted is handed to its
-     consumer once (`Sequence.flush`), not once a token;
+     consumer once (`Sequence.flush`), not once a token; in mixed mode, while a prompt waits,
+     steps 2 and 3 are one forward (`backend.mixed`): the policy's cut and every runnable
+     stream's row;
   4. with nothing to do, block until something arrives.
 """
 from __future__ import annotations
@@ -59,7 +61,7 @@ class LaneHost:
     drafter: object | None = None  # engine.scheduler.drafter: proposes tokens to check in spare rows
 
     def __post_init__(self):
-        self.policy = LanePolicy(self.cfg, self.clock)
+        self.policy = LanePolicy(self.cfg, self.clock, int(getattr(self.backend, "cut_granule", 16)))
         self.rows = self.cfg.prefill_rows
         self.runs_ahead = bool(getattr(self.backend, "runs_ahead", False))  # decode(..., ahead=True)
         self.free: list[int] = list(range(self.backend.parallel))
@@ -136,6 +138,9 @@ class LaneHost:
         self._take_inbox()
         self._reap_cancels()
         self._admit()
+        if self.policy.mixed and self._mixed_forward():
+            self._flush()
+            return True
         worked = self._fill_prompts()
         runnable = [s for s in self.decoding if self.policy.runnable(s)]
         if runnable:
@@ -237,6 +242,49 @@ class LaneHost:
             for (seq, start, end), tok in zip(group, toks):
                 self._after_step(seq, start, end, tok, None, t0, dur, False)
 
+    def _mixes(self, runnable: list[Sequence]) -> bool:
+        """Whether this turn may be one mixed forward: a backend that has one, streams that can
+        decode, and every row greedy without drafts (the mixed forward's rows are plain ones;
+        otherwise the turn runs as in stepped mode, with the same bits)."""
+        if not (runnable and self.prompts and hasattr(self.backend, "mixed")):
+            return False
+        if self.drafter is not None and self.cfg.drafts:
+            return False
+        return all(s.sampling.plain for s in (*runnable, *self.prompts))
+
+    def _mixed_forward(self) -> bool:
+        """One forward carrying the policy's cut and one row for every runnable stream. Returns
+        False where this turn is not one (the stepped turn runs instead)."""
+        runnable = [s for s in self.decoding if self.policy.runnable(s)]
+        if not self._mixes(runnable):
+            return False
+        ordered = [s for s in self.policy.fill_order(self.prompts) if not s.cancel_requested]
+        pick = self.policy.mixed_cut(ordered, bool(getattr(self.backend, "cut_free", False)))
+        if pick is None:  # the cost model's base first: a timed round of the decode rows alone
+            self._decode_round(runnable)
+            return True
+        seq, start, end, sized = pick
+        lanes = [s.lane for s in runnable]
+        tokens = [s.output[-1] for s in runnable]
+        positions = [len(s.prompt) + len(s.output) - 1 for s in runnable]
+        cut = [(seq.lane, seq.prompt, start, end)]
+        try:
+            (firsts, new), t0, dur = self._timed(sized, lambda: self.backend.mixed(cut, lanes, tokens, positions))
+        except Exception as exc:  # the forward's streams end, as a failed step's and round's would
+            log.error("mixed forward (stream %d's cut %d..%d, %d streams) failed: %s", seq.id, start, end,
+                      len(runnable), exc)
+            for s in (seq, *runnable):
+                self._end(s, Status.FAILED, f"backend failure during a mixed forward: {exc}")
+            return True
+        if sized:
+            self.policy.cost.add_mixed(end - start, start, dur)
+        self.counters.decode_rounds += 1
+        if self.trace is not None:
+            self.trace.add(t0, dur, "mixed", end - start, len(runnable), seq.id)
+        self._emit_round(runnable, [[t] for t in tokens], new, None)
+        self._after_step(seq, start, end, firsts[0], None, t0, dur, False)
+        return True
+
     def _timed(self, charge: bool, call: Callable[[], object]) -> tuple[object, float, float]:
         """Run `call`, reading the clock around it only when the budget needs the time or the
         trace is on (the one clock rule). Returns (result, start, seconds); a raise passes."""
@@ -306,8 +354,14 @@ class LaneHost:
         self.counters.decode_rounds += 1
         if paying:
             self.policy.budget.pay(dur)
+            if self.policy.mixed:
+                self.policy.cost.add_round(dur)
         if self.trace is not None:
             self.trace.add(t0, dur, "decode", len(tokens), len(runnable), None)
+        self._emit_round(runnable, feeds, new, lps)
+
+    def _emit_round(self, runnable: list[Sequence], feeds: list[list[int]], new: list[int], lps) -> None:
+        """Each stream's tokens of a round: its own, then the drafts that stood."""
         at = 0
         for seq, toks in zip(runnable, feeds):
             out = new[at:at + len(toks)]

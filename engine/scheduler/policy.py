@@ -15,6 +15,14 @@ The prefill share p (`PrefillBudget`): a long step that took t seconds while str
 owes them t (1 - p) / p seconds of decode rounds before the next long step. The clock is read
 only to time such a step and to pay its debt down, so with no prompt waiting the loop is the
 plain decode loop. Only the order of whole steps changes, never a cut: the bits do not depend on p.
+
+Mixed mode (`--prefill-mode mixed`): while prompts wait and streams decode, each forward carries
+one prompt's cut and one row for every runnable stream (`mixed_cut`): a short prompt's next cut on
+the grid first, else the first long prompt's cut sized so the forward takes about
+`--mixed-budget` (engine/scheduler/forward_cost.py, learned from timed forwards). So a decoder
+waits at most one forward for its next token, and the cut shrinks as the prompt's context grows.
+A cut leaves the grid only where the backend says a row keeps its bits wherever its cut falls
+(`cut_free`), and never enters the prompt's last grid cut.
 """
 from __future__ import annotations
 
@@ -23,6 +31,8 @@ import math
 from typing import Callable
 
 from engine.config import SHORT_ROWS, EngineConfig
+from engine.scheduler.backend import next_cut
+from engine.scheduler.forward_cost import ForwardCost
 from engine.scheduler.sequence import Sequence
 
 log = logging.getLogger("tfengine.policy")
@@ -73,9 +83,15 @@ class PrefillBudget:
 
 
 class LanePolicy:
-    def __init__(self, cfg: EngineConfig, clock: Callable[[], float]):
+    def __init__(self, cfg: EngineConfig, clock: Callable[[], float], granule: int = 16):
+        """granule: mixed cuts end at multiples of this many positions (the backend's `cut_granule`:
+        where a cut's attention pads whole tiles, the tile, so a cut never pays for rows it has not)."""
         self.budget = PrefillBudget(cfg.prefill_share)
         self.whole = cfg.prefill_mode == "whole"
+        self.mixed = cfg.prefill_mode == "mixed"
+        # cuts up to BATCH_ROWS (engine/scheduler/host.py) or a grid cut, whichever is larger
+        self.granule = max(1, min(granule, cfg.prefill_rows))
+        self.cost = ForwardCost(cfg.mixed_budget_ms / 1000.0, granule=self.granule, most=max(cfg.prefill_rows, 1024))
         self.aging_s = cfg.aging_s
         self.out_queue = cfg.out_queue
         self.clock = clock
@@ -116,9 +132,35 @@ class LanePolicy:
         return long_[0], self.budget.times_step(decoders_waiting)
 
     def round_timed(self, prompts_waiting: bool) -> bool:
-        """Time this decode round? Only to pay debt down, and debt needs a prompt waiting."""
+        """Time this decode round? Only to pay debt down, and debt needs a prompt waiting; in mixed
+        mode, while a prompt waits, to learn the forward's cost of the decode rows alone."""
+        if self.mixed and prompts_waiting:
+            return True
         self.budget.settle(prompts_waiting, True)
         return self.budget.owes
+
+    def mixed_cut(self, ordered: list[Sequence], cut_free: bool) -> tuple[Sequence, int, int, bool] | None:
+        """The cut a mixed forward carries: (prompt, start, end, sized), `sized` when the budget
+        chose it (the host then times the forward to learn its cost), or None where the forward
+        must wait for a timed round of the decode rows alone (the cost model's base). `ordered`
+        is in fill order: a short prompt's next grid cut goes first, as short prompts go first in
+        every mode."""
+        short = next((s for s in ordered if self.goes_whole(s)), None)
+        if short is not None:
+            return short, short.filled, next_cut(short.filled, len(short.prompt), self.rows), False
+        if not ordered:
+            return None
+        seq = ordered[0]
+        grid = next_cut(seq.filled, len(seq.prompt), self.rows)
+        last = (len(seq.prompt) - 1) // self.rows * self.rows  # the prompt's last grid cut runs whole
+        if not cut_free or last <= seq.filled:
+            return seq, seq.filled, grid, False
+        if not self.cost.knows_base:
+            return None
+        g, start = self.granule, seq.filled
+        end = (start + self.cost.rows(start, last - start)) // g * g  # at a multiple of the granule
+        end = min(last, max(end, (start // g + 1) * g))
+        return seq, start, end, True
 
     # ---- lanes -------------------------------------------------------------------------------------
     def pick_lane(self, free: list[int], lane_rows: dict[int, list[int]], prompt: list[int]) -> tuple[int, int]:

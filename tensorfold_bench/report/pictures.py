@@ -75,7 +75,8 @@ def _gaps_panel(ax, name: str, run: dict) -> None:
 def _trace_strip(sx, run: dict) -> None:
     t0 = run["records"]["A"]["sent"]
     steps = run.get("trace") or []
-    pre = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] == "prefill" and s["t"] + s["dur"] >= t0]
+    # a mixed forward (the engine's --prefill-mode mixed) carries both: it shows on both strips
+    pre = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] in ("prefill", "mixed") and s["t"] + s["dur"] >= t0]
     dec = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] != "prefill" and s["t"] + s["dur"] >= t0]
     sx.broken_barh(dec, (0, 1), color="0.6")
     sx.broken_barh(pre, (1.1, 1), color="tab:red")

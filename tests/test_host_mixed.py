@@ -1,0 +1,273 @@
+"""Mixed mode's policy, driven turn by turn with a fake backend and an injected clock: the order
+of cuts and rounds, the budget shrinking the cut as the prompt's context grows, short prompts
+first, a decoder's longest pause one forward."""
+import pytest
+
+from engine.config import SHORT_ROWS, ConfigError, EngineConfig
+from engine.scheduler.forward_cost import ForwardCost
+from engine.scheduler.host import LaneHost
+from engine.scheduler.sampling import SamplingParams
+from engine.scheduler.sequence import Sequence, Status
+
+R = 256
+BASE, ROW, KEY = 0.010, 0.0002, 2e-8  # a forward: 10 ms for the decode rows, 0.2 ms a cut row, per key read
+
+
+class Clock:
+    def __init__(self):
+        self.now, self.reads = 0.0, 0
+
+    def __call__(self):
+        self.reads += 1
+        return self.now
+
+
+class MixedBackend:
+    """Advances the clock as the cost model's own form (base + rows + keys read) and logs calls."""
+
+    def __init__(self, clock, cut_free=True, fail_mixed=False, key=KEY):
+        self.clock, self.parallel, self.max_model_len = clock, 4, 100_000
+        self.vocab_size, self.eos_token_id = 1000, 999
+        self.cut_free, self.fail_mixed, self.key = cut_free, fail_mixed, key
+        self.calls: list[tuple] = []
+
+    def _first(self, tokens, end):
+        return (sum(tokens) + end) % 997 if end == len(tokens) else None
+
+    def prefill_step(self, lane, tokens, start, end):
+        self.calls.append(("prefill", lane, start, end))
+        self.clock.now += BASE + (end - start) * ROW + self.key * (end - start) * (start + (end - start) / 2)
+        return self._first(tokens, end)
+
+    def decode(self, lanes, tokens, positions):
+        self.calls.append(("decode", tuple(lanes)))
+        self.clock.now += BASE
+        return [(t * 31 + p) % 997 for t, p in zip(tokens, positions)]
+
+    def mixed(self, cuts, lanes, tokens, positions):
+        (lane, toks, start, end), = cuts
+        self.calls.append(("mixed", lane, start, end, tuple(lanes)))
+        if self.fail_mixed:
+            raise RuntimeError("injected")
+        n = end - start
+        self.clock.now += BASE + n * ROW + self.key * n * (start + n / 2)
+        return [self._first(toks, end)], [(t * 31 + p) % 997 for t, p in zip(tokens, positions)]
+
+
+def make(budget_ms=40.0, **kw):
+    clock = Clock()
+    backend = MixedBackend(clock, **kw)
+    cfg = EngineConfig(parallel=4, prefill_rows=R, prefill_mode="mixed", mixed_budget_ms=budget_ms, out_queue=10**9)
+    return LaneHost(backend, cfg, clock=clock), backend, clock
+
+
+def seq(n, tag=0, **kw):
+    return Sequence(prompt=[(tag * 7 + i) % 500 for i in range(n)], max_tokens=10**6, ignore_eos=True, **kw)
+
+
+def start_decoder(host, backend):
+    a = seq(10, tag=1)
+    host.submit(a)
+    host.turn()
+    backend.calls.clear()
+    return a
+
+
+def run_until_filled(host, *prompts, limit=10_000):
+    for _ in range(limit):
+        if all(p.status == Status.DECODE for p in prompts):
+            return
+        host.turn()
+    raise AssertionError("prompts never filled")
+
+
+def test_each_forward_carries_a_cut_and_every_decoder_and_the_cuts_tile_the_prompt():
+    host, backend, _ = make()
+    a = start_decoder(host, backend)
+    b = seq(8000, tag=2)
+    host.submit(b)
+    before = len(a.output)
+    run_until_filled(host, b)
+    calls = backend.calls
+    assert calls[0] == ("decode", (a.lane,))  # the decode rows alone, timed once: the cost's base
+    assert all(c[0] == "mixed" and c[4] == (a.lane,) for c in calls[1:])
+    cuts = [(c[2], c[3]) for c in calls[1:]]
+    assert cuts[0][0] == 0 and cuts[-1][1] == len(b.prompt)
+    assert all(e == s2 for (_, e), (s2, _) in zip(cuts, cuts[1:]))  # contiguous, in order
+    # A's longest pause is one forward: one token from every call
+    assert len(a.output) - before == len(calls)
+    # the budget chose sizes off the grid; the prompt's last grid cut ran whole, on the grid
+    assert any(e % R for _, e in cuts[:-1])
+    assert cuts[-1] == ((len(b.prompt) - 1) // R * R, len(b.prompt))
+    assert b.output  # B got its first token from its last cut
+
+
+def test_the_budget_holds_the_forward_and_shrinks_the_cut_as_the_context_grows():
+    host, backend, clock = make(budget_ms=40.0)
+    start_decoder(host, backend)
+    b = seq(30_000, tag=2)
+    host.submit(b)
+    times, sizes, last = [], [], clock.now
+    while b.status != Status.DECODE:
+        host.turn()
+        c = backend.calls[-1]
+        if c[0] == "mixed" and c[3] <= (len(b.prompt) - 1) // R * R and b.rows_left > SHORT_ROWS:
+            times.append(clock.now - last)
+            sizes.append(c[3] - c[2])
+        last = clock.now
+    learned = times[3:]  # after the probe and two fits
+    assert max(learned) <= 0.040 * 1.05
+    assert sum(learned) / len(learned) >= 0.040 * 0.85  # and uses most of it
+    early, late = sizes[3:8], sizes[-5:]
+    assert min(early) > max(late)  # the same budget buys fewer rows deep into the prompt
+    assert all(s % 16 == 0 for s in sizes)
+
+
+def test_a_larger_budget_fills_the_prompt_in_fewer_longer_forwards():
+    spans = {}
+    for budget in (20.0, 80.0):
+        host, backend, clock = make(budget_ms=budget)
+        a = start_decoder(host, backend)
+        b = seq(6000, tag=2)
+        host.submit(b)
+        t0, n0 = clock.now, len(a.output)
+        run_until_filled(host, b)
+        spans[budget] = (clock.now - t0, (len(a.output) - n0) / (clock.now - t0))
+    (fill20, rate20), (fill80, rate80) = spans[20.0], spans[80.0]
+    assert fill80 < fill20 and rate80 < rate20  # the knob trades B's time for A's rate
+
+
+def test_short_prompts_go_first_and_carry_the_decoders_too():
+    host, backend, _ = make()
+    a = start_decoder(host, backend)
+    b = seq(8000, tag=2)
+    host.submit(b)
+    for _ in range(5):
+        host.turn()
+    at = b.filled
+    c = seq(40, tag=3)
+    host.submit(c)
+    backend.calls.clear()
+    host.turn()
+    assert backend.calls == [("mixed", c.lane, 0, 40, (a.lane,))]
+    assert c.status == Status.DECODE and b.filled == at
+    host.turn()  # then B again, now with C decoding beside A
+    kind, lane, start, _, lanes = backend.calls[-1]
+    assert (kind, lane, start) == ("mixed", b.lane, at) and set(lanes) == {a.lane, c.lane}
+
+
+def test_grid_cuts_where_the_backend_is_not_cut_free():
+    host, backend, _ = make(cut_free=False)
+    start_decoder(host, backend)
+    b = seq(3000, tag=2)
+    host.submit(b)
+    run_until_filled(host, b)
+    cuts = [(c[2], c[3]) for c in backend.calls if c[0] == "mixed"]
+    assert cuts == [(s, min(s + R, 3000)) for s in range(0, 3000, R)]
+    assert all(c[0] == "mixed" for c in backend.calls)  # no base needed: nothing is sized
+
+
+def test_no_prompt_waiting_is_the_plain_decode_loop_without_clock_reads():
+    host, backend, clock = make()
+    a = start_decoder(host, backend)
+    reads = clock.reads
+    for _ in range(20):
+        host.turn()
+    assert clock.reads == reads
+    assert backend.calls == [("decode", (a.lane,))] * 20
+
+
+def test_with_no_decoder_a_prompt_steps_on_the_grid():
+    host, backend, _ = make()
+    b = seq(1000, tag=2)
+    host.submit(b)
+    run_until_filled(host, b)
+    steps = [c for c in backend.calls if c[0] != "decode"]  # (B's own first round follows its last cut)
+    assert steps == [("prefill", b.lane, s, min(s + R, 1000)) for s in range(0, 1000, R)]
+
+
+def test_a_sampled_stream_turns_the_forward_back_into_a_step_and_a_round():
+    host, backend, _ = make()
+    a = seq(10, tag=1, sampling=SamplingParams(temperature=0.7, seed=3))
+    backend.decode = lambda lanes, tokens, positions, sampling=None, logprobs=None: (
+        backend.calls.append(("decode", tuple(lanes))) or [1] * len(lanes))
+    backend.prefill_step = lambda lane, tokens, start, end, sampling=None, logprobs=None: (
+        backend.calls.append(("prefill", lane, start, end)) or (7 if end == len(tokens) else None))
+    host.submit(a)
+    host.turn()
+    b = seq(3000, tag=2)
+    host.submit(b)
+    backend.calls.clear()
+    for _ in range(4):
+        host.turn()
+    assert [c[0] for c in backend.calls] == ["prefill", "decode"] * 4
+
+
+def test_a_failed_mixed_forward_ends_its_streams_and_frees_their_lanes():
+    host, backend, _ = make(fail_mixed=True, cut_free=False)
+    a = start_decoder(host, backend)
+    b = seq(3000, tag=2)
+    host.submit(b)
+    host.turn()
+    assert a.status == b.status == Status.FAILED
+    assert sorted(host.free) == [0, 1, 2, 3]
+    host.submit(c := seq(5, tag=4))
+    host.turn()
+    assert c.status == Status.DECODE
+
+
+def test_the_cost_model_learns_rows_and_keys_apart():
+    cost = ForwardCost(budget_s=0.05)
+    assert cost.rows(0, 5000) == 16  # nothing known: one granule
+    cost.add_round(BASE)
+    for n, ctx in [(64, 0), (128, 2000), (256, 8000), (96, 20000)]:
+        cost.add_mixed(n, ctx, BASE + n * ROW + KEY * n * (ctx + n / 2))
+    u, k = cost.coefficients()
+    assert u == pytest.approx(ROW, rel=1e-6) and k == pytest.approx(KEY, rel=1e-6)
+    n = cost.rows(10_000, 50_000)
+    assert cost.predict(n, 10_000) <= 0.05 < cost.predict(n + 16, 10_000)
+
+
+@pytest.mark.parametrize("bad", [0.0, -5.0, float("nan"), float("inf")])
+def test_a_bad_budget_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="--mixed-budget"):
+        EngineConfig(prefill_mode="mixed", mixed_budget_ms=bad)
+
+
+def test_a_fault_hook_sees_a_mixed_forward_as_a_step_and_a_round():
+    from engine.faults import Faults, FaultyBackend
+
+    host, backend, _ = make(cut_free=False)
+    host.backend = FaultyBackend(backend, Faults(fail_step=3, fail_round=None, decode_sleep_s=0.0))
+    a = start_decoder(host, host.backend)
+    b = seq(3000, tag=2)
+    host.submit(b)
+    host.turn()  # B's first cut beside A: step 2 (A's own prompt was step 1)
+    assert b.status == Status.PREFILL
+    host.turn()  # step 3 fails: the forward's streams end
+    assert a.status == b.status == Status.FAILED
+
+
+def test_cuts_end_on_the_backend_s_granule():
+    """A backend whose cut attention computes whole tiles (cut_granule): every sized cut ends at a
+    multiple of the tile, so no forward pays for a tile it fills in part."""
+    clock = Clock()
+    backend = MixedBackend(clock)
+    backend.cut_granule = 64
+    cfg = EngineConfig(parallel=4, prefill_rows=R, prefill_mode="mixed", mixed_budget_ms=40.0, out_queue=10**9)
+    host = LaneHost(backend, cfg, clock=clock)
+    start_decoder(host, backend)
+    b = seq(8000, tag=2)
+    host.submit(b)
+    run_until_filled(host, b)
+    ends = [c[3] for c in backend.calls if c[0] == "mixed"][:-1]
+    assert ends and all(e % 64 == 0 for e in ends)
+    assert len({e % R for e in ends}) > 1  # and the budget still sizes them between grid ends
+
+
+def test_mixed_mode_is_refused_where_its_bits_are_not_kept():
+    """CUDA and tensor parallel have no mixed forward that keeps a row's bits: one line, before any load."""
+    from engine.cli import check_config
+    with pytest.raises(ConfigError, match="--prefill-mode mixed runs on --device cpu at one rank"):
+        check_config(EngineConfig(model="tiny", prefill_mode="mixed", tensor_parallel=2))
+    assert check_config(EngineConfig(model="tiny", prefill_mode="mixed")).startswith("ok")
