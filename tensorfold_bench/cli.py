@@ -317,7 +317,7 @@ def load(
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
         tensor_parallel=tensor_parallel)
     data, paths = execute(load_mod.run, settings, out_dir, verbose)
-    out.print(Markdown(report.load.summary_markdown(data)))
+    out.print(Markdown(report.load_receipt.summary_markdown(data)))
     if data.get("predictions"):
         out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
     print_paths(paths)

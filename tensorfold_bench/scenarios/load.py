@@ -109,9 +109,10 @@ class Player:
         req = request_for(item, prompt, self.token_ids, self.sampling)
         s = Sent(item, req, new_record(req, scheduled))
         self.played.append(s)
-        if self.slots is not None:
+        if self.slots is not None:  # released: when a full set of slots let it go (None: it never waited)
+            waited = self.slots.locked()
             await self.slots.acquire()
-        s.released = clock()
+            s.released = clock() if waited else None
         try:
             await stream(self.client, self.url, req, s.rec, self.model, prepared)
         finally:

@@ -1,4 +1,4 @@
-"""The load receipt's Markdown, from its JSON alone: per level the paired verdicts, the latency
+"""`tfbench load`'s receipt Markdown (named so beside `report.load`, which reads a receipt), from its JSON alone: per level the paired verdicts, the latency
 percentiles, goodput and lateness per variant, the interference table, exactness."""
 from __future__ import annotations
 
