@@ -28,3 +28,7 @@ class ServerError(BenchError):
     def last_line(self) -> str:
         lines = [ln for ln in self.tail.splitlines() if ln.strip()]
         return lines[-1].strip() if lines else ""
+
+
+class WorkloadError(BenchError):
+    """A malformed workload file; the message starts FILE:LINE: and says what is wrong there."""

@@ -1,23 +1,11 @@
-"""What every scenario sends with: seeded prompt token ids, one HTTP client setup, and one
-request played alone."""
+"""What every scenario sends with: seeded prompt token ids (drawn in tensorfold_bench.workload.ids),
+one HTTP client setup, and one request played alone."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-
-import numpy as np
 
 from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, new_record, stream
-
-PROMPT_ID_FLOOR = 256  # stay clear of the low (byte / special) ids
-
-
-def prompt_ids(seed: int, key: str, n: int, vocab: int) -> list[int]:
-    """n random token ids in [PROMPT_ID_FLOOR, vocab), from a generator seeded by (seed, key)."""
-    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
-    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-    lo = min(PROMPT_ID_FLOOR, max(vocab // 4, 0))
-    return rng.integers(lo, vocab, size=n).tolist()
+from tensorfold_bench.workload.ids import PROMPT_ID_FLOOR, prompt_ids  # noqa: F401 (the scenarios draw prompts here)
 
 
 def http_client(kind: str = "wire") -> StreamClient:

@@ -25,6 +25,7 @@ class Item:
     think: float = 0.0  # multi-turn: seconds after the previous turn's reply ended
     kind: str = "load"  # "load" (the background traffic) or "inject" (a cold long prompt sent into it)
     hash_ids: tuple[int, ...] = ()  # Mooncake traces: ids of 512-token blocks; equal ids, equal prefix
+    warmup: bool = False  # sent like the rest, left out of the figures
 
     @property
     def prompt_len(self) -> int | None:
