@@ -90,8 +90,8 @@ def interference_table(data: dict, label: str) -> list[str]:
             continue
         alone = median([(r.get("alone") or {}).get("ttft_ms") for r in data["runs"]
                         if r["variant"] == v and r.get("valid")])
-        m = lambda k: num(median([f.get(k) for f in figs]), 1, DASH)  # noqa: E731
-        rows.append(f"| {v} | {m('injected')} ({m('filled')}) | {m('inject_ttft_p50_ms')} | {num(alone, 1, DASH)} | "
+        m = lambda k, d=1: num(median([f.get(k) for f in figs]), d, DASH)  # noqa: E731
+        rows.append(f"| {v} | {m('injected', 0)} ({m('filled', 0)}) | {m('inject_ttft_p50_ms')} | {num(alone, 1, DASH)} | "
                     f"{m('pause_in_ms')} / {m('pause_out_ms')} | {m('itl_p99_in_ms')} / {m('itl_p99_out_ms')} | "
                     f"{m('ttft_p99_in_ms')} / {m('ttft_p99_out_ms')} |")
     if not rows:

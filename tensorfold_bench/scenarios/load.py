@@ -144,11 +144,17 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
     """Every item of one level; (what was played, the level's start time, the client's self-check).
     `concurrency`: a closed loop of that many; else open loop on the items' offsets."""
     groups = sessions(workload.items)
+    # a closed loop's injected prompts still go at their own offsets
+    timed = [g for g in groups if g[0].kind == "inject"] if concurrency else []
+    groups = [g for g in groups if g not in timed]
     async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
         p = Player(client, url, model, token_ids, sampling, max_concurrency)
-        ready = [client.prepare(url, request_for(g[0], g[0].prompt, token_ids, sampling), model) for g in groups]
+        prep = lambda gs: [client.prepare(url, request_for(g[0], g[0].prompt, token_ids, sampling), model)  # noqa: E731
+                           for g in gs]
+        ready, timed_ready = prep(groups), prep(timed)
         with collector_held():
             t0 = clock()
+            tasks, last = [], 0.0
             if concurrency:
                 queue = list(zip(groups, ready))
 
@@ -158,13 +164,12 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
                         await p.turns(g, clock(), w)
                 tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
                 last = duration or 0.0
-            else:
-                tasks, last = [], 0.0
-                for g, w in sorted(zip(groups, ready), key=lambda x: x[0][0].offset or 0.0):
-                    at = t0 + (g[0].offset or 0.0)
-                    last = max(last, g[0].offset or 0.0)
-                    await sleep_until(at)
-                    tasks.append(asyncio.create_task(p.turns(g, at, w)))
+                groups, ready = timed, timed_ready  # what the dispatcher below sends on time
+            for g, w in sorted(zip(groups, ready), key=lambda x: x[0][0].offset or 0.0):
+                at = t0 + (g[0].offset or 0.0)
+                last = max(last, g[0].offset or 0.0)
+                await sleep_until(at)
+                tasks.append(asyncio.create_task(p.turns(g, at, w)))
             timeout = max(last - (clock() - t0), 0.0) + drain_s
             done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
             for t in pending:
@@ -226,6 +231,22 @@ def context_for(spec, vocab: int) -> int:
     return max(256, -(-need // 256) * 256)
 
 
+def parse_list(flag: str, text, kind: type) -> list | None:
+    """`1,2,4` -> [1.0, 2.0, 4.0] (or ints); the values' own checks are the workload's."""
+    if text is None or isinstance(text, (list, tuple)):
+        return text
+    out = []
+    for part in str(text).split(","):
+        try:
+            out.append(kind(part.strip()))
+        except ValueError:
+            what = "requests per second" if kind is float else "a whole number of requests in flight"
+            raise FlagError(flag, f"{part.strip()!r} is not {what} (e.g. {flag} 1,2,4)") from None
+    if len(set(out)) != len(out):
+        raise FlagError(flag, f"{text!r} repeats a level")
+    return out
+
+
 def parse_max_concurrency(v: int | None) -> int | None:
     if v is not None and v < 1:
         raise FlagError("--max-concurrency", f"must be at least 1, not {v}")
@@ -241,7 +262,10 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     (tensorfold_bench.workload.spec.from_flags), then the SLO and the rest, before any server
     starts. `workload`: from_flags's keyword arguments."""
     from tensorfold_bench.workload import spec as spec_mod
-    spec = spec_mod.from_flags(seed=seed, tokenizer=tokenizer, **workload)
+    w = dict(workload)
+    w["rates"] = parse_list("--rate", w.get("rates"), float)
+    w["concurrency"] = parse_list("--concurrency", w.get("concurrency"), int)
+    spec = spec_mod.from_flags(seed=seed, tokenizer=Path(tokenizer) if tokenizer else None, **w)
     slo_v = load_figures.parse_slo(slo)
     mc = parse_max_concurrency(max_concurrency)
     session.check_margin(margin)
@@ -253,7 +277,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                                   max_model_len=None, seed=seed, trace=False, engine_args=engine_args,
                                   tensor_parallel=tensor_parallel)
     if not url:  # sized from the workload itself (lengths do not depend on the vocabulary)
-        engine.max_model_len = max_model_len or context_for(spec, vocab or 32000)
+        engine.max_model_len = max_model_len or context_for(spec, vocab or 1 << 30)
     labels = [lv.label for lv in spec.levels]
     preds = read_predictions(predict, [v.name for v in variants], load_figures.predictable(labels)) if predict else None
     return LoadSettings(Session(engine, variants, names, Path(out_dir), "load", url=url, margin=margin,
@@ -271,7 +295,8 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
     the worst level (every level's is kept)."""
     out, checks = [], []
     for level in settings.spec.levels:
-        wl = settings.spec.build(level, vocab)
+        # a server tfbench did not start may hold earlier runs' prompts: each run's are fresh there
+        wl = settings.spec.build(level, vocab, f"run{run.index}{run.salt}" if run.shared else "")
         run.status(f"{run.variant.name}: {level.label} ({len(wl.items)} requests)")
         conc = closed or (int(level.value) if level.kind == "concurrency" else None)
         played, t0, check = asyncio.run(play_level(
@@ -291,12 +316,11 @@ def play(settings: LoadSettings, data: dict, run: Run) -> dict:
         raise BenchError(f"server reports a vocabulary of {run.vocab}")
     data["vocab"] = run.vocab
     levels, check = play_levels(settings, run, run.vocab, settings.max_concurrency)
-    alone = None
-    inj = next((it for lv in settings.spec.levels[:1] for it in settings.spec.build(lv, run.vocab).items
-                if it.kind == "inject"), None)
-    if inj is not None:
-        ids = prompt_ids(settings.sampling.seed, f"load:alone:{run.index}{run.salt}", len(inj.prompt), run.vocab)
-        req = request_for(replace(inj, id="inject-alone"), ids, run.token_ids, settings.sampling)
+    alone, inj = None, getattr(settings.spec, "inject", None)
+    if inj is not None:  # the injected prompt's first token with nothing else running (its ids fresh: cold)
+        ids = prompt_ids(settings.sampling.seed, f"load:alone:{run.index}{run.salt}", inj.length, run.vocab)
+        req = request_for(Item("inject-alone", tuple(ids), inj.output_len, kind="inject"), ids, run.token_ids,
+                          settings.sampling)
         rec = asyncio.run(play_alone(run.url, req, run.model))
         alone = {"ttft_ms": None if not rec.token_times else (rec.token_times[0] - rec.sent) * 1000,
                  "prompt_len": len(ids), "cached": rec.cached_tokens, "error": rec.error}
