@@ -267,16 +267,16 @@ def load(
     requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per level.")] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of arrivals per level (instead of --requests).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up requests first at each level, played and left out of the figures.")] = 0,
-    dataset: Annotated[str, typer.Option("--dataset", help="synthetic, or a file: JSONL prompts, ShareGPT JSON or a Mooncake trace (docs/harness.md, Workloads).")] = "synthetic",
+    dataset: Annotated[str, typer.Option("--dataset", help="synthetic (seeded random ids), or a file: JSONL prompts, ShareGPT JSON or a Mooncake trace (replayed on its timestamps).")] = "synthetic",
     fmt: Annotated[str, typer.Option("--format", help="The --dataset file's format: auto, jsonl, sharegpt or mooncake.")] = "auto",
-    input_len: Annotated[Optional[str], typer.Option("--input-len", help="Synthetic prompt length: a number, a range LO-HI, or a distribution (docs/harness.md, Workloads).")] = None,
-    output_len: Annotated[Optional[str], typer.Option("--output-len", help="Reply length (max_tokens, ignore_eos): a number, a range or a distribution.")] = None,
+    input_len: Annotated[Optional[str], typer.Option("--input-len", help="Synthetic prompt length (after a shared prefix): N, LO:HI, normal:MEAN,SD or lognormal:MEAN,SD. Default 256.")] = None,
+    output_len: Annotated[Optional[str], typer.Option("--output-len", help="Reply length (max_tokens, ignore_eos): N, LO:HI, normal:MEAN,SD or lognormal:MEAN,SD. Default 64 (a file's own lengths where it gives them).")] = None,
     prefix_groups: Annotated[int, typer.Option("--prefix-groups", help="Synthetic prompts in this many groups, each group's prompts sharing a prefix of --prefix-len tokens.")] = 0,
     prefix_len: Annotated[int, typer.Option("--prefix-len", help="The shared prefix's length in tokens (with --prefix-groups).")] = 0,
     turns: Annotated[int, typer.Option("--turns", help="Multi-turn sessions of this many turns: each turn's prompt is the history (earlier prompts and replies) plus a new part.")] = 1,
     think: Annotated[float, typer.Option("--think", help="Seconds between a turn's reply and the session's next turn.")] = 0.0,
     time_scale: Annotated[float, typer.Option("--time-scale", help="A trace's timestamps multiplied by this (0.5: twice as fast).")] = 1.0,
-    inject: Annotated[Optional[str], typer.Option("--inject", help="Cold long prompts sent into the load: LEN@EVERY (seconds) or LEN@T1,T2,...; the receipt gives the background's pauses and first tokens while they fill.")] = None,
+    inject: Annotated[Optional[str], typer.Option("--inject", help="Cold long prompts sent into the load: LEN@EVERY (seconds), LEN@T1,T2,... or LEN:OUT@...; the receipt gives the background's pauses and first tokens while they fill.")] = None,
     slo: Annotated[Optional[str], typer.Option("--slo", help="Service-level bounds for goodput, each with its unit: ttft=500ms,tpot=50ms,e2e=10s (DistServe: requests meeting every bound, per second).")] = None,
     model: Model = None,
     device: Device = "cpu",
@@ -338,6 +338,7 @@ def gate(
     seed: Seed = 0,
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
+    load_rate: Annotated[Optional[float], typer.Option("--load", help="Also play a short Poisson load at this many requests/s in every run (tfbench load's player): output tok/s and TTFT p99 judged, every reply compared.")] = None,
     verbose: Verbose = False,
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
@@ -345,7 +346,7 @@ def gate(
                                      accept_new_outputs=accept_new_outputs, out_dir=out_dir,
                                      new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")],
                                      vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None,
-                                     sampling=Sampling(temperature, seed))
+                                     sampling=Sampling(temperature, seed), load_rate=load_rate)
     data, paths = execute(gate_mod.run_gate, settings, out_dir, verbose)
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")

@@ -349,3 +349,24 @@ def load(data: dict) -> dict:
     return {"across_runs": across, "vs_plain": vs_plain if plain else {}, "flagged": flagged,
             "ok": all(x["equal"] == x["of"] for x in across.values())
             and all(x["equal"] == x["of"] for x in (vs_plain.values() if plain else []))}
+
+
+def gate_load(runs: list[dict], accepted: bool) -> tuple[dict, list[str]]:
+    """The gate's --load replies: each request's hash equal across every run of a group (every
+    run, or each side with a change of outputs acknowledged). ({group: {equal, of}}, reasons)."""
+    out, differ = {}, []
+    for label, group in gate_sides([r for r in runs if r.get("load")], accepted).items():
+        ref: dict[str, str] = {}
+        eq = of = 0
+        for r in group:
+            for q in r["load"]["records"]:
+                if q["sha"] is None:
+                    continue
+                want = ref.setdefault(q["id"], q["sha"])
+                of += 1
+                if q["sha"] == want:
+                    eq += 1
+                elif len(differ) < 5:
+                    differ.append(f"load reply differs ({label}): {q['id']} in run {r['index']}: {q['sha']} != {want}")
+        out[label] = {"equal": eq, "of": of}
+    return out, differ
