@@ -198,9 +198,20 @@ def test_levels_in_the_order_given_and_describe_is_one_line():
     (dict(rates=[1.0], requests=5, inject="big@5"), r"^--inject: "),
     (dict(concurrency=[2], requests=5, inject="100@5"), r"^--inject: .*--duration"),
     (dict(rates=[1.0], requests=0), r"^--requests: "),
+    (dict(rates=[0.2, 5.0], duration=10.0, warmup=3, arrival="constant"), r"^--warmup: 3 warm-up requests leave none of the 2 measured at rate 0.2/s"),
+    (dict(rates=[1.0], duration=10.0, inject="100@4,12"), r"^--inject: 12 s is past --duration 10"),
     (dict(rates=[1.0], duration=0.0), r"^--duration: "),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(flags, match):
     with pytest.raises(FlagError, match=match) as e:
         from_flags(**flags)
     assert "\n" not in str(e.value)
+
+
+def test_a_block_is_a_function_of_seed_key_and_id_alone():
+    from tensorfold_bench.workload.ids import block_ids
+    a = block_ids(0, "k", [5, 9, 70000], 512, VOCAB)
+    assert a[9] == block_ids(0, "k", [9], 512, VOCAB)[9] == block_ids(0, "k", list(range(5000)) + [9], 512, VOCAB)[9]
+    assert a[5] != a[9] and a[9] != block_ids(1, "k", [9], 512, VOCAB)[9] != block_ids(0, "j", [9], 512, VOCAB)[9]
+    ids = np.array([a[h] for h in a])
+    assert ids.min() >= PROMPT_ID_FLOOR and ids.max() < VOCAB and len(np.unique(ids)) > 0.7 * ids.size

@@ -33,7 +33,8 @@ class Inject:
         return [k * self.every for k in range(1, int(end / self.every) + 2) if k * self.every < end]
 
     def __str__(self) -> str:
-        when = f"every {self.every:g} s" if self.every is not None else "at " + ", ".join(f"{t:g}" for t in self.times) + " s"
+        at = ", ".join(f"{t:g}" for t in self.times)
+        when = f"every {self.every:g} s" if self.every is not None else f"at {at} s"
         return f"inject {self.length:,} ids (output {self.output_len}) {when}"
 
 

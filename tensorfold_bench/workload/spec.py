@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tensorfold_bench.errors import FlagError, WorkloadError
-from tensorfold_bench.workload import files, inject as inject_mod, lengths as lengths_mod
+from tensorfold_bench.workload import files, inject as inject_mod, lengths as lengths_mod, readers
 from tensorfold_bench.workload.arrivals import ARRIVALS, Arrivals
-from tensorfold_bench.workload.ids import prompt_ids, rng
+from tensorfold_bench.workload.ids import block_ids, prompt_ids, rng
 from tensorfold_bench.workload.model import Item, Workload
 
 DEFAULT_INPUT_LEN = "256"  # synthetic prompts' own part (after any shared prefix)
@@ -87,10 +87,11 @@ class LoadSpec:
         key = f"{level.label}|{salt}"
         units, offsets = self._schedule(level)
         items: list[tuple[float, int, Item]] = []  # (its session's turn-0 offset, 0 load / 1 inject, item)
-        blocks: dict[int, list[int]] = {}
+        blocks = block_ids(self.seed, f"{key}|blocks", sorted({h for u in units for t in u.turns for h in t.hash_ids}),
+                           files.MOONCAKE_BLOCK, vocab)
         in_lens, out_lens = self._draws(key, units)
         for u, off in zip(units, offsets):
-            multi = len(u.turns) > 1
+            multi = self.turns > 1  # every unit a session (a ShareGPT one may have fewer turns)
             for k, t in enumerate(u.turns):
                 iid = f"s{u.index}.t{k}" if multi else f"r{u.index}"
                 prompt, hash_ids = self._prompt(key, u, k, t, in_lens, vocab, blocks)
@@ -149,8 +150,6 @@ class LoadSpec:
         if t.prompt is None:  # Mooncake: the blocks named by the hash ids, cut to input_len
             ids: list[int] = []
             for h in t.hash_ids:
-                if h not in blocks:
-                    blocks[h] = prompt_ids(self.seed, f"{key}|block{h}", files.MOONCAKE_BLOCK, vocab)
                 ids += blocks[h]
             return tuple(ids[:t.input_len]), t.hash_ids
         if isinstance(t.prompt, tuple) and t.prompt and max(t.prompt) >= vocab:
@@ -170,9 +169,8 @@ class LoadSpec:
     def describe_source(self) -> str:
         if self.data is not None:
             s = self.data.describe()
-            if self.output_len is not None and self.data.fmt != "mooncake":
-                s += f", output {self.output_len} where a line gives none" if self.data.fmt == "jsonl" else \
-                    f", output {self.output_len}"
+            if self.output_len is not None:
+                s += f", output {self.output_len}" + (" where a line gives none" if self.data.fmt == "jsonl" else "")
         else:
             s = f"synthetic: input {self.input_len}, output {self.output_len}"
             if self.prefix_groups:
@@ -218,7 +216,7 @@ def _whole(flag: str, x: int, minimum: int) -> int:
 
 def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str | None = None,
                output_len: str | None = None, prefix_groups: int = 0, prefix_len: int = 0, turns: int = 1,
-               think: float = 0.0, tokenizer: Path | None = None, time_scale: float = 1.0,
+               think: float = 0.0, tokenizer: Path | str | None = None, time_scale: float = 1.0,
                rates: list[float] | None = None, arrival: str = "poisson", burstiness: float = 1.0,
                concurrency: list[int] | None = None, requests: int | None = None, duration: float | None = None,
                warmup: int = 0, inject: str | None = None, seed: int = 0) -> LoadSpec:
@@ -272,8 +270,10 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
         for flag, given in (("--input-len", input_len is not None), ("--prefix-groups", prefix_groups)):
             if given:
                 raise FlagError(flag, "applies to --dataset synthetic (a file gives its prompts)")
-        from tensorfold_bench.workload import readers  # the file readers (and, for text, a tokenizer)
-        data = readers.read(Path(dataset), fmt, tokenizer=tokenizer, output_len=out, turns=turns)
+        data = readers.read(Path(dataset), fmt, tokenizer=Path(tokenizer) if tokenizer else None, output_len=out,
+                            turns=turns)
+        if data.fmt == "mooncake" and out is not None:
+            raise FlagError("--output-len", f"{dataset} is a Mooncake trace: each line gives its output_length")
         if data.fmt != "sharegpt" and turns > 1:
             raise FlagError("--turns", f"applies to --dataset synthetic and ShareGPT files, not {data.fmt}")
         if data.timed and rates:
@@ -291,9 +291,14 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
         raise FlagError("--requests", "an open loop needs --requests N or --duration S (when to stop)")
     if spec.data is None and concurrency and requests is None:
         raise FlagError("--requests", "a closed loop (--concurrency) needs --requests N (how many to send)")
-    n = requests if spec.data is None else min(requests or len(spec.data.records), len(spec.data.records))
-    if n is not None and warmup >= n:
-        raise FlagError("--warmup", f"{warmup} warm-up requests leave none of the {n} measured")
+    if warmup:
+        for level in spec.levels:  # how many each level sends is known now (offsets need no vocabulary)
+            n = len(spec._schedule(level)[1])
+            if warmup >= n:
+                raise FlagError("--warmup", f"{warmup} warm-up requests leave none of the {n} measured"
+                                            + (f" at {level.label}" if len(spec.levels) > 1 else ""))
+    if inj and duration is not None and any(t >= duration for t in inj.times):
+        raise FlagError("--inject", f"{max(inj.times):g} s is past --duration {duration:g}: it would never be sent")
     if inj and inj.every is not None and concurrency and duration is None:
         raise FlagError("--inject", "an inject every EVERY seconds in a closed loop needs --duration S "
                                     "(or list the times: LEN@T1,T2,...)")
