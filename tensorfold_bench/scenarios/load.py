@@ -265,7 +265,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     w = dict(workload)
     w["rates"] = parse_list("--rate", w.get("rates"), float)
     w["concurrency"] = parse_list("--concurrency", w.get("concurrency"), int)
-    spec = spec_mod.from_flags(seed=seed, tokenizer=Path(tokenizer) if tokenizer else None, **w)
+    spec = spec_mod.from_flags(seed=seed, tokenizer=tokenizer, **w)
     slo_v = load_figures.parse_slo(slo)
     mc = parse_max_concurrency(max_concurrency)
     session.check_margin(margin)
