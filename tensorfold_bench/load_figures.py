@@ -191,8 +191,10 @@ def meets(r: Req, slo: Slo) -> bool:
     """Every bound held (TTFT and end-to-end from the scheduled send); a failed request never does."""
     if not r.ok or r.tokens < r.max_tokens:
         return False
-    checks = ((slo.ttft, r.ttft + r.lead), (slo.tpot, r.tpot), (slo.e2e, (r.e2e or 0.0) + r.lead))
-    return all(bound is None or (v is not None and v <= bound) for bound, v in checks)
+    # a one-token reply has no TPOT: nothing to hold against that bound
+    checks = ((slo.ttft, r.ttft + r.lead), (slo.tpot, r.tpot if r.tpot is not None else 0.0),
+              (slo.e2e, (r.e2e or 0.0) + r.lead))
+    return all(bound is None or v <= bound for bound, v in checks)
 
 
 def latencies(reqs: list[Req]) -> dict[str, list[float]]:
