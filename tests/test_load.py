@@ -222,3 +222,20 @@ def test_poisson_whole_vs_stepped_with_injects_and_the_plain_reference(tmp_path)
     assert "### rate 6/s" in md and "**Interference**" in md and (tmp_path / js.name.replace(".json.gz", ".png")).exists()
     res = CliRunner().invoke(app, ["report", str(js), "--no-png"])  # the Markdown from the JSON alone
     assert res.exit_code == 0 and next(tmp_path.glob("*-load.md")).read_text() == md
+
+
+def test_multi_turn_sessions_in_a_closed_loop_equal_the_plain_reference_turn_by_turn(tmp_path):
+    """Each later turn's prompt holds the run's own earlier replies; replayed turn by turn on the
+    plain reference, every turn's reply is equal (so every later prompt met its plain twin)."""
+    res = CliRunner().invoke(app, ["load", "--model", "tiny", "--prefill-rows", "16", "--concurrency", "2",
+                                   "--requests", "3", "--turns", "3", "--think", "0.05", "--input-len", "12",
+                                   "--output-len", "5", "--share", "0.5", "--order", "base,new", "--plain-check",
+                                   "--out", str(tmp_path)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    data = report.load(next(tmp_path.glob("*-load.json.gz")))
+    recs = {q["id"]: q for q in data["runs"][0]["levels"][0]["records"]}
+    assert len(recs) == 9 and recs["s0.t2"]["prompt_len"] == 3 * 12 + 2 * 5  # history: two prompts' parts, two replies
+    assert recs["s0.t1"]["scheduled"] >= recs["s0.t0"]["ended"] + 0.05 - 1e-6
+    e = data["exactness"]
+    assert e["vs_plain"]["stepped p=0.5"] == {"equal": 9, "of": 9, "unknown": 0, "no_reference": 0}
+    assert e["across_runs"]["stepped p=0.5"]["equal"] == 9
