@@ -42,7 +42,7 @@ def test_jsonl_prompts_text_and_ids_with_output_lengths():
     assert spec.data.fmt == "jsonl" and not spec.timed and len(w.items) == 6
     first = w.items[0]
     assert first.prompt.startswith("Summarise") and first.output_len == 48 and first.prompt_len is None
-    assert w.items[2].prompt[:3] == (1201, 877, 3310) and w.items[2].output_len == 16
+    assert w.items[2].prompt[:3] == (301, 477, 310) and w.items[2].output_len == 16
     assert w.items[3].output_len == 8  # the line without output_len takes --output-len
     assert [i.offset for i in w.items] == sorted(i.offset for i in w.items) and w.items[0].offset == 0.0
     # the file bounds the run: --requests takes its first N
@@ -143,10 +143,39 @@ def test_sharegpt_token_ids_need_no_tokenizer_and_an_object_a_line_reads_too(tmp
     assert spec.data.fmt == "sharegpt" and [(i.prompt, i.output_len) for i in w.items] == [((300, 301, 302), 7)] * 2
 
 
+def test_sharegpt_turns_end_where_the_alternation_does(tmp_path):
+    h, g = (lambda v: {"from": "human", "value": v}), (lambda v: {"from": "gpt", "value": v})
+    convs = [[h([300]), g([1]), {"from": "robot", "value": "x"}, h([301]), g([1])],  # an unknown role
+             [h([302]), g([1, 1]), h([]), g([1])],  # an empty message
+             [h([303]), h([304]), g([1])],  # two humans in a row
+             [{"from": "robot", "value": "x"}]]  # nothing to send: skipped
+    p = write(tmp_path, "alt.jsonl", [{"conversations": c} for c in convs])
+    spec, w = items(p, concurrency=[1], turns=3)
+    assert [(i.id, i.prompt) for i in w.items] == [("s0.t0", (300,)), ("s1.t0", (302,))]
+    assert spec.data.skipped == 2
+
+
+def test_only_what_a_level_can_send_is_tokenized_but_every_entry_is_checked(tmp_path, tok):
+    conv = lambda q: {"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": "ok"}]}
+    p = write(tmp_path, "many.jsonl", [conv(f"question {k}") for k in range(50)])
+    spec = from_flags(dataset=str(p), rates=[1.0], tokenizer=tok, requests=3)
+    assert len(spec.data.records) == 3 and "(50 conversations, the first 3 read)" in spec.describe()
+    assert [i.prompt for i in spec.build(spec.levels[0], 512).items] == [tuple(f"question {k}".encode()) for k in range(3)]
+    spec = from_flags(dataset=str(p), rates=[1.0, 2.0], tokenizer=tok, duration=5.0, arrival="constant")
+    assert len(spec.data.records) == 10  # 2/s for 5 s
+    assert len(from_flags(dataset=str(p), concurrency=[2], tokenizer=tok).data.records) == 50
+    p = write(tmp_path, "badlate.jsonl", [conv("a"), conv("b"), {"conversation": []}])
+    with pytest.raises(WorkloadError, match=r"badlate\.jsonl:3: expected"):
+        from_flags(dataset=str(p), rates=[1.0], tokenizer=tok, requests=1)
+    p = write(tmp_path, "late.jsonl", [{"prompt": "a", "output_len": 1}, {"prompt": "b", "output_len": 1},
+                                       {"prompt": "c", "output_len": 0}])
+    with pytest.raises(WorkloadError, match=r"late\.jsonl:3: output_len"):
+        from_flags(dataset=str(p), rates=[1.0], tokenizer=tok, requests=1)
+
+
 def test_a_bad_sharegpt_entry_is_named_by_its_line(tmp_path):
     good = '  {"conversations": [{"from": "human", "value": [300]}, {"from": "gpt", "value": [1]}]}'
     cases = [('  {"conversation": []}', r":3: expected \{\"conversations\""),
-             ('  {"conversations": [{"from": "robot", "value": "x"}]}', r":3: conversations\[0\]: unknown \"from\" 'robot'"),
              ('  {"conversations": [{"from": "human"}]}', r":3: conversations\[0\] must have \"from\" and \"value\""),
              ('  {"conversations": [}', r":3: not JSON")]
     for entry, match in cases:
@@ -191,8 +220,11 @@ def test_mooncake_shared_hash_ids_share_a_prefix_and_only_those():
                 blocks[h] = block
     assert pairs > 20
     assert len({b for b in blocks.values()}) == len(blocks)  # distinct ids, distinct tokens
-    a, b = w.items[0], w.items[1]  # [0, 1, 10, 11] and [2, 3]: nothing shared
+    a = w.items[0]
+    b = next(i for i in w.items if not set(i.hash_ids) & set(a.hash_ids))  # nothing shared
     assert a.prompt[:16] != b.prompt[:16]
+    c = next(i for i in w.items[1:] if i.hash_ids[0] == a.hash_ids[0])  # the same first block
+    assert a.prompt[:MOONCAKE_BLOCK] == c.prompt[:MOONCAKE_BLOCK] and a.prompt[MOONCAKE_BLOCK:] != c.prompt[MOONCAKE_BLOCK:]
 
 
 @pytest.mark.parametrize("row,match", [
@@ -236,6 +268,9 @@ def test_a_file_that_matches_no_format_or_is_missing_is_one_line(tmp_path):
     p = write(tmp_path, "odd.csv", ["a,b,c", "1,2,3"])
     with pytest.raises(FlagError, match=rf"^--format: {p}: a \.csv file that matches none of jsonl"):
         from_flags(dataset=str(p), rates=[1.0])
+    p = write(tmp_path, "lists.jsonl", ["[300, 301]", "[302]"])
+    with pytest.raises(FlagError, match=r"^--format: .*lists\.jsonl: a \.jsonl file that matches none"):
+        from_flags(dataset=str(p), rates=[1.0])
     p = write(tmp_path, "odd.jsonl", [{"question": "x"}])
     with pytest.raises(FlagError, match=r"^--format: .*odd\.jsonl"):
         from_flags(dataset=str(p), rates=[1.0])
@@ -264,6 +299,6 @@ def test_warmup_and_injects_with_a_trace():
     load = [i for i in w.items if i.kind == "load"]
     assert [i.warmup for i in load] == [True] * 5 + [False] * 35
     inj = [i for i in w.items if i.kind == "inject"]
-    assert [i.offset for i in inj] == [10.0, 20.0, 30.0, 40.0] and all(i.prompt_len == 2000 for i in inj)
+    assert [i.offset for i in inj] == [10.0, 20.0, 30.0, 40.0, 50.0] and all(i.prompt_len == 2000 for i in inj)
     with pytest.raises(FlagError, match=r"^--warmup: 40 warm-up requests leave none of the 40"):
         from_flags(dataset=str(EXAMPLES / "mooncake-40.jsonl"), warmup=40)

@@ -34,7 +34,10 @@ class Dataset:
     records: tuple[Record, ...]
     timed: bool  # the records carry timestamps: replayed on them
     skipped: int = 0  # entries with nothing to send (ShareGPT: no human turn with a reply)
+    entries: int | None = None  # entries with something to send, kept or not (None: all kept)
 
     def describe(self) -> str:
+        n = len(self.records) if self.entries is None else self.entries
         s = f", {self.skipped:,} skipped" if self.skipped else ""
-        return f"{self.fmt} {self.path} ({len(self.records):,} {'records' if self.fmt == 'sharegpt' else 'lines'}{s})"
+        s += f", the first {len(self.records):,} read" if n > len(self.records) else ""
+        return f"{self.fmt} {self.path} ({n:,} {'conversations' if self.fmt == 'sharegpt' else 'lines'}{s})"

@@ -6,7 +6,8 @@ that does not fit names --format; a needed but missing tokenizer names --tokeniz
   `timestamp` (ms: then every line has one and the file is a timed trace). Other keys are ignored.
 - ShareGPT: a JSON list (or an object a line) of `{"conversations": [{"from", "value"}, ...]}`.
   Each human message with a gpt reply right after it is a turn: the human value the prompt, the
-  reply's token count the output length. `--turns T` keeps the first T turns of each
+  reply's token count the output length; a conversation's turns end where that alternation does
+  (an unknown role or an empty message ends them too, as real ShareGPT dumps have both). `--turns T` keeps the first T turns of each
   conversation as a session (default 1: the first turn only, as vLLM's benchmark does).
 - Mooncake: an object a line: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`."""
 from __future__ import annotations
@@ -53,7 +54,9 @@ class Tokenizer:
 
 
 def read(path: Path, fmt: str = "auto", *, tokenizer: Path | None = None, output_len: Lengths | None = None,
-         turns: int = 1) -> Dataset:
+         turns: int = 1, limit: int | None = None) -> Dataset:
+    """The file, every entry checked; only the first `limit` requests (or sessions) kept, for no
+    level sends more: tokenizing a whole ShareGPT dump for a hundred requests took minutes."""
     if not path.is_file():
         raise FlagError("--dataset", f"{path}: no such file (or 'synthetic')")
     try:
@@ -66,19 +69,20 @@ def read(path: Path, fmt: str = "auto", *, tokenizer: Path | None = None, output
         fmt = detect(path, text)
     tok = Tokenizer(tokenizer)
     if fmt == "jsonl":
-        return _jsonl(path, text, tok, output_len)
+        return _jsonl(path, text, tok, output_len, limit)
     if fmt == "sharegpt":
-        return _sharegpt(path, text, tok, output_len, turns)
+        return _sharegpt(path, text, tok, output_len, turns, limit)
     if fmt == "mooncake":
         return _mooncake(path, text)
     raise FlagError("--format", f"{fmt!r}: expected one of {', '.join(FORMATS)}")
 
 
 def detect(path: Path, text: str) -> str:
-    """The format, from the extension and the first line: a `.json` file (or any) that opens a
-    list is ShareGPT; otherwise the first line's keys decide."""
+    """The format, from the extension and the first line: a file that opens a list is ShareGPT
+    (unless it is named .jsonl: JSON lines of lists are none of the formats); otherwise the first
+    line's keys decide."""
     n, first = next((n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1) if ln.strip())
-    if first.startswith("["):
+    if first.startswith("[") and path.suffix != ".jsonl":
         return "sharegpt"
     try:
         obj = json.loads(first)
@@ -144,14 +148,15 @@ def _timestamp(path: Path, n: int, x) -> float:
     return float(x)
 
 
-def _jsonl(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None) -> Dataset:
+def _jsonl(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None, limit: int | None) -> Dataset:
     recs = []
     for n, obj in _lines(path, text):
+        keep = limit is None or len(recs) < limit  # lines past the limit are checked, not tokenized
         if "prompt" not in obj:
             raise WorkloadError(f"{path}:{n}: no prompt (a JSONL line has prompt, optionally output_len, timestamp)")
         p = obj["prompt"]
         if isinstance(p, str) and p:
-            prompt = tok.encode(p) if tok.where is not None else p
+            prompt = tok.encode(p) if tok.where is not None and keep else p
         elif isinstance(p, list):
             prompt = _ids(path, n, "prompt", p)
         else:
@@ -164,7 +169,7 @@ def _jsonl(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None) ->
             out = None
         ts = _timestamp(path, n, obj["timestamp"]) if "timestamp" in obj else None
         recs.append(Record(n, (Turn(prompt, out),), ts))
-    return Dataset(str(path), "jsonl", tuple(recs), _timestamps(path, recs))
+    return Dataset(str(path), "jsonl", tuple(recs[:limit]), _timestamps(path, recs), entries=len(recs))
 
 
 def _mooncake(path: Path, text: str) -> Dataset:
@@ -225,8 +230,9 @@ def _elements(path: Path, text: str):
             raise WorkloadError(f"{path}:{line_of(i)}: expected ',' or ']' between the list's conversations")
 
 
-def _sharegpt(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None, turns: int) -> Dataset:
-    recs, skipped = [], 0
+def _sharegpt(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None, turns: int,
+              limit: int | None) -> Dataset:
+    recs, skipped, entries = [], 0, 0
     for n, obj in _elements(path, text):
         conv = obj.get("conversations") if isinstance(obj, dict) else None
         if not isinstance(conv, list):
@@ -236,27 +242,29 @@ def _sharegpt(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None,
             if not (isinstance(m, dict) and isinstance(m.get("from"), str) and isinstance(m.get("value"), (str, list))):
                 raise WorkloadError(f"{path}:{n}: conversations[{k}] must have \"from\" and \"value\" (text or ids)")
             role = m["from"].lower()
-            if role not in HUMAN + GPT + SKIP:
-                raise WorkloadError(f"{path}:{n}: conversations[{k}]: unknown \"from\" {m['from']!r} "
-                                    f"(expected {', '.join(HUMAN + GPT + SKIP)})")
-            if role not in SKIP:
-                msgs.append((k, role in HUMAN, m["value"]))
-        while msgs and not msgs[0][1]:  # a reply before any human message has no prompt
+            if role in SKIP:
+                continue
+            kind = "gpt" if role in GPT else "human" if role in HUMAN and m["value"] else "other"
+            msgs.append((k, kind, m["value"]))  # "other" (an unknown role, an empty message) ends the turns
+        while msgs and msgs[0][1] == "gpt":  # a reply before any human message has no prompt
             msgs.pop(0)
-        got = []
-        for (k, human, value), nxt in zip(msgs[::2], msgs[1::2]):
-            if not human or nxt[1]:
+        pairs = []
+        for (k, kind, value), nxt in zip(msgs[::2], msgs[1::2]):
+            if kind != "human" or nxt[1] != "gpt":
                 break  # the alternation breaks: the turns after would lose their history
-            got.append(Turn(_prompt(path, n, k, value, tok, turns), _reply(path, n, nxt[0], nxt[2], tok, output_len)))
-            if len(got) == turns:
+            pairs.append((k, value, nxt[0], nxt[2]))
+            if len(pairs) == turns:
                 break
-        if got:
-            recs.append(Record(n, tuple(got)))
-        else:
+        if not pairs:
             skipped += 1
+            continue
+        entries += 1
+        if limit is None or len(recs) < limit:  # past the limit: checked, not tokenized
+            recs.append(Record(n, tuple(Turn(_prompt(path, n, k, v, tok, turns), _reply(path, n, k2, v2, tok, output_len))
+                                        for k, v, k2, v2 in pairs)))
     if not recs:
         raise WorkloadError(f"{path}:1: no conversation has a human message followed by a gpt reply")
-    return Dataset(str(path), "sharegpt", tuple(recs), False, skipped)
+    return Dataset(str(path), "sharegpt", tuple(recs), False, skipped, entries)
 
 
 def _prompt(path: Path, n: int, k: int, value, tok: Tokenizer, turns: int) -> tuple[int, ...] | str:
@@ -264,8 +272,6 @@ def _prompt(path: Path, n: int, k: int, value, tok: Tokenizer, turns: int) -> tu
         return _ids(path, n, f"conversations[{k}].value", value)
     if turns > 1:  # the player builds each later prompt from ids: history, reply, new part
         tok.need(path, n, "multi-turn sessions (--turns) of text need token ids")
-    if not value:
-        raise WorkloadError(f"{path}:{n}: conversations[{k}]: an empty human message")
     return tok.encode(value) if tok.where is not None else value
 
 

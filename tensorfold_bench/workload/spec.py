@@ -270,8 +270,12 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
         for flag, given in (("--input-len", input_len is not None), ("--prefix-groups", prefix_groups)):
             if given:
                 raise FlagError(flag, "applies to --dataset synthetic (a file gives its prompts)")
+        arrivals = Arrivals(arrival, float(burstiness))
+        most = requests  # no level sends more than this: the rest of the file is checked, not tokenized
+        if most is None and rates and duration is not None:
+            most = max(len(arrivals.offsets(r, seed=seed, duration=duration)) for r in rates)
         data = readers.read(Path(dataset), fmt, tokenizer=Path(tokenizer) if tokenizer else None, output_len=out,
-                            turns=turns)
+                            turns=turns, limit=most)
         if data.fmt == "mooncake" and out is not None:
             raise FlagError("--output-len", f"{dataset} is a Mooncake trace: each line gives its output_length")
         if data.fmt != "sharegpt" and turns > 1:
@@ -282,7 +286,7 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
         if time_scale != 1.0 and not (data.timed and not concurrency):
             raise FlagError("--time-scale", "applies to a timed trace replayed on its timestamps")
         spec = LoadSpec(dataset, None, out, 0, 0, turns, float(think), float(time_scale),
-                        tuple(float(r) for r in rates), Arrivals(arrival, float(burstiness)), tuple(concurrency),
+                        tuple(float(r) for r in rates), arrivals, tuple(concurrency),
                         requests, duration, warmup, inj, seed, data)
 
     if not spec.timed and not rates and not concurrency:
