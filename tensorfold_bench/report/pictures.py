@@ -228,6 +228,8 @@ def load(data: dict, path: Path) -> Path | None:
     """tfbench load: latency percentiles (TTFT p50 and p99, TPOT p99, from each variant's medians)
     against the level, and goodput (or output tok/s without an SLO) against the level."""
     levels = data["settings"]["levels"]
+    if len(levels) < 2:
+        return None  # one level (a trace, one rate) is a point, not a curve: the tables say it all
     xs = [float(lv["value"]) if isinstance(lv["value"], (int, float)) else float(i) for i, lv in enumerate(levels)]
     stats_ = data.get("stats") or {}
 
