@@ -219,7 +219,8 @@ def test_poisson_whole_vs_stepped_with_injects_and_the_plain_reference(tmp_path)
     md = next(tmp_path.glob("*-load.md")).read_text()
     n = e["across_runs"]["whole"]["of"]
     assert f"whole: {n} of {n} replies equal across runs; {n} of {n} equal to the plain reference" in md
-    assert "### rate 6/s" in md and "**Interference**" in md and (tmp_path / js.name.replace(".json.gz", ".png")).exists()
+    assert "### rate 6/s" in md and "**Interference**" in md
+    assert not (tmp_path / js.name.replace(".json.gz", ".png")).exists()  # one level: a point, no curve to draw
     res = CliRunner().invoke(app, ["report", str(js), "--no-png"])  # the Markdown from the JSON alone
     assert res.exit_code == 0 and next(tmp_path.glob("*-load.md")).read_text() == md
 
@@ -239,3 +240,8 @@ def test_multi_turn_sessions_in_a_closed_loop_equal_the_plain_reference_turn_by_
     e = data["exactness"]
     assert e["vs_plain"]["stepped p=0.5"] == {"equal": 9, "of": 9, "unknown": 0, "no_reference": 0}
     assert e["across_runs"]["stepped p=0.5"]["equal"] == 9
+
+
+def test_the_picture_draws_latency_and_goodput_against_the_rate(tmp_path):
+    data = report.load(ROOT / "receipts" / "20261202-003218-load.json.gz")  # three rates
+    assert report.render_png(data, tmp_path / "p.png") == tmp_path / "p.png" and (tmp_path / "p.png").stat().st_size > 5000
