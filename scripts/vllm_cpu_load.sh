@@ -22,9 +22,11 @@ export VLLM_PYTHON="$VENV/bin/python" VLLM_CACHE_ROOT="$SCRATCH/cache/vllm" XDG_
     TORCHINDUCTOR_CACHE_DIR="$SCRATCH/cache/inductor" HF_HOME="$SCRATCH/cache/hf" TMPDIR="$SCRATCH/cache/tmp"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 echo "load before: $(cat /proc/loadavg)"
-# float32: this host's CPU (AVX2) has no packed bf16 products, and tfengine refuses bf16 there
+# float32: this host's CPU (AVX2) has no packed bf16 products, and tfengine refuses bf16 there.
+# --parallel 16 (tfengine's lanes; command variants take no shared flags): with its default 4 a
+# Poisson load queues at tfengine's door while vLLM batches every request it has.
 time "$PY" -m tensorfold_bench load --variants examples/variants/vllm-cpu.yaml \
     --order "vllm,tfengine stepped,tfengine stepped,vllm" --model "$DIR" --dtype float32 --vocab 8192 \
-    --rate 2,4 --duration 20 --input-len 128 --output-len 32 --slo ttft=500ms,tpot=50ms,e2e=5s \
+    --parallel 16 --rate 2,4 --duration 10 --input-len 128 --output-len 16 --slo ttft=1s,tpot=100ms,e2e=5s \
     --predict "$PRED" --out "$OUT"
 echo "load after: $(cat /proc/loadavg)"
