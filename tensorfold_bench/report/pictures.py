@@ -240,7 +240,7 @@ def load(data: dict, path: Path) -> Path | None:
     if not any(m is not None for n in names for m in series("ttft_p99", n)):
         return None  # no valid run: nothing to draw
     good = "goodput" if any(v is not None for n in names for v in series("goodput", n)) else "out_tok_s"
-    fig, (ax, gx) = plt.subplots(1, 2, figsize=(9.6, 3.6), dpi=80)  # small: a receipt's picture is committed
+    fig, (ax, gx) = plt.subplots(1, 2, figsize=(9.6, 3.6), dpi=72)  # small: a receipt's picture is committed
     for k, name in enumerate(names):
         color = f"C{k}"
         for fam, style in (("ttft_p50", ":"), ("ttft_p99", "-"), ("tpot_p99", "--")):
@@ -276,7 +276,7 @@ def load(data: dict, path: Path) -> Path | None:
 
 
 def _save_small(fig, path: Path) -> None:
-    """Saved with a 64-colour palette: lines and text on white need no more, and the file is a
+    """Saved with a 24-colour palette: lines and text on white need no more, and the file is a
     third of the full-colour one (receipts are committed)."""
     import io
 
@@ -284,4 +284,4 @@ def _save_small(fig, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     buf.seek(0)
-    Image.open(buf).convert("RGB").quantize(colors=64).save(path, optimize=True)
+    Image.open(buf).convert("RGB").quantize(colors=24).save(path, optimize=True)
