@@ -405,11 +405,16 @@ def analyse(settings: LoadSettings, data: dict) -> dict:
     return data
 
 
+STATS = (*load_figures.JUDGED, "ttft_p50")  # the verdict rows and what the picture draws
+
+
 def load_stats(data: dict) -> dict:
-    """Each flat figure's statistics over the runs (invalid runs left out)."""
+    """The statistics of the figures the receipt's verdict rows and picture show, over the runs
+    (invalid runs left out); every other figure stays in each run's `figures`."""
     from tensorfold_bench import figures
     runs = data["runs"]
-    names = list(dict.fromkeys(n for r in runs for n in r.get("figures") or {}))
+    names = [n for n in dict.fromkeys(n for r in runs for n in r.get("figures") or {})
+             if load_figures.family(n) in STATS]
     values = [r["figures"] if r.get("valid") else {} for r in runs]
     return {k: fs.to_dict() for k, fs in figures.stats_for(
         names, [r["variant"] for r in runs], values, data["settings"]["base"], data["settings"]["margin"]).items()}
@@ -417,10 +422,11 @@ def load_stats(data: dict) -> dict:
 
 def medians(data: dict) -> dict[str, dict[str, float | None]]:
     """variant -> flat figure -> median over its valid runs (what predictions are checked against)."""
+    from tensorfold_bench.figures import figure_runs, median
     out: dict[str, dict] = {}
-    for name, fs in data["stats"].items():
-        for v, m in fs["medians"].items():
-            out.setdefault(v, {})[name] = m
+    for name, by in figure_runs(data).items():
+        for v, xs in by.items():
+            out.setdefault(v, {})[name] = median(xs)
     return out
 
 
