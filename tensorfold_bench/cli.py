@@ -26,6 +26,7 @@ from tensorfold_bench import gate as gate_mod
 from tensorfold_bench import lifecycle, plan, predictions, progress, report, stats
 from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
 from tensorfold_bench.sampling import Sampling
+from tensorfold_bench.scenarios import load as load_mod
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
 from tensorfold_bench.scenarios import script as script_mod
 from tensorfold_bench.scenarios import sweep as sweep_mod
@@ -260,6 +261,73 @@ def sweep(
     no_valid_run(data, paths, lambda r: any(v is not None for v in r["figures"].values()))
 
 
+@app.command("load")
+def load(
+    rate: Annotated[Optional[str], typer.Option("--rate", help="Requests per second, each a level (open loop: requests go at their scheduled times whatever is in flight), e.g. 1,2,4.")] = None,
+    arrival: Annotated[str, typer.Option("--arrival", help="Arrival process at each --rate: poisson, gamma (with --burstiness) or constant.")] = "poisson",
+    burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma arrivals' shape (vLLM's meaning: 1 is Poisson, below 1 burstier, above 1 steadier).")] = 1.0,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Closed loop instead of --rate: that many requests in flight, each level (e.g. 1,4,8).")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Open loop: at most this many in flight; a request past it waits for a slot, and the wait counts as queueing in the latency from its scheduled send.")] = None,
+    requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per level.")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of arrivals per level (instead of --requests).")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up requests first at each level, played and left out of the figures.")] = 0,
+    dataset: Annotated[str, typer.Option("--dataset", help="synthetic (seeded random ids), or a file: JSONL prompts, ShareGPT JSON or a Mooncake trace (replayed on its timestamps).")] = "synthetic",
+    fmt: Annotated[str, typer.Option("--format", help="The --dataset file's format: auto, jsonl, sharegpt or mooncake.")] = "auto",
+    input_len: Annotated[Optional[str], typer.Option("--input-len", help="Synthetic prompt length (after a shared prefix): N, LO:HI, normal:MEAN,SD or lognormal:MEAN,SD. Default 256.")] = None,
+    output_len: Annotated[Optional[str], typer.Option("--output-len", help="Reply length (max_tokens, ignore_eos): N, LO:HI, normal:MEAN,SD or lognormal:MEAN,SD. Default 64 (a file's own lengths where it gives them).")] = None,
+    prefix_groups: Annotated[int, typer.Option("--prefix-groups", help="Synthetic prompts in this many groups, each group's prompts sharing a prefix of --prefix-len tokens.")] = 0,
+    prefix_len: Annotated[int, typer.Option("--prefix-len", help="The shared prefix's length in tokens (with --prefix-groups).")] = 0,
+    turns: Annotated[int, typer.Option("--turns", help="Multi-turn sessions of this many turns: each turn's prompt is the history (earlier prompts and replies) plus a new part.")] = 1,
+    think: Annotated[float, typer.Option("--think", help="Seconds between a turn's reply and the session's next turn.")] = 0.0,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="A trace's timestamps multiplied by this (0.5: twice as fast).")] = 1.0,
+    inject: Annotated[Optional[str], typer.Option("--inject", help="Cold long prompts sent into the load: LEN@EVERY (seconds), LEN@T1,T2,... or LEN:OUT@...; the receipt gives the background's pauses and first tokens while they fill.")] = None,
+    slo: Annotated[Optional[str], typer.Option("--slo", help="Service-level bounds for goodput, each with its unit: ttft=500ms,tpot=50ms,e2e=10s (DistServe: requests meeting every bound, per second).")] = None,
+    model: Model = None,
+    device: Device = "cpu",
+    dtype: Dtype = None,
+    share: Share = None,
+    order: Order = None,
+    url: Url = None,
+    out_dir: OutDir = Path("receipts"),
+    plain_check: PlainCheck = False,
+    variants_file: VariantsFile = None,
+    base_ref: BaseRef = None,
+    new_ref: NewRef = None,
+    aa: AA = False,
+    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (e.g. goodput@LEVEL, ttft_p99@LEVEL), read, hashed and stamped into the receipt before the first run.")] = None,
+    margin: Margin = stats.DEFAULT_MARGIN,
+    parallel: Parallel = None,
+    tensor_parallel: TensorParallel = 1,
+    prefill_rows: PrefillRows = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: the longest request's prompt and reply, a session's whole history, rounded up to 256).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the workload (prompts, lengths, arrivals) and the engine's dummy weights; with --temperature, each request's sampling seed is derived from it and the request's id.")] = 0,
+    temperature: Temperature = 0.0,
+    engine_arg: EngineArg = None,
+    vocab: Vocab = None,
+    tokenizer: Tokenizer = None,
+    token_ids: TokenIds = "ids",
+    verbose: Verbose = False,
+):
+    """Traffic: open-loop arrivals or a closed loop, datasets and traces, goodput under an SLO; whole vs stepped at each --share."""
+    workload = dict(dataset=dataset, fmt=fmt, input_len=input_len, output_len=output_len, prefix_groups=prefix_groups,
+                    prefix_len=prefix_len, turns=turns, think=think, time_scale=time_scale, rates=rate,
+                    arrival=arrival, burstiness=burstiness, concurrency=concurrency, requests=requests,
+                    duration=duration, warmup=warmup, inject=inject)
+    settings = load_mod.settings_from_flags(
+        model=model, device=device, dtype=dtype, share=share, order=order, url=url, out_dir=out_dir,
+        plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
+        engine_args=engine_arg, workload=workload, slo=slo, max_concurrency=max_concurrency, vocab=vocab,
+        variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa, predict=predict, margin=margin,
+        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
+        tensor_parallel=tensor_parallel)
+    data, paths = execute(load_mod.run, settings, out_dir, verbose)
+    out.print(Markdown(report.load_receipt.summary_markdown(data)))
+    if data.get("predictions"):
+        out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
+    print_paths(paths)
+    no_valid_run(data, paths, lambda r: bool(r.get("valid")))
+
+
 @app.command("gate")
 def gate(
     base_ref: Annotated[str, typer.Option("--base", help="Git ref of the base (default: the previous commit).")] = "HEAD~1",
@@ -274,6 +342,7 @@ def gate(
     seed: Seed = 0,
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
+    load_rate: Annotated[Optional[float], typer.Option("--load", help="Also play a short Poisson load at this many requests/s in every run (tfbench load's player): output tok/s and TTFT p99 judged, every reply compared.")] = None,
     verbose: Verbose = False,
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
@@ -281,7 +350,7 @@ def gate(
                                      accept_new_outputs=accept_new_outputs, out_dir=out_dir,
                                      new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")],
                                      vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None,
-                                     sampling=Sampling(temperature, seed))
+                                     sampling=Sampling(temperature, seed), load_rate=load_rate)
     data, paths = execute(gate_mod.run_gate, settings, out_dir, verbose)
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")

@@ -294,3 +294,79 @@ def gate(runs: list[dict], accepted: bool) -> dict:
                 on = f", on its first {n_a} tokens" if k == "A" else ""
                 differ.append(f"long-prompt {k}'s reply differs ({label}{on}): " + "; ".join(bad))
     return {"sweep": sweep_checks, "long_prompt": lp, "differ": differ}
+
+
+# ---- load ----------------------------------------------------------------------------------
+
+def load(data: dict) -> dict:
+    """`tfbench load`'s replies: each request (level and item id) in each run against its reply
+    in the first base run that has it (else the first run); and, with the plain reference,
+    each reply against the plain reply to the same prompt (`pkey`: a later turn's prompt holds
+    the run's own earlier replies, so it meets the plain one only when those were equal).
+    Returns per variant {equal, of, unknown} across runs and vs plain, and the first differences."""
+    runs = [r for r in data["runs"] if r.get("levels")]
+    if data["settings"].get("url"):  # a server tfbench did not start gets fresh prompts each run: none compare
+        return {"across_runs": {}, "vs_plain": {}, "flagged": [], "ok": True}
+    base = data["settings"]["base"]
+    ref: dict[tuple[str, str], str] = {}
+    for r in sorted(runs, key=lambda r: (r["variant"] != base, r["index"])):
+        for lv in r["levels"]:
+            for q in lv["records"]:
+                if q["sha"] and (lv["label"], q["id"]) not in ref:
+                    ref[(lv["label"], q["id"])] = q["sha"]
+    plain = (data.get("plain") or {}).get("hashes") or {}
+    across: dict[str, dict] = {}
+    vs_plain: dict[str, dict] = {}
+    flagged: list[str] = []
+    for r in runs:
+        a = across.setdefault(r["variant"], {"equal": 0, "of": 0, "unknown": 0})
+        p = vs_plain.setdefault(r["variant"], {"equal": 0, "of": 0, "unknown": 0, "no_reference": 0})
+        for lv in r["levels"]:
+            for q in lv["records"]:
+                if q["error"] and not q["gaps_us"]:
+                    continue  # no reply: nothing to compare (the figures count it as failed)
+                if q["sha"] is None:
+                    a["unknown"] += 1
+                    p["unknown"] += 1 if plain else 0
+                    continue
+                a["of"] += 1
+                want = ref.get((lv["label"], q["id"]))
+                if q["sha"] == want:
+                    a["equal"] += 1
+                elif len(flagged) < 20:
+                    flagged.append(f"{lv['label']} {q['id']}: run {r['index']} ({r['variant']}) {q['sha']} != {want}")
+                if plain:
+                    got = plain.get(q["pkey"])
+                    if got is None:
+                        p["no_reference"] += 1
+                        continue
+                    p["of"] += 1
+                    if got == q["sha"]:
+                        p["equal"] += 1
+                    elif len(flagged) < 20:
+                        flagged.append(f"{lv['label']} {q['id']}: run {r['index']} ({r['variant']}) {q['sha']} != "
+                                       f"plain {got}")
+    return {"across_runs": across, "vs_plain": vs_plain if plain else {}, "flagged": flagged,
+            "ok": all(x["equal"] == x["of"] for x in across.values())
+            and all(x["equal"] == x["of"] for x in (vs_plain.values() if plain else []))}
+
+
+def gate_load(runs: list[dict], accepted: bool) -> tuple[dict, list[str]]:
+    """The gate's --load replies: each request's hash equal across every run of a group (every
+    run, or each side with a change of outputs acknowledged). ({group: {equal, of}}, reasons)."""
+    out, differ = {}, []
+    for label, group in gate_sides([r for r in runs if r.get("load")], accepted).items():
+        ref: dict[str, str] = {}
+        eq = of = 0
+        for r in group:
+            for q in r["load"]["records"]:
+                if q["sha"] is None:
+                    continue
+                want = ref.setdefault(q["id"], q["sha"])
+                of += 1
+                if q["sha"] == want:
+                    eq += 1
+                elif len(differ) < 5:
+                    differ.append(f"load reply differs ({label}): {q['id']} in run {r['index']}: {q['sha']} != {want}")
+        out[label] = {"equal": eq, "of": of}
+    return out, differ

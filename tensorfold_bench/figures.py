@@ -57,6 +57,21 @@ REGISTRY = {s.name: s for s in (
     FigureSpec("rate", "tok/s", True, 1, "rate in the window"),
     FigureSpec("rate_before", "tok/s", True, 1, "rate before the window"),
     FigureSpec("cached_tokens", "tokens", True, 0, "cached tokens"),
+    # tfbench load's, one per level (`goodput@rate=2`): tensorfold_bench.load_figures
+    FigureSpec("goodput", "req/s", True, 2, "goodput"),
+    FigureSpec("attainment", "%", True, 1, "SLO attainment"),
+    FigureSpec("req_s", "req/s", True, 2, "requests/s"),
+    FigureSpec("out_tok_s", "tok/s", True, 1, "output tok/s"),
+    FigureSpec("ttft_p99", "ms", False, 1, "first token p99"),
+    FigureSpec("tpot_p50", "ms", False, 1, "TPOT p50"),
+    FigureSpec("tpot_p99", "ms", False, 1, "TPOT p99"),
+    FigureSpec("e2e_p50", "ms", False, 1, "end-to-end p50"),
+    FigureSpec("e2e_p99", "ms", False, 1, "end-to-end p99"),
+    FigureSpec("ttft_sched_p99", "ms", False, 1, "first token p99 from the schedule"),
+    FigureSpec("pause_in", "ms", False, 1, "background's longest pause during fills"),
+    FigureSpec("itl_p99_in", "ms", False, 1, "background's inter-token p99 during fills"),
+    FigureSpec("ttft_p99_in", "ms", False, 1, "first token p99 of requests sent during fills"),
+    FigureSpec("inject_ttft", "ms", False, 1, "injected prompt's first token"),
 )}
 LONG_PROMPT = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_during", "a_rate_before")
 LATENCY = ("ttft_p50", "itl_p50", "itl_p99")
@@ -434,6 +449,9 @@ def figure_runs(data: dict) -> dict[str, dict[str, list[float]]]:
         values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
     elif data.get("scenario") == "script":
         names, values = script_keys(data), script_values(data)
+    elif data.get("scenario") == "load":
+        names = list(dict.fromkeys(n for r in data["runs"] for n in r.get("figures") or {}))
+        values = [r["figures"] if r.get("valid") else {} for r in data["runs"]]
     else:
         names = list(dict.fromkeys(n for r in data["runs"] for n in r["figures"]))
         values = [{} if (r.get("client") or {}).get("invalid") else r["figures"] for r in data["runs"]]

@@ -16,6 +16,11 @@ Fails (exit 1), with a receipt saying why, when
 - any token hash differs: each sweep prompt's reply and B's and C's replies (A's on the common
   prefix, A being cancelled) must be equal across every run of both sides.
 
+With `--load RATE` each run also plays a short Poisson load at RATE requests/s (tfbench load's
+player and figures: a few seconds of short requests); new fails where its output tok/s is worse
+beyond the throughput margin, its TTFT p99 worse beyond the long-prompt margin, any of those
+requests failed, or any reply differs from base's.
+
 With `--temperature T --seed S` every request samples with T and its role's seed
 (tensorfold_bench.sampling), and the same hash checks cover the sampled replies; `--seed` also
 seeds the engine's dummy weights and the prompts.
@@ -42,17 +47,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, session, stats, sweep_figures, worktree
+from tensorfold_bench import exactness, figures, load_figures, selfcheck, session, stats, sweep_figures, worktree
 from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.report.fmt import num
 from tensorfold_bench.sampling import GREEDY, Sampling
-from tensorfold_bench.scenarios import long_prompt, sweep
+from tensorfold_bench.scenarios import load, long_prompt, sweep
 from tensorfold_bench.session import Reporter, Run, Session
 from tensorfold_bench.variants import Variant
 
 DEFAULT_BASE = "HEAD~1"
 ACCEPT_FILE = ".ci/accept-new-outputs"
 LONG_JUDGED = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_during")
+LOAD_JUDGED = {"out_tok_s": "margin", "ttft_p99": "long_margin"}  # --load's figures and the margin each gets
 # Figures set by where C lands inside one of B's cuts: C waits for the cut in progress (from
 # nothing to a whole cut), and A's longest pause is a cut, or a cut plus C's prompt. An
 # unchanged tree's C swung 0.08 s to 0.40 s here (CI, 2 cores, 256-row cuts of ~0.3 s), so
@@ -72,6 +78,9 @@ class GatePreset:
     b_tokens: int
     max_model_len: int
     judge_long: bool = True  # False: long-prompt figures are shown, not judged
+    load_s: float = 6.0  # --load: seconds of Poisson arrivals
+    load_input: int = 64  # --load: each request's prompt and reply
+    load_output: int = 16
 
 
 PRESETS = {
@@ -80,7 +89,8 @@ PRESETS = {
     # the gate's own tests: a few seconds a run. tiny fills B's prompt in milliseconds, so A's
     # rate "while B fills" counts a token or two: its long-prompt figures are shown, not judged
     # (its replies are still compared).
-    "tiny": GatePreset("tiny", (1, 4), 24, 2, 32, 0.5, 0.1, 512, 1024, judge_long=False),
+    "tiny": GatePreset("tiny", (1, 4), 24, 2, 32, 0.5, 0.1, 512, 1024, judge_long=False, load_s=2.0, load_input=24,
+                       load_output=8),
 }
 
 
@@ -99,6 +109,7 @@ class GateSettings:
     sampling: Sampling = GREEDY  # --temperature, --seed (which also seeds the weights and prompts)
     vocab: int | None = None  # --vocab (default: the server's)
     tokenizer: str | None = None  # --tokenizer DIR
+    load_rate: float | None = None  # --load RATE: a short Poisson load in every run
 
     def __post_init__(self):
         if self.preset not in PRESETS:
@@ -107,6 +118,17 @@ class GateSettings:
         session.check_margin(self.long_margin, "--long-margin")
         if set(self.order) != {"base", "new"}:
             raise FlagError("--order", "the gate's order names base and new, each at least once")
+        if self.load_rate is not None:
+            self.load_spec()  # its flags checked now, before any server starts
+
+    def load_spec(self):
+        """--load's workload: Poisson at the rate for the preset's seconds, short requests."""
+        from tensorfold_bench.workload.spec import from_flags
+        if self.load_rate is None or not (self.load_rate > 0):
+            raise FlagError("--load", f"{self.load_rate!r}: must be requests per second above 0")
+        p = PRESETS[self.preset]
+        return from_flags(rates=[self.load_rate], duration=p.load_s, input_len=str(p.load_input),
+                          output_len=str(p.load_output), seed=self.sampling.seed)
 
 
 def parse_env(items: list[str] | None) -> dict[str, str]:
@@ -145,8 +167,9 @@ def sources(settings: GateSettings) -> tuple[worktree.Source, worktree.Source, s
     return worktree.checkout(settings.base_ref, root), new, None
 
 
-def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY) -> dict:
-    """One run: a short sweep, then a short long-prompt run, on one server; raw records."""
+def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY, load_spec=None) -> dict:
+    """One run: a short sweep, then a short long-prompt run (then, with --load, a short Poisson
+    load), on one server; raw records."""
     sw = sweep.SweepScript(levels=p.levels, tokens=p.tokens, cells=1, reps=p.reps, prompt_tokens=p.prompt_tokens,
                            seed=sampling.seed, sampling=sampling)
     batches, sw_check = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
@@ -154,8 +177,15 @@ def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY) -> dict:
                                           a_max_tokens=p.max_model_len - 32, seed=sampling.seed, sampling=sampling)
     prompts = long_prompt.make_prompts(script, run.vocab)
     recs, lp_check = asyncio.run(long_prompt.play_script(run.url, script, prompts, run.model))
-    return {"sweep": {"batches": batches, "client": sw_check},
-            "long_prompt": {"records": long_prompt.records_dict(recs), "client": lp_check}}
+    out = {"sweep": {"batches": batches, "client": sw_check},
+           "long_prompt": {"records": long_prompt.records_dict(recs), "client": lp_check}}
+    if load_spec is not None:
+        level = load_spec.levels[0]
+        played, t0, check = asyncio.run(load.play_level(run.url, load_spec.build(level, run.vocab), model=run.model,
+                                                        sampling=sampling))
+        out["load"] = {"label": level.label, "client": check,
+                       "records": [load.to_req(s, t0).to_dict() for s in played]}
+    return out
 
 
 def finish(entry: dict) -> str:
@@ -168,8 +198,18 @@ def finish(entry: dict) -> str:
     sw_bad = (entry["sweep"].get("client") or {}).get("invalid")
     entry["figures"] = {**({} if sw_bad else sw),
                         **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}
+    if entry.get("load"):
+        ld = entry["load"]
+        f = load_figures.level_figures([load_figures.Req.from_dict(q) for q in ld["records"]], load_figures.Slo())
+        ld["figures"] = f
+        ld["invalid"] = f["invalid"] + selfcheck.bottleneck(ld.get("client"))
+        if not ld["invalid"]:
+            entry["figures"].update({k: v for k, v in load_figures.flat(ld["label"], f).items()
+                                     if load_figures.family(k) in LOAD_JUDGED})
     return (f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in sw.items() if k.startswith("tok_s"))
             + f"; B first token {num(lp.b_first_token, 2, '–')} s, C {num(lp.c_first_token, 2, '–')} s"
+            + (f"; load {entry['load']['label']}: {num(entry['load']['figures']['out_tok_s'], 1, '–')} tok/s"
+               if entry.get("load") else "")
             + ("" if lp.valid else f" (long-prompt run invalid: {'; '.join(lp.invalid_reasons)})")
             + (f" (sweep invalid: {'; '.join(sw_bad)})" if sw_bad else ""))
 
@@ -196,13 +236,14 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
     data = session.header(s, srcs, {"preset": settings.preset, "preset_values": asdict(p), "base_ref": settings.base_ref,
                                     "long_margin": settings.long_margin, "new_env": settings.new_env,
                                     "accept_new_outputs": settings.accept_new_outputs,
-                                    "sampling": settings.sampling.to_dict()})
+                                    "sampling": settings.sampling.to_dict(), "load_rate": settings.load_rate})
     data.update(missing_base=missing, accepted_outputs=accepted)
     if missing:
         rep.note(missing)
     rep.start(len(s.order))
     try:
-        session.run_all(s, data, srcs, lambda r: play(p, r, settings.sampling), rep, finish,
+        load_spec = settings.load_spec() if settings.load_rate is not None else None
+        session.run_all(s, data, srcs, lambda r: play(p, r, settings.sampling, load_spec), rep, finish,
                         checkpoint=(lambda: save(analyse(data))) if save else None)
     except ServerError as e:
         if e.variant != "base" or base_src.path == new_src.path:
@@ -220,13 +261,18 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
 
 
 def judge(order: list[str], run_figures: list[dict], *, levels: list[int], margin: float, long_margin: float,
-          period: float = 0.0, judge_long: bool = True) -> tuple[dict[str, stats.FigureStats], list[str], list[str]]:
+          period: float = 0.0, judge_long: bool = True, load_label: str | None = None
+          ) -> tuple[dict[str, stats.FigureStats], list[str], list[str]]:
     """The verdicts, from each run's figures alone: (statistics, reasons to fail, notes). New
     fails where a figure is "worse" than base beyond the noise plus its margin; C's first token
     and A's longest pause must also have moved by more than `period` (one cut of B's prompt)."""
     figs = figures.stats_for([figures.at("tok_s", lv) for lv in levels], order, run_figures, "base", margin)
     figs.update(figures.stats_for(list(LONG_JUDGED), order, run_figures, "base", long_margin,
                                   slack={k: period for k in PHASE_FIGURES}))
+    if load_label is not None:
+        for fam, which in LOAD_JUDGED.items():
+            figs.update(figures.stats_for([f"{fam}@{load_label}"], order, run_figures, "base",
+                                          margin if which == "margin" else long_margin))
     reasons, notes = [], []
     if period and judge_long:
         notes.append(f"C's first token and A's longest pause had to move by more than one cut period of B's "
@@ -249,21 +295,30 @@ def analyse(data: dict) -> dict:
     st, p = data["settings"], data["settings"]["preset_values"]
     base_b = [r["figures"].get("b_first_token") for r in data["runs"] if r["variant"] == "base"]
     period = figures.cut_period(st["engine"]["prefill_rows"], p["b_tokens"], [b for b in base_b if b is not None])
+    load_label = next((r["load"]["label"] for r in data["runs"] if r.get("load")), None)
     figs, reasons, notes = judge([r["variant"] for r in data["runs"]], [r["figures"] for r in data["runs"]],
                                  levels=p["levels"], margin=st["margin"], long_margin=st["long_margin"],
-                                 period=period, judge_long=p["judge_long"])
+                                 period=period, judge_long=p["judge_long"], load_label=load_label)
     if not p["judge_long"]:
         notes.append(f"Preset {st['preset']}: long-prompt figures are shown, not judged (B fills in milliseconds).")
     data["stats"] = {k: fs.to_dict() for k, fs in figs.items()}
     checks = exactness.gate(data["runs"], bool(data["accepted_outputs"]))
     data["exactness"] = {"sweep": checks["sweep"], "long_prompt": checks["long_prompt"]}
     reasons += checks["differ"]
+    if load_label is not None:
+        data["exactness"]["load"], differ = exactness.gate_load(data["runs"], bool(data["accepted_outputs"]))
+        reasons += differ
     for r in data["runs"]:
         reasons += [f"run {r['index']} ({r['variant']}): sweep {e}" for e in r["sweep"]["errors"]]
         lp = r["long_prompt"]["figures"]
         if not lp["valid"]:
             notes.append(f"run {r['index']} ({r['variant']}): long-prompt run invalid, left out: "
                          + "; ".join(lp["invalid_reasons"]))
+        ld = r.get("load") or {}
+        reasons += [f"run {r['index']} ({r['variant']}): load {why}" for why in (ld.get("figures") or {}).get("invalid", [])
+                    if "failed" in why]
+        if ld.get("invalid"):
+            notes.append(f"run {r['index']} ({r['variant']}): load invalid, left out: " + "; ".join(ld["invalid"]))
         sw_bad = (r["sweep"].get("client") or {}).get("invalid")
         if sw_bad:
             notes.append(f"run {r['index']} ({r['variant']}): sweep invalid, the client was the bottleneck, left "

@@ -128,14 +128,18 @@ MARGIN = 0.75
 
 def test_a_slowed_decode_round_fails(tmp_path):
     s = gate.GateSettings(base_ref=None, preset="tiny", margin=MARGIN, long_margin=0.9, out_dir=tmp_path,
-                          order=["base", "new", "base"], new_env={"TFENGINE_DECODE_SLEEP_MS": "20"})
+                          order=["base", "new", "base"], new_env={"TFENGINE_DECODE_SLEEP_MS": "20"}, load_rate=6.0)
     d = gate.run_gate(s)
     assert not d["passed"]
+    # the short load played in every run: its figures judged, its replies compared, all equal
+    assert all(r["load"]["figures"]["completed"] > 0 for r in d["runs"]) and "out_tok_s@rate 6/s" in d["stats"]
+    assert d["exactness"]["load"]["all runs"]["equal"] == d["exactness"]["load"]["all runs"]["of"] > 0
     assert any(r.startswith("tok_s@1: new is worse") for r in d["reasons"]), d["reasons"]
     assert not any("differs" in r for r in d["reasons"])  # slower, not different
     assert d["exactness"]["sweep"]["all runs"]["equal"] == d["exactness"]["sweep"]["all runs"]["replies"] > 0
     md = report.write(d, tmp_path, "g")["md"].read_text()
     assert "## tfbench gate: FAIL" in md and "Why it failed" in md and "TFENGINE_DECODE_SLEEP_MS" in md
+    assert "of Poisson load at 6 requests/s" in md and "- Load replies (all runs): " in md
 
 
 def test_a_base_that_will_not_serve_falls_back_to_a_a(tmp_path, monkeypatch):
@@ -176,3 +180,30 @@ def test_a_receipt_with_a_changed_token_fails_and_renders_why():
     assert not d["passed"] and d["reasons"] == ["token hash differs (all runs): c0s1: level 2 cell 0 rep 0 of new "
                                                 "(run 2): XXX != bbb"]
     assert d["exactness"]["sweep"]["all runs"]["equal"] == 11 and any("cut period" in n for n in d["notes"])
+
+
+def test_the_load_check_judges_output_tok_s_and_ttft_p99_and_compares_every_reply():
+    """--load RATE: new's output tok/s worse beyond the throughput margin, or its TTFT p99 worse
+    beyond the long-prompt margin, fails; a changed load reply fails unless outputs are accepted."""
+    def with_load(tok, ttft):
+        return {**figs(100), "out_tok_s@rate 2/s": tok, "ttft_p99@rate 2/s": ttft}
+    ok = [with_load(30, 100), with_load(30.2, 101), with_load(29.9, 99), with_load(30, 100)]
+    st, reasons, _ = gate.judge(ORDER, ok, levels=[1, 2], margin=0.05, long_margin=0.25, load_label="rate 2/s")
+    assert not reasons and st["out_tok_s@rate 2/s"].comparisons["new"].verdict == stats.WITHIN
+    slow = [with_load(30, 100), with_load(24, 180), with_load(24.5, 175), with_load(30, 100)]
+    _, reasons, _ = gate.judge(ORDER, slow, levels=[1, 2], margin=0.05, long_margin=0.25, load_label="rate 2/s")
+    assert any(r.startswith("out_tok_s@rate 2/s: new is worse") for r in reasons)
+    assert any(r.startswith("ttft_p99@rate 2/s: new is worse") for r in reasons)
+
+    def run(i, side, shas):
+        return {"index": i, "variant": side, "load": {"records": [{"id": f"r{k}", "sha": s} for k, s in enumerate(shas)]}}
+    runs = [run(1, "base", ["a", "b"]), run(2, "new", ["a", "X"]), run(3, "new", ["a", "X"]), run(4, "base", ["a", "b"])]
+    checks, differ = exactness.gate_load(runs, accepted=False)
+    assert checks["all runs"] == {"equal": 6, "of": 8} and differ[0].startswith("load reply differs (all runs): r1")
+    checks, differ = exactness.gate_load(runs, accepted=True)
+    assert not differ and checks["new"] == {"equal": 4, "of": 4}
+
+
+def test_the_load_check_refuses_a_rate_of_zero():
+    with pytest.raises(gate.FlagError, match="--load"):
+        gate.GateSettings(load_rate=0.0)

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tensorfold_bench.report import compare, gate, long_prompt, pictures, script, store, sweep
+from tensorfold_bench.report import compare, gate, load_receipt, long_prompt, pictures, script, store, sweep
 from tensorfold_bench.report.store import load, sibling
 
-__all__ = ["compare", "load", "render_markdown", "render_png", "rerender", "sibling", "store", "write"]
+__all__ = ["compare", "load_receipt", "load", "render_markdown", "render_png", "rerender", "sibling", "store", "write"]
 
 MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown,
-            "script": script.markdown}
-PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep, "script": pictures.script}  # a gate receipt has none
+            "script": script.markdown, "load": load_receipt.markdown}
+PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep, "script": pictures.script,
+           "load": pictures.load}  # a gate receipt has none
 
 
 def partial_banner(partial: dict) -> str:

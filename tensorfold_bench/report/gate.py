@@ -26,13 +26,17 @@ def markdown(data: dict, png_name: str | None = None) -> str:
               f"**The test.** Each run starts a fresh server and plays a sweep (levels "
               f"{', '.join(map(str, p['levels']))}, {p['tokens']} tokens a stream, {p['prompt_tokens']}-token "
               f"prompts, {p['reps']} reps) and then a long-prompt run (B: {p['b_tokens']} tokens sent "
-              f"{p['b_at']:g} s into A's decoding; C {p['c_after']:g} s later).", "",
+              f"{p['b_at']:g} s into A's decoding; C {p['c_after']:g} s later)"
+              + (f", then {p['load_s']:g} s of Poisson load at {st['load_rate']:g} requests/s ({p['load_input']}-token "
+                 f"prompts, {p['load_output']}-token replies)" if st.get("load_rate") else "") + ".", "",
               *stats_table(data["stats"], "base", base_mark=""), "", "**Exactness.**"]
     ex = data["exactness"]
     for label, hc in ex["sweep"].items():
         lines.append(f"- Sweep replies ({label}): {hc['equal']} of {hc['replies']} equal.")
     lines.append("- Long-prompt replies: " + ", ".join(f"{k} {v['equal']} of {v['of']}"
                                                        for k, v in ex["long_prompt"].items()) + ".")
+    for label, v in (ex.get("load") or {}).items():
+        lines.append(f"- Load replies ({label}): {v['equal']} of {v['of']} equal.")
     checks = client_lines([(f"Run {r['index']} ({r['variant']}) {part}", r[part].get("client"))
                            for r in data["runs"] for part in ("sweep", "long_prompt")])
     if checks:

@@ -223,3 +223,66 @@ def script(data: dict, path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def load(data: dict, path: Path) -> Path | None:
+    """tfbench load: latency percentiles (TTFT p50 and p99, TPOT p99, from each variant's medians)
+    against the level, and goodput (or output tok/s without an SLO) against the level."""
+    levels = data["settings"]["levels"]
+    if len(levels) < 2:
+        return None  # one level (a trace, one rate) is a point, not a curve: the tables say it all
+    xs = [float(lv["value"]) if isinstance(lv["value"], (int, float)) else float(i) for i, lv in enumerate(levels)]
+    stats_ = data.get("stats") or {}
+
+    def series(fam: str, name: str) -> list[float]:
+        return [(stats_.get(f"{fam}@{lv['label']}") or {}).get("medians", {}).get(name) for lv in levels]
+
+    names = [v["name"] for v in data["variants"]]
+    if not any(m is not None for n in names for m in series("ttft_p99", n)):
+        return None  # no valid run: nothing to draw
+    good = "goodput" if any(v is not None for n in names for v in series("goodput", n)) else "out_tok_s"
+    fig, (ax, gx) = plt.subplots(1, 2, figsize=(9.6, 3.6), dpi=72)  # small: a receipt's picture is committed
+    for k, name in enumerate(names):
+        color = f"C{k}"
+        for fam, style in (("ttft_p50", ":"), ("ttft_p99", "-"), ("tpot_p99", "--")):
+            ys = series(fam, name)
+            if any(y is not None for y in ys):
+                ax.plot(xs, [y if y is not None else float("nan") for y in ys], style, marker="o", ms=3, color=color,
+                        label=f"{name} {fam.replace('_', ' ')}")
+        ys = series(good, name)
+        gx.plot(xs, [y if y is not None else float("nan") for y in ys], "-", marker="o", ms=4, color=color, label=name)
+        for lv, x in zip(levels, xs):  # each run a dot
+            runs = (stats_.get(f"{good}@{lv['label']}") or {}).get("runs", {}).get(name, [])
+            gx.plot([x] * len(runs), runs, ".", color=color, alpha=0.5)
+    kind = levels[0]["kind"] if levels else "rate"
+    xlabel = {"rate": "offered load (requests/s)", "concurrency": "concurrent requests"}.get(kind, "level")
+    if kind == "trace":
+        for a in (ax, gx):
+            a.set_xticks(xs, [lv["label"] for lv in levels])
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ms")
+    ax.set_title("latency: median over runs")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    gx.set_xlabel(xlabel)
+    gx.set_ylabel("goodput (requests/s meeting the SLO)" if good == "goodput" else "output tok/s")
+    gx.set_title(("goodput" if good == "goodput" else "output tok/s") + ": median, dots = runs")
+    gx.grid(alpha=0.3)
+    gx.legend(fontsize=8)
+    fig.tight_layout()
+    _save_small(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _save_small(fig, path: Path) -> None:
+    """Saved with a 24-colour palette: lines and text on white need no more, and the file is a
+    third of the full-colour one (receipts are committed)."""
+    import io
+
+    from PIL import Image
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    buf.seek(0)
+    Image.open(buf).convert("RGB").quantize(colors=24).save(path, optimize=True)

@@ -1,0 +1,247 @@
+"""tfbench load: the figures on hand-made records (goodput, coordinated omission, queueing, the
+inject windows), the player against the fake server (offsets kept, --max-concurrency, sessions,
+a closed loop), every class of bad input, and the CLI end to end on the engine's tiny preset."""
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tensorfold_bench import exactness, load_figures as lf, report
+from tensorfold_bench.cli import app
+from tensorfold_bench.errors import FlagError
+from tensorfold_bench.scenarios import load
+from tensorfold_bench.workload.model import Item, Workload
+
+import fakeserver
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def req(id, sent, gaps_ms, *, scheduled=None, released=None, kind="load", warmup=False, max_tokens=None, error=None):
+    gaps = [round(g * 1000) for g in gaps_ms]
+    end = sent + sum(gaps_ms) / 1000
+    return lf.Req(id, kind, warmup, scheduled if scheduled is not None else sent, released, sent, gaps, end, error,
+                  10, max_tokens if max_tokens is not None else len(gaps), len(gaps))
+
+
+# ---- the figures --------------------------------------------------------------------------
+
+def test_slo_needs_a_unit_and_known_keys():
+    assert lf.parse_slo("ttft=500ms,tpot=50ms,e2e=10s") == lf.Slo(0.5, 0.05, 10.0)
+    assert lf.parse_slo("TTFT=0.2s") == lf.Slo(ttft=0.2)
+    for bad in ("ttft=500", "ttft=500ms,ttft=1s", "latency=1s", "tpot=-5ms", "tpot=0ms", "ttft"):
+        with pytest.raises(FlagError, match="^--slo: "):
+            lf.parse_slo(bad)
+
+
+def test_goodput_counts_requests_meeting_every_bound_per_second():
+    slo = lf.Slo(ttft=0.1, tpot=0.02)
+    reqs = [req("a", 0.0, [50, 10, 10]),         # meets both
+            req("b", 0.5, [150, 10, 10]),        # TTFT 150 ms: misses
+            req("c", 1.0, [50, 30, 30]),         # TPOT 30 ms: misses
+            req("d", 1.5, [20, 10, 10], max_tokens=5),  # came short: never meets
+            req("w", 0.1, [500, 500], warmup=True)]     # warm-up: not counted at all
+    f = lf.level_figures(reqs, slo)
+    assert (f["requests"], f["completed"], f["slo_met"]) == (4, 4, 1)
+    assert f["attainment_pct"] == 25.0
+    span = 1.5 + 0.04 - 0.0
+    assert f["goodput"] == pytest.approx(1 / span) and f["req_s"] == pytest.approx(4 / span)
+    assert f["latency"]["ttft"]["max"] == pytest.approx(150) and f["latency"]["tpot"]["max"] == pytest.approx(30)
+    assert f["out_tok_s"] == pytest.approx(12 / span)
+    # pooled inter-token gaps: every gap after the first token of every request
+    assert sorted(lf.latencies(lf.measured(reqs))["itl"]) == pytest.approx([0.01] * 6 + [0.03, 0.03])
+    assert not f["invalid"] and lf.level_figures(reqs, lf.Slo())["goodput"] is None
+
+
+def test_latency_from_the_schedule_counts_a_late_send_and_a_late_run_is_invalid():
+    """Coordinated omission: a request sent 300 ms late has a fast TTFT from its own send, but
+    from its scheduled time it waited; its lateness passes the bound, so the run is invalid."""
+    reqs = [req(f"r{i}", i * 0.1, [20, 10]) for i in range(50)]
+    reqs[10] = req("r10", 1.3, [20, 10], scheduled=1.0)
+    reqs[11] = req("r11", 1.4, [20, 10], scheduled=1.1)
+    f = lf.level_figures(reqs, lf.Slo(ttft=0.1))
+    assert f["latency"]["ttft"]["max"] == pytest.approx(20)
+    assert f["latency"]["ttft_sched"]["max"] == pytest.approx(320)
+    assert f["slo_met"] == 48  # the two late ones miss the TTFT bound from their schedule
+    assert f["late_ms"]["max"] == pytest.approx(300)
+    assert any("lateness p99" in why for why in f["invalid"])
+
+
+def test_a_wait_for_a_slot_is_queueing_not_lateness():
+    r = req("q", 0.501, [20], scheduled=0.0, released=0.5)
+    assert r.lateness == pytest.approx(0.001) and r.lead == pytest.approx(0.501)
+    f = lf.level_figures([r, req("p", 0.0, [20])], lf.Slo(ttft=0.1))
+    assert not f["invalid"] and f["slo_met"] == 1 and f["queued_ms"]["max"] == pytest.approx(500)
+
+
+def test_interference_inside_the_fill_windows_against_outside():
+    # an injected prompt sent at 1.0 s gets its first token at 2.0 s: the window (1.0, 2.0]
+    inj = req("i0", 1.0, [1000], kind="inject")
+    bg = req("a", 0.0, [10] + [100] * 9 + [800] + [100] * 5)  # tokens every 0.1 s, one 0.8 s pause at 1.81 s
+    short_in = req("c", 1.2, [900, 10])  # sent inside the window: waits for the fill
+    short_out = req("d", 3.0, [30, 10])
+    f = lf.interference([inj, bg, short_in, short_out])
+    assert (f["injected"], f["filled"], f["window_s"]) == (1, 1, pytest.approx(1.0))
+    assert f["pause_in_ms"] == pytest.approx(800) and f["pause_out_ms"] == pytest.approx(100)
+    assert f["ttft_p99_in_ms"] == pytest.approx(900) and f["ttft_p99_out_ms"] == pytest.approx(30, abs=1)
+    assert f["inject_ttft_p50_ms"] == pytest.approx(1000) and (f["sent_in"], f["sent_out"]) == (1, 2)
+    assert lf.interference([bg]) is None  # no injected prompt: no table
+    # the injected prompt is not background traffic: left out of the level's latencies
+    assert lf.level_figures([inj, bg], lf.Slo())["requests"] == 1
+
+
+def test_replies_compare_per_level_and_id_across_runs_and_with_the_plain_reference():
+    def run(i, variant, shas):
+        return {"index": i, "variant": variant, "levels": [{"label": "rate 1/s", "records": [
+            {"id": f"r{k}", "sha": s, "pkey": f"p{k}", "error": None, "gaps_us": [1]} for k, s in enumerate(shas)]}]}
+    data = {"settings": {"base": "whole"}, "runs": [run(1, "whole", ["a", "b"]), run(2, "new", ["a", "X"]),
+                                                    run(3, "whole", ["a", "b"])],
+            "plain": {"hashes": {"p0": "a", "p1": "b"}}}
+    e = exactness.load(data)
+    assert e["across_runs"] == {"whole": {"equal": 4, "of": 4, "unknown": 0}, "new": {"equal": 1, "of": 2, "unknown": 0}}
+    assert e["vs_plain"]["new"]["equal"] == 1 and e["vs_plain"]["whole"]["equal"] == 4 and not e["ok"]
+    assert e["flagged"][0].startswith("rate 1/s r1: run 2 (new) X != b")
+
+
+# ---- the player against the fake server ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    port_file = tmp_path_factory.mktemp("fake") / "port"
+    proc = subprocess.Popen([*fakeserver.CMD, "serve", "--port", "0", "--port-file", str(port_file),
+                             "--prefill-mode", "whole"])
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def play(url, items, **kw):
+    played, t0, check = asyncio.run(load.play_level(url, Workload(tuple(items), "test"), **kw))
+    return {r.id: r for r in (load.to_req(s, t0) for s in played)}, check
+
+
+def test_open_loop_sends_on_the_offsets_whatever_is_in_flight(fake):
+    items = [Item(f"r{i}", tuple(range(300, 340)), 20, offset=0.05 * i) for i in range(8)]
+    recs, check = play(fake, items)
+    for i in range(8):
+        r = recs[f"r{i}"]
+        assert r.scheduled == pytest.approx(0.05 * i) and r.error is None and r.tokens == 20
+        assert 0 <= r.lateness < 0.05, r
+    assert check["open_peak"] >= 3  # each reply takes ~0.2 s: later ones went while earlier ones ran
+
+
+def test_max_concurrency_queues_and_the_wait_counts_from_the_schedule(fake):
+    items = [Item(f"q{i}", (1, 2, 3, 4), 5, offset=0.0) for i in range(3)]
+    recs, check = play(fake, items, max_concurrency=1)
+    q0, q1, q2 = recs["q0"], recs["q1"], recs["q2"]
+    assert q0.released is None and q1.released >= q0.ended - 0.01 and q2.released >= q1.ended - 0.01
+    assert q2.lead > q2.ttft and q2.lateness < 0.05 and check["open_peak"] == 1
+    f = lf.level_figures(list(recs.values()), lf.Slo())
+    assert f["latency"]["ttft_sched"]["max"] > f["latency"]["ttft"]["max"] + 40
+
+
+def test_a_later_turn_carries_the_history_and_waits_its_think_time(fake):
+    items = [Item("s0.t0", tuple(range(400, 420)), 4, offset=0.0, session="s0"),
+             Item("s0.t1", (5, 6, 7), 4, session="s0", turn=1, think=0.1)]
+    recs, _ = play(fake, items)
+    t0, t1 = recs["s0.t0"], recs["s0.t1"]
+    assert t1.prompt_len == 20 + 4 + 3  # the first prompt, its reply's 4 ids, the new part
+    assert t1.scheduled == pytest.approx(t0.ended + 0.1, abs=0.005) and t1.sent >= t1.scheduled
+    assert t1.session == "s0" and t1.turn == 1 and t1.pkey != t0.pkey
+
+
+def test_a_closed_loop_keeps_n_in_flight_and_injects_go_on_time(fake):
+    items = [Item(f"r{i}", (1, 2, 3, i + 5), 6) for i in range(6)]
+    items.append(Item("i0", tuple(range(300, 600)), 1, offset=0.05, kind="inject"))
+    recs, check = play(fake, items, concurrency=2)
+    assert all(recs[f"r{i}"].tokens == 6 for i in range(6)) and check["open_peak"] == 3  # 2 + the inject
+    assert recs["i0"].sent == pytest.approx(0.05, abs=0.02)
+
+
+# ---- bad input: one line, exit 2, before any server starts ----------------------------------
+
+@pytest.mark.parametrize("flags,flag", [
+    (["--rate", "2", "--duration", "5", "--slo", "ttft=500"], "--slo"),
+    (["--rate", "0", "--duration", "5"], "--rate"),
+    (["--rate", "fast", "--duration", "5"], "--rate"),
+    (["--rate", "2", "--duration", "5", "--output-len", "0"], "--output-len"),
+    (["--rate", "2", "--duration", "5", "--max-concurrency", "0"], "--max-concurrency"),
+    (["--concurrency", "2,x", "--requests", "4"], "--concurrency"),
+    (["--rate", "2", "--duration", "5", "--format", "csv"], "--format"),
+    (["--rate", "2"], "--requests"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_server(flags, flag, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TFBENCH_SERVER_CMD": "false"}
+    res = subprocess.run([sys.executable, "-m", "tensorfold_bench", "load", "--model", "tiny", *flags,
+                          "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}"), res.stderr
+    assert "Traceback" not in res.stderr and not list(tmp_path.iterdir())
+
+
+# ---- the CLI end to end on the tiny preset ---------------------------------------------------
+
+def test_poisson_whole_vs_stepped_with_injects_and_the_plain_reference(tmp_path):
+    pred = tmp_path / "predict.yaml"
+    pred.write_text("stepped p=0.5:\n  goodput@rate 6/s: [0, 100]\n")
+    res = CliRunner().invoke(app, ["load", "--model", "tiny", "--prefill-rows", "16", "--rate", "6", "--duration", "2",
+                                   "--input-len", "24", "--output-len", "6", "--inject", "700@0.7",
+                                   "--slo", "ttft=2s,tpot=1s", "--share", "0.5", "--order", "base,new,base",
+                                   "--plain-check", "--predict", str(pred), "--warmup", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    js = next(tmp_path.glob("*-load.json.gz"))
+    data = report.load(js)
+    assert [r["variant"] for r in data["runs"]] == ["whole", "stepped p=0.5", "whole"]
+    assert all(r["valid"] for r in data["runs"]), [r["invalid_reasons"] for r in data["runs"]]
+    # the same requests at the same offsets in every run
+    offs = [[(q["id"], q["scheduled"]) for q in r["levels"][0]["records"]] for r in data["runs"]]
+    assert offs[0] == offs[1] == offs[2] and any(q["kind"] == "inject" for q in data["runs"][0]["levels"][0]["records"])
+    assert data["runs"][0]["levels"][0]["records"][0]["warmup"]
+    f = data["runs"][1]["levels"][0]["figures"]
+    assert f["goodput"] > 0 and f["interference"]["filled"] == 2 and data["runs"][1]["alone"]["ttft_ms"] > 0
+    e = data["exactness"]
+    for v in ("whole", "stepped p=0.5"):
+        assert e["across_runs"][v]["equal"] == e["across_runs"][v]["of"] > 0
+        assert e["vs_plain"][v]["equal"] == e["vs_plain"][v]["of"] == e["across_runs"][v]["of"]
+    assert "goodput@rate 6/s" in data["stats"] and data["predictions"]["checked"] == 1
+    md = next(tmp_path.glob("*-load.md")).read_text()
+    n = e["across_runs"]["whole"]["of"]
+    assert f"whole: {n} of {n} replies equal across runs; {n} of {n} equal to the plain reference" in md
+    assert "### rate 6/s" in md and "**Interference**" in md
+    assert not (tmp_path / js.name.replace(".json.gz", ".png")).exists()  # one level: a point, no curve to draw
+    res = CliRunner().invoke(app, ["report", str(js), "--no-png"])  # the Markdown from the JSON alone
+    assert res.exit_code == 0 and next(tmp_path.glob("*-load.md")).read_text() == md
+
+
+def test_multi_turn_sessions_in_a_closed_loop_equal_the_plain_reference_turn_by_turn(tmp_path):
+    """Each later turn's prompt holds the run's own earlier replies; replayed turn by turn on the
+    plain reference, every turn's reply is equal (so every later prompt met its plain twin)."""
+    res = CliRunner().invoke(app, ["load", "--model", "tiny", "--prefill-rows", "16", "--concurrency", "2",
+                                   "--requests", "3", "--turns", "3", "--think", "0.05", "--input-len", "12",
+                                   "--output-len", "5", "--share", "0.5", "--order", "base,new", "--plain-check",
+                                   "--out", str(tmp_path)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    data = report.load(next(tmp_path.glob("*-load.json.gz")))
+    recs = {q["id"]: q for q in data["runs"][0]["levels"][0]["records"]}
+    assert len(recs) == 9 and recs["s0.t2"]["prompt_len"] == 3 * 12 + 2 * 5  # history: two prompts' parts, two replies
+    assert recs["s0.t1"]["scheduled"] >= recs["s0.t0"]["ended"] + 0.05 - 1e-6
+    e = data["exactness"]
+    assert e["vs_plain"]["stepped p=0.5"] == {"equal": 9, "of": 9, "unknown": 0, "no_reference": 0}
+    assert e["across_runs"]["stepped p=0.5"]["equal"] == 9
+
+
+def test_the_picture_draws_latency_and_goodput_against_the_rate(tmp_path):
+    data = report.load(ROOT / "receipts" / "20261202-003218-load.json.gz")  # three rates
+    assert report.render_png(data, tmp_path / "p.png") == tmp_path / "p.png" and (tmp_path / "p.png").stat().st_size > 5000
