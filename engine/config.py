@@ -5,7 +5,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 
-SHORT_ROWS = 512  # a prompt with at most this many rows left goes in whole, before the next round
+SHORT_ROWS = 512  # a prompt with at most this many rows to fill goes in whole, before the next round
 
 
 class ConfigError(ValueError):
