@@ -404,3 +404,22 @@ def test_four_streams_after_a_sweep_and_a_long_prompt_take_adjacent_lanes():
     lanes = sorted(s.lane for s in four)
     assert lanes == list(range(lanes[0], lanes[0] + 4)) and lanes[0] > 0  # adjacent; the cut in 0 kept
     assert host.lane_rows[0] == long_.prompt
+
+
+def test_short_prompts_run_the_same_schedule_whole_or_stepped():
+    """The default sweep's prompts (200 tokens) are short: whole and stepped at any share issue the
+    same backend calls in the same order, so a sweep's stepped-against-whole difference on them can
+    only be the machine's noise (or the server's start), never the schedule."""
+    def calls(mode, share):
+        host, backend, _ = make(share=share, mode=mode, parallel=8)
+        a = start_decoder(host, backend)
+        streams = [a]
+        for i in range(7):  # streams arriving while others decode, as a sweep's burst lands
+            s = seq(200, max_tokens=30, tag=20 + i)
+            host.submit(s)
+            streams.append(s)
+            run_turns(host, 3, *streams)
+        run_turns(host, 40, *streams)
+        return backend.calls
+    whole = calls("whole", 1.0)
+    assert kinds(whole).count("P") == 7 and calls("stepped", 0.5) == whole == calls("stepped", 1.0)
