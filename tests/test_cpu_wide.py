@@ -148,3 +148,20 @@ def test_stepped_equals_whole_and_alone_equals_beside_others(tiny):
     prompts = [[(i * 7 + 1) % 200 for i in range(9)], toks, [(i * 5 + 2) % 200 for i in range(70)]]
     together = r.generate_together(prompts, [4, 0, 2], 24)
     assert together == [r.generate(p, 24, lane=5) for p in prompts]
+
+
+@needs_wide
+def test_a_width_the_kernel_cannot_take_keeps_mkl():
+    """A matrix whose width is not whole 16-lane chunks (a tensor-parallel shard can be) sends the
+    round's products to MKL, over the same values, rather than failing at the first round."""
+    from engine.cpu.kernels import PackedLinears
+
+    class M:  # the attributes PackedLinears reads
+        pass
+    m = M()
+    m.model = M()
+    m.model.layers = []
+    m.lm_head = torch.nn.Linear(40, 96, bias=False)
+    assert PackedLinears(m, WIDE).wide is None
+    m.lm_head = torch.nn.Linear(48, 96, bias=False)
+    assert PackedLinears(m, WIDE).wide is WIDE

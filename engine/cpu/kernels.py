@@ -97,7 +97,9 @@ class PackedLinears:
         self.dtype = model.lm_head.weight.dtype
         self.bf16 = self.dtype == torch.bfloat16
         self.mkl = self.dtype == torch.float32 and torch.backends.mkl.is_available()
-        self.wide = wide if self.dtype == torch.float32 else None
+        # the wide kernel takes widths of whole 16-lane chunks (a tensor-parallel shard's too)
+        fits = all(w.shape[1] % 16 == 0 for w in self.plain.values())
+        self.wide = wide if self.dtype == torch.float32 and fits else None
         with torch.no_grad():
             if self.wide is not None:  # bf16 copies for decode rounds; prompt cuts take F.linear (MKL)
                 self.packed = {k: self.wide.pack(w) for k, w in self.plain.items()}
