@@ -75,8 +75,9 @@ static inline float fold(half_t lo, half_t hi) {
 }
 #endif
 
-/* Blocks of rows x columns whose accumulators stay in registers (8 halves); each (row, column)
- * runs the same FMAs in the same order in every block. */
+/* Blocks of rows (one column) whose accumulators stay in registers; each (row, column) runs the
+ * same FMAs in the same order in every block. (Pairs of columns at one or two rows, which kept 8
+ * FMA chains in flight, were 1.1-1.4x slower at 1-3 rows here: more weight streams at once.) */
 static void dot_4x1(const float *x0, const float *x1, const float *x2, const float *x3, const uint16_t *w,
                     int64_t k, float *y0, float *y1, float *y2, float *y3) {
   half_t a0 = ZERO(), b0 = ZERO(), a1 = ZERO(), b1 = ZERO(), a2 = ZERO(), b2 = ZERO(), a3 = ZERO(), b3 = ZERO(), lo, hi;
@@ -90,34 +91,14 @@ static void dot_4x1(const float *x0, const float *x1, const float *x2, const flo
   *y0 = fold(a0, b0), *y1 = fold(a1, b1), *y2 = fold(a2, b2), *y3 = fold(a3, b3);
 }
 
-static void dot_2x2(const float *x0, const float *x1, const uint16_t *w0, const uint16_t *w1, int64_t k, float *y0,
-                    float *y1) { /* y0, y1: the two rows' outputs at the first column */
-  half_t a00 = ZERO(), b00 = ZERO(), a01 = ZERO(), b01 = ZERO(), a10 = ZERO(), b10 = ZERO(), a11 = ZERO(),
-         b11 = ZERO(), lo, hi;
-  for (int64_t e = 0; e < k; e += 16) {
-    WIDEN(w0 + e, lo, hi);
-    a00 = FMA(lo, x0 + e, a00), b00 = FMA(hi, x0 + e + 8, b00);
-    a10 = FMA(lo, x1 + e, a10), b10 = FMA(hi, x1 + e + 8, b10);
-    WIDEN(w1 + e, lo, hi);
-    a01 = FMA(lo, x0 + e, a01), b01 = FMA(hi, x0 + e + 8, b01);
-    a11 = FMA(lo, x1 + e, a11), b11 = FMA(hi, x1 + e + 8, b11);
-  }
-  y0[0] = fold(a00, b00), y0[1] = fold(a01, b01), y1[0] = fold(a10, b10), y1[1] = fold(a11, b11);
-}
-
-static void dot_1x4(const float *x, const uint16_t *w, int64_t k, float *y) { /* 4 columns from w, y */
-  half_t a0 = ZERO(), b0 = ZERO(), a1 = ZERO(), b1 = ZERO(), a2 = ZERO(), b2 = ZERO(), a3 = ZERO(), b3 = ZERO(), lo, hi;
+static void dot_2x1(const float *x0, const float *x1, const uint16_t *w, int64_t k, float *y0, float *y1) {
+  half_t a0 = ZERO(), b0 = ZERO(), a1 = ZERO(), b1 = ZERO(), lo, hi;
   for (int64_t e = 0; e < k; e += 16) {
     WIDEN(w + e, lo, hi);
-    a0 = FMA(lo, x + e, a0), b0 = FMA(hi, x + e + 8, b0);
-    WIDEN(w + k + e, lo, hi);
-    a1 = FMA(lo, x + e, a1), b1 = FMA(hi, x + e + 8, b1);
-    WIDEN(w + 2 * k + e, lo, hi);
-    a2 = FMA(lo, x + e, a2), b2 = FMA(hi, x + e + 8, b2);
-    WIDEN(w + 3 * k + e, lo, hi);
-    a3 = FMA(lo, x + e, a3), b3 = FMA(hi, x + e + 8, b3);
+    a0 = FMA(lo, x0 + e, a0), b0 = FMA(hi, x0 + e + 8, b0);
+    a1 = FMA(lo, x1 + e, a1), b1 = FMA(hi, x1 + e + 8, b1);
   }
-  y[0] = fold(a0, b0), y[1] = fold(a1, b1), y[2] = fold(a2, b2), y[3] = fold(a3, b3);
+  *y0 = fold(a0, b0), *y1 = fold(a1, b1);
 }
 
 static void dot_1x1(const float *x, const uint16_t *w, int64_t k, float *y) {
@@ -149,19 +130,11 @@ int tfe_wide_linear(const float *x, int64_t ldx, const int64_t *rows, int64_t n_
         dot_4x1(X(i), X(i + 1), X(i + 2), X(i + 3), wj + c * k, k, Y(i) + j + c, Y(i + 1) + j + c, Y(i + 2) + j + c,
                 Y(i + 3) + j + c);
     if (n_rows - i >= 2) {
-      if (cols == 4) {
-        dot_2x2(X(i), X(i + 1), wj, wj + k, k, Y(i) + j, Y(i + 1) + j);
-        dot_2x2(X(i), X(i + 1), wj + 2 * k, wj + 3 * k, k, Y(i) + j + 2, Y(i + 1) + j + 2);
-      } else {
-        for (int64_t c = 0; c < cols; ++c) dot_1x1(X(i), wj + c * k, k, Y(i) + j + c), dot_1x1(X(i + 1), wj + c * k, k, Y(i + 1) + j + c);
-      }
+      for (int64_t c = 0; c < cols; ++c) dot_2x1(X(i), X(i + 1), wj + c * k, k, Y(i) + j + c, Y(i + 1) + j + c);
       i += 2;
     }
-    if (n_rows - i == 1) { /* one row: 4 columns keep 8 FMA chains in flight */
-      if (cols == 4)
-        dot_1x4(X(i), wj, k, Y(i) + j);
-      else
-        for (int64_t c = 0; c < cols; ++c) dot_1x1(X(i), wj + c * k, k, Y(i) + j + c);
+    if (n_rows - i == 1) {
+      for (int64_t c = 0; c < cols; ++c) dot_1x1(X(i), wj + c * k, k, Y(i) + j + c);
     }
   }
 #undef X
