@@ -5,7 +5,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 
-SHORT_ROWS = 512  # a prompt with at most this many rows left goes in whole, before the next round
+SHORT_ROWS = 512  # a prompt with at most this many rows to fill goes in whole, before the next round
 
 
 class ConfigError(ValueError):
@@ -126,6 +126,10 @@ class KernelConfig:
     # CPU, with cpu_fast: the decode round in C++ (engine/cpu/round.py), the same bits. None: built
     # in the background, taken once loaded; True: built (or loaded) before the first round; False: never.
     cpu_cpp: bool | None = None
+    # CPU, float32 compute without bf16 arithmetic (AVX2): the matrices' weights rounded to bf16
+    # once and the decode round's products over them widened in C (engine/cpu/wide.c): half the
+    # bytes a round. None: where engine.cpu.wide.wide_fits says so; False: float32 weights, MKL.
+    cpu_wide: bool | None = None
     # CUDA, with fused: prompt cuts of <= SHORT_ROWS rows through row-invariant matmuls, alone or
     # several in one forward (ModelRunner.prefill_many), so the lane host fills short prompts that
     # wait together in one forward with each prompt's bits equal to its bits alone. Eight

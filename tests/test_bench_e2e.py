@@ -57,6 +57,7 @@ def test_long_prompt_tiny_engine(tmp_path):
     device = next(ln for ln in md.splitlines() if ln.startswith("- Device:"))
     cpu = env["engine"]["cpu"]
     assert device.startswith("- Device: CPU, ") and cpu["isa"] in device and "CUDA" not in device
+    assert f"decode products: {env['engine']['cpu_matmuls']}, weights" in device  # the kernel the ISA chose
     assert cpu["cores"] >= 1 and cpu["threads"] >= 1
     assert next(tmp_path.glob("*-long-prompt.png")).stat().st_size > 10_000
     # the Markdown renders from the JSON alone

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import ConfigError, EngineConfig, ModelConfig
+from engine.config import ConfigError, EngineConfig, KernelConfig, ModelConfig
 from tools.make_model_dir import make_model_dir
 from engine.models.hf_config import from_hf_dict
 from engine.models.presets import PRESETS, resolve_model
@@ -30,19 +30,25 @@ def dirs(tmp_path_factory):
             "sharded": make_model_dir(base / "sharded", seed=3, shard_kb=40)}
 
 
-def _runner(path):
+def _runner(path, wide=None):
     return build_runner(EngineConfig(model=str(path), load_format="safetensors", parallel=2,
-                                     max_model_len=256, prefill_rows=16))
+                                     max_model_len=256, prefill_rows=16, kernels=KernelConfig(cpu_wide=wide)))
 
 
+@pytest.mark.parametrize("wide", [None, False])  # the CPU's default; float32 weights through MKL
 @pytest.mark.parametrize("kind", ["plain", "tied", "sharded"])
-def test_greedy_ids_and_logits_match_transformers(dirs, kind):
+def test_greedy_ids_and_logits_match_transformers(dirs, kind, wide):
     path = dirs[kind]
     if kind == "sharded":
         assert len(list(path.glob("model-*.safetensors"))) > 1 and (path / "model.safetensors.index.json").is_file()
-    r = _runner(path)
+    r = _runner(path, wide)
     prompt = r.tokenizer.chat_prompt(MESSAGES)
     hf = transformers.Qwen3ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    if r.cpu_wide:  # a CPU without bf16 arithmetic serves the bf16-valued matrices (engine/cpu/wide.py)
+        with torch.no_grad():
+            for m in hf.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.weight.copy_(m.weight.to(torch.bfloat16))
     assert hf.config.tie_word_embeddings == (kind == "tied") == r.model_config.tie_word_embeddings
     with torch.inference_mode():
         ids = torch.tensor([prompt])

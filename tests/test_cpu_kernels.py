@@ -14,10 +14,13 @@ from marks import bf16, needs_cpu_bf16  # noqa: F401
 R = 16
 
 
-@pytest.fixture(scope="module", params=["float32", bf16()])
+@pytest.fixture(scope="module", params=["float32", "float32 mkl", bf16()])
 def runner(request):
-    return build_runner(EngineConfig(model="tiny", dtype=request.param, parallel=6, max_model_len=320,
-                                     prefill_rows=R, seed=3))
+    # "float32 mkl": float32 weights through MKL (KernelConfig.cpu_wide=False), the path the wide
+    # kernel replaced on AVX2 and what a float32 run on an AVX-512 CPU without bf16 may still take
+    dtype, _, mkl = request.param.partition(" ")
+    return build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=6, max_model_len=320,
+                                     prefill_rows=R, seed=3, kernels=KernelConfig(cpu_wide=False if mkl else None)))
 
 
 def prompt(n, salt=0):
@@ -36,7 +39,12 @@ def test_fast_path_is_on_by_default(runner):
     d = runner.describe()
     # the C kernel wherever it builds; TFENGINE_NO_CC=1 (or no compiler) must give the bmm path
     assert runner.cpu_mm is not None and d["decode_attention"] == (C_KERNEL if kernel() is not None else BMM)
-    assert d["cpu_matmuls"] == ("oneDNN, prepacked" if runner.dtype == torch.bfloat16 else "MKL, prepacked")
+    if runner.dtype == torch.bfloat16:
+        assert d["cpu_matmuls"] == "oneDNN, prepacked"
+    elif runner.cpu_wide and kernel() is not None:
+        assert d["cpu_matmuls"].startswith("bf16 weights widened to float32 in C (avx2+fma")
+    else:
+        assert d["cpu_matmuls"] == "MKL, prepacked"
 
 
 def test_row_bits_do_not_depend_on_neighbours(runner):

@@ -28,15 +28,16 @@ def built():
         pytest.skip(f"the C++ round cannot be built here: {e}")
 
 
-@pytest.fixture(scope="module", params=[("float32", 6, True), pytest.param(("bfloat16", 6, True), marks=needs_cpu_bf16), pytest.param(("bfloat16", 11, True), marks=needs_cpu_bf16),
+@pytest.fixture(scope="module", params=[("float32", 6, True), ("float32 mkl", 6, True), ("float32", 11, True), pytest.param(("bfloat16", 6, True), marks=needs_cpu_bf16), pytest.param(("bfloat16", 11, True), marks=needs_cpu_bf16),
                                         ("float32", 6, False), pytest.param(("bfloat16", 6, False), marks=needs_cpu_bf16)])
 def runner(request, built):
     dtype, parallel, c_attention = request.param  # 11 lanes: rounds of two 8-row tiles
+    dtype, _, mkl = dtype.partition(" ")  # mkl: float32 weights through MKL (KernelConfig.cpu_wide=False)
     with pytest.MonkeyPatch.context() as m:  # without the C attention: the batched matmuls in both rounds
         if not c_attention:
             m.setattr("engine.runner.model_runner.c_attention", lambda: None)
         r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=parallel, max_model_len=320, prefill_rows=16,
-                                      seed=3, kernels=KernelConfig(cpu_cpp=True)))
+                                      seed=3, kernels=KernelConfig(cpu_cpp=True, cpu_wide=False if mkl else None)))
     assert (r.cpu_attn is not None) == c_attention or cattn.kernel() is None
     for lane in range(6):
         r.prefill(lane, [(i * 29 + lane * 13 + 3) % 256 for i in range(40 + 30 * lane)])

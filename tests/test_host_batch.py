@@ -48,7 +48,7 @@ def serve(b: Backend, lengths, max_tokens: int, turns: int) -> list[Sequence]:
 
 def run(batch: bool, lengths):
     b = Backend(batch)
-    seqs = serve(b, lengths, 5, 12)
+    seqs = serve(b, lengths, 5, 20)  # the long prompt: a cut a turn
     return b.calls, [[p for k, p in s.events if k == "token"] for s in seqs]
 
 

@@ -91,8 +91,9 @@ def test_share_one_alternates_step_and_round():
     a = start_decoder(host, backend)
     host.submit(seq(LONG, tag=2))
     run_turns(host, 7, a)
-    # Six single cuts, then the last 512 rows are a short prompt: in whole, back to back.
-    assert kinds(backend.calls) == "PD" * 6 + "PPD"
+    # A long prompt steps to its end: its last 512 rows are cuts like the others, each followed
+    # by a round (they once went in whole, back to back, owing nothing).
+    assert kinds(backend.calls) == "PD" * 7
 
 
 @pytest.mark.parametrize("share,rounds", [(0.5, 4), (0.25, 12)])
@@ -105,6 +106,45 @@ def test_debt_pays_rounds_after_each_step(share, rounds):
     run_turns(host, rounds + 1, a)
     assert kinds(backend.calls) == "PD" + "D" * (rounds - 1) + "PD"
     assert host.debt == pytest.approx((1 - share) / share - 0.25)
+
+
+@pytest.mark.parametrize("share,rounds", [(0.5, 4), (0.75, 2)])
+def test_a_long_prompts_last_rows_are_charged_like_its_other_cuts(share, rounds):
+    # Every cut of a long prompt, its last 512 rows too, owes (1 - p) / p of rounds: between any
+    # two of its cuts the decoders get their rounds (1 s cuts, 0.25 s rounds; at 0.75 a cut owes
+    # 1/3 s, paid by two rounds).
+    host, backend, _ = make(share=share)
+    a = start_decoder(host, backend)
+    b = seq(LONG, tag=2)
+    host.submit(b)
+    while b.status != Status.DECODE:
+        host.turn()
+        drain(a, b)
+    cuts = kinds(backend.calls).rstrip("D").split("P")[1:]
+    assert len(cuts) == LONG // R
+    assert cuts[:-1] == ["D" * rounds] * (LONG // R - 1)
+
+
+def test_a_resumed_prompt_with_little_left_goes_in_whole():
+    # Short is what a prompt must fill when admitted: 2,048 rows with 1,792 cached is one cut.
+    host, backend, _ = make(share=0.5)
+    a = start_decoder(host, backend)
+    b = seq(LONG, tag=2)
+    host.submit(b)
+    while b.status != Status.DECODE:
+        host.turn()
+        drain(a, b)
+    host.turn()
+    drain(a, b)
+    b.cancel_requested = True
+    host.turn()
+    again = seq(LONG, tag=2)
+    host.submit(again)
+    backend.calls.clear()
+    host.turn()
+    assert again.cached == LONG - R
+    assert kinds(backend.calls)[:2] == "PD"
+    assert again.status == Status.DECODE
 
 
 def test_short_prompts_go_in_whole_before_the_next_round():
@@ -217,7 +257,7 @@ def test_prompt_cache_reuse_rounds_down_to_the_grid_and_leaves_the_last_cut():
     host, backend, _ = make(share=1.0)
     first = seq(700, max_tokens=1, tag=5)
     host.submit(first)
-    run_turns(host, 2)
+    run_turns(host, 3)  # a long prompt: a cut a turn
     assert first.status == Status.FINISHED
     longer = seq(900, max_tokens=1, tag=5)  # shares 700 rows: reuse 512, the grid boundary below
     host.submit(longer)
@@ -364,3 +404,22 @@ def test_four_streams_after_a_sweep_and_a_long_prompt_take_adjacent_lanes():
     lanes = sorted(s.lane for s in four)
     assert lanes == list(range(lanes[0], lanes[0] + 4)) and lanes[0] > 0  # adjacent; the cut in 0 kept
     assert host.lane_rows[0] == long_.prompt
+
+
+def test_short_prompts_run_the_same_schedule_whole_or_stepped():
+    """The default sweep's prompts (200 tokens) are short: whole and stepped at any share issue the
+    same backend calls in the same order, so a sweep's stepped-against-whole difference on them can
+    only be the machine's noise (or the server's start), never the schedule."""
+    def calls(mode, share):
+        host, backend, _ = make(share=share, mode=mode, parallel=8)
+        a = start_decoder(host, backend)
+        streams = [a]
+        for i in range(7):  # streams arriving while others decode, as a sweep's burst lands
+            s = seq(200, max_tokens=30, tag=20 + i)
+            host.submit(s)
+            streams.append(s)
+            run_turns(host, 3, *streams)
+        run_turns(host, 40, *streams)
+        return backend.calls
+    whole = calls("whole", 1.0)
+    assert kinds(whole).count("P") == 7 and calls("stepped", 0.5) == whole == calls("stepped", 1.0)

@@ -32,8 +32,9 @@ import torch
 log = logging.getLogger("engine.cpu.decode_attention")
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-# built into the same library: the C++ round's elementwise passes, and the vector helpers both include
-SOURCES = (SOURCE, SOURCE.with_name("elem.c"))
+# built into the same library: the C++ round's elementwise passes and the widened-bf16 products
+# (engine/cpu/wide.c), and the vector helpers both include
+SOURCES = (SOURCE, SOURCE.with_name("elem.c"), SOURCE.with_name("wide.c"))
 HEADER = SOURCE.with_name("vec.h")
 FLAGS = ["-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"]
 NAME = "tfe_decode_attention"

@@ -75,7 +75,9 @@ class PackedLinears:
     reordered once for the CPU's matmul libraries. `mm(x, key)` multiplies by one of them:
     key is (layer, "qkv" | "o" | "gate_up" | "down") or "lm_head"."""
 
-    def __init__(self, model):
+    def __init__(self, model, wide=None):
+        """wide: engine.cpu.wide.WideKernel where the matrices hold bf16 values (round_weights): the
+        decode round's products then read bf16 copies of them, only the round's own rows."""
         self.rows = ROW_TILE
         self.plain: dict = {}
         for i, layer in enumerate(model.model.layers):
@@ -95,8 +97,13 @@ class PackedLinears:
         self.dtype = model.lm_head.weight.dtype
         self.bf16 = self.dtype == torch.bfloat16
         self.mkl = self.dtype == torch.float32 and torch.backends.mkl.is_available()
+        # the wide kernel takes widths of whole 16-lane chunks (a tensor-parallel shard's too)
+        fits = all(w.shape[1] % 16 == 0 for w in self.plain.values())
+        self.wide = wide if self.dtype == torch.float32 and fits else None
         with torch.no_grad():
-            if self.bf16:
+            if self.wide is not None:  # bf16 copies for decode rounds; prompt cuts take F.linear (MKL)
+                self.packed = {k: self.wide.pack(w) for k, w in self.plain.items()}
+            elif self.bf16:
                 self.packed = {k: torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROW_TILE)
                                for k, w in self.plain.items()}
             elif self.mkl:  # packed for the decode round's row tile; prompt cuts take F.linear
@@ -116,13 +123,23 @@ class PackedLinears:
         qk = rotate(qk, cos, sin)
         return qk[:, :h], qk[:, h:], qkv[:, (h + kvh) * d:].reshape(rows, kvh, d)
 
-    def mm_tiled(self, x: torch.Tensor, key) -> torch.Tensor:
+    @property
+    def kind(self) -> str:
+        """/v1/engine's `cpu_matmuls`."""
+        if self.wide is not None:
+            return f"bf16 weights widened to float32 in C ({self.wide.isa}); prompt cuts MKL"
+        return "oneDNN, prepacked" if self.bf16 else "MKL, prepacked" if self.mkl else "torch"
+
+    def mm_tiled(self, x: torch.Tensor, key, live: torch.Tensor | None = None) -> torch.Tensor:
         """A decode round's product, ROW_TILE rows a call (the runner pads every round to whole
         tiles): the library picks its kernel by row count, and a bf16 kernel's bits differ between
         row counts (1 and 4 rows parted at token 22 of 64), as do float32's (MKL: one kernel for 1
         to 3 rows, another for 4 or more; a sampled reply parted at token 267), so every round
         multiplies tiles of one shape and a row's bits do not depend on --parallel: the plain
-        reference (1 lane) equals any server (tests/test_cpu_exactness.py)."""
+        reference (1 lane) equals any server (tests/test_cpu_exactness.py). The wide kernel's
+        rows are each their own at any count: it multiplies only `live` (the others zero)."""
+        if self.wide is not None:
+            return self.wide(x, self.packed[key], live)
         rows = x.shape[0]
         if rows % ROW_TILE:
             raise ValueError(f"a decode round of {rows} rows: the runner pads rounds to multiples of {ROW_TILE}")
@@ -131,6 +148,8 @@ class PackedLinears:
         return torch.cat([self.mm(x[r:r + ROW_TILE], key) for r in range(0, rows, ROW_TILE)])
 
     def mm(self, x: torch.Tensor, key) -> torch.Tensor:
+        if self.wide is not None:  # a prompt cut's product: MKL over the same (bf16-valued) weights
+            return F.linear(x, self.plain[key])
         if self.bf16:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed[key], None, "none", [], "")
         if self.mkl and x.dim() == 2 and x.shape[0] == self.rows:

@@ -5,6 +5,7 @@
 // whole round, so the HTTP thread runs beside it. Mirror any change to those two functions here
 // (tests/test_cpu_round.py compares the two paths bit for bit).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -16,7 +17,15 @@
 namespace {
 
 constexpr int64_t ROW_TILE = 8;  // engine.cpu.kernels.ROW_TILE
-enum Kind : int64_t { ONEDNN = 0, MKL = 1, PLAIN = 2 };
+enum Kind : int64_t { ONEDNN = 0, MKL = 1, PLAIN = 2, WIDE = 3 };
+// engine/cpu/wide.c's tfe_wide_linear: float32 rows times bf16 weights, only the listed rows
+using WideFn = int (*)(const float*, int64_t, const int64_t*, int64_t, const uint16_t*, int64_t, int64_t, float*,
+                       int64_t, int64_t, int64_t);
+struct Wide {
+  WideFn fn;  // null unless the kind is WIDE
+  const int64_t* rows;  // the round's live rows (not the spare lane's)
+  int64_t n;
+};
 // engine/cpu/decode_attention.c's tfe_decode_attention
 using AttnFn = int (*)(const void*, const void*, int64_t, int64_t, const void*, int64_t, int64_t, void*, const int64_t*,
                        const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float, int32_t);
@@ -52,8 +61,26 @@ at::Tensor mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& p
   return at::linear(x, plain);
 }
 
+// PackedLinears.mm_tiled through WideKernel: the live rows, the others zero; columns split over the
+// compute threads (a column's bits do not depend on which thread or block takes it)
+at::Tensor mm_wide(at::Tensor x, const at::Tensor& w, const Wide& wd) {
+  if (x.stride(1) != 1) x = x.contiguous();
+  int64_t n = w.size(0), k = w.size(1);
+  auto y = at::zeros({x.size(0), n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  int64_t ldx = x.stride(0);
+  at::parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
+    TORCH_CHECK(wd.fn(xp, ldx, wd.rows, wd.n, wp, n, k, yp, n, b, e) == 0, "the wide product refused a shape");
+  });
+  return y;
+}
+
 // PackedLinears.mm_tiled
-at::Tensor mm_tiled(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& plain, int64_t kind) {
+at::Tensor mm_tiled(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& plain, int64_t kind,
+                    const Wide& wd) {
+  if (kind == WIDE) return mm_wide(x, packed, wd);
   int64_t rows = x.size(0);
   if (rows == ROW_TILE) return mm(x, packed, plain, kind);
   std::vector<at::Tensor> parts;
@@ -249,7 +276,7 @@ at::Tensor decode_round(const at::Tensor& tokens, const at::Tensor& positions, c
                         const at::Tensor& kcache, const at::Tensor& vcache, at::TensorList mats,
                         at::TensorList plain, at::TensorList norms, at::TensorList plan, at::IntArrayRef groups,
                         int64_t kind, int64_t n_heads, int64_t kv_heads, int64_t head_dim, double eps,
-                        const Rows& c_rows, const Elem& e) {
+                        const Rows& c_rows, const Elem& e, const Wide& wd) {
   at::NoGradGuard no_grad;
   Shape s{n_heads, kv_heads, head_dim, eps};
   int64_t layers = kcache.size(0);
@@ -260,17 +287,17 @@ at::Tensor decode_round(const at::Tensor& tokens, const at::Tensor& positions, c
   for (int64_t i = 0; i < layers; ++i) {
     auto w = [&](int j) { return mats[4 * i + j]; };
     auto pw = [&](int j) { return plain[4 * i + j]; };
-    auto [q, k, v] = heads(mm_tiled(h, w(0), pw(0), kind), norms[3 * i + 2], cos, sin, s, e);
+    auto [q, k, v] = heads(mm_tiled(h, w(0), pw(0), kind, wd), norms[3 * i + 2], cos, sin, s, e);
     auto kl = kcache.select(0, i), vl = vcache.select(0, i);
     write_rows(kl, k, lanes, positions);
     write_rows(vl, v, lanes, positions);
     auto att = c_rows.fn ? attention_c(kl, vl, q, c_rows, s) : attention(kl, vl, q, eye, plan, groups, s);
-    std::tie(x, h) = add_norm(x, mm_tiled(att, w(1), pw(1), kind), norms[3 * i + 1], eps, e);
-    auto gu = mm_tiled(h, w(2), pw(2), kind).chunk(2, -1);
-    std::tie(x, h) = add_norm(x, mm_tiled(at::silu(gu[0]).mul(gu[1]), w(3), pw(3), kind),
+    std::tie(x, h) = add_norm(x, mm_tiled(att, w(1), pw(1), kind, wd), norms[3 * i + 1], eps, e);
+    auto gu = mm_tiled(h, w(2), pw(2), kind, wd).chunk(2, -1);
+    std::tie(x, h) = add_norm(x, mm_tiled(at::silu(gu[0]).mul(gu[1]), w(3), pw(3), kind, wd),
                               norms[i + 1 < layers ? 3 * (i + 1) : 3 * layers], eps, e);
   }
-  return mm_tiled(h, mats[4 * layers], plain[4 * layers], kind);
+  return mm_tiled(h, mats[4 * layers], plain[4 * layers], kind, wd);
 }
 
 // ModelRunner.decode's CPU round from plain ints (the padded rows): the plan built here, the
@@ -282,15 +309,20 @@ std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntAr
                                                const at::Tensor& vcache, at::TensorList mats, at::TensorList plain,
                                                at::TensorList norms, int64_t kind, int64_t n_heads, int64_t kv_heads,
                                                int64_t head_dim, double eps, int64_t attn, int64_t norm,
-                                               int64_t heads_fn, int64_t sum_width, int64_t greedy) {
+                                               int64_t heads_fn, int64_t sum_width, int64_t greedy, int64_t wide) {
   auto i64 = at::TensorOptions().dtype(at::kLong);
   Rows c_rows{reinterpret_cast<AttnFn>(attn), lanes.data(), positions.data(), spare};
   auto plan = attn ? Plan{} : bucket_plan(lanes, positions, spare, kcache.size(2), span_unit);
   Elem e{reinterpret_cast<NormFn>(norm), reinterpret_cast<HeadsFn>(heads_fn), static_cast<int32_t>(sum_width),
          reinterpret_cast<GreedyFn>(greedy)};
+  std::vector<int64_t> live;
+  for (size_t r = 0; r < lanes.size(); ++r)
+    if (lanes[r] != spare) live.push_back(static_cast<int64_t>(r));
+  Wide wd{reinterpret_cast<WideFn>(wide), live.data(), static_cast<int64_t>(live.size())};
+  TORCH_CHECK(kind != WIDE || wd.fn, "the wide kind needs tfe_wide_linear's address");
   auto logits = decode_round(at::tensor(tokens, i64), at::tensor(positions, i64), at::tensor(lanes, i64), embed, cos,
                              sin, kcache, vcache, mats, plain, norms, plan.tensors, plan.ints, kind, n_heads, kv_heads,
-                             head_dim, eps, c_rows, e);
+                             head_dim, eps, c_rows, e, wd);
   auto t = logits.scalar_type();
   if (e.greedy && (t == at::kBFloat16 || t == at::kFloat) && logits.is_contiguous()) {
     auto ids = at::empty({logits.size(0)}, i64);
@@ -306,6 +338,7 @@ std::tuple<at::Tensor, at::Tensor> decode_rows(at::IntArrayRef tokens, at::IntAr
 TORCH_LIBRARY(tfengine_cpu, m) {
   m.def("decode_rows(int[] tokens, int[] positions, int[] lanes, int spare, int span_unit, Tensor embed, Tensor cos, "
         "Tensor sin, Tensor kcache, Tensor vcache, Tensor[] mats, Tensor[] plain, Tensor[] norms, int kind, "
-        "int n_heads, int kv_heads, int head_dim, float eps, int attn, int norm, int heads, int sum_width, int greedy) -> (Tensor, Tensor)",
+        "int n_heads, int kv_heads, int head_dim, float eps, int attn, int norm, int heads, int sum_width, int greedy, "
+        "int wide) -> (Tensor, Tensor)",
         decode_rows);
 }

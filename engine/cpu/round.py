@@ -33,7 +33,7 @@ log = logging.getLogger("engine.cpu.round")
 
 NAME = "tfengine_cpu_round"
 SOURCE = Path(__file__).with_name("round.cpp")
-ONEDNN, MKL, PLAIN = 0, 1, 2  # the matmul kinds of cpu_round.cpp
+ONEDNN, MKL, PLAIN, WIDE = 0, 1, 2, 3  # the matmul kinds of round.cpp
 BUILD = ("import sys, torch.utils.cpp_extension as e; "
          "e.load(sys.argv[1], [sys.argv[2]], build_directory=sys.argv[3], is_python_module=False, "
          "extra_cflags=['-O2'], verbose=False)")
@@ -93,7 +93,8 @@ class CppRound:
         self.elem = elem
         layers = model.model.layers
         keys = [(i, w) for i in range(len(layers)) for w in ("qkv", "o", "gate_up", "down")] + ["lm_head"]
-        self.kind = ONEDNN if packed.bf16 else MKL if packed.mkl else PLAIN
+        self.kind = WIDE if packed.wide is not None else ONEDNN if packed.bf16 else MKL if packed.mkl else PLAIN
+        self.wide = packed.wide.address if packed.wide is not None else 0  # engine/cpu/wide.c's tfe_wide_linear
         self.plain = [packed.plain[k] for k in keys]
         self.mats = [packed.packed[k] for k in keys] if self.kind != PLAIN else self.plain
         self.norms = [w for i, layer in enumerate(layers)
@@ -162,4 +163,4 @@ class CppRound:
         h, kvh, d = self.shape
         return torch.ops.tfengine_cpu.decode_rows(
             rows[0], rows[1], rows[2], spare, SPAN, m.model.embed_tokens.weight, m.cos, m.sin, kv.k, kv.v,
-            self.mats, self.plain, self.norms, self.kind, h, kvh, d, self.eps, self.attn, *self.elem)
+            self.mats, self.plain, self.norms, self.kind, h, kvh, d, self.eps, self.attn, *self.elem, self.wide)

@@ -191,14 +191,16 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed,
-                  tiled: bool = False, mm=None) -> torch.Tensor:
+                  tiled: bool = False, live: torch.Tensor | None = None, mm=None) -> torch.Tensor:
         """The trunk with the CPU's kernels (engine.cpu.kernels.PackedLinears): packed.mm(x, key)
         multiplies by a prepacked matrix, packed.heads(i, qkv, cos, sin) norms and rotates q and
         k in one pass; the same arithmetic as `trunk` otherwise. tiled: a decode round's products
-        in tiles of a fixed row count (packed.mm_tiled); mm(x, key): the products another way."""
+        in tiles of a fixed row count (packed.mm_tiled), `live` the rows a row-invariant kernel
+        multiplies (the others zero, as the C++ round's); mm(x, key): the products another way."""
         cos, sin = self.cos[positions], self.sin[positions]
         x = self.model.embed_tokens(tokens)
-        mm = mm or (packed.mm_tiled if tiled else packed.mm)
+        if mm is None:
+            mm = (lambda x, key: packed.mm_tiled(x, key, live)) if tiled else packed.mm  # noqa: E731
         for i, layer in enumerate(self.model.layers):
             q, k, v = packed.heads(i, mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
             write_kv(i, k, v)
@@ -300,7 +302,9 @@ class Qwen3ForCausalLM(nn.Module):
             kv.k[i, lanes, positions] = k
             kv.v[i, lanes, positions] = v
 
-        return packed.mm_tiled(self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed, tiled=True), "lm_head")
+        live = (lanes != kv.spare).nonzero().flatten()  # the padding rows write the spare lane
+        x = self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed, tiled=True, live=live)
+        return packed.mm_tiled(x, "lm_head", live)
 
     def _launch(self, launch):
         """The fused forward's kernels (engine.cuda.kernels.Launch): the runner's, or plain ones for

@@ -42,6 +42,7 @@ from engine.cpu.kernels import (ROW_TILE, BucketPlan, PackedLinears, bf16_refuse
 from engine.cpu.decode_attention import BMM, C_KERNEL, kernel as c_attention
 from engine.cpu.cut_attention import tile_for
 from engine.cpu.round import CppRound
+from engine.cpu.wide import WideKernel, round_weights, wide_wanted
 from engine.runner.kv_cache import KVCache
 from engine.scheduler.backend import next_cut
 from engine.models.qwen3 import decode_attention_loop
@@ -80,9 +81,13 @@ class ModelRunner:
         self.eos_token_ids: tuple[int, ...] = mcfg.eos_token_ids  # a reply stops at any of them
         self.tokenizer = load_tokenizer(model_dir, mcfg.vocab_size, mcfg.eos_token_id)
 
+        # float32 compute over bf16-valued matrices where the CPU has no bf16 arithmetic (engine/cpu/wide.py)
+        self.cpu_wide = wide_wanted(cfg.device, cfg.dtype, cfg.kernels.cpu_wide)
         if model is None:
             model = load_model(mcfg, cfg.load_format, model_dir, self.device, self.dtype, cfg.seed)
             model.fuse()
+        if self.cpu_wide:  # (idempotent: a reused or tensor-parallel rank's model too)
+            round_weights(model)
         self.model = model
         if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
             model.setup_rope(cfg.max_model_len)
@@ -112,10 +117,12 @@ class ModelRunner:
         self.cpu_rows_free = False  # bf16 prompt products found row-invariant here (cpu_kernels.rows_invariant)
         self.round_rows = cfg.parallel  # the padded shape: the most rows a decode round has
         if self.device.type == "cpu" and knobs.cpu_fast:
-            self.cpu_mm = PackedLinears(model)
+            c = c_attention()  # before the first forward; never switched mid-serve (it would move bits)
+            wide = WideKernel(c.lib) if c is not None and self.cpu_wide else None
+            self.cpu_mm = PackedLinears(model, wide)
+            log.info("CPU matmuls: %s", self.cpu_mm.kind)
             # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
             self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
-            c = c_attention()  # before the first forward; never switched mid-serve (it would move bits)
             self.cpu_attn = c if c is not None and c.takes(*self.cpu_mm.shape) else None
             log.info("decode attention: %s", C_KERNEL if self.cpu_attn else BMM)
             if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)

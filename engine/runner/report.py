@@ -56,8 +56,8 @@ def _describe_cuda(r) -> dict:
 
 def _describe_cpu(r) -> dict:
     mm = r.cpu_mm
-    kind = "torch" if mm is None else ("oneDNN, prepacked" if mm.bf16 else "MKL, prepacked" if mm.mkl else "torch")
-    return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": kind,
+    return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": "torch" if mm is None else mm.kind,
+            "cpu_weights": "bfloat16 values, float32 compute" if r.cpu_wide else r.cfg.dtype,
             "decode_attention": "sdpa a row" if mm is None else C_KERNEL if r.cpu_attn else BMM,
             "cpu_round": CppRound.describe(r.cpu_round),
             "cpu_prompt_cuts": cpu_prompt_cuts(r), "cpu_mixed": cpu_mixed(r)}

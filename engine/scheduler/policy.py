@@ -6,8 +6,9 @@ Each turn the host asks, in order:
   0. `pick_lane(...)`: the free lane a waiting prompt goes to (the prompt cache, then adjacency);
   1. `fill_order(prompts)`: foreground before background, then aged (waited past `aging_s`), then
      fewest rows left, then arrival;
-  2. `goes_whole(seq)`: a prompt with at most SHORT_ROWS rows left (every prompt in `whole`
-     mode) runs to its end, back to back, before the next round;
+  2. `goes_whole(seq)`: a short prompt (at most SHORT_ROWS rows to fill when admitted; every
+     prompt in `whole` mode) runs to its end, back to back, before the next round; a long
+     prompt's last rows keep stepping under the share, charged like its other cuts;
   3. `long_step(...)`: a longer prompt takes one step if it owes the decoders nothing;
   4. `round_timed(...)`: one decode round for every `runnable` stream, timed only to pay debt.
 
@@ -120,7 +121,10 @@ class LanePolicy:
                                               s.rows_left, s.arrival, s.id))
 
     def goes_whole(self, seq: Sequence) -> bool:
-        return self.whole or seq.rows_left <= SHORT_ROWS
+        """Short by what it had to fill when admitted, not by what is left: a long prompt's last
+        SHORT_ROWS rows ran uncharged and back to back once, so at p = 0.5 the decoders got 44 % of
+        B's fill on the cpu preset and A its longest pause (two ~0.8 s cuts) at the fill's end."""
+        return self.whole or len(seq.prompt) - seq.cached <= SHORT_ROWS
 
     def long_step(self, long_: list[Sequence], prompts_waiting: bool,
                   decoders_waiting: bool) -> tuple[Sequence, bool] | None:

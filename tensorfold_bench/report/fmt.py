@@ -79,8 +79,12 @@ def environment_lines(data: dict) -> list[str]:
         dev = (f"{len(devices)} x {names[0]}" if len(names) == 1 else " + ".join(devices)) + f" (tensor parallel {tp})"
     cpu = desc.get("cpu")
     if cpu and desc.get("device") == "cpu":  # the CPU by what sets its speed and its bits
+        # the decode products the ISA chose and the weights they read (engines that report cpu_weights;
+        # older receipts re-render as they were)
+        products = (f"; decode products: {desc['cpu_matmuls']}, weights {desc['cpu_weights']}"
+                    if desc.get("cpu_matmuls") and desc.get("cpu_weights") else "")
         lines = [f"- Device: CPU, {cpu['model']} ({cpu['arch']}), {cpu['cores']} cores for the engine, "
-                 f"{cpu['threads']} compute threads, {cpu['isa']}; torch {desc.get('torch') or '-'}, "
+                 f"{cpu['threads']} compute threads, {cpu['isa']}{products}; torch {desc.get('torch') or '-'}, "
                  f"engine commit {short_commit(eng.get('commit'))}."]
         return [*lines, *_model_lines(desc, cfg), *server_lines(data), host_line(data)]
     bits = [f"{dev}"]
