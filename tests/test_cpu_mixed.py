@@ -5,8 +5,8 @@ row-invariance floor."""
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.cpu.kernels import PackedLinears, invariant_floor
+from engine.config import EngineConfig, KernelConfig
+from engine.cpu.kernels import invariant_floor
 from engine.runner.model_runner import build_runner
 from marks import bf16
 
@@ -15,21 +15,27 @@ B = [(i * 29 + 3) % 500 for i in range(300)]  # 4 full grid cuts and a last one 
 A = [(i * 37 + 11) % 500 for i in range(40)]
 
 
-def runner(mode="mixed", dtype="float32", model="tiny", parallel=4):
+def runner(mode="mixed", dtype="float32", model="tiny", parallel=4, wide=None):
     return build_runner(EngineConfig(model=model, dtype=dtype, parallel=parallel, max_model_len=512,
-                                     prefill_rows=R, prefill_mode=mode, seed=7))
+                                     prefill_rows=R, prefill_mode=mode, seed=7, kernels=KernelConfig(cpu_wide=wide)))
 
 
 def kv_rows(r, lane, n):
     return r.kv.k[:, lane, :n].clone(), r.kv.v[:, lane, :n].clone()
 
 
-def test_the_floor_is_found_on_this_cpu_and_mixed_cuts_may_leave_the_grid():
-    r = runner()
+@pytest.mark.parametrize("wide", [None, False])
+def test_the_floor_is_found_on_this_cpu_and_mixed_cuts_may_leave_the_grid(wide):
+    """With the engine's default products and with float32 weights through MKL: the cuts' product
+    has a floor, so mixed cuts may end anywhere; where the round's products are the wide kernel's,
+    its rows keep their own product (they never share MKL's)."""
+    r = runner(wide=wide)
     assert r.mix_floor is not None and r.cut_free
-    assert invariant_floor(PackedLinears(r.model), R) == r.mix_floor
-    assert not runner("stepped").cut_free  # checked only where mixed forwards run
-    assert r.describe()["cpu_mixed"].startswith(f"one product over every row (row-invariant from {r.mix_floor} rows)")
+    assert invariant_floor(r.cpu_mm, R) == r.mix_floor
+    assert not runner("stepped", wide=wide).cut_free  # checked only where mixed forwards run
+    shared = ("one product over the cuts' rows, the round's rows in the wide kernel" if r.cpu_mm.wide is not None
+              else "one product over every row")
+    assert r.describe()["cpu_mixed"].startswith(f"{shared} (row-invariant from {r.mix_floor} rows)")
 
 
 @pytest.mark.parametrize("dtype,model", [("float32", "tiny"), ("float32", "cpu"), bf16(("bfloat16", "cpu"))])

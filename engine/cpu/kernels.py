@@ -198,7 +198,8 @@ def invariant_floor(packed: PackedLinears, tile: int) -> int | None:
     product, so a cut's rows and a round's may share one (ModelRunner.mixed); None where none was
     found. bf16: 1 where `rows_invariant` holds. float32: layer 0's matrices and the lm_head, at
     every row count up to FLOOR_SCAN and those of CHECK_ROWS, two offsets, against one CHECK_BIG-row
-    product, and the round's ROW_TILE-row tile (MKL's packed kernel) too. At this thread count:
+    product, and the round's ROW_TILE-row tile (MKL's packed kernel) too, unless the round's
+    products are the wide kernel's (then only the cuts share a product). At this thread count:
     MKL on an AMD EPYC (AVX2) takes another kernel for a block below 4 rows, so one thread is
     row-invariant from 4 rows on and two (which split the rows) from 12; its 8-row packed tile
     gives the bits of a cut's product. (The fp32 cut attention pads its tiles: invariant by
@@ -215,7 +216,9 @@ def invariant_floor(packed: PackedLinears, tile: int) -> int | None:
         for key in keys:
             x = torch.randn(CHECK_BIG, packed.plain[key].shape[1], generator=g).to(packed.dtype)
             whole = packed.mm(x, key)
-            if not torch.equal(packed.mm_tiled(x[:ROW_TILE], key), whole[:ROW_TILE]):
+            # the round's rows share the cut's product only where its tile gives the same bits; the
+            # wide kernel's rows never share it (ModelRunner.mixed multiplies them apart)
+            if packed.wide is None and not torch.equal(packed.mm_tiled(x[:ROW_TILE], key), whole[:ROW_TILE]):
                 return None
             for m in counts:
                 if m >= floor and not all(torch.equal(packed.mm(x[o:o + m], key), whole[o:o + m]) for o in (0, 5)):

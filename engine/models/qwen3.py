@@ -243,7 +243,8 @@ class Qwen3ForCausalLM(nn.Module):
 
         The products give every row the bits it has in its own call. With `floor` (the fewest rows
         from which this CPU's products are row-invariant: engine.cpu.kernels.invariant_floor) one
-        product over every row, zero rows added up to the floor, except a whole grid cut (`grid`)
+        product over every row (the cuts' rows only, where the round's products are the wide
+        kernel's), zero rows added up to the floor, except a whole grid cut (`grid`)
         shorter than the floor, which `prefill_step` multiplied at its own row count and so is here
         (a piece of a longer grid cut was multiplied among R rows: it shares). With floor None,
         each cut alone and the round's rows in its tiles (the cuts must then be grid cuts). Returns
@@ -260,8 +261,12 @@ class Qwen3ForCausalLM(nn.Module):
         if floor is None:
             parts = [(a, b, packed.mm) for a, b, _, _ in spans] + [(n, m, packed.mm_tiled)]
         else:  # runs of rows that share a product; a whole grid cut below the floor alone
+            # the wide kernel gives the round's rows their bits at any row count, MKL's cut product
+            # other bits: there the round's rows keep their own product beside the cuts' shared one
+            apart = packed.wide is not None
             runs = []
-            for a, b, alone in [(a, b, g and b - a < floor) for (a, b, _, _), g in zip(spans, grid)] + [(n, m, False)]:
+            for a, b, alone in ([(a, b, g and b - a < floor) for (a, b, _, _), g in zip(spans, grid)]
+                                + ([] if apart else [(n, m, False)])):
                 if not alone and runs and not runs[-1][2] and runs[-1][1] == a:
                     runs[-1] = (runs[-1][0], b, False)
                 else:
@@ -273,6 +278,8 @@ class Qwen3ForCausalLM(nn.Module):
                     return packed.mm(x, key)
                 return packed.mm(torch.cat([x, x.new_zeros(short, x.shape[1])]), key)[:x.shape[0]]
             parts = [(a, b, packed.mm if alone else shared) for a, b, alone in runs]
+            if apart:
+                parts.append((n, m, packed.mm_tiled))
 
         def mm(x, key):
             if len(parts) == 1:

@@ -69,8 +69,9 @@ def cpu_mixed(r) -> str:
         return "off"
     if r.mix_floor is None:
         return "each product per part, cuts on the grid"
-    return (f"one product over every row (row-invariant from {r.mix_floor} rows), "
-            f"cuts end on multiples of {r.cut_granule}")
+    shared = "one product over the cuts' rows, the round's rows in the wide kernel" if r.cpu_mm.wide is not None else \
+        "one product over every row"
+    return f"{shared} (row-invariant from {r.mix_floor} rows), cuts end on multiples of {r.cut_granule}"
 
 
 def cpu_prompt_cuts(r) -> str:
