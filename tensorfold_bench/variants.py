@@ -85,21 +85,9 @@ def mixed(budget_ms: float) -> Variant:
 
 def parse_budgets(flag: str, text: str) -> list[float]:
     """'40,80' -> [40.0, 80.0]: each a positive number of milliseconds, none repeated."""
-    if not text.strip():
-        raise FlagError(flag, "empty (expected e.g. 40,80: milliseconds a forward)")
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            v = float(part)
-        except ValueError:
-            raise FlagError(flag, f"{part!r} is not a number (expected e.g. 40,80: milliseconds a forward)") from None
-        if not (v > 0 and v < float("inf")):
-            raise FlagError(flag, f"{part} is not a positive number of milliseconds")
-        out.append(v)
-    if len(set(out)) != len(out):
-        raise FlagError(flag, f"{text!r} repeats a value")
-    return out
+    def check(v: float) -> str | None:
+        return None if 0 < v < float("inf") else "is not a positive number of milliseconds"
+    return _number_list(flag, text, "40,80: milliseconds a forward", check)
 
 
 def plain(base: Variant) -> Variant:
@@ -129,18 +117,28 @@ MIN_SHARE = 0.01  # the engine treats a share below this as 1: refuse it rather 
 
 def parse_floats(flag: str, text: str) -> list[float]:
     """'1,0.75,0.5' -> [1.0, 0.75, 0.5]; each a share in [0.01, 1]. Empty is an error, not the default."""
+    def check(v: float) -> str | None:
+        if MIN_SHARE <= v <= 1.0:  # NaN fails too
+            return None
+        why = " (the engine runs a share below 0.01 as 1)" if 0 < v < MIN_SHARE else ""
+        return f"is outside [{MIN_SHARE:g}, 1]{why}"
+    return _number_list(flag, text, "1,0.75,0.5", check)
+
+
+def _number_list(flag: str, text: str, example: str, check) -> list[float]:
+    """A comma list of numbers for `flag`, each passing check (None, or why not), none repeated."""
     if not text.strip():
-        raise FlagError(flag, "empty (expected e.g. 1,0.75,0.5)")
+        raise FlagError(flag, f"empty (expected e.g. {example})")
     out = []
     for part in text.split(","):
         part = part.strip()
         try:
             v = float(part)
         except ValueError:
-            raise FlagError(flag, f"{part!r} is not a number (expected e.g. 1,0.75,0.5)") from None
-        if not MIN_SHARE <= v <= 1.0:  # NaN fails too
-            why = " (the engine runs a share below 0.01 as 1)" if 0 < v < MIN_SHARE else ""
-            raise FlagError(flag, f"{part} is outside [{MIN_SHARE:g}, 1]{why}")
+            raise FlagError(flag, f"{part!r} is not a number (expected e.g. {example})") from None
+        why = check(v)
+        if why:
+            raise FlagError(flag, f"{part} {why}")
         out.append(v)
     if len(set(out)) != len(out):
         raise FlagError(flag, f"{text!r} repeats a value")
