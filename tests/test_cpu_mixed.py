@@ -106,7 +106,7 @@ def test_bad_mixed_forwards_are_refused():
 
 
 def test_long_prompt_runs_mixed_variants_through_the_real_server_with_every_reply_equal(tmp_path):
-    """tfbench's long-prompt on the tiny preset: whole, stepped and mixed side by side on fresh
+    """tfbench's long-prompt on the tiny preset: whole and mixed side by side on fresh
     servers, then the plain reference; every reply equal, and the mixed server's trace shows its
     forwards carrying B's cuts beside A."""
     from typer.testing import CliRunner
@@ -116,11 +116,10 @@ def test_long_prompt_runs_mixed_variants_through_the_real_server_with_every_repl
 
     variants = tmp_path / "v.yaml"
     variants.write_text("- name: whole\n  flags: --prefill-mode whole\n"
-                        "- name: stepped p=1\n  flags: --prefill-mode stepped\n"
                         "- name: mixed budget=4\n  flags: --prefill-mode mixed --mixed-budget 4\n")
     short = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64"]
     res = CliRunner().invoke(app, ["run", "long-prompt", *short, "--variants", str(variants), "--plain-check",
-                                   "--order", "whole,stepped p=1,mixed budget=4", "--out", str(tmp_path)])
+                                   "--order", "whole,mixed budget=4", "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     data = report.load(next(tmp_path.glob("*-long-prompt.json.gz")))
     for cmp in list(data["exactness"]["vs_plain"].values()) + list(data["exactness"]["across_runs"].values()):

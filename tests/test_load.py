@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tensorfold_bench import exactness, load_figures as lf, report
 from tensorfold_bench.cli import app
-from tensorfold_bench.errors import FlagError
+from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.scenarios import load
 from tensorfold_bench.workload.model import Item, Workload
 
@@ -171,7 +171,7 @@ def test_a_closed_loop_keeps_n_in_flight_and_injects_go_on_time(fake):
 
 # ---- bad input: one line, exit 2, before any server starts ----------------------------------
 
-@pytest.mark.parametrize("flags,flag", [
+BAD = [
     (["--rate", "2", "--duration", "5", "--slo", "ttft=500"], "--slo"),
     (["--rate", "0", "--duration", "5"], "--rate"),
     (["--rate", "fast", "--duration", "5"], "--rate"),
@@ -180,8 +180,12 @@ def test_a_closed_loop_keeps_n_in_flight_and_injects_go_on_time(fake):
     (["--concurrency", "2,x", "--requests", "4"], "--concurrency"),
     (["--rate", "2", "--duration", "5", "--format", "csv"], "--format"),
     (["--rate", "2"], "--requests"),
-])
-def test_bad_input_is_one_line_and_exit_2_before_any_server(flags, flag, tmp_path):
+]
+
+
+def test_bad_input_is_one_line_and_exit_2_before_any_server(tmp_path):
+    """As a user meets it: the process's exit code and its whole stderr (one class; the others in-process below)."""
+    flags, flag = BAD[0]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TFBENCH_SERVER_CMD": "false"}
     res = subprocess.run([sys.executable, "-m", "tensorfold_bench", "load", "--model", "tiny", *flags,
                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
@@ -189,6 +193,14 @@ def test_bad_input_is_one_line_and_exit_2_before_any_server(flags, flag, tmp_pat
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}"), res.stderr
     assert "Traceback" not in res.stderr and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flags,flag", BAD)
+def test_each_bad_input_names_its_flag_before_any_server(flags, flag, tmp_path, monkeypatch):
+    monkeypatch.setenv("TFBENCH_SERVER_CMD", "false")  # a server start would fail loudly, not pass
+    res = CliRunner().invoke(app, ["load", "--model", "tiny", *flags, "--out", str(tmp_path)])
+    assert isinstance(res.exception, BenchError) and str(res.exception).startswith(flag), (res.output, res.exception)
+    assert not list(tmp_path.iterdir())
 
 
 # ---- the CLI end to end on the tiny preset ---------------------------------------------------
