@@ -283,6 +283,13 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
         rep.advance()
 
 
+def url_not_run(url: str, cache: str = "") -> str:
+    """The receipt's "not run" line for servers reached by --url: nothing launched, so no fresh
+    server, cold cache or verdicts; `cache` says how the scenario's prompts meet a warm cache."""
+    return (f"Fresh servers: --url {url}: servers tfbench did not launch, measured as they are configured; "
+            f"no fresh server per run and no cold cache is guaranteed{f' ({cache})' if cache else ''}, and no verdicts.")
+
+
 def plain_not_run(session: "Session", plain_check: bool, plain_error: str | None) -> list[str]:
     """The receipt's "not run" line for the plain reference (1 stream, whole prefill, no cache,
     no drafts), where it was not asked for or could not run."""

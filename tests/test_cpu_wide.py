@@ -5,6 +5,7 @@ by the CPU it finds and says so in /v1/engine."""
 import ctypes
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -156,12 +157,8 @@ def test_a_width_the_kernel_cannot_take_keeps_mkl():
     round's products to MKL, over the same values, rather than failing at the first round."""
     from engine.cpu.kernels import PackedLinears
 
-    class M:  # the attributes PackedLinears reads
-        pass
-    m = M()
-    m.model = M()
-    m.model.layers = []
-    m.lm_head = torch.nn.Linear(40, 96, bias=False)
+    # the attributes PackedLinears reads
+    m = SimpleNamespace(model=SimpleNamespace(layers=[]), lm_head=torch.nn.Linear(40, 96, bias=False))
     assert PackedLinears(m, WIDE).wide is None
     m.lm_head = torch.nn.Linear(48, 96, bias=False)
     assert PackedLinears(m, WIDE).wide is WIDE

@@ -383,9 +383,8 @@ def _sampled(settings: LoadSettings, item: Item) -> tuple[float, int | None]:
 def not_run(settings: LoadSettings, data: dict) -> list[str]:
     out, url = [], settings.session.url
     if url:
-        out.append(f"Fresh servers: --url {url}: servers tfbench did not launch, measured as they are configured; "
-                   "no fresh server per run and no cold cache is guaranteed (every run sends the same requests, so "
-                   "a later run may hit what an earlier one cached), and no verdicts.")
+        out.append(session.url_not_run(url, "every run sends the same requests, so a later run may hit what an "
+                                               "earlier one cached"))
     out += session.plain_not_run(settings.session, settings.plain_check, data.get("plain_error"))
     for r in data["runs"]:
         if not r.get("valid"):

@@ -276,9 +276,8 @@ def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
         out.append("CUDA: this receipt ran on the host's cores. The same command with "
                    "--device cuda runs qwen3-8b in bf16 with a 32,000-token B at 5 s.")
     if url:
-        out.append(f"Fresh servers: --url {url}: servers tfbench did not launch, measured as they are "
-                   "configured; no fresh server per run and no cold cache is guaranteed (B's cold check: "
-                   "cached_tokens where reported, else a fresh random prompt per run), and no verdicts.")
+        out.append(session.url_not_run(url, "B's cold check: cached_tokens where reported, else a fresh random "
+                                               "prompt per run"))
     out += session.plain_not_run(settings.session, settings.plain_check, data.get("plain_error"))
     out += data.get("alone_notes") or []
     for r in [r for r in data["runs"] if not r["figures"]["valid"]]:

@@ -302,9 +302,7 @@ def run_plain(settings: ScriptSettings, data: dict, base_source, vocab: int) -> 
 def not_run(settings: ScriptSettings, data: dict) -> list[str]:
     out, url = [], settings.session.url
     if url:
-        out.append(f"Fresh servers: --url {url}: servers tfbench did not launch, measured as they are configured; "
-                   "no fresh server per run and no cold cache is guaranteed (each run's random prompts are fresh), "
-                   "and no verdicts.")
+        out.append(session.url_not_run(url, "each run's random prompts are fresh"))
     out += session.plain_not_run(settings.session, settings.plain_check, data.get("plain_error"))
     unknown = sorted({e["stream"] for r in data["runs"] for e in r["figures"]["expects"] if e.get("unknown")})
     if unknown:

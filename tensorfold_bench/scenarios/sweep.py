@@ -297,8 +297,7 @@ def analyse(data: dict) -> dict:
     data["hashes"] = exactness.sweep([(r["variant"], r["batches"]) for r in data["runs"]], ref).to_dict()
     notes = [st["scaled_down"]] if st.get("scaled_down") else []
     if st.get("url"):
-        notes.append(f"Fresh servers: --url {st['url']}: servers tfbench did not launch, measured as they are "
-                     "configured; no fresh server per run and no cold cache is guaranteed, and no verdicts.")
+        notes.append(session.url_not_run(st["url"]))
     for r in data["runs"]:
         if r.get("error"):
             notes.append(f"Run {r['index']} ({r['variant']}) failed and is left out: {r['failure']} (log: {r['log']})")
