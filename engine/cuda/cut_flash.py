@@ -1,0 +1,180 @@
+"""A prompt cut's causal attention whose bits do not depend on where the cuts fall.
+
+`prefill.py` splits a cut's keys at the cut's own start (a dense prefix and a causal square,
+merged by log-sum-exp), so a row's sum over keys is ordered by the cut's boundaries: a cut sized
+by a time budget (mixed forwards) moves every prompt row's bits off the grid's. Here everything
+that orders a row's arithmetic sits at absolute positions:
+
+- query tiles: tile j holds positions [j*BM, (j+1)*BM); a cut [start, end) runs the tiles it
+  touches, its rows placed at their own offsets (the rest zero and never stored), so a row always
+  sits at the same place in the same tile shape, whatever the rows beside it;
+- key blocks: block b covers keys [b*BN, (b+1)*BN), walked from block 0 upwards in one order;
+  blocks wholly before the tile's first position go unmasked, the rest masked to key <= position,
+  both split points set by the tile alone. A block wholly past a row's position leaves its running
+  max, sum and accumulator bit for bit unchanged (alpha = exp2(0) = 1, p = 0, acc + 0), so a cut
+  ending earlier or later changes only blocks that change nothing;
+- key splits (to fill the GPU when a cut has few tiles): split s covers keys
+  [s*SPLIT, (s+1)*SPLIT), SPLIT a multiple of BM, so a row's splits are those before its own
+  position; partial (acc, m, l) merged in split order 0, 1, ... (a row with one split is
+  normalized in place; the merge of one split is that same division).
+
+The cut's start, length and row count are passed unspecialized, so one compiled kernel serves
+every cut. GQA: query head h reads KV head h // (H / KVH). The cache layout is the one
+`prefill.cut_attention` reads: k, v [L, KVH, d] views of one lane and layer.
+Under TRITON_INTERPRET=1 it runs on the CPU (tests/test_cut_flash.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class CutFlashConfig:
+    """The tile shapes fix the bits: a row's result is a function of (config, position, keys)."""
+    block_m: int = 128  # query positions a tile
+    block_n: int = 64  # keys a block
+    split: int = 8192  # keys a split (a multiple of block_m)
+    warps: int = 8
+    stages: int = 3
+
+    def __post_init__(self):
+        if self.block_m % self.block_n or self.split % self.block_m:
+            raise ValueError(f"block_m must be a multiple of block_n and split of block_m: {self}")
+
+
+@triton.jit
+def _block(q, K, V, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: tl.constexpr, BN: tl.constexpr,
+           MASKED: tl.constexpr):
+    """Keys [kb, kb + BN) into the running (m, l, acc), in the log2 domain."""
+    d = tl.arange(0, D)
+    key = kb + tl.arange(0, BN)
+    kmask = key < kv_len
+    offs = key[:, None].to(tl.int64) * s_kt + d[None, :]
+    k = tl.load(K + offs, mask=kmask[:, None], other=0.0)
+    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        qk = tl.where(key[None, :] <= pos[:, None], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + offs, mask=kmask[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit(do_not_specialize=["start", "T", "tile0", "n_tiles", "kv_len"])
+def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, start, T, tile0, n_tiles, kv_len,
+                s_qt, s_qh, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
+                G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    tile = tile0 + (n_tiles - 1 - tl.program_id(0))  # the deepest tiles (longest walks) first
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    ts = tile * BM
+    nsplit = ts // SPLIT + 1  # SPLIT % BM == 0: every row of the tile has this many splits
+    if s < nsplit:
+        end = start + T
+        pos = ts + tl.arange(0, BM)
+        rmask = (pos >= start) & (pos < end)
+        row = (pos - start).to(tl.int64)
+        d = tl.arange(0, D)
+        q = tl.load(Q + row[:, None] * s_qt + h * s_qh + d[None, :], mask=rmask[:, None], other=0.0)
+        kvh = h // G
+        Kh = K + kvh * s_kh
+        Vh = V + kvh * s_kh
+        m_i = tl.full([BM], float("-inf"), tl.float32)
+        l_i = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, D], tl.float32)
+        lo = s * SPLIT
+        top = lo + SPLIT
+        full = tl.minimum(ts, top)  # keys before the tile: no row masks any
+        hi = tl.minimum(tl.minimum(ts + BM, end), top)
+        for kb in range(lo, full, BN):
+            m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D, BN, False)
+        for kb in range(full, hi, BN):
+            m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D, BN, True)
+        if nsplit == 1:
+            o = acc / l_i[:, None]
+            tl.store(Out + row[:, None] * s_ot + h * D + d[None, :], o.to(Out.dtype.element_ty), mask=rmask[:, None])
+        else:
+            tl.store(Opart + s * s_ps + row[:, None] * s_pt + h * D + d[None, :], acc, mask=rmask[:, None])
+            tl.store(Mpart + s * s_ms + row * s_mt + h, m_i, mask=rmask)
+            tl.store(Lpart + s * s_ms + row * s_mt + h, l_i, mask=rmask)
+
+
+@triton.jit(do_not_specialize=["start", "T", "NS"])
+def _merge_kernel(Out, Opart, Mpart, Lpart, start, T, NS, s_ot, s_ps, s_pt, s_ms, s_mt,
+                  D: tl.constexpr, BR: tl.constexpr, SPLIT: tl.constexpr):
+    """Rows of two splits or more: their partials merged in split order (the rows of one split
+    were written by the kernel)."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    h = tl.program_id(1)
+    d = tl.arange(0, D)
+    n = (start + r) // SPLIT + 1
+    rmask = (r < T) & (n > 1)
+    r64 = r.to(tl.int64)
+    m = tl.full([BR], float("-inf"), tl.float32)
+    l = tl.zeros([BR], tl.float32)
+    acc = tl.zeros([BR, D], tl.float32)
+    for s in range(0, NS):
+        valid = rmask & (s < n)
+        ms = tl.load(Mpart + s * s_ms + r64 * s_mt + h, mask=valid, other=float("-inf"))
+        ls = tl.load(Lpart + s * s_ms + r64 * s_mt + h, mask=valid, other=0.0)
+        os = tl.load(Opart + s * s_ps + r64[:, None] * s_pt + h * D + d[None, :], mask=valid[:, None], other=0.0)
+        m_new = tl.where(valid, tl.maximum(m, ms), m)
+        a = tl.exp2(m - m_new)
+        b = tl.exp2(ms - m_new)
+        acc = tl.where(valid[:, None], acc * a[:, None] + os * b[:, None], acc)
+        l = tl.where(valid, l * a + ls * b, l)
+        m = m_new
+    o = acc / tl.where(rmask, l, 1.0)[:, None]
+    tl.store(Out + r64[:, None] * s_ot + h * D + d[None, :], o.to(Out.dtype.element_ty), mask=rmask[:, None])
+
+
+def cut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                  config: CutFlashConfig = CutFlashConfig()) -> torch.Tensor:
+    """q [T, H, d] at positions [start, start+T) (rows may be strided, d contiguous); k, v [L, KVH, d]
+    of one lane and layer, L >= start + T (rows past the cut's end weigh exactly zero). Causal with
+    the diagonal bottom-right. Returns [T, H*d] in q's dtype."""
+    t, h, d = q.shape
+    kvh = k.shape[1]
+    if q.stride(2) != 1 or k.stride(2) != 1 or k.stride() != v.stride():
+        raise ValueError("cut_flash needs d contiguous and k, v of one layout")
+    c = config
+    end = start + t
+    out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
+    if t == 0:
+        return out
+    tile0, tile1 = start // c.block_m, (end - 1) // c.block_m + 1
+    ns = (end - 1) // c.split + 1  # the splits of the cut's deepest row
+    if ns > 1:
+        opart = torch.empty(ns, t, h, d, dtype=torch.float32, device=q.device)
+        mpart = torch.empty(ns, t, h, dtype=torch.float32, device=q.device)
+        lpart = torch.empty_like(mpart)
+    else:  # never read: every row is normalized in place
+        opart = mpart = lpart = out
+    sp = (opart.stride(0), opart.stride(1)) if ns > 1 else (0, 0)
+    sm = (mpart.stride(0), mpart.stride(1)) if ns > 1 else (0, 0)
+    qk_scale = d ** -0.5 * LOG2E
+    _cut_kernel[(tile1 - tile0, h, ns)](
+        q, k, v, out, opart, mpart, lpart, start, t, tile0, tile1 - tile0, k.shape[0],
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), *sp, *sm, qk_scale,
+        G=h // kvh, D=d, BM=c.block_m, BN=c.block_n, SPLIT=c.split, num_warps=c.warps, num_stages=c.stages)
+    if ns > 1:
+        br = 32
+        _merge_kernel[(triton.cdiv(t, br), h)](out, opart, mpart, lpart, start, t, ns, out.stride(0), *sp, *sm,
+                                               D=d, BR=br, SPLIT=c.split, num_warps=4)
+    return out
+
+
+def causal_flops(prompt: int, heads: int, head_dim: int) -> float:
+    """The causal attention of a prompt of `prompt` tokens, one layer: q.k and p.v, 2 FLOP a
+    multiply-add, over the keys each row sees (row p sees p + 1)."""
+    return 4.0 * heads * head_dim * prompt * (prompt + 1) / 2
+

@@ -1,0 +1,87 @@
+"""The cut attention at absolute tiles (engine/cuda/cut_flash.py) under Triton's interpreter: a
+prompt's rows get the same bits however it is cut, close to plain causal attention, and one row's
+result does not move with the rows beside it or the cut's end."""
+import pytest
+
+pytest.importorskip("triton", reason="the Triton kernels: triton is not installed (the engine extra brings it on Linux x86_64 and aarch64)")
+
+H, KVH, D = 4, 2, 16
+
+
+def _inputs(n, seed=0):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(n, x, D, generator=g) for x in (H, KVH, KVH))
+
+
+def _reference(q, k, v):
+    import torch.nn.functional as F
+    th = lambda x: x.transpose(0, 1)[None]
+    n = q.shape[0]
+    return F.scaled_dot_product_attention(th(q), th(k[:n]), th(v[:n]), is_causal=True,
+                                          enable_gqa=True)[0].transpose(0, 1).reshape(n, H * D)
+
+
+def _config():
+    from engine.cuda.cut_flash import CutFlashConfig
+    return CutFlashConfig(block_m=16, block_n=8, split=32, warps=4, stages=1)  # 3 splits at 90 rows
+
+
+def _cuts(q, k, v, bounds, c):
+    import torch
+    from engine.cuda.cut_flash import cut_attention
+    return torch.cat([cut_attention(q[s:e], k, v, s, c) for s, e in zip(bounds, bounds[1:])])
+
+
+@pytest.mark.interpreted
+def test_two_splits_of_a_prompt_give_the_same_bits():
+    import torch
+    q, k, v = _inputs(90)
+    c = _config()
+    a = _cuts(q, k, v, [0, 16, 32, 48, 64, 80, 90], c)  # on the tile grid
+    b = _cuts(q, k, v, [0, 5, 37, 38, 71, 90], c)  # off it, across tile and split boundaries
+    assert torch.equal(a, b), (a - b).abs().max()
+    assert torch.allclose(a, _reference(q, k, v), atol=1e-5, rtol=1e-5), (a - _reference(q, k, v)).abs().max()
+
+
+@pytest.mark.interpreted
+def test_cut_at_start_0_and_deep_in_the_context():
+    import torch
+    from engine.cuda.cut_flash import cut_attention
+    q, k, v = _inputs(90, seed=1)
+    c = _config()
+    ref = _reference(q, k, v)
+    first = cut_attention(q[:12], k, v, 0, c)  # one split, normalized in place
+    deep = cut_attention(q[70:83], k, v, 70, c)  # three splits, merged; keys past 83 weigh zero
+    assert torch.allclose(first, ref[:12], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(deep, ref[70:83], atol=1e-5, rtol=1e-5)
+    # the same rows inside a longer cut, a shorter cache, or with other rows beside them
+    assert torch.equal(deep, cut_attention(q[64:90], k, v, 64, c)[6:19])
+    assert torch.equal(deep, cut_attention(q[70:83], k[:83].clone(), v[:83].clone(), 70, c))
+    q2 = q.clone()
+    q2[64:70] += 5
+    q2[83:90] -= 5
+    assert torch.equal(deep, cut_attention(q2[64:90], k, v, 64, c)[6:19])
+    # and a row follows its own keys: changing a key it sees changes it
+    k2 = k.clone()
+    k2[75] += 1
+    moved = cut_attention(q[70:83], k2, v, 70, c)
+    assert torch.equal(moved[:5], deep[:5]) and not torch.equal(moved[5:], deep[5:])
+
+
+@pytest.mark.interpreted
+def test_strided_rows_as_the_trunk_hands_them():
+    """q as a view of a fused qkv row (stride past H*d), k, v as views of a cache [L, lanes, ...]."""
+    import torch
+    from engine.cuda.cut_flash import cut_attention
+    q, k, v = _inputs(40, seed=2)
+    c = _config()
+    qkv = torch.cat([q.reshape(40, -1), torch.zeros(40, 2 * KVH * D)], 1)
+    cache = torch.zeros(2, 48, KVH, D)
+    cache[1, :40] = k
+    vcache = torch.zeros(2, 48, KVH, D)
+    vcache[1, :40] = v
+    qv = qkv[20:33, :H * D].view(13, H, D)
+    assert qv.stride(0) == (H + 2 * KVH) * D
+    got = cut_attention(qv, cache[1], vcache[1], 20, c)
+    assert torch.equal(got, cut_attention(q[20:33].contiguous(), k, v, 20, c))
