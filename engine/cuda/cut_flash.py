@@ -153,14 +153,16 @@ def cut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
         return out
     tile0, tile1 = start // c.block_m, (end - 1) // c.block_m + 1
     ns = (end - 1) // c.split + 1  # the splits of the cut's deepest row
+    # the partials' strides as allocated, and float32 placeholders where every row is normalized in
+    # place: a cut of one split and a cut of several then launch the same compiled kernel (Triton
+    # compiles one per argument types and alignments), so a tile's arithmetic cannot differ
+    sp, sm = (t * h * d, h * d), (t * h, h)
     if ns > 1:
         opart = torch.empty(ns, t, h, d, dtype=torch.float32, device=q.device)
         mpart = torch.empty(ns, t, h, dtype=torch.float32, device=q.device)
         lpart = torch.empty_like(mpart)
-    else:  # never read: every row is normalized in place
-        opart = mpart = lpart = out
-    sp = (opart.stride(0), opart.stride(1)) if ns > 1 else (0, 0)
-    sm = (mpart.stride(0), mpart.stride(1)) if ns > 1 else (0, 0)
+    else:
+        opart = mpart = lpart = torch.empty(1, dtype=torch.float32, device=q.device)
     qk_scale = d ** -0.5 * LOG2E
     _cut_kernel[(tile1 - tile0, h, ns)](
         q, k, v, out, opart, mpart, lpart, start, t, tile0, tile1 - tile0, k.shape[0],

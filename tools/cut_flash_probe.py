@@ -1,0 +1,189 @@
+"""What a mixed forward on CUDA can be built from: the cut attention at absolute tiles
+(engine/cuda/cut_flash.py) against the current cut path (engine/cuda/prefill.py), and cuBLAS's row
+invariance for each weight product.
+
+    PYTHONPATH=. python3 -m tools.cut_flash_probe --model qwen3-8b [--prompt 32000]
+        [--rows 128,256,512,1024] [--rounds 3] [--out FILE.md]
+
+- bits: the prompt's attention (one layer, random bf16 q, k, v in a two-lane cache) run in the
+  grid's 1,024-row cuts and in budget-like cuts of changing sizes; equal bit for bit? And its
+  distance to one whole causal call through PyTorch's SDPA.
+- rate: the whole prompt's causal attention (TFLOP/s, `causal_flops`) run cut by cut at each row
+  count, each variant once a round in turns (the H200 runs at its power cap under load), medians.
+- products: for each of the model's weight products and row counts n (every multiple of 8 to 264,
+  then coarser), whether cuBLAS gives rows [0, n) the bits of the 1,024-row grid cut, and its last
+  8 rows the bits the decode round's kernels (engine/cuda/skinny.py) give those 8 rows alone.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from engine.cuda import cut_flash, prefill
+from engine.cuda.cut_flash import CutFlashConfig, causal_flops
+from engine.models.presets import resolve_model
+
+VARIANTS = {  # name: config (the first is the module's default)
+    "m128 n64 w8 s3": CutFlashConfig(),
+    "m128 n128 w8 s3": CutFlashConfig(block_n=128),
+    "m64 n64 w4 s3": CutFlashConfig(block_m=64, warps=4),
+    "m128 n64 w8 s2": CutFlashConfig(stages=2),
+    "m128 n64 w8 s3, no split": CutFlashConfig(split=1 << 20),
+}
+COUNTS = list(range(8, 265, 8)) + [320, 384, 448, 512, 640, 768, 896, 1024, 1032]
+
+
+def budget_cuts(n: int) -> list[int]:
+    """Cut boundaries of changing sizes, none on the 1,024 grid but by chance (a budget's cuts)."""
+    sizes, b, i = [128, 384, 200, 1000, 77, 640, 513, 256], [0], 0
+    while b[-1] < n:
+        b.append(min(n, b[-1] + sizes[i % len(sizes)]))
+        i += 1
+    return b
+
+
+def grid_cuts(n: int, rows: int) -> list[int]:
+    return list(range(0, n, rows)) + [n]
+
+
+def run_cuts(fn, q, k, v, bounds):
+    return [fn(q[s:e], k[:e], v[:e], s) for s, e in zip(bounds, bounds[1:])]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--prompt", type=int, default=32000)
+    ap.add_argument("--rows", default="128,256,512,1024")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: bits,rate,products")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    skip = set(filter(None, a.skip.split(",")))
+    cuda = torch.cuda.is_available()  # without it: a smoke run under TRITON_INTERPRET=1 (bits only)
+    dev, dtype = torch.device("cuda" if cuda else "cpu"), torch.bfloat16 if cuda else torch.float32
+    if not cuda:
+        skip |= {"rate", "products"}
+    m, _, _ = resolve_model(a.model)
+    heads, kvh, hd, n = m.num_attention_heads, m.num_key_value_heads, m.head_dim, a.prompt
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(n, heads, hd, generator=g, device=dev, dtype=dtype)
+    cache = torch.randn(2, 2, n + 768, kvh, hd, generator=g, device=dev, dtype=dtype)  # [k/v, lanes, L, KVH, d]
+    k, v = cache[0, 1], cache[1, 1]
+    current = lambda qq, kk, vv, s: prefill.cut_attention(qq, kk, vv, s)
+    lines = [f"{a.model} attention: {heads} query heads, {kvh} KV heads, head dim {hd}, {str(dtype)[6:]}, a {n}-token prompt, "
+             f"on {torch.cuda.get_device_name() if cuda else 'cpu (interpreter)'}", ""]
+    # ---- bits ------------------------------------------------------------------------------------
+    if "bits" not in skip:
+        th = lambda x: x.transpose(0, 1)[None]
+        ref = F.scaled_dot_product_attention(th(q), th(k[:n]), th(v[:n]), is_causal=True, enable_gqa=True)
+        ref = ref[0].transpose(0, 1).reshape(n, heads * hd).float()
+        lines += ["| kernel | grid cuts (1,024) == budget cuts | rows differing | vs one causal SDPA call: max abs, rel. norm |",
+                  "|---|---|---|---|"]
+        kernels = {name: (lambda c: lambda qq, kk, vv, s: cut_flash.cut_attention(qq, kk, vv, s, c))(c)
+                   for name, c in VARIANTS.items()}
+        kernels["current (prefill.py)"] = current
+        for name, fn in kernels.items():
+            x = torch.cat(run_cuts(fn, q, k, v, grid_cuts(n, 1024)))
+            y = torch.cat(run_cuts(fn, q, k, v, budget_cuts(n)))
+            rows = int((x != y).any(1).sum())
+            err = (x.float() - ref)
+            lines.append(f"| {name} | {torch.equal(x, y)} | {rows} of {n} | {err.abs().max().item():.2e}, "
+                         f"{(err.norm() / ref.norm()).item():.2e} |")
+            del x, y, err
+        del ref
+        lines.append("")
+    # ---- rate ------------------------------------------------------------------------------------
+    if "rate" not in skip:
+        rows = [int(r) for r in a.rows.split(",")]
+        flops = causal_flops(n, heads, hd)
+        variants = {("current (prefill.py)", r): (current, r) for r in rows}
+        for name, c in VARIANTS.items():
+            for r in rows:
+                variants[(name, r)] = ((lambda c: lambda qq, kk, vv, s: cut_flash.cut_attention(qq, kk, vv, s, c))(c), r)
+        for fn, r in variants.values():  # compile, build cuDNN's graphs
+            run_cuts(fn, q, k, v, grid_cuts(n, r))
+        torch.cuda.synchronize()
+        times = {key: [] for key in variants}
+        for _ in range(a.rounds):
+            for key, (fn, r) in variants.items():
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                run_cuts(fn, q, k, v, grid_cuts(n, r))
+                e.record()
+                e.synchronize()
+                times[key].append(s.elapsed_time(e))
+        lines += [f"The prompt's causal attention, one layer ({flops / 1e12:.2f} TFLOP), in cuts of R rows on the "
+                  f"grid, eager, median of {a.rounds} rounds in turns: ms (TFLOP/s)", "",
+                  "| kernel | " + " | ".join(f"R = {r}" for r in rows) + " |", "|---|" + "---|" * len(rows)]
+        for name in ["current (prefill.py)"] + list(VARIANTS):
+            cells = []
+            for r in rows:
+                t = statistics.median(times[(name, r)])
+                cells.append(f"{t:.2f} ({flops / t / 1e9:.0f})")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += ["", "Every round's ms: " + "; ".join(f"{nm} R={r}: " + "/".join(f"{t:.2f}" for t in ts)
+                                                     for (nm, r), ts in times.items()), ""]
+    # ---- products --------------------------------------------------------------------------------
+    if "products" not in skip:
+        from engine.cuda import fused
+        from engine.cuda.kernels import CudaKernels
+        launch = CudaKernels(dev).at()
+        h, inter = m.hidden_size, m.intermediate_size
+        shapes = {"qkv": (heads * hd + 2 * kvh * hd, h), "o": (h, heads * hd), "gate_up": (2 * inter, h), "down": (h, inter)}
+
+        def cublas(key, x, w):
+            return fused.silu_mul(F.linear(x, w)) if key == "gate_up" else F.linear(x, w)
+
+        def round_mm(key, x, w):
+            return launch.gate_up_silu(x, w) if key == "gate_up" else launch.linear(x, w)
+
+        top = max(COUNTS)
+        res = {}
+        for key, (nout, kin) in shapes.items():
+            w = torch.randn(nout, kin, generator=g, device=dev, dtype=dtype).mul_(kin ** -0.5)
+            x = torch.randn(top, kin, generator=g, device=dev, dtype=dtype)
+            grid = cublas(key, x[:1024], w)
+            for c in COUNTS:
+                y = cublas(key, x[:c], w)
+                lo = min(c, 1024)
+                res[(key, c)] = (torch.equal(y[:lo], grid[:lo]), torch.equal(y[c - 8:], round_mm(key, x[c - 8:c], w)))
+            del w, x, grid
+        lines += ["cuBLAS (F.linear; gate_up then silu * up) over n rows: G = rows [0, min(n, 1024)) equal the "
+                  "1,024-row grid cut's, R = the last 8 rows equal the decode round's kernels on those 8 rows alone "
+                  "(- where not)", "", "| n | " + " | ".join(shapes) + " |", "|---|" + "---|" * len(shapes)]
+        for c in COUNTS:
+            lines.append(f"| {c} | " + " | ".join(("G" if res[(kk, c)][0] else "-") + ("R" if res[(kk, c)][1] else "-")
+                                                  for kk in shapes) + " |")
+        for kk in shapes:
+            gs = [c for c in COUNTS if res[(kk, c)][0]]
+            rs = [c for c in COUNTS if res[(kk, c)][1]]
+            lines.append(f"\n{kk}: grid bits at {len(gs)} of {len(COUNTS)} counts ({_spans(gs)}); round bits at "
+                         f"{len(rs)} ({_spans(rs)}).")
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+
+
+def _spans(counts: list[int]) -> str:
+    """8,16,24,40 -> '8-24, 40' over the probe's counts."""
+    if not counts:
+        return "none"
+    out, run = [], [counts[0]]
+    for c in counts[1:]:
+        if COUNTS.index(c) == COUNTS.index(run[-1]) + 1:
+            run.append(c)
+        else:
+            out.append(run)
+            run = [c]
+    out.append(run)
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in out)
+
+
+if __name__ == "__main__":
+    main()
