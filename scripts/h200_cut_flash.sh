@@ -10,7 +10,6 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv > "$OUT/gpu.csv" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee "$OUT/versions.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/versions.txt"
 timeout 480 python3 -m tools.cut_flash_probe --model qwen3-8b --prompt 32000 --rows 128,256,512,1024 \
     --rounds 3 --out "$OUT/cut_flash_8b.md" 2>&1 | tee "$OUT/log.txt" | tail -80
 ls -la "$OUT"

@@ -27,11 +27,11 @@ from engine.cuda.cut_flash import CutFlashConfig, causal_flops
 from engine.models.presets import resolve_model
 
 VARIANTS = {  # name: config (the first is the module's default)
-    "m128 n64 w8 s3": CutFlashConfig(),
-    "m128 n128 w8 s3": CutFlashConfig(block_n=128),
-    "m64 n64 w4 s3": CutFlashConfig(block_m=64, warps=4),
-    "m128 n64 w8 s2": CutFlashConfig(stages=2),
-    "m128 n64 w8 s3, no split": CutFlashConfig(split=1 << 20),
+    "m128 n128 w8 s3": CutFlashConfig(),
+    "m128 n64 w8 s3": CutFlashConfig(block_n=64),
+    "m64 n64 w4 s3": CutFlashConfig(block_m=64, block_n=64, warps=4),
+    "m128 n64 w8 s2": CutFlashConfig(block_n=64, stages=2),
+    "m128 n64 w8 s3, no split": CutFlashConfig(block_n=64, split=1 << 20),
 }
 COUNTS = list(range(8, 265, 8)) + [320, 384, 448, 512, 640, 768, 896, 1024, 1032]
 

@@ -38,8 +38,12 @@ LOG2E = 1.4426950408889634
 class CutFlashConfig:
     """The tile shapes fix the bits: a row's result is a function of (config, position, keys)."""
     block_m: int = 128  # query positions a tile
-    block_n: int = 64  # keys a block
-    split: int = 8192  # keys a split (a multiple of block_m)
+    # keys a block: 128 ran a 32k prompt's attention at 479 TFLOP/s in 1,024-row cuts on the H200,
+    # 64 at 437, block_m 64 at 424 (receipts/mixed-products/20261202-0459-h200-attention.md)
+    block_n: int = 128
+    # keys a split (a multiple of block_m): at 128-row cuts 8,192 ran 2x faster than no split (one
+    # tile a head leaves most SMs idle) and cost nothing at 1,024 (437 against 452 TFLOP/s)
+    split: int = 8192
     warps: int = 8
     stages: int = 3
 
