@@ -173,6 +173,11 @@ class KernelConfig:
     # symm for the rest; "symm": a one-shot all-reduce in symmetric memory
     # (engine/parallel/symm.py); "nccl": NCCL's all_reduce. The same bits every way.
     tp_allreduce: str = "fused"  # fused | symm | nccl
+    # CUDA, with fused, bf16: every prompt cut's attention through engine/cuda/cut_flash.py (tiles at
+    # absolute positions: a row's bits do not depend on where cuts fall, which mixed forwards need)
+    # instead of prefill.py's cuDNN halves. Off: it changes every CUDA prompt's bits, and ran a 32k
+    # prompt's attention at 0.80x the halves' rate in 1,024-row cuts (faster in cuts of <= 512 rows).
+    cut_tiles: bool = False
 
 
 @dataclass

@@ -85,3 +85,36 @@ def test_strided_rows_as_the_trunk_hands_them():
     assert qv.stride(0) == (H + 2 * KVH) * D
     got = cut_attention(qv, cache[1], vcache[1], 20, c)
     assert torch.equal(got, cut_attention(q[20:33].contiguous(), k, v, 20, c))
+
+
+@pytest.mark.interpreted
+def test_runner_with_cut_tiles_runs_every_cut_through_them(monkeypatch):
+    """KernelConfig(cut_tiles=True): the fused trunk's cuts go through cut_flash (counted), stepped
+    == whole == resumed from a cached prefix bit for bit, close to the plain trunk; off by default."""
+    import torch
+    from engine.config import EngineConfig, KernelConfig
+    from engine.cuda import cut_flash
+    from engine.runner.model_runner import build_runner
+    from engine.runner.report import _prefill_attention_name
+    assert build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=48, prefill_rows=16)).kernels.cut_flash is None
+    r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16,
+                                  kernels=KernelConfig(cut_tiles=True)))
+    r.fused = True
+    assert r.kernels.cut_flash == cut_flash.CutFlashConfig()
+    calls = []
+    real = cut_flash.cut_attention
+    monkeypatch.setattr(cut_flash, "cut_attention", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    ids = torch.tensor([(i * 13 + 1) % 256 for i in range(40)])
+    with torch.inference_mode():
+        whole = torch.cat([r.model.prefill(ids[s:e], 0, s, r.kv, all_logits=True, fused=True, launch=r._launch())
+                           for s, e in [(0, 16), (16, 32), (32, 40)]])
+        layers = r.model_config.num_hidden_layers
+        assert calls == [0] * layers + [16] * layers + [32] * layers
+        plain = r.model.prefill(ids, 1, 0, r.kv, all_logits=True)
+        assert (whole - plain).abs().max() < 1e-4
+        r.kv.k[:, 2, :16], r.kv.v[:, 2, :16] = r.kv.k[:, 0, :16], r.kv.v[:, 0, :16]
+        resumed = torch.cat([r.model.prefill(ids[s:e], 2, s, r.kv, all_logits=True, fused=True, launch=r._launch())
+                             for s, e in [(16, 32), (32, 40)]])
+        assert torch.equal(resumed, whole[16:])
+    r.device = torch.device("cuda")  # what /v1/engine says (no GPU needed to describe it)
+    assert _prefill_attention_name(r).startswith("tiles at absolute positions")

@@ -3,7 +3,8 @@
 CudaKernels holds what a runner settles at start-up or learns while it runs: the skinny tables of
 its device (engine/cuda/skinny.py tables_for), the cuBLAS row counts its start-up check adopted for
 prompt cuts (engine/cuda/batch.py Buckets), the TMA ring's state (engine/cuda/ring.py Ring: off once
-it failed), the cut attention's SDPA backend (engine/cuda/prefill.py CutBackend) and a dev probe's
+it failed), the cut attention's SDPA backend (engine/cuda/prefill.py CutBackend) or its tiles at absolute
+positions (engine/cuda/cut_flash.py, KernelConfig.cut_tiles) and a dev probe's
 clock buffer (engine/cuda/clock.py). `at(mode)` gives the forward's launches under one LaunchMode
 (engine/cuda/launch.py): eager calls take PLAIN, each decode-graph capture its own mode.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cuda import batch, decode_attention as da, fused, prefill, skinny
+from engine.cuda import batch, cut_flash, decode_attention as da, fused, prefill, skinny
 from engine.cuda.launch import PLAIN, LaunchMode
 from engine.cuda.ring import Ring
 
@@ -21,14 +22,17 @@ from engine.cuda.ring import Ring
 class CudaKernels:
     """A runner's kernel state (module doc). `skinny`: the tables its decode products use (default:
     the device's); `batch`: set once at start-up from adopt_buckets; `clock`: [layers, programs,
-    SLOTS] int64, set by a profiling probe before it captures (None: the kernels compile without)."""
+    SLOTS] int64, set by a profiling probe before it captures (None: the kernels compile without);
+    `tiles`: the cut_flash config every prompt cut's attention runs through (None: prefill.py's halves)."""
 
-    def __init__(self, device: torch.device, tables: skinny.SkinnyTables | None = None):
+    def __init__(self, device: torch.device, tables: skinny.SkinnyTables | None = None,
+                 tiles: cut_flash.CutFlashConfig | None = None):
         self.device = torch.device(device)
         self.skinny = tables or skinny.tables_for(self.device)
         self.batch = batch.NO_BUCKETS
         self.ring = Ring()
         self.cuts = prefill.CutBackend()
+        self.cut_flash = tiles
         self.clock: torch.Tensor | None = None
 
     def at(self, mode: LaunchMode = PLAIN) -> "Launch":
@@ -74,6 +78,8 @@ class Launch:
                                   clock=None if clock is None else clock[i])
 
     def cut_attention(self, q, k, v, start: int):
+        if self.kernels.cut_flash is not None:
+            return cut_flash.cut_attention(q, k, v, start, self.kernels.cut_flash)
         return prefill.cut_attention(q, k, v, start, self.kernels.cuts)
 
     qk_fold_takes = staticmethod(da.qk_fold_takes)

@@ -174,7 +174,13 @@ class ModelRunner:
         runs the fused kernels never loads triton."""
         if self._kernels is None:
             from engine.cuda.kernels import CudaKernels
-            self._kernels = CudaKernels(self.device)
+            tiles = None
+            # cut_tiles: not for a float32 CUDA runner (a reference: its halves are plain math, where
+            # the tiles' float32 dots would run in tf32)
+            if self.cfg.kernels.cut_tiles and not (self.device.type == "cuda" and self.dtype == torch.float32):
+                from engine.cuda.cut_flash import CutFlashConfig
+                tiles = CutFlashConfig()
+            self._kernels = CudaKernels(self.device, tiles=tiles)
         return self._kernels
 
     @property
@@ -281,7 +287,8 @@ class ModelRunner:
         path once in the spare lane (its KV is scratch), so Triton compiles here, not in a first request."""
         from engine.cuda.prefill import warm
         a = self.model.model.layers[0].self_attn
-        built = warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads, self.prefill_rows, self.kernels.cuts)
+        built = 0 if self.kernels.cut_flash else warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads,
+                                                      self.prefill_rows, self.kernels.cuts)
         if self.cfg.tensor_parallel > 1:  # its forwards meet other ranks' collectives: not checked on 2 GPUs yet
             return built
         # Triton compiles again for an int argument of 1, a multiple of 16 or neither: 17 and 32 rows, 1 and 2 cuts
