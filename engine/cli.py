@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from engine.config import ConfigError, EngineConfig, share_from_env
+from engine.config import ConfigError, EngineConfig, KernelConfig, share_from_env
 from engine.scheduler.drafter import make_drafter
 from engine.faults import Faults, with_faults
 
@@ -23,7 +23,11 @@ from engine.faults import Faults, with_faults
 # token in 256-row cuts and 0.94 s in 1,024-row cuts. On the CPU a cut's time grows with its rows,
 # so 256 rows keep a decoding stream's longest wait to one short cut.
 PREFILL_ROWS = {"cpu": 256, "cuda": 1024}
-
+# --cut-attention: a CUDA prompt cut's attention (KernelConfig.cut_tiles). cudnn: prefix and diagonal
+# halves merged (engine/cuda/prefill.py), the fastest at 1,024-row cuts; tiles: engine/cuda/cut_flash.py,
+# whose rows' bits do not depend on where cuts fall (what mixed forwards need). The two give
+# different bits, so a receipt's plain reference must run the same one as its variants.
+CUT_ATTENTION = {"cudnn": False, "tiles": True}
 
 
 def cut_rows(device: str, prefill_rows: int | None) -> int:
@@ -71,6 +75,8 @@ def check_config(cfg: EngineConfig) -> str:
     from engine.models.presets import resolve_model
 
     mcfg, name, _ = resolve_model(cfg.model)
+    if why := mixed_refused(cfg):  # a combination of flags: refused whatever the machine has
+        raise ConfigError(why)
     if cfg.device.startswith("cuda"):
         import torch
 
@@ -83,11 +89,31 @@ def check_config(cfg: EngineConfig) -> str:
         if why := bf16_refused(cfg.dtype):
             raise ConfigError(why)
     check_tensor_parallel(mcfg, cfg.tensor_parallel, cfg.device)
-    if cfg.prefill_mode == "mixed" and (cfg.device != "cpu" or cfg.tensor_parallel > 1):
-        raise ConfigError("--prefill-mode mixed runs on --device cpu at one rank so far (the CUDA forward "
-                          "that keeps a row's bits is not built): use stepped with --prefill-share there")
     tp = f", tensor parallel {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
     return f"ok: {name} on {cfg.device}, {cfg.dtype}, {cfg.prefill_rows}-row cuts{tp}"
+
+
+def mixed_refused(cfg: EngineConfig) -> str | None:
+    """Why --prefill-mode mixed cannot keep every row's bits under these flags, or None."""
+    if cfg.prefill_mode != "mixed":
+        return None
+    if cfg.tensor_parallel > 1:
+        return ("--prefill-mode mixed runs at one rank (a tensor-parallel forward carrying a cut and a round "
+                "is not built): use stepped with --prefill-share there")
+    if cfg.device != "cpu" and not (cfg.kernels.cut_tiles and cfg.dtype == "bfloat16"):
+        return ("--prefill-mode mixed on cuda needs --cut-attention tiles (and bfloat16): a budget sizes its cuts "
+                "off the 1,024-row grid, and only the tiles give a prompt row the same attention bits wherever "
+                "its cut falls (the cudnn halves split each row's keys at its cut's start)")
+    return None
+
+
+def cut_attention_knob(device: str, cut_attention: str) -> bool:
+    """KernelConfig.cut_tiles for --cut-attention."""
+    if cut_attention not in CUT_ATTENTION:
+        raise ConfigError(f"--cut-attention must be {' or '.join(CUT_ATTENTION)}, not {cut_attention!r}")
+    if CUT_ATTENTION[cut_attention] and device == "cpu":
+        raise ConfigError("--cut-attention tiles is for --device cuda (the CPU's cut attention is its own)")
+    return CUT_ATTENTION[cut_attention]
 
 
 @app.command()
@@ -101,7 +127,8 @@ def serve(
     threads: Annotated[Optional[int], typer.Option(help="cpu: compute threads (default: every core but one, at least 1, leaving a core to the HTTP thread).")] = None,
     max_model_len: Annotated[int, typer.Option(help="Tokens per lane (prompt + completion).")] = 4096,
     prefill_rows: Annotated[Optional[int], typer.Option(help="Rows per prompt cut R: cut boundaries are multiples of R (default: 256 on cpu, 1024 on cuda).")] = None,
-    prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline); mixed: each forward carries a prompt's cut and one row for every runnable stream, the cut sized by --mixed-budget (cpu).")] = "stepped",
+    prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline); mixed: each forward carries a prompt's cut and one row for every runnable stream, the cut sized by --mixed-budget (cpu; cuda with --cut-attention tiles).")] = "stepped",
+    cut_attention: Annotated[str, typer.Option(help="cuda: a prompt cut's attention. cudnn: prefix and diagonal halves through cuDNN, merged; tiles: Triton tiles at absolute positions, a row's bits the same wherever its cut falls (needed by --prefill-mode mixed). Each gives its own bits.")] = "cudnn",
     mixed_budget: Annotated[float, typer.Option(help="mixed: milliseconds a forward carrying a long prompt's cut and the decode rows should take; the cut is sized to it from measured forwards.")] = 50.0,
     prefill_share: Annotated[Optional[float], typer.Option(help="Share p in (0, 1] of wall time for long prompt steps while streams decode; overrides TENSORFOLD_PREFILL_SHARE; default 1 (alternation).")] = None,
     no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Do not reuse a lane's cached prompt prefix.")] = False,
@@ -128,7 +155,8 @@ def serve(
     cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel, tensor_parallel=tensor_parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
                        mixed_budget_ms=mixed_budget, prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
-                       seed=seed, trace=trace, trace_len=trace_len)
+                       seed=seed, trace=trace, trace_len=trace_len,
+                       kernels=KernelConfig(cut_tiles=cut_attention_knob(device, cut_attention)))
     faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment
     from engine.server.http import HttpConfig, ServedModel, serve as serve_http
 

@@ -266,8 +266,9 @@ def test_cuts_end_on_the_backend_s_granule():
 
 
 def test_mixed_mode_is_refused_where_its_bits_are_not_kept():
-    """CUDA and tensor parallel have no mixed forward that keeps a row's bits: one line, before any load."""
+    """Tensor parallel has no mixed forward that keeps a row's bits (CUDA without the tiles neither:
+    test_cuda_mixed.py): one line, before any load."""
     from engine.cli import check_config
-    with pytest.raises(ConfigError, match="--prefill-mode mixed runs on --device cpu at one rank"):
+    with pytest.raises(ConfigError, match="--prefill-mode mixed runs at one rank"):
         check_config(EngineConfig(model="tiny", prefill_mode="mixed", tensor_parallel=2))
     assert check_config(EngineConfig(model="tiny", prefill_mode="mixed")).startswith("ok")

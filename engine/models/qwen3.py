@@ -322,18 +322,19 @@ class Qwen3ForCausalLM(nn.Module):
         return CudaKernels(self.model.embed_tokens.weight.device).at()
 
     def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None,
-                    attend_qkv=None, launch=None) -> torch.Tensor:
+                    attend_qkv=None, launch=None, act=None) -> torch.Tensor:
         """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
         cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
         rows) engine.cuda.skinny's where it measured faster, or `mm`'s. attend_qkv(i, qkv, attn):
         the q/k norm, RoPE and cache write done by the attention itself (engine/cuda/qkfold.py).
-        launch: the kernels and their launch mode (engine.cuda.kernels.Launch; None: plain)."""
+        launch: the kernels and their launch mode (engine.cuda.kernels.Launch; None: plain).
+        act(h, w): silu(gate) * up of the gate/up product, where `mm`'s would not do (None: silu_mul of mm's)."""
         launch = self._launch(launch)
         if mm is None and skinny:
             mm, act = launch.linear, launch.gate_up_silu
         elif mm is None:
             mm, act = F.linear, (lambda h, w: launch.silu_mul(F.linear(h, w)))
-        else:
+        elif act is None:
             act = lambda h, w: launch.silu_mul(mm(h, w))  # noqa: E731
         cfg, layers = self.config, self.model.layers
         eps = cfg.rms_norm_eps
@@ -411,6 +412,48 @@ class Qwen3ForCausalLM(nn.Module):
 
         h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, launch=launch)
         return mm(h[[b - 1 for _, b, _, _ in spans]], self.lm_head.weight)
+
+    def mixed_fused(self, seqs: list[tuple[torch.Tensor, int, int]], dec: torch.Tensor, kv, cut_mm, launch,
+                    first_head, skinny: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt cuts [(tokens [T], lane, start)] and a padded decode round dec [tokens, positions, lanes]
+        in one forward through the fused kernels (CUDA): the cuts' rows first, then the round's. The
+        row-wise kernels (norms, q/k norm + RoPE + cache write, silu*up's multiply) take every row at
+        once; each product runs twice, the cuts' rows through cut_mm (the row-invariant product of
+        prompt cuts, engine/cuda/batch.py: a row's bits those of its grid cut) and the round's rows
+        through the round's own kernels at the round's row count (skinny.py: its bits those of a plain
+        round). cuBLAS over both at once kept both bits for q/k/v, o and gate/up in a probe, but down
+        never, and no start-up check covers the rest yet. Attention: each cut through
+        launch.cut_attention (cut_flash's tiles at absolute positions, so a cut sized off the grid
+        keeps its rows' bits), the round through the decode attention. first_head(j, row [hidden]): cut
+        j's last-row logits as prefill_step takes them; skinny: the round's products as `decode`'s
+        with skinny (else cuBLAS's). Returns (each cut's last-row logits
+        [cuts, vocab], the round's logits [P, vocab])."""
+        launch = self._launch(launch)
+        dev = dec.device
+        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
+        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
+        n = ends[-1]
+        d_tokens, d_positions, d_lanes = dec[0], dec[1], dec[2]
+        tokens = torch.cat([t for t, _, _ in seqs] + [d_tokens])
+        positions = torch.cat([torch.arange(s, s + b - a, device=dev) for a, b, _, s in spans] + [d_positions])
+        lanes = torch.cat([torch.full((b - a,), lane, device=dev) for a, b, lane, _ in spans] + [d_lanes])
+
+        round_mm = launch.linear if skinny else F.linear
+        round_act = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
+
+        def mm(x, w):
+            return torch.cat([cut_mm(x[:n], w), round_mm(x[n:], w)])
+
+        def act(x, w):
+            return torch.cat([launch.silu_mul(cut_mm(x[:n], w)), round_act(x[n:], w)])
+
+        def attend(i, q):
+            return torch.cat([launch.cut_attention(q[a:b], kv.k[i, lane, :s + b - a], kv.v[i, lane, :s + b - a], s)
+                              for a, b, lane, s in spans] + [launch.attention(kv, i, q[n:], d_lanes, d_positions)])
+
+        h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, act=act, launch=launch)
+        firsts = torch.stack([first_head(j, h[b - 1]) for j, (_, b, _, _) in enumerate(spans)])
+        return firsts, round_mm(h[n:], self.lm_head.weight)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn,
                fused: bool = False, skinny: bool = False, launch=None) -> torch.Tensor:

@@ -55,6 +55,10 @@ from engine.models.weights import DTYPES, load_model
 log = logging.getLogger("engine.runner.model_runner")
 # CUDA memory kept free beside the weights and the KV cache: a prompt cut's activations, scratch.
 KV_HEADROOM = 4 << 30
+# CUDA mixed forwards: a sized cut ends on a multiple of this many positions. Any would keep the bits
+# (cut_flash's tiles sit at absolute positions, the cut's products run at a checked row count); a
+# coarse one bounds the shapes the budget asks for.
+MIXED_GRANULE = 64
 
 
 class ModelRunner:
@@ -144,6 +148,10 @@ class ModelRunner:
         self.cut_free = self.mix_floor is not None and cfg.prefill_rows >= self.mix_floor
         # fp32 (and bf16 without cpu_rows_free) cut attention computes whole tiles: cut at their ends
         self.cut_granule = tile_for(cfg.prefill_rows) if not self.cpu_rows_free else 16
+        if cfg.prefill_mode == "mixed" and self.device.type == "cuda":  # (_mixed_fused)
+            if why := self._mixed_refused():
+                raise ConfigError(why)
+            self.cut_free, self.cut_granule = True, MIXED_GRANULE
         self.graphs = DecodeGraphs(self)  # the decode round's CUDA graphs (capture_graph)
         self.buckets: tuple[int, ...] = (self.round_rows,)  # the row counts rounds run at
         self.ahead: Ahead | None = None  # rounds launched one ahead (engine/runner/ahead.py)
@@ -319,18 +327,15 @@ class ModelRunner:
         """Prompt cuts [(lane, tokens, start, end)] and one greedy decode round in one forward
         (engine/scheduler/backend.py MixedBackend): each cut's rows with the bits `prefill_step`
         gives them and each decode row with the bits `decode` gives it (the CPU's fast path:
-        Qwen3ForCausalLM.mixed_cpu; elsewhere the cuts, then the round). Returns (per cut its
+        Qwen3ForCausalLM.mixed_cpu; CUDA with cut_flash: _mixed_fused; elsewhere the cuts, then the round). Returns (per cut its
         greedy first token if it ends its prompt, else None; the round's ids)."""
         if not (len(lanes) == len(tokens) == len(positions)) or not lanes:
             raise ValueError("a mixed forward needs decode entries, lanes, tokens and positions alike")
+        if self.fused and self.kernels.cut_flash is not None:
+            return self._mixed_fused(cuts, lanes, tokens, positions)
         if self.cpu_mm is None or self.fused or self.cpu_round is None:
             return [self.prefill_step(*c) for c in cuts], self.decode(lanes, tokens, positions)
-        taken = set(lanes)
-        for lane, toks, start, end in cuts:
-            self._check_cut(lane, len(toks), start, end)
-            if lane in taken:
-                raise ValueError(f"lane {lane} twice in one mixed forward")
-            taken.add(lane)
+        self._check_mixed(cuts, lanes)
         rows, where = self._padded(lanes, tokens, positions)
         if self.ahead is not None:
             self.ahead.drop()
@@ -351,6 +356,57 @@ class ModelRunner:
         out = logits.argmax(-1).tolist()
         return ([int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, cuts)],
                 [out[row] for row in where])
+
+    def _mixed_refused(self) -> str | None:
+        """Why this CUDA runner's mixed forwards could not keep every row's bits, or None."""
+        if not self.fused or self.kernels.cut_flash is None:
+            return ("--prefill-mode mixed on cuda needs the fused kernels and --cut-attention tiles in bfloat16 "
+                    "(a cut's attention bits must not depend on where the cut falls)")
+        r, rows = self.prefill_rows, self.batch_rows
+        if not rows:
+            return ("--prefill-mode mixed on cuda: the start-up check found no row counts at which cuBLAS gives "
+                    "every prompt row the same bits, so a cut sized off the grid would move them")
+        if r > SHORT_ROWS and r not in rows:
+            return (f"--prefill-mode mixed on cuda: --prefill-rows {r} is not a row count cuBLAS was checked at "
+                    f"({', '.join(map(str, rows))}), so a grid cut's bits and a sized cut's could differ")
+        return None
+
+    @torch.inference_mode()
+    def _mixed_fused(self, cuts, lanes, tokens, positions) -> tuple[list[int | None], list[int]]:
+        """`mixed` on CUDA (Qwen3ForCausalLM.mixed_fused): the cuts' products through the prompt cuts'
+        row-invariant product (cuBLAS at the checked counts), the round's through its own kernels at
+        its row count, so each row keeps the bits its own call gives it."""
+        self._check_mixed(cuts, lanes)
+        rows, where = self._padded(lanes, tokens, positions)
+        if self.ahead is not None:
+            self.ahead.drop()
+        k = self.kernels
+        seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in cuts]
+        dec = torch.tensor(rows, dtype=torch.long, device=self.device)
+        w = self.model.lm_head.weight
+        # the last row's logits as prefill_step computes them for a cut of that length: a short cut
+        # through the row-invariant product (prefill_many), a long one as one vector (prefill)
+        many = [self.batch_cuts and e - s <= SHORT_ROWS for _, _, s, e in cuts]
+
+        def first_head(j, row):
+            return k.matmul(row[None], w)[0] if many[j] else torch.nn.functional.linear(row, w)
+
+        @torch.inference_mode()  # (per thread: the cut thread's call needs its own)
+        def run():
+            return self.model.mixed_fused(seqs, dec, self.kv, k.matmul, self._launch(), first_head, skinny=self.skinny)
+        first_logits, logits = self._cut_thread.submit(run).result() if self._cut_thread is not None else run()
+        firsts = first_logits.argmax(-1).tolist()
+        out = logits.argmax(-1).tolist()
+        return ([int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, cuts)],
+                [out[row] for row in where])
+
+    def _check_mixed(self, cuts, lanes) -> None:
+        taken = set(lanes)
+        for lane, toks, start, end in cuts:
+            self._check_cut(lane, len(toks), start, end)
+            if lane in taken:
+                raise ValueError(f"lane {lane} twice in one mixed forward")
+            taken.add(lane)
 
     # ---- decode rounds -----------------------------------------------------------------------
     def _padded(self, lanes, tokens, positions) -> tuple[list[list[int]], list[int]]:

@@ -51,7 +51,17 @@ def _describe_cuda(r) -> dict:
                                ("down", layer.mlp.down_proj.weight, False), ("gate/up", layer.mlp.w_gate_up, True)):
             if ring_split(*w.shape, r.round_rows, r.kernels.skinny, gated) is not None:
                 ring.append(name)
-    return {"decode_pdl": getattr(r, "decode_pdl", 0) if r.graph is not None else 0, "decode_ring": ring}
+    return {"decode_pdl": getattr(r, "decode_pdl", 0) if r.graph is not None else 0, "decode_ring": ring,
+            "cut_attention": "tiles" if r.fused and r.kernels.cut_flash is not None else "cudnn",
+            "cuda_mixed": cuda_mixed(r)}
+
+
+def cuda_mixed(r) -> str:
+    """How a CUDA runner's mixed forwards run (ModelRunner._mixed_fused)."""
+    if r.cfg.prefill_mode != "mixed":
+        return "off"
+    return (f"the cut's products through cuBLAS at checked counts, the round's through its own kernels; cut_flash "
+            f"and the decode attention; cuts end on multiples of {r.cut_granule}")
 
 
 def _describe_cpu(r) -> dict:

@@ -1,0 +1,59 @@
+"""The CUDA mixed forward (ModelRunner._mixed_fused) under Triton's interpreter, on the tiny preset:
+a prompt's cuts off the grid, each beside a decode round, leave the KV rows and the first token a
+whole prefill gives (cut_flash's tiles, the cuts' row-invariant product), and the round's rows the
+ids a plain round gives. And the flags: mixed on cuda only with --cut-attention tiles."""
+import pytest
+import torch
+
+from engine.config import ConfigError, EngineConfig, KernelConfig
+
+A = [(i * 37 + 11) % 500 for i in range(9)]
+B = [(i * 29 + 3) % 500 for i in range(40)]  # grid cuts of 16: [0, 16), [16, 32), [32, 40)
+
+
+def _cuda_path(r):
+    """A CPU runner switched onto the CUDA forwards (as test_prefill_many does), cut_flash at tiles
+    small enough that B's rows cross tiles, blocks and splits. The prompt cuts' product one row at a
+    time: under the interpreter the tiles' dots are numpy's, whose row bits move with the row's place
+    in a tile (on the GPU they do not; cuBLAS's checked counts stand in there)."""
+    import torch.nn.functional as F
+    from engine.cuda.cut_flash import CutFlashConfig
+    r.fused = r.skinny = r.batch_cuts = True
+    r.kernels.cut_flash = CutFlashConfig(block_m=16, block_n=8, split=32, warps=4, stages=1)
+    r.kernels.matmul = lambda x, w: torch.stack([F.linear(row, w) for row in x])
+    return r
+
+
+@pytest.mark.interpreted
+def test_cuts_off_the_grid_beside_rounds_keep_every_rows_bits():
+    from engine.runner.model_runner import build_runner
+    r = _cuda_path(build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
+                                             seed=3, kernels=KernelConfig(cpu_fast=False, cut_tiles=True))))
+    first_a = r.prefill(2, A)
+    first_b = r.prefill(1, B)  # the reference: whole, on the grid
+    ref_k, ref_v = r.kv.k[:, 1, :len(B)].clone(), r.kv.v[:, 1, :len(B)].clone()
+    ids = r.decode([2], [first_a], [len(A)])  # a plain round of A
+    r.kv.k[:, 1].zero_(); r.kv.v[:, 1].zero_()
+    got = []
+    for s, e in ((0, 11), (11, 30), (30, 32), (32, 40)):  # off the grid, then its last grid cut
+        (tok,), new = r.mixed([(1, B, s, e)], [2], [first_a], [len(A)])  # the same row each time
+        assert new == ids, (s, e)
+        got.append(tok)
+    assert got == [None, None, None, first_b]
+    assert torch.equal(r.kv.k[:, 1, :len(B)], ref_k) and torch.equal(r.kv.v[:, 1, :len(B)], ref_v)
+    with pytest.raises(ValueError):
+        r.mixed([(2, B, 0, 16)], [2], [first_a], [len(A)])  # a lane both decoding and filling
+
+
+def test_mixed_on_cuda_wants_the_tiles():
+    from engine.cli import check_config, cut_attention_knob, mixed_refused
+    base = dict(model="tiny", device="cuda", dtype="bfloat16", prefill_mode="mixed")
+    with pytest.raises(ConfigError, match="--cut-attention tiles"):
+        check_config(EngineConfig(**base))  # refused before the device is looked for
+    assert mixed_refused(EngineConfig(**base, kernels=KernelConfig(cut_tiles=True))) is None
+    assert "one rank" in mixed_refused(EngineConfig(**base, tensor_parallel=2, kernels=KernelConfig(cut_tiles=True)))
+    assert mixed_refused(EngineConfig(model="tiny", prefill_mode="mixed")) is None  # the CPU's own
+    assert cut_attention_knob("cuda", "tiles") and not cut_attention_knob("cuda", "cudnn")
+    for device, name in (("cuda", "flash"), ("cpu", "tiles")):
+        with pytest.raises(ConfigError):
+            cut_attention_knob(device, name)
