@@ -308,6 +308,12 @@ class ModelRunner:
         if self.batch_cuts and n >= 96:
             self._forward_many([(ids[:17], self.spare, 0)])
             self._forward_many([(ids[:17], self.spare, 0), (ids[:32], self.spare, 64)])
+        if self.cfg.prefill_mode == "mixed" and self.cut_free and self.parallel >= 2 and n >= 32:
+            # the round's kernels eagerly (the graphs were captured in other launch modes) beside a cut,
+            # at 18 and 32 rows in all; lanes 0 and 1 hold nothing yet, and their first prompt overwrites
+            zeros = [0] * 31
+            self._mixed_fused([(1, zeros, 0, 17)], [0], [0], [0], here=True)
+            self._mixed_fused([(1, zeros, 0, 31)], [0], [0], [0], here=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return built
@@ -372,10 +378,11 @@ class ModelRunner:
         return None
 
     @torch.inference_mode()
-    def _mixed_fused(self, cuts, lanes, tokens, positions) -> tuple[list[int | None], list[int]]:
+    def _mixed_fused(self, cuts, lanes, tokens, positions, here: bool = False) -> tuple[list[int | None], list[int]]:
         """`mixed` on CUDA (Qwen3ForCausalLM.mixed_fused): the cuts' products through the prompt cuts'
         row-invariant product (cuBLAS at the checked counts), the round's through its own kernels at
-        its row count, so each row keeps the bits its own call gives it."""
+        its row count, so each row keeps the bits its own call gives it. here: in the calling thread
+        (the cut thread's own warm-up), else in the cut thread, as prompt cuts run."""
         self._check_mixed(cuts, lanes)
         rows, where = self._padded(lanes, tokens, positions)
         if self.ahead is not None:
@@ -394,7 +401,7 @@ class ModelRunner:
         @torch.inference_mode()  # (per thread: the cut thread's call needs its own)
         def run():
             return self.model.mixed_fused(seqs, dec, self.kv, k.matmul, self._launch(), first_head, skinny=self.skinny)
-        first_logits, logits = self._cut_thread.submit(run).result() if self._cut_thread is not None else run()
+        first_logits, logits = run() if here or self._cut_thread is None else self._cut_thread.submit(run).result()
         firsts = first_logits.argmax(-1).tolist()
         out = logits.argmax(-1).tolist()
         return ([int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, cuts)],

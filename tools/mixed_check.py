@@ -1,0 +1,121 @@
+"""Does a CUDA mixed forward keep every row's bits? One runner, in process, on the device.
+
+    PYTHONPATH=. python3 -m tools.mixed_check --model qwen3-8b --out $OUT/mixed_check.json
+        [--prompt 12000] [--tokens 48]
+
+A runner with --prefill-mode mixed and --cut-attention tiles (its decode graphs, its start-up
+check of cuBLAS's row counts). The reference: each prompt generated alone (whole prefill on the
+1,024-row grid, then plain rounds). Then three short prompts decode in lanes 0-2 while the long one
+fills lane 3 in budget-like cuts off the grid (ModelRunner.mixed, each beside a round of the
+three), then its last grid cut, then every lane decodes in plain rounds. Compared: each stream's
+token ids with its reference, and the long prompt's K/V rows bit for bit per layer (layer 0's
+rows depend only on the embedding, the norm and the q/k/v product: where the first differing
+layer is says which products or attention moved). Prints one line per comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from engine.config import EngineConfig, KernelConfig
+from engine.runner.model_runner import build_runner
+
+SIZES = (200, 77, 640, 513, 1000, 64, 384, 128, 1024, 300)  # budget-like cut sizes, in turn
+
+
+def prompt(n: int, salt: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(2000 + salt)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def kv_rows(r, lane: int, n: int):
+    return r.kv.k[:, lane, :n].clone(), r.kv.v[:, lane, :n].clone()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--prompt", type=int, default=12000)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
+                                  max_model_len=a.prompt + a.tokens + 64, prefill_rows=1024, prefill_mode="mixed",
+                                  kernels=KernelConfig(cut_tiles=True)))
+    r.cuts_warmed.result()
+    res = {"model": a.model, "batch_rows": list(r.batch_rows), "engine": {k: r.describe()[k] for k in
+           ("cut_attention", "cuda_mixed", "prefill_attention", "decode_rows", "cuda_graph")},
+           "start_s": round(time.perf_counter() - t0, 1)}
+    print("runner:", res)
+    v, T = r.vocab_size, a.tokens
+    shorts = [prompt(n, i, v) for i, n in enumerate((100, 700, 1500))]
+    long_ = prompt(a.prompt, 9, v)
+
+    # the reference: each alone, whole on the grid, plain rounds
+    ref = [r.generate(p, T, lane=i) for i, p in enumerate(shorts)]
+    ref_long = r.generate(long_, T, lane=3)
+    ref_kv = kv_rows(r, 3, len(long_))  # (the rounds wrote past the prompt's rows only)
+    r.kv.k[:, 3].zero_(), r.kv.v[:, 3].zero_()
+
+    # mixed: the shorts decode while the long prompt fills lane 3 in cuts off the grid
+    outs = [[r.prefill(i, p)] for i, p in enumerate(shorts)]
+    last = (len(long_) - 1) // r.prefill_rows * r.prefill_rows
+    bounds, s, j = [0], 0, 0
+    while s < last:
+        s = min(last, s + SIZES[j % len(SIZES)])
+        bounds.append(s)
+        j += 1
+    bounds.append(len(long_))
+    first = None
+    t1 = time.perf_counter()
+    for s, e in zip(bounds, bounds[1:]):
+        pos = [len(p) + len(o) - 1 for p, o in zip(shorts, outs)]
+        (tok,), ids = r.mixed([(3, long_, s, e)], [0, 1, 2], [o[-1] for o in outs], pos)
+        for o, t in zip(outs, ids):
+            o.append(t)
+        first = tok
+    res["mixed_forwards"], res["mixed_s"] = len(bounds) - 1, round(time.perf_counter() - t1, 2)
+    got_kv = kv_rows(r, 3, len(long_))
+    long_out = [first]
+    lanes = [0, 1, 2, 3]
+    while len(long_out) < T:
+        seqs = [*zip(shorts, outs), (long_, long_out)]
+        toks = [o[-1] for _, o in seqs]
+        pos = [len(p) + len(o) - 1 for p, o in seqs]
+        live = [k for k, (_, o) in enumerate(seqs) if len(o) < T]
+        ids = r.decode([lanes[k] for k in live], [toks[k] for k in live], [pos[k] for k in live])
+        for k, t in zip(live, ids):
+            seqs[k][1].append(t)
+    torch.cuda.synchronize()
+
+    def first_diff(x, y):
+        return next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), None)
+
+    res["short_streams"] = [{"equal": o[:T] == rf, "first_diff": first_diff(o, rf)} for o, rf in zip(outs, ref)]
+    res["long_first_token_equal"] = long_out[0] == ref_long[0]
+    res["long_ids_equal"] = long_out == ref_long
+    res["long_first_diff"] = first_diff(long_out, ref_long)
+    layers = []
+    for name, g, w in (("k", got_kv[0], ref_kv[0]), ("v", got_kv[1], ref_kv[1])):
+        for L in range(g.shape[0]):
+            rows = (g[L] != w[L]).flatten(1).any(1).nonzero().flatten()
+            if rows.numel():
+                layers.append({"kv": name, "layer": L, "rows_differing": int(rows.numel()), "first_row": int(rows[0]),
+                               "max_abs": float((g[L].float() - w[L].float()).abs().max())})
+    res["long_kv_bitwise"] = not layers
+    res["long_kv_differences"] = layers[:12]
+    res["cut_bounds"] = bounds
+    res["all_equal"] = (all(s["equal"] for s in res["short_streams"]) and res["long_ids_equal"] and res["long_kv_bitwise"])
+    res["total_s"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps({k: res[k] for k in res if k != "cut_bounds"}, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
