@@ -73,6 +73,16 @@ static inline v16 exp16(v16 x) {
   return p;
 }
 
+/* 16 keys' scores: rounded to bf16 first where the cache is bf16 (as the bucketed path rounds), scaled */
+static inline __attribute__((always_inline)) void store_scores(float *dst, v16 x, int bf16, float scale) {
+  if (bf16) {
+    u16v u = round16(x);
+    memcpy(&x, &u, sizeof x);
+  }
+  x = x * splat(scale);
+  memcpy(dst, &x, sizeof x);
+}
+
 /* one row, one KV head: scores of its `rep` query heads over keys [0, n), softmax, P@V
  * (always inlined, so each (dc, rep) below gets loops of constant trip counts, unrolled, its
  * vectors in registers). Without AVX-512 a 16-float vector has no register of its own, and GCC
@@ -101,13 +111,7 @@ static inline __attribute__((always_inline)) void head_group(const char *kc, con
         }
         a[BITREV[j]] = acc;
       }
-      v16 x = reduce16(a);
-      if (bf16) {
-        u16v u = round16(x);
-        memcpy(&x, &u, sizeof x);
-      }
-      x = x * splat(scale);
-      memcpy(s + h * cap + t0, &x, sizeof x);
+      store_scores(s + h * cap + t0, reduce16(a), bf16, scale);
     }
   }
 #else
@@ -131,12 +135,7 @@ static inline __attribute__((always_inline)) void head_group(const char *kc, con
       }
       v16 x;
       memcpy(&x, sc, sizeof x);
-      if (bf16) {
-        u16v u = round16(x);
-        memcpy(&x, &u, sizeof x);
-      }
-      x = x * splat(scale);
-      memcpy(s + h * cap + t0, &x, sizeof x);
+      store_scores(s + h * cap + t0, x, bf16, scale);
     }
   }
 #endif
