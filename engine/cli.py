@@ -124,6 +124,7 @@ def serve(
     dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: bfloat16 on cuda; on cpu bfloat16 where the CPU has AMX or avx512_bf16, else float32).")] = None,
     parallel: Annotated[Optional[int], typer.Option(help="Lanes: streams decoding at once, each with its own KV region (default: 8 on cpu, 4 on cuda).")] = None,
     tensor_parallel: Annotated[int, typer.Option(help="Split the model over N ranks, one process each (NCCL on cuda:0..N-1, gloo on cpu): Megatron-style attention heads and MLP, vocabulary-split lm_head. N must divide the key-value heads and the intermediate size.")] = 1,
+    cpu_isa: Annotated[str, typer.Option(help="cpu: native, or avx2: run torch, MKL, oneDNN and the C kernels at AVX2 on an AVX-512 machine (the float32 path with widened bf16 weights that AVX2-only machines take), to test or measure that class here.")] = "native",
     threads: Annotated[Optional[int], typer.Option(help="cpu: compute threads (default: every core but one, at least 1, leaving a core to the HTTP thread).")] = None,
     max_model_len: Annotated[int, typer.Option(help="Tokens per lane (prompt + completion).")] = 4096,
     prefill_rows: Annotated[Optional[int], typer.Option(help="Rows per prompt cut R: cut boundaries are multiples of R (default: 256 on cpu, 1024 on cuda).")] = None,
@@ -149,6 +150,11 @@ def serve(
 ):
     """Serve the OpenAI-compatible API (completions, chat, models, health, metrics) with streamed tokens."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from engine.cpu.isa import apply_cap
+    try:
+        apply_cap(cpu_isa, "torch" in sys.modules)  # before torch loads: it reads the cap then
+    except (ValueError, RuntimeError) as e:
+        raise typer.BadParameter(str(e), param_hint="--cpu-isa") from None
     draft = make_drafter(drafter)
     dtype, parallel, chose = device_defaults(device, dtype, parallel, threads)
     prefill_rows = cut_rows(device, prefill_rows)

@@ -11,6 +11,7 @@
 #    (decode tok/s at 1/2/4/8 streams of 256 tokens, a cold 4,096-token prompt's first token),
 #    printing the table and writing runs/vllm_cpu_compare.json. With BASELINE=TREE (another checkout)
 #    a second tfengine served from that checkout is measured in the same turns (before/after).
+#    CPU_ISA=avx2 runs both engines at AVX2 on an AVX-512 machine (the AVX2-only class's paths).
 # vLLM's caches go under VENV_DIR/../cache, never the home directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,5 +28,6 @@ DIR=runs/qwen3-random-512
 [ -f "$DIR/config.json" ] || PYTHONPATH=$PWD "$PY" -m tools.random_qwen3 "$DIR"
 echo "load before: $(cat /proc/loadavg 2>/dev/null || uptime)"
 PYTHONPATH=$PWD "$PY" -m tools.serve_compare --model-dir "$DIR" --vllm "$VENV/bin/python" \
-    --reps "$REPS" --logs runs/vllm_cpu_compare_logs --json runs/vllm_cpu_compare.json ${BASELINE:+--baseline "$BASELINE"}
+    --reps "$REPS" --logs runs/vllm_cpu_compare_logs --json runs/vllm_cpu_compare.json ${BASELINE:+--baseline "$BASELINE"} \
+    ${CPU_ISA:+--cpu-isa "$CPU_ISA"}
 echo "load after: $(cat /proc/loadavg 2>/dev/null || uptime)"

@@ -226,6 +226,29 @@ def failed_long_prompt(why: str) -> LongPromptFigures:
                              invalid_reasons=[f"the server failed: {why}"])
 
 
+def pace_alone(times: list[float], lo: float, hi: float, alone: list[float]) -> float | None:
+    """A's rate alone over the tokens it made in (lo, hi] beside B: the same token indices (the
+    same context lengths) of its run with nothing else running, or None where that run is short."""
+    i0, i1 = count_in(times, float("-inf"), lo), count_in(times, float("-inf"), hi)
+    if i0 < 1 or i1 <= i0 or len(alone) < i1 or alone[i1 - 1] <= alone[i0 - 1]:
+        return None
+    return (i1 - i0) / (alone[i1 - 1] - alone[i0 - 1])
+
+
+def pace_pct(run: dict, a_alone: dict | None) -> float | None:
+    """One run's A rate while B fills as a percentage of A's pace alone over the same tokens."""
+    f = LongPromptFigures.from_dict(run["figures"])
+    recs = run.get("records") or {}
+    if not a_alone or not f.valid or f.a_rate_during is None or "A" not in recs or "B" not in recs:
+        return None
+    b = StreamRecord.from_dict(recs["B"])
+    if b.sent is None or not b.token_times:
+        return None
+    pace = pace_alone(StreamRecord.from_dict(recs["A"]).token_times, b.sent, b.token_times[0],
+                      StreamRecord.from_dict(a_alone).token_times)
+    return 100 * f.a_rate_during / pace if pace else None
+
+
 def b_alone(record: dict) -> float | None:
     """B's first token with nothing else running, from its saved record."""
     return first_token_latency(StreamRecord.from_dict(record))
@@ -247,11 +270,13 @@ def long_prompt_summary(data: dict) -> dict[str, dict]:
             continue
         figs = [LongPromptFigures.from_dict(r["figures"]) for r in runs]
         med = medians(figs)
-        alone = (data.get("alone") or {}).get(v["name"], {}).get("b_first_token")
+        alones = (data.get("alone") or {}).get(v["name"], {})
+        alone = alones.get("b_first_token")
         x_alone = med["b_first_token"] / alone if alone and med["b_first_token"] else None
         pct = 100 * (med["a_rate_during"] or 0) / med["a_rate_before"] if med["a_rate_before"] else None
+        paces = [p for p in (pace_pct(r, alones.get("a_record")) for r in runs) if p is not None]
         out[v["name"]] = {"runs": runs, "figures": figs, "median": med, "alone": alone, "x_alone": x_alone,
-                          "during_pct": pct}
+                          "during_pct": pct, "pace_pct": median(paces) if paces else None}
     return out
 
 

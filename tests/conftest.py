@@ -21,8 +21,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The FMA kernels (Haswell and later: every AVX2 machine) round a row by where it falls in the
 # block, which a GPU's tensor-core tile does not, so the row-invariance checks would test OpenBLAS,
 # not the kernel. Sandy Bridge's kernel (AVX, no FMA) keeps each row's sums in one order.
-# Only where nothing set the core type already (some machines set it to avoid broken kernels).
-INTERPRET_ENV = {"TRITON_INTERPRET": "1", "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "Sandybridge")}
+# Whatever the machine set: some set OPENBLAS_CORETYPE=Haswell (an explicit core type skips
+# OpenBLAS's detection, which misreads some virtual CPUs), and with it these checks failed on an
+# AVX-512 EPYC; an explicit Sandybridge skips the detection just as well.
+INTERPRET_ENV = {"TRITON_INTERPRET": "1", "OPENBLAS_CORETYPE": "Sandybridge"}
 
 
 def pytest_configure(config):

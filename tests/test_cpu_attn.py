@@ -105,3 +105,28 @@ def test_fallback_to_bmm_keeps_decoding(monkeypatch, dtype):
     assert r.cpu_attn is None and r.describe()["decode_attention"].startswith("bmm")
     assert r.cpu_round is None or r.cpu_round.attn == 0
     assert len(r.generate([5, 6, 7, 8], 6)) == 6
+
+
+@pytest.mark.skipif("avx512f" not in __import__("engine.cpu.isa", fromlist=["cpu_flags"]).cpu_flags(),
+                    reason="this CPU has no AVX-512: only its own build can run here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_avx2_build_gives_the_avx512_builds_bits(kernel, tmp_path, dtype):
+    """Without AVX-512 the kernel runs its loops in halves of 8 floats (registers, not the stack);
+    every sum keeps its order, so an AVX2 machine's tokens are an AVX-512 machine's."""
+    import shutil
+    import subprocess
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    so = tmp_path / "avx2.so"
+    flags = [f for f in ca.FLAGS if f != "-mno-avx512f"]
+    r = subprocess.run([cc, *flags, "-mno-avx512f", "-o", str(so), *map(str, ca.SOURCES)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    avx2, native = ca.AttentionKernel(so), kernel
+    g = torch.Generator().manual_seed(3)
+    for heads, kv_heads, d in ((8, 4, 64), (8, 8, 16), (16, 4, 32), (8, 1, 128), (32, 4, 128)):
+        kc = torch.randn(3, 300, kv_heads, d, generator=g).to(dtype)
+        vc = torch.randn(3, 300, kv_heads, d, generator=g).to(dtype)
+        q = torch.randn(4, heads, d, generator=g).to(dtype)
+        lanes, pos = torch.tensor([0, 1, 2, 1]), torch.tensor([0, 17, 299, 160])
+        assert torch.equal(avx2(kc, vc, q, lanes, pos, 9), native(kc, vc, q, lanes, pos, 9)), (heads, kv_heads, d)

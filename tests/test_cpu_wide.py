@@ -122,8 +122,10 @@ def test_the_knob_and_the_dtype_decide_before_the_cpu():
 
 @pytest.fixture(scope="module")
 def tiny():
-    return build_runner(EngineConfig(model="tiny", parallel=6, max_model_len=320, prefill_rows=16, seed=3,
-                                     kernels=KernelConfig(cpu_cpp=True)))
+    """float32 with the wide kernel asked for: the AVX2 class's path, on any CPU with AVX2 (an
+    AVX-512 machine's default is bf16 through oneDNN)."""
+    return build_runner(EngineConfig(model="tiny", dtype="float32", parallel=6, max_model_len=320, prefill_rows=16,
+                                     seed=3, kernels=KernelConfig(cpu_cpp=True, cpu_wide=True)))
 
 
 @needs_wide

@@ -174,3 +174,13 @@ def test_the_registry_names_every_figure_a_receipt_shows():
         s = figures.spec(name)
         assert s.unit and s.label and s.digits >= 0
     assert figures.spec("tok_s@2").higher_is_better and not figures.spec("c_first_token").higher_is_better
+
+
+def test_pace_alone_is_the_rate_over_the_same_tokens_alone():
+    from tensorfold_bench.figures import pace_alone
+    beside = [0.1 * i for i in range(1, 21)]  # 10 tok/s beside B
+    alone = [0.05 * i for i in range(1, 31)]  # 20 tok/s alone
+    # tokens 6..15 fell in (0.5, 1.5]: alone they took alone[14] - alone[4] = 0.5 s
+    assert pace_alone(beside, 0.5, 1.5, alone) == pytest.approx(20)
+    assert pace_alone(beside, 0.5, 1.5, alone[:14]) is None  # alone never reached token 15
+    assert pace_alone(beside, 0.0, 1.5, alone) is None  # no token before the window: no start

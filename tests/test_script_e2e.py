@@ -3,7 +3,9 @@
 cancel-and-retry runs as a whole session (fresh servers base/new/new/base, the plain reference,
 a prediction); the other scripts share one tiny server through --url (one run each), so the
 whole file stays short. Cuts of 8 or 16 rows make the tiny model's 4,096-token prompt take about
-a second or two, long enough for the scripts' cancels and windows to land inside it."""
+a second or two, long enough for the scripts' cancels and windows to land inside it; a context of
+16,384 keeps A decoding past them (in 4,608, an AVX-512 machine's bf16 A used its room before the
+long prompt's first token at p=0.5)."""
 import json
 import re
 import sys
@@ -18,6 +20,18 @@ from tensorfold_bench.launcher import group_alive, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "examples" / "scripts"
+
+
+def longer_a(name: str, tmp: Path, tokens: int = 12_000) -> Path:
+    """A shipped script with its first stream A's 4,000 tokens raised (cut to the context anyway):
+    the tiny model in bf16 on an AVX-512 CPU decodes 4,000 tokens before the scripts' long prompts
+    are done, and a run whose A stopped decoding is invalid; the cpu preset these scripts are
+    written for decodes ~240 tokens a second."""
+    text = (SCRIPTS / name).read_text()
+    assert "max_tokens: 4000" in text
+    path = tmp / name
+    path.write_text(text.replace("max_tokens: 4000", f"max_tokens: {tokens}", 1))
+    return path
 
 
 def receipt(out: Path) -> tuple[dict, Path, Path]:
@@ -40,8 +54,8 @@ def fake_server_cmd() -> list[str]:
 def test_cancel_and_retry_keeps_the_cut_rows_and_equals_the_plain_reference(tmp_path):
     pred = tmp_path / "predict.yaml"
     pred.write_text("stepped p=0.5:\n  first_token:R: [0, 60]\n  cached_tokens:R: [256, 4096]\n")
-    res = CliRunner().invoke(app, ["run", "script", str(SCRIPTS / "cancel-and-retry.yaml"), "--model", "tiny",
-                                   "--prefill-rows", "8", "--share", "0.5", "--order", "base,new,base", "--plain-check", "--predict", str(pred),
+    res = CliRunner().invoke(app, ["run", "script", str(longer_a("cancel-and-retry.yaml", tmp_path)), "--model", "tiny",
+                                   "--prefill-rows", "8", "--max-model-len", "16384", "--share", "0.5", "--order", "base,new,base", "--plain-check", "--predict", str(pred),
                                    "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     data, js, md_path = receipt(tmp_path)
@@ -82,7 +96,7 @@ def tiny(tmp_path_factory):
     """One tiny server for the scripts played through --url."""
     log = tmp_path_factory.mktemp("tiny") / "tiny.log"
     with launch(["--model", "tiny", "--device", "cpu", "--parallel", "4", "--prefill-rows", "16",
-                 "--max-model-len", "4608"], log) as srv:
+                 "--max-model-len", "16384"], log) as srv:
         yield srv.url
 
 
@@ -97,7 +111,7 @@ def run_url(url: str, path: Path, out: Path, *extra: str) -> dict:
 
 
 def test_long_prompt_script(tiny, tmp_path):
-    data = run_url(tiny, SCRIPTS / "long-prompt.yaml", tmp_path)
+    data = run_url(tiny, longer_a("long-prompt.yaml", tmp_path), tmp_path)
     r = data["runs"][0]
     v = r["figures"]["values"]
     assert v["first_token:B"] > 0 and v["first_token:C"] > 0 and v["longest_pause:A"] > 0
@@ -119,7 +133,7 @@ def test_background_priority_script(tiny, tmp_path):
 
 
 def test_two_long_prompts_script(tiny, tmp_path):
-    v = run_url(tiny, SCRIPTS / "two-long-prompts.yaml", tmp_path)["runs"][0]["figures"]["values"]
+    v = run_url(tiny, longer_a("two-long-prompts.yaml", tmp_path), tmp_path)["runs"][0]["figures"]["values"]
     assert v["first_token:B1"] > 0 and v["first_token:B2"] > 0 and v["rate_before:A"] > 0
 
 

@@ -98,12 +98,14 @@ class Server:
                 self.proc.wait()
 
 
-def tfengine_server(model_dir: Path, logs: Path, tree: Optional[Path] = None) -> Server:
+def tfengine_server(model_dir: Path, logs: Path, tree: Optional[Path] = None, cpu_isa: str = "native") -> Server:
     """tfengine with its defaults; from the checkout `tree` (its own name) when given."""
     port = free_port()
     model = model_dir if tree is None else model_dir.absolute()  # (the baseline runs in its tree)
     cmd = [sys.executable, "-m", "engine", "serve", "--model", str(model), "--load-format", "safetensors",
            "--max-model-len", str(2 * LONG_PROMPT), "--port", str(port)]
+    if cpu_isa != "native":
+        cmd += ["--cpu-isa", cpu_isa]
     if tree is None:
         return Server("tfengine", cmd, dict(os.environ), port, logs / "tfengine.log")
     name = f"tfengine {tree.absolute().name}"
@@ -111,13 +113,27 @@ def tfengine_server(model_dir: Path, logs: Path, tree: Optional[Path] = None) ->
                   (logs / f"{name}.log".replace(" ", "-")).absolute(), cwd=tree.absolute())
 
 
-def vllm_server(python: Path, model_dir: Path, logs: Path) -> Server:
+# vLLM picks its C++ kernels (and bf16) by torch.cpu's probes, which read the CPU's flags, not
+# torch's capability: under a cap it is told there is no AVX-512, as an AVX2-only machine tells it.
+AVX2_SITE = """import torch.cpu
+for probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+    setattr(torch.cpu, probe, lambda: False)
+"""
+
+
+def vllm_server(python: Path, model_dir: Path, logs: Path, cpu_isa: str = "native") -> Server:
     port = free_port()
     cache = python.absolute().parent.parent.parent / "cache"  # VENV/../cache (a venv's python is a symlink: no resolve)
     env = dict(os.environ, VLLM_CACHE_ROOT=str(cache / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
                XDG_CACHE_HOME=str(cache / "xdg"), HF_HOME=str(cache / "hf"), TMPDIR=str(cache / "tmp"),
                VLLM_CPU_KVCACHE_SPACE="2", VLLM_NO_USAGE_STATS="1")
     env.pop("PYTHONPATH", None)
+    if cpu_isa != "native":
+        from engine.cpu.isa import cap_env
+        site = logs.absolute() / f"vllm-{cpu_isa}-site"
+        site.mkdir(parents=True, exist_ok=True)
+        (site / "sitecustomize.py").write_text(AVX2_SITE)
+        env.update(cap_env(cpu_isa), PYTHONPATH=str(site))
     (cache / "tmp").mkdir(parents=True, exist_ok=True)
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
            "--port", str(port), "--max-model-len", "16384", "--skip-tokenizer-init"]
@@ -257,18 +273,19 @@ def build_cpu_round(say=print) -> None:
 
 
 def compare(model_dir: Path, vllm: Optional[Path], reps: int, logs: Path, say=print,
-            baseline: Optional[Path] = None) -> dict:
+            baseline: Optional[Path] = None, cpu_isa: str = "native") -> dict:
     """Start the servers, measure in turns, stop them. Returns {"engines": ..., "vllm_skipped": why}."""
     logs.mkdir(parents=True, exist_ok=True)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    servers = [tfengine_server(model_dir, logs)] + ([tfengine_server(model_dir, logs, baseline)] if baseline else [])
+    servers = [tfengine_server(model_dir, logs, cpu_isa=cpu_isa)]
+    servers += [tfengine_server(model_dir, logs, baseline, cpu_isa)] if baseline else []
     skipped = None
     if vllm is None:
         skipped = "no --vllm python given (scripts/vllm_cpu_compare.sh installs vLLM for CPU)"
     elif not Path(vllm).exists():
         skipped = f"{vllm} does not exist (scripts/vllm_cpu_compare.sh installs vLLM for CPU)"
     else:
-        servers.append(vllm_server(Path(vllm), model_dir, logs))
+        servers.append(vllm_server(Path(vllm), model_dir, logs, cpu_isa))
     build_cpu_round(say)
     try:
         for s in servers:
@@ -295,8 +312,10 @@ def main(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the figures here")] = None,
     md: Annotated[Optional[Path], typer.Option(help="write the table as a Markdown receipt here")] = None,
     baseline: Annotated[Optional[Path], typer.Option(help="also serve tfengine from this checkout (e.g. main's)")] = None,
+    cpu_isa: Annotated[str, typer.Option(help="native, or avx2: both engines at AVX2 on an AVX-512 machine (tfengine --cpu-isa; vLLM with torch's probes saying no AVX-512)")] = "native",
 ):
-    out = compare(model_dir, vllm, reps, logs, baseline=baseline)
+    out = compare(model_dir, vllm, reps, logs, baseline=baseline, cpu_isa=cpu_isa)
+    out["cpu_isa"] = cpu_isa
     out["command"] = " ".join(["python -m tools.serve_compare", *sys.argv[1:]])
     print_table(out)
     if json_path:
@@ -314,7 +333,8 @@ def markdown(out: dict) -> str:
     return "\n".join([
         "# tfengine against vLLM for CPU, same weights, served side by side", "",
         f"Command: `{out.get('command', '')}`; medians of {next(iter(med.values()))['runs']} runs per figure, "
-        f"engines in turns, the other paused; load average at the end {out['loadavg'][0]:.1f}.",
+        f"engines in turns, the other paused; load average at the end {out['loadavg'][0]:.1f}; "
+        f"ISA {out.get('cpu_isa', 'native')} ({(out.get('tfengine') or {}).get('engine', {}).get('cpu', {}).get('isa', '?')}).",
         f"tfengine {e.get('dtype')} (its default here), parallel {e.get('parallel')}, threads {e.get('threads')}, "
         f"decode round {e.get('cpu_round')}, "
         f"{e.get('device_name')}, torch {e.get('torch')}, commit {(out.get('tfengine') or {}).get('commit')}.", "",

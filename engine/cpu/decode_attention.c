@@ -17,11 +17,15 @@
 #define MAX_REP 8     /* query heads a KV head: 1, 2, 4 or 8 */
 #define UNROLL _Pragma("GCC unroll 16") /* register-resident vectors (no effect on the order) */
 
-/* the 16 lanes summed: halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1 */
-static inline float hsum(v16 v) {
-  v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+/* 8 lanes summed: halves added pairwise, 8 -> 4 -> 2 -> 1 */
+static inline float hsum8(v8 a) {
   v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+/* the 16 lanes summed: halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1 */
+static inline float hsum(v16 v) {
+  return hsum8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 /* 16 vectors of 16 partial sums -> one vector of their 16 sums, each summed by hsum's tree
@@ -69,12 +73,28 @@ static inline v16 exp16(v16 x) {
   return p;
 }
 
+/* 16 keys' scores: rounded to bf16 first where the cache is bf16 (as the bucketed path rounds), scaled */
+static inline __attribute__((always_inline)) void store_scores(float *dst, v16 x, int bf16, float scale) {
+  if (bf16) {
+    u16v u = round16(x);
+    memcpy(&x, &u, sizeof x);
+  }
+  x = x * splat(scale);
+  memcpy(dst, &x, sizeof x);
+}
+
 /* one row, one KV head: scores of its `rep` query heads over keys [0, n), softmax, P@V
  * (always inlined, so each (dc, rep) below gets loops of constant trip counts, unrolled, its
- * vectors in registers) */
+ * vectors in registers). Without AVX-512 a 16-float vector has no register of its own, and GCC
+ * moves arrays of them through the stack and general registers (the AVX2 build took 3x the
+ * AVX-512 build's time on the same float32 cache), so there the scores and P@V take one query
+ * head at a time in halves of 8 floats, at most PV_DC chunks of accumulators live: every sum is
+ * the same sum in the same order, so both builds give the same bits. */
+#define PV_DC 4
 static inline __attribute__((always_inline)) void head_group(const char *kc, const char *vc, int64_t pos_bytes, const char *q, int64_t q_head_bytes,
                        char *out, int64_t n, int64_t rep, int64_t dc, float scale, int bf16, float *s, int64_t cap) {
   int64_t es = bf16 ? 2 : 4, d = dc * W;
+#ifdef __AVX512F__
   v16 qv[MAX_REP][MAX_DC];
   UNROLL for (int64_t h = 0; h < rep; ++h)
     UNROLL for (int64_t c = 0; c < dc; ++c) qv[h][c] = load16(q + h * q_head_bytes + c * W * es, bf16);
@@ -91,15 +111,34 @@ static inline __attribute__((always_inline)) void head_group(const char *kc, con
         }
         a[BITREV[j]] = acc;
       }
-      v16 x = reduce16(a);
-      if (bf16) {
-        u16v u = round16(x);
-        memcpy(&x, &u, sizeof x);
-      }
-      x = x * splat(scale);
-      memcpy(s + h * cap + t0, &x, sizeof x);
+      store_scores(s + h * cap + t0, reduce16(a), bf16, scale);
     }
   }
+#else
+  for (int64_t h = 0; h < rep; ++h) { /* scores, 16 keys at a time: each key's 16 partial sums, hsum's tree */
+    v8 ql[MAX_DC], qu[MAX_DC]; /* lanes 0-7 and 8-15 of each 16-float chunk of the query */
+    UNROLL for (int64_t c = 0; c < dc; ++c) {
+      ql[c] = load8(q + h * q_head_bytes + c * W * es, bf16);
+      qu[c] = load8(q + h * q_head_bytes + (c * W + 8) * es, bf16);
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += W) {
+      int64_t m = n - t0 < W ? n - t0 : W; /* (keys past n: no read, their scores are overwritten) */
+      float sc[W] = {0};
+      for (int j = 0; j < m; ++j) {
+        const char *k = kc + (t0 + j) * pos_bytes;
+        v8 al = ql[0] * load8(k, bf16), au = qu[0] * load8(k + 8 * es, bf16);
+        UNROLL for (int64_t c = 1; c < dc; ++c) {
+          al = al + ql[c] * load8(k + c * W * es, bf16);
+          au = au + qu[c] * load8(k + (c * W + 8) * es, bf16);
+        }
+        sc[j] = hsum8(al + au); /* lanes j + j+8 first, as hsum and reduce16 add them */
+      }
+      v16 x;
+      memcpy(&x, sc, sizeof x);
+      store_scores(s + h * cap + t0, x, bf16, scale);
+    }
+  }
+#endif
   int64_t np = (n + W - 1) / W * W;
   for (int64_t h = 0; h < rep; ++h) { /* softmax in float32; padding keys weigh exactly 0 */
     float *sh = s + h * cap, m = sh[0];
@@ -125,6 +164,7 @@ static inline __attribute__((always_inline)) void head_group(const char *kc, con
       memcpy(sh + t, &e, sizeof e);
     }
   }
+#ifdef __AVX512F__
   v16 acc[MAX_REP][MAX_DC];
   UNROLL for (int64_t h = 0; h < rep; ++h)
     UNROLL for (int64_t c = 0; c < dc; ++c) acc[h][c] = splat(0.0f);
@@ -146,6 +186,35 @@ static inline __attribute__((always_inline)) void head_group(const char *kc, con
         memcpy(o, &acc[h][c], sizeof acc[h][c]);
       }
     }
+#else
+  for (int64_t h = 0; h < rep; ++h) /* P@V: each output element a sequential sum over keys */
+    for (int64_t c0 = 0; c0 < dc; c0 += PV_DC) {
+      int64_t cn = dc - c0 < PV_DC ? dc - c0 : PV_DC;
+      const float *sh = s + h * cap;
+      v8 al[PV_DC], au[PV_DC];
+      UNROLL for (int64_t c = 0; c < cn; ++c) al[c] = au[c] = splat8(0.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        v8 p = splat8(sh[t]);
+        const char *v = vc + t * pos_bytes + c0 * W * es;
+        UNROLL for (int64_t c = 0; c < cn; ++c) {
+          al[c] = al[c] + p * load8(v + c * W * es, bf16);
+          au[c] = au[c] + p * load8(v + (c * W + 8) * es, bf16);
+        }
+      }
+      UNROLL for (int64_t c = 0; c < cn; ++c) {
+        v16 acc;
+        memcpy(&acc, &al[c], sizeof al[c]);
+        memcpy((char *)&acc + sizeof al[c], &au[c], sizeof au[c]);
+        char *o = out + (h * d + (c0 + c) * W) * es;
+        if (bf16) {
+          h16v b = __builtin_convertvector(round16(acc) >> 16, h16v);
+          memcpy(o, &b, sizeof b);
+        } else {
+          memcpy(o, &acc, sizeof acc);
+        }
+      }
+    }
+#endif
 }
 
 /* q [rows, H, d] (strides in elements, d contiguous); caches [lanes, positions, KVH, d] of one

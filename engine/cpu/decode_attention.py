@@ -29,6 +29,8 @@ from typing import Callable
 
 import torch
 
+from engine.cpu import isa
+
 log = logging.getLogger("engine.cpu.decode_attention")
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
@@ -37,6 +39,11 @@ SOURCE = Path(__file__).with_name("decode_attention.c")
 SOURCES = (SOURCE, SOURCE.with_name("elem.c"), SOURCE.with_name("wide.c"))
 HEADER = SOURCE.with_name("vec.h")
 FLAGS = ["-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC"]
+
+
+def flags() -> list[str]:
+    """FLAGS, and below an --cpu-isa cap what keeps the build at torch's ISA (engine.cpu.isa)."""
+    return [*FLAGS, *isa.c_flags()]
 NAME = "tfe_decode_attention"
 C_KERNEL, BMM = "c kernel", "bmm: batched matmuls a span group"
 
@@ -74,7 +81,7 @@ def build_once(so: Path, make: Callable[[Path], None]) -> Path:
 def library() -> Path:
     cc = os.environ.get("CC", "cc")
     text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
-    key = hashlib.sha256(text + " ".join([cc, *FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(text + " ".join([cc, *flags()]).encode()).hexdigest()[:16]
     return cache_base() / f"cpu_attn-{key}" / "libtfe_attn.so"
 
 
@@ -85,7 +92,7 @@ def build() -> Path:
         raise RuntimeError(f"no C compiler ({cc}) on PATH")
 
     def make(scratch: Path) -> None:
-        r = subprocess.run([cc, *FLAGS, "-o", str(scratch / "libtfe_attn.so"), *map(str, SOURCES)],
+        r = subprocess.run([cc, *flags(), "-o", str(scratch / "libtfe_attn.so"), *map(str, SOURCES)],
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(r.stderr.strip().splitlines()[-3:])[:400]}")

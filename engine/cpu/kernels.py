@@ -23,6 +23,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from engine.cpu import isa
 from engine.models.qwen3 import rotate
 
 SPAN = 64  # decode attention spans are multiples of this many keys
@@ -30,7 +31,10 @@ ROW_TILE = 8  # decode rounds multiply this many rows a call, whatever --paralle
 
 
 def cpu_bf16_native() -> bool:
-    """Whether this CPU multiplies bf16 natively (AMX tiles or avx512_bf16)."""
+    """Whether this CPU multiplies bf16 natively (AMX tiles or avx512_bf16) at the ISA torch runs
+    (a --cpu-isa cap below AVX-512 turns both off: engine.cpu.isa)."""
+    if isa.capped():
+        return False
     try:
         return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
     except (AttributeError, RuntimeError):  # an older torch without the probes
@@ -57,6 +61,8 @@ def cpu_dtype() -> tuple[str, str]:
     if cpu_bf16_native():
         what = "AMX" if torch.cpu._is_amx_tile_supported() else "avx512_bf16"
         return "bfloat16", f"bfloat16: the CPU has {what}"
+    if isa.capped():
+        return "float32", f"float32: --cpu-isa caps torch at {isa.capability()} (the CPU has AVX-512)"
     return "float32", "float32: the CPU has neither AMX nor avx512_bf16"
 
 

@@ -13,6 +13,8 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 typedef uint32_t u16v __attribute__((vector_size(64)));
 typedef uint16_t h16v __attribute__((vector_size(32)));
+typedef uint32_t u8v __attribute__((vector_size(32)));
+typedef uint16_t h8v __attribute__((vector_size(16)));
 
 #define W 16 /* floats a vector */
 
@@ -31,6 +33,24 @@ static inline v16 load16(const void *p, int bf16) {
   memcpy(&r, &u, sizeof r);
   return r;
 }
+
+/* 8 values at p, widened as load16 does: half a vector, for loops whose live vectors must fit
+ * AVX2's 16 registers (without AVX-512 a 16-float vector is an aggregate that GCC moves through
+ * the stack and general registers) */
+static inline v8 load8(const void *p, int bf16) {
+  v8 r;
+  if (!bf16) {
+    memcpy(&r, p, sizeof r);
+    return r;
+  }
+  h8v h;
+  memcpy(&h, p, sizeof h);
+  u8v u = __builtin_convertvector(h, u8v) << 16;
+  memcpy(&r, &u, sizeof r);
+  return r;
+}
+
+static inline v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 
 /* 16 floats rounded to bf16 as torch's c10::BFloat16 does (to nearest even, NaN -> 0x7fc0), as
  * float32 bits (the low half zero) */

@@ -40,7 +40,10 @@ def _cpu_model() -> str:
 def cpu_isa() -> str:
     """The widest vector instructions torch's CPU kernels use here, and the bf16 units: the same
     weights can round differently on an AVX2 machine than on an AVX-512 one, so a receipt says which."""
+    from engine.cpu.isa import capped
     isa = [torch.backends.cpu.get_cpu_capability()]
+    if capped():  # --cpu-isa: the bf16 units are there but unused
+        return f"{isa[0]} (capped; the CPU has AVX-512)"
     for name, probe in (("AMX", "_is_amx_tile_supported"), ("avx512_bf16", "_is_avx512_bf16_supported")):
         try:
             if getattr(torch.cpu, probe)():

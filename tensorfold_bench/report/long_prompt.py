@@ -25,7 +25,14 @@ def test_paragraph(data: dict) -> str:
             "A's longest pause (largest gap between two A tokens overlapping B's send to B's first token), and A's rate "
             "while B fills (before: the same length of time just before B's send). "
             f"Runs in the order {order}; each cell lists every run, then the median of the valid ones "
-            "(† marks an invalid run, left out). \"alone\": B's first token with nothing else running, once per variant.")
+            "(† marks an invalid run, left out). \"alone\": B's first token with nothing else running, once per variant"
+            + (alone_pace if any("a_record" in a for a in (data.get("alone") or {}).values()) else "."))
+
+
+alone_pace = ("; and A alone on the same server, for as many tokens: \"its pace alone\" is A's rate over the "
+              "tokens it made while B filled, at the same token indices (the same context lengths) alone, the "
+              "median of each run's percentage. A stream slows as its context grows, B or no B, which \"before\" "
+              "does not see.")
 
 
 def table(data: dict) -> list[str]:
@@ -39,7 +46,8 @@ def table(data: dict) -> list[str]:
             b += f" ({s['x_alone']:.1f}x alone: {num(s['alone'])} s)"
         during = cell(figs, "a_rate_during", med["a_rate_during"])
         if s["during_pct"] is not None:
-            during += f" ({s['during_pct']:.0f} % of {num(med['a_rate_before'], 1)})"
+            during += f" ({s['during_pct']:.0f} % of {num(med['a_rate_before'], 1)}"
+            during += f"; {s['pace_pct']:.0f} % of its pace alone)" if s["pace_pct"] is not None else ")"
         rows.append(f"| {name} | {b} | {cell(figs, 'c_first_token', med['c_first_token'])} | "
                     f"{cell(figs, 'a_longest_pause', med['a_longest_pause'])} | {during} |")
     return rows

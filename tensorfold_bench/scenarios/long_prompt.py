@@ -161,16 +161,33 @@ def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
     return replace(script, a_max_tokens=max(1, mml - script.a_prompt_tokens - 1))
 
 
-def play_b_alone(run: Run, s: LongPromptScript, vocab: int, traced: bool) -> dict:
-    """B's first token with nothing else running (checked on /metrics), on a prompt of its own."""
+def a_alone_tokens(a: StreamRecord, b: StreamRecord, most: int) -> int:
+    """How long A alone runs: past the token A had reached at B's first token, with a margin for
+    the variant's later runs, at most A's own max_tokens."""
+    if not b.token_times:
+        return 0
+    reached = figures.count_in(a.token_times, float("-inf"), b.token_times[0])
+    return min(most, int(reached * 1.5) + 32)
+
+
+def play_alone_pair(run: Run, s: LongPromptScript, vocab: int, traced: bool, a_prompt: list[int],
+                    a_tokens: int) -> dict:
+    """B's first token with nothing else running (checked on /metrics), on a prompt of its own;
+    then A alone for `a_tokens` tokens of its own prompt: its pace at each context length, the
+    yardstick for its rate while B fills (a stream slows as its context grows, B or no B)."""
     idle = session.wait_idle(run.url)
     req = s.sampling.apply(Request("B", make_prompts(s, vocab, f"-alone{run.index}{run.salt}").b,
                                    max_tokens=s.b_max_tokens, token_ids=run.token_ids), "B")
     rec = asyncio.run(play_alone(run.url, req, run.model))
     tr = session.fetch_trace(run.url) if traced else None
-    return {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
-            "b_first_token": figures.b_alone(rec.to_dict()),
-            "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
+    out = {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
+           "b_first_token": figures.b_alone(rec.to_dict()),
+           "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
+    if a_tokens > 0:
+        session.wait_idle(run.url)
+        a = s.sampling.apply(Request("A", a_prompt, max_tokens=a_tokens, ignore_eos=True, token_ids=run.token_ids), "A")
+        out["a_record"] = asyncio.run(play_alone(run.url, a, run.model)).to_dict()
+    return out
 
 
 def alone_or_defer(settings: LongPromptSettings, data: dict, run: Run, measure: Callable[[], dict]) -> None:
@@ -179,7 +196,7 @@ def alone_or_defer(settings: LongPromptSettings, data: dict, run: Run, measure: 
     either way data["alone_notes"] says which."""
     name = run.variant.name
     if session.healthy(run.url):
-        run.status("B alone")
+        run.status("B and A alone")
         data["alone"][name] = measure()
         return
     later = [j for j, n in enumerate(settings.session.order, 1) if n == name and j > run.index]
@@ -205,7 +222,9 @@ def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
     recs, check = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
     trace = session.fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
     if run.variant.name not in data["alone"]:
-        alone_or_defer(settings, data, run, lambda: play_b_alone(run, s, vocab, trace is not None))
+        a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
+        alone_or_defer(settings, data, run, lambda: play_alone_pair(run, s, vocab, trace is not None, prompts.a,
+                                                                    a_tokens))
     records = records_dict(recs)
     return {"records": records, "client": check, "hashes": exactness.reply_hashes(records), "trace": trace,
             "cold": cold_check(recs["B"], run.shared), "counted_by": counted_by(recs.values()),
