@@ -12,6 +12,7 @@ Kept apart from engine.cpu.kernels so the CLI can apply a cap without importing 
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -39,15 +40,22 @@ def apply_cap(isa: str, torch_loaded: bool) -> None:
     os.environ.update(env)
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo), empty where there is none to read."""
+@functools.cache
+def cpuinfo(*keys: str) -> str | None:
+    """The value of /proc/cpuinfo's first line starting with one of `keys` (the CPU does not change
+    under a process: read once), or None where there is none to read."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
+            if line.startswith(keys):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where there is none to read."""
+    return set((cpuinfo("flags", "Features") or "").split())
 
 
 def capability() -> str:

@@ -8,7 +8,6 @@ import os
 import platform
 import shutil
 import subprocess
-from pathlib import Path
 
 import torch
 
@@ -28,13 +27,8 @@ def _driver() -> str | None:
 
 def _cpu_model() -> str:
     """The CPU's marketing name (/proc/cpuinfo's first `model name`), else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+    from engine.cpu.isa import cpuinfo
+    return cpuinfo("model name") or platform.processor() or platform.machine() or "cpu"
 
 
 def cpu_isa() -> str:

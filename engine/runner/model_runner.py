@@ -61,6 +61,13 @@ KV_HEADROOM = 4 << 30
 MIXED_GRANULE = 64
 
 
+def mixed_ids(cuts, first_logits: torch.Tensor, logits: torch.Tensor, where: list[int]) -> tuple[list[int | None], list[int]]:
+    """A mixed forward's greedy answer: each cut's first token where it ends its prompt (else None),
+    and the round's ids at its entries' rows."""
+    firsts, out = first_logits.argmax(-1).tolist(), logits.argmax(-1).tolist()
+    return [int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, cuts)], [out[row] for row in where]
+
+
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, model=None):
         """`model`: reuse an already loaded (fused) model of the same shape (bench comparisons)."""
@@ -358,10 +365,7 @@ class ModelRunner:
                                                     pad=not self.cpu_rows_free, floor=self.mix_floor,
                                                     grid=[s % self.prefill_rows == 0 and e == next_cut(s, len(t), self.prefill_rows)
                                                           for _, t, s, e in cuts])
-        firsts = first_logits.argmax(-1).tolist()
-        out = logits.argmax(-1).tolist()
-        return ([int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, cuts)],
-                [out[row] for row in where])
+        return mixed_ids(cuts, first_logits, logits, where)
 
     def _mixed_refused(self) -> str | None:
         """Why this CUDA runner's mixed forwards could not keep every row's bits, or None."""
@@ -402,10 +406,7 @@ class ModelRunner:
         def run():
             return self.model.mixed_fused(seqs, dec, self.kv, k.matmul, self._launch(), first_head, skinny=self.skinny)
         first_logits, logits = run() if here or self._cut_thread is None else self._cut_thread.submit(run).result()
-        firsts = first_logits.argmax(-1).tolist()
-        out = logits.argmax(-1).tolist()
-        return ([int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, cuts)],
-                [out[row] for row in where])
+        return mixed_ids(cuts, first_logits, logits, where)
 
     def _check_mixed(self, cuts, lanes) -> None:
         taken = set(lanes)
