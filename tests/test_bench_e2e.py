@@ -13,12 +13,8 @@ from tensorfold_bench.errors import FlagError
 from tensorfold_bench.launcher import group_alive, launch
 
 import fakeserver
+from tiny_run import LONG_PROMPT
 
-# B at 0.25 s: the tiny engine decoded A's whole reply (751 tokens, the room of the default context)
-# in ~0.6 s, and a run where A ends before B's first token is invalid; at 0.5 s that race was lost
-# now and then, and at 0.25 s on an AVX-512 EPYC (bf16) too. A context of 2,048 gives A 2,031 tokens.
-SHORT = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64",
-         "--max-model-len", "2048"]
 
 
 def receipt_json(out: Path) -> dict:
@@ -28,7 +24,7 @@ def receipt_json(out: Path) -> dict:
 
 
 def test_long_prompt_tiny_engine(tmp_path):
-    res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--share", "0.5", "--plain-check", "--out", str(tmp_path)])
+    res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--share", "0.5", "--plain-check", "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     data = receipt_json(tmp_path)
     assert data["schema"] == "tfbench.receipt/1"
@@ -78,7 +74,7 @@ def test_long_prompt_tiny_engine(tmp_path):
 def test_url_targets_running_server(tmp_path):
     cmd = fakeserver.CMD
     with launch(["--trace"], tmp_path / "fake.log", command=cmd) as srv:
-        res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--url", srv.url, "--order", "base,base",
+        res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--url", srv.url, "--order", "base,base",
                                        "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, (res.output, res.exception)
     data = receipt_json(tmp_path / "r")
@@ -115,7 +111,7 @@ def test_a_variant_whose_server_dies_is_a_failed_run_not_a_lost_receipt(tmp_path
                    "    sys.exit('refusing --prefill-share (a broken new side: its flags check, it will not serve)')\n"
                    "fakeserver.main(sys.argv[1:])\n")
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} {srv}")
-    res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--plain-check", "--out", str(tmp_path / "r")])
+    res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--plain-check", "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, (res.output, res.exception)
     data = receipt_json(tmp_path / "r")
     ok = [r for r in data["runs"] if r["variant"] == "whole"]

@@ -9,6 +9,7 @@ from engine.config import EngineConfig, KernelConfig
 from engine.cpu.kernels import invariant_floor
 from engine.runner.model_runner import build_runner
 from marks import bf16
+from tiny_run import LONG_PROMPT
 
 R = 64
 B = [(i * 29 + 3) % 500 for i in range(300)]  # 4 full grid cuts and a last one of 44 rows
@@ -117,8 +118,7 @@ def test_long_prompt_runs_mixed_variants_through_the_real_server_with_every_repl
     variants = tmp_path / "v.yaml"
     variants.write_text("- name: whole\n  flags: --prefill-mode whole\n"
                         "- name: mixed budget=4\n  flags: --prefill-mode mixed --mixed-budget 4\n")
-    short = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64"]
-    res = CliRunner().invoke(app, ["run", "long-prompt", *short, "--variants", str(variants), "--plain-check",
+    res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--variants", str(variants), "--plain-check",
                                    "--order", "whole,mixed budget=4", "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     data = report.load(next(tmp_path.glob("*-long-prompt.json.gz")))

@@ -16,11 +16,9 @@ from tensorfold_bench.cli import app
 from tensorfold_bench.errors import BenchError
 
 import fakeserver
+from tiny_run import LONG_PROMPT
 
 ROOT = Path(__file__).resolve().parents[1]
-# B at 0.25 s: the tiny engine decodes A's whole reply (751 tokens, the context's room) in ~0.6 s,
-# and a run where A ends before B's first token is invalid; at 0.5 s that race was lost now and then.
-SHORT = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64"]
 SWEEP = ["sweep", "--model", "tiny", "--levels", "1,2", "--tokens", "8", "--cells", "1", "--reps", "2",
          "--prompt-tokens", "16"]
 
@@ -56,7 +54,7 @@ def engines_of(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("cmd, sig", [(SWEEP, signal.SIGTERM),
-                                      (["run", "long-prompt", *SHORT, "--share", "0.5"], signal.SIGINT)])
+                                      (["run", "long-prompt", *LONG_PROMPT, "--share", "0.5"], signal.SIGINT)])
 def test_a_receipt_after_the_first_run_and_a_signal_keeps_it(tmp_path, cmd, sig):
     """On the real engine's tiny preset: the receipt exists (partial) once the first run is done;
     a signal in the second run rewrites it as interrupted, says so, exits 128 + n, stops the engine."""
@@ -90,7 +88,7 @@ def test_every_run_failed_exits_1_after_writing_the_receipt(tmp_path):
     srv.write_text(fakeserver.IMPORT + "import sys\n"
                    "if '--check' not in sys.argv:\n    sys.exit('this engine cannot serve')\n"
                    "fakeserver.main(sys.argv[1:])\n")
-    p = tfbench(["run", "long-prompt", *SHORT, "--order", "base,new", "--out", str(tmp_path / "r")],
+    p = tfbench(["run", "long-prompt", *LONG_PROMPT, "--order", "base,new", "--out", str(tmp_path / "r")],
                 {"TFBENCH_SERVER_CMD": f"{sys.executable} {srv}"})
     _, err = p.communicate(timeout=240)
     assert p.returncode == 1, err
@@ -117,7 +115,7 @@ class Dying(fakeserver.Fake):
 fakeserver.main(sys.argv[1:], kind=Dying)
 """)
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} {srv}")
-    res = CliRunner().invoke(app, ["run", "long-prompt", *SHORT, "--order", "base,new,base", "--out", str(tmp_path / "r")])
+    res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--order", "base,new,base", "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, (res.output, res.exception)
     (js,) = (tmp_path / "r").glob("*.json.gz")
     data = report.load(js)

@@ -17,11 +17,9 @@ from tensorfold_bench.launcher import launch
 from tensorfold_bench.sampling import GREEDY, Sampling, request_seed
 from tensorfold_bench.scenarios import long_prompt, sweep
 from tensorfold_bench.scenarios.streams import play_alone
+from tiny_run import LONG_PROMPT
 
 SAMPLED = ["--temperature", "1.0", "--seed", "7"]
-# B at 0.25 s: the tiny engine decodes A's whole reply (751 tokens, the context's room) in ~0.6 s,
-# and a run where A ends before B's first token is invalid; at 0.5 s that race was lost now and then.
-LONG = ["--model", "tiny", "--b-at", "0.25", "--c-after", "0.2", "--b-tokens", "600", "--prefill-rows", "64"]
 
 
 # ---- the flags and the request body ----------------------------------------------------------
@@ -79,7 +77,7 @@ def only(out, pattern):
 
 
 def test_sampled_long_prompt_replies_equal_across_schedules_and_the_plain_reference(tmp_path):
-    res = CliRunner().invoke(app, ["run", "long-prompt", *LONG, "--share", "0.5", "--order", "base,new",
+    res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--share", "0.5", "--order", "base,new",
                                    "--plain-check", *SAMPLED, "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     js = only(tmp_path, "*-long-prompt.json.gz")
