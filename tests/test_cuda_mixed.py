@@ -45,6 +45,39 @@ def test_cuts_off_the_grid_beside_rounds_keep_every_rows_bits():
         r.mixed([(2, B, 0, 16)], [2], [first_a], [len(A)])  # a lane both decoding and filling
 
 
+@pytest.mark.interpreted
+def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits():
+    """What a mixed graph replays (engine/runner/mixed_graph.py), run eagerly: the cut padded to its
+    size (its padding in the spare lane), its start, rows and lane read from the device, the
+    products planned per shape. The same KV rows and first token as a whole prefill, the same ids
+    as a plain round; a cut past the largest size runs the eager mixed forward."""
+    from engine.runner import mixed_graph
+    from engine.runner.model_runner import build_runner
+    r = _cuda_path(build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
+                                             seed=3, kernels=KernelConfig(cpu_fast=False, cut_tiles=True))))
+    first_a = r.prefill(2, A)
+    first_b = r.prefill(1, B)
+    ref_k, ref_v = r.kv.k[:, 1, :len(B)].clone(), r.kv.v[:, 1, :len(B)].clone()
+    ids = r.decode([2], [first_a], [len(A)])
+    r.kv.k[:, 1].zero_(); r.kv.v[:, 1].zero_()
+    g = r.mixed_graphs = mixed_graph.MixedGraphs(r)
+    g.sizes = (8, 16)
+    g.shapes = {(n, p): g.shape(n, p) for n in g.sizes for p in r.buckets}
+    replays = []
+    real = g.run
+    g.run = lambda s, *a: replays.append(s.rows) or real(s, *a)
+    got = []
+    for s, e in ((0, 11), (11, 30), (30, 32), (32, 40)):  # 11 rows in 16, 19 eagerly, 2 and 8 in 8
+        (tok,), new = r.mixed([(1, B, s, e)], [2], [first_a], [len(A)])
+        assert new == ids, (s, e)
+        got.append(tok)
+    assert replays == [16, 8, 8]
+    assert got == [None, None, None, first_b]
+    assert torch.equal(r.kv.k[:, 1, :len(B)], ref_k) and torch.equal(r.kv.v[:, 1, :len(B)], ref_v)
+    assert mixed_graph.sizes_for(1024, 40960) == mixed_graph.SIZES
+    assert mixed_graph.sizes_for(600, 40960) == (64, 128, 192, 256, 384, 512, 600)
+
+
 def test_mixed_on_cuda_wants_the_tiles():
     from engine.cli import check_config, cut_attention_knob, mixed_refused
     base = dict(model="tiny", device="cuda", dtype="bfloat16", prefill_mode="mixed")

@@ -118,3 +118,22 @@ def test_runner_with_cut_tiles_runs_every_cut_through_them(monkeypatch):
         assert torch.equal(resumed, whole[16:])
     r.device = torch.device("cuda")  # what /v1/engine says (no GPU needed to describe it)
     assert _prefill_attention_name(r).startswith("tiles at absolute positions")
+
+
+@pytest.mark.interpreted
+def test_a_cut_given_on_the_device_keeps_the_bits_of_the_eager_call():
+    """cut_attention_at (what a CUDA graph carries): the cut's start, rows and lane from a tensor,
+    q padded past the cut's rows, the grid at a capacity; every row equals cut_attention's."""
+    import torch
+    from engine.cuda.cut_flash import cut_attention, cut_attention_at
+    q, k, v = _inputs(90, seed=3)
+    c = _config()
+    kc, vc = torch.zeros(3, 96, KVH, D), torch.zeros(3, 96, KVH, D)
+    kc[2, :90], vc[2, :90] = k, v
+    kc[1, :90], vc[1, :90] = -k, v  # another lane's keys: must not be read
+    for start, rows in [(0, 12), (70, 13), (37, 29), (64, 26)]:
+        want = cut_attention(q[start:start + rows], k, v, start, c)
+        padded = torch.cat([q[start:start + rows], torch.full((48 - rows, H, D), 7.0)])
+        meta = torch.tensor([start, rows, 2], dtype=torch.int32)
+        got = cut_attention_at(padded, kc, vc, meta, 96, c)
+        assert torch.equal(got[:rows], want), (start, rows)

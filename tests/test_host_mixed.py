@@ -25,8 +25,9 @@ class Clock:
 class MixedBackend:
     """Advances the clock as the cost model's own form (base + rows + keys read) and logs calls."""
 
-    def __init__(self, clock, cut_free=True, fail_mixed=False, key=KEY):
+    def __init__(self, clock, cut_free=True, fail_mixed=False, key=KEY, cut_sizes=None):
         self.clock, self.parallel, self.max_model_len = clock, 4, 100_000
+        self.cut_sizes = cut_sizes
         self.vocab_size, self.eos_token_id = 1000, 999
         self.cut_free, self.fail_mixed, self.key = cut_free, fail_mixed, key
         self.calls: list[tuple] = []
@@ -50,6 +51,8 @@ class MixedBackend:
         if self.fail_mixed:
             raise RuntimeError("injected")
         n = end - start
+        if self.cut_sizes:  # a forward at the size holding the cut (a graph of that size)
+            n = next((z for z in self.cut_sizes if z >= n), n)
         self.clock.now += BASE + n * ROW + self.key * n * (start + n / 2)
         return [self._first(toks, end)], [(t * 31 + p) % 997 for t, p in zip(tokens, positions)]
 
@@ -121,6 +124,26 @@ def test_the_budget_holds_the_forward_and_shrinks_the_cut_as_the_context_grows()
     early, late = sizes[3:8], sizes[-5:]
     assert min(early) > max(late)  # the same budget buys fewer rows deep into the prompt
     assert all(s % 16 == 0 for s in sizes)
+
+
+def test_a_backends_cut_sizes_are_the_sizes_the_budget_picks():
+    """A backend whose forwards run at fixed sizes (CUDA graphs): every sized cut is one of them,
+    the budget still holds, and the cuts shrink through the sizes as the context grows."""
+    sizes = (64, 128, 192, 256)
+    host, backend, clock = make(budget_ms=40.0, cut_sizes=sizes, key=KEY / 4)  # the smallest always fits
+    start_decoder(host, backend)
+    b = seq(30_000, tag=2)
+    host.submit(b)
+    last, seen = clock.now, []
+    while b.status != Status.DECODE:
+        host.turn()
+        c = backend.calls[-1]
+        if c[0] == "mixed" and c[3] <= (len(b.prompt) - 1) // R * R:
+            seen.append((c[3] - c[2], clock.now - last))
+        last = clock.now
+    assert all(n in sizes for n, _ in seen[:-1])  # (the last before the final grid cut: what was left)
+    assert max(t for _, t in seen[3:]) <= 0.040 * 1.05
+    assert seen[3][0] > seen[-2][0]
 
 
 def test_a_larger_budget_fills_the_prompt_in_fewer_longer_forwards():
@@ -222,10 +245,42 @@ def test_the_cost_model_learns_rows_and_keys_apart():
     cost.add_round(BASE)
     for n, ctx in [(64, 0), (128, 2000), (256, 8000), (96, 20000)]:
         cost.add_mixed(n, ctx, BASE + n * ROW + KEY * n * (ctx + n / 2))
-    u, k = cost.coefficients()
-    assert u == pytest.approx(ROW, rel=1e-6) and k == pytest.approx(KEY, rel=1e-6)
+    a, u, k = cost.coefficients()
+    assert u == pytest.approx(ROW, rel=1e-6) and k == pytest.approx(KEY, rel=1e-6) and a == pytest.approx(0, abs=1e-9)
     n = cost.rows(10_000, 50_000)
     assert cost.predict(n, 10_000) <= 0.05 < cost.predict(n + 16, 10_000)
+
+
+def test_the_cost_model_learns_a_mixed_forwards_fixed_cost():
+    """A forward that costs 15 ms more than a round whatever its cut (eager launches): the fit
+    finds the intercept, so a 40 ms budget buys the rows left after it, not rows at the intercept's rate."""
+    fixed = 0.015
+    cost = ForwardCost(budget_s=0.04)
+    cost.add_round(BASE)
+    cost.add_mixed(16, 0, BASE + fixed + 16 * ROW)  # one sample: charged to the rows
+    assert cost.coefficients()[0] == 0
+    for n, ctx in [(64, 0), (128, 2000), (256, 8000), (96, 20000)]:
+        cost.add_mixed(n, ctx, BASE + fixed + n * ROW + KEY * n * (ctx + n / 2))
+    a, u, k = cost.coefficients()
+    assert a == pytest.approx(fixed, rel=1e-3) and u == pytest.approx(ROW, rel=1e-3)
+    n = cost.rows(0, 50_000)
+    assert cost.predict(n, 0) <= 0.04 < cost.predict(n + 16, 0)
+    assert 60 <= n <= 80  # (40 - 10 - 15) ms at 0.2 ms a row, less the keys
+
+
+def test_with_sizes_the_budget_picks_a_size_and_a_cut_costs_its_size():
+    sizes = (64, 128, 256, 512, 1024)
+    cost = ForwardCost(budget_s=0.08, granule=64, sizes=sizes)
+    assert cost.rows(0, 50_000) == 64  # the probe: the smallest size
+    cost.add_round(BASE)
+    for n in (64, 128, 256):
+        cost.add_mixed(n, 0, BASE + 0.002 + n * ROW)
+    assert cost.charged(65) == 128 and cost.predict(65, 0) == cost.predict(128, 0)
+    assert cost.rows(0, 50_000) == 256  # 512 rows would take 114 ms
+    assert cost.rows(0, 100) == 100  # never past the prompt's rows left
+    tight = ForwardCost(budget_s=0.001, granule=64, sizes=sizes, base=BASE)
+    tight.add_mixed(64, 0, BASE + 0.01)
+    assert tight.rows(0, 50_000) == 64  # nothing fits: the smallest, so the prompt still moves
 
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, float("nan"), float("inf")])

@@ -41,6 +41,8 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt", type=int, default=12000)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--out")
+    ap.add_argument("--time", default="0,8192,16384,30720",
+                    help="after the check: time mixed forwards at every cut size at these contexts (empty: none)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
@@ -110,11 +112,43 @@ def main(argv=None) -> None:
     res["long_kv_differences"] = layers[:12]
     res["cut_bounds"] = bounds
     res["all_equal"] = (all(s["equal"] for s in res["short_streams"]) and res["long_ids_equal"] and res["long_kv_bitwise"])
+    if a.time:
+        res["timing"] = timing(r, long_, shorts, outs, [int(c) for c in a.time.split(",")])
     res["total_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps({k: res[k] for k in res if k != "cut_bounds"}, indent=1))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def timing(r, long_, shorts, outs, contexts, reps: int = 5) -> dict:
+    """Median ms of a mixed forward (the long prompt's lane, the three shorts' round) at each cut
+    size and context: through its graph, and eagerly at the smallest size; a plain round of the three."""
+    pos = [len(p) + len(o) - 1 for p, o in zip(shorts, outs)]
+    toks = [o[-1] for o in outs]
+
+    def med(fn):
+        ts = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            ts.append((time.perf_counter() - t) * 1000)
+        return round(sorted(ts)[reps // 2], 2)
+    g = r.mixed_graphs
+    sizes = g.sizes if g is not None else (128,)
+    out = {"round_ms": med(lambda: r.decode([0, 1, 2], toks, pos)), "graphs": bool(g and g.shapes), "mixed_ms": {}}
+    for ctx in contexts:
+        if ctx + sizes[-1] >= len(long_):
+            continue
+        out["mixed_ms"][ctx] = {n: med(lambda: r.mixed([(3, long_, ctx, ctx + n)], [0, 1, 2], toks, pos)) for n in sizes}
+    if g is not None and g.shapes:
+        shapes, g.shapes = g.shapes, {}
+        out["eager_ms"] = {n: med(lambda: r.mixed([(3, long_, 0, n)], [0, 1, 2], toks, pos)) for n in (sizes[0], sizes[-1])}
+        g.shapes = shapes
+    print("timing:", json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ that orders a row's arithmetic sits at absolute positions:
   position; partial (acc, m, l) merged in split order 0, 1, ... (a row with one split is
   normalized in place; the merge of one split is that same division).
 
-The cut's start, length and row count are passed unspecialized, so one compiled kernel serves
-every cut. GQA: query head h reads KV head h // (H / KVH). The cache layout is the one
+The cut's start, row count and lane are read from the device (`cut_attention_at`), so one
+compiled kernel serves every cut and a CUDA graph can carry it; `cut_attention` writes them there
+for an eager call. GQA: query head h reads KV head h // (H / KVH). The cache layout is the one
 `prefill.cut_attention` reads: k, v [L, KVH, d] views of one lane and layer.
 Under TRITON_INTERPRET=1 it runs on the CPU (tests/test_cut_flash.py).
 """
@@ -73,25 +74,34 @@ def _block(q, K, V, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: tl.conste
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["start", "T", "tile0", "n_tiles", "kv_len"])
-def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, start, T, tile0, n_tiles, kv_len,
-                s_qt, s_qh, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
+@triton.jit
+def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
+                s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
                 G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    tile = tile0 + (n_tiles - 1 - tl.program_id(0))  # the deepest tiles (longest walks) first
+    # the cut (start, rows, lane) is read from the device, so a CUDA graph captured for a row
+    # capacity replays for any cut that fits it; the grid covers the capacity and programs past
+    # the cut's tiles (or past a tile's splits) do nothing
+    start = tl.load(Meta)
+    T = tl.load(Meta + 1)
+    lane = tl.load(Meta + 2).to(tl.int64)
+    end = start + T
+    tile0 = start // BM
+    n_tiles = (end - 1) // BM + 1 - tile0
+    p0 = tl.program_id(0)
+    tile = tile0 + (n_tiles - 1 - p0)  # the deepest tiles (longest walks) first
     h = tl.program_id(1)
     s = tl.program_id(2)
     ts = tile * BM
     nsplit = ts // SPLIT + 1  # SPLIT % BM == 0: every row of the tile has this many splits
-    if s < nsplit:
-        end = start + T
+    if (p0 < n_tiles) & (s < nsplit):
         pos = ts + tl.arange(0, BM)
         rmask = (pos >= start) & (pos < end)
         row = (pos - start).to(tl.int64)
         d = tl.arange(0, D)
         q = tl.load(Q + row[:, None] * s_qt + h * s_qh + d[None, :], mask=rmask[:, None], other=0.0)
         kvh = h // G
-        Kh = K + kvh * s_kh
-        Vh = V + kvh * s_kh
+        Kh = K + lane * s_kl + kvh * s_kh
+        Vh = V + lane * s_kl + kvh * s_kh
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, D], tl.float32)
@@ -100,9 +110,9 @@ def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, start, T, tile0, n_tiles, kv_
         full = tl.minimum(ts, top)  # keys before the tile: no row masks any
         hi = tl.minimum(tl.minimum(ts + BM, end), top)
         for kb in range(lo, full, BN):
-            m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D, BN, False)
+            m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, False)
         for kb in range(full, hi, BN):
-            m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D, BN, True)
+            m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, True)
         if nsplit == 1:
             o = acc / l_i[:, None]
             tl.store(Out + row[:, None] * s_ot + h * D + d[None, :], o.to(Out.dtype.element_ty), mask=rmask[:, None])
@@ -112,11 +122,14 @@ def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, start, T, tile0, n_tiles, kv_
             tl.store(Lpart + s * s_ms + row * s_mt + h, l_i, mask=rmask)
 
 
-@triton.jit(do_not_specialize=["start", "T", "NS"])
-def _merge_kernel(Out, Opart, Mpart, Lpart, start, T, NS, s_ot, s_ps, s_pt, s_ms, s_mt,
+@triton.jit(do_not_specialize=["NS"])
+def _merge_kernel(Out, Opart, Mpart, Lpart, Meta, NS, s_ot, s_ps, s_pt, s_ms, s_mt,
                   D: tl.constexpr, BR: tl.constexpr, SPLIT: tl.constexpr):
     """Rows of two splits or more: their partials merged in split order (the rows of one split
-    were written by the kernel)."""
+    were written by the kernel). NS: at least the splits of the cut's deepest row; a split past
+    a row's own leaves its sums unchanged."""
+    start = tl.load(Meta)
+    T = tl.load(Meta + 1)
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     h = tl.program_id(1)
     d = tl.arange(0, D)
@@ -144,19 +157,35 @@ def _merge_kernel(Out, Opart, Mpart, Lpart, start, T, NS, s_ot, s_ps, s_pt, s_ms
 def cut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
                   config: CutFlashConfig = CutFlashConfig()) -> torch.Tensor:
     """q [T, H, d] at positions [start, start+T) (rows may be strided, d contiguous); k, v [L, KVH, d]
-    of one lane and layer, L >= start + T (rows past the cut's end weigh exactly zero). Causal with
+    of one lane and layer, L >= start + T (keys from start + T on are never read). Causal with
     the diagonal bottom-right. Returns [T, H*d] in q's dtype."""
-    t, h, d = q.shape
-    kvh = k.shape[1]
-    if q.stride(2) != 1 or k.stride(2) != 1 or k.stride() != v.stride():
-        raise ValueError("cut_flash needs d contiguous and k, v of one layout")
+    t = q.shape[0]
+    if t == 0:
+        return torch.empty(0, q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
     c = config
     end = start + t
+    meta = torch.tensor([start, t, 0], dtype=torch.int32, device=q.device)
+    tiles = (end - 1) // c.block_m + 1 - start // c.block_m
+    return _launch(q, k[None], v[None], meta, tiles, (end - 1) // c.split + 1, c)
+
+
+def cut_attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: torch.Tensor, max_len: int,
+                     config: CutFlashConfig = CutFlashConfig()) -> torch.Tensor:
+    """The same attention for a cut given on the device, so that a CUDA graph can carry it: meta
+    int32 [start, rows, lane] (rows <= q's rows; q's rows past them come back unwritten); k, v
+    [lanes, L, KVH, d] of one layer; max_len: the most keys any cut reads (sizes the grid).
+    Every row's bits are those `cut_attention` gives it: the same kernels, the same walk."""
+    c = config
+    return _launch(q, k, v, meta, -(-q.shape[0] // c.block_m) + 1, -(-max_len // c.split), c)
+
+
+def _launch(q, k, v, meta, tiles: int, ns: int, c: CutFlashConfig) -> torch.Tensor:
+    """Both kernels over a grid of `tiles` query tiles and `ns` key splits (at least the cut's)."""
+    t, h, d = q.shape
+    kvh = k.shape[2]
+    if q.stride(2) != 1 or k.stride(3) != 1 or k.stride() != v.stride():
+        raise ValueError("cut_flash needs d contiguous and k, v of one layout")
     out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
-    if t == 0:
-        return out
-    tile0, tile1 = start // c.block_m, (end - 1) // c.block_m + 1
-    ns = (end - 1) // c.split + 1  # the splits of the cut's deepest row
     # the partials' strides as allocated, and float32 placeholders where every row is normalized in
     # place: a cut of one split and a cut of several then launch the same compiled kernel (Triton
     # compiles one per argument types and alignments), so a tile's arithmetic cannot differ
@@ -168,13 +197,13 @@ def cut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
     else:
         opart = mpart = lpart = torch.empty(1, dtype=torch.float32, device=q.device)
     qk_scale = d ** -0.5 * LOG2E
-    _cut_kernel[(tile1 - tile0, h, ns)](
-        q, k, v, out, opart, mpart, lpart, start, t, tile0, tile1 - tile0, k.shape[0],
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), *sp, *sm, qk_scale,
+    _cut_kernel[(tiles, h, ns)](
+        q, k, v, out, opart, mpart, lpart, meta,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), out.stride(0), *sp, *sm, qk_scale,
         G=h // kvh, D=d, BM=c.block_m, BN=c.block_n, SPLIT=c.split, num_warps=c.warps, num_stages=c.stages)
     if ns > 1:
         br = 32
-        _merge_kernel[(triton.cdiv(t, br), h)](out, opart, mpart, lpart, start, t, ns, out.stride(0), *sp, *sm,
+        _merge_kernel[(triton.cdiv(t, br), h)](out, opart, mpart, lpart, meta, ns, out.stride(0), *sp, *sm,
                                                D=d, BR=br, SPLIT=c.split, num_warps=4)
     return out
 

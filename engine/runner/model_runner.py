@@ -35,6 +35,7 @@ import torch
 
 from engine.runner import decode_graph
 from engine.runner.decode_graph import DecodeGraphs
+from engine.runner.mixed_graph import MixedGraphs
 from engine.runner.ahead import Ahead, EagerRounds
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.cpu.kernels import (ROW_TILE, BucketPlan, PackedLinears, bf16_refused, decode_attention_buckets,
@@ -155,10 +156,17 @@ class ModelRunner:
         self.cut_free = self.mix_floor is not None and cfg.prefill_rows >= self.mix_floor
         # fp32 (and bf16 without cpu_rows_free) cut attention computes whole tiles: cut at their ends
         self.cut_granule = tile_for(cfg.prefill_rows) if not self.cpu_rows_free else 16
+        # CUDA mixed forwards as graphs (engine/runner/mixed_graph.py); cut_sizes: the cut rows the
+        # host's budget picks among (None: any multiple of cut_granule)
+        self.mixed_graphs: MixedGraphs | None = None
+        self.cut_sizes: tuple[int, ...] | None = None
         if cfg.prefill_mode == "mixed" and self.device.type == "cuda":  # (_mixed_fused)
             if why := self._mixed_refused():
                 raise ConfigError(why)
             self.cut_free, self.cut_granule = True, MIXED_GRANULE
+            if cfg.tensor_parallel == 1:
+                self.mixed_graphs = MixedGraphs(self)
+                self.cut_sizes = self.mixed_graphs.sizes
         self.graphs = DecodeGraphs(self)  # the decode round's CUDA graphs (capture_graph)
         self.buckets: tuple[int, ...] = (self.round_rows,)  # the row counts rounds run at
         self.ahead: Ahead | None = None  # rounds launched one ahead (engine/runner/ahead.py)
@@ -321,6 +329,8 @@ class ModelRunner:
             zeros = [0] * 31
             self._mixed_fused([(1, zeros, 0, 17)], [0], [0], [0], here=True)
             self._mixed_fused([(1, zeros, 0, 31)], [0], [0], [0], here=True)
+            if self.mixed_graphs is not None and self.graphs.rounds:  # (no decode graphs: none here either)
+                self.mixed_graphs.capture()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return built
@@ -392,8 +402,6 @@ class ModelRunner:
         if self.ahead is not None:
             self.ahead.drop()
         k = self.kernels
-        seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in cuts]
-        dec = torch.tensor(rows, dtype=torch.long, device=self.device)
         w = self.model.lm_head.weight
         # the last row's logits as prefill_step computes them for a cut of that length: a short cut
         # through the row-invariant product (prefill_many), a long one as one vector (prefill)
@@ -401,6 +409,19 @@ class ModelRunner:
 
         def first_head(j, row):
             return k.matmul(row[None], w)[0] if many[j] else torch.nn.functional.linear(row, w)
+
+        shape = None if self.mixed_graphs is None else self.mixed_graphs.takes(cuts, len(rows[0]))
+        if shape is not None:  # one replay (engine/runner/mixed_graph.py)
+            (lane, toks, s, e), = cuts
+
+            @torch.inference_mode()
+            def replay():
+                last, ids = self.mixed_graphs.run(shape, lane, toks[s:e], s, rows)
+                first = int(first_head(0, last).argmax().item()) if e == len(toks) else None
+                return [first], [ids[row] for row in where]
+            return replay() if here or self._cut_thread is None else self._cut_thread.submit(replay).result()
+        seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in cuts]
+        dec = torch.tensor(rows, dtype=torch.long, device=self.device)
 
         @torch.inference_mode()  # (per thread: the cut thread's call needs its own)
         def run():

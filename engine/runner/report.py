@@ -60,8 +60,16 @@ def cuda_mixed(r) -> str:
     """How a CUDA runner's mixed forwards run (ModelRunner._mixed_fused)."""
     if r.cfg.prefill_mode != "mixed":
         return "off"
-    return (f"the cut's products through cuBLAS at checked counts, the round's through its own kernels; cut_flash "
-            f"and the decode attention; cuts end on multiples of {r.cut_granule}")
+    g = getattr(r, "mixed_graphs", None)
+    if g is not None and g.shapes:
+        one = sum(sum(s.one.values()) for s in g.shapes.values())
+        how = (f"CUDA graphs at cuts of {', '.join(map(str, g.sizes))} rows beside rounds of "
+               f"{', '.join(map(str, sorted({p for _, p in g.shapes})))}; {one} of {4 * len(g.shapes)} products "
+               f"one cuBLAS launch over both kinds of rows (checked at start-up), the rest one launch a kind")
+    else:
+        why = g.fallback_reason if g is not None else "no graphs at tensor parallel > 1"
+        how = f"eager ({why}): the cut's products through cuBLAS at checked counts, the round's through its own kernels"
+    return f"{how}; cut_flash and the decode attention; cuts end on multiples of {r.cut_granule}"
 
 
 def _describe_cpu(r) -> dict:

@@ -56,6 +56,10 @@ class MixedBackend(Backend, Protocol):
     # Mixed cuts end at multiples of this many positions (optional, default 16): where a cut's
     # attention computes whole tiles, the tile.
     cut_granule: int
+    # The cut sizes a sized cut takes, ascending (optional, default None: any multiple of the
+    # granule): where each size has a forward of its own (CUDA graphs), a cut between two sizes
+    # costs the larger one.
+    cut_sizes: tuple[int, ...] | None
 
     def mixed(self, cuts: Sequence[tuple[int, Sequence[int], int, int]], lanes: Sequence[int],
               tokens: Sequence[int], positions: Sequence[int]) -> tuple[list[int | None], list[int]]:

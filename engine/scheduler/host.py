@@ -61,7 +61,8 @@ class LaneHost:
     drafter: object | None = None  # engine.scheduler.drafter: proposes tokens to check in spare rows
 
     def __post_init__(self):
-        self.policy = LanePolicy(self.cfg, self.clock, int(getattr(self.backend, "cut_granule", 16)))
+        self.policy = LanePolicy(self.cfg, self.clock, int(getattr(self.backend, "cut_granule", 16)),
+                                 getattr(self.backend, "cut_sizes", None))
         self.rows = self.cfg.prefill_rows
         self.runs_ahead = bool(getattr(self.backend, "runs_ahead", False))  # decode(..., ahead=True)
         self.free: list[int] = list(range(self.backend.parallel))

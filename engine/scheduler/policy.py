@@ -84,15 +84,18 @@ class PrefillBudget:
 
 
 class LanePolicy:
-    def __init__(self, cfg: EngineConfig, clock: Callable[[], float], granule: int = 16):
+    def __init__(self, cfg: EngineConfig, clock: Callable[[], float], granule: int = 16,
+                 sizes: tuple[int, ...] | None = None):
         """granule: mixed cuts end at multiples of this many positions (the backend's `cut_granule`:
-        where a cut's attention pads whole tiles, the tile, so a cut never pays for rows it has not)."""
+        where a cut's attention pads whole tiles, the tile, so a cut never pays for rows it has not);
+        sizes: the cut sizes the backend's forwards run at (its `cut_sizes`), which the budget picks among."""
         self.budget = PrefillBudget(cfg.prefill_share)
         self.whole = cfg.prefill_mode == "whole"
         self.mixed = cfg.prefill_mode == "mixed"
         # cuts up to BATCH_ROWS (engine/scheduler/host.py) or a grid cut, whichever is larger
         self.granule = max(1, min(granule, cfg.prefill_rows))
-        self.cost = ForwardCost(cfg.mixed_budget_ms / 1000.0, granule=self.granule, most=max(cfg.prefill_rows, 1024))
+        self.cost = ForwardCost(cfg.mixed_budget_ms / 1000.0, granule=self.granule, most=max(cfg.prefill_rows, 1024),
+                                sizes=tuple(sizes) if sizes else None)
         self.aging_s = cfg.aging_s
         self.out_queue = cfg.out_queue
         self.clock = clock

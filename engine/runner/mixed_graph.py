@@ -1,0 +1,216 @@
+"""Mixed forwards (one prompt cut and a decode round in one forward) as CUDA graphs at fixed shapes.
+
+Launched eagerly, a mixed forward of qwen3-8b is ~900 kernel launches from Python, 35-90 ms
+whatever its cut, where its kernels take 4-25 ms; a graph replays them in one launch.
+
+- Shapes: a cut capacity from SIZES (up to --prefill-rows) times each decode row count of the
+  runner (`buckets`). A cut of T rows runs in the smallest capacity >= T; its rows past T are
+  padding (token 0, the spare lane, positions 0, 1, ...), which no real row reads: the products
+  are row-invariant and the cut's attention stops at the cut's rows (cut_flash.cut_attention_at
+  reads the cut's start, rows and lane from the device).
+- Products (`plan_products`): at each shape, each weight either runs as one cuBLAS launch over the
+  cut's and the round's rows, where a start-up check found that this gives the cut's rows the
+  bits of the prompt cuts' row-invariant product and the round's rows those of the round's own
+  kernels, or as two launches, one for each kind of row.
+- Inputs: [3, c] int64 (tokens, positions, lanes: the cut's rows, then the round's) and the cut's
+  int32 [start, rows, lane], pinned on the host and copied in by the graph's first nodes.
+- Outputs: the round's greedy ids and the hidden state of the cut's last row; where the cut ends
+  its prompt, the runner takes its first token from that row as `prefill_step` would.
+
+`forward` is the captured body; it also runs eagerly (the CPU tests run it under Triton's
+interpreter against the eager mixed forward, bit for bit).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("engine.runner.model_runner")
+
+# cut capacities: the budget picks among these (ForwardCost sizes), so a sized cut fills its graph
+SIZES = (64, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def sizes_for(prefill_rows: int, max_model_len: int) -> tuple[int, ...]:
+    """The capacities a runner captures: SIZES up to --prefill-rows (which a cut never exceeds),
+    that one included, none past the lane's length."""
+    top = min(prefill_rows, max_model_len)
+    return tuple(sorted({s for s in SIZES if s < top} | {top}))
+
+
+@dataclass
+class MixedShape:
+    """One shape's graph and static buffers."""
+    rows: int  # the cut's capacity
+    round_rows: int
+    h_in: torch.Tensor  # [3, rows + round_rows] int64, pinned
+    s_in: torch.Tensor
+    h_meta: torch.Tensor  # [3] int32 (start, rows, lane), pinned
+    s_meta: torch.Tensor
+    one: dict  # weight shape (N, K) -> one launch over every row
+    graph: torch.cuda.CUDAGraph | None = None
+    s_last: torch.Tensor | None = None  # the cut's last row's hidden state [hidden]
+    s_ids: torch.Tensor | None = None  # the round's ids [round_rows]
+
+
+def one_launch_keeps_bits(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, seeds=(0, 1)) -> bool:
+    """Whether F.linear over n cut rows and p round rows at once gives the first n rows cut_mm's bits
+    and the last p round_mm's (act: the gate/up activation applied to both, round_mm then being
+    the round's fused gate/up kernel), on random rows, bitwise."""
+    for seed in seeds:
+        g = torch.Generator(device=w.device).manual_seed(seed)
+        x = torch.randn(n + p, w.shape[1], generator=g, device=w.device).to(w.dtype)
+        both = F.linear(x, w)
+        cut = cut_mm(x[:n], w)
+        if act is not None:
+            both, cut = act(both), act(cut)
+        if not (torch.equal(both[:n], cut) and torch.equal(both[n:], round_mm(x[n:], w))):
+            return False
+    return True
+
+
+def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool) -> dict:
+    """(N, K) -> one launch, for the layer's weights {name: w} at a shape of n cut rows and p round rows."""
+    round_mm = launch.linear if skinny else F.linear
+    out = {}
+    for name, w in weights.items():
+        if name == "gate_up":
+            rnd = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
+            out[tuple(w.shape)] = one_launch_keeps_bits(w, n, p, cut_mm, rnd, act=launch.silu_mul)
+        else:
+            out[tuple(w.shape)] = one_launch_keeps_bits(w, n, p, cut_mm, round_mm)
+    return out
+
+
+def products(one: dict, n: int, cut_mm, launch, skinny: bool):
+    """trunk_fused's mm and act for a shape: each weight in one launch where `one` says it keeps the
+    bits, else the cut's rows through cut_mm and the round's through the round's kernels."""
+    round_mm = launch.linear if skinny else F.linear
+    round_act = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
+
+    def mm(x, w):
+        if one.get(tuple(w.shape)):
+            return F.linear(x, w)
+        return torch.cat([cut_mm(x[:n], w), round_mm(x[n:], w)])
+
+    def act(x, w):
+        if one.get(tuple(w.shape)):
+            return launch.silu_mul(F.linear(x, w))
+        return torch.cat([launch.silu_mul(cut_mm(x[:n], w)), round_act(x[n:], w)])
+    return mm, act
+
+
+def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, one: dict, cut_mm, launch, tiles,
+            max_len: int, skinny: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mixed forward at a shape: inp [3, n + p] (tokens, positions, lanes), the cut's rows first;
+    meta int32 [start, rows, lane]. Returns (the cut's last row's hidden state, the round's ids)."""
+    from engine.cuda.cut_flash import cut_attention_at
+    tokens, positions, lanes = inp[0], inp[1], inp[2]
+    d_lanes, d_positions = lanes[n:], positions[n:]
+    mm, act = products(one, n, cut_mm, launch, skinny)
+
+    def attend(i, q):
+        return torch.cat([cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles),
+                          launch.attention(kv, i, q[n:], d_lanes, d_positions)])
+
+    h = model.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, act=act, launch=launch)
+    last = h.index_select(0, (meta[1:2] - 1).long())[0]
+    logits = (launch.linear if skinny else F.linear)(h[n:], model.lm_head.weight)
+    return last, launch.argmax_rows(logits)
+
+
+class MixedGraphs:
+    """A runner's mixed-forward graphs: `capture` at start-up (in the cut thread), `run` per forward.
+    What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
+    skinny, device, _launch."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
+        self.shapes: dict[tuple[int, int], MixedShape] = {}
+        self.fallback_reason: str | None = "not captured"
+
+    def _weights(self) -> dict:
+        layer = self.runner.model.model.layers[0]
+        a, m = layer.self_attn, layer.mlp
+        return {"qkv": a.wqkv, "o": a.o_proj.weight, "gate_up": m.w_gate_up, "down": m.down_proj.weight}
+
+    def shape(self, n: int, p: int) -> MixedShape:
+        r = self.runner
+        pin = (lambda t: t.pin_memory()) if r.device.type == "cuda" else (lambda t: t)
+
+        def pair(*size, dtype):
+            return pin(torch.zeros(*size, dtype=dtype)), torch.zeros(*size, dtype=dtype, device=r.device)
+        return MixedShape(n, p, *pair(3, n + p, dtype=torch.long), *pair(3, dtype=torch.int32),
+                          plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny))
+
+    def body(self, s: MixedShape):
+        r = self.runner
+        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.one, r.kernels.matmul, r._launch(),
+                       r.kernels.cut_flash, r.max_model_len, r.skinny)
+
+    def fill(self, s: MixedShape, lane: int, toks, start: int, rows: list[list[int]]) -> None:
+        """The pinned inputs for a cut of `toks` at `start` of `lane` and the padded round `rows`."""
+        t, n, spare = len(toks), s.rows, self.runner.spare
+        h = s.h_in.numpy()
+        h[0, :t], h[0, t:n] = toks, 0
+        h[1, :t], h[1, t:n] = range(start, start + t), range(n - t)
+        h[2, :t], h[2, t:n] = lane, spare
+        h[:, n:] = rows
+        s.h_meta.numpy()[:] = (start, t, lane)
+
+    def capture(self) -> bool:
+        """Every shape's graph (in one memory pool: they never run at once); False, with
+        `fallback_reason`, where capture fails (mixed forwards then run eagerly)."""
+        r = self.runner
+        try:
+            pool = torch.cuda.graph_pool_handle()
+            for p in r.buckets:
+                for n in self.sizes:
+                    s = self.shape(n, p)
+                    s.h_in[2] = s.s_in[2] = r.spare  # warm-up and capture write the spare lane only
+                    s.h_meta[:] = s.s_meta[:] = torch.tensor([0, 1, r.spare], dtype=torch.int32)
+                    self.body(s)  # compiles, and sizes the kernels' scratch outside the capture
+                    torch.cuda.synchronize(r.device)
+                    s.graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(s.graph, pool=pool, capture_error_mode="thread_local"):
+                        s.s_in.copy_(s.h_in, non_blocking=True)
+                        s.s_meta.copy_(s.h_meta, non_blocking=True)
+                        s.s_last, s.s_ids = self.body(s)
+                    self.shapes[(n, p)] = s
+            torch.cuda.synchronize(r.device)
+            ones = {k: sum(v for v in s.one.values()) for k, s in self.shapes.items()}
+            log.info("mixed graphs: %d shapes (cuts of %s rows, rounds of %s); products in one launch: %s",
+                     len(self.shapes), ", ".join(map(str, self.sizes)), ", ".join(map(str, r.buckets)),
+                     ", ".join(f"{n}+{p}: {k}/4" for (n, p), k in sorted(ones.items())))
+            self.fallback_reason = None
+            return True
+        except Exception as e:  # pragma: no cover - depends on the device
+            self.shapes = {}
+            self.fallback_reason = f"mixed graph capture failed ({e!r}): eager mixed forwards"
+            log.warning(self.fallback_reason)
+            return False
+
+    def takes(self, cuts, p: int) -> MixedShape | None:
+        """The shape that runs this forward (one cut that fits a capacity), or None (eager)."""
+        if len(cuts) != 1 or not self.shapes:
+            return None
+        t = cuts[0][3] - cuts[0][2]
+        n = next((n for n in self.sizes if n >= t), None)
+        return None if n is None else self.shapes.get((n, p))
+
+    def run(self, s: MixedShape, lane: int, toks, start: int, rows) -> tuple[torch.Tensor, list[int]]:
+        """Replay s for the cut and round (without a graph, as the CPU tests do: run its body);
+        (the cut's last hidden row, the round's ids by row)."""
+        self.fill(s, lane, toks, start, rows)
+        if s.graph is None:
+            s.s_in.copy_(s.h_in)
+            s.s_meta.copy_(s.h_meta)
+            last, ids = self.body(s)
+        else:
+            s.graph.replay()
+            last, ids = s.s_last, s.s_ids
+        return last, ids.tolist()
