@@ -43,8 +43,10 @@ class CutFlashConfig:
     # 64 at 437, block_m 64 at 424 (receipts/mixed-products/20261202-0459-h200-attention.md)
     block_n: int = 128
     # keys a split (a multiple of block_m): at 128-row cuts 8,192 ran 2x faster than no split (one
-    # tile a head leaves most SMs idle) and cost nothing at 1,024 (437 against 452 TFLOP/s)
-    split: int = 8192
+    # tile a head leaves most SMs idle) and cost nothing at 1,024 (437 against 452 TFLOP/s); 2,048,
+    # because a mixed forward's 64-row cut deep in a prompt ran one program a head and split, each
+    # walking all 8,192 keys of its split (5.5 ms a forward on qwen3-8b at 8k-16k keys, one wave)
+    split: int = 2048
     warps: int = 8
     stages: int = 3
 

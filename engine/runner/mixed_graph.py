@@ -11,7 +11,10 @@ whatever its cut, where its kernels take 4-25 ms; a graph replays them in one la
 - Products (`plan_products`): at each shape, each weight either runs as one cuBLAS launch over the
   cut's and the round's rows, where a start-up check found that this gives the cut's rows the
   bits of the prompt cuts' row-invariant product and the round's rows those of the round's own
-  kernels, or as two launches, one for each kind of row.
+  kernels, or as two launches, one for each kind of row: the cut's through cuBLAS at the fewest
+  rows (its own, padded with zeros) found to give it those bits. On the H200 qwen3-8b's q/k/v,
+  o and gate/up ran as one launch at every shape, down as two (cuBLAS gave down's rows the grid's
+  bits only at 192, 248 and from 264 rows, and the round's down sums K in two ranges of its own).
 - Inputs: [3, c] int64 (tokens, positions, lanes: the cut's rows, then the round's) and the cut's
   int32 [start, rows, lane], pinned on the host and copied in by the graph's first nodes.
 - Outputs: the round's greedy ids and the hidden state of the cut's last row; where the cut ends
@@ -50,7 +53,7 @@ class MixedShape:
     s_in: torch.Tensor
     h_meta: torch.Tensor  # [3] int32 (start, rows, lane), pinned
     s_meta: torch.Tensor
-    one: dict  # weight shape (N, K) -> one launch over every row
+    plan: dict  # weight shape (N, K) -> True (one launch over every row) or the cut's row count (plan_products)
     graph: torch.cuda.CUDAGraph | None = None
     s_last: torch.Tensor | None = None  # the cut's last row's hidden state [hidden]
     s_ids: torch.Tensor | None = None  # the round's ids [round_rows]
@@ -73,44 +76,66 @@ def one_launch_keeps_bits(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act
 
 
 def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool) -> dict:
-    """(N, K) -> one launch, for the layer's weights {name: w} at a shape of n cut rows and p round rows."""
+    """(N, K) -> how each of the layer's weights {name: w} runs at a shape of n cut rows and p round
+    rows: True (one launch over both), or the row count the cut's rows run at through F.linear
+    (zeros below them) where that gives them cut_mm's bits, else None (cut_mm itself)."""
     round_mm = launch.linear if skinny else F.linear
     out = {}
     for name, w in weights.items():
         if name == "gate_up":
             rnd = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
-            out[tuple(w.shape)] = one_launch_keeps_bits(w, n, p, cut_mm, rnd, act=launch.silu_mul)
+            one = one_launch_keeps_bits(w, n, p, cut_mm, rnd, act=launch.silu_mul)
         else:
-            out[tuple(w.shape)] = one_launch_keeps_bits(w, n, p, cut_mm, round_mm)
+            one = one_launch_keeps_bits(w, n, p, cut_mm, round_mm)
+        out[tuple(w.shape)] = True if one else padded_count(w, n, cut_mm)
     return out
 
 
-def products(one: dict, n: int, cut_mm, launch, skinny: bool):
-    """trunk_fused's mm and act for a shape: each weight in one launch where `one` says it keeps the
-    bits, else the cut's rows through cut_mm and the round's through the round's kernels."""
+def padded_count(w: torch.Tensor, n: int, cut_mm, seeds=(0, 1), top: int = 1024) -> int | None:
+    """The fewest rows m (n <= m <= top, in steps of 8) at which F.linear over n rows and m - n
+    rows of zeros gives the n rows cut_mm's bits, on random rows, bitwise; None if none does."""
+    xs = []
+    for seed in seeds:
+        g = torch.Generator(device=w.device).manual_seed(100 + seed)
+        x = torch.randn(n, w.shape[1], generator=g, device=w.device).to(w.dtype)
+        xs.append((x, cut_mm(x, w)))
+    for m in range(n, top + 1, 8):
+        if all(torch.equal(F.linear(torch.cat([x, x.new_zeros(m - n, x.shape[1])]), w)[:n], y) for x, y in xs):
+            return m
+    return None
+
+
+def products(plan: dict, n: int, cut_mm, launch, skinny: bool):
+    """trunk_fused's mm and act for a shape: each weight as `plan` says (plan_products)."""
     round_mm = launch.linear if skinny else F.linear
     round_act = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
 
+    def cut(x, w):
+        m = plan.get(tuple(w.shape))
+        if m is None:
+            return cut_mm(x, w)
+        return F.linear(x if m == n else torch.cat([x, x.new_zeros(m - n, x.shape[1])]), w)[:n]
+
     def mm(x, w):
-        if one.get(tuple(w.shape)):
+        if plan.get(tuple(w.shape)) is True:
             return F.linear(x, w)
-        return torch.cat([cut_mm(x[:n], w), round_mm(x[n:], w)])
+        return torch.cat([cut(x[:n], w), round_mm(x[n:], w)])
 
     def act(x, w):
-        if one.get(tuple(w.shape)):
+        if plan.get(tuple(w.shape)) is True:
             return launch.silu_mul(F.linear(x, w))
-        return torch.cat([launch.silu_mul(cut_mm(x[:n], w)), round_act(x[n:], w)])
+        return torch.cat([launch.silu_mul(cut(x[:n], w)), round_act(x[n:], w)])
     return mm, act
 
 
-def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, one: dict, cut_mm, launch, tiles,
+def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, plan: dict, cut_mm, launch, tiles,
             max_len: int, skinny: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The mixed forward at a shape: inp [3, n + p] (tokens, positions, lanes), the cut's rows first;
     meta int32 [start, rows, lane]. Returns (the cut's last row's hidden state, the round's ids)."""
     from engine.cuda.cut_flash import cut_attention_at
     tokens, positions, lanes = inp[0], inp[1], inp[2]
     d_lanes, d_positions = lanes[n:], positions[n:]
-    mm, act = products(one, n, cut_mm, launch, skinny)
+    mm, act = products(plan, n, cut_mm, launch, skinny)
 
     def attend(i, q):
         return torch.cat([cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles),
@@ -149,7 +174,7 @@ class MixedGraphs:
 
     def body(self, s: MixedShape):
         r = self.runner
-        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.one, r.kernels.matmul, r._launch(),
+        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.plan, r.kernels.matmul, r._launch(),
                        r.kernels.cut_flash, r.max_model_len, r.skinny)
 
     def fill(self, s: MixedShape, lane: int, toks, start: int, rows: list[list[int]]) -> None:
@@ -182,10 +207,7 @@ class MixedGraphs:
                         s.s_last, s.s_ids = self.body(s)
                     self.shapes[(n, p)] = s
             torch.cuda.synchronize(r.device)
-            ones = {k: sum(v for v in s.one.values()) for k, s in self.shapes.items()}
-            log.info("mixed graphs: %d shapes (cuts of %s rows, rounds of %s); products in one launch: %s",
-                     len(self.shapes), ", ".join(map(str, self.sizes)), ", ".join(map(str, r.buckets)),
-                     ", ".join(f"{n}+{p}: {k}/4" for (n, p), k in sorted(ones.items())))
+            log.info("mixed graphs: %s", self.describe())
             self.fallback_reason = None
             return True
         except Exception as e:  # pragma: no cover - depends on the device
@@ -193,6 +215,16 @@ class MixedGraphs:
             self.fallback_reason = f"mixed graph capture failed ({e!r}): eager mixed forwards"
             log.warning(self.fallback_reason)
             return False
+
+    def describe(self) -> str:
+        """The shapes and their products' plans, in a line (/v1/engine)."""
+        one = sum(v is True for s in self.shapes.values() for v in s.plan.values())
+        pads = sorted({(s.rows, v) for s in self.shapes.values() for v in s.plan.values() if v is not True})
+        return (f"CUDA graphs at cuts of {', '.join(map(str, self.sizes))} rows beside rounds of "
+                f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {one} of "
+                f"{sum(len(s.plan) for s in self.shapes.values())} products one cuBLAS launch over both kinds of "
+                f"rows (checked at start-up), the rest one launch a kind, the cut's rows at "
+                + (", ".join(f"{n}->{m if m is not None else 'the cuts product'}" for n, m in pads) or "-"))
 
     def takes(self, cuts, p: int) -> MixedShape | None:
         """The shape that runs this forward (one cut that fits a capacity), or None (eager)."""

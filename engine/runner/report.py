@@ -62,10 +62,7 @@ def cuda_mixed(r) -> str:
         return "off"
     g = getattr(r, "mixed_graphs", None)
     if g is not None and g.shapes:
-        one = sum(sum(s.one.values()) for s in g.shapes.values())
-        how = (f"CUDA graphs at cuts of {', '.join(map(str, g.sizes))} rows beside rounds of "
-               f"{', '.join(map(str, sorted({p for _, p in g.shapes})))}; {one} of {4 * len(g.shapes)} products "
-               f"one cuBLAS launch over both kinds of rows (checked at start-up), the rest one launch a kind")
+        how = g.describe()
     else:
         why = g.fallback_reason if g is not None else "no graphs at tensor parallel > 1"
         how = f"eager ({why}): the cut's products through cuBLAS at checked counts, the round's through its own kernels"
