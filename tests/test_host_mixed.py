@@ -25,9 +25,9 @@ class Clock:
 class MixedBackend:
     """Advances the clock as the cost model's own form (base + rows + keys read) and logs calls."""
 
-    def __init__(self, clock, cut_free=True, fail_mixed=False, key=KEY, cut_sizes=None):
+    def __init__(self, clock, cut_free=True, fail_mixed=False, key=KEY, cut_sizes=None, fixed=0.0, row=ROW):
         self.clock, self.parallel, self.max_model_len = clock, 4, 100_000
-        self.cut_sizes = cut_sizes
+        self.cut_sizes, self.fixed, self.row = cut_sizes, fixed, row
         self.vocab_size, self.eos_token_id = 1000, 999
         self.cut_free, self.fail_mixed, self.key = cut_free, fail_mixed, key
         self.calls: list[tuple] = []
@@ -53,7 +53,7 @@ class MixedBackend:
         n = end - start
         if self.cut_sizes:  # a forward at the size holding the cut (a graph of that size)
             n = next((z for z in self.cut_sizes if z >= n), n)
-        self.clock.now += BASE + n * ROW + self.key * n * (start + n / 2)
+        self.clock.now += BASE + self.fixed + n * self.row + self.key * n * (start + n / 2)
         return [self._first(toks, end)], [(t * 31 + p) % 997 for t, p in zip(tokens, positions)]
 
 
@@ -144,6 +144,20 @@ def test_a_backends_cut_sizes_are_the_sizes_the_budget_picks():
     assert all(n in sizes for n, _ in seen[:-1])  # (the last before the final grid cut: what was left)
     assert max(t for _, t in seen[3:]) <= 0.040 * 1.05
     assert seen[3][0] > seen[-2][0]
+
+
+def test_with_a_fixed_cost_and_sizes_the_budget_still_finds_the_size_that_fits():
+    """A mixed forward 15 ms over a round whatever its cut, 0.05 ms a row: at 40 ms the 256-row size
+    fits (37.8 ms) and 512 does not (50.6). Timed at the 64-row probe alone, the cost looks like rows
+    (0.28 ms each); the second probe at 128 tells them apart, and the cuts grow to 256."""
+    sizes = (64, 128, 192, 256, 384, 512)
+    host, backend, clock = make(budget_ms=40.0, cut_sizes=sizes, key=0.0, fixed=0.015, row=0.00005)
+    start_decoder(host, backend)
+    b = seq(20_000, tag=2)
+    host.submit(b)
+    run_until_filled(host, b)
+    cut = [c[3] - c[2] for c in backend.calls if c[0] == "mixed"][:-1]
+    assert cut[:2] == [64, 128] and set(cut[2:-1]) == {256}
 
 
 def test_a_larger_budget_fills_the_prompt_in_fewer_longer_forwards():

@@ -43,6 +43,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out")
     ap.add_argument("--time", default="0,8192,16384,30720",
                     help="after the check: time mixed forwards at every cut size at these contexts (empty: none)")
+    ap.add_argument("--profile", default="",
+                    help="N@CTX,...: after the check, each shape's kernels by time (torch.profiler over its graph's replays)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
@@ -114,6 +116,8 @@ def main(argv=None) -> None:
     res["all_equal"] = (all(s["equal"] for s in res["short_streams"]) and res["long_ids_equal"] and res["long_kv_bitwise"])
     if a.time:
         res["timing"] = timing(r, long_, shorts, outs, [int(c) for c in a.time.split(",")])
+    if a.profile:
+        res["profile"] = profile(r, long_, shorts, outs, [tuple(map(int, x.split("@"))) for x in a.profile.split(",")])
     res["total_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps({k: res[k] for k in res if k != "cut_bounds"}, indent=1))
     if a.out:
@@ -148,6 +152,31 @@ def timing(r, long_, shorts, outs, contexts, reps: int = 5) -> dict:
         out["eager_ms"] = {n: med(lambda: r.mixed([(3, long_, 0, n)], [0, 1, 2], toks, pos)) for n in (sizes[0], sizes[-1])}
         g.shapes = shapes
     print("timing:", json.dumps(out))
+    return out
+
+
+def profile(r, long_, shorts, outs, cells, reps: int = 5) -> dict:
+    """Per (rows, context): the GPU time of each kernel kind in one mixed forward (graph replays,
+    summed over `reps` and divided), the ten largest, in us."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    pos = [len(p) + len(o) - 1 for p, o in zip(shorts, outs)]
+    toks = [o[-1] for o in outs]
+    out = {}
+    for n, ctx in cells:
+        r.mixed([(3, long_, ctx, ctx + n)], [0, 1, 2], toks, pos)
+        torch.cuda.synchronize()
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(reps):
+                r.mixed([(3, long_, ctx, ctx + n)], [0, 1, 2], toks, pos)
+            torch.cuda.synchronize()
+        by = {}
+        for e in p.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t:
+                by[e.key[:60]] = by.get(e.key[:60], 0) + t / reps
+        top = sorted(by.items(), key=lambda kv: -kv[1])
+        out[f"{n}@{ctx}"] = {"total_us": round(sum(by.values())), "top": [(k, round(v)) for k, v in top[:12]]}
+        print("profile", n, ctx, json.dumps(out[f"{n}@{ctx}"]))
     return out
 
 

@@ -20,7 +20,6 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
 
 WINDOW = 16  # mixed forwards the fit remembers: the cost moves with the context, so only recent ones
 EMA = 0.25  # weight of a new decode-only round in `base`
@@ -39,6 +38,10 @@ class ForwardCost:
     sizes: tuple[int, ...] | None = None  # the cut sizes forwards run at (None: any multiple of granule)
     base: float | None = None
     samples: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # (1, n, keys, seconds above base)
+    # the last sample at each cut size, kept past the window: a budget that settles on one size
+    # still tells the fixed cost from the rows' by the others
+    latest: dict = field(default_factory=dict)
+    _fit: tuple | None = field(default=None, repr=False)  # coefficients() of the current samples
 
     @property
     def knows_base(self) -> bool:
@@ -58,7 +61,14 @@ class ForwardCost:
         """A timed forward that carried `n` cut rows starting at `ctx` beside the decode rows."""
         if n > 0 and self.base is not None:
             n = self.charged(n)
-            self.samples.append((1.0, n, n * (ctx + n / 2), max(0.0, seconds - self.base)))
+            self.samples.append(sample := (1.0, n, n * (ctx + n / 2), max(0.0, seconds - self.base)))
+            self.latest[n] = sample
+            self._fit = None
+
+    def _fitted(self) -> list[tuple]:
+        """The window's samples and the last of each size it no longer holds."""
+        held = {s[1] for s in self.samples}
+        return [*self.samples, *(v for n, v in self.latest.items() if n not in held)]
 
     def coefficients(self) -> tuple[float, float, float] | None:
         """(a, u, k) from the recent samples, or None before the first: the non-negative fit with
@@ -66,22 +76,37 @@ class ForwardCost:
         those within rounding of the least)."""
         if not self.samples:
             return None
-        x = np.array([s[:3] for s in self.samples])
-        y = np.array([s[3] for s in self.samples])
+        if self._fit is None:  # once a sample, not once a size asked about: the host asks every forward
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> tuple[float, float, float]:
+        # the normal equations of the three terms, each subset of them solved exactly (3x3 at most:
+        # plain Python, microseconds, on the host's path between forwards)
+        samples = self._fitted()
+        sc = [max(abs(s[i]) for s in samples) or 1.0 for i in range(3)]  # columns of one scale
+        rows = [[s[i] / sc[i] for i in range(3)] for s in samples]
+        ys = [s[3] for s in samples]
+        gram = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+        xty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(3)]
+        yty = sum(y * y for y in ys)
         fits = []
         for terms in TERMS:
-            cols = x[:, terms]
-            c, *_ = np.linalg.lstsq(cols, y, rcond=None)
-            if np.all(c >= 0):
-                full = np.zeros(3)
-                full[list(terms)] = c
-                fits.append((float(np.sum((x @ full - y) ** 2)), full))
+            c = _solve_exact([[gram[i][j] for j in terms] for i in terms], [xty[i] for i in terms])
+            if c is None or min(c) < 0:
+                continue
+            full = [0.0, 0.0, 0.0]
+            for t, v in zip(terms, c):
+                full[t] = v
+            err = yty - 2 * sum(full[i] * xty[i] for i in range(3)) + sum(
+                full[i] * gram[i][j] * full[j] for i in range(3) for j in range(3))
+            fits.append((err, full))
         if not fits:
             return 0.0, 0.0, 0.0
         least = min(f for f, _ in fits)
-        tol = 1e-9 * float(np.sum(y ** 2)) + 1e-18
+        tol = 1e-9 * yty + 1e-18
         a, u, k = next(c for f, c in fits if f <= least + tol)
-        return float(a), float(u), float(k)
+        return a / sc[0], u / sc[1], k / sc[2]
 
     def predict(self, n: int, ctx: int) -> float | None:
         c = self.coefficients()
@@ -94,7 +119,9 @@ class ForwardCost:
     def rows(self, ctx: int, left: int) -> int:
         """The cut to carry now: the most rows whose predicted forward fits the budget (a size, or
         a multiple of `granule`), at least the smallest (the prompt always moves), at most `most`
-        and `left`. Before any mixed forward was timed: the smallest (a probe)."""
+        and `left`. Before any mixed forward was timed: the smallest (a probe); with sizes, while
+        only one was timed and it fit: the next one up (a second probe, so that the fit can tell
+        the forward's fixed cost from its rows')."""
         g = self.granule
         small = self.sizes[0] if self.sizes else g
         c = self.coefficients()
@@ -102,6 +129,11 @@ class ForwardCost:
             return min(left, small)
         if self.sizes:
             fit = [s for s in self.sizes if s <= self.most and self.predict(s, ctx) <= self.budget_s]
+            if len(self.latest) == 1 and fit:  # one size timed: rows and fixed cost are one number yet
+                seen = next(iter(self.latest))
+                up = [s for s in self.sizes if seen < s <= self.most]
+                if seen in fit and up:
+                    return min(left, up[0])  # try the next size once
             return min(left, fit[-1] if fit else small)
         a, u, k = c
         room = self.budget_s - self.base - a
@@ -114,3 +146,24 @@ class ForwardCost:
             n = (-b + math.sqrt(b * b + 2 * k * room)) / k
         n = min(float(self.most), n)
         return min(left, max(g, int(n) // g * g))
+
+
+def _solve_exact(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """m c = v by Gaussian elimination with partial pivoting; None where m is singular (terms the
+    samples cannot tell apart: one cut size for the rows and the intercept)."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    scale = max(abs(x) for row in m for x in row) or 1.0
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[piv][col]) <= 1e-12 * scale:
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for c in range(col, n + 1):
+                a[r][c] -= f * a[col][c]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (a[r][n] - sum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
+    return out
