@@ -202,3 +202,25 @@ assert torch.equal(a[1], c[1])
 print("ok")
 '''
     interpret(code)
+
+
+@pytest.mark.parametrize("rows,max_len,split", [(1024, 32256, 2048), (512, 32256, 2048), (2048, 32256, 2048),
+                                                 (256, 4096, 8192)])
+def test_warm_cuts_cover_every_cut_kernel_a_prompt_meets(rows, max_len, split):
+    """Each (row-count kind, one split or several) a grid prompt's cuts launch with is warmed at
+    start-up, so no request pays Triton's compile: a 32k prompt's first deep cut is the first to
+    merge splits, and its 0.6 s compile landed in the first server's first long prompt."""
+    from engine.runner.model_runner import warm_cuts
+
+    def rows_kind(n):  # the trunk's kernels: Triton specializes an int at 1, a multiple of 16 or neither
+        return 1 if n == 1 else 16 if n % 16 == 0 else 0
+
+    def merges(n, start):  # cut_flash launches its merge kernel for a cut whose keys span two splits
+        return (start + n - 1) // split > 0
+
+    warm = warm_cuts(rows, max_len, split)
+    for length in (max_len - 1, 3 * rows + 17):
+        met = list(cuts(0, min(length, max_len), rows))
+        assert {rows_kind(e - s) for s, e in met} <= {rows_kind(n) for n, _ in warm}
+        if any(merges(e - s, s) for s, e in met):
+            assert any(merges(n, s) for n, s in warm), (length, warm)

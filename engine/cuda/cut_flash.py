@@ -166,7 +166,9 @@ def cut_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
         return torch.empty(0, q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
     c = config
     end = start + t
-    meta = torch.tensor([start, t, 0], dtype=torch.int32, device=q.device)
+    # through pinned memory without blocking: a pageable copy waits for the stream, and one a layer
+    # kept the host from queueing the next layer's launches while this one ran
+    meta = torch.tensor([start, t, 0], dtype=torch.int32, pin_memory=q.is_cuda).to(q.device, non_blocking=True)
     tiles = (end - 1) // c.block_m + 1 - start // c.block_m
     return _launch(q, k[None], v[None], meta, tiles, (end - 1) // c.split + 1, c)
 
