@@ -193,6 +193,30 @@ def test_short_prompts_go_first_and_carry_the_decoders_too():
     assert (kind, lane, start) == ("mixed", b.lane, at) and set(lanes) == {a.lane, c.lane}
 
 
+
+def test_several_short_prompts_fill_together_then_the_long_one_rides_with_the_decoders():
+    """Prompts arriving together beside a decoder (a sweep's streams) fill in one forward where
+    the backend batches cuts, not one mixed forward each; the long prompt's cuts still ride."""
+    host, backend, _ = make()
+    backend.batch_cuts = True
+    backend.prefill_many = lambda items: (backend.calls.append(("many", tuple(i[0] for i in items))),
+                                          [backend._first(t, e) for _, t, _, e in items])[1]
+    a = start_decoder(host, backend)
+    b = seq(8000, tag=2)
+    host.submit(b)
+    for _ in range(3):
+        host.turn()
+    shorts = [seq(40 + i, tag=4 + i) for i in range(2)]
+    for c in shorts:
+        host.submit(c)
+    backend.calls.clear()
+    host.turn()
+    assert backend.calls == [("many", tuple(c.lane for c in shorts))]
+    assert all(c.status == Status.DECODE for c in shorts)
+    host.turn()
+    kind, lane, _, _, lanes = backend.calls[-1]
+    assert (kind, lane) == ("mixed", b.lane) and set(lanes) == {a.lane, *(c.lane for c in shorts)}
+
 def test_grid_cuts_where_the_backend_is_not_cut_free():
     host, backend, _ = make(cut_free=False)
     start_decoder(host, backend)

@@ -260,6 +260,11 @@ class LaneHost:
         if not self._mixes(runnable):
             return False
         ordered = [s for s in self.policy.fill_order(self.prompts) if not s.cancel_requested]
+        shorts = [s for s in ordered if self.policy.goes_whole(s)]
+        # several short prompts waiting fill together in one forward, as in the other modes; one a
+        # mixed forward left 64 streams arriving within milliseconds 12 % below whole on the H200
+        if len(shorts) > 1 and getattr(self.backend, "batch_cuts", False) and self._fill_together(shorts):
+            return True
         pick = self.policy.mixed_cut(ordered, bool(getattr(self.backend, "cut_free", False)))
         if pick is None:  # the cost model's base first: a timed round of the decode rows alone
             self._decode_round(runnable)
