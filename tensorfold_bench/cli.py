@@ -391,8 +391,8 @@ def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's data, 
 
 @app.command("report")
 def report_command(path: Annotated[Path, typer.Argument(help="A receipt's data: STEM.json.gz (or an older receipt's STEM.json).")],
-                   png: Annotated[bool, typer.Option("--png/--no-png", help="Redraw the timeline beside it (STEM.png).")] = True):
-    """Re-render a receipt's Markdown (STEM.md, and timeline) from its data alone; print the Markdown."""
+                   png: Annotated[bool, typer.Option("--png/--no-png", help="Redraw the pictures beside it (STEM.png; a long-prompt's STEM-frontier.png too).")] = True):
+    """Re-render a receipt's Markdown (STEM.md, and pictures) from its data alone; print the Markdown."""
     if not path.exists():
         raise FlagError("RECEIPT", f"{path} does not exist")
     with incomplete_receipt(str(path)):

@@ -280,6 +280,33 @@ def long_prompt_summary(data: dict) -> dict[str, dict]:
     return out
 
 
+def frontier(data: dict) -> list[dict]:
+    """Each variant's trade, ordered by B's slowdown (its median first token over alone, `x_alone`):
+    A's kept rate (during B over before, in percent), its distance in points above the line
+    100 * (1 - 1/slowdown) that alternating whole steps between A and B sits on (B given a share
+    f of the steps takes 1/f as long; A keeps 1 - f), the variants that dominate it (no slower
+    for B and keeping no less of A, better in one), and its `--prefill-mode` (None: not given).
+    A variant missing either median is left out; [] when fewer than two remain (no trade to show)."""
+    rows, summary = [], long_prompt_summary(data)
+    for v in data["variants"]:
+        s = summary.get(v["name"])
+        if not s or s["x_alone"] is None or s["during_pct"] is None or s["median"]["a_rate_during"] is None:
+            continue
+        args = list(v.get("args") or [])
+        mode = next((a.split("=", 1)[1] for a in args if a.startswith("--prefill-mode=")), None)
+        if "--prefill-mode" in args[:-1]:
+            mode = args[args.index("--prefill-mode") + 1]
+        x, kept = s["x_alone"], s["during_pct"]
+        rows.append({"variant": v["name"], "mode": mode, "slowdown": x, "kept": kept,
+                     "vs_line": kept - 100 * (1 - 1 / x)})
+    if len(rows) < 2:
+        return []
+    for r in rows:
+        r["dominated_by"] = [o["variant"] for o in rows if o["slowdown"] <= r["slowdown"] and o["kept"] >= r["kept"]
+                             and (o["slowdown"] < r["slowdown"] or o["kept"] > r["kept"])]
+    return sorted(rows, key=lambda r: r["slowdown"])
+
+
 def long_prompt_stats(data: dict) -> dict:
     """Each long-prompt figure's statistics over the runs, invalid runs left out."""
     order = [r["variant"] for r in data["runs"]]

@@ -20,8 +20,8 @@ def test_there_are_receipts_and_all_in_the_compact_form():
 
 @pytest.mark.parametrize("path", RECEIPTS, ids=[report.store.stem(p) for p in RECEIPTS])
 def test_a_committed_receipt_re_renders_byte_identical(path):
-    png = report.sibling(path, ".png")
-    md = report.render_markdown(report.load(path), png.name if png.exists() else None)
+    png, data = report.sibling(path, ".png"), report.load(path)
+    md = report.render_markdown(data, png.name if png.exists() else None, report.more_pngs(data, png, draw=False))
     assert md == report.sibling(path, ".md").read_text()
 
 

@@ -9,12 +9,15 @@ from pathlib import Path
 from tensorfold_bench.report import compare, gate, load_receipt, long_prompt, pictures, script, store, sweep
 from tensorfold_bench.report.store import load, sibling
 
-__all__ = ["compare", "load_receipt", "load", "render_markdown", "render_png", "rerender", "sibling", "store", "write"]
+__all__ = ["compare", "load_receipt", "load", "more_pngs", "render_markdown", "render_png", "rerender", "sibling",
+           "store", "write"]
 
 MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown,
             "script": script.markdown, "load": load_receipt.markdown}
 PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep, "script": pictures.script,
            "load": pictures.load}  # a gate receipt has none
+# drawn beside STEM.png as STEM-NAME.png, and linked by the Markdown's NAME_png argument
+MORE_PICTURES = {"long-prompt": {"frontier": pictures.frontier}}
 
 
 def partial_banner(partial: dict) -> str:
@@ -24,8 +27,10 @@ def partial_banner(partial: dict) -> str:
             f"runs finished; missing: {miss}. Medians, verdicts and checks below use the finished runs only.")
 
 
-def render_markdown(data: dict, png_name: str | None = None) -> str:
-    md = MARKDOWN[data.get("scenario", "long-prompt")](data, png_name)
+def render_markdown(data: dict, png_name: str | None = None, more_png: dict[str, str] | None = None) -> str:
+    """The Markdown; `more_png`: the further pictures beside it (name -> file name, see more_pngs)."""
+    more = {f"{k}_png": v for k, v in (more_png or {}).items()}
+    md = MARKDOWN[data.get("scenario", "long-prompt")](data, png_name, **more)
     if not data.get("partial"):
         return md
     title, sep, rest = md.partition("\n")
@@ -39,26 +44,41 @@ def render_png(data: dict, path: Path) -> Path | None:
     return draw(data, path) if draw else None
 
 
+def more_pngs(data: dict, png: Path, draw: bool) -> dict[str, str]:
+    """The scenario's further pictures beside `png` (STEM-NAME.png for STEM.png), name -> file
+    name: those drawn when `draw` (one with nothing to draw is not), else those already there."""
+    out = {}
+    for name, draw_one in MORE_PICTURES.get(data.get("scenario", "long-prompt"), {}).items():
+        path = png.with_name(f"{png.stem}-{name}.png")
+        got = draw_one(data, path) if draw else (path if path.exists() else None)
+        if got is not None:
+            out[name] = got.name
+    return out
+
+
 def write(data: dict, out_dir: Path, stem: str, png: bool = True) -> dict[str, Path]:
     """Write STEM.json.gz (the data), STEM.md and (but for a gate, or with png=False) STEM.png
-    under out_dir; return their paths. Each file is written whole and then renamed, so a reader
-    (or a stop mid-write) never sees half a receipt."""
+    and the scenario's further pictures (STEM-frontier.png) under out_dir; return their paths.
+    Each file is written whole and then renamed, so a reader (or a stop mid-write) never sees
+    half a receipt."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": store.write(data, out_dir, stem), "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
+    more = more_pngs(data, paths["png"], draw=True) if png else {}
     png = render_png(data, paths["png"]) if png else None
     if png is None:
         del paths["png"]
-    store.atomic(paths["md"], render_markdown(data, png.name if png else None).encode())
+    paths.update({f"png-{k}": out_dir / v for k, v in more.items()})
+    store.atomic(paths["md"], render_markdown(data, png.name if png else None, more).encode())
     return paths
 
 
 def rerender(path: Path, png: bool = True) -> str:
     """`tfbench report`: the Markdown again from the receipt's data, new form or old (and the
-    picture, unless png=False; an existing picture beside it is still linked), written beside
+    pictures, unless png=False; an existing picture beside it is still linked), written beside
     it and returned."""
     data = load(path)
     png_path = render_png(data, sibling(path, ".png")) if png else sibling(path, ".png")
     png_path = png_path if png_path is not None and png_path.exists() else None
-    md = render_markdown(data, png_path.name if png_path else None)
+    md = render_markdown(data, png_path.name if png_path else None, more_pngs(data, sibling(path, ".png"), png))
     sibling(path, ".md").write_text(md)
     return md

@@ -1,7 +1,7 @@
 """The long-prompt receipt's Markdown, from its JSON alone."""
 from __future__ import annotations
 
-from tensorfold_bench.figures import LongPromptFigures, long_prompt_summary, spec
+from tensorfold_bench.figures import LongPromptFigures, frontier, long_prompt_summary, spec
 from tensorfold_bench.predictions import Predictions
 from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
 
@@ -51,6 +51,31 @@ def table(data: dict) -> list[str]:
         rows.append(f"| {name} | {b} | {cell(figs, 'c_first_token', med['c_first_token'])} | "
                     f"{cell(figs, 'a_longest_pause', med['a_longest_pause'])} | {during} |")
     return rows
+
+
+def frontier_lines(data: dict, png_name: str | None = None) -> list[str]:
+    """The variants' trade of B's slowdown against A's kept rate, against plain time slicing; none
+    when fewer than two variants have both figures."""
+    rows = frontier(data)
+    if not rows:
+        return []
+    out = ["**Frontier.** Each variant's trade, ordered by B's slowdown (its first token against alone). A kept: A "
+           "during B against before. vs the line: A kept minus 100 × (1 - 1/slowdown), in points; that line is what "
+           "alternating whole steps between A and B keeps (B given a share f of the steps takes 1/f as long, A keeps "
+           "1 - f), so above 0 beats plain time slicing. Dominated by: a variant no slower for B that keeps no less "
+           "of A, better in one.", "",
+           "| variant | B slowdown (x alone) | A kept (%) | vs the line (points) | dominated by |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        # + 0.0: a figure that rounds to zero from below reads +0.0, not -0.0
+        out.append(f"| {r['variant']} | {r['slowdown']:.2f}x | {r['kept']:.1f} | {round(r['vs_line'], 1) + 0.0:+.1f} | "
+                   f"{', '.join(r['dominated_by']) or '—'} |")
+    if any(r["slowdown"] < 1 for r in rows):
+        out += ["", "Under 1x, B came sooner beside A than alone: there the slowdown is noise in B's timing, "
+                "and so is the line."]
+    if png_name:
+        out += ["", f"![frontier: B's slowdown against A's kept rate, the line dashed]({png_name})"]
+    return out + [""]
 
 
 def runs_table(data: dict) -> list[str]:
@@ -148,9 +173,9 @@ def summary_markdown(data: dict) -> str:
     return "\n".join(table(data) + ["", "**Exactness.**", *exactness_lines(data)])
 
 
-def markdown(data: dict, png_name: str | None = None) -> str:
+def markdown(data: dict, png_name: str | None = None, frontier_png: str | None = None) -> str:
     out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(data), "",
-           test_paragraph(data), "", *table(data), "",
+           test_paragraph(data), "", *table(data), "", *frontier_lines(data, frontier_png),
            "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "
            "started):", "", *runs_table(data), "", *cold_lines(data),
            *client_lines([(f"Run {r['index']} ({r['variant']})", r.get("client")) for r in data["runs"]]),

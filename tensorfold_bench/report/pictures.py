@@ -1,4 +1,4 @@
-"""The receipts' pictures: the long-prompt timeline and the sweep's tok/s by streams."""
+"""The receipts' pictures: the long-prompt timeline and frontier, and the sweep's tok/s by streams."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from tensorfold_bench import figures  # noqa: E402
 from tensorfold_bench.figures import at, token_gaps  # noqa: E402
 from tensorfold_bench.report.fmt import num  # noqa: E402
 
@@ -118,6 +119,50 @@ def timeline(data: dict, path: Path) -> Path | None:
     fig.suptitle("A's inter-token gaps while B's cold prompt fills"
                  + ("; strips: the engine's prompt steps and decode rounds" if has_trace else ""), fontsize=11)
     fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def frontier(data: dict, path: Path) -> Path | None:
+    """B's slowdown against A's kept rate, a labelled marker per variant (figures.frontier), the
+    stepped (share) and mixed variants each joined in order of slowdown, and the line 1 - 1/x that
+    alternating whole steps sits on, dashed; None when the frontier has fewer than two variants."""
+    rows = figures.frontier(data)
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=90)
+    xs = [r["slowdown"] for r in rows]
+    lo, hi = min(min(xs), 1.0), max(xs) * 1.3  # room on the right for the last label
+    line_x = [lo * (hi / lo) ** (i / 99) for i in range(100)]
+    ax.plot(line_x, [100 * (1 - 1 / x) for x in line_x], "--", color="0.5", lw=1,
+            label="alternating whole steps: 1 - 1/x")
+    colors = {"stepped": "tab:blue", "mixed": "tab:red"}
+    for mode, label in (("stepped", "stepped (prefill share)"), ("mixed", "mixed")):
+        mine = [r for r in rows if r["mode"] == mode]  # in order of slowdown, as figures.frontier gives them
+        if mine:
+            ax.plot([r["slowdown"] for r in mine], [r["kept"] for r in mine], "-o", color=colors[mode], lw=1.2, ms=5,
+                    label=label)
+    others = [r for r in rows if r["mode"] not in colors]
+    if others:
+        ax.plot([r["slowdown"] for r in others], [r["kept"] for r in others], "o", color="0.2", ms=5,
+                label="other variants")
+    for k, r in enumerate(rows):
+        # neighbours in slowdown are labelled above and below in turn, so close points stay readable
+        ax.annotate(r["variant"], (r["slowdown"], r["kept"]), textcoords="offset points",
+                    xytext=(5, 4 if k % 2 == 0 else -10), fontsize=7)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(lo / 1.05, hi)
+    ax.set_ylim(min(0.0, *(r["kept"] for r in rows)) - 2, max(100.0, *(r["kept"] for r in rows)))
+    ax.set_xlabel("B's slowdown (its first token against alone)")
+    ax.set_ylabel("A kept while B fills (% of its rate before)")
+    ax.set_title("frontier: up and left is better", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    _save_small(fig, path)
     plt.close(fig)
     return path
 
