@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from tensorfold_bench import stats
 from tensorfold_bench.client import StreamRecord
 from tensorfold_bench.script import Figure, Point, Script
+from tensorfold_bench.variants import flag_value
 
 LATE_LIMIT_S = 0.25  # a send later than this against its script time makes the run invalid
 
@@ -292,10 +293,7 @@ def frontier(data: dict) -> list[dict]:
         s = summary.get(v["name"])
         if not s or s["x_alone"] is None or s["during_pct"] is None or s["median"]["a_rate_during"] is None:
             continue
-        args = list(v.get("args") or [])
-        mode = next((a.split("=", 1)[1] for a in args if a.startswith("--prefill-mode=")), None)
-        if "--prefill-mode" in args[:-1]:
-            mode = args[args.index("--prefill-mode") + 1]
+        mode = flag_value(list(v.get("args") or []), "--prefill-mode")
         x, kept = s["x_alone"], s["during_pct"]
         rows.append({"variant": v["name"], "mode": mode, "slowdown": x, "kept": kept,
                      "vs_line": kept - 100 * (1 - 1 / x)})

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tensorfold_bench.progress import clock_text
 from tensorfold_bench.session import Session
+from tensorfold_bench.variants import flag_value
 
 
 @dataclass(frozen=True)
@@ -96,13 +97,10 @@ def long_prompt(settings) -> str:
 
 def _share(args: list[str]) -> float:
     """The prefill share a variant's flags set (whole prompts and the default: 1)."""
-    if "--prefill-share" in args:
-        i = args.index("--prefill-share")
-        try:
-            return max(float(args[i + 1]), 0.01)
-        except (IndexError, ValueError):
-            return 1.0
-    return 1.0
+    try:
+        return max(float(flag_value(args, "--prefill-share") or 1.0), 0.01)
+    except ValueError:
+        return 1.0
 
 
 def script(settings) -> str:

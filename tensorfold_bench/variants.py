@@ -63,6 +63,17 @@ class Variant:
                    url=d.get("url"))
 
 
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value engine flags give `flag` ('--f v' or '--f=v'; the last wins, as argparse takes it), or None."""
+    out = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            out = args[i + 1]
+        elif a.startswith(flag + "="):
+            out = a.split("=", 1)[1]
+    return out
+
 WHOLE = Variant("whole", ["--prefill-mode", "whole"])
 
 

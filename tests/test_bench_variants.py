@@ -91,3 +91,10 @@ def test_mixed_with_a_variants_file_or_a_url_is_refused(tmp_path):
         variants.select_variants(None, str(f), budgets="40")
     with pytest.raises(FlagError, match="--mixed needs servers tfbench launches"):
         targets.select("http://127.0.0.1:9", None, None, None, None, None, False, "40")
+
+
+def test_flag_value_reads_both_spellings_and_the_last_wins():
+    from tensorfold_bench.variants import flag_value
+    args = ["--prefill-mode", "stepped", "--prefill-share=0.5", "--prefill-mode=mixed", "--trace"]
+    assert flag_value(args, "--prefill-mode") == "mixed" and flag_value(args, "--prefill-share") == "0.5"
+    assert flag_value(args, "--mixed-budget") is None and flag_value(["--prefill-mode"], "--prefill-mode") is None
