@@ -169,7 +169,13 @@ def matmul(x: torch.Tensor, w: torch.Tensor, buckets: Buckets = NO_BUCKETS) -> t
     m, (n, k) = x.shape[0], w.shape
     if (n, k) in buckets.table:
         return bucketed(x, w, buckets.table[(n, k)])
-    c = CONFIGS.get((n, k), DEFAULT)
+    return tiles(x, w, CONFIGS.get((n, k), DEFAULT))
+
+
+def tiles(x: torch.Tensor, w: torch.Tensor, c: TileConfig = DEFAULT) -> torch.Tensor:
+    """x [M, K] times w [N, K]^T through the tiles of config c: each output element one float32 chain
+    over K from 0 up, whatever M and c's tile shape (so the same bits as any other such chain)."""
+    m, (n, k) = x.shape[0], w.shape
     if k % c.block_k or x.shape[1] != k or x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError(f"batch matmul: x {tuple(x.shape)} by w {tuple(w.shape)}: K must be a multiple of "
                          f"{c.block_k} and both row-major")
