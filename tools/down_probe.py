@@ -65,7 +65,8 @@ def main(argv=None) -> None:
         return statistics.median(times)
 
     ring = R.Ring()
-    for model in a.model.split(","):
+
+    def probe(model):
         m, _, _ = resolve_model(model)
         n_out, k = m.hidden_size, m.intermediate_size
         layers = m.num_hidden_layers
@@ -168,6 +169,13 @@ def main(argv=None) -> None:
                         say(f"| {n} + {p} | skinny over all rows {sc.block_n}x{sc.block_k} s{sc.num_stages} | {t:.3f} | {check(y)[0]} | {check(y)[1]} |")
         say()
         del ws
+
+    for model in a.model.split(","):
+        try:
+            probe(model)
+        except Exception:  # one model's failure leaves the others' figures
+            import traceback
+            say(f"{model}: failed\n```\n{traceback.format_exc()}```")
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:
