@@ -5,16 +5,16 @@
 #   (2) then, in the time left, tools/mixed_check.py --prompt 12000 --time 0,8192: the bits in process,
 #       and forward times.
 # Predictions: receipts/predictions/h200-mixed-frontier.{md,yaml} (written first). Installs nothing.
-# Usage: TFBENCH_COMMIT=<sha> bash scripts/h200_mixed_frontier.sh [2]   (files under $OUT, flat; 2: the second
-#   variant set, whole, p = 1, 0.75, 0.5, mixed 12, 16, 24, predictions h200-mixed-frontier-2.*)
+# Usage: TFBENCH_COMMIT=<sha> bash scripts/h200_mixed_frontier.sh [2|4]   (files under $OUT, flat; 2 or 4: the
+#   second variant set, whole, p = 1, 0.75, 0.5, mixed 12, 16, 24, predictions h200-mixed-frontier-2.* or -4.*)
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv > "$OUT/gpu.csv" 2>&1
 start=$(date +%s)
 left=500  # (1) first; (2) gets what is left of the call's 600 s, less the copies after
-if [ "${1:-1}" = 2 ]; then  # the second set, after the host's cost-model fix
-  set_args=(--share 1,0.75,0.5 --mixed 12,16,24 --predict receipts/predictions/h200-mixed-frontier-2.yaml
+if [ "${1:-1}" != 1 ]; then  # the second set (2: after the host's cost-model fix; 4: after down's one K chain)
+  set_args=(--share 1,0.75,0.5 --mixed 12,16,24 --predict receipts/predictions/h200-mixed-frontier-$1.yaml
             --order "whole,stepped p=1,stepped p=0.75,stepped p=0.5,mixed budget=12,mixed budget=16,mixed budget=24")
 else
   set_args=(--share 1,0.75,0.5,0.25 --mixed 10,14,20,30 --predict receipts/predictions/h200-mixed-frontier.yaml

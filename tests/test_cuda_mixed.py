@@ -90,3 +90,40 @@ def test_mixed_on_cuda_wants_the_tiles():
     for device, name in (("cuda", "flash"), ("cpu", "tiles")):
         with pytest.raises(ConfigError):
             cut_attention_knob(device, name)
+
+
+def test_the_plan_pads_one_launch_to_a_count_that_keeps_both_kinds_bits(monkeypatch):
+    """plan_products, against a library that sums K another way below 24 rows (as cuBLAS splits K at
+    few rows): one launch over a cut's 4 rows and a round's 2 must be padded to 24 rows, where both
+    kinds keep the bits of their own kernels (one chain of K each); where the round's kernel sums in
+    another order of its own, no launch over both can give it them, and the kinds run apart."""
+    import torch.nn.functional as F
+    from types import SimpleNamespace
+    from engine.runner import mixed_graph as MG
+
+    real = F.linear
+
+    def chain(x, w):
+        return real(x, w)
+
+    def library(x, w):  # another sum order at few rows: the last bit moves
+        y = real(x, w)
+        return y if x.shape[0] >= 24 else torch.nextafter(y, torch.full_like(y, float("inf")))
+    monkeypatch.setattr(F, "linear", library)
+    # integer-valued rows and weights: every chain of K is exact, so only the library's order moves a bit
+    w = torch.randint(-3, 4, (8, 64)).float()
+    monkeypatch.setattr(torch, "randn", lambda *s, generator=None, device=None: torch.randint(-3, 4, s, generator=generator).float())
+    launch = SimpleNamespace(linear=chain, gate_up_silu=lambda x, w: chain(x, w), silu_mul=lambda y: y)
+    plan = MG.plan_products({"down": w}, 4, 2, chain, launch, skinny=True)
+    assert plan[(8, 64)] == MG.Product(True, 24)
+    x = torch.randint(-3, 4, (6, 64)).float()
+    mm, _ = MG.products(plan, 4, chain, launch, skinny=True)
+    got = mm(x, w)
+    assert got.shape == (6, 8) and torch.equal(got, chain(x, w))
+    odd = SimpleNamespace(linear=lambda x, w: torch.nextafter(chain(x, w), torch.full((1,), -float("inf"))),
+                          gate_up_silu=None, silu_mul=lambda y: y)
+    apart = MG.plan_products({"down": w}, 4, 2, chain, odd, skinny=True)
+    assert apart[(8, 64)] == MG.Product(False, 24)  # the cut's rows alone padded to 24
+    mm, _ = MG.products(apart, 4, chain, odd, skinny=True)
+    got = mm(x, w)
+    assert torch.equal(got[:4], chain(x[:4], w)) and torch.equal(got[4:], odd.linear(x[4:], w))

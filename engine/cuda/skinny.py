@@ -56,12 +56,14 @@ H200_CONFIGS: Mapping[tuple, SkinnyConfig | None] = MappingProxyType({
     (6144, 4096): SkinnyConfig(64, 256, 4, 4),        # q/k/v   15.7 us vs cuBLAS 15.8
     (4096, 4096): SkinnyConfig(32, 128, 4, 6),        # o       12.0 us vs 13.4
     (24576, 4096): SkinnyConfig(32, 256, 4, 4),       # gate/up 51.7 us vs 56.2
-    (4096, 12288): SkinnyConfig(32, 128, 4, 6, 2),    # down    28.9 us vs 31.9 (K in 2 ranges)
+    # down: one K chain, the grid cut's bits (a mixed forward runs it in one launch with a prompt cut's
+    # rows); 27.9 us against 28.3 in 2 K ranges at 16 rows, the ring's 27.1 either way at 8
+    (4096, 12288): SkinnyConfig(32, 256, 4, 4),       # down    (31.9 us cuBLAS)
     (151936, 4096): SkinnyConfig(64, 128, 4, 6),      # lm_head 291.6 us vs 352.5
     (6144, 4096, 32): None,                           # cuBLAS 16.4 us, best skinny 19.0
     (4096, 4096, 32): SkinnyConfig(32, 128, 4, 6),    # 13.4 us vs 14.2
     (24576, 4096, 32): None,                          # cuBLAS 52.0 us, best skinny 52.7
-    (4096, 12288, 32): SkinnyConfig(32, 128, 4, 6, 2),  # 30.3 us vs 30.6
+    (4096, 12288, 32): SkinnyConfig(32, 256, 4, 4),   # 30.9 us, one K chain (2 ranges: 29.8; cuBLAS 30.6)
     (151936, 4096, 32): SkinnyConfig(64, 128, 4, 4),  # 299.3 us vs 301.8
     (6144, 4096, 64): None,                           # cuBLAS 16.3 us, best skinny 21.3
     # o at 64 rows: cuBLAS 12.3 us alone, 32x128 12.4; in the round (PDL) the Triton tiles are 0.09 ms
@@ -73,7 +75,7 @@ H200_CONFIGS: Mapping[tuple, SkinnyConfig | None] = MappingProxyType({
     # qwen3-32b, 16 rows (q/k/v 10240 x 5120: cuBLAS 31.5 us, best skinny 33.2)
     (5120, 8192, 16): SkinnyConfig(32, 256, 4, 4),     # o       27.6 us vs 29.4
     (51200, 5120, 16): SkinnyConfig(64, 128, 4, 6),    # gate/up 124.7 us vs 132.3
-    (5120, 25600, 16): SkinnyConfig(32, 128, 4, 6, 2),  # down    70.5 us vs 72.1
+    (5120, 25600, 16): SkinnyConfig(32, 256, 4, 4),    # down    69.4 us, one K chain (2 ranges 71.0; cuBLAS 72.1)
     (151936, 5120, 16): SkinnyConfig(64, 128, 4, 6),   # lm_head 352.0 us vs 360.6
     # qwen3-32b at tensor parallel 2, one rank's shapes, 16 rows (each rank's products timed in the
     # round tools/tp_check.py runs; cuBLAS at 4 rows)

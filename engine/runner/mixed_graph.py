@@ -8,13 +8,16 @@ whatever its cut, where its kernels take 4-25 ms; a graph replays them in one la
   padding (token 0, the spare lane, positions 0, 1, ...), which no real row reads: the products
   are row-invariant and the cut's attention stops at the cut's rows (cut_flash.cut_attention_at
   reads the cut's start, rows and lane from the device).
-- Products (`plan_products`): at each shape, each weight either runs as one cuBLAS launch over the
-  cut's and the round's rows, where a start-up check found that this gives the cut's rows the
-  bits of the prompt cuts' row-invariant product and the round's rows those of the round's own
-  kernels, or as two launches, one for each kind of row: the cut's through cuBLAS at the fewest
-  rows (its own, padded with zeros) found to give it those bits. On the H200 qwen3-8b's q/k/v,
-  o and gate/up ran as one launch at every shape, down as two (cuBLAS gave down's rows the grid's
-  bits only at 192, 248 and from 264 rows, and the round's down sums K in two ranges of its own).
+- Products (`plan_products`): at each shape, each weight runs as one cuBLAS launch over the cut's
+  and the round's rows, padded with zero rows to the fewest count where a start-up check found
+  that this gives the cut's rows the bits of the prompt cuts' row-invariant product and the round's
+  rows those of the round's own kernels; else as two launches, one for each kind of row (the cut's
+  through cuBLAS at the fewest rows giving it its bits). An output element summed over K in one
+  float32 chain from 0 has the same bits in every kernel that walks it so (cuBLAS where it does not
+  split K, the skinny kernels, the TMA ring, the batch tiles: tools/down_probe.py), which is why the
+  round's products sum K in one chain. On the H200 every qwen3-8b product runs as one launch; down
+  is padded (cuBLAS splits it below 192 rows, and between 192 and 264 gives a row the grid's bits
+  only at 192 and 248).
 - Inputs: [3, c] int64 (tokens, positions, lanes: the cut's rows, then the round's) and the cut's
   int32 [start, rows, lane], pinned on the host and copied in by the graph's first nodes.
 - Outputs: the round's greedy ids and the hidden state of the cut's last row; where the cut ends
@@ -53,56 +56,82 @@ class MixedShape:
     s_in: torch.Tensor
     h_meta: torch.Tensor  # [3] int32 (start, rows, lane), pinned
     s_meta: torch.Tensor
-    plan: dict  # weight shape (N, K) -> True (one launch over every row) or the cut's row count (plan_products)
+    plan: dict  # weight shape (N, K) -> Product (plan_products)
     graph: torch.cuda.CUDAGraph | None = None
     s_last: torch.Tensor | None = None  # the cut's last row's hidden state [hidden]
     s_ids: torch.Tensor | None = None  # the round's ids [round_rows]
 
 
-def one_launch_keeps_bits(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, seeds=(0, 1)) -> bool:
-    """Whether F.linear over n cut rows and p round rows at once gives the first n rows cut_mm's bits
-    and the last p round_mm's (act: the gate/up activation applied to both, round_mm then being
-    the round's fused gate/up kernel), on random rows, bitwise."""
+@dataclass(frozen=True)
+class Product:
+    """How one weight runs at a shape (plan_products): `both`, one F.linear launch over the cut's rows
+    and the round's, padded with zero rows to `rows`; else two launches, the cut's rows through F.linear
+    at `rows` (zeros below them; None: cut_mm itself) and the round's through the round's own kernels."""
+    both: bool
+    rows: int | None
+
+
+def one_launch_rows(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, top: int = 1024,
+                    seeds=(0, 1)) -> int | None:
+    """The fewest rows m (n + p, else a multiple of 8 up to `top`) at which F.linear over n cut rows,
+    p round rows and m - n - p rows of zeros gives the first n rows cut_mm's bits and the next p
+    round_mm's (act: the gate/up activation applied to both, round_mm then being the round's fused
+    gate/up kernel), on random rows, bitwise; None if none does."""
+    cases = []
     for seed in seeds:
         g = torch.Generator(device=w.device).manual_seed(seed)
         x = torch.randn(n + p, w.shape[1], generator=g, device=w.device).to(w.dtype)
-        both = F.linear(x, w)
         cut = cut_mm(x[:n], w)
-        if act is not None:
-            both, cut = act(both), act(cut)
-        if not (torch.equal(both[:n], cut) and torch.equal(both[n:], round_mm(x[n:], w))):
-            return False
-    return True
+        cases.append((x, act(cut) if act is not None else cut, round_mm(x[n:], w)))
+    for m in dict.fromkeys([n + p, *range(-(-(n + p) // 8) * 8, top + 1, 8)]):
+        ok = True
+        for x, cut, rnd in cases:
+            both = F.linear(pad(x, m), w)[:n + p]
+            if act is not None:
+                both = act(both)
+            if not (torch.equal(both[:n], cut) and torch.equal(both[n:], rnd)):
+                ok = False
+                break
+        if ok:
+            return m
+    return None
 
 
 def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool) -> dict:
-    """(N, K) -> how each of the layer's weights {name: w} runs at a shape of n cut rows and p round
-    rows: True (one launch over both), or the row count the cut's rows run at through F.linear
-    (zeros below them) where that gives them cut_mm's bits, else None (cut_mm itself)."""
+    """(N, K) -> Product for each of the layer's weights {name: w} at a shape of n cut rows and p round
+    rows: one launch over both kinds at the fewest rows where a bitwise check gives each kind its
+    bits (one_launch_rows), else two launches (padded_count for the cut's rows). cuBLAS splits K at
+    some row counts, and a split sums in another order: on the H200 qwen3-8b's down gave a row the
+    grid cut's bits only at 192, 248 and from 264 rows."""
     round_mm = launch.linear if skinny else F.linear
     out = {}
     for name, w in weights.items():
         if name == "gate_up":
             rnd = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
-            one = one_launch_keeps_bits(w, n, p, cut_mm, rnd, act=launch.silu_mul)
+            m = one_launch_rows(w, n, p, cut_mm, rnd, act=launch.silu_mul)
         else:
-            one = one_launch_keeps_bits(w, n, p, cut_mm, round_mm)
-        out[tuple(w.shape)] = True if one else padded_count(w, n, cut_mm)
+            m = one_launch_rows(w, n, p, cut_mm, round_mm)
+        out[tuple(w.shape)] = Product(True, m) if m is not None else Product(False, padded_count(w, n, cut_mm))
     return out
 
 
 def padded_count(w: torch.Tensor, n: int, cut_mm, seeds=(0, 1), top: int = 1024) -> int | None:
-    """The fewest rows m (n <= m <= top, in steps of 8) at which F.linear over n rows and m - n
+    """The fewest rows m (n, else a multiple of 8 up to `top`) at which F.linear over n rows and m - n
     rows of zeros gives the n rows cut_mm's bits, on random rows, bitwise; None if none does."""
     xs = []
     for seed in seeds:
         g = torch.Generator(device=w.device).manual_seed(100 + seed)
         x = torch.randn(n, w.shape[1], generator=g, device=w.device).to(w.dtype)
         xs.append((x, cut_mm(x, w)))
-    for m in range(n, top + 1, 8):
-        if all(torch.equal(F.linear(torch.cat([x, x.new_zeros(m - n, x.shape[1])]), w)[:n], y) for x, y in xs):
+    for m in dict.fromkeys([n, *range(-(-n // 8) * 8, top + 1, 8)]):
+        if all(torch.equal(F.linear(pad(x, m), w)[:n], y) for x, y in xs):
             return m
     return None
+
+
+def pad(x: torch.Tensor, m: int) -> torch.Tensor:
+    """x with zero rows below it up to m rows."""
+    return x if m == x.shape[0] else torch.cat([x, x.new_zeros(m - x.shape[0], x.shape[1])])
 
 
 def products(plan: dict, n: int, cut_mm, launch, skinny: bool):
@@ -110,21 +139,20 @@ def products(plan: dict, n: int, cut_mm, launch, skinny: bool):
     round_mm = launch.linear if skinny else F.linear
     round_act = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
 
-    def cut(x, w):
-        m = plan.get(tuple(w.shape))
-        if m is None:
-            return cut_mm(x, w)
-        return F.linear(x if m == n else torch.cat([x, x.new_zeros(m - n, x.shape[1])]), w)[:n]
+    def cut(x, w, m):
+        return cut_mm(x, w) if m is None else F.linear(pad(x, m), w)[:n]
 
     def mm(x, w):
-        if plan.get(tuple(w.shape)) is True:
-            return F.linear(x, w)
-        return torch.cat([cut(x[:n], w), round_mm(x[n:], w)])
+        how = plan[tuple(w.shape)]
+        if how.both:
+            return F.linear(pad(x, how.rows), w)[:x.shape[0]]
+        return torch.cat([cut(x[:n], w, how.rows), round_mm(x[n:], w)])
 
     def act(x, w):
-        if plan.get(tuple(w.shape)) is True:
-            return launch.silu_mul(F.linear(x, w))
-        return torch.cat([launch.silu_mul(cut(x[:n], w)), round_act(x[n:], w)])
+        how = plan[tuple(w.shape)]
+        if how.both:
+            return launch.silu_mul(F.linear(pad(x, how.rows), w)[:x.shape[0]])
+        return torch.cat([launch.silu_mul(cut(x[:n], w, how.rows)), round_act(x[n:], w)])
     return mm, act
 
 
@@ -218,13 +246,16 @@ class MixedGraphs:
 
     def describe(self) -> str:
         """The shapes and their products' plans, in a line (/v1/engine)."""
-        one = sum(v is True for s in self.shapes.values() for v in s.plan.values())
-        pads = sorted({(s.rows, v) for s in self.shapes.values() for v in s.plan.values() if v is not True})
+        plans = [v for s in self.shapes.values() for v in s.plan.values()]
+        padded = sorted({(s.rows + s.round_rows, v.rows) for s in self.shapes.values() for v in s.plan.values()
+                         if v.both and v.rows != s.rows + s.round_rows})
+        twice = sorted({(s.rows, v.rows) for s in self.shapes.values() for v in s.plan.values() if not v.both})
         return (f"CUDA graphs at cuts of {', '.join(map(str, self.sizes))} rows beside rounds of "
-                f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {one} of "
-                f"{sum(len(s.plan) for s in self.shapes.values())} products one cuBLAS launch over both kinds of "
-                f"rows (checked at start-up), the rest one launch a kind, the cut's rows at "
-                + (", ".join(f"{n}->{m if m is not None else 'the cuts product'}" for n, m in pads) or "-"))
+                f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {sum(v.both for v in plans)} of "
+                f"{len(plans)} products one cuBLAS launch over both kinds of rows (checked at start-up), padded "
+                + (", ".join(f"{a}->{b}" for a, b in padded) or "nowhere")
+                + "; the rest one launch a kind, the cut's rows at "
+                + (", ".join(f"{a}->{b if b is not None else 'the cuts product'}" for a, b in twice) or "-"))
 
     def takes(self, cuts, p: int) -> MixedShape | None:
         """The shape that runs this forward (one cut that fits a capacity), or None (eager)."""
