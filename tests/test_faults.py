@@ -75,7 +75,8 @@ def test_a_failed_decode_round_ends_its_streams_and_later_replies_keep_their_ids
                                     prefill_rows=8))  # the server's default dtype on this CPU
     later = [prompt_ids(9, 21), prompt_ids(30, 22)]
     expected = [ref.generate(p, 20) for p in later]
-    with launch(FLAGS, tmp_path / "fail_round.log", env={"TFENGINE_FAIL_ROUND": "6"}) as srv:
+    # rounds of 40 ms: both streams are in round 6 even when a loaded host starts the second late
+    with launch(FLAGS, tmp_path / "fail_round.log", env={"TFENGINE_FAIL_ROUND": "6", "TFENGINE_DECODE_SLEEP_MS": "40"}) as srv:
         async def first():
             bodies = [{"prompt": prompt_ids(8, 23 + i), "max_tokens": 50, "ignore_eos": True} for i in range(2)]
             return await asyncio.gather(*(stream(srv.url, b) for b in bodies))
