@@ -9,6 +9,10 @@ several tiles in flight per program. A config may also cut K into `split_k` fixe
 programs in flight for the narrow matrices): each range's float32 partial goes to a scratch
 buffer and the last program of a column block to arrive (an atomic counter) sums the partials
 in range order 0, 1, 2, ...: which program arrives last never changes a bit.
+A split sums K in another order than one chain, which every other kernel here and cuBLAS (where it
+does not split) share: a row's split-K bits are no prompt cut's product's, so a mixed forward must
+multiply that weight twice. The one-rank H200 tables hold no split (down in one chain cost the round
+nothing: tools/down_probe.py); tensor parallel's shapes keep theirs (mixed runs at one rank).
 
 Row invariance: an output element is its row times its column, summed over K in BLOCK_K chunks
 in order (then over the K ranges in order), with one MMA shape whatever the other rows hold; a
