@@ -75,7 +75,11 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits():
     assert got == [None, None, None, first_b]
     assert torch.equal(r.kv.k[:, 1, :len(B)], ref_k) and torch.equal(r.kv.v[:, 1, :len(B)], ref_v)
     assert mixed_graph.sizes_for(1024, 40960) == mixed_graph.SIZES
-    assert mixed_graph.sizes_for(600, 40960) == (64, 128, 192, 256, 384, 512, 600)
+    assert mixed_graph.sizes_for(600, 40960) == (128, 256, 384, 512, 600)
+    # the sizes and the host's granule in whole tiles of the cut attention
+    from engine.cuda.cut_flash import CutFlashConfig
+    from engine.runner.model_runner import MIXED_GRANULE
+    assert MIXED_GRANULE == CutFlashConfig().block_m and all(s % MIXED_GRANULE == 0 for s in mixed_graph.SIZES)
 
 
 def test_mixed_on_cuda_wants_the_tiles():

@@ -149,7 +149,7 @@ def test_a_backends_cut_sizes_are_the_sizes_the_budget_picks():
 def test_with_a_fixed_cost_and_sizes_the_budget_still_finds_the_size_that_fits():
     """A mixed forward 15 ms over a round whatever its cut, 0.05 ms a row: at 40 ms the 256-row size
     fits (37.8 ms) and 512 does not (50.6). Timed at the 64-row probe alone, the cost looks like rows
-    (0.28 ms each); the second probe at 128 tells them apart, and the cuts grow to 256."""
+    (0.28 ms each); the second probe at 128 tells them apart, and the cuts grow to 256, a size at a time."""
     sizes = (64, 128, 192, 256, 384, 512)
     host, backend, clock = make(budget_ms=40.0, cut_sizes=sizes, key=0.0, fixed=0.015, row=0.00005)
     start_decoder(host, backend)
@@ -157,7 +157,22 @@ def test_with_a_fixed_cost_and_sizes_the_budget_still_finds_the_size_that_fits()
     host.submit(b)
     run_until_filled(host, b)
     cut = [c[3] - c[2] for c in backend.calls if c[0] == "mixed"][:-1]
-    assert cut[:2] == [64, 128] and set(cut[2:-1]) == {256}
+    assert cut[:3] == [64, 128, 192] and set(cut[3:-1]) == {256}
+
+
+def test_the_cuts_grow_a_size_at_a_time_past_the_largest_timed():
+    """Two probes at a prompt's start fit the cost from two cut sizes at almost no context, and the
+    fit extrapolates to the largest size: a budget that predicts 1,024 rows fit still climbs
+    64, 128, 256, 512, 1,024, each size timed before the next is asked for (a jump to an untimed
+    size a real forward overran: 122 ms in a 64 ms budget on qwen3-32b, A's longest pause)."""
+    sizes = (64, 128, 256, 512, 1024)
+    host, backend, clock = make(budget_ms=400.0, cut_sizes=sizes, key=0.0, fixed=0.015, row=0.00005)
+    start_decoder(host, backend)
+    b = seq(20_000, tag=2)
+    host.submit(b)
+    run_until_filled(host, b)
+    cut = [c[3] - c[2] for c in backend.calls if c[0] == "mixed"]
+    assert cut[:5] == [64, 128, 256, 512, 1024]
 
 
 def test_a_larger_budget_fills_the_prompt_in_fewer_longer_forwards():

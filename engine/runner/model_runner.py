@@ -57,9 +57,9 @@ log = logging.getLogger("engine.runner.model_runner")
 # CUDA memory kept free beside the weights and the KV cache: a prompt cut's activations, scratch.
 KV_HEADROOM = 4 << 30
 # CUDA mixed forwards: a sized cut ends on a multiple of this many positions. Any would keep the bits
-# (cut_flash's tiles sit at absolute positions, the cut's products run at a checked row count); a
-# coarse one bounds the shapes the budget asks for.
-MIXED_GRANULE = 64
+# (cut_flash's tiles sit at absolute positions, the cut's products run at a checked row count); cut_flash's
+# query tile (CutFlashConfig.block_m), so that a cut fills whole tiles: its attention is paid a tile at a time.
+MIXED_GRANULE = 128
 
 
 def mixed_ids(cuts, first_logits: torch.Tensor, logits: torch.Tensor, where: list[int]) -> tuple[list[int | None], list[int]]:

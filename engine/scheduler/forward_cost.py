@@ -121,14 +121,19 @@ class ForwardCost:
         a multiple of `granule`), at least the smallest (the prompt always moves), at most `most`
         and `left`. Before any mixed forward was timed: the smallest (a probe); with sizes, while
         only one was timed and it fit: the next one up (a second probe, so that the fit can tell
-        the forward's fixed cost from its rows')."""
+        the forward's fixed cost from its rows'); never more than one size past the largest timed."""
         g = self.granule
         small = self.sizes[0] if self.sizes else g
         c = self.coefficients()
         if c is None or self.base is None:
             return min(left, small)
         if self.sizes:
-            fit = [s for s in self.sizes if s <= self.most and self.predict(s, ctx) <= self.budget_s]
+            # a size past the largest timed one only a step at a time: the fit extrapolates up there (two
+            # probes at a prompt's start cannot see the attention's term), and on qwen3-32b it sent a
+            # 1,024-row cut into a 64 ms budget: 122 ms, A's longest pause
+            top = max(self.latest, default=0)
+            step = next((s for s in self.sizes if s > top), top)
+            fit = [s for s in self.sizes if s <= min(self.most, step) and self.predict(s, ctx) <= self.budget_s]
             if len(self.latest) == 1 and fit:  # one size timed: rows and fixed cost are one number yet
                 seen = next(iter(self.latest))
                 up = [s for s in self.sizes if seen < s <= self.most]
