@@ -23,12 +23,12 @@ enough bytes that L2 holds none), each chain of the model's layers one CUDA grap
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
 
 from engine.models.presets import resolve_model
+from tools.mixed_products import graph_ms
 
 
 def main(argv=None) -> None:
@@ -47,22 +47,8 @@ def main(argv=None) -> None:
         print(s, flush=True)
         lines.append(s)
 
-    def timed(run, reps=a.reps) -> float:
-        run()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        times = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            graph.replay()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        del graph
-        return statistics.median(times)
+    def timed(run) -> float:
+        return graph_ms(run, a.reps)
 
     ring = R.Ring()
 

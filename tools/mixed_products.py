@@ -34,6 +34,25 @@ import torch.nn.functional as F
 from engine.models.presets import resolve_model
 
 
+def graph_ms(run, reps: int) -> float:
+    """Median ms of replaying `run` captured as one CUDA graph (run once before, to compile and allocate)."""
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    del graph
+    return statistics.median(times)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -119,21 +138,7 @@ def main(argv=None) -> None:
             return run
 
         def timed(run) -> float:
-            run()  # compile, allocate
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            times = []
-            for _ in range(a.reps):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                graph.replay()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e))
-            del graph
-            return statistics.median(times)
+            return graph_ms(run, a.reps)
 
         rd = timed(chain([(round_mm, top - d, top)]))
         lines += ["", f"The round's products alone ({d} rows, its kernels): {rd:.2f} ms.", "",
