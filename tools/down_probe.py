@@ -7,9 +7,9 @@ A mixed forward must give a prompt's rows the bits cuBLAS gives them in a whole 
 no split of K) and the round's rows those of the round's own kernels. An output element summed over
 K in one float32 chain from k = 0 up has the same bits in every kernel that does so (the tensor cores
 add k16 steps in order), which is why the q/k/v, o and gate/up products already run as one cuBLAS
-launch over both kinds of rows. The round's down product sums K in two ranges (split-K 2: more
-programs in flight for a narrow matrix), so no launch over both kinds reproduces it and the mixed
-forward multiplies down twice. Here, per model's down shape, random bf16 weights (one copy a layer,
+launch over both kinds of rows. The round's down product summed K in two ranges (split-K 2: more
+programs in flight for a narrow matrix), so no launch over both kinds reproduced it and the mixed
+forward multiplied down twice; this probe is why it sums in one chain now. Here, per model's down shape, random bf16 weights (one copy a layer,
 enough bytes that L2 holds none), each chain of the model's layers one CUDA graph, median of --reps:
 
 1. The round's kernels at 1, 8, 16 and 32 rows (engine/cuda/skinny.py, and the TMA ring at 8 rows

@@ -421,8 +421,9 @@ class Qwen3ForCausalLM(nn.Module):
         once; each product runs twice, the cuts' rows through cut_mm (the row-invariant product of
         prompt cuts, engine/cuda/batch.py: a row's bits those of its grid cut) and the round's rows
         through the round's own kernels at the round's row count (skinny.py: its bits those of a plain
-        round). cuBLAS over both at once kept both bits for q/k/v, o and gate/up in a probe, but down
-        never, and no start-up check covers the rest yet. Attention: each cut through
+        round). The graphs' body (engine/runner/mixed_graph.py) runs one launch over both where a
+        start-up check shows it keeps both kinds' bits; this eager form, for what no graph takes
+        (several cuts, no decode graphs), keeps the two. Attention: each cut through
         launch.cut_attention (cut_flash's tiles at absolute positions, so a cut sized off the grid
         keeps its rows' bits), the round through the decode attention. first_head(j, row [hidden]): cut
         j's last-row logits as prefill_step takes them; skinny: the round's products as `decode`'s
