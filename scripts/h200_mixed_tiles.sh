@@ -17,6 +17,8 @@ left=$((580 - $(date +%s) + start))
 timeout $left python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-32b --mixed 40,64 \
   --order "whole,mixed budget=40,mixed budget=64" --predict receipts/predictions/h200-mixed-tiles-32b.yaml \
   --plain-check --engine-arg=--cut-attention=tiles --out /tmp/lp32 2>&1 | grep -E "^ (whole|stepped|mixed)|in range|rror" | head -30
-for d in lp lp32; do for f in /tmp/$d/*.md /tmp/$d/*.json.gz /tmp/$d/*.png; do [ -f "$f" ] && cp "$f" "$OUT/"; done; done
+# at most 8 files come back from $OUT: the receipts' json and pictures and the logs (each .md renders again
+# from its json: python -m tensorfold_bench report X.json.gz --no-png)
+for d in lp lp32; do for f in /tmp/$d/*.json.gz /tmp/$d/*.png; do [ -f "$f" ] && cp "$f" "$OUT/"; done; done
 tar czf "$OUT/logs.tgz" -C /tmp lp lp32 --exclude='*.json.gz' 2>/dev/null
 ls -la "$OUT"
