@@ -75,30 +75,39 @@ class Product:
     rows: int | None
 
 
-def one_launch_rows(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, top: int = 1024,
-                    seeds=(0, 1)) -> int | None:
-    """The fewest rows m (n + p, else a multiple of 8 up to `top`) at which F.linear over n cut rows,
-    p round rows and m - n - p rows of zeros gives the first n rows cut_mm's bits and the next p
-    round_mm's (act: the gate/up activation applied to both, round_mm then being the round's fused
-    gate/up kernel), on random rows, bitwise; None if none does."""
-    cases = []
-    for seed in seeds:
-        g = torch.Generator(device=w.device).manual_seed(seed)
-        x = torch.randn(n + p, w.shape[1], generator=g, device=w.device).to(w.dtype)
-        cut = cut_mm(x[:n], w)
-        cases.append((x, act(cut) if act is not None else cut, round_mm(x[n:], w)))
-    for m in dict.fromkeys([n + p, *range(-(-(n + p) // 8) * 8, top + 1, 8)]):
-        ok = True
-        for x, cut, rnd in cases:
-            both = F.linear(pad(x, m), w)[:n + p]
-            if act is not None:
-                both = act(both)
-            if not (torch.equal(both[:n], cut) and torch.equal(both[n:], rnd)):
-                ok = False
-                break
-        if ok:
+def round_kernels(launch, skinny: bool):
+    """The round's own products (mm, and gate/up with silu * up), as a plain round runs them."""
+    if skinny:
+        return launch.linear, launch.gate_up_silu
+    return F.linear, lambda x, w: launch.silu_mul(F.linear(x, w))
+
+
+def fewest_rows(w: torch.Tensor, cases: list, top: int = 1024, act=None) -> int | None:
+    """The fewest rows m (the cases' own count, else a multiple of 8 up to `top`) at which F.linear over
+    each case's rows x and m - len(x) rows of zeros gives them `want`'s bits (act applied to the
+    product first); None if none does. cases: [(x, want)], all of one row count."""
+    n, post = cases[0][0].shape[0], act or (lambda y: y)
+    for m in dict.fromkeys([n, *range(-(-n // 8) * 8, top + 1, 8)]):
+        if all(torch.equal(post(F.linear(pad(x, m), w)[:n]), want) for x, want in cases):
             return m
     return None
+
+
+def random_rows(w: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device=w.device).manual_seed(seed)
+    return torch.randn(n, w.shape[1], generator=g, device=w.device).to(w.dtype)
+
+
+def one_launch_rows(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, seeds=(0, 1)) -> int | None:
+    """The fewest rows (fewest_rows) at which one F.linear over n cut rows and p round rows gives the
+    first n cut_mm's bits and the next p round_mm's (act: the gate/up activation, applied to the
+    launch and to cut_mm's product; round_mm then is the round's fused gate/up kernel), on random rows."""
+    cases = []
+    for seed in seeds:
+        x = random_rows(w, n + p, seed)
+        cut = cut_mm(x[:n], w)
+        cases.append((x, torch.cat([act(cut) if act is not None else cut, round_mm(x[n:], w)])))
+    return fewest_rows(w, cases, act=act)
 
 
 def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool) -> dict:
@@ -107,30 +116,21 @@ def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool) -
     bits (one_launch_rows), else two launches (padded_count for the cut's rows). cuBLAS splits K at
     some row counts, and a split sums in another order: on the H200 qwen3-8b's down gave a row the
     grid cut's bits only at 192, 248 and from 264 rows."""
-    round_mm = launch.linear if skinny else F.linear
+    round_mm, round_act = round_kernels(launch, skinny)
     out = {}
     for name, w in weights.items():
         if name == "gate_up":
-            rnd = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
-            m = one_launch_rows(w, n, p, cut_mm, rnd, act=launch.silu_mul)
+            m = one_launch_rows(w, n, p, cut_mm, round_act, act=launch.silu_mul)
         else:
             m = one_launch_rows(w, n, p, cut_mm, round_mm)
         out[tuple(w.shape)] = Product(True, m) if m is not None else Product(False, padded_count(w, n, cut_mm))
     return out
 
 
-def padded_count(w: torch.Tensor, n: int, cut_mm, seeds=(0, 1), top: int = 1024) -> int | None:
-    """The fewest rows m (n, else a multiple of 8 up to `top`) at which F.linear over n rows and m - n
-    rows of zeros gives the n rows cut_mm's bits, on random rows, bitwise; None if none does."""
-    xs = []
-    for seed in seeds:
-        g = torch.Generator(device=w.device).manual_seed(100 + seed)
-        x = torch.randn(n, w.shape[1], generator=g, device=w.device).to(w.dtype)
-        xs.append((x, cut_mm(x, w)))
-    for m in dict.fromkeys([n, *range(-(-n // 8) * 8, top + 1, 8)]):
-        if all(torch.equal(F.linear(pad(x, m), w)[:n], y) for x, y in xs):
-            return m
-    return None
+def padded_count(w: torch.Tensor, n: int, cut_mm, seeds=(0, 1)) -> int | None:
+    """The fewest rows (fewest_rows) at which F.linear over n rows and zeros gives them cut_mm's bits,
+    on random rows."""
+    return fewest_rows(w, [(x, cut_mm(x, w)) for x in (random_rows(w, n, 100 + s) for s in seeds)])
 
 
 def pad(x: torch.Tensor, m: int) -> torch.Tensor:
@@ -140,23 +140,20 @@ def pad(x: torch.Tensor, m: int) -> torch.Tensor:
 
 def products(plan: dict, n: int, cut_mm, launch, skinny: bool):
     """trunk_fused's mm and act for a shape: each weight as `plan` says (plan_products)."""
-    round_mm = launch.linear if skinny else F.linear
-    round_act = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
+    round_mm, round_act = round_kernels(launch, skinny)
 
-    def cut(x, w, m):
-        return cut_mm(x, w) if m is None else F.linear(pad(x, m), w)[:n]
+    def planned(x, w, post, rnd):
+        how = plan[tuple(w.shape)]
+        if how.both:
+            return post(F.linear(pad(x, how.rows), w)[:x.shape[0]])
+        cut = cut_mm(x[:n], w) if how.rows is None else F.linear(pad(x[:n], how.rows), w)[:n]
+        return torch.cat([post(cut), rnd(x[n:], w)])
 
     def mm(x, w):
-        how = plan[tuple(w.shape)]
-        if how.both:
-            return F.linear(pad(x, how.rows), w)[:x.shape[0]]
-        return torch.cat([cut(x[:n], w, how.rows), round_mm(x[n:], w)])
+        return planned(x, w, lambda y: y, round_mm)
 
     def act(x, w):
-        how = plan[tuple(w.shape)]
-        if how.both:
-            return launch.silu_mul(F.linear(pad(x, how.rows), w)[:x.shape[0]])
-        return torch.cat([launch.silu_mul(cut(x[:n], w, how.rows)), round_act(x[n:], w)])
+        return planned(x, w, launch.silu_mul, round_act)
     return mm, act
 
 
