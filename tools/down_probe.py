@@ -36,6 +36,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--cuts", default="64,128,192,256")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sections", default="round,cut", help="round, cut, tma (the TMA tiles over both kinds of rows)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from engine.cuda import batch, ring as R, skinny as S
@@ -51,6 +52,42 @@ def main(argv=None) -> None:
         return graph_ms(run, a.reps)
 
     ring = R.Ring()
+    sections = set(a.sections.split(","))
+
+    def tma_tiles(n_out, k, x, grid, grid_hi, ws, w0):
+        """engine/cuda/batch.py's tiles through TMA over a cut's rows and a round's, one launch, against
+        cuBLAS at the fewest padded count giving both kinds the grid's bits (what mixed forwards run)."""
+        say("| cut rows + round rows | form | ms (all layers) | cut rows == grid | round rows == grid |")
+        say("|---|---|---|---|---|")
+        forms = [batch.TileConfig(bm, bn, bk, wp, st, tma=True) for bm, bn, bk, wp, st in (
+            (256, 64, 64, 8, 4), (256, 64, 64, 8, 3), (256, 32, 64, 8, 5), (256, 32, 128, 8, 3), (256, 128, 64, 8, 3),
+            (128, 64, 64, 4, 5), (128, 64, 128, 8, 3), (128, 128, 64, 8, 4), (128, 32, 128, 4, 4),
+            (64, 64, 128, 4, 4), (64, 128, 64, 4, 5))] + [batch.TileConfig(256, 64, 64, 8, 4)]
+        for n in (int(v) for v in a.cuts.split(",")):
+            p = 8
+            both = torch.cat([x[:n], x[1024:1024 + p]])
+
+            def check(y):
+                return torch.equal(y[:n], grid[:n]), torch.equal(y[n:n + p], grid_hi[:p])
+            for mb in range(n + p, 1025, 8):
+                xb = torch.cat([both, both.new_zeros(mb - n - p, k)])
+                y = F.linear(xb, w0)
+                if all(check(y)):
+                    t = timed(lambda: [F.linear(xb, w) for w in ws])
+                    say(f"| {n} + {p} | cuBLAS padded to {mb} | {t:.3f} | True | True |")
+                    break
+            for tc in forms:
+                name = f"{'TMA ' if tc.tma else ''}tiles {tc.block_m}x{tc.block_n}x{tc.block_k} w{tc.num_warps} s{tc.num_stages}"
+                if (tc.block_m + tc.block_n) * tc.block_k * 2 * tc.num_stages > 232448:
+                    continue
+                try:
+                    y = batch.tiles(both, w0, tc)
+                    t = timed(lambda: [batch.tiles(both, w, tc) for w in ws])
+                except Exception as e:  # a config the device refuses (shared memory, registers)
+                    say(f"| {n} + {p} | {name} | {type(e).__name__} | - | - |")
+                    continue
+                say(f"| {n} + {p} | {name} | {t:.3f} | {check(y)[0]} | {check(y)[1]} |")
+        say()
 
     def probe(model):
         m, _, _ = resolve_model(model)
@@ -68,36 +105,42 @@ def main(argv=None) -> None:
         say()
         say(f"Adopted round config at 16 rows: {adopted}")
         say()
-        say("| round kernel | rows | ms (all layers) | a row's bits == the grid cut's |")
-        say("|---|---|---|---|")
-        configs = [c for c in (adopted, S.SkinnyConfig(32, 128, 4, 6), S.SkinnyConfig(64, 128, 4, 6),
-                               S.SkinnyConfig(32, 256, 4, 4), S.SkinnyConfig(16, 256, 4, 4), S.SkinnyConfig(64, 256, 4, 4),
-                               S.SkinnyConfig(128, 128, 4, 4), S.SkinnyConfig(32, 128, 4, 4, 2))
-                   if c is not None]
-        seen = set()
-        for rows in (1, 8, 16, 32):
-            xr = x[1024:1024 + rows]
-            for c in configs:
-                if (c, rows) in seen or S.smem(c, S.block_m(rows)) > tables.smem or k % (c.block_k * c.split_k):
-                    continue
-                seen.add((c, rows))
-                ok = torch.equal(S._launch(xr, w0, c), grid_hi[:rows])
-                t = timed(lambda: [S._launch(xr, w, c) for w in ws])
-                say(f"| skinny {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} split {c.split_k} | {rows} | {t:.3f} | {ok} |")
-            if rows <= R.MAX_ROWS and ring.available():
-                for split in (1, 2):
-                    if R.takes(xr, w0, split):
-                        y = ring.try_product(xr, w0, split)
-                        if y is None:
-                            say(f"| ring split {split} | {rows} | failed: {ring.broken[-1][:120]} | - |")
-                            continue
-                        ok = torch.equal(y, grid_hi[:rows])
-                        t = timed(lambda: [R.product(xr, w, split) for w in ws])
-                        say(f"| ring split {split} | {rows} | {t:.3f} | {ok} |")
-        t = timed(lambda: [F.linear(x[1024:1032], w) for w in ws])
-        say(f"| cuBLAS | 8 | {t:.3f} | {torch.equal(F.linear(x[1024:1032], w0), grid_hi[:8])} |")
-        say()
+        if "tma" in sections:
+            tma_tiles(n_out, k, x, grid, grid_hi, ws, w0)
+        if "round" in sections:
+            say("| round kernel | rows | ms (all layers) | a row's bits == the grid cut's |")
+            say("|---|---|---|---|")
+            configs = [c for c in (adopted, S.SkinnyConfig(32, 128, 4, 6), S.SkinnyConfig(64, 128, 4, 6),
+                                   S.SkinnyConfig(32, 256, 4, 4), S.SkinnyConfig(16, 256, 4, 4), S.SkinnyConfig(64, 256, 4, 4),
+                                   S.SkinnyConfig(128, 128, 4, 4), S.SkinnyConfig(32, 128, 4, 4, 2))
+                       if c is not None]
+            seen = set()
+            for rows in (1, 8, 16, 32):
+                xr = x[1024:1024 + rows]
+                for c in configs:
+                    if (c, rows) in seen or S.smem(c, S.block_m(rows)) > tables.smem or k % (c.block_k * c.split_k):
+                        continue
+                    seen.add((c, rows))
+                    ok = torch.equal(S._launch(xr, w0, c), grid_hi[:rows])
+                    t = timed(lambda: [S._launch(xr, w, c) for w in ws])
+                    say(f"| skinny {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} split {c.split_k} | {rows} | {t:.3f} | {ok} |")
+                if rows <= R.MAX_ROWS and ring.available():
+                    for split in (1, 2):
+                        if R.takes(xr, w0, split):
+                            y = ring.try_product(xr, w0, split)
+                            if y is None:
+                                say(f"| ring split {split} | {rows} | failed: {ring.broken[-1][:120]} | - |")
+                                continue
+                            ok = torch.equal(y, grid_hi[:rows])
+                            t = timed(lambda: [R.product(xr, w, split) for w in ws])
+                            say(f"| ring split {split} | {rows} | {t:.3f} | {ok} |")
+            t = timed(lambda: [F.linear(x[1024:1032], w) for w in ws])
+            say(f"| cuBLAS | 8 | {t:.3f} | {torch.equal(F.linear(x[1024:1032], w0), grid_hi[:8])} |")
+            say()
         # ---- a cut beside a round ------------------------------------------------------------------
+        if "cut" not in sections:
+            del ws
+            return
         say("| cut rows + round rows | form | ms (all layers) | cut rows == grid | round rows == grid |")
         say("|---|---|---|---|---|")
         one_chain = S.SkinnyConfig(32, 128, 4, 6)
