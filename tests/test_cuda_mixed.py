@@ -82,46 +82,6 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits():
     assert MIXED_GRANULE == CutFlashConfig().block_m and all(s % MIXED_GRANULE == 0 for s in mixed_graph.SIZES)
 
 
-@pytest.mark.interpreted
-def test_a_forward_padded_to_one_count_keeps_every_rows_bits(monkeypatch):
-    """Where one launch over both kinds of rows needs padding (here a library that sums K another way
-    between 9 and 23 rows, as cuBLAS splits K at some counts), the graph's forward runs at one count
-    checked for every product (one_count): padding rows after the round's, none inside a product.
-    The cut's KV rows and first token stay a whole prefill's, the round's ids a plain round's."""
-    import torch.nn.functional as F
-    from engine.runner import mixed_graph
-    from engine.runner.model_runner import build_runner
-    real = F.linear
-
-    def library(x, w, b=None):  # row by row (row-invariant), another last bit at 9-23 rows
-        if x.dim() != 2:
-            return real(x, w, b)
-        y = torch.stack([real(row, w, b) for row in x]) if x.shape[0] else real(x, w, b)
-        return torch.nextafter(y, torch.full_like(y, float("inf"))) if 8 < x.shape[0] < 24 else y
-    monkeypatch.setattr(F, "linear", library)
-    r = _cuda_path(build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
-                                             seed=3, kernels=KernelConfig(cpu_fast=False, cut_tiles=True))))
-    r.skinny = False  # the round's products through the library too, at its own (unmoved) 4 rows
-    first_a = r.prefill(2, A)
-    first_b = r.prefill(1, B)
-    ref_k, ref_v = r.kv.k[:, 1, :len(B)].clone(), r.kv.v[:, 1, :len(B)].clone()
-    ids = r.decode([2], [first_a], [len(A)])
-    r.kv.k[:, 1].zero_(); r.kv.v[:, 1].zero_()
-    g = r.mixed_graphs = mixed_graph.MixedGraphs(r)
-    g.sizes = (8, 16)
-    g.shapes = {(n, p): g.shape(n, p) for n in g.sizes for p in r.buckets}
-    assert {(n, s.width) for (n, _), s in g.shapes.items()} == {(8, 24), (16, 24)}
-    assert all(v == mixed_graph.Product(True, 24) for s in g.shapes.values() for v in s.plan.values())
-    got = []
-    for s, e in ((0, 8), (8, 24), (24, 32), (32, 40)):
-        (tok,), new = r.mixed([(1, B, s, e)], [2], [first_a], [len(A)])
-        assert new == ids, (s, e)
-        got.append(tok)
-    assert got == [None, None, None, first_b]
-    assert torch.equal(r.kv.k[:, 1, :len(B)], ref_k) and torch.equal(r.kv.v[:, 1, :len(B)], ref_v)
-    assert "136" not in g.describe() and "12->24" in g.describe()
-
-
 def test_mixed_on_cuda_wants_the_tiles():
     from engine.cli import check_config, cut_attention_knob, mixed_refused
     base = dict(model="tiny", device="cuda", dtype="bfloat16", prefill_mode="mixed")

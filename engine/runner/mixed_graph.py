@@ -17,12 +17,8 @@ whatever its cut, where its kernels take 4-25 ms; a graph replays them in one la
   split K, the skinny kernels, the TMA ring, the batch tiles: tools/down_probe.py), which is why the
   round's products sum K in one chain. On the H200 every qwen3-8b product runs as one launch; down
   is padded (cuBLAS splits it below 192 rows, and between 192 and 264 gives a row the grid's bits
-  only at 192 and 248). Where every product is one launch, the forward itself runs at one count
-  checked for all of them (`one_count`): rows of token 0 in the spare lane after the round's, so no
-  product pads its input (a fill and a copy a product a layer).
-- Launches: the round's kernels as its decode graph launches them (PDL, the attention's combine
-  folded: the same bits as plain launches), so the small kernels' launches overlap the kernel before.
-- Inputs: [3, width] int64 (tokens, positions, lanes: the cut's rows, the round's, padding) and the cut's
+  only at 192 and 248).
+- Inputs: [3, c] int64 (tokens, positions, lanes: the cut's rows, then the round's) and the cut's
   int32 [start, rows, lane], pinned on the host and copied in by the graph's first nodes.
 - Outputs: the round's greedy ids and the hidden state of the cut's last row; where the cut ends
   its prompt, the runner takes its first token from that row as `prefill_step` would.
@@ -60,8 +56,7 @@ class MixedShape:
     """One shape's graph and static buffers."""
     rows: int  # the cut's capacity
     round_rows: int
-    width: int  # rows the forward runs at (one_count): the cut's, the round's, then padding rows
-    h_in: torch.Tensor  # [3, width] int64, pinned
+    h_in: torch.Tensor  # [3, rows + round_rows] int64, pinned
     s_in: torch.Tensor
     h_meta: torch.Tensor  # [3] int32 (start, rows, lane), pinned
     s_meta: torch.Tensor
@@ -107,36 +102,12 @@ def one_launch_rows(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None,
     """The fewest rows (fewest_rows) at which one F.linear over n cut rows and p round rows gives the
     first n cut_mm's bits and the next p round_mm's (act: the gate/up activation, applied to the
     launch and to cut_mm's product; round_mm then is the round's fused gate/up kernel), on random rows."""
-    return fewest_rows(w, launch_cases(w, n, p, cut_mm, round_mm, act, seeds), act=act)
-
-
-def launch_cases(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, seeds=(0, 1)) -> list:
-    """[(x, want)] on random rows: n cut rows and p round rows, want cut_mm's bits for the first n (act
-    applied) and round_mm's for the rest."""
     cases = []
     for seed in seeds:
         x = random_rows(w, n + p, seed)
         cut = cut_mm(x[:n], w)
         cases.append((x, torch.cat([act(cut) if act is not None else cut, round_mm(x[n:], w)])))
-    return cases
-
-
-def one_count(weights: dict, n: int, p: int, plan: dict, cut_mm, launch, skinny: bool, top: int = 1024) -> int:
-    """The rows a shape's forward runs at: where every product of `plan` is one launch, the fewest
-    count from the largest of theirs at which each weight's launch gives both kinds their bits (so
-    the forward's rows carry padding that far and no product pads its input); else n + p."""
-    counts = [v.rows for v in plan.values()]
-    if not all(v.both for v in plan.values()) or max(counts) == n + p:
-        return n + p
-    round_mm, round_act = round_kernels(launch, skinny)
-    checks = [(w, launch_cases(w, n, p, cut_mm, round_act if name == "gate_up" else round_mm,
-                               act=launch.silu_mul if name == "gate_up" else None),
-               launch.silu_mul if name == "gate_up" else (lambda y: y)) for name, w in weights.items()]
-    for m in range(max(counts), top + 1, 8):
-        if all(torch.equal(post(F.linear(pad(x, m), w)[:n + p]), want) for w, cases, post in checks
-               for x, want in cases):
-            return m
-    return n + p
+    return fewest_rows(w, cases, act=act)
 
 
 def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool) -> dict:
@@ -186,29 +157,22 @@ def products(plan: dict, n: int, cut_mm, launch, skinny: bool):
     return mm, act
 
 
-def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, p: int, plan: dict, cut_mm, launch, tiles,
+def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, plan: dict, cut_mm, launch, tiles,
             max_len: int, skinny: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mixed forward at a shape: inp [3, width] (tokens, positions, lanes), the cut's n rows, the
-    round's p, then padding rows (one_count); meta int32 [start, rows, lane]. Returns (the cut's last
-    row's hidden state, the round's ids)."""
+    """The mixed forward at a shape: inp [3, n + p] (tokens, positions, lanes), the cut's rows first;
+    meta int32 [start, rows, lane]. Returns (the cut's last row's hidden state, the round's ids)."""
     from engine.cuda.cut_flash import cut_attention_at
     tokens, positions, lanes = inp[0], inp[1], inp[2]
-    d_lanes, d_positions = lanes[n:n + p], positions[n:n + p]
+    d_lanes, d_positions = lanes[n:], positions[n:]
     mm, act = products(plan, n, cut_mm, launch, skinny)
-    spare = []  # the padding rows' attention output: zeros, made once (no memset a layer)
 
     def attend(i, q):
-        parts = [cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles),
-                 launch.attention(kv, i, q[n:n + p], d_lanes, d_positions)]
-        if q.shape[0] > n + p:
-            if not spare:
-                spare.append(parts[1].new_zeros(q.shape[0] - n - p, parts[1].shape[1]))
-            parts.append(spare[0])
-        return torch.cat(parts)
+        return torch.cat([cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles),
+                          launch.attention(kv, i, q[n:], d_lanes, d_positions)])
 
     h = model.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, act=act, launch=launch)
     last = h.index_select(0, (meta[1:2] - 1).long())[0]
-    logits = (launch.linear if skinny else F.linear)(h[n:n + p], model.lm_head.weight)
+    logits = (launch.linear if skinny else F.linear)(h[n:], model.lm_head.weight)
     return last, launch.argmax_rows(logits)
 
 
@@ -234,40 +198,22 @@ class MixedGraphs:
 
         def pair(*size, dtype):
             return pin(torch.zeros(*size, dtype=dtype)), torch.zeros(*size, dtype=dtype, device=r.device)
-        weights, launch = self._weights(), self.launch(p)
-        plan = plan_products(weights, n, p, r.kernels.matmul, launch, r.skinny)
-        width = one_count(weights, n, p, plan, r.kernels.matmul, launch, r.skinny)
-        if width != n + p:
-            plan = {key: Product(True, width) for key in plan}
-        return MixedShape(n, p, width, *pair(3, width, dtype=torch.long), *pair(3, dtype=torch.int32), plan)
-
-    def launch(self, p: int):
-        """The kernels of a round of p rows as its decode graph launches them (PDL, the attention's
-        combine folded), save the q/k fold and the ring, which take a round's rows alone: the same
-        bits as plain launches (engine/cuda/launch.py, merge.py), fewer gaps between kernels."""
-        r = self.runner
-        graphs = getattr(r, "graphs", None)
-        if graphs is None or not getattr(graphs, "rounds", None):
-            return r._launch()
-        from engine.cuda.launch import LaunchMode
-        return r._launch(LaunchMode(pdl=graphs.pdl, fold_combine=graphs.fold_combine))
+        return MixedShape(n, p, *pair(3, n + p, dtype=torch.long), *pair(3, dtype=torch.int32),
+                          plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny))
 
     def body(self, s: MixedShape):
         r = self.runner
-        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.round_rows, s.plan, r.kernels.matmul,
-                       self.launch(s.round_rows), r.kernels.cut_flash, r.max_model_len, r.skinny)
+        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.plan, r.kernels.matmul, r._launch(),
+                       r.kernels.cut_flash, r.max_model_len, r.skinny)
 
     def fill(self, s: MixedShape, lane: int, toks, start: int, rows: list[list[int]]) -> None:
         """The pinned inputs for a cut of `toks` at `start` of `lane` and the padded round `rows`."""
-        t, n, p, spare = len(toks), s.rows, s.round_rows, self.runner.spare
+        t, n, spare = len(toks), s.rows, self.runner.spare
         h = s.h_in.numpy()
         h[0, :t], h[0, t:n] = toks, 0
         h[1, :t], h[1, t:n] = range(start, start + t), range(n - t)
         h[2, :t], h[2, t:n] = lane, spare
-        h[:, n:n + p] = rows
-        # padding rows after the round's (one_count): token 0 in the spare lane, which no real row reads
-        h[0, n + p:], h[2, n + p:] = 0, spare
-        h[1, n + p:] = [j % self.runner.max_model_len for j in range(n - t, n - t + s.width - n - p)]
+        h[:, n:] = rows
         s.h_meta.numpy()[:] = (start, t, lane)
 
     def capture(self) -> bool:
@@ -302,9 +248,8 @@ class MixedGraphs:
     def describe(self) -> str:
         """The shapes and their products' plans, in a line (/v1/engine)."""
         plans = [v for s in self.shapes.values() for v in s.plan.values()]
-        padded = sorted({(s.rows + s.round_rows, s.width) for s in self.shapes.values() if s.width != s.rows + s.round_rows}
-                        | {(s.rows + s.round_rows, v.rows) for s in self.shapes.values() for v in s.plan.values()
-                           if v.both and v.rows != s.rows + s.round_rows})
+        padded = sorted({(s.rows + s.round_rows, v.rows) for s in self.shapes.values() for v in s.plan.values()
+                         if v.both and v.rows != s.rows + s.round_rows})
         twice = sorted({(s.rows, v.rows) for s in self.shapes.values() for v in s.plan.values() if not v.both})
         return (f"CUDA graphs at cuts of {', '.join(map(str, self.sizes))} rows beside rounds of "
                 f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {sum(v.both for v in plans)} of "
