@@ -82,6 +82,52 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits():
     assert MIXED_GRANULE == CutFlashConfig().block_m and all(s % MIXED_GRANULE == 0 for s in mixed_graph.SIZES)
 
 
+@pytest.mark.interpreted
+@pytest.mark.parametrize("hold_down", [True, False])
+def test_padded_launches_keep_every_rows_bits(monkeypatch, hold_down):
+    """Where one launch over both kinds of rows needs padding (here a library that sums K another way
+    between 9 and 23 rows, as cuBLAS splits K at some counts), the graph's body pads each product's
+    input to the checked count, except down's with hold_down: silu * up is written into the head of
+    down's padded buffer. The cut's KV rows and first token stay a whole prefill's, the round's ids a
+    plain round's, either way."""
+    import torch.nn.functional as F
+    from engine.runner import mixed_graph
+    from engine.runner.model_runner import build_runner
+    real, padded = F.linear, []
+
+    def library(x, w, b=None):  # row by row (row-invariant), another last bit at 9-23 rows
+        if x.dim() != 2:
+            return real(x, w, b)
+        y = torch.stack([real(row, w, b) for row in x]) if x.shape[0] else real(x, w, b)
+        return torch.nextafter(y, torch.full_like(y, float("inf"))) if 8 < x.shape[0] < 24 else y
+    monkeypatch.setattr(F, "linear", library)
+    real_pad = mixed_graph.pad
+    monkeypatch.setattr(mixed_graph, "pad", lambda x, m: padded.append((x.shape[1], m)) or real_pad(x, m)
+                        if m != x.shape[0] else x)
+    r = _cuda_path(build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
+                                             seed=3, kernels=KernelConfig(cpu_fast=False, cut_tiles=True))))
+    r.skinny = False  # the round's products through the library too, at its own (unmoved) 4 rows
+    first_a = r.prefill(2, A)
+    first_b = r.prefill(1, B)
+    ref_k, ref_v = r.kv.k[:, 1, :len(B)].clone(), r.kv.v[:, 1, :len(B)].clone()
+    ids = r.decode([2], [first_a], [len(A)])
+    r.kv.k[:, 1].zero_(); r.kv.v[:, 1].zero_()
+    g = r.mixed_graphs = mixed_graph.MixedGraphs(r, hold_down=hold_down)
+    g.sizes = (8, 16)
+    g.shapes = {(n, p): g.shape(n, p) for n in g.sizes for p in r.buckets}
+    assert all(v == mixed_graph.Product(True, 24) for s in g.shapes.values() for v in s.plan.values())
+    padded.clear()
+    got = []
+    for s, e in ((0, 8), (8, 24), (24, 32), (32, 40)):
+        (tok,), new = r.mixed([(1, B, s, e)], [2], [first_a], [len(A)])
+        assert new == ids, (s, e)
+        got.append(tok)
+    assert got == [None, None, None, first_b]
+    assert torch.equal(r.kv.k[:, 1, :len(B)], ref_k) and torch.equal(r.kv.v[:, 1, :len(B)], ref_v)
+    down_k = r.model.model.layers[0].mlp.down_proj.weight.shape[1]
+    assert padded and (down_k in {k for k, _ in padded}) == (not hold_down), padded
+
+
 def test_mixed_on_cuda_wants_the_tiles():
     from engine.cli import check_config, cut_attention_knob, mixed_refused
     base = dict(model="tiny", device="cuda", dtype="bfloat16", prefill_mode="mixed")

@@ -151,10 +151,14 @@ def _silu_mul_kernel(GU, Out, I, BLOCK: tl.constexpr, PDL_: tl.constexpr = 0):
     tl.store(Out + row * I + c, (s * u).to(Out.dtype.element_ty), mask=m)
 
 
-def silu_mul(gu: torch.Tensor, mode: LaunchMode = PLAIN) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, mode: LaunchMode = PLAIN, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up of gu [rows, 2I] (gate first), into `out` [rows, I] (contiguous) where given."""
     rows, two_i = gu.shape
     i = two_i // 2
-    out = torch.empty(rows, i, dtype=gu.dtype, device=gu.device)
+    if out is None:
+        out = torch.empty(rows, i, dtype=gu.dtype, device=gu.device)
+    elif out.shape != (rows, i) or not out.is_contiguous():
+        raise ValueError(f"silu_mul: out {tuple(out.shape)} for gu {tuple(gu.shape)}: needs ({rows}, {i}), contiguous")
     block = 1024
     _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, BLOCK=block, PDL_=mode.pdl_on(), num_warps=4,
                                                     **mode.opts())

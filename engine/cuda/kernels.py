@@ -65,8 +65,8 @@ class Launch:
     def qk_norm_rope_write(self, *args):
         return fused.qk_norm_rope_write(*args, mode=self.mode)
 
-    def silu_mul(self, gu):
-        return fused.silu_mul(gu, self.mode)
+    def silu_mul(self, gu, out=None):
+        return fused.silu_mul(gu, self.mode, out)
 
     def argmax_rows(self, logits, out=None):
         return fused.argmax_rows(logits, out, self.mode)

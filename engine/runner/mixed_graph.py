@@ -138,9 +138,14 @@ def pad(x: torch.Tensor, m: int) -> torch.Tensor:
     return x if m == x.shape[0] else torch.cat([x, x.new_zeros(m - x.shape[0], x.shape[1])])
 
 
-def products(plan: dict, n: int, cut_mm, launch, skinny: bool):
-    """trunk_fused's mm and act for a shape: each weight as `plan` says (plan_products)."""
+def products(plan: dict, n: int, cut_mm, launch, skinny: bool, down: tuple | None = None):
+    """trunk_fused's mm and act for a shape: each weight as `plan` says (plan_products). down: the down
+    weight's (N, K), when act's silu * up is to be written into the head of down's padded input (a
+    buffer whose padding rows are zeroed once a forward), so that down reads it without a fill and a
+    copy each layer; None: down pads its input as any product does."""
     round_mm, round_act = round_kernels(launch, skinny)
+    to = plan.get(down)
+    held = []  # down's padded input, made at the first layer
 
     def planned(x, w, post, rnd):
         how = plan[tuple(w.shape)]
@@ -150,21 +155,30 @@ def products(plan: dict, n: int, cut_mm, launch, skinny: bool):
         return torch.cat([post(cut), rnd(x[n:], w)])
 
     def mm(x, w):
+        if held and tuple(w.shape) == down and x.data_ptr() == held[0].data_ptr():
+            return F.linear(held[0], w)[:x.shape[0]]
         return planned(x, w, lambda y: y, round_mm)
 
     def act(x, w):
-        return planned(x, w, launch.silu_mul, round_act)
+        how, rows = plan[tuple(w.shape)], x.shape[0]
+        if not (how.both and to is not None and to.both and to.rows > rows):
+            return planned(x, w, launch.silu_mul, round_act)
+        gu = F.linear(pad(x, how.rows), w)[:rows]
+        if not held:
+            held.append(gu.new_zeros(to.rows, gu.shape[1] // 2))
+        return launch.silu_mul(gu, out=held[0][:rows])
     return mm, act
 
 
 def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, plan: dict, cut_mm, launch, tiles,
-            max_len: int, skinny: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            max_len: int, skinny: bool, hold_down: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The mixed forward at a shape: inp [3, n + p] (tokens, positions, lanes), the cut's rows first;
     meta int32 [start, rows, lane]. Returns (the cut's last row's hidden state, the round's ids)."""
     from engine.cuda.cut_flash import cut_attention_at
     tokens, positions, lanes = inp[0], inp[1], inp[2]
     d_lanes, d_positions = lanes[n:], positions[n:]
-    mm, act = products(plan, n, cut_mm, launch, skinny)
+    mm, act = products(plan, n, cut_mm, launch, skinny, down=tuple(model.model.layers[0].mlp.down_proj.weight.shape)
+                       if hold_down else None)
 
     def attend(i, q):
         return torch.cat([cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles),
@@ -181,8 +195,12 @@ class MixedGraphs:
     What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
     skinny, device, _launch."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, hold_down: bool = True, round_launch: bool = False):
+        """hold_down: down reads silu * up from its padded buffer (products); round_launch: the round's
+        kernels launched as its decode graph does (PDL, the combine folded). Both keep every bit;
+        tools/mixed_forms.py times the forms side by side."""
         self.runner = runner
+        self.hold_down, self.round_launch = hold_down, round_launch
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
         self.shapes: dict[tuple[int, int], MixedShape] = {}
         self.fallback_reason: str | None = "not captured"
@@ -199,12 +217,22 @@ class MixedGraphs:
         def pair(*size, dtype):
             return pin(torch.zeros(*size, dtype=dtype)), torch.zeros(*size, dtype=dtype, device=r.device)
         return MixedShape(n, p, *pair(3, n + p, dtype=torch.long), *pair(3, dtype=torch.int32),
-                          plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny))
+                          plan_products(self._weights(), n, p, r.kernels.matmul, self.launch(), r.skinny))
+
+    def launch(self):
+        """The forward's launches: plain, or (round_launch, once decode graphs are captured) the decode
+        graph's PDL and folded combine, without the q/k fold and the ring, which take a round's rows alone."""
+        r = self.runner
+        graphs = getattr(r, "graphs", None)
+        if not (self.round_launch and graphs is not None and graphs.rounds):
+            return r._launch()
+        from engine.cuda.launch import LaunchMode
+        return r._launch(LaunchMode(pdl=graphs.pdl, fold_combine=graphs.fold_combine))
 
     def body(self, s: MixedShape):
         r = self.runner
-        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.plan, r.kernels.matmul, r._launch(),
-                       r.kernels.cut_flash, r.max_model_len, r.skinny)
+        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.plan, r.kernels.matmul, self.launch(),
+                       r.kernels.cut_flash, r.max_model_len, r.skinny, self.hold_down)
 
     def fill(self, s: MixedShape, lane: int, toks, start: int, rows: list[list[int]]) -> None:
         """The pinned inputs for a cut of `toks` at `start` of `lane` and the padded round `rows`."""

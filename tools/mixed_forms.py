@@ -1,0 +1,111 @@
+"""The mixed graphs' forms side by side in one process: same bits, and each shape's replay time.
+
+    PYTHONPATH=. python3 -m tools.mixed_forms --model qwen3-8b --out $OUT/mixed_forms.json
+
+One runner (--prefill-mode mixed, --cut-attention tiles) and its decode graphs; then one set of mixed
+graphs per form (engine/runner/mixed_graph.py MixedGraphs: hold_down, round_launch), each captured
+as the runner captures its own. Per form, at every cut size and context: one forward of a prompt in
+lane 3 beside a round of lanes 0-2, its cut's K/V rows, last hidden row and the round's ids compared
+bitwise with the first form's; then the graphs' replays timed with CUDA events (the pinned inputs
+filled once), the forms interleaved rep by rep so that a drift of the device's clocks falls on all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from engine.config import EngineConfig, KernelConfig
+from engine.runner.mixed_graph import MixedGraphs
+from engine.runner.model_runner import build_runner
+
+FORMS = {"plain": (False, False), "hold down": (True, False), "round launch": (False, True),
+         "hold down + round launch": (True, True)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--contexts", default="0,8192")
+    ap.add_argument("--forms", default=",".join(FORMS))
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    contexts = [int(c) for c in a.contexts.split(",")]
+    forms = a.forms.split(",")
+    unknown = [f for f in forms if f not in FORMS]
+    if unknown:
+        ap.error(f"--forms: unknown {unknown}; choose from {list(FORMS)}")
+    t0 = time.perf_counter()
+    prompt_len = max(contexts) + 1024 + 64
+    r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
+                                  max_model_len=prompt_len + 64, prefill_rows=1024, prefill_mode="mixed",
+                                  kernels=KernelConfig(cut_tiles=True)))
+    r.cuts_warmed.result()
+    g = torch.Generator().manual_seed(7)
+    toks = torch.randint(0, r.vocab_size, (prompt_len,), generator=g).tolist()
+    shorts = [torch.randint(0, r.vocab_size, (n,), generator=g).tolist() for n in (100, 700, 1500)]
+    firsts = [r.prefill(i, p) for i, p in enumerate(shorts)]
+    r.prefill(3, toks)  # the keys every cut's attention reads (a cut rewrites its own rows, the same bits)
+    rows, _ = r._padded([0, 1, 2], firsts, [len(p) for p in shorts])
+
+    def in_cut_thread(fn):
+        return fn() if r._cut_thread is None else r._cut_thread.submit(fn).result()
+
+    graphs = {}
+    for f in forms:
+        mg = MixedGraphs(r, *FORMS[f])
+        with torch.inference_mode():
+            ok = in_cut_thread(mg.capture)
+        if not ok:
+            raise SystemExit(f"{f}: {mg.fallback_reason}")
+        graphs[f] = mg
+    p = len(rows[0])
+    res = {"model": a.model, "device": torch.cuda.get_device_name(), "forms": {f: FORMS[f] for f in forms},
+           "plans": {f: graphs[f].describe() for f in forms}, "bits": {}, "ms": {}}
+
+    def forward(mg, n, ctx):
+        s = mg.shapes[(n, p)]
+        last, ids = mg.run(s, 3, toks[ctx:ctx + n], ctx, rows)
+        torch.cuda.synchronize()
+        return last.clone(), ids, r.kv.k[:, 3, ctx:ctx + n].clone(), r.kv.v[:, 3, ctx:ctx + n].clone()
+
+    sizes = graphs[forms[0]].sizes
+    for ctx in contexts:
+        for n in sizes:
+            with torch.inference_mode():
+                outs = {f: in_cut_thread(lambda mg=graphs[f]: forward(mg, n, ctx)) for f in forms}
+            ref = outs[forms[0]]
+            res["bits"][f"{n}@{ctx}"] = {f: all(torch.equal(x, y) if torch.is_tensor(x) else x == y
+                                                for x, y in zip(o, ref)) for f, o in outs.items()}
+            times = {f: [] for f in forms}
+
+            def timed(mg):
+                s = mg.shapes[(n, p)]
+                mg.fill(s, 3, toks[ctx:ctx + n], ctx, rows)
+                torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                s.graph.replay()
+                e1.record()
+                e1.synchronize()
+                return e0.elapsed_time(e1)
+            with torch.inference_mode():
+                for _ in range(a.reps):
+                    for f in forms:
+                        times[f].append(in_cut_thread(lambda mg=graphs[f]: timed(mg)))
+            med = {f: round(statistics.median(t), 3) for f, t in times.items()}
+            res["ms"][f"{n}@{ctx}"] = med
+            print(f"{n:5d} rows @ {ctx:5d} keys:", "  ".join(f"{f} {m:.3f}" for f, m in med.items()),
+                  " bits", res["bits"][f"{n}@{ctx}"], flush=True)
+    res["total_s"] = round(time.perf_counter() - t0, 1)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
