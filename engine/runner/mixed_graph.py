@@ -17,7 +17,9 @@ whatever its cut, where its kernels take 4-25 ms; a graph replays them in one la
   split K, the skinny kernels, the TMA ring, the batch tiles: tools/down_probe.py), which is why the
   round's products sum K in one chain. On the H200 every qwen3-8b product runs as one launch; down
   is padded (cuBLAS splits it below 192 rows, and between 192 and 264 gives a row the grid's bits
-  only at 192 and 248).
+  only at 192 and 248), and reads silu * up from the head of its padded buffer, which act writes
+  (`products` down=): 0.19-0.24 ms less a 128-row forward than a fill and a copy a layer. Padding the
+  whole forward to down's count instead made gate/up 0.6 ms slower (cuBLAS's kernel at 192 rows).
 - Inputs: [3, c] int64 (tokens, positions, lanes: the cut's rows, then the round's) and the cut's
   int32 [start, rows, lane], pinned on the host and copied in by the graph's first nodes.
 - Outputs: the round's greedy ids and the hidden state of the cut's last row; where the cut ends
@@ -195,12 +197,13 @@ class MixedGraphs:
     What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
     skinny, device, _launch."""
 
-    def __init__(self, runner, hold_down: bool = True, round_launch: bool = False):
-        """hold_down: down reads silu * up from its padded buffer (products); round_launch: the round's
-        kernels launched as its decode graph does (PDL, the combine folded). Both keep every bit;
-        tools/mixed_forms.py times the forms side by side."""
+    def __init__(self, runner, hold_down: bool = True):
+        """hold_down: down reads silu * up from its padded buffer (products); off, it pads its input as
+        the other products do (the same bits: tools/mixed_forms.py times both side by side). The round's
+        kernels launch plainly: with the decode graph's PDL and folded combine every shape measured
+        4-5 % slower on the H200 (receipts/mixed-products/20261203-0920-h200-mixed-forms.json)."""
         self.runner = runner
-        self.hold_down, self.round_launch = hold_down, round_launch
+        self.hold_down = hold_down
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
         self.shapes: dict[tuple[int, int], MixedShape] = {}
         self.fallback_reason: str | None = "not captured"
@@ -217,21 +220,11 @@ class MixedGraphs:
         def pair(*size, dtype):
             return pin(torch.zeros(*size, dtype=dtype)), torch.zeros(*size, dtype=dtype, device=r.device)
         return MixedShape(n, p, *pair(3, n + p, dtype=torch.long), *pair(3, dtype=torch.int32),
-                          plan_products(self._weights(), n, p, r.kernels.matmul, self.launch(), r.skinny))
-
-    def launch(self):
-        """The forward's launches: plain, or (round_launch, once decode graphs are captured) the decode
-        graph's PDL and folded combine, without the q/k fold and the ring, which take a round's rows alone."""
-        r = self.runner
-        graphs = getattr(r, "graphs", None)
-        if not (self.round_launch and graphs is not None and graphs.rounds):
-            return r._launch()
-        from engine.cuda.launch import LaunchMode
-        return r._launch(LaunchMode(pdl=graphs.pdl, fold_combine=graphs.fold_combine))
+                          plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny))
 
     def body(self, s: MixedShape):
         r = self.runner
-        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.plan, r.kernels.matmul, self.launch(),
+        return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.plan, r.kernels.matmul, r._launch(),
                        r.kernels.cut_flash, r.max_model_len, r.skinny, self.hold_down)
 
     def fill(self, s: MixedShape, lane: int, toks, start: int, rows: list[list[int]]) -> None:
