@@ -75,7 +75,6 @@ class Product:
     at `rows` (zeros below them; None: cut_mm itself) and the round's through the round's own kernels."""
     both: bool
     rows: int | None
-    swap: bool = False  # the one launch asked as (w x^T)^T (`swapped`)
 
 
 def round_kernels(launch, skinny: bool):
@@ -85,19 +84,13 @@ def round_kernels(launch, skinny: bool):
     return F.linear, lambda x, w: launch.silu_mul(F.linear(x, w))
 
 
-def swapped(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w) asked of cuBLAS as (w x^T)^T: the weight's rows as M, so a few rows of x make a
-    tall problem of many output tiles, which cuBLAS runs without splitting K where x W^T splits it."""
-    return torch.mm(w, x.t()).t().contiguous()
-
-
-def fewest_rows(w: torch.Tensor, cases: list, top: int = 1024, act=None, fn=None) -> int | None:
-    """The fewest rows m (the cases' own count, else a multiple of 8 up to `top`) at which fn (F.linear,
-    or `swapped`) over each case's rows x and m - len(x) rows of zeros gives them `want`'s bits (act
-    applied to the product first); None if none does. cases: [(x, want)], all of one row count."""
-    n, post, fn = cases[0][0].shape[0], act or (lambda y: y), fn or F.linear
+def fewest_rows(w: torch.Tensor, cases: list, top: int = 1024, act=None) -> int | None:
+    """The fewest rows m (the cases' own count, else a multiple of 8 up to `top`) at which F.linear over
+    each case's rows x and m - len(x) rows of zeros gives them `want`'s bits (act applied to the
+    product first); None if none does. cases: [(x, want)], all of one row count."""
+    n, post = cases[0][0].shape[0], act or (lambda y: y)
     for m in dict.fromkeys([n, *range(-(-n // 8) * 8, top + 1, 8)]):
-        if all(torch.equal(post(fn(pad(x, m), w)[:n]), want) for x, want in cases):
+        if all(torch.equal(post(F.linear(pad(x, m), w)[:n]), want) for x, want in cases):
             return m
     return None
 
@@ -107,8 +100,7 @@ def random_rows(w: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, w.shape[1], generator=g, device=w.device).to(w.dtype)
 
 
-def one_launch_rows(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, seeds=(0, 1),
-                    fn=None) -> int | None:
+def one_launch_rows(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, seeds=(0, 1)) -> int | None:
     """The fewest rows (fewest_rows) at which one F.linear over n cut rows and p round rows gives the
     first n cut_mm's bits and the next p round_mm's (act: the gate/up activation, applied to the
     launch and to cut_mm's product; round_mm then is the round's fused gate/up kernel), on random rows."""
@@ -117,26 +109,22 @@ def one_launch_rows(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None,
         x = random_rows(w, n + p, seed)
         cut = cut_mm(x[:n], w)
         cases.append((x, torch.cat([act(cut) if act is not None else cut, round_mm(x[n:], w)])))
-    return fewest_rows(w, cases, act=act, fn=fn)
+    return fewest_rows(w, cases, act=act)
 
 
-def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool, swap: bool = True) -> dict:
+def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool) -> dict:
     """(N, K) -> Product for each of the layer's weights {name: w} at a shape of n cut rows and p round
     rows: one launch over both kinds at the fewest rows where a bitwise check gives each kind its
     bits (one_launch_rows), else two launches (padded_count for the cut's rows). cuBLAS splits K at
     some row counts, and a split sums in another order: on the H200 qwen3-8b's down gave a row the
-    grid cut's bits only at 192, 248 and from 264 rows. swap: where one launch needs padding, the
-    product asked as (w x^T)^T (`swapped`) where that keeps both kinds' bits at fewer rows."""
+    grid cut's bits only at 192, 248 and from 264 rows."""
     round_mm, round_act = round_kernels(launch, skinny)
     out = {}
     for name, w in weights.items():
-        kinds = (round_act, dict(act=launch.silu_mul)) if name == "gate_up" else (round_mm, {})
-        m = one_launch_rows(w, n, p, cut_mm, kinds[0], **kinds[1])
-        if m is not None and m > n + p and swap:
-            ms = one_launch_rows(w, n, p, cut_mm, kinds[0], fn=swapped, **kinds[1])
-            if ms is not None and ms < m:
-                out[tuple(w.shape)] = Product(True, ms, swap=True)
-                continue
+        if name == "gate_up":
+            m = one_launch_rows(w, n, p, cut_mm, round_act, act=launch.silu_mul)
+        else:
+            m = one_launch_rows(w, n, p, cut_mm, round_mm)
         out[tuple(w.shape)] = Product(True, m) if m is not None else Product(False, padded_count(w, n, cut_mm))
     return out
 
@@ -164,20 +152,20 @@ def products(plan: dict, n: int, cut_mm, launch, skinny: bool, down: tuple | Non
     def planned(x, w, post, rnd):
         how = plan[tuple(w.shape)]
         if how.both:
-            return post((swapped if how.swap else F.linear)(pad(x, how.rows), w)[:x.shape[0]])
+            return post(F.linear(pad(x, how.rows), w)[:x.shape[0]])
         cut = cut_mm(x[:n], w) if how.rows is None else F.linear(pad(x[:n], how.rows), w)[:n]
         return torch.cat([post(cut), rnd(x[n:], w)])
 
     def mm(x, w):
         if held and tuple(w.shape) == down and x.data_ptr() == held[0].data_ptr():
-            return (swapped if to.swap else F.linear)(held[0], w)[:x.shape[0]]
+            return F.linear(held[0], w)[:x.shape[0]]
         return planned(x, w, lambda y: y, round_mm)
 
     def act(x, w):
         how, rows = plan[tuple(w.shape)], x.shape[0]
         if not (how.both and to is not None and to.both and to.rows > rows):
             return planned(x, w, launch.silu_mul, round_act)
-        gu = (swapped if how.swap else F.linear)(pad(x, how.rows), w)[:rows]
+        gu = F.linear(pad(x, how.rows), w)[:rows]
         if not held:
             held.append(gu.new_zeros(to.rows, gu.shape[1] // 2))
         return launch.silu_mul(gu, out=held[0][:rows])
@@ -209,14 +197,13 @@ class MixedGraphs:
     What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
     skinny, device, _launch."""
 
-    def __init__(self, runner, hold_down: bool = True, swap: bool = True):
+    def __init__(self, runner, hold_down: bool = True):
         """hold_down: down reads silu * up from its padded buffer (products); off, it pads its input as
-        the other products do. swap: plan_products may ask a product as (w x^T)^T. Every form keeps the
-        same bits (tools/mixed_forms.py times them side by side). The round's
+        the other products do (the same bits: tools/mixed_forms.py times both side by side). The round's
         kernels launch plainly: with the decode graph's PDL and folded combine every shape measured
         4-5 % slower on the H200 (receipts/mixed-products/20261203-0920-h200-mixed-forms.json)."""
         self.runner = runner
-        self.hold_down, self.swap = hold_down, swap
+        self.hold_down = hold_down
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
         self.shapes: dict[tuple[int, int], MixedShape] = {}
         self.fallback_reason: str | None = "not captured"
@@ -233,7 +220,7 @@ class MixedGraphs:
         def pair(*size, dtype):
             return pin(torch.zeros(*size, dtype=dtype)), torch.zeros(*size, dtype=dtype, device=r.device)
         return MixedShape(n, p, *pair(3, n + p, dtype=torch.long), *pair(3, dtype=torch.int32),
-                          plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny, self.swap))
+                          plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny))
 
     def body(self, s: MixedShape):
         r = self.runner
@@ -289,7 +276,6 @@ class MixedGraphs:
                 f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {sum(v.both for v in plans)} of "
                 f"{len(plans)} products one cuBLAS launch over both kinds of rows (checked at start-up), padded "
                 + (", ".join(f"{a}->{b}" for a, b in padded) or "nowhere")
-                + f"; {sum(v.swap for v in plans)} asked as (w x^T)^T"
                 + "; the rest one launch a kind, the cut's rows at "
                 + (", ".join(f"{a}->{b if b is not None else 'the cuts product'}" for a, b in twice) or "-"))
 
