@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.presets import resolve_model
-from tools.mixed_products import graph_ms
+from tools.mixed_products import Said, graph_ms
 
 
 def main(argv=None) -> None:
@@ -42,11 +42,7 @@ def main(argv=None) -> None:
     from engine.cuda import batch, ring as R, skinny as S
 
     dev = torch.device("cuda")
-    lines: list[str] = []
-
-    def say(s=""):
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     def timed(run) -> float:
         return graph_ms(run, a.reps)
@@ -206,9 +202,7 @@ def main(argv=None) -> None:
             import traceback
             say(f"{model}: failed\n```\n{traceback.format_exc()}```")
         torch.cuda.empty_cache()
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    say.write(a.out)
 
 
 if __name__ == "__main__":

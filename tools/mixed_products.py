@@ -34,6 +34,22 @@ import torch.nn.functional as F
 from engine.models.presets import resolve_model
 
 
+class Said:
+    """A probe's lines: printed as they come, kept, and written to --out at the end (`write`)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, s: str = "") -> None:
+        print(s, flush=True)
+        self.lines.append(s)
+
+    def write(self, path: str | None) -> None:
+        if path:
+            with open(path, "w") as f:
+                f.write("\n".join(self.lines) + "\n")
+
+
 def graph_ms(run, reps: int) -> float:
     """Median ms of replaying `run` captured as one CUDA graph (run once before, to compile and allocate)."""
     run()

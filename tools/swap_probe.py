@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.presets import resolve_model
-from tools.mixed_products import graph_ms
+from tools.mixed_products import Said, graph_ms
 
 
 def main(argv=None) -> None:
@@ -31,11 +31,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
-    lines: list[str] = []
-
-    def say(s=""):
-        print(s, flush=True)
-        lines.append(s)
+    say = Said()
 
     def swapped(x, w):
         return torch.mm(w, x.t()).t().contiguous()
@@ -81,9 +77,7 @@ def main(argv=None) -> None:
             del ws
             torch.cuda.empty_cache()
         say()
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    say.write(a.out)
 
 
 if __name__ == "__main__":
