@@ -126,7 +126,7 @@ def test_cpp_round_with_them_is_the_python_round(kernel, dtype):
     assert r.cpu_round.elem[3] == kernel.greedy_address
     for lane in range(3):
         r.prefill(lane, [(i * 31 + lane * 7 + 1) % 500 for i in range(20 + 40 * lane)])
-    rows_, where = r._padded([0, 1, 2], [5, 6, 7], [20, 60, 100])
+    rows_, where = r.padded_round([0, 1, 2], [5, 6, 7], [20, 60, 100])
     with torch.inference_mode():
         before = r.kv.k.clone(), r.kv.v.clone()
         logits, ids = r.cpu_round.rows(rows_, r.spare, r.kv)

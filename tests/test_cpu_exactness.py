@@ -35,7 +35,7 @@ def lane_logits(r, lane, others=()):
     for i, t in enumerate(FED):
         lanes = [lane, *(o for o, _ in others)]
         positions = [len(PROMPT) + i, *(q + i for _, q in others)]
-        rows, where = r._padded(lanes, [t] * len(lanes), positions)
+        rows, where = r.padded_round(lanes, [t] * len(lanes), positions)
         with torch.inference_mode():
             logits = r._decode_body(torch.tensor(rows), rows=list(zip(rows[2], rows[1])))
         out.append(logits[where[0]].clone())

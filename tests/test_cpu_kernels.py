@@ -28,7 +28,7 @@ def prompt(n, salt=0):
 
 
 def round_logits(r, lanes, tokens, positions):
-    rows, where = r._padded(lanes, tokens, positions)
+    rows, where = r.padded_round(lanes, tokens, positions)
     with torch.inference_mode():
         logits = r._decode_body(torch.tensor(rows), rows=list(zip(rows[2], rows[1])))
     return logits, where
@@ -67,7 +67,7 @@ def test_bucket_attention_matches_one_sdpa_a_row(runner):
     for lane in range(6):
         r.prefill(lane, prompt(20 + 45 * lane, lane + 7))
     lanes, pos = [0, 1, 3, 4, 5], [19, 64, 63, 200, 244]
-    rows, _ = r._padded(lanes, [1] * 5, pos)
+    rows, _ = r.padded_round(lanes, [1] * 5, pos)
     h, d = r.model_config.num_attention_heads, r.model_config.head_dim
     q = torch.randn(r.parallel, h, d, generator=torch.Generator().manual_seed(0)).to(r.dtype)
     lt, pt = torch.tensor(rows[2]), torch.tensor(rows[1])

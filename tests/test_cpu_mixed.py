@@ -73,7 +73,7 @@ def test_a_round_s_logits_beside_a_cut_are_its_logits_alone():
     r.prefill(0, A)
     r.prefill(2, A[:20])
     lanes, toks, pos = [0, 2], [5, 9], [len(A), 20]
-    rows, where = r._padded(lanes, toks, pos)
+    rows, where = r.padded_round(lanes, toks, pos)
     with torch.inference_mode():
         alone = r._decode_body(torch.tensor(rows), rows=list(zip(rows[2], rows[1])))[where].clone()
         for n in (3, 90):

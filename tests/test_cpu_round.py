@@ -53,7 +53,7 @@ def test_cpp_round_gives_the_python_rounds_bits(runner, case):
     """Logits, greedy ids and the K/V rows written: equal, bit for bit."""
     r = runner
     lanes, tokens, positions = ROUNDS[case]
-    rows, where = r._padded(lanes, tokens, positions)
+    rows, where = r.padded_round(lanes, tokens, positions)
     with torch.inference_mode():
         before = r.kv.k.clone(), r.kv.v.clone()
         logits, ids = r.cpu_round.rows(rows, r.spare, r.kv)

@@ -94,13 +94,13 @@ def test_rounds_at_fewer_rows_give_the_padded_shapes_ids(overlap):
         assert r.buckets == ((8, 16) if buckets else (16,))
         assert r.describe()["decode_rows"] == list(r.buckets)
         seen = []  # each round's row count
-        padded = r._padded
+        padded = r.padded_round
 
         def record(*args):
             rows, where = padded(*args)
             seen.append(len(rows[0]))
             return rows, where
-        r._padded = record
+        r.padded_round = record
         lanes = [0, 3]
         toks = [r.prefill(ln, prompt(9 + ln, ln)) for ln in lanes]
         pos = [9 + ln for ln in lanes]

@@ -98,9 +98,9 @@ def test_padded_round_is_row_invariant(runner):
             return r.model.decode(inp[0], inp[1], inp[2], r.kv,
                                   lambda kv, i, q, l, p: decode_attention_loop(kv, i, q, l, p, spare=r.spare))
 
-    alone = logits(r._padded([1], [65], [17])[0])
-    crowd = logits(r._padded([0, 1, 2, 3], [3, 65, 99, 200], [10, 17, 24, 31])[0])
-    other = logits(r._padded([1, 3], [65, 1], [17, 5])[0])
+    alone = logits(r.padded_round([1], [65], [17])[0])
+    crowd = logits(r.padded_round([0, 1, 2, 3], [3, 65, 99, 200], [10, 17, 24, 31])[0])
+    other = logits(r.padded_round([1, 3], [65, 1], [17, 5])[0])
     assert torch.equal(alone[1], crowd[1]) and torch.equal(alone[1], other[1])
 
 

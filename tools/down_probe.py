@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.presets import resolve_model
+from engine.runner.mixed_graph import fewest_rows, pad
 from tools.mixed_products import Said, graph_ms
 
 
@@ -65,13 +66,11 @@ def main(argv=None) -> None:
 
             def check(y):
                 return torch.equal(y[:n], grid[:n]), torch.equal(y[n:n + p], grid_hi[:p])
-            for mb in range(n + p, 1025, 8):
-                xb = torch.cat([both, both.new_zeros(mb - n - p, k)])
-                y = F.linear(xb, w0)
-                if all(check(y)):
-                    t = timed(lambda: [F.linear(xb, w) for w in ws])
-                    say(f"| {n} + {p} | cuBLAS padded to {mb} | {t:.3f} | True | True |")
-                    break
+            mb = fewest_rows(w0, [(both, torch.cat([grid[:n], grid_hi[:p]]))])
+            if mb is not None:
+                xb = pad(both, mb)
+                t = timed(lambda: [F.linear(xb, w) for w in ws])
+                say(f"| {n} + {p} | cuBLAS padded to {mb} | {t:.3f} | True | True |")
             for tc in forms:
                 name = f"{'TMA ' if tc.tma else ''}tiles {tc.block_m}x{tc.block_n}x{tc.block_k} w{tc.num_warps} s{tc.num_stages}"
                 if (tc.block_m + tc.block_n) * tc.block_k * 2 * tc.num_stages > 232448:
@@ -141,14 +140,6 @@ def main(argv=None) -> None:
         say("|---|---|---|---|---|")
         one_chain = S.SkinnyConfig(32, 128, 4, 6)
 
-        def fewest(rows_in, ref, top=1024):
-            """The fewest rows m >= len(rows_in) at which cuBLAS over rows_in and zeros gives them `ref`'s bits."""
-            for mm in range(rows_in.shape[0], top + 1, 8):
-                xp = torch.cat([rows_in, rows_in.new_zeros(mm - rows_in.shape[0], k)])
-                if torch.equal(F.linear(xp, w0)[:rows_in.shape[0]], ref):
-                    return mm
-            return None
-
         for p in (8, 16):
             for n in (int(v) for v in a.cuts.split(",")):
                 both = torch.cat([x[:n], x[1024:1024 + p]])
@@ -157,19 +148,19 @@ def main(argv=None) -> None:
 
                 def check(y):
                     return torch.equal(y[:n], ref[:n]), torch.equal(y[n:n + p], ref[n:])
-                mc = fewest(cut_only, grid[:n])
+                mc = fewest_rows(w0, [(cut_only, grid[:n])])
                 rc = S.config_for(n_out, k, p, tables) or one_chain
                 xr = both[n:]
 
                 def two(w, mc=mc, rc=rc, xr=xr):
-                    yc = F.linear(torch.cat([cut_only, cut_only.new_zeros(mc - n, k)]) if mc != n else cut_only, w)[:n]
+                    yc = F.linear(pad(cut_only, mc), w)[:n]
                     return torch.cat([yc, S._launch(xr, w, rc)])
                 y = two(w0)
                 t = timed(lambda: [two(w) for w in ws])
                 say(f"| {n} + {p} | now: cut via cuBLAS at {mc}, round via skinny split {rc.split_k} | {t:.3f} | {check(y)[0]} | {check(y)[1]} |")
-                mb = fewest(both, ref)
+                mb = fewest_rows(w0, [(both, ref)])
                 if mb is not None:
-                    xb = torch.cat([both, both.new_zeros(mb - n - p, k)]) if mb != n + p else both
+                    xb = pad(both, mb)
                     y = F.linear(xb, w0)
                     t = timed(lambda: [F.linear(xb, w) for w in ws])
                     say(f"| {n} + {p} | one cuBLAS launch at {mb} rows | {t:.3f} | {check(y)[0]} | {check(y)[1]} |")

@@ -49,16 +49,13 @@ def main(argv=None) -> None:
     shorts = [torch.randint(0, r.vocab_size, (n,), generator=g).tolist() for n in (100, 700, 1500)]
     firsts = [r.prefill(i, p) for i, p in enumerate(shorts)]
     r.prefill(3, toks)  # the keys every cut's attention reads (a cut rewrites its own rows, the same bits)
-    rows, _ = r._padded([0, 1, 2], firsts, [len(p) for p in shorts])
-
-    def in_cut_thread(fn):
-        return fn() if r._cut_thread is None else r._cut_thread.submit(fn).result()
+    rows, _ = r.padded_round([0, 1, 2], firsts, [len(p) for p in shorts])
 
     graphs = {}
     for f in forms:
         mg = MixedGraphs(r, **FORMS[f])
         with torch.inference_mode():
-            ok = in_cut_thread(mg.capture)
+            ok = r.in_cut_thread(mg.capture)
         if not ok:
             raise SystemExit(f"{f}: {mg.fallback_reason}")
         graphs[f] = mg
@@ -76,7 +73,7 @@ def main(argv=None) -> None:
     for ctx in contexts:
         for n in sizes:
             with torch.inference_mode():
-                outs = {f: in_cut_thread(lambda mg=graphs[f]: forward(mg, n, ctx)) for f in forms}
+                outs = {f: r.in_cut_thread(lambda mg=graphs[f]: forward(mg, n, ctx)) for f in forms}
             ref = outs[forms[0]]
             res["bits"][f"{n}@{ctx}"] = {f: all(torch.equal(x, y) if torch.is_tensor(x) else x == y
                                                 for x, y in zip(o, ref)) for f, o in outs.items()}
@@ -95,7 +92,7 @@ def main(argv=None) -> None:
             with torch.inference_mode():
                 for _ in range(a.reps):
                     for f in forms:
-                        times[f].append(in_cut_thread(lambda mg=graphs[f]: timed(mg)))
+                        times[f].append(r.in_cut_thread(lambda mg=graphs[f]: timed(mg)))
             med = {f: round(statistics.median(t), 3) for f, t in times.items()}
             res["ms"][f"{n}@{ctx}"] = med
             print(f"{n:5d} rows @ {ctx:5d} keys:", "  ".join(f"{f} {m:.3f}" for f, m in med.items()),

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.presets import resolve_model
+from engine.runner.mixed_graph import pad
 from tools.mixed_products import Said, graph_ms
 
 
@@ -35,9 +36,6 @@ def main(argv=None) -> None:
 
     def swapped(x, w):
         return torch.mm(w, x.t()).t().contiguous()
-
-    def pad(x, m):
-        return x if m == x.shape[0] else torch.cat([x, x.new_zeros(m - x.shape[0], x.shape[1])])
 
     for model in a.model.split(","):
         m, _, _ = resolve_model(model)

@@ -157,7 +157,7 @@ class CppRound:
         return self.on
 
     def rows(self, rows: list[list[int]], spare: int, kv) -> tuple[torch.Tensor, torch.Tensor]:
-        """ModelRunner._padded's [tokens, positions, lanes] -> (logits [rows, vocab], greedy ids [rows]):
+        """ModelRunner.padded_round's [tokens, positions, lanes] -> (logits [rows, vocab], greedy ids [rows]):
         decode_cpu's logits with decode_attention_buckets' plan, bit for bit."""
         m = self.model
         h, kvh, d = self.shape

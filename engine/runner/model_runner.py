@@ -255,10 +255,7 @@ class ModelRunner:
             (tok,), logits = self._many([(lane, tokens, start, end)])
         else:
             ids = torch.tensor(list(tokens[start:end]), dtype=torch.long, device=self.device)
-            if self._cut_thread is not None:  # CUDA: where cuDNN's graphs for cuts were built
-                logits = self._cut_thread.submit(self._forward_cut, ids, lane, start).result()
-            else:
-                logits = self._forward_cut(ids, lane, start)
+            logits = self.in_cut_thread(self._forward_cut, ids, lane, start)  # CUDA: where cuDNN's graphs were built
             tok = int(logits.argmax(-1).item()) if end == n else None
         if end == n:
             if sampling is None or sampling.plain:
@@ -294,10 +291,7 @@ class ModelRunner:
 
     def _many(self, items) -> list[int | None]:
         seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in items]
-        if self._cut_thread is not None:
-            logits = self._cut_thread.submit(self._forward_many, seqs).result()
-        else:
-            logits = self._forward_many(seqs)
+        logits = self.in_cut_thread(self._forward_many, seqs)
         firsts = logits.argmax(-1).tolist()  # the one sync: the cuts' work is done when it returns
         return [int(f) if e == len(t) else None for f, (_, t, _, e) in zip(firsts, items)], logits
 
@@ -371,7 +365,7 @@ class ModelRunner:
         if self.cpu_mm is None or self.fused or self.cpu_round is None:
             return [self.prefill_step(*c) for c in cuts], self.decode(lanes, tokens, positions)
         self._check_mixed(cuts, lanes)
-        rows, where = self._padded(lanes, tokens, positions)
+        rows, where = self.padded_round(lanes, tokens, positions)
         if self.ahead is not None:
             self.ahead.drop()
         seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in cuts]
@@ -410,7 +404,7 @@ class ModelRunner:
         its row count, so each row keeps the bits its own call gives it. here: in the calling thread
         (the cut thread's own warm-up), else in the cut thread, as prompt cuts run."""
         self._check_mixed(cuts, lanes)
-        rows, where = self._padded(lanes, tokens, positions)
+        rows, where = self.padded_round(lanes, tokens, positions)
         if self.ahead is not None:
             self.ahead.drop()
         k = self.kernels
@@ -431,14 +425,14 @@ class ModelRunner:
                 last, ids = self.mixed_graphs.run(shape, lane, toks[s:e], s, rows)
                 first = int(first_head(0, last).argmax().item()) if e == len(toks) else None
                 return [first], [ids[row] for row in where]
-            return replay() if here or self._cut_thread is None else self._cut_thread.submit(replay).result()
+            return replay() if here else self.in_cut_thread(replay)
         seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in cuts]
         dec = torch.tensor(rows, dtype=torch.long, device=self.device)
 
         @torch.inference_mode()  # (per thread: the cut thread's call needs its own)
         def run():
             return self.model.mixed_fused(seqs, dec, self.kv, k.matmul, self._launch(), first_head, skinny=self.skinny)
-        first_logits, logits = run() if here or self._cut_thread is None else self._cut_thread.submit(run).result()
+        first_logits, logits = run() if here else self.in_cut_thread(run)
         return mixed_ids(cuts, first_logits, logits, where)
 
     def _check_mixed(self, cuts, lanes) -> None:
@@ -450,7 +444,12 @@ class ModelRunner:
             taken.add(lane)
 
     # ---- decode rounds -----------------------------------------------------------------------
-    def _padded(self, lanes, tokens, positions) -> tuple[list[list[int]], list[int]]:
+    def in_cut_thread(self, fn, *args):
+        """fn(*args) where prompt cuts run: the cut thread on CUDA (its graphs and cuDNN's were built
+        there), else here."""
+        return fn(*args) if self._cut_thread is None else self._cut_thread.submit(fn, *args).result()
+
+    def padded_round(self, lanes, tokens, positions) -> tuple[list[list[int]], list[int]]:
         """[tokens, positions, lanes] of the round's row count (the fewest of `buckets` holding its
         highest lane and all its entries), and the row each entry went to. A lane's first entry
         sits in row `lane`, as in every plain round; further entries of the same lane (a
@@ -518,7 +517,7 @@ class ModelRunner:
             raise ValueError("lanes, tokens and positions differ in length")
         if not lanes:
             return []
-        rows, where = self._padded(lanes, tokens, positions)
+        rows, where = self.padded_round(lanes, tokens, positions)
         greedy = sampling is None or all(sp.plain for sp in sampling)
         if self.ahead is not None and (self.graph is None or self._graph_takes(lanes)):
             out = self.ahead.round(rows, ahead and len(set(lanes)) == len(lanes), greedy)  # engine/runner/ahead.py

@@ -1,6 +1,6 @@
 """Drafters for speculative decoding. A drafter proposes the next few tokens of a stream; the
 target checks them in the same decode round, in rows the round would otherwise pad, and keeps
-the longest run it agrees with. Verification is greedy and row-exact (see ModelRunner._padded),
+the longest run it agrees with. Verification is greedy and row-exact (see ModelRunner.padded_round),
 so a drafted reply equals the plain reply token for token: drafts only change how many tokens
 a round yields.
 """
