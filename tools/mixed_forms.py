@@ -3,11 +3,12 @@
     PYTHONPATH=. python3 -m tools.mixed_forms --model qwen3-8b --out $OUT/mixed_forms.json
 
 One runner (--prefill-mode mixed, --cut-attention tiles) and its decode graphs; then one set of mixed
-graphs per form (engine/runner/mixed_graph.py MixedGraphs: hold_down), each captured
-as the runner captures its own. Per form, at every cut size and context: one forward of a prompt in
-lane 3 beside a round of lanes 0-2, its cut's K/V rows, last hidden row and the round's ids compared
-bitwise with the first form's; then the graphs' replays timed with CUDA events (the pinned inputs
-filled once), the forms interleaved rep by rep so that a drift of the device's clocks falls on all.
+graphs per form (engine/runner/mixed_graph.py MixedGraphs: hold_down, side_attention, persistent), each
+captured as the runner captures its own; --max-model-len sizes the graphs' grids as the engine's does.
+Per form, at every cut size and context: one forward of a prompt in lane 3 beside a round of lanes 0-2,
+its cut's K/V rows, last hidden row and the round's ids compared bitwise with the first form's; then
+the graphs' replays timed with CUDA events (the pinned inputs filled once), the forms interleaved rep
+by rep so that a drift of the device's clocks falls on all.
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from engine.config import EngineConfig, KernelConfig
 from engine.runner.mixed_graph import MixedGraphs
 from engine.runner.model_runner import build_runner
 
-FORMS = {"plain": {"hold_down": False}, "hold down": {"hold_down": True}}
+BEFORE = {"hold_down": True, "side_attention": False, "persistent": False}  # the graphs of 2026-12-03 09:47
+FORMS = {"plain": {**BEFORE, "hold_down": False}, "hold down": BEFORE,
+         "side": {**BEFORE, "side_attention": True}, "persistent": {**BEFORE, "persistent": True},
+         "side+persistent": {**BEFORE, "side_attention": True, "persistent": True}}
 
 
 def main(argv=None) -> None:
@@ -31,6 +35,9 @@ def main(argv=None) -> None:
     ap.add_argument("--contexts", default="0,8192")
     ap.add_argument("--forms", default=",".join(FORMS))
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--max-model-len", type=int, default=32256,
+                    help="the runner's context (sizes the cut attention's grid in a graph: long-prompt runs B of 32,000 "
+                         "tokens at 32,256)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     contexts = [int(c) for c in a.contexts.split(",")]
@@ -40,8 +47,10 @@ def main(argv=None) -> None:
         ap.error(f"--forms: unknown {unknown}; choose from {list(FORMS)}")
     t0 = time.perf_counter()
     prompt_len = max(contexts) + 1024 + 64
+    if a.max_model_len < prompt_len + 64:
+        ap.error(f"--max-model-len: at least {prompt_len + 64} for --contexts {a.contexts}")
     r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
-                                  max_model_len=prompt_len + 64, prefill_rows=1024, prefill_mode="mixed",
+                                  max_model_len=a.max_model_len, prefill_rows=1024, prefill_mode="mixed",
                                   kernels=KernelConfig(cut_tiles=True)))
     r.cuts_warmed.result()
     g = torch.Generator().manual_seed(7)
