@@ -137,24 +137,3 @@ def test_a_cut_given_on_the_device_keeps_the_bits_of_the_eager_call():
         meta = torch.tensor([start, rows, 2], dtype=torch.int32)
         got = cut_attention_at(padded, kc, vc, meta, 96, c)
         assert torch.equal(got[:rows], want), (start, rows)
-
-
-@pytest.mark.interpreted
-def test_the_persistent_grid_walks_every_cell_with_the_same_bits():
-    """CutFlashConfig.persistent: a few programs walking the cells in turn give every row the bits of
-    a program a cell, eager and from the device, across tiles and splits (the interpreter's grid
-    is 4 programs, so each walks several cells, the diagonal splits last)."""
-    import dataclasses
-    import torch
-    from engine.cuda.cut_flash import cut_attention, cut_attention_at
-    q, k, v = _inputs(90, seed=4)
-    c = _config()
-    p = dataclasses.replace(c, persistent=True)
-    kc, vc = torch.zeros(2, 96, KVH, D), torch.zeros(2, 96, KVH, D)
-    kc[1, :90], vc[1, :90] = k, v
-    for start, rows in [(0, 12), (70, 13), (37, 29), (5, 85)]:
-        want = cut_attention(q[start:start + rows], k, v, start, c)
-        assert torch.equal(cut_attention(q[start:start + rows], k, v, start, p), want), (start, rows)
-        padded = torch.cat([q[start:start + rows], torch.full((96 - rows, H, D), 7.0)])
-        meta = torch.tensor([start, rows, 1], dtype=torch.int32)
-        assert torch.equal(cut_attention_at(padded, kc, vc, meta, 96, p)[:rows], want), (start, rows)

@@ -3,8 +3,8 @@
     PYTHONPATH=. python3 -m tools.mixed_forms --model qwen3-8b --out $OUT/mixed_forms.json
 
 One runner (--prefill-mode mixed, --cut-attention tiles) and its decode graphs; then one set of mixed
-graphs per form (engine/runner/mixed_graph.py MixedGraphs: hold_down, side_attention, persistent), each
-captured as the runner captures its own; --max-model-len sizes the graphs' grids as the engine's does.
+graphs per form (engine/runner/mixed_graph.py MixedGraphs: hold_down), each captured as the runner
+captures its own; --max-model-len sizes the graphs' grids as the engine's does.
 Per form, at every cut size and context: one forward of a prompt in lane 3 beside a round of lanes 0-2,
 its cut's K/V rows, last hidden row and the round's ids compared bitwise with the first form's; then
 the graphs' replays timed with CUDA events (the pinned inputs filled once), the forms interleaved rep
@@ -23,10 +23,7 @@ from engine.config import EngineConfig, KernelConfig
 from engine.runner.mixed_graph import MixedGraphs
 from engine.runner.model_runner import build_runner
 
-BEFORE = {"hold_down": True, "side_attention": False, "persistent": False}  # the graphs of 2026-12-03 09:47
-FORMS = {"plain": {**BEFORE, "hold_down": False}, "hold down": BEFORE,
-         "side": {**BEFORE, "side_attention": True}, "persistent": {**BEFORE, "persistent": True},
-         "side+persistent": {**BEFORE, "side_attention": True, "persistent": True}}
+FORMS = {"plain": {"hold_down": False}, "hold down": {"hold_down": True}}
 
 
 def main(argv=None) -> None:

@@ -4,17 +4,16 @@ nothing else running takes it) on each CUDA cut-attention path, side by side on 
     PYTHONPATH=. python3 -m tools.prompt_alone --model qwen3-8b --prompt 32000 --out $OUT/prompt_alone.json
 
 Paths: cuDNN's halves (the default --cut-attention), cut_flash's tiles as the engine runs them, the
-tiles walked by one program an SM (persistent), the tiles with their cut written to the device by a
-blocking copy (each layer's copy waits for the stream), and the tiles at splits of 8,192 keys. Each
-path once untimed (compiles, cuDNN's graphs), then --reps timed fills; printed: the median seconds
-and each path's first token, and whether the last row's logits are bitwise those of the engine's
-tiles (persistent and the blocking copy must be; other splits and cuDNN need not).
+tiles with their cut written to the device by a blocking copy (each layer's copy waits for the
+stream), and the tiles at splits of 8,192 keys. Each path once untimed (compiles, cuDNN's graphs),
+then --reps timed fills; printed: the median seconds and each path's first token, and whether the
+last row's logits are bitwise those of the engine's tiles (the blocking copy must be; other splits
+and cuDNN need not).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import statistics
 import time
@@ -43,20 +42,13 @@ def blocking_meta():
         cut_flash.cut_attention = plain
 
 
-PATHS = ("tiles", "tiles, persistent", "tiles, blocking meta copy", "tiles, splits of 8192", "cudnn")
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--prompt", type=int, default=32000)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--paths", help="a comma-separated subset of the paths (default: all)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
-    unknown = [p for p in (a.paths or "").split(",") if p and p not in PATHS]
-    if unknown:
-        ap.error(f"--paths: unknown {unknown}; choose from {list(PATHS)}")
     r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=2,
                                   max_model_len=a.prompt + 64, prefill_rows=1024,
                                   kernels=KernelConfig(cut_tiles=True)))
@@ -65,11 +57,8 @@ def main(argv=None) -> None:
     ids = torch.randint(0, r.vocab_size, (a.prompt,), generator=g).tolist()
     tiles = r.kernels.cut_flash
     paths = {"tiles": (tiles, contextlib.nullcontext), "tiles, blocking meta copy": (tiles, blocking_meta),
-             "tiles, persistent": (dataclasses.replace(tiles, persistent=True), contextlib.nullcontext),
              "tiles, splits of 8192": (cut_flash.CutFlashConfig(split=8192), contextlib.nullcontext),
              "cudnn": (None, contextlib.nullcontext)}
-    if a.paths:
-        paths = {"tiles": paths["tiles"], **{p: paths[p] for p in a.paths.split(",")}}
     res, logits = {}, {}
     for name, (cfg, ctx) in paths.items():
         r.kernels.cut_flash = cfg

@@ -26,7 +26,6 @@ Under TRITON_INTERPRET=1 it runs on the CPU (tests/test_cut_flash.py).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,10 +49,6 @@ class CutFlashConfig:
     split: int = 2048
     warps: int = 8
     stages: int = 3
-    # walk the grid's cells with one program an SM in turn (_cut_persistent) rather than a program
-    # a cell: the same arithmetic a cell, so the same bits; what it saves is a mixed graph's grid
-    # (sized for the deepest cut it may carry) launching a program for every cell a cut lacks
-    persistent: bool = False
 
     def __post_init__(self):
         if self.block_m % self.block_n or self.split % self.block_m:
@@ -82,11 +77,22 @@ def _block(q, K, V, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: tl.conste
 
 
 @triton.jit
-def _cell(Q, K, V, Out, Opart, Mpart, Lpart, start, end, lane, tile0, n_tiles, p0, h, s,
-          s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
-          G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    """One cell of the grid: query tile p0 (counted from the deepest), head h, key split s."""
+def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
+                s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
+                G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    # the cut (start, rows, lane) is read from the device, so a CUDA graph captured for a row
+    # capacity replays for any cut that fits it; the grid covers the capacity and programs past
+    # the cut's tiles (or past a tile's splits) do nothing
+    start = tl.load(Meta)
+    T = tl.load(Meta + 1)
+    lane = tl.load(Meta + 2).to(tl.int64)
+    end = start + T
+    tile0 = start // BM
+    n_tiles = (end - 1) // BM + 1 - tile0
+    p0 = tl.program_id(0)
     tile = tile0 + (n_tiles - 1 - p0)  # the deepest tiles (longest walks) first
+    h = tl.program_id(1)
+    s = tl.program_id(2)
     ts = tile * BM
     nsplit = ts // SPLIT + 1  # SPLIT % BM == 0: every row of the tile has this many splits
     if (p0 < n_tiles) & (s < nsplit):
@@ -118,43 +124,6 @@ def _cell(Q, K, V, Out, Opart, Mpart, Lpart, start, end, lane, tile0, n_tiles, p
             tl.store(Lpart + s * s_ms + row * s_mt + h, l_i, mask=rmask)
 
 
-@triton.jit
-def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
-                s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
-                G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    # the cut (start, rows, lane) is read from the device, so a CUDA graph captured for a row
-    # capacity replays for any cut that fits it; the grid covers the capacity and programs past
-    # the cut's tiles (or past a tile's splits) do nothing
-    start = tl.load(Meta)
-    end = start + tl.load(Meta + 1)
-    lane = tl.load(Meta + 2).to(tl.int64)
-    tile0 = start // BM
-    _cell(Q, K, V, Out, Opart, Mpart, Lpart, start, end, lane, tile0, (end - 1) // BM + 1 - tile0,
-          tl.program_id(0), tl.program_id(1), tl.program_id(2),
-          s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale, G, D, BM, BN, SPLIT)
-
-
-@triton.jit
-def _cut_persistent(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
-                    s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
-                    H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    SPLIT: tl.constexpr):
-    """The same cells, walked by a fixed number of programs in turn: a graph's grid sized for its
-    deepest cut launches no program for a cell the cut does not have (a program holds most of an
-    SM's shared memory, so empty ones queue behind the working ones). Cells in split order, so the
-    short diagonal splits come last."""
-    start = tl.load(Meta)
-    end = start + tl.load(Meta + 1)
-    lane = tl.load(Meta + 2).to(tl.int64)
-    tile0 = start // BM
-    n_tiles = (end - 1) // BM + 1 - tile0
-    cells = n_tiles * H * (((end - 1) // BM * BM) // SPLIT + 1)  # the deepest tile's splits
-    for c in range(tl.program_id(0), cells, tl.num_programs(0)):
-        _cell(Q, K, V, Out, Opart, Mpart, Lpart, start, end, lane, tile0, n_tiles,
-              c % n_tiles, (c // n_tiles) % H, c // (n_tiles * H),
-              s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale, G, D, BM, BN, SPLIT)
-
-
 @triton.jit(do_not_specialize=["NS"])
 def _merge_kernel(Out, Opart, Mpart, Lpart, Meta, NS, s_ot, s_ps, s_pt, s_ms, s_mt,
                   D: tl.constexpr, BR: tl.constexpr, SPLIT: tl.constexpr):
@@ -172,7 +141,8 @@ def _merge_kernel(Out, Opart, Mpart, Lpart, Meta, NS, s_ot, s_ps, s_pt, s_ms, s_
     m = tl.full([BR], float("-inf"), tl.float32)
     l = tl.zeros([BR], tl.float32)
     acc = tl.zeros([BR, D], tl.float32)
-    # a split past a row's own changes nothing, so the loop stops at the cut's deepest row's
+    # a split past a row's own changes nothing, so the loop stops at the cut's deepest row's (a
+    # graph's NS covers the deepest cut it may carry)
     for s in range(0, tl.minimum(NS, (start + T - 1) // SPLIT + 1)):
         valid = rmask & (s < n)
         ms = tl.load(Mpart + s * s_ms + r64 * s_mt + h, mask=valid, other=float("-inf"))
@@ -233,26 +203,15 @@ def _launch(q, k, v, meta, tiles: int, ns: int, c: CutFlashConfig) -> torch.Tens
     else:
         opart = mpart = lpart = torch.empty(1, dtype=torch.float32, device=q.device)
     qk_scale = d ** -0.5 * LOG2E
-    args = (q, k, v, out, opart, mpart, lpart, meta,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), out.stride(0), *sp, *sm, qk_scale)
-    shapes = dict(G=h // kvh, D=d, BM=c.block_m, BN=c.block_n, SPLIT=c.split, num_warps=c.warps, num_stages=c.stages)
-    if c.persistent:
-        _cut_persistent[(min(tiles * h * ns, _programs(q.device)),)](*args, H=h, **shapes)
-    else:
-        _cut_kernel[(tiles, h, ns)](*args, **shapes)
+    _cut_kernel[(tiles, h, ns)](
+        q, k, v, out, opart, mpart, lpart, meta,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), out.stride(0), *sp, *sm, qk_scale,
+        G=h // kvh, D=d, BM=c.block_m, BN=c.block_n, SPLIT=c.split, num_warps=c.warps, num_stages=c.stages)
     if ns > 1:
         br = 32
         _merge_kernel[(triton.cdiv(t, br), h)](out, opart, mpart, lpart, meta, ns, out.stride(0), *sp, *sm,
                                                D=d, BR=br, SPLIT=c.split, num_warps=4)
     return out
-
-
-@functools.cache
-def _programs(device: torch.device) -> int:
-    """The persistent grid: one program an SM (a program's K/V stages fill most of its shared memory)."""
-    if device.type != "cuda":
-        return 4  # Triton's interpreter: a few programs, so that each walks several cells
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def causal_flops(prompt: int, heads: int, head_dim: int) -> float:

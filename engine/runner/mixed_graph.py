@@ -30,7 +30,6 @@ interpreter against the eager mixed forward, bit for bit).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -174,12 +173,9 @@ def products(plan: dict, n: int, cut_mm, launch, skinny: bool, down: tuple | Non
 
 
 def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, plan: dict, cut_mm, launch, tiles,
-            max_len: int, skinny: bool, hold_down: bool = True,
-            side: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            max_len: int, skinny: bool, hold_down: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The mixed forward at a shape: inp [3, n + p] (tokens, positions, lanes), the cut's rows first;
-    meta int32 [start, rows, lane]. Returns (the cut's last row's hidden state, the round's ids).
-    side: a stream for the round's attention, which then runs beside the cut's (each reads only
-    q/k/v of its own rows, so the bits are those of one after the other)."""
+    meta int32 [start, rows, lane]. Returns (the cut's last row's hidden state, the round's ids)."""
     from engine.cuda.cut_flash import cut_attention_at
     tokens, positions, lanes = inp[0], inp[1], inp[2]
     d_lanes, d_positions = lanes[n:], positions[n:]
@@ -187,17 +183,8 @@ def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, plan: dict
                        if hold_down else None)
 
     def attend(i, q):
-        if side is None:
-            return torch.cat([cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles),
-                              launch.attention(kv, i, q[n:], d_lanes, d_positions)])
-        main = torch.cuda.current_stream()
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            rnd = launch.attention(kv, i, q[n:], d_lanes, d_positions)
-        cut = cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles)
-        main.wait_stream(side)
-        rnd.record_stream(main)  # made on the side stream, read and freed on this one
-        return torch.cat([cut, rnd])
+        return torch.cat([cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles),
+                          launch.attention(kv, i, q[n:], d_lanes, d_positions)])
 
     h = model.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, act=act, launch=launch)
     last = h.index_select(0, (meta[1:2] - 1).long())[0]
@@ -210,19 +197,13 @@ class MixedGraphs:
     What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
     skinny, device, _launch."""
 
-    def __init__(self, runner, hold_down: bool = True, side_attention: bool = True, persistent: bool = True):
+    def __init__(self, runner, hold_down: bool = True):
         """hold_down: down reads silu * up from its padded buffer (products); off, it pads its input as
         the other products do (the same bits: tools/mixed_forms.py times both side by side). The round's
         kernels launch plainly: with the decode graph's PDL and folded combine every shape measured
-        4-5 % slower on the H200 (receipts/mixed-products/20261203-0920-h200-mixed-forms.json).
-        side_attention: the round's attention on a second stream beside the cut's (CUDA only).
-        persistent: the cut's attention walks its grid with one program an SM (CutFlashConfig.persistent,
-        the same bits): a graph's grid is sized for the deepest cut it may carry."""
+        4-5 % slower on the H200 (receipts/mixed-products/20261203-0920-h200-mixed-forms.json)."""
         self.runner = runner
         self.hold_down = hold_down
-        self.side = torch.cuda.Stream(runner.device) if side_attention and runner.device.type == "cuda" else None
-        tiles = runner.kernels.cut_flash
-        self.tiles = dataclasses.replace(tiles, persistent=persistent) if tiles is not None else None
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
         self.shapes: dict[tuple[int, int], MixedShape] = {}
         self.fallback_reason: str | None = "not captured"
@@ -244,7 +225,7 @@ class MixedGraphs:
     def body(self, s: MixedShape):
         r = self.runner
         return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.plan, r.kernels.matmul, r._launch(),
-                       self.tiles, r.max_model_len, r.skinny, self.hold_down, self.side)
+                       r.kernels.cut_flash, r.max_model_len, r.skinny, self.hold_down)
 
     def fill(self, s: MixedShape, lane: int, toks, start: int, rows: list[list[int]]) -> None:
         """The pinned inputs for a cut of `toks` at `start` of `lane` and the padded round `rows`."""
