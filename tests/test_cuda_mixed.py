@@ -83,13 +83,14 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits():
 
 
 @pytest.mark.interpreted
-@pytest.mark.parametrize("hold_down", [True, False])
-def test_padded_launches_keep_every_rows_bits(monkeypatch, hold_down):
+@pytest.mark.parametrize("hold_down,chunks", [(True, ()), (False, ()), (True, (2,))])
+def test_padded_launches_keep_every_rows_bits(monkeypatch, hold_down, chunks):
     """Where one launch over both kinds of rows needs padding (here a library that sums K another way
     between 9 and 23 rows, as cuBLAS splits K at some counts), the graph's body pads each product's
     input to the checked count, except down's with hold_down: silu * up is written into the head of
-    down's padded buffer. The cut's KV rows and first token stay a whole prefill's, the round's ids a
-    plain round's, either way."""
+    down's padded buffer; or, with chunks and a batched product that keeps the bits at every count, it
+    runs each weight in chunks, unpadded. The cut's KV rows and first token stay a whole prefill's, the
+    round's ids a plain round's, every way."""
     import torch.nn.functional as F
     from engine.runner import mixed_graph
     from engine.runner.model_runner import build_runner
@@ -101,6 +102,9 @@ def test_padded_launches_keep_every_rows_bits(monkeypatch, hold_down):
         y = torch.stack([real(row, w, b) for row in x]) if x.shape[0] else real(x, w, b)
         return torch.nextafter(y, torch.full_like(y, float("inf"))) if 8 < x.shape[0] < 24 else y
     monkeypatch.setattr(F, "linear", library)
+    # the batched product row by row through the unmoved kernel: the same bits at every count
+    monkeypatch.setattr(torch, "bmm", lambda a, b: torch.stack([torch.stack([real(row, b[i].T) for row in a[i]])
+                                                                 for i in range(a.shape[0])]))
     real_pad = mixed_graph.pad
     monkeypatch.setattr(mixed_graph, "pad", lambda x, m: padded.append((x.shape[1], m)) or real_pad(x, m)
                         if m != x.shape[0] else x)
@@ -112,10 +116,15 @@ def test_padded_launches_keep_every_rows_bits(monkeypatch, hold_down):
     ref_k, ref_v = r.kv.k[:, 1, :len(B)].clone(), r.kv.v[:, 1, :len(B)].clone()
     ids = r.decode([2], [first_a], [len(A)])
     r.kv.k[:, 1].zero_(); r.kv.v[:, 1].zero_()
-    g = r.mixed_graphs = mixed_graph.MixedGraphs(r, hold_down=hold_down)
+    g = r.mixed_graphs = mixed_graph.MixedGraphs(r, hold_down=hold_down, chunks=chunks)
     g.sizes = (8, 16)
     g.shapes = {(n, p): g.shape(n, p) for n in g.sizes for p in r.buckets}
-    assert all(v == mixed_graph.Product(True, 24) for s in g.shapes.values() for v in s.plan.values())
+    if chunks:
+        assert all(v == mixed_graph.Product(True, s.rows + s.round_rows, 2) for s in g.shapes.values()
+                   for v in s.plan.values()), [s.plan for s in g.shapes.values()]
+        assert "in chunks of N 2 at" in g.describe()
+    else:
+        assert all(v == mixed_graph.Product(True, 24) for s in g.shapes.values() for v in s.plan.values())
     padded.clear()
     got = []
     for s, e in ((0, 8), (8, 24), (24, 32), (32, 40)):
@@ -125,7 +134,10 @@ def test_padded_launches_keep_every_rows_bits(monkeypatch, hold_down):
     assert got == [None, None, None, first_b]
     assert torch.equal(r.kv.k[:, 1, :len(B)], ref_k) and torch.equal(r.kv.v[:, 1, :len(B)], ref_v)
     down_k = r.model.model.layers[0].mlp.down_proj.weight.shape[1]
-    assert padded and (down_k in {k for k, _ in padded}) == (not hold_down), padded
+    if chunks:
+        assert not padded, padded
+    else:
+        assert padded and (down_k in {k for k, _ in padded}) == (not hold_down), padded
 
 
 def test_mixed_on_cuda_wants_the_tiles():
@@ -164,15 +176,20 @@ def test_the_plan_pads_one_launch_to_a_count_that_keeps_both_kinds_bits(monkeypa
     w = torch.randint(-3, 4, (8, 64)).float()
     monkeypatch.setattr(torch, "randn", lambda *s, generator=None, device=None: torch.randint(-3, 4, s, generator=generator).float())
     launch = SimpleNamespace(linear=chain, gate_up_silu=lambda x, w: chain(x, w), silu_mul=lambda y: y)
-    plan = MG.plan_products({"down": w}, 4, 2, chain, launch, skinny=True)
+    plan = MG.plan_products({"down": [w]}, 4, 2, chain, launch, skinny=True, chunks=())
     assert plan[(8, 64)] == MG.Product(True, 24)
     x = torch.randint(-3, 4, (6, 64)).float()
     mm, _ = MG.products(plan, 4, chain, launch, skinny=True)
     got = mm(x, w)
     assert got.shape == (6, 8) and torch.equal(got, chain(x, w))
+    # the weight in chunks: bmm sums each column's K in one chain at any count, so 6 rows keep the bits
+    split = MG.plan_products({"down": [w]}, 4, 2, chain, launch, skinny=True)
+    assert split[(8, 64)] == MG.Product(True, 6, 2)
+    mm, _ = MG.products(split, 4, chain, launch, skinny=True)
+    assert torch.equal(mm(x, w), chain(x, w))
     odd = SimpleNamespace(linear=lambda x, w: torch.nextafter(chain(x, w), torch.full((1,), -float("inf"))),
                           gate_up_silu=None, silu_mul=lambda y: y)
-    apart = MG.plan_products({"down": w}, 4, 2, chain, odd, skinny=True)
+    apart = MG.plan_products({"down": [w]}, 4, 2, chain, odd, skinny=True)
     assert apart[(8, 64)] == MG.Product(False, 24)  # the cut's rows alone padded to 24
     mm, _ = MG.products(apart, 4, chain, odd, skinny=True)
     got = mm(x, w)

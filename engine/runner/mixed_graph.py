@@ -20,6 +20,8 @@ whatever its cut, where its kernels take 4-25 ms; a graph replays them in one la
   only at 192 and 248), and reads silu * up from the head of its padded buffer, which act writes
   (`products` down=): 0.19-0.24 ms less a 128-row forward than a fill and a copy a layer. Padding the
   whole forward to down's count instead made gate/up 0.6 ms slower (cuBLAS's kernel at 192 rows).
+  Where one launch needs padding, the weight's N rows in 2, 4 or 8 strided-batched chunks are checked
+  too (`chunked`: no element's K chain moves, cuBLAS picks another kernel), and the faster form kept.
 - Inputs: [3, c] int64 (tokens, positions, lanes: the cut's rows, then the round's) and the cut's
   int32 [start, rows, lane], pinned on the host and copied in by the graph's first nodes.
 - Outputs: the round's greedy ids and the hidden state of the cut's last row; where the cut ends
@@ -70,11 +72,25 @@ class MixedShape:
 
 @dataclass(frozen=True)
 class Product:
-    """How one weight runs at a shape (plan_products): `both`, one F.linear launch over the cut's rows
-    and the round's, padded with zero rows to `rows`; else two launches, the cut's rows through F.linear
-    at `rows` (zeros below them; None: cut_mm itself) and the round's through the round's own kernels."""
+    """How one weight runs at a shape (plan_products): `both`, one launch over the cut's rows and the
+    round's, padded with zero rows to `rows` (F.linear, or `chunks` > 1: the weight's N rows as that many
+    strided-batched chunks, `chunked`); else two launches, the cut's rows through F.linear at `rows`
+    (zeros below them; None: cut_mm itself) and the round's through the round's own kernels."""
     both: bool
     rows: int | None
+    chunks: int = 1
+
+
+def chunked(x: torch.Tensor, w: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+    """x @ w.T with w's N rows as `chunks` strided-batched products (x broadcast to each), set side by
+    side. No element's sum over K moves (each output column is still one chain), only cuBLAS's choice of
+    kernel: on the H200 qwen3-8b's down gives a row its grid bits in 4 chunks at 136 rows in 1.56 ms
+    (36 layers) where one launch needs 192 rows and 1.81 ms (tools/chunk_probe.py)."""
+    if chunks == 1:
+        return F.linear(x, w)
+    n_out, k = w.shape
+    y = torch.bmm(x.expand(chunks, *x.shape), w.view(chunks, n_out // chunks, k).transpose(1, 2))
+    return y.transpose(0, 1).reshape(x.shape[0], n_out)
 
 
 def round_kernels(launch, skinny: bool):
@@ -84,13 +100,13 @@ def round_kernels(launch, skinny: bool):
     return F.linear, lambda x, w: launch.silu_mul(F.linear(x, w))
 
 
-def fewest_rows(w: torch.Tensor, cases: list, top: int = 1024, act=None) -> int | None:
-    """The fewest rows m (the cases' own count, else a multiple of 8 up to `top`) at which F.linear over
-    each case's rows x and m - len(x) rows of zeros gives them `want`'s bits (act applied to the
-    product first); None if none does. cases: [(x, want)], all of one row count."""
+def fewest_rows(w: torch.Tensor, cases: list, top: int = 1024, act=None, chunks: int = 1) -> int | None:
+    """The fewest rows m (the cases' own count, else a multiple of 8 up to `top`) at which one launch
+    (`chunked` in `chunks`) over each case's rows x and m - len(x) rows of zeros gives them `want`'s bits
+    (act applied to the product first); None if none does. cases: [(x, want)], all of one row count."""
     n, post = cases[0][0].shape[0], act or (lambda y: y)
     for m in dict.fromkeys([n, *range(-(-n // 8) * 8, top + 1, 8)]):
-        if all(torch.equal(post(F.linear(pad(x, m), w)[:n]), want) for x, want in cases):
+        if all(torch.equal(post(chunked(pad(x, m), w, chunks)[:n]), want) for x, want in cases):
             return m
     return None
 
@@ -100,32 +116,62 @@ def random_rows(w: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, w.shape[1], generator=g, device=w.device).to(w.dtype)
 
 
-def one_launch_rows(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, seeds=(0, 1)) -> int | None:
-    """The fewest rows (fewest_rows) at which one F.linear over n cut rows and p round rows gives the
-    first n cut_mm's bits and the next p round_mm's (act: the gate/up activation, applied to the
-    launch and to cut_mm's product; round_mm then is the round's fused gate/up kernel), on random rows."""
+def one_launch_cases(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None, seeds=(0, 1)) -> list:
+    """[(x, want)] on random rows: n cut rows and p round rows, want the first n cut_mm's bits and the
+    next p round_mm's (act: the gate/up activation, applied to cut_mm's product; round_mm then is the
+    round's fused gate/up kernel)."""
     cases = []
     for seed in seeds:
         x = random_rows(w, n + p, seed)
         cut = cut_mm(x[:n], w)
         cases.append((x, torch.cat([act(cut) if act is not None else cut, round_mm(x[n:], w)])))
-    return fewest_rows(w, cases, act=act)
+    return cases
 
 
-def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool) -> dict:
-    """(N, K) -> Product for each of the layer's weights {name: w} at a shape of n cut rows and p round
-    rows: one launch over both kinds at the fewest rows where a bitwise check gives each kind its
-    bits (one_launch_rows), else two launches (padded_count for the cut's rows). cuBLAS splits K at
-    some row counts, and a split sums in another order: on the H200 qwen3-8b's down gave a row the
-    grid cut's bits only at 192, 248 and from 264 rows."""
+def launch_ms(layers: list, rows: int, chunks: int, reps: int = 5) -> float:
+    """Median ms of one launch (`chunked`) over `rows` random rows for each of the layers' weights, on
+    the device (layers of the model's size, so that L2 holds none of them, as in a forward)."""
+    x = random_rows(layers[0], rows, 9)
+    times = []
+    for i in range(reps + 1):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for w in layers:
+            chunked(x, w, chunks)
+        e1.record()
+        e1.synchronize()
+        if i:  # the first compiles nothing but warms cuBLAS's choice
+            times.append(e0.elapsed_time(e1))
+    return sorted(times)[len(times) // 2]
+
+
+def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool, chunks=(2, 4, 8)) -> dict:
+    """(N, K) -> Product for each of the layer's weights {name: [w of each layer]} at a shape of n cut rows
+    and p round rows: one launch over both kinds at the fewest rows where a bitwise check gives each
+    kind its bits, else two launches (padded_count for the cut's rows). cuBLAS splits K at some row
+    counts, and a split sums in another order: on the H200 qwen3-8b's down gave a row the grid cut's
+    bits only at 192, 248 and from 264 rows. Where one F.linear needs padding, the weight in `chunks`
+    (`chunked`) is checked too, and the faster form taken: timed on the device over every layer's
+    weight (cuBLAS's kernel at a count is not foreseeable: on the H200 4 chunks ran qwen3-8b's down
+    fastest, 2 qwen3-32b's, and one launch qwen3-32b's o padded by 8 rows), the fewest rows elsewhere."""
     round_mm, round_act = round_kernels(launch, skinny)
     out = {}
-    for name, w in weights.items():
-        if name == "gate_up":
-            m = one_launch_rows(w, n, p, cut_mm, round_act, act=launch.silu_mul)
+    for name, layers in weights.items():
+        w = layers[0]
+        act = launch.silu_mul if name == "gate_up" else None
+        cases = one_launch_cases(w, n, p, cut_mm, round_act if act is not None else round_mm, act=act)
+        m = fewest_rows(w, cases, act=act)
+        if m is None:
+            out[tuple(w.shape)] = Product(False, padded_count(w, n, cut_mm))
+            continue
+        forms = [Product(True, m)]
+        if m > n + p:
+            forms += [Product(True, mc, c) for c in chunks if w.shape[0] % c == 0
+                      for mc in [fewest_rows(w, cases, top=m - 8, act=act, chunks=c)] if mc is not None]
+        if len(forms) > 1 and w.is_cuda:
+            out[tuple(w.shape)] = min(forms, key=lambda f: launch_ms(layers, f.rows, f.chunks))
         else:
-            m = one_launch_rows(w, n, p, cut_mm, round_mm)
-        out[tuple(w.shape)] = Product(True, m) if m is not None else Product(False, padded_count(w, n, cut_mm))
+            out[tuple(w.shape)] = min(forms, key=lambda f: (f.rows, f.chunks))
     return out
 
 
@@ -152,20 +198,20 @@ def products(plan: dict, n: int, cut_mm, launch, skinny: bool, down: tuple | Non
     def planned(x, w, post, rnd):
         how = plan[tuple(w.shape)]
         if how.both:
-            return post(F.linear(pad(x, how.rows), w)[:x.shape[0]])
+            return post(chunked(pad(x, how.rows), w, how.chunks)[:x.shape[0]])
         cut = cut_mm(x[:n], w) if how.rows is None else F.linear(pad(x[:n], how.rows), w)[:n]
         return torch.cat([post(cut), rnd(x[n:], w)])
 
     def mm(x, w):
         if held and x.data_ptr() == held[0].data_ptr():  # act's output, the head of down's padded input
-            return F.linear(held[0], w)[:x.shape[0]]
+            return chunked(held[0], w, to.chunks)[:x.shape[0]]
         return planned(x, w, lambda y: y, round_mm)
 
     def act(x, w):
         how, rows = plan[tuple(w.shape)], x.shape[0]
         if not (how.both and to is not None and to.both and to.rows > rows):
             return planned(x, w, launch.silu_mul, round_act)
-        gu = F.linear(pad(x, how.rows), w)[:rows]
+        gu = chunked(pad(x, how.rows), w, how.chunks)[:rows]
         if not held:
             held.append(gu.new_zeros(to.rows, gu.shape[1] // 2))
         return launch.silu_mul(gu, out=held[0][:rows])
@@ -197,21 +243,23 @@ class MixedGraphs:
     What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
     skinny, device, _launch."""
 
-    def __init__(self, runner, hold_down: bool = True):
+    def __init__(self, runner, hold_down: bool = True, chunks: tuple = (2, 4, 8)):
         """hold_down: down reads silu * up from its padded buffer (products); off, it pads its input as
         the other products do (the same bits: tools/mixed_forms.py times both side by side). The round's
         kernels launch plainly: with the decode graph's PDL and folded combine every shape measured
         4-5 % slower on the H200 (receipts/mixed-products/20261203-0920-h200-mixed-forms.json)."""
         self.runner = runner
         self.hold_down = hold_down
+        self.chunks = chunks  # plan_products' chunk counts (() for one F.linear launch a product)
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
         self.shapes: dict[tuple[int, int], MixedShape] = {}
         self.fallback_reason: str | None = "not captured"
 
     def _weights(self) -> dict:
-        layer = self.runner.model.model.layers[0]
-        a, m = layer.self_attn, layer.mlp
-        return {"qkv": a.wqkv, "o": a.o_proj.weight, "gate_up": m.w_gate_up, "down": m.down_proj.weight}
+        """Each product's weight in every layer (plan_products checks bits on the first, times on all)."""
+        layers = self.runner.model.model.layers
+        return {"qkv": [l.self_attn.wqkv for l in layers], "o": [l.self_attn.o_proj.weight for l in layers],
+                "gate_up": [l.mlp.w_gate_up for l in layers], "down": [l.mlp.down_proj.weight for l in layers]}
 
     def shape(self, n: int, p: int) -> MixedShape:
         r = self.runner
@@ -220,7 +268,8 @@ class MixedGraphs:
         def pair(*size, dtype):
             return pin(torch.zeros(*size, dtype=dtype)), torch.zeros(*size, dtype=dtype, device=r.device)
         return MixedShape(n, p, *pair(3, n + p, dtype=torch.long), *pair(3, dtype=torch.int32),
-                          plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny))
+                          plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny,
+                                        self.chunks))
 
     def body(self, s: MixedShape):
         r = self.runner
@@ -272,10 +321,13 @@ class MixedGraphs:
         padded = sorted({(s.rows + s.round_rows, v.rows) for s in self.shapes.values() for v in s.plan.values()
                          if v.both and v.rows != s.rows + s.round_rows})
         twice = sorted({(s.rows, v.rows) for s in self.shapes.values() for v in s.plan.values() if not v.both})
+        split = sorted({(s.rows + s.round_rows, v.chunks) for s in self.shapes.values() for v in s.plan.values()
+                        if v.both and v.chunks > 1})
         return (f"CUDA graphs at cuts of {', '.join(map(str, self.sizes))} rows beside rounds of "
                 f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {sum(v.both for v in plans)} of "
                 f"{len(plans)} products one cuBLAS launch over both kinds of rows (checked at start-up), padded "
                 + (", ".join(f"{a}->{b}" for a, b in padded) or "nowhere")
+                + ", in chunks of N " + (", ".join(f"{c} at {a}" for a, c in split) or "nowhere")
                 + "; the rest one launch a kind, the cut's rows at "
                 + (", ".join(f"{a}->{b if b is not None else 'the cuts product'}" for a, b in twice) or "-"))
 
