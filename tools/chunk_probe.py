@@ -29,27 +29,25 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.presets import resolve_model
-from engine.runner.mixed_graph import pad
+from engine.runner.mixed_graph import chunked, pad
 from tools.mixed_products import Said, graph_ms
 
 
 def forms(chunks: tuple[int, ...]):
-    """name -> (prepare(w) -> operand, product(x, operand) -> [rows, N])."""
+    """name -> (prepare(w) -> operand, product(x, operand) -> [rows, N]); "bmm c" is the mixed graphs' own
+    form (mixed_graph.chunked)."""
     out = {"linear": (lambda w: w, F.linear),
            "K-major": (lambda w: w.t().contiguous(), torch.mm)}
     for c in chunks:
-        def split(w, c=c):
-            return w.view(c, w.shape[0] // c, w.shape[1]).transpose(1, 2)  # [c, K, N/c]
-
         def split_t(w, c=c):
             t = w.t().contiguous()
             return t.view(t.shape[0], c, t.shape[1] // c).permute(1, 0, 2)  # [c, K, N/c], ld N
 
-        def bmm(x, b, c=c):
+        def bmm_t(x, b, c=c):
             y = torch.bmm(x.expand(c, *x.shape), b)  # [c, rows, N/c]
             return y.transpose(0, 1).reshape(x.shape[0], -1)
-        out[f"bmm {c}"] = (split, bmm)
-        out[f"bmm {c} K-major"] = (split_t, bmm)
+        out[f"bmm {c}"] = (lambda w: w, lambda x, w, c=c: chunked(x, w, c))
+        out[f"bmm {c} K-major"] = (split_t, bmm_t)
     return out
 
 
