@@ -251,7 +251,7 @@ ENGINE_NEEDS = ("torch", "triton", "aiohttp", "safetensors", "tokenizers", "jinj
 def main() -> None:
     """Known errors become one line and exit code 2; no traceback."""
     try:
-        app(standalone_mode=False)
+        rv = app(standalone_mode=False)  # typer answers Ctrl-C with 130 here, not an exception
     except (ConfigError, OSError) as exc:  # bad configuration, a taken port
         typer.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)
@@ -270,6 +270,7 @@ def main() -> None:
             raise
         typer.secho(f"error: {exc.format_message()}", fg="red", err=True)  # a flag's value, an unknown flag
         sys.exit(2)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":
