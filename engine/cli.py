@@ -270,7 +270,8 @@ def main() -> None:
             raise
         typer.secho(f"error: {exc.format_message()}", fg="red", err=True)  # a flag's value, an unknown flag
         sys.exit(2)
-    sys.exit(rv if isinstance(rv, int) else 0)
+    if isinstance(rv, int) and rv:
+        sys.exit(rv)
 
 
 if __name__ == "__main__":
