@@ -137,3 +137,42 @@ def test_a_cut_given_on_the_device_keeps_the_bits_of_the_eager_call():
         meta = torch.tensor([start, rows, 2], dtype=torch.int32)
         got = cut_attention_at(padded, kc, vc, meta, 96, c)
         assert torch.equal(got[:rows], want), (start, rows)
+
+
+@pytest.mark.interpreted
+def test_a_query_tile_lower_than_a_key_block_stays_causal_and_cut_free():
+    """block_m < block_n (twice the programs for a small cut): the block that holds the tile's first
+    position is masked however the tile sits in it, so no row sees a key past its own position."""
+    import torch
+    from engine.cuda.cut_flash import CutFlashConfig
+    q, k, v = _inputs(90, seed=4)
+    c = CutFlashConfig(block_m=8, block_n=16, split=32, warps=4, stages=1)
+    a = _cuts(q, k, v, [0, 8, 24, 40, 56, 72, 90], c)
+    b = _cuts(q, k, v, [0, 5, 37, 38, 71, 90], c)
+    assert torch.equal(a, b), (a - b).abs().max()
+    assert torch.allclose(a, _reference(q, k, v), atol=1e-5, rtol=1e-5), (a - _reference(q, k, v)).abs().max()
+    with pytest.raises(ValueError):
+        CutFlashConfig(block_m=48, block_n=32)
+
+
+@pytest.mark.interpreted
+def test_plan_tiles_takes_the_fastest_config_with_the_same_bits():
+    import torch
+    from dataclasses import replace
+    from engine.cuda.cut_flash import plan_tiles
+    base = _config()
+    same = replace(base, warps=8)  # the interpreter runs every warp count the same way: equal bits
+    other = replace(base, block_n=16)  # another walk of the keys: other bits
+    costs = {base: 3.0, same: 2.0, other: 1.0}
+    timed = []
+
+    def time_ms(c, run):
+        run()
+        timed.append(c)
+        return costs[c]
+    args = (16, 96, H, KVH, D, torch.device("cpu"), torch.float32)
+    assert plan_tiles(base, [other, same], *args, time_ms=time_ms) == same
+    assert other not in timed and set(timed) == {base, same}
+    costs[same] = 4.0
+    assert plan_tiles(base, [other, same], *args, time_ms=time_ms) == base
+    assert plan_tiles(base, [same], *args) == base  # nothing to time on the CPU

@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 -m tools.mixed_forms --model qwen3-8b --out $OUT/mixed_forms.json
 
 One runner (--prefill-mode mixed, --cut-attention tiles) and its decode graphs; then one set of mixed
-graphs per form (engine/runner/mixed_graph.py MixedGraphs: hold_down, chunks), each captured as the runner
+graphs per form (engine/runner/mixed_graph.py MixedGraphs: hold_down, chunks, tiles), each captured as the runner
 captures its own; --max-model-len sizes the graphs' grids as the engine's does.
 Per form, at every cut size and context: one forward of a prompt in lane 3 beside a round of lanes 0-2,
 its cut's K/V rows, last hidden row and the round's ids compared bitwise with the first form's; then
@@ -23,9 +23,12 @@ from engine.config import EngineConfig, KernelConfig
 from engine.runner.mixed_graph import MixedGraphs
 from engine.runner.model_runner import build_runner
 
-# the graphs before the chunked products (one F.linear a product), and as they run now
-FORMS = {"plain": {"hold_down": False, "chunks": ()}, "hold down": {"hold_down": True, "chunks": ()},
-         "chunks": {"hold_down": True, "chunks": (2, 4, 8)}}
+# the graphs before the chunked products (one F.linear a product), before the cut attention's lower tiles,
+# and as they run now (the tiles planned per capacity: mixed_graph.TILES)
+FORMS = {"plain": {"hold_down": False, "chunks": (), "tiles": ()},
+         "hold down": {"hold_down": True, "chunks": (), "tiles": ()},
+         "chunks": {"hold_down": True, "chunks": (2, 4, 8), "tiles": ()},
+         "tiles": {"hold_down": True, "chunks": (2, 4, 8), "tiles": None}}
 
 
 def main(argv=None) -> None:

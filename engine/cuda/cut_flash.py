@@ -12,9 +12,14 @@ that orders a row's arithmetic sits at absolute positions:
   blocks wholly before the tile's first position go unmasked, the rest masked to key <= position,
   both split points set by the tile alone. A block wholly past a row's position leaves its running
   max, sum and accumulator bit for bit unchanged (alpha = exp2(0) = 1, p = 0, acc + 0), so a cut
-  ending earlier or later changes only blocks that change nothing;
+  ending earlier or later changes only blocks that change nothing; and a masked block gives the
+  keys at or before a row what an unmasked one does, so a query tile lower than a key block
+  (BM < BN: twice the programs for a small cut) walks each row through the same blocks in the
+  same order. Where its dots run the same instruction shape (a taller tile only repeats it), a
+  row then has the same bits at either height: `plan_tiles` checks that on the device and times
+  both;
 - key splits (to fill the GPU when a cut has few tiles): split s covers keys
-  [s*SPLIT, (s+1)*SPLIT), SPLIT a multiple of BM, so a row's splits are those before its own
+  [s*SPLIT, (s+1)*SPLIT), SPLIT a multiple of BM and BN, so a row's splits are those before its own
   position; partial (acc, m, l) merged in split order 0, 1, ... (a row with one split is
   normalized in place; the merge of one split is that same division).
 
@@ -51,8 +56,9 @@ class CutFlashConfig:
     stages: int = 3
 
     def __post_init__(self):
-        if self.block_m % self.block_n or self.split % self.block_m:
-            raise ValueError(f"block_m must be a multiple of block_n and split of block_m: {self}")
+        if (max(self.block_m, self.block_n) % min(self.block_m, self.block_n)
+                or self.split % max(self.block_m, self.block_n)):
+            raise ValueError(f"block_m and block_n must divide one another and split both: {self}")
 
 
 @triton.jit
@@ -109,7 +115,7 @@ def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
         acc = tl.zeros([BM, D], tl.float32)
         lo = s * SPLIT
         top = lo + SPLIT
-        full = tl.minimum(ts, top)  # keys before the tile: no row masks any
+        full = tl.minimum(ts // BN * BN, top)  # blocks wholly before the tile: no row masks any
         hi = tl.minimum(tl.minimum(ts + BM, end), top)
         for kb in range(lo, full, BN):
             m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, False)
@@ -212,6 +218,51 @@ def _launch(q, k, v, meta, tiles: int, ns: int, c: CutFlashConfig) -> torch.Tens
         _merge_kernel[(triton.cdiv(t, br), h)](out, opart, mpart, lpart, meta, ns, out.stride(0), *sp, *sm,
                                                D=d, BR=br, SPLIT=c.split, num_warps=4)
     return out
+
+
+def plan_tiles(base: CutFlashConfig, candidates, rows: int, max_len: int, heads: int, kvh: int, d: int,
+               device, dtype, time_ms=None) -> CutFlashConfig:
+    """The config a graph of `rows` cut rows runs: the fastest of base and those `candidates` that give
+    every row base's bits, checked on random q, k, v at cuts across tiles and splits (on the device:
+    whether a lower tile keeps the bits is the dot's instruction shape's to say, not the math's).
+    Timed by `time_ms(config, run)`, default CUDA events over cuts at four depths down to the deepest
+    `max_len` allows (a small cut's programs fill the SMs' waves unevenly, and how unevenly moves with
+    the depth's splits); on the CPU without `time_ms`, base."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(rows, heads, d, generator=g, device=device, dtype=dtype)
+    k = torch.randn(1, max_len, kvh, d, generator=g, device=device, dtype=dtype)
+    v = torch.randn(1, max_len, kvh, d, generator=g, device=device, dtype=dtype)
+    deep = (max_len - rows) // base.block_n * base.block_n
+
+    def run(c, start, t=rows):
+        meta = torch.tensor([start, t, 0], dtype=torch.int32, device=device)
+        return cut_attention_at(q, k, v, meta, max_len, c)[:t]
+
+    starts = sorted({0, min(deep, base.split + base.block_m // 2), deep, max(0, deep - 3)})
+    want = {st: run(base, st) for st in starts}
+    want[-1] = run(base, deep, rows - 5)  # a cut shorter than its graph
+    same = [base] + [c for c in candidates if c != base
+                     and all(torch.equal(run(c, st), w) for st, w in want.items() if st >= 0)
+                     and torch.equal(run(c, deep, rows - 5), want[-1])]
+    if time_ms is None:
+        if not q.is_cuda:
+            return base
+        time_ms = _event_ms
+    depths = [deep * i // 4 // base.block_n * base.block_n for i in (1, 2, 3, 4)]
+    return min(same, key=lambda c: time_ms(c, lambda: [run(c, st) for st in depths]))
+
+
+def _event_ms(c: CutFlashConfig, run, reps: int = 7) -> float:
+    """Median ms of `run()` by CUDA events (the first call compiled before the check)."""
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        run()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    return sorted(times)[len(times) // 2]
 
 
 def causal_flops(prompt: int, heads: int, head_dim: int) -> float:

@@ -33,7 +33,7 @@ interpreter against the eager mixed forward, bit for bit).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,11 @@ log = logging.getLogger("engine.runner.model_runner")
 # the same tile a head, the same padded products), and a 192-row cut would leave every cut after it
 # across one more tile.
 SIZES = (128, 256, 384, 512, 768, 1024)
+# The cut attention's lower tiles, checked and timed against the runner's at capacities up to SMALL_CUT:
+# a 128-row cut runs one 128-row tile a head and key split (32 x 5 programs at 8,192-10,239 keys on
+# qwen3-8b), which fills the H200's 132 SMs in uneven waves; 64-row tiles double the programs.
+SMALL_CUT = 256
+TILES = ({"block_m": 64, "warps": 4}, {"block_m": 64, "warps": 8})  # CutFlashConfig fields over the runner's
 
 
 def sizes_for(prefill_rows: int, max_model_len: int) -> tuple[int, ...]:
@@ -65,6 +70,7 @@ class MixedShape:
     h_meta: torch.Tensor  # [3] int32 (start, rows, lane), pinned
     s_meta: torch.Tensor
     plan: dict  # weight shape (N, K) -> Product (plan_products)
+    tiles: object = None  # the cut attention's CutFlashConfig at this capacity (cut_flash.plan_tiles)
     graph: torch.cuda.CUDAGraph | None = None
     s_last: torch.Tensor | None = None  # the cut's last row's hidden state [hidden]
     s_ids: torch.Tensor | None = None  # the round's ids [round_rows]
@@ -243,7 +249,7 @@ class MixedGraphs:
     What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
     skinny, device, _launch."""
 
-    def __init__(self, runner, hold_down: bool = True, chunks: tuple = (2, 4, 8)):
+    def __init__(self, runner, hold_down: bool = True, chunks: tuple = (2, 4, 8), tiles: tuple | None = None):
         """hold_down: down reads silu * up from its padded buffer (products); off, it pads its input as
         the other products do (the same bits: tools/mixed_forms.py times both side by side). The round's
         kernels launch plainly: with the decode graph's PDL and folded combine every shape measured
@@ -251,6 +257,10 @@ class MixedGraphs:
         self.runner = runner
         self.hold_down = hold_down
         self.chunks = chunks  # plan_products' chunk counts (() for one F.linear launch a product)
+        # the cut attention's other tile shapes (CutFlashConfig fields over the runner's) to check and
+        # time at each capacity; None: TILES at capacities up to SMALL_CUT on CUDA; (): the runner's own
+        self.tiles = tiles
+        self._tile_plan: dict[int, object] = {}
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
         self.shapes: dict[tuple[int, int], MixedShape] = {}
         self.fallback_reason: str | None = "not captured"
@@ -269,12 +279,28 @@ class MixedGraphs:
             return pin(torch.zeros(*size, dtype=dtype)), torch.zeros(*size, dtype=dtype, device=r.device)
         return MixedShape(n, p, *pair(3, n + p, dtype=torch.long), *pair(3, dtype=torch.int32),
                           plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny,
-                                        self.chunks))
+                                        self.chunks), self.tiles_at(n))
+
+    def tiles_at(self, n: int):
+        """The cut attention's config at a capacity of n rows (one plan a capacity, every round's)."""
+        r = self.runner
+        base = r.kernels.cut_flash
+        if base is None:
+            return None
+        if n not in self._tile_plan:
+            small = r.device.type == "cuda" and n <= SMALL_CUT
+            fields = self.tiles if self.tiles is not None else (TILES if small else ())
+            m = r.model_config
+            from engine.cuda.cut_flash import plan_tiles
+            self._tile_plan[n] = plan_tiles(base, [replace(base, **f) for f in fields], n, r.max_model_len,
+                                            m.num_attention_heads, m.num_key_value_heads, m.head_dim, r.device,
+                                            r.dtype) if fields else base
+        return self._tile_plan[n]
 
     def body(self, s: MixedShape):
         r = self.runner
         return forward(r.model, r.kv, s.s_in, s.s_meta, s.rows, s.plan, r.kernels.matmul, r._launch(),
-                       r.kernels.cut_flash, r.max_model_len, r.skinny, self.hold_down)
+                       s.tiles, r.max_model_len, r.skinny, self.hold_down)
 
     def fill(self, s: MixedShape, lane: int, toks, start: int, rows: list[list[int]]) -> None:
         """The pinned inputs for a cut of `toks` at `start` of `lane` and the padded round `rows`."""
@@ -323,13 +349,18 @@ class MixedGraphs:
         twice = sorted({(s.rows, v.rows) for s in self.shapes.values() for v in s.plan.values() if not v.both})
         split = sorted({(s.rows + s.round_rows, v.chunks) for s in self.shapes.values() for v in s.plan.values()
                         if v.both and v.chunks > 1})
+        base = self.runner.kernels.cut_flash if self.shapes else None
+        tiles = sorted({(s.rows, s.tiles.block_m, s.tiles.warps) for s in self.shapes.values()
+                        if s.tiles is not None and s.tiles != base})
         return (f"CUDA graphs at cuts of {', '.join(map(str, self.sizes))} rows beside rounds of "
                 f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {sum(v.both for v in plans)} of "
                 f"{len(plans)} products one cuBLAS launch over both kinds of rows (checked at start-up), padded "
                 + (", ".join(f"{a}->{b}" for a, b in padded) or "nowhere")
                 + ", in chunks of N " + (", ".join(f"{c} at {a}" for a, c in split) or "nowhere")
                 + "; the rest one launch a kind, the cut's rows at "
-                + (", ".join(f"{a}->{b if b is not None else 'the cuts product'}" for a, b in twice) or "-"))
+                + (", ".join(f"{a}->{b if b is not None else 'the cuts product'}" for a, b in twice) or "-")
+                + "; the cut attention in " + (", ".join(f"{m}-row tiles ({w} warps) at {n}" for n, m, w in tiles)
+                                               or "the runner's tiles everywhere") + " (checked at start-up)")
 
     def takes(self, cuts, p: int) -> MixedShape | None:
         """The shape that runs this forward (one cut that fits a capacity), or None (eager)."""
