@@ -95,6 +95,8 @@ def check_config(cfg: EngineConfig) -> str:
 
 def mixed_refused(cfg: EngineConfig) -> str | None:
     """Why --prefill-mode mixed cannot keep every row's bits under these flags, or None."""
+    if cfg.kernels.mixed_low_tiles and cfg.device == "cpu":
+        return "--mixed-low-tiles is for --device cuda (the tiles of the mixed graphs' cut attention)"
     if cfg.prefill_mode != "mixed":
         return None
     if cfg.tensor_parallel > 1:
@@ -131,6 +133,7 @@ def serve(
     prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline); mixed: each forward carries a prompt's cut and one row for every runnable stream, the cut sized by --mixed-budget (cpu; cuda with --cut-attention tiles).")] = "stepped",
     cut_attention: Annotated[str, typer.Option(help="cuda: a prompt cut's attention. cudnn: prefix and diagonal halves through cuDNN, merged; tiles: Triton tiles at absolute positions, a row's bits the same wherever its cut falls (needed by --prefill-mode mixed). Each gives its own bits.")] = "cudnn",
     mixed_budget: Annotated[float, typer.Option(help="mixed: milliseconds a forward carrying a long prompt's cut and the decode rows should take; the cut is sized to it from measured forwards.")] = 50.0,
+    mixed_low_tiles: Annotated[bool, typer.Option("--mixed-low-tiles", help="cuda, mixed: for cuts up to 256 rows, also check the cut attention in 64-row query tiles at start-up and run them where they keep every bit and time faster (other modes: nothing to do).")] = False,
     prefill_share: Annotated[Optional[float], typer.Option(help="Share p in (0, 1] of wall time for long prompt steps while streams decode; overrides TENSORFOLD_PREFILL_SHARE; default 1 (alternation).")] = None,
     no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Do not reuse a lane's cached prompt prefix.")] = False,
     drafter: Annotated[Optional[str], typer.Option(help="Speculative drafter: ngram (prompt lookup). Drafts are checked in the round's padding rows; replies stay token-exact.")] = None,
@@ -162,7 +165,7 @@ def serve(
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
                        mixed_budget_ms=mixed_budget, prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
                        seed=seed, trace=trace, trace_len=trace_len,
-                       kernels=KernelConfig(cut_tiles=cut_attention_knob(device, cut_attention)))
+                       kernels=KernelConfig(cut_tiles=cut_attention_knob(device, cut_attention), mixed_low_tiles=mixed_low_tiles))
     faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment
     from engine.server.http import HttpConfig, ServedModel, serve as serve_http
 

@@ -178,6 +178,10 @@ class KernelConfig:
     # instead of prefill.py's cuDNN halves. Off: it changes every CUDA prompt's bits, and ran a 32k
     # prompt's attention at 0.80x the halves' rate in 1,024-row cuts (faster in cuts of <= 512 rows).
     cut_tiles: bool = False
+    # CUDA mixed forwards: at cut capacities up to 256 rows, also check 64-row query tiles for the cut
+    # attention (engine/runner/mixed_graph.py TILES: twice the programs where a 128-row tile a head
+    # fills the SMs in uneven waves) and run them where they keep every bit and time faster at start-up.
+    mixed_low_tiles: bool = False
 
 
 @dataclass

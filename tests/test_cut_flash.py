@@ -156,7 +156,7 @@ def test_a_query_tile_lower_than_a_key_block_stays_causal_and_cut_free():
 
 
 @pytest.mark.interpreted
-def test_plan_tiles_takes_the_fastest_config_with_the_same_bits():
+def test_plan_tiles_takes_the_fastest_config_with_the_same_bits(monkeypatch):
     import torch
     from dataclasses import replace
     from engine.cuda.cut_flash import plan_tiles
@@ -176,3 +176,15 @@ def test_plan_tiles_takes_the_fastest_config_with_the_same_bits():
     costs[same] = 4.0
     assert plan_tiles(base, [other, same], *args, time_ms=time_ms) == base
     assert plan_tiles(base, [same], *args) == base  # nothing to time on the CPU
+    # a shape the device cannot run is no candidate, not a failed start
+    from engine.cuda import cut_flash
+    real = cut_flash.cut_attention_at
+    broken = replace(base, warps=16)
+
+    def at(q, k, v, meta, max_len, c):
+        if c == broken:
+            raise RuntimeError("out of resource: shared memory")
+        return real(q, k, v, meta, max_len, c)
+    monkeypatch.setattr(cut_flash, "cut_attention_at", at)
+    costs[broken], costs[same] = 0.5, 2.0
+    assert plan_tiles(base, [broken, same], *args, time_ms=time_ms) == same

@@ -77,3 +77,12 @@ def test_bf16_on_a_cpu_without_packed_bf16_is_refused_in_one_line():
         assert r.returncode == 0 and "bfloat16" in r.stdout
     else:
         assert r.returncode == 2 and "--dtype bfloat16" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_mixed_low_tiles_on_the_cpu_is_refused_naming_the_flag():
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", "tiny", "--prefill-mode", "mixed",
+                        "--mixed-low-tiles", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--mixed-low-tiles" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", "tiny", "--prefill-mode", "mixed",
+                        "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -20,15 +20,15 @@ import time
 import torch
 
 from engine.config import EngineConfig, KernelConfig
-from engine.runner.mixed_graph import MixedGraphs
+from engine.runner.mixed_graph import TILES, MixedGraphs
 from engine.runner.model_runner import build_runner
 
 # the graphs before the chunked products (one F.linear a product), before the cut attention's lower tiles,
-# and as they run now (the tiles planned per capacity: mixed_graph.TILES)
+# as they run now, and with the cut attention's lower tiles checked and timed per capacity (mixed_graph.TILES)
 FORMS = {"plain": {"hold_down": False, "chunks": (), "tiles": ()},
          "hold down": {"hold_down": True, "chunks": (), "tiles": ()},
          "chunks": {"hold_down": True, "chunks": (2, 4, 8), "tiles": ()},
-         "tiles": {"hold_down": True, "chunks": (2, 4, 8), "tiles": None}}
+         "tiles": {"hold_down": True, "chunks": (2, 4, 8), "tiles": TILES}}
 
 
 def main(argv=None) -> None:

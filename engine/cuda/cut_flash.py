@@ -241,9 +241,13 @@ def plan_tiles(base: CutFlashConfig, candidates, rows: int, max_len: int, heads:
     starts = sorted({0, min(deep, base.split + base.block_m // 2), deep, max(0, deep - 3)})
     want = {st: run(base, st) for st in starts}
     want[-1] = run(base, deep, rows - 5)  # a cut shorter than its graph
-    same = [base] + [c for c in candidates if c != base
-                     and all(torch.equal(run(c, st), w) for st, w in want.items() if st >= 0)
-                     and torch.equal(run(c, deep, rows - 5), want[-1])]
+    def keeps_bits(c) -> bool:
+        try:
+            return (all(torch.equal(run(c, st), w) for st, w in want.items() if st >= 0)
+                    and torch.equal(run(c, deep, rows - 5), want[-1]))
+        except Exception:  # a shape the device cannot run (shared memory, registers): not a candidate
+            return False
+    same = [base] + [c for c in candidates if c != base and keeps_bits(c)]
     if time_ms is None:
         if not q.is_cuda:
             return base

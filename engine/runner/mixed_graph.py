@@ -46,11 +46,13 @@ log = logging.getLogger("engine.runner.model_runner")
 # the same tile a head, the same padded products), and a 192-row cut would leave every cut after it
 # across one more tile.
 SIZES = (128, 256, 384, 512, 768, 1024)
-# The cut attention's lower tiles, checked and timed against the runner's at capacities up to SMALL_CUT:
-# a 128-row cut runs one 128-row tile a head and key split (32 x 5 programs at 8,192-10,239 keys on
-# qwen3-8b), which fills the H200's 132 SMs in uneven waves; 64-row tiles double the programs.
+# The cut attention's lower tiles (CutFlashConfig fields over the runner's), for MixedGraphs(tiles=TILES)
+# to check and time against the runner's at capacities up to SMALL_CUT: a 128-row cut runs one 128-row
+# tile a head and key split (32 x 5 programs at 8,192-10,239 keys on qwen3-8b), which fills the H200's
+# 132 SMs in uneven waves; 64-row tiles double the programs. The runner plans none (tiles=()): what they
+# save is tools/mixed_forms.py's 'tiles' form to measure, side by side with the runner's.
 SMALL_CUT = 256
-TILES = ({"block_m": 64, "warps": 4}, {"block_m": 64, "warps": 8})  # CutFlashConfig fields over the runner's
+TILES = ({"block_m": 64, "warps": 4}, {"block_m": 64, "warps": 8})
 
 
 def sizes_for(prefill_rows: int, max_model_len: int) -> tuple[int, ...]:
@@ -249,7 +251,7 @@ class MixedGraphs:
     What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
     skinny, device, _launch."""
 
-    def __init__(self, runner, hold_down: bool = True, chunks: tuple = (2, 4, 8), tiles: tuple | None = None):
+    def __init__(self, runner, hold_down: bool = True, chunks: tuple = (2, 4, 8), tiles: tuple = ()):
         """hold_down: down reads silu * up from its padded buffer (products); off, it pads its input as
         the other products do (the same bits: tools/mixed_forms.py times both side by side). The round's
         kernels launch plainly: with the decode graph's PDL and folded combine every shape measured
@@ -257,8 +259,8 @@ class MixedGraphs:
         self.runner = runner
         self.hold_down = hold_down
         self.chunks = chunks  # plan_products' chunk counts (() for one F.linear launch a product)
-        # the cut attention's other tile shapes (CutFlashConfig fields over the runner's) to check and
-        # time at each capacity; None: TILES at capacities up to SMALL_CUT on CUDA; (): the runner's own
+        # the cut attention's other tile shapes (CutFlashConfig fields over the runner's) to check and time
+        # at each capacity up to SMALL_CUT on CUDA (plan_tiles); (): the runner's own everywhere
         self.tiles = tiles
         self._tile_plan: dict[int, object] = {}
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
@@ -288,8 +290,7 @@ class MixedGraphs:
         if base is None:
             return None
         if n not in self._tile_plan:
-            small = r.device.type == "cuda" and n <= SMALL_CUT
-            fields = self.tiles if self.tiles is not None else (TILES if small else ())
+            fields = self.tiles if n <= SMALL_CUT else ()
             m = r.model_config
             from engine.cuda.cut_flash import plan_tiles
             self._tile_plan[n] = plan_tiles(base, [replace(base, **f) for f in fields], n, r.max_model_len,

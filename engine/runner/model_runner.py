@@ -35,7 +35,7 @@ import torch
 
 from engine.runner import decode_graph
 from engine.runner.decode_graph import DecodeGraphs
-from engine.runner.mixed_graph import MixedGraphs
+from engine.runner.mixed_graph import TILES, MixedGraphs
 from engine.runner.ahead import Ahead, EagerRounds
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
 from engine.cpu.kernels import (ROW_TILE, BucketPlan, PackedLinears, bf16_refused, decode_attention_buckets,
@@ -177,7 +177,7 @@ class ModelRunner:
                 raise ConfigError(why)
             self.cut_free, self.cut_granule = True, MIXED_GRANULE
             if cfg.tensor_parallel == 1:
-                self.mixed_graphs = MixedGraphs(self)
+                self.mixed_graphs = MixedGraphs(self, tiles=TILES if cfg.kernels.mixed_low_tiles else ())
                 self.cut_sizes = self.mixed_graphs.sizes
         self.graphs = DecodeGraphs(self)  # the decode round's CUDA graphs (capture_graph)
         self.buckets: tuple[int, ...] = (self.round_rows,)  # the row counts rounds run at
