@@ -228,6 +228,10 @@ def plan_tiles(base: CutFlashConfig, candidates, rows: int, max_len: int, heads:
     Timed by `time_ms(config, run)`, default CUDA events over cuts at four depths down to the deepest
     `max_len` allows (a small cut's programs fill the SMs' waves unevenly, and how unevenly moves with
     the depth's splits); on the CPU without `time_ms`, base."""
+    if time_ms is None:
+        if torch.device(device).type != "cuda":
+            return base
+        time_ms = _event_ms
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(rows, heads, d, generator=g, device=device, dtype=dtype)
     k = torch.randn(1, max_len, kvh, d, generator=g, device=device, dtype=dtype)
@@ -248,10 +252,6 @@ def plan_tiles(base: CutFlashConfig, candidates, rows: int, max_len: int, heads:
         except Exception:  # a shape the device cannot run (shared memory, registers): not a candidate
             return False
     same = [base] + [c for c in candidates if c != base and keeps_bits(c)]
-    if time_ms is None:
-        if not q.is_cuda:
-            return base
-        time_ms = _event_ms
     depths = [deep * i // 4 // base.block_n * base.block_n for i in (1, 2, 3, 4)]
     return min(same, key=lambda c: time_ms(c, lambda: [run(c, st) for st in depths]))
 
