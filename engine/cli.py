@@ -77,6 +77,8 @@ def check_config(cfg: EngineConfig) -> str:
     mcfg, name, _ = resolve_model(cfg.model)
     if why := mixed_refused(cfg):  # a combination of flags: refused whatever the machine has
         raise ConfigError(why)
+    if cfg.kernels.mixed_low_tiles and cfg.device == "cpu":
+        raise ConfigError("--mixed-low-tiles is for --device cuda (the tiles of the mixed graphs' cut attention)")
     if cfg.device.startswith("cuda"):
         import torch
 
@@ -95,8 +97,6 @@ def check_config(cfg: EngineConfig) -> str:
 
 def mixed_refused(cfg: EngineConfig) -> str | None:
     """Why --prefill-mode mixed cannot keep every row's bits under these flags, or None."""
-    if cfg.kernels.mixed_low_tiles and cfg.device == "cpu":
-        return "--mixed-low-tiles is for --device cuda (the tiles of the mixed graphs' cut attention)"
     if cfg.prefill_mode != "mixed":
         return None
     if cfg.tensor_parallel > 1:

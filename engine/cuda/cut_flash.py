@@ -222,51 +222,37 @@ def _launch(q, k, v, meta, tiles: int, ns: int, c: CutFlashConfig) -> torch.Tens
 
 def plan_tiles(base: CutFlashConfig, candidates, rows: int, max_len: int, heads: int, kvh: int, d: int,
                device, dtype, time_ms=None) -> CutFlashConfig:
-    """The config a graph of `rows` cut rows runs: the fastest of base and those `candidates` that give
-    every row base's bits, checked on random q, k, v at cuts across tiles and splits (on the device:
-    whether a lower tile keeps the bits is the dot's instruction shape's to say, not the math's).
-    Timed by `time_ms(config, run)`, default CUDA events over cuts at four depths down to the deepest
-    `max_len` allows (a small cut's programs fill the SMs' waves unevenly, and how unevenly moves with
-    the depth's splits); on the CPU without `time_ms`, base."""
+    """The config a graph of `rows` cut rows runs: the fastest by `time_ms(config, run)` of base and
+    those `candidates` that give every row base's bits, checked on random q, k, v at cuts across tiles
+    and splits (on the device: whether a lower tile keeps the bits is the dot's instruction shape's to
+    say, not the math's); `run` runs cuts at four depths down to the deepest `max_len` allows (a small
+    cut's programs fill the SMs' waves unevenly, and how unevenly moves with the depth's splits).
+    time_ms None (nothing to time on): base."""
     if time_ms is None:
-        if torch.device(device).type != "cuda":
-            return base
-        time_ms = _event_ms
+        return base
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(rows, heads, d, generator=g, device=device, dtype=dtype)
     k = torch.randn(1, max_len, kvh, d, generator=g, device=device, dtype=dtype)
     v = torch.randn(1, max_len, kvh, d, generator=g, device=device, dtype=dtype)
     deep = (max_len - rows) // base.block_n * base.block_n
 
-    def run(c, start, t=rows):
+    def run(c, start, t):
         meta = torch.tensor([start, t, 0], dtype=torch.int32, device=device)
         return cut_attention_at(q, k, v, meta, max_len, c)[:t]
 
-    starts = sorted({0, min(deep, base.split + base.block_m // 2), deep, max(0, deep - 3)})
-    want = {st: run(base, st) for st in starts}
-    want[-1] = run(base, deep, rows - 5)  # a cut shorter than its graph
+    # (start, rows): on the grid, across a split off the tile grid, deepest, and shorter than the graph
+    cuts = [(st, rows) for st in sorted({0, min(deep, base.split + base.block_m // 2), deep, max(0, deep - 3)})]
+    cuts.append((deep, max(1, rows - 5)))
+    want = [run(base, *cut) for cut in cuts]
+
     def keeps_bits(c) -> bool:
         try:
-            return (all(torch.equal(run(c, st), w) for st, w in want.items() if st >= 0)
-                    and torch.equal(run(c, deep, rows - 5), want[-1]))
+            return all(torch.equal(run(c, *cut), w) for cut, w in zip(cuts, want))
         except Exception:  # a shape the device cannot run (shared memory, registers): not a candidate
             return False
     same = [base] + [c for c in candidates if c != base and keeps_bits(c)]
     depths = [deep * i // 4 // base.block_n * base.block_n for i in (1, 2, 3, 4)]
-    return min(same, key=lambda c: time_ms(c, lambda: [run(c, st) for st in depths]))
-
-
-def _event_ms(c: CutFlashConfig, run, reps: int = 7) -> float:
-    """Median ms of `run()` by CUDA events (the first call compiled before the check)."""
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        run()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return sorted(times)[len(times) // 2]
+    return min(same, key=lambda c: time_ms(c, lambda: [run(c, st, rows) for st in depths]))
 
 
 def causal_flops(prompt: int, heads: int, head_dim: int) -> float:

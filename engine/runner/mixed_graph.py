@@ -34,9 +34,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # cut_flash loads triton, which a CPU runner never needs
+    from engine.cuda.cut_flash import CutFlashConfig
 
 log = logging.getLogger("engine.runner.model_runner")
 
@@ -72,7 +76,7 @@ class MixedShape:
     h_meta: torch.Tensor  # [3] int32 (start, rows, lane), pinned
     s_meta: torch.Tensor
     plan: dict  # weight shape (N, K) -> Product (plan_products)
-    tiles: object = None  # the cut attention's CutFlashConfig at this capacity (cut_flash.plan_tiles)
+    tiles: CutFlashConfig | None = None  # the cut attention's config at this capacity (cut_flash.plan_tiles)
     graph: torch.cuda.CUDAGraph | None = None
     s_last: torch.Tensor | None = None  # the cut's last row's hidden state [hidden]
     s_ids: torch.Tensor | None = None  # the round's ids [round_rows]
@@ -136,21 +140,26 @@ def one_launch_cases(w: torch.Tensor, n: int, p: int, cut_mm, round_mm, act=None
     return cases
 
 
-def launch_ms(layers: list, rows: int, chunks: int, reps: int = 5) -> float:
-    """Median ms of one launch (`chunked`) over `rows` random rows for each of the layers' weights, on
-    the device (layers of the model's size, so that L2 holds none of them, as in a forward)."""
-    x = random_rows(layers[0], rows, 9)
+def event_ms(run, reps: int = 5) -> float:
+    """Median ms of `run()` on the device by CUDA events, over `reps` calls after an untimed one (which
+    compiles or warms the library's choice)."""
     times = []
     for i in range(reps + 1):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        for w in layers:
-            chunked(x, w, chunks)
+        run()
         e1.record()
         e1.synchronize()
-        if i:  # the first compiles nothing but warms cuBLAS's choice
+        if i:
             times.append(e0.elapsed_time(e1))
     return sorted(times)[len(times) // 2]
+
+
+def launch_ms(layers: list, rows: int, chunks: int, reps: int = 5) -> float:
+    """Median ms of one launch (`chunked`) over `rows` random rows for each of the layers' weights, on
+    the device (layers of the model's size, so that L2 holds none of them, as in a forward)."""
+    x = random_rows(layers[0], rows, 9)
+    return event_ms(lambda: [chunked(x, w, chunks) for w in layers], reps)
 
 
 def plan_products(weights: dict, n: int, p: int, cut_mm, launch, skinny: bool, chunks=(2, 4, 8)) -> dict:
@@ -262,7 +271,7 @@ class MixedGraphs:
         # the cut attention's other tile shapes (CutFlashConfig fields over the runner's) to check and time
         # at each capacity up to SMALL_CUT on CUDA (plan_tiles); (): the runner's own everywhere
         self.tiles = tiles
-        self._tile_plan: dict[int, object] = {}
+        self._tile_plan: dict[int, CutFlashConfig | None] = {}
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
         self.shapes: dict[tuple[int, int], MixedShape] = {}
         self.fallback_reason: str | None = "not captured"
@@ -283,7 +292,7 @@ class MixedGraphs:
                           plan_products(self._weights(), n, p, r.kernels.matmul, r._launch(), r.skinny,
                                         self.chunks), self.tiles_at(n))
 
-    def tiles_at(self, n: int):
+    def tiles_at(self, n: int) -> CutFlashConfig | None:
         """The cut attention's config at a capacity of n rows (one plan a capacity, every round's)."""
         r = self.runner
         base = r.kernels.cut_flash
@@ -293,9 +302,10 @@ class MixedGraphs:
             fields = self.tiles if n <= SMALL_CUT else ()
             m = r.model_config
             from engine.cuda.cut_flash import plan_tiles
+            timer = (lambda c, run: event_ms(run)) if r.device.type == "cuda" else None
             self._tile_plan[n] = plan_tiles(base, [replace(base, **f) for f in fields], n, r.max_model_len,
                                             m.num_attention_heads, m.num_key_value_heads, m.head_dim, r.device,
-                                            r.dtype) if fields else base
+                                            r.dtype, timer) if fields else base
         return self._tile_plan[n]
 
     def body(self, s: MixedShape):
@@ -350,9 +360,8 @@ class MixedGraphs:
         twice = sorted({(s.rows, v.rows) for s in self.shapes.values() for v in s.plan.values() if not v.both})
         split = sorted({(s.rows + s.round_rows, v.chunks) for s in self.shapes.values() for v in s.plan.values()
                         if v.both and v.chunks > 1})
-        base = self.runner.kernels.cut_flash if self.shapes else None
         tiles = sorted({(s.rows, s.tiles.block_m, s.tiles.warps) for s in self.shapes.values()
-                        if s.tiles is not None and s.tiles != base})
+                        if s.tiles is not None and s.tiles != self.runner.kernels.cut_flash})
         return (f"CUDA graphs at cuts of {', '.join(map(str, self.sizes))} rows beside rounds of "
                 f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {sum(v.both for v in plans)} of "
                 f"{len(plans)} products one cuBLAS launch over both kinds of rows (checked at start-up), padded "
