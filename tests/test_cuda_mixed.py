@@ -49,9 +49,10 @@ def test_cuts_off_the_grid_beside_rounds_keep_every_rows_bits():
 def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits(monkeypatch):
     """What a mixed graph replays (engine/runner/mixed_graph.py), run eagerly: the cut padded to its
     size (its padding in the spare lane), its start, rows and lane read from the device, the
-    products planned per shape, the cut attention in the tiles planned per capacity. The same KV
-    rows and first token as a whole prefill, the same ids as a plain round; a cut past the largest
-    size runs the eager mixed forward."""
+    products planned per shape, the cut attention in the tiles planned per capacity from a base of
+    other fields (K and V through descriptors, where the whole prefill loads them by pointer). The
+    same KV rows and first token as a whole prefill, the same ids as a plain round; a cut past the
+    largest size runs the eager mixed forward."""
     from dataclasses import replace
     from engine.cuda import cut_flash
     from engine.runner import mixed_graph
@@ -61,7 +62,7 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits(monkeypatch):
     monkeypatch.setattr(cut_flash, "plan_tiles", lambda base, cands, n, *a, **k: planned.append((n, cands))
                         or (cands[0] if n == 8 else base))
     real_at = cut_flash.cut_attention_at
-    monkeypatch.setattr(cut_flash, "cut_attention_at", lambda q, k, v, meta, ml, c: used.append((q.shape[0], c.warps))
+    monkeypatch.setattr(cut_flash, "cut_attention_at", lambda q, k, v, meta, ml, c: used.append((q.shape[0], c.warps, c.tma))
                         or real_at(q, k, v, meta, ml, c))
     r = _cuda_path(build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
                                              seed=3, kernels=KernelConfig(cpu_fast=False, cut_tiles=True))))
@@ -70,12 +71,13 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits(monkeypatch):
     ref_k, ref_v = r.kv.k[:, 1, :len(B)].clone(), r.kv.v[:, 1, :len(B)].clone()
     ids = r.decode([2], [first_a], [len(A)])
     r.kv.k[:, 1].zero_(); r.kv.v[:, 1].zero_()
-    g = r.mixed_graphs = mixed_graph.MixedGraphs(r, tiles=({"warps": 2},))
+    g = r.mixed_graphs = mixed_graph.MixedGraphs(r, tiles=({"warps": 2},), base_fields={"tma": True})
     g.sizes = (8, 16)
     g.shapes = {(n, p): g.shape(n, p) for n in g.sizes for p in r.buckets}
-    base = r.kernels.cut_flash
+    base = replace(r.kernels.cut_flash, tma=True)
     assert planned == [(8, [replace(base, warps=2)]), (16, [replace(base, warps=2)])]  # once a capacity
-    assert f"the cut attention in {base.block_m}-row tiles (2 warps) at 8 " in g.describe()
+    assert (f"the cut attention in {base.block_m}-row tiles (2 warps, K and V by TMA) at 8, "
+            f"{base.block_m}-row tiles ({base.warps} warps, K and V by TMA) at 16 ") in g.describe()
     replays = []
     real = g.run
     g.run = lambda s, *a: replays.append(s.rows) or real(s, *a)
@@ -85,7 +87,7 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits(monkeypatch):
         assert new == ids, (s, e)
         got.append(tok)
     assert replays == [16, 8, 8]
-    assert {u for u in used if u[0] in (8, 16)} == {(16, base.warps), (8, 2)}
+    assert {u for u in used if u[0] in (8, 16)} == {(16, base.warps, True), (8, 2, True)}
     assert got == [None, None, None, first_b]
     assert torch.equal(r.kv.k[:, 1, :len(B)], ref_k) and torch.equal(r.kv.v[:, 1, :len(B)], ref_v)
     assert mixed_graph.sizes_for(1024, 40960) == mixed_graph.SIZES

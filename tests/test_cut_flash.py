@@ -140,6 +140,28 @@ def test_a_cut_given_on_the_device_keeps_the_bits_of_the_eager_call():
 
 
 @pytest.mark.interpreted
+def test_k_and_v_through_descriptors_give_the_bits_of_the_pointer_loads():
+    """tma: K and V through tensor descriptors of the [lanes * L, KVH * d] cache: each lane's rows,
+    keys past the cut read as they lie (another sequence's, here large) and still weighing zero."""
+    import torch
+    from dataclasses import replace
+    from engine.cuda.cut_flash import cut_attention, cut_attention_at
+    q, k, v = _inputs(90, seed=5)
+    c = _config()
+    t = replace(c, tma=True)
+    kc, vc = torch.full((3, 96, KVH, D), 1e4), torch.full((3, 96, KVH, D), -1e4)
+    kc[1, :90], vc[1, :90] = k, v
+    for start, rows in [(0, 12), (70, 13), (37, 29), (64, 26)]:
+        want = cut_attention(q[start:start + rows], k, v, start, c)
+        assert torch.equal(cut_attention(q[start:start + rows], k, v, start, t), want), (start, rows)
+        meta = torch.tensor([start, rows, 1], dtype=torch.int32)
+        got = cut_attention_at(q[start:start + 48], kc, vc, meta, 96, t)
+        assert torch.equal(got[:rows], want), (start, rows)
+    with pytest.raises(ValueError, match="contiguous"):
+        cut_attention_at(q[:16], kc.transpose(2, 3).contiguous().transpose(2, 3), vc, meta, 96, t)
+
+
+@pytest.mark.interpreted
 def test_a_query_tile_lower_than_a_key_block_stays_causal_and_cut_free():
     """block_m < block_n (twice the programs for a small cut): the block that holds the tile's first
     position is masked however the tile sits in it, so no row sees a key past its own position."""

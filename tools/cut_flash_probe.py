@@ -9,7 +9,10 @@ invariance for each weight product.
   grid's 1,024-row cuts and in budget-like cuts of changing sizes; equal bit for bit? And its
   distance to one whole causal call through PyTorch's SDPA.
 - rate: the whole prompt's causal attention (TFLOP/s, `causal_flops`) run cut by cut at each row
-  count, each variant once a round in turns (the H200 runs at its power cap under load), medians.
+  count, each variant once a round in turns (the H200 runs at its power cap under load), medians:
+  cut_flash's variants as one CUDA graph of every cut (`cut_attention_at`, the grid sized by the
+  prompt, as a mixed forward's graph carries it), the current path eagerly (its launches from the
+  host weigh in at small cuts; so they did for every variant before the graphs).
 - products: for each of the model's weight products and row counts n (every multiple of 8 to 264,
   then coarser), whether cuBLAS gives rows [0, n) the bits of the 1,024-row grid cut, and its last
   8 rows the bits the decode round's kernels (engine/cuda/skinny.py) give those 8 rows alone.
@@ -27,12 +30,13 @@ from engine.cuda.cut_flash import CutFlashConfig, causal_flops
 from engine.models.presets import resolve_model
 
 VARIANTS = {  # name: config (the first is the module's default; earlier variants' figures:
-    # receipts/mixed-products/20261202-0459-h200-attention.md)
+    # receipts/mixed-products/20261202-0459-h200-attention.md, 20261203-1839-h200-cut-tiles64-probe.md)
     "m128 n128 w8 s3": CutFlashConfig(),
-    "m64 n128 w4 s3": CutFlashConfig(block_m=64, warps=4),
-    "m64 n128 w8 s3": CutFlashConfig(block_m=64, warps=8),
-    "m64 n128 w4 s2": CutFlashConfig(block_m=64, warps=4, stages=2),
-    "m64 n128 w4 s1": CutFlashConfig(block_m=64, warps=4, stages=1),  # 80 kB of shared memory: two programs an SM
+    "m128 n128 w8 s3 tma": CutFlashConfig(tma=True),
+    "m128 n128 w8 s2 tma": CutFlashConfig(tma=True, stages=2),
+    "m64 n128 w4 s1 tma": CutFlashConfig(tma=True, block_m=64, warps=4, stages=1),  # two programs an SM
+    "m128 n128 w8 s3, split 8192": CutFlashConfig(split=8192),  # other bits: what the 2,048 split costs
+    "m128 n128 w8 s3 tma, split 8192": CutFlashConfig(tma=True, split=8192),
 }
 COUNTS = list(range(8, 265, 8)) + [320, 384, 448, 512, 640, 768, 896, 1024, 1032]
 
@@ -89,8 +93,12 @@ def main(argv=None) -> None:
         kernels["current (prefill.py)"] = current
         first = None
         for name, fn in kernels.items():
-            x = torch.cat(run_cuts(fn, q, k, v, grid_cuts(n, 1024)))
-            y = torch.cat(run_cuts(fn, q, k, v, budget_cuts(n)))
+            try:
+                x = torch.cat(run_cuts(fn, q, k, v, grid_cuts(n, 1024)))
+                y = torch.cat(run_cuts(fn, q, k, v, budget_cuts(n)))
+            except Exception as e:  # a shape the device cannot run
+                lines.append(f"| {name} | did not run: {type(e).__name__}: {str(e).splitlines()[0][:120]} | | | |")
+                continue
             rows = int((x != y).any(1).sum())
             err = (x.float() - ref)
             if first is None:
@@ -106,31 +114,56 @@ def main(argv=None) -> None:
     if "rate" not in skip:
         rows = [int(r) for r in a.rows.split(",")]
         flops = causal_flops(n, heads, hd)
-        variants = {("current (prefill.py)", r): (current, r) for r in rows}
+        kl, vl = cache[0], cache[1]  # [lanes, L, KVH, d]: the prompt in lane 1
+        metas = {r: torch.tensor([[s, e - s, 1] for s, e in zip(b, b[1:])], dtype=torch.int32, device=dev)
+                 for r, b in ((r, grid_cuts(n, r)) for r in rows)}
+
+        def at_cuts(c, r):
+            for i, s in enumerate(grid_cuts(n, r)[:-1]):
+                cut_flash.cut_attention_at(q[s:s + r], kl, vl, metas[r][i], n, c)
+
+        def graphed(c, r):
+            at_cuts(c, r)  # compiles
+            torch.cuda.synchronize()
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                at_cuts(c, r)
+            return gr.replay
+        variants = {("current (prefill.py)", r): (lambda r: lambda: run_cuts(current, q, k, v, grid_cuts(n, r)))(r)
+                    for r in rows}
+        failed = {}
         for name, c in VARIANTS.items():
             for r in rows:
-                variants[(name, r)] = ((lambda c: lambda qq, kk, vv, s: cut_flash.cut_attention(qq, kk, vv, s, c))(c), r)
-        for fn, r in variants.values():  # compile, build cuDNN's graphs
-            run_cuts(fn, q, k, v, grid_cuts(n, r))
+                try:
+                    variants[(name, r)] = graphed(c, r)
+                except Exception as e:  # a shape the device cannot run: said, not a failed probe
+                    failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        for fn in variants.values():  # cuDNN's graphs, a first replay
+            fn()
         torch.cuda.synchronize()
         times = {key: [] for key in variants}
         for _ in range(a.rounds):
-            for key, (fn, r) in variants.items():
+            for key, fn in variants.items():
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
-                run_cuts(fn, q, k, v, grid_cuts(n, r))
+                fn()
                 e.record()
                 e.synchronize()
                 times[key].append(s.elapsed_time(e))
         lines += [f"The prompt's causal attention, one layer ({flops / 1e12:.2f} TFLOP), in cuts of R rows on the "
-                  f"grid, eager, median of {a.rounds} rounds in turns: ms (TFLOP/s)", "",
+                  f"grid, cut_flash's variants one CUDA graph each, the current path eager, median of {a.rounds} "
+                  "rounds in turns: ms (TFLOP/s)", "",
                   "| kernel | " + " | ".join(f"R = {r}" for r in rows) + " |", "|---|" + "---|" * len(rows)]
         for name in ["current (prefill.py)"] + list(VARIANTS):
+            if name in failed:
+                lines.append(f"| {name} | " + " | ".join("did not run" for _ in rows) + " |")
+                continue
             cells = []
             for r in rows:
                 t = statistics.median(times[(name, r)])
                 cells.append(f"{t:.2f} ({flops / t / 1e9:.0f})")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += [""] + [f"{name} did not run: {why}" for name, why in failed.items()]
         lines += ["", "Every round's ms: " + "; ".join(f"{nm} R={r}: " + "/".join(f"{t:.2f}" for t in ts)
                                                      for (nm, r), ts in times.items()), ""]
     # ---- products --------------------------------------------------------------------------------

@@ -24,11 +24,13 @@ from engine.runner.mixed_graph import TILES, MixedGraphs
 from engine.runner.model_runner import build_runner
 
 # the graphs before the chunked products (one F.linear a product), before the cut attention's lower tiles,
-# as they run now, and with the cut attention's lower tiles checked and timed per capacity (mixed_graph.TILES)
+# as they run now, with the cut attention's lower tiles checked and timed per capacity (mixed_graph.TILES), and
+# with K and V through tensor descriptors (CutFlashConfig.tma)
 FORMS = {"plain": {"hold_down": False, "chunks": (), "tiles": ()},
          "hold down": {"hold_down": True, "chunks": (), "tiles": ()},
          "chunks": {"hold_down": True, "chunks": (2, 4, 8), "tiles": ()},
-         "tiles": {"hold_down": True, "chunks": (2, 4, 8), "tiles": TILES}}
+         "tiles": {"hold_down": True, "chunks": (2, 4, 8), "tiles": TILES},
+         "tma": {"hold_down": True, "chunks": (2, 4, 8), "base_fields": {"tma": True}}}
 
 
 def main(argv=None) -> None:

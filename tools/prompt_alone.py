@@ -4,42 +4,24 @@ nothing else running takes it) on each CUDA cut-attention path, side by side on 
     PYTHONPATH=. python3 -m tools.prompt_alone --model qwen3-8b --prompt 32000 --out $OUT/prompt_alone.json
 
 Paths: cuDNN's halves (the default --cut-attention), cut_flash's tiles as the engine runs them, the
-tiles with their cut written to the device by a blocking copy (each layer's copy waits for the
-stream), and the tiles at splits of 8,192 keys. Each path once untimed (compiles, cuDNN's graphs),
-then --reps timed fills; printed: the median seconds and each path's first token, and whether the
-last row's logits are bitwise those of the engine's tiles (the blocking copy must be; other splits
-and cuDNN need not).
+tiles with K and V through tensor descriptors (CutFlashConfig.tma), and both at splits of 8,192 keys.
+Each path once untimed (compiles, cuDNN's graphs), then --reps timed fills; printed: the median
+seconds and each path's first token, and whether the last row's logits are bitwise those of the
+engine's tiles (tma must be; other splits and cuDNN need not).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
 
 import torch
 
+from dataclasses import replace
+
 from engine.config import EngineConfig, KernelConfig
-from engine.cuda import cut_flash
 from engine.runner.model_runner import build_runner
-
-
-@contextlib.contextmanager
-def blocking_meta():
-    """cut_flash.cut_attention with its cut copied to the device from pageable memory."""
-    plain = cut_flash.cut_attention
-
-    def cut_attention(q, k, v, start, config=cut_flash.CutFlashConfig()):
-        t = q.shape[0]
-        meta = torch.tensor([start, t, 0], dtype=torch.int32, device=q.device)
-        tiles = (start + t - 1) // config.block_m + 1 - start // config.block_m
-        return cut_flash._launch(q, k[None], v[None], meta, tiles, (start + t - 1) // config.split + 1, config)
-    cut_flash.cut_attention = cut_attention
-    try:
-        yield
-    finally:
-        cut_flash.cut_attention = plain
 
 
 def main(argv=None) -> None:
@@ -56,13 +38,12 @@ def main(argv=None) -> None:
     g = torch.Generator().manual_seed(32)
     ids = torch.randint(0, r.vocab_size, (a.prompt,), generator=g).tolist()
     tiles = r.kernels.cut_flash
-    paths = {"tiles": (tiles, contextlib.nullcontext), "tiles, blocking meta copy": (tiles, blocking_meta),
-             "tiles, splits of 8192": (cut_flash.CutFlashConfig(split=8192), contextlib.nullcontext),
-             "cudnn": (None, contextlib.nullcontext)}
+    paths = {"tiles": tiles, "tiles, tma": replace(tiles, tma=True), "tiles, splits of 8192": replace(tiles, split=8192),
+             "tiles, tma, splits of 8192": replace(tiles, tma=True, split=8192), "cudnn": None}
     res, logits = {}, {}
-    for name, (cfg, ctx) in paths.items():
+    for name, cfg in paths.items():
         r.kernels.cut_flash = cfg
-        with ctx(), torch.inference_mode():
+        with torch.inference_mode():
             times, first = [], None
             for rep in range(a.reps + 1):
                 torch.cuda.synchronize()

@@ -54,6 +54,9 @@ class CutFlashConfig:
     split: int = 2048
     warps: int = 8
     stages: int = 3
+    # K and V through tensor descriptors (Hopper's bulk tensor copies): the same values into the same
+    # arithmetic, so the same bits; off the address arithmetic and the registers it holds
+    tma: bool = False
 
     def __post_init__(self):
         if (max(self.block_m, self.block_n) % min(self.block_m, self.block_n)
@@ -62,14 +65,19 @@ class CutFlashConfig:
 
 
 @triton.jit
-def _block(q, K, V, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: tl.constexpr, BN: tl.constexpr,
-           MASKED: tl.constexpr):
-    """Keys [kb, kb + BN) into the running (m, l, acc), in the log2 domain."""
+def _block(q, K, V, kb, kr, kc, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: tl.constexpr, BN: tl.constexpr,
+           MASKED: tl.constexpr, TMA: tl.constexpr):
+    """Keys [kb, kb + BN) into the running (m, l, acc), in the log2 domain. TMA: K, V descriptors of
+    the [lanes * L, KVH * d] cache, this lane and head at row kr, column kc (keys past kv_len are
+    read as they lie and masked below; V zeroed there, as the masked load gives it)."""
     d = tl.arange(0, D)
     key = kb + tl.arange(0, BN)
     kmask = key < kv_len
-    offs = key[:, None].to(tl.int64) * s_kt + d[None, :]
-    k = tl.load(K + offs, mask=kmask[:, None], other=0.0)
+    if TMA:
+        k = K.load([kr + kb, kc])
+    else:
+        offs = key[:, None].to(tl.int64) * s_kt + d[None, :]
+        k = tl.load(K + offs, mask=kmask[:, None], other=0.0)
     qk = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         qk = tl.where(key[None, :] <= pos[:, None], qk, float("-inf"))
@@ -77,7 +85,12 @@ def _block(q, K, V, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: tl.conste
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V + offs, mask=kmask[:, None], other=0.0)
+    if TMA:
+        v = V.load([kr + kb, kc])
+        if MASKED:
+            v = tl.where(kmask[:, None], v, 0.0)
+    else:
+        v = tl.load(V + offs, mask=kmask[:, None], other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
 
@@ -85,7 +98,8 @@ def _block(q, K, V, kb, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: tl.conste
 @triton.jit
 def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
                 s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
-                G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+                G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
+                TMA: tl.constexpr):
     # the cut (start, rows, lane) is read from the device, so a CUDA graph captured for a row
     # capacity replays for any cut that fits it; the grid covers the capacity and programs past
     # the cut's tiles (or past a tile's splits) do nothing
@@ -108,8 +122,16 @@ def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
         d = tl.arange(0, D)
         q = tl.load(Q + row[:, None] * s_qt + h * s_qh + d[None, :], mask=rmask[:, None], other=0.0)
         kvh = h // G
-        Kh = K + lane * s_kl + kvh * s_kh
-        Vh = V + lane * s_kl + kvh * s_kh
+        if TMA:  # K, V: descriptors of the [lanes * L, KVH * d] view, this lane's rows, this head's columns
+            kr = (lane * (s_kl // s_kt)).to(tl.int32)
+            kc = kvh * D
+            Kh = K
+            Vh = V
+        else:
+            kr = 0
+            kc = 0
+            Kh = K + lane * s_kl + kvh * s_kh
+            Vh = V + lane * s_kl + kvh * s_kh
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, D], tl.float32)
@@ -118,9 +140,9 @@ def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
         full = tl.minimum(ts // BN * BN, top)  # blocks wholly before the tile: no row masks any
         hi = tl.minimum(tl.minimum(ts + BM, end), top)
         for kb in range(lo, full, BN):
-            m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, False)
+            m_i, l_i, acc = _block(q, Kh, Vh, kb, kr, kc, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, False, TMA)
         for kb in range(full, hi, BN):
-            m_i, l_i, acc = _block(q, Kh, Vh, kb, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, True)
+            m_i, l_i, acc = _block(q, Kh, Vh, kb, kr, kc, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, True, TMA)
         if nsplit == 1:
             o = acc / l_i[:, None]
             tl.store(Out + row[:, None] * s_ot + h * D + d[None, :], o.to(Out.dtype.element_ty), mask=rmask[:, None])
@@ -209,15 +231,26 @@ def _launch(q, k, v, meta, tiles: int, ns: int, c: CutFlashConfig) -> torch.Tens
     else:
         opart = mpart = lpart = torch.empty(1, dtype=torch.float32, device=q.device)
     qk_scale = d ** -0.5 * LOG2E
+    kk, vv = (_descriptor(k, c), _descriptor(v, c)) if c.tma else (k, v)
     _cut_kernel[(tiles, h, ns)](
-        q, k, v, out, opart, mpart, lpart, meta,
+        q, kk, vv, out, opart, mpart, lpart, meta,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), out.stride(0), *sp, *sm, qk_scale,
-        G=h // kvh, D=d, BM=c.block_m, BN=c.block_n, SPLIT=c.split, num_warps=c.warps, num_stages=c.stages)
+        G=h // kvh, D=d, BM=c.block_m, BN=c.block_n, SPLIT=c.split, TMA=c.tma, num_warps=c.warps,
+        num_stages=c.stages)
     if ns > 1:
         br = 32
         _merge_kernel[(triton.cdiv(t, br), h)](out, opart, mpart, lpart, meta, ns, out.stride(0), *sp, *sm,
                                                D=d, BR=br, SPLIT=c.split, num_warps=4)
     return out
+
+
+def _descriptor(x: torch.Tensor, c: CutFlashConfig):
+    """x [lanes, L, KVH, d] as a descriptor of its [lanes * L, KVH * d] rows, blocks of [block_n, d]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    lanes, length, kvh, d = x.shape
+    if x.stride(2) != d or x.stride(0) != length * x.stride(1):
+        raise ValueError("cut_flash's tma config needs each lane's rows of KVH * d contiguous, lanes adjacent")
+    return TensorDescriptor(x, [lanes * length, kvh * d], [x.stride(1), 1], [c.block_n, d])
 
 
 def plan_tiles(base: CutFlashConfig, candidates, rows: int, max_len: int, heads: int, kvh: int, d: int,

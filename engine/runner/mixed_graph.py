@@ -260,7 +260,8 @@ class MixedGraphs:
     What it reads of the runner: model, kv, kernels, spare, max_model_len, prefill_rows, buckets,
     skinny, device, _launch."""
 
-    def __init__(self, runner, hold_down: bool = True, chunks: tuple = (2, 4, 8), tiles: tuple = ()):
+    def __init__(self, runner, hold_down: bool = True, chunks: tuple = (2, 4, 8), tiles: tuple = (),
+                 base_fields: dict | None = None):
         """hold_down: down reads silu * up from its padded buffer (products); off, it pads its input as
         the other products do (the same bits: tools/mixed_forms.py times both side by side). The round's
         kernels launch plainly: with the decode graph's PDL and folded combine every shape measured
@@ -271,6 +272,9 @@ class MixedGraphs:
         # the cut attention's other tile shapes (CutFlashConfig fields over the runner's) to check and time
         # at each capacity up to SMALL_CUT on CUDA (plan_tiles); (): the runner's own everywhere
         self.tiles = tiles
+        # CutFlashConfig fields over the runner's that every capacity starts from (tools/mixed_forms.py's
+        # forms of one kernel's bits side by side); None: the runner's
+        self.base_fields = base_fields or {}
         self._tile_plan: dict[int, CutFlashConfig | None] = {}
         self.sizes = sizes_for(runner.prefill_rows, runner.max_model_len)
         self.shapes: dict[tuple[int, int], MixedShape] = {}
@@ -295,9 +299,9 @@ class MixedGraphs:
     def tiles_at(self, n: int) -> CutFlashConfig | None:
         """The cut attention's config at a capacity of n rows (one plan a capacity, every round's)."""
         r = self.runner
-        base = r.kernels.cut_flash
-        if base is None:
+        if r.kernels.cut_flash is None:
             return None
+        base = replace(r.kernels.cut_flash, **self.base_fields)
         if n not in self._tile_plan:
             fields = self.tiles if n <= SMALL_CUT else ()
             m = r.model_config
@@ -360,7 +364,7 @@ class MixedGraphs:
         twice = sorted({(s.rows, v.rows) for s in self.shapes.values() for v in s.plan.values() if not v.both})
         split = sorted({(s.rows + s.round_rows, v.chunks) for s in self.shapes.values() for v in s.plan.values()
                         if v.both and v.chunks > 1})
-        tiles = sorted({(s.rows, s.tiles.block_m, s.tiles.warps) for s in self.shapes.values()
+        tiles = sorted({(s.rows, s.tiles.block_m, s.tiles.warps, s.tiles.tma) for s in self.shapes.values()
                         if s.tiles is not None and s.tiles != self.runner.kernels.cut_flash})
         return (f"CUDA graphs at cuts of {', '.join(map(str, self.sizes))} rows beside rounds of "
                 f"{', '.join(map(str, sorted({p for _, p in self.shapes})))}; {sum(v.both for v in plans)} of "
@@ -369,7 +373,8 @@ class MixedGraphs:
                 + ", in chunks of N " + (", ".join(f"{c} at {a}" for a, c in split) or "nowhere")
                 + "; the rest one launch a kind, the cut's rows at "
                 + (", ".join(f"{a}->{b if b is not None else 'the cuts product'}" for a, b in twice) or "-")
-                + "; the cut attention in " + (", ".join(f"{m}-row tiles ({w} warps) at {n}" for n, m, w in tiles)
+                + "; the cut attention in " + (", ".join(f"{m}-row tiles ({w} warps{', K and V by TMA' if t else ''}) at {n}"
+                                                          for n, m, w, t in tiles)
                                                or "the runner's tiles everywhere") + " (checked at start-up)")
 
     def takes(self, cuts, p: int) -> MixedShape | None:
