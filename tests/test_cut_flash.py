@@ -162,6 +162,23 @@ def test_k_and_v_through_descriptors_give_the_bits_of_the_pointer_loads():
 
 
 @pytest.mark.interpreted
+@pytest.mark.parametrize("fields", [{"ws": True}, {"scale_in_exp": True, "acc_in_dot": True}])
+def test_each_scheduled_form_stays_cut_free_and_causal(fields):
+    """ws (the same arithmetic, warp-specialized on the GPU) and the flash tutorials' form (other
+    bits): either way a row's bits do not move with where the cuts fall, and the rows stay causal."""
+    import torch
+    from dataclasses import replace
+    q, k, v = _inputs(90, seed=6)
+    c = replace(_config(), **fields)
+    a = _cuts(q, k, v, [0, 16, 32, 48, 64, 80, 90], c)
+    b = _cuts(q, k, v, [0, 5, 37, 38, 71, 90], c)
+    assert torch.equal(a, b), (a - b).abs().max()
+    assert torch.allclose(a, _reference(q, k, v), atol=1e-5, rtol=1e-5), (a - _reference(q, k, v)).abs().max()
+    if not (c.scale_in_exp or c.acc_in_dot):
+        assert torch.equal(a, _cuts(q, k, v, [0, 16, 32, 48, 64, 80, 90], _config()))
+
+
+@pytest.mark.interpreted
 def test_a_query_tile_lower_than_a_key_block_stays_causal_and_cut_free():
     """block_m < block_n (twice the programs for a small cut): the block that holds the tile's first
     position is masked however the tile sits in it, so no row sees a key past its own position."""

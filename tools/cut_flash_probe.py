@@ -30,13 +30,16 @@ from engine.cuda.cut_flash import CutFlashConfig, causal_flops
 from engine.models.presets import resolve_model
 
 VARIANTS = {  # name: config (the first is the module's default; earlier variants' figures:
-    # receipts/mixed-products/20261202-0459-h200-attention.md, 20261203-1839-h200-cut-tiles64-probe.md)
+    # receipts/mixed-products/20261202-0459-h200-attention.md, 20261203-1839-h200-cut-tiles64-probe.md,
+    # 20261203-1912-h200-cut-tma.md)
     "m128 n128 w8 s3": CutFlashConfig(),
     "m128 n128 w8 s3 tma": CutFlashConfig(tma=True),
-    "m128 n128 w8 s2 tma": CutFlashConfig(tma=True, stages=2),
-    "m64 n128 w4 s1 tma": CutFlashConfig(tma=True, block_m=64, warps=4, stages=1),  # two programs an SM
-    "m128 n128 w8 s3, split 8192": CutFlashConfig(split=8192),  # other bits: what the 2,048 split costs
-    "m128 n128 w8 s3 tma, split 8192": CutFlashConfig(tma=True, split=8192),
+    "m128 n128 w8 s3 ws": CutFlashConfig(ws=True),
+    "m128 n128 w8 s3 tma ws": CutFlashConfig(tma=True, ws=True),
+    "m128 n128 w8 s3, scale in exp": CutFlashConfig(scale_in_exp=True),  # other bits
+    "m128 n128 w8 s3, acc in dot": CutFlashConfig(acc_in_dot=True),  # other bits
+    "m128 n128 w8 s3 tma, both": CutFlashConfig(tma=True, scale_in_exp=True, acc_in_dot=True),
+    "m128 n128 w8 s3 tma ws, both": CutFlashConfig(tma=True, ws=True, scale_in_exp=True, acc_in_dot=True),
 }
 COUNTS = list(range(8, 265, 8)) + [320, 384, 448, 512, 640, 768, 896, 1024, 1032]
 
