@@ -161,21 +161,13 @@ def test_k_and_v_through_descriptors_give_the_bits_of_the_pointer_loads():
         cut_attention_at(q[:16], kc.transpose(2, 3).contiguous().transpose(2, 3), vc, meta, 96, t)
 
 
-@pytest.mark.interpreted
-@pytest.mark.parametrize("fields", [{"ws": True}, {"scale_in_exp": True, "acc_in_dot": True}])
-def test_each_scheduled_form_stays_cut_free_and_causal(fields):
-    """ws (the same arithmetic, warp-specialized on the GPU) and the flash tutorials' form (other
-    bits): either way a row's bits do not move with where the cuts fall, and the rows stay causal."""
+def test_the_runner_loads_k_and_v_by_descriptors_from_hopper_on(monkeypatch):
     import torch
-    from dataclasses import replace
-    q, k, v = _inputs(90, seed=6)
-    c = replace(_config(), **fields)
-    a = _cuts(q, k, v, [0, 16, 32, 48, 64, 80, 90], c)
-    b = _cuts(q, k, v, [0, 5, 37, 38, 71, 90], c)
-    assert torch.equal(a, b), (a - b).abs().max()
-    assert torch.allclose(a, _reference(q, k, v), atol=1e-5, rtol=1e-5), (a - _reference(q, k, v)).abs().max()
-    if not (c.scale_in_exp or c.acc_in_dot):
-        assert torch.equal(a, _cuts(q, k, v, [0, 16, 32, 48, 64, 80, 90], _config()))
+    from engine.cuda.cut_flash import CutFlashConfig, for_device
+    for cap, tma in [((9, 0), True), ((10, 0), True), ((8, 9), False)]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
+        assert for_device(torch.device("cuda", 0)) == CutFlashConfig(tma=tma), cap
+    assert for_device(torch.device("cpu")) == CutFlashConfig()
 
 
 @pytest.mark.interpreted

@@ -25,16 +25,12 @@ from engine.runner.model_runner import build_runner
 
 # the graphs before the chunked products (one F.linear a product), before the cut attention's lower tiles,
 # as they run now, with the cut attention's lower tiles checked and timed per capacity (mixed_graph.TILES), and
-# with K and V through tensor descriptors (CutFlashConfig.tma), warp-specialized, and in the flash tutorials'
-# form of other bits (the scale inside exp2, the accumulator into the second dot)
+# with K and V by pointer loads instead of tensor descriptors (the same bits; the runner's default before Hopper)
 FORMS = {"plain": {"hold_down": False, "chunks": (), "tiles": ()},
          "hold down": {"hold_down": True, "chunks": (), "tiles": ()},
          "chunks": {"hold_down": True, "chunks": (2, 4, 8), "tiles": ()},
          "tiles": {"hold_down": True, "chunks": (2, 4, 8), "tiles": TILES},
-         "tma": {"hold_down": True, "chunks": (2, 4, 8), "base_fields": {"tma": True}},
-         "tma ws": {"hold_down": True, "chunks": (2, 4, 8), "base_fields": {"tma": True, "ws": True}},
-         "tma both": {"hold_down": True, "chunks": (2, 4, 8),  # other bits
-                      "base_fields": {"tma": True, "scale_in_exp": True, "acc_in_dot": True}}}
+         "pointer loads": {"hold_down": True, "chunks": (2, 4, 8), "base_fields": {"tma": False}}}
 
 
 def main(argv=None) -> None:

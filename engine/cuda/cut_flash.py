@@ -55,15 +55,10 @@ class CutFlashConfig:
     warps: int = 8
     stages: int = 3
     # K and V through tensor descriptors (Hopper's bulk tensor copies): the same values into the same
-    # arithmetic, so the same bits; off the address arithmetic and the registers it holds
+    # arithmetic, so the same bits; on the H200 1-3 % faster at every cut size, measured twice
+    # (receipts/mixed-products/20261203-1912-h200-cut-tma.md, 20261204-0319-h200-cut-ws.md): for_device
+    # turns it on from capability 9
     tma: bool = False
-    # the loop over the tile's unmasked blocks warp-specialized by Triton (loads, dots and the softmax in
-    # their own warps): the same arithmetic, scheduled apart
-    ws: bool = False
-    # other bits (the same wherever the cuts fall), the flash tutorials' form: the scale inside exp2's
-    # argument (one multiply-add an element) and the accumulator carried into the second dot
-    scale_in_exp: bool = False
-    acc_in_dot: bool = False
 
     def __post_init__(self):
         if (max(self.block_m, self.block_n) % min(self.block_m, self.block_n)
@@ -71,9 +66,15 @@ class CutFlashConfig:
             raise ValueError(f"block_m and block_n must divide one another and split both: {self}")
 
 
+def for_device(device: torch.device) -> CutFlashConfig:
+    """The runner's config on `device`: K and V by tensor descriptors where the GPU copies tensors in
+    bulk (Hopper on); the bits are the same either way."""
+    return CutFlashConfig(tma=device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 @triton.jit
 def _block(q, K, V, kb, kr, kc, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: tl.constexpr, BN: tl.constexpr,
-           MASKED: tl.constexpr, TMA: tl.constexpr, SCALE_IN_EXP: tl.constexpr, ACC_IN_DOT: tl.constexpr):
+           MASKED: tl.constexpr, TMA: tl.constexpr):
     """Keys [kb, kb + BN) into the running (m, l, acc), in the log2 domain. TMA: K, V descriptors of
     the [lanes * L, KVH * d] cache, this lane and head at row kr, column kc (keys past kv_len are
     read as they lie and masked below; V zeroed there, as the masked load gives it)."""
@@ -85,18 +86,12 @@ def _block(q, K, V, kb, kr, kc, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: t
     else:
         offs = key[:, None].to(tl.int64) * s_kt + d[None, :]
         k = tl.load(K + offs, mask=kmask[:, None], other=0.0)
-    qk = tl.dot(q, tl.trans(k))
-    if not SCALE_IN_EXP:
-        qk = qk * qk_scale
+    qk = tl.dot(q, tl.trans(k)) * qk_scale
     if MASKED:
         qk = tl.where(key[None, :] <= pos[:, None], qk, float("-inf"))
-    if SCALE_IN_EXP:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.exp2(qk * qk_scale - m_new[:, None])
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if TMA:
         v = V.load([kr + kb, kc])
@@ -104,10 +99,7 @@ def _block(q, K, V, kb, kr, kc, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: t
             v = tl.where(kmask[:, None], v, 0.0)
     else:
         v = tl.load(V + offs, mask=kmask[:, None], other=0.0)
-    if ACC_IN_DOT:
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
 
 
@@ -115,7 +107,7 @@ def _block(q, K, V, kb, kr, kc, pos, kv_len, s_kt, m_i, l_i, acc, qk_scale, D: t
 def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
                 s_qt, s_qh, s_kl, s_kt, s_kh, s_ot, s_ps, s_pt, s_ms, s_mt, qk_scale,
                 G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
-                TMA: tl.constexpr, WS: tl.constexpr, SCALE_IN_EXP: tl.constexpr, ACC_IN_DOT: tl.constexpr):
+                TMA: tl.constexpr):
     # the cut (start, rows, lane) is read from the device, so a CUDA graph captured for a row
     # capacity replays for any cut that fits it; the grid covers the capacity and programs past
     # the cut's tiles (or past a tile's splits) do nothing
@@ -155,17 +147,10 @@ def _cut_kernel(Q, K, V, Out, Opart, Mpart, Lpart, Meta,
         top = lo + SPLIT
         full = tl.minimum(ts // BN * BN, top)  # blocks wholly before the tile: no row masks any
         hi = tl.minimum(tl.minimum(ts + BM, end), top)
-        if WS:
-            for kb in tl.range(lo, full, BN, warp_specialize=True):
-                m_i, l_i, acc = _block(q, Kh, Vh, kb, kr, kc, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, False,
-                                       TMA, SCALE_IN_EXP, ACC_IN_DOT)
-        else:
-            for kb in range(lo, full, BN):
-                m_i, l_i, acc = _block(q, Kh, Vh, kb, kr, kc, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, False,
-                                       TMA, SCALE_IN_EXP, ACC_IN_DOT)
+        for kb in range(lo, full, BN):
+            m_i, l_i, acc = _block(q, Kh, Vh, kb, kr, kc, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, False, TMA)
         for kb in range(full, hi, BN):
-            m_i, l_i, acc = _block(q, Kh, Vh, kb, kr, kc, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, True, TMA,
-                                   SCALE_IN_EXP, ACC_IN_DOT)
+            m_i, l_i, acc = _block(q, Kh, Vh, kb, kr, kc, pos, end, s_kt, m_i, l_i, acc, qk_scale, D, BN, True, TMA)
         if nsplit == 1:
             o = acc / l_i[:, None]
             tl.store(Out + row[:, None] * s_ot + h * D + d[None, :], o.to(Out.dtype.element_ty), mask=rmask[:, None])
@@ -258,8 +243,8 @@ def _launch(q, k, v, meta, tiles: int, ns: int, c: CutFlashConfig) -> torch.Tens
     _cut_kernel[(tiles, h, ns)](
         q, kk, vv, out, opart, mpart, lpart, meta,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), out.stride(0), *sp, *sm, qk_scale,
-        G=h // kvh, D=d, BM=c.block_m, BN=c.block_n, SPLIT=c.split, TMA=c.tma, WS=c.ws,
-        SCALE_IN_EXP=c.scale_in_exp, ACC_IN_DOT=c.acc_in_dot, num_warps=c.warps, num_stages=c.stages)
+        G=h // kvh, D=d, BM=c.block_m, BN=c.block_n, SPLIT=c.split, TMA=c.tma, num_warps=c.warps,
+        num_stages=c.stages)
     if ns > 1:
         br = 32
         _merge_kernel[(triton.cdiv(t, br), h)](out, opart, mpart, lpart, meta, ns, out.stride(0), *sp, *sm,

@@ -213,8 +213,8 @@ class ModelRunner:
             # cut_tiles: not for a float32 CUDA runner (a reference: its halves are plain math, where
             # the tiles' float32 dots would run in tf32)
             if self.cfg.kernels.cut_tiles and not (self.device.type == "cuda" and self.dtype == torch.float32):
-                from engine.cuda.cut_flash import CutFlashConfig
-                tiles = CutFlashConfig()
+                from engine.cuda.cut_flash import for_device
+                tiles = for_device(self.device)
             self._kernels = CudaKernels(self.device, tiles=tiles)
         return self._kernels
 

@@ -100,7 +100,8 @@ def _prefill_attention_name(r) -> str:
         return "sdpa" if r.cpu_mm is None else cut_attention(r.dtype, r.prefill_rows)
     if r.fused and r.kernels.cut_flash is not None:
         c = r.kernels.cut_flash
-        return f"tiles at absolute positions (cut_flash: {c.block_m} queries x {c.block_n} keys, splits of {c.split})"
+        return (f"tiles at absolute positions (cut_flash: {c.block_m} queries x {c.block_n} keys, splits of {c.split}"
+                f"{', K and V by TMA' if c.tma else ''})")
     from engine.cuda.prefill import CUDNN_MIN_ROWS
     return (f"prefix + diagonal halves merged; {r.kernels.cuts.name} for cuts of >= {CUDNN_MIN_ROWS} rows, "
             "flash below")
