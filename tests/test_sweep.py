@@ -110,7 +110,10 @@ def test_levels_above_the_lanes_queue_at_the_real_engine(tmp_path):
     """`--parallel 2 --levels 6` on tfengine's tiny preset: the six streams are open at once, the
     server holds two in lanes and queues four (its /metrics), and the receipt marks the level;
     before, --parallel was raised to the largest level and no level could queue."""
-    args = ["sweep", "--model", "tiny", "--parallel", "2", "--levels", "2,6", "--tokens", "96", "--cells", "1",
+    # replies long enough that the lanes' first two streams outlast the other four's connects on a loaded
+    # 2-core host (at 96 tokens one had ended before the sixth opened: a peak of 5, the run invalid)
+    tokens = 256
+    args = ["sweep", "--model", "tiny", "--parallel", "2", "--levels", "2,6", "--tokens", str(tokens), "--cells", "1",
             "--reps", "1", "--prompt-tokens", "12", "--order", "whole", "--out", str(tmp_path / "r")]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, (res.output, res.exception)
@@ -123,7 +126,7 @@ def test_levels_above_the_lanes_queue_at_the_real_engine(tmp_path):
     assert check["peak_open"] == {"2": 2, "6": 6} and check["server_open"] == {"2": 2, "6": 6}
     assert check["server_split"] == {"6": [2, 4]} and not check["invalid"]
     b6 = next(b for b in run["batches"] if b["level"] == 6)
-    assert (b6["server_running"], b6["server_waiting"]) == (2, 4) and b6["tokens"] == 6 * 96
+    assert (b6["server_running"], b6["server_waiting"]) == (2, 4) and b6["tokens"] == 6 * tokens
     md = report.sibling(js, ".md").read_text()
     assert "| 6 (queued behind 2 lanes) | whole |" in md and "| 2 | whole |" in md
     assert "6/6 (server 6: 2 running, 4 waiting)" in md
