@@ -2,8 +2,8 @@
 # One device call (one H200, at most 10 minutes), qwen3-8b: (1) tools/cut_flash_probe.py, the cut attention
 # with K and V through tensor descriptors (tma) against pointer loads: bits, and the whole prompt's attention
 # in cuts of 128 / 256 / 1,024 rows, each variant one CUDA graph; (2) tools/mixed_forms.py, the mixed graphs
-# as they run (K and V by tensor descriptors on the H200 since) against the same graphs by pointer loads, at 0 / 8,192 / 24,576 keys; (3) tools/prompt_alone.py, B
-# alone in process on each path. Predictions (written first): receipts/predictions/h200-cut-tma.md.
+# as they run (K and V by tensor descriptors on the H200 since) against the same graphs by pointer loads, at
+# 0 / 8,192 / 24,576 keys; (3) tools/prompt_alone.py, B alone in process on each path. Predictions (written first): receipts/predictions/h200-cut-tma.md.
 # Installs nothing. Usage: TFBENCH_COMMIT=<sha> bash scripts/h200_cut_tma.sh (files under $OUT)
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown}
