@@ -3,7 +3,7 @@
 invariance for each weight product.
 
     PYTHONPATH=. python3 -m tools.cut_flash_probe --model qwen3-8b [--prompt 32000]
-        [--rows 128,256,512,1024] [--rounds 3] [--out FILE.md]
+        [--rows 128,256,512,1024] [--rounds 3] [--bands 2048] [--out FILE.md]
 
 - bits: the prompt's attention (one layer, random bf16 q, k, v in a two-lane cache) run in the
   grid's 1,024-row cuts and in budget-like cuts of changing sizes; equal bit for bit? And its
@@ -12,7 +12,10 @@ invariance for each weight product.
   count, each variant once a round in turns (the H200 runs at its power cap under load), medians:
   cut_flash's variants as one CUDA graph of every cut (`cut_attention_at`, the grid sized by the
   prompt, as a mixed forward's graph carries it), the current path eagerly (its launches from the
-  host weigh in at small cuts; so they did for every variant before the graphs).
+  host weigh in at small cuts; so they did for every variant before the graphs), and the current
+  path as one CUDA graph too (the library's kernels, cuDNN's and flash's, without the host).
+- bands (--bands N): the runner's config in the smallest cuts, band by band of N positions: a small
+  cut's programs (heads x key splits) fill the SMs' waves unevenly, and how unevenly moves with depth.
 - products: for each of the model's weight products and row counts n (every multiple of 8 to 264,
   then coarser), whether cuBLAS gives rows [0, n) the bits of the 1,024-row grid cut, and its last
   8 rows the bits the decode round's kernels (engine/cuda/skinny.py) give those 8 rows alone.
@@ -35,7 +38,9 @@ VARIANTS = {  # name: config (the first is the runner's on the H200, cut_flash.f
     "m128 n128 w8 s3 tma": CutFlashConfig(tma=True),
     "m128 n128 w8 s3": CutFlashConfig(),  # K and V by pointer loads: the same bits
     "m128 n128 w8 s3 tma, split 8192": CutFlashConfig(tma=True, split=8192),  # other bits: what the 2,048 split costs
+    "m128 n128 w8 s3 tma, split 1024": CutFlashConfig(tma=True, split=1024),  # other bits: twice the programs
 }
+GRAPHED = "current (prefill.py), graphed"
 COUNTS = list(range(8, 265, 8)) + [320, 384, 448, 512, 640, 768, 896, 1024, 1032]
 
 
@@ -63,6 +68,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", default="128,256,512,1024")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: bits,rate,products")
+    ap.add_argument("--bands", type=int, default=0,
+                    help="positions a band: the runner's config at the smallest --rows, timed band by band (0: not)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
@@ -130,6 +137,17 @@ def main(argv=None) -> None:
         variants = {("current (prefill.py)", r): (lambda r: lambda: run_cuts(current, q, k, v, grid_cuts(n, r)))(r)
                     for r in rows}
         failed = {}
+        for r in rows:  # the library's kernels without the host's launches: what they give small cuts
+            try:
+                fn = variants[("current (prefill.py)", r)]
+                fn()  # cuDNN builds its graphs, flash compiles
+                torch.cuda.synchronize()
+                gr = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(gr):
+                    fn()
+                variants[(GRAPHED, r)] = gr.replay
+            except Exception as e:
+                failed[GRAPHED] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         for name, c in VARIANTS.items():
             for r in rows:
                 try:
@@ -152,7 +170,7 @@ def main(argv=None) -> None:
                   f"grid, cut_flash's variants one CUDA graph each, the current path eager, median of {a.rounds} "
                   "rounds in turns: ms (TFLOP/s)", "",
                   "| kernel | " + " | ".join(f"R = {r}" for r in rows) + " |", "|---|" + "---|" * len(rows)]
-        for name in ["current (prefill.py)"] + list(VARIANTS):
+        for name in ["current (prefill.py)", GRAPHED] + list(VARIANTS):
             if name in failed:
                 lines.append(f"| {name} | " + " | ".join("did not run" for _ in rows) + " |")
                 continue
@@ -164,6 +182,43 @@ def main(argv=None) -> None:
         lines += [""] + [f"{name} did not run: {why}" for name, why in failed.items()]
         lines += ["", "Every round's ms: " + "; ".join(f"{nm} R={r}: " + "/".join(f"{t:.2f}" for t in ts)
                                                      for (nm, r), ts in times.items()), ""]
+    # ---- bands -----------------------------------------------------------------------------------
+    if "rate" not in skip and a.bands:
+        r = min(int(x) for x in a.rows.split(","))
+        c = next(iter(VARIANTS.values()))
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        lines += [f"The runner's config ({next(iter(VARIANTS))}) in cuts of {r} rows, each band of {a.bands} "
+                  f"positions one CUDA graph, median of {a.rounds}: programs a cut = heads x key splits at the band's "
+                  f"start, in waves of {sms} SMs (one program an SM)", "",
+                  "| positions | programs a cut | waves | ms | TFLOP/s |", "|---|---|---|---|---|"]
+        kl, vl = cache[0], cache[1]
+        for b0 in range(0, n, a.bands):
+            b1 = min(n, b0 + a.bands)
+            cuts = [(s, min(s + r, b1)) for s in range(b0, b1, r)]
+            metas_b = [torch.tensor([s, e - s, 1], dtype=torch.int32, device=dev) for s, e in cuts]
+
+            def band(cuts=cuts, metas_b=metas_b):
+                for (s, e), mt in zip(cuts, metas_b):
+                    cut_flash.cut_attention_at(q[s:s + r], kl, vl, mt, n, c)
+            band()
+            torch.cuda.synchronize()
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                band()
+            ts = []
+            for _ in range(a.rounds):
+                s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s0.record()
+                gr.replay()
+                s1.record()
+                s1.synchronize()
+                ts.append(s0.elapsed_time(s1))
+            t = statistics.median(ts)
+            fl = 4.0 * heads * hd * sum(p + 1 for p in range(b0, b1))
+            progs = heads * (b0 // c.split + 1)
+            lines.append(f"| {b0}-{b1} | {progs} | {progs / sms:.2f} | {t:.3f} | {fl / t / 1e9:.0f} |")
+            del gr
+        lines.append("")
     # ---- products --------------------------------------------------------------------------------
     if "products" not in skip:
         from engine.cuda import fused

@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     ap.add_argument("--time", default="0,8192,16384,30720",
                     help="after the check: time mixed forwards at every cut size at these contexts (empty: none)")
     ap.add_argument("--profile", default="",
-                    help="N@CTX,...: after the check, each shape's kernels by time (torch.profiler over its graph's replays)")
+                    help="N@CTX,...: after the check, each shape's kernels by time (torch.profiler over its graph's replays; N 0: a round alone)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
@@ -157,17 +157,22 @@ def timing(r, long_, shorts, outs, contexts, reps: int = 5) -> dict:
 
 def profile(r, long_, shorts, outs, cells, reps: int = 5) -> dict:
     """Per (rows, context): the GPU time of each kernel kind in one mixed forward (graph replays,
-    summed over `reps` and divided), the ten largest, in us."""
+    summed over `reps` and divided), the largest, in us. Rows 0: a decode round of the same lanes
+    alone (its graph), the forward a mixed one is measured against."""
     from torch.profiler import ProfilerActivity, profile as prof
     pos = [len(p) + len(o) - 1 for p, o in zip(shorts, outs)]
     toks = [o[-1] for o in outs]
     out = {}
     for n, ctx in cells:
-        r.mixed([(3, long_, ctx, ctx + n)], [0, 1, 2], toks, pos)
+        def once(n=n, ctx=ctx):
+            if n == 0:
+                return r.decode([0, 1, 2], toks, pos)
+            return r.mixed([(3, long_, ctx, ctx + n)], [0, 1, 2], toks, pos)
+        once()
         torch.cuda.synchronize()
         with prof(activities=[ProfilerActivity.CUDA]) as p:
             for _ in range(reps):
-                r.mixed([(3, long_, ctx, ctx + n)], [0, 1, 2], toks, pos)
+                once()
             torch.cuda.synchronize()
         by = {}
         for e in p.key_averages():
@@ -175,7 +180,7 @@ def profile(r, long_, shorts, outs, cells, reps: int = 5) -> dict:
             if t:
                 by[e.key[:60]] = by.get(e.key[:60], 0) + t / reps
         top = sorted(by.items(), key=lambda kv: -kv[1])
-        out[f"{n}@{ctx}"] = {"total_us": round(sum(by.values())), "top": [(k, round(v)) for k, v in top[:12]]}
+        out[f"{n}@{ctx}"] = {"total_us": round(sum(by.values())), "top": [(k, round(v)) for k, v in top[:20]]}
         print("profile", n, ctx, json.dumps(out[f"{n}@{ctx}"]))
     return out
 
