@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from engine.cuda import cut_flash, prefill
 from engine.cuda.cut_flash import CutFlashConfig, causal_flops
 from engine.models.presets import resolve_model
+from tools.mixed_products import graph_ms
 
 VARIANTS = {  # name: config (the first is the runner's on the H200, cut_flash.for_device; earlier variants' figures:
     # receipts/mixed-products/20261202-0459-h200-attention.md, 20261203-1839-h200-cut-tiles64-probe.md,
@@ -198,26 +199,12 @@ def main(argv=None) -> None:
             metas_b = [torch.tensor([s, e - s, 1], dtype=torch.int32, device=dev) for s, e in cuts]
 
             def band(cuts=cuts, metas_b=metas_b):
-                for (s, e), mt in zip(cuts, metas_b):
+                for (s, _), mt in zip(cuts, metas_b):
                     cut_flash.cut_attention_at(q[s:s + r], kl, vl, mt, n, c)
-            band()
-            torch.cuda.synchronize()
-            gr = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(gr):
-                band()
-            ts = []
-            for _ in range(a.rounds):
-                s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s0.record()
-                gr.replay()
-                s1.record()
-                s1.synchronize()
-                ts.append(s0.elapsed_time(s1))
-            t = statistics.median(ts)
+            t = graph_ms(band, a.rounds)
             fl = 4.0 * heads * hd * sum(p + 1 for p in range(b0, b1))
             progs = heads * (b0 // c.split + 1)
             lines.append(f"| {b0}-{b1} | {progs} | {progs / sms:.2f} | {t:.3f} | {fl / t / 1e9:.0f} |")
-            del gr
         lines.append("")
     # ---- products --------------------------------------------------------------------------------
     if "products" not in skip:
