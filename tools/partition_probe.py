@@ -1,0 +1,209 @@
+"""Whether a decode round and a prompt cut share the GPU by SM partitions: green contexts, disjoint.
+
+    PYTHONPATH=. python3 -m tools.partition_probe --model qwen3-8b [--sms 16,32,48] [--contexts 8192,24576] [--out F.json]
+
+A round reads every weight once and is bound by the memory; a long prompt's cut is bound by the
+tensor cores. On two streams the device runs them one after the other (tools/overlap_probe.py: a
+round and a cut's attention take 0.94-0.96 of their serial sum), since each kernel asks for every
+SM. Green contexts give each its own SMs. A round streams the weights near the copy rate from a
+third of the SMs; if it kept that pace beside a cut on the other SMs, A would keep most of its
+rate while B slows only by the SMs it gave up, which no schedule of whole forwards can do.
+
+Two green contexts from one split of the device's SMs (cuDevSmResourceSplitByCount: n SMs and
+the remainder, disjoint), each with a stream of its own, then
+- the round: the padded shape's decode graph, replayed (lanes 0-2 after short prompts);
+- the cut: a 1,024-row prompt cut of lane 3 at each context, the runner's eager forward
+  (`--cut-attention tiles`: products, attention, norms, everything a cut runs);
+each alone on the whole device and on its partition, then both at once from two host threads:
+the round while cuts run, the cut while rounds run. Bits: the round's ids and logits and the
+cut's last logits and K/V rows on the partitions against the whole device's. A control makes the
+two contexts from two separate splits of the whole device, as `GreenContext.create(n)` does,
+which may overlap. CUDA events, medians.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import torch
+
+from engine.config import EngineConfig, KernelConfig
+from engine.runner.model_runner import build_runner
+from tools.overlap_probe import spans, timed
+
+CUT = 1024
+
+
+def check(res):
+    """cuda.bindings returns (CUresult, *values): the values, or an error naming the call's result."""
+    err, *vals = res if isinstance(res, tuple) else (res,)
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA driver: {err!r}")
+    return None if not vals else vals[0] if len(vals) == 1 else tuple(vals)
+
+
+class Partitions:
+    """Green contexts and their streams; `split(n)` gives n SMs and the rest, disjoint;
+    `alone(n)` a context of n SMs split from the whole device on its own (two may overlap)."""
+
+    def __init__(self, device_id: int = 0):
+        from cuda.bindings import driver
+        self.d = driver
+        check(driver.cuInit(0))
+        self.dev = check(driver.cuDeviceGet(device_id))
+        self.kept = []  # contexts and streams live as long as this object
+
+    def _whole(self):
+        return check(self.d.cuDeviceGetDevResource(self.dev, self.d.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
+
+    def _stream(self, resource) -> tuple[torch.cuda.ExternalStream, int]:
+        d = self.d
+        desc = check(d.cuDevResourceGenerateDesc([resource], 1))
+        ctx = check(d.cuGreenCtxCreate(desc, self.dev, d.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
+        s = check(d.cuGreenCtxStreamCreate(ctx, d.CUstream_flags.CU_STREAM_NON_BLOCKING, 0))
+        self.kept += [ctx, s]
+        return torch.cuda.ExternalStream(int(s)), resource.sm.smCount
+
+    def split(self, n: int):
+        groups, _, rest = check(self.d.cuDevSmResourceSplitByCount(1, self._whole(), 0, n))
+        return self._stream(groups[0]), self._stream(rest)
+
+    def alone(self, n: int):
+        groups, _, _ = check(self.d.cuDevSmResourceSplitByCount(1, self._whole(), 0, n))
+        return self._stream(groups[0])
+
+
+def run_on(stream, fn, n: int) -> list[float]:
+    """fn n times on stream, each timed (ms)."""
+    ev = timed(fn, stream, n)
+    torch.cuda.synchronize()
+    return spans(ev)
+
+
+def together(round_fn, cut_fn, s_round, s_cut, n_round: int, n_cut: int) -> dict:
+    """Both at once, each stream fed by its own host thread from one start event: the rounds that
+    ended while cuts still ran, the cuts, and the span."""
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+    s_round.wait_event(start)
+    s_cut.wait_event(start)
+    out = {}
+
+    def feed(name, fn, stream, n):
+        with torch.inference_mode():
+            out[name] = timed(fn, stream, n)
+    th = threading.Thread(target=feed, args=("cut", cut_fn, s_cut, n_cut))
+    th.start()
+    feed("round", round_fn, s_round, n_round)
+    th.join()
+    torch.cuda.synchronize()
+    r, c = spans(out["round"]), spans(out["cut"])
+    cut_end = start.elapsed_time(out["cut"][-1])
+    inside = [t for t, e in zip(r, out["round"][1:]) if start.elapsed_time(e) <= cut_end] or r
+    return {"round_ms": round(statistics.median(inside), 3), "rounds_inside": len(inside),
+            "cut_ms": round(statistics.median(c), 3),
+            "span_ms": round(max(start.elapsed_time(out["round"][-1]), cut_end), 3)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--sms", default="16,32,48", help="the round's partitions (SMs); the cut gets the rest")
+    ap.add_argument("--contexts", default="8192,24576", help="the cut's start (its keys before it)")
+    ap.add_argument("--control", type=int, default=48, help="the round's SMs in the overlapping control (0: none)")
+    ap.add_argument("--rounds", type=int, default=60, help="decode rounds a measure")
+    ap.add_argument("--max-model-len", type=int, default=32256)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("partition_probe: needs a CUDA device (green contexts)")
+    sms, contexts = [int(s) for s in a.sms.split(",")], [int(c) for c in a.contexts.split(",")]
+    if max(contexts) + CUT > a.max_model_len:
+        ap.error(f"--contexts: the deepest plus {CUT} rows must fit --max-model-len {a.max_model_len}")
+    t0 = time.perf_counter()
+    r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
+                                  max_model_len=a.max_model_len, prefill_rows=CUT,
+                                  kernels=KernelConfig(cut_tiles=True)))
+    r.cuts_warmed.result()
+    if r.graphs.full is None:
+        raise SystemExit(f"partition_probe: no decode graphs ({r.graphs.fallback_reason})")
+    g = torch.Generator().manual_seed(7)
+    shorts = [torch.randint(0, r.vocab_size, (n,), generator=g).tolist() for n in (100, 700, 1500)]
+    firsts = [r.prefill(i, p) for i, p in enumerate(shorts)]
+    prompt = torch.randint(0, r.vocab_size, (max(contexts) + CUT,), generator=g)
+    r.prefill(3, prompt.tolist())
+    rows, _ = r.padded_round([0, 1, 2], firsts, [len(p) for p in shorts])
+    r.graphs.fresh(rows)  # writes the round's pinned inputs; each replay copies them in again
+    torch.cuda.synchronize()
+    b = r.graphs.rounds[len(rows[0])]
+    parts = Partitions(torch.cuda.current_device())
+    whole = torch.cuda.Stream()
+    res = {"model": a.model, "device": torch.cuda.get_device_name(), "round_rows": len(rows[0]), "cut_rows": CUT,
+           "sms": torch.cuda.get_device_properties(0).multi_processor_count, "contexts": {}}
+
+    def round_bits(stream):
+        run_on(stream, b.graph.replay, 1)
+        return b.s_out.clone(), b.s_logits.clone()
+
+    with torch.inference_mode():
+        run_on(whole, b.graph.replay, 3)
+        ref_ids, ref_logits = round_bits(whole)
+        res["round_alone_ms"] = round(statistics.median(run_on(whole, b.graph.replay, a.rounds)), 3)
+        splits = {n: parts.split(n) for n in sms}
+        res["partitions"] = {n: [sa[1], sb[1]] for n, (sa, sb) in splits.items()}
+        res["round_on"] = {}
+        for n, ((sa, got), _) in splits.items():
+            ids, logits = round_bits(sa)
+            res["round_on"][n] = {"sms": got, "ms": round(statistics.median(run_on(sa, b.graph.replay, a.rounds)), 3),
+                                  "bits_equal": bool(torch.equal(ids, ref_ids) and torch.equal(logits, ref_logits))}
+            print(f"round on {got} SMs: {res['round_on'][n]['ms']:.3f} ms (whole device {res['round_alone_ms']:.3f}), "
+                  f"bits equal {res['round_on'][n]['bits_equal']}", flush=True)
+        for ctx in contexts:
+            ids = prompt[ctx:ctx + CUT].to(r.device)
+
+            def cut():
+                return r._forward_cut(ids, 3, ctx)
+
+            def cut_bits(stream):
+                with torch.cuda.stream(stream):
+                    last = cut()
+                torch.cuda.synchronize()
+                kv = torch.stack([r.kv.k[i][3, ctx:ctx + CUT] for i in (0, len(r.kv.k) - 1)])
+                return last.clone(), kv.clone()
+            ref_last, ref_kv = cut_bits(whole)
+            cut_alone = statistics.median(run_on(whole, cut, 5))
+            n_cut = 6
+            out = {"cut_alone_ms": round(cut_alone, 3), "splits": {}}
+            for n, ((sa, got_a), (sb, got_b)) in splits.items():
+                last, kv = cut_bits(sb)
+                on_b = statistics.median(run_on(sb, cut, 5))
+                n_round = max(4, round(n_cut * on_b / res["round_on"][n]["ms"]))
+                both = together(b.graph.replay, cut, sa, sb, n_round, n_cut)
+                kept = res["round_alone_ms"] / both["round_ms"]
+                out["splits"][n] = {"round_sms": got_a, "cut_sms": got_b, "cut_on_rest_ms": round(on_b, 3),
+                                    "cut_bits_equal": bool(torch.equal(last, ref_last) and torch.equal(kv, ref_kv)),
+                                    "together": both, "a_kept": round(kept, 3),
+                                    "b_slowdown": round(both["cut_ms"] / cut_alone, 3)}
+                print(f"{ctx:6d} keys, round on {got_a} / cut on {got_b} SMs: cut alone {cut_alone:.2f} ms, on its "
+                      f"partition {on_b:.2f}; together round {both['round_ms']:.3f} ms (A keeps {100 * kept:.0f} %), "
+                      f"cut {both['cut_ms']:.2f} ms ({both['cut_ms'] / cut_alone:.2f}x); cut bits equal "
+                      f"{out['splits'][n]['cut_bits_equal']}", flush=True)
+            if a.control:
+                (sa, got_a), (sb, got_b) = parts.alone(a.control), parts.alone(res["sms"] - a.control)
+                both = together(b.graph.replay, cut, sa, sb, max(4, round(n_cut * cut_alone / res["round_alone_ms"])), n_cut)
+                out["control"] = {"round_sms": got_a, "cut_sms": got_b, "together": both}
+                print(f"{ctx:6d} keys, control (two splits of the whole device, {got_a} and {got_b} SMs): round "
+                      f"{both['round_ms']:.3f} ms, cut {both['cut_ms']:.2f} ms", flush=True)
+            res["contexts"][ctx] = out
+    res["total_s"] = round(time.perf_counter() - t0, 1)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
