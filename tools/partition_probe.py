@@ -145,9 +145,26 @@ def main(argv=None) -> None:
     res = {"model": a.model, "device": torch.cuda.get_device_name(), "round_rows": len(rows[0]), "cut_rows": CUT,
            "sms": torch.cuda.get_device_properties(0).multi_processor_count, "contexts": {}}
 
-    def round_bits(stream):
-        run_on(stream, b.graph.replay, 1)
-        return b.s_out.clone(), b.s_logits.clone()
+    def round_bits(stream, replay=b.graph.replay, ids=b.s_out, logits=b.s_logits):
+        run_on(stream, replay, 1)
+        return ids.clone(), logits.clone()
+
+    def bound_round(stream):
+        """The padded round captured on `stream`: its kernel nodes take the stream's green context,
+        so the graph runs on that partition's SMs wherever it is launched. (A graph captured on the
+        whole device and replayed into a green context's stream is not confined: each kernel
+        keeps the context it was captured in.)"""
+        mode = r.graphs.mode_at(b.rows)
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                r.graphs.argmax(r.round_logits(b.s_in, mode), mode)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            b.s_in.copy_(b.h_in, non_blocking=True)
+            logits = r.round_logits(b.s_in, mode)
+            ids = r.graphs.argmax(logits, mode)
+        return graph, ids, logits
 
     with torch.inference_mode():
         run_on(whole, b.graph.replay, 3)
@@ -155,13 +172,17 @@ def main(argv=None) -> None:
         res["round_alone_ms"] = round(statistics.median(run_on(whole, b.graph.replay, a.rounds)), 3)
         splits = {n: parts.split(n) for n in sms}
         res["partitions"] = {n: [sa[1], sb[1]] for n, (sa, sb) in splits.items()}
-        res["round_on"] = {}
+        res["round_on"], bound = {}, {}
         for n, ((sa, got), _) in splits.items():
-            ids, logits = round_bits(sa)
-            res["round_on"][n] = {"sms": got, "ms": round(statistics.median(run_on(sa, b.graph.replay, a.rounds)), 3),
-                                  "bits_equal": bool(torch.equal(ids, ref_ids) and torch.equal(logits, ref_logits))}
-            print(f"round on {got} SMs: {res['round_on'][n]['ms']:.3f} ms (whole device {res['round_alone_ms']:.3f}), "
-                  f"bits equal {res['round_on'][n]['bits_equal']}", flush=True)
+            graph, ids_t, logits_t = bound_round(sa)
+            bound[n] = graph.replay, graph
+            ids, logits = round_bits(sa, graph.replay, ids_t, logits_t)
+            res["round_on"][n] = {"sms": got, "ms": round(statistics.median(run_on(sa, graph.replay, a.rounds)), 3),
+                                  "bits_equal": bool(torch.equal(ids, ref_ids) and torch.equal(logits, ref_logits)),
+                                  "whole_graph_ms": round(statistics.median(run_on(sa, b.graph.replay, a.rounds)), 3)}
+            print(f"round on {got} SMs: {res['round_on'][n]['ms']:.3f} ms captured there, "
+                  f"{res['round_on'][n]['whole_graph_ms']:.3f} ms the whole device's graph launched there "
+                  f"(whole device {res['round_alone_ms']:.3f}); bits equal {res['round_on'][n]['bits_equal']}", flush=True)
         for ctx in contexts:
             ids = prompt[ctx:ctx + CUT].to(r.device)
 
@@ -182,16 +203,18 @@ def main(argv=None) -> None:
                 last, kv = cut_bits(sb)
                 on_b = statistics.median(run_on(sb, cut, 5))
                 n_round = max(4, round(n_cut * on_b / res["round_on"][n]["ms"]))
-                both = together(b.graph.replay, cut, sa, sb, n_round, n_cut)
-                kept = res["round_alone_ms"] / both["round_ms"]
-                out["splits"][n] = {"round_sms": got_a, "cut_sms": got_b, "cut_on_rest_ms": round(on_b, 3),
-                                    "cut_bits_equal": bool(torch.equal(last, ref_last) and torch.equal(kv, ref_kv)),
-                                    "together": both, "a_kept": round(kept, 3),
-                                    "b_slowdown": round(both["cut_ms"] / cut_alone, 3)}
-                print(f"{ctx:6d} keys, round on {got_a} / cut on {got_b} SMs: cut alone {cut_alone:.2f} ms, on its "
-                      f"partition {on_b:.2f}; together round {both['round_ms']:.3f} ms (A keeps {100 * kept:.0f} %), "
-                      f"cut {both['cut_ms']:.2f} ms ({both['cut_ms'] / cut_alone:.2f}x); cut bits equal "
-                      f"{out['splits'][n]['cut_bits_equal']}", flush=True)
+                row = {"round_sms": got_a, "cut_sms": got_b, "cut_on_rest_ms": round(on_b, 3),
+                       "cut_bits_equal": bool(torch.equal(last, ref_last) and torch.equal(kv, ref_kv))}
+                for name, replay in (("bound", bound[n][0]), ("whole graph", b.graph.replay)):
+                    both = together(replay, cut, sa, sb, n_round, n_cut)
+                    kept = res["round_alone_ms"] / both["round_ms"]
+                    row[name] = {"together": both, "a_kept": round(kept, 3),
+                                 "b_slowdown": round(both["cut_ms"] / cut_alone, 3)}
+                    print(f"{ctx:6d} keys, round on {got_a} ({name}) / cut on {got_b} SMs: cut alone {cut_alone:.2f} ms, "
+                          f"on its partition {on_b:.2f}; together round {both['round_ms']:.3f} ms (A keeps "
+                          f"{100 * kept:.0f} %), cut {both['cut_ms']:.2f} ms ({both['cut_ms'] / cut_alone:.2f}x); "
+                          f"cut bits equal {row['cut_bits_equal']}", flush=True)
+                out["splits"][n] = row
             if a.control:
                 (sa, got_a), (sb, got_b) = parts.alone(a.control), parts.alone(res["sms"] - a.control)
                 both = together(b.graph.replay, cut, sa, sb, max(4, round(n_cut * cut_alone / res["round_alone_ms"])), n_cut)
