@@ -75,7 +75,7 @@ def check_config(cfg: EngineConfig) -> str:
     from engine.models.presets import resolve_model
 
     mcfg, name, _ = resolve_model(cfg.model)
-    if why := mixed_refused(cfg):  # a combination of flags: refused whatever the machine has
+    if why := mixed_refused(cfg) or split_refused(cfg):  # a combination of flags: refused whatever the machine has
         raise ConfigError(why)
     if cfg.kernels.mixed_low_tiles and cfg.device == "cpu":
         raise ConfigError("--mixed-low-tiles is for --device cuda (the tiles of the mixed graphs' cut attention)")
@@ -109,6 +109,20 @@ def mixed_refused(cfg: EngineConfig) -> str | None:
     return None
 
 
+def split_refused(cfg: EngineConfig) -> str | None:
+    """Why --prefill-mode split cannot run under these flags, or None."""
+    if cfg.prefill_mode != "split":
+        return None
+    if cfg.device == "cpu":
+        return ("--prefill-mode split is for --device cuda (it gives a prompt's cuts and the decode rounds SMs of "
+                "their own); on the cpu use stepped with --prefill-share, or mixed")
+    if cfg.tensor_parallel > 1:
+        return "--prefill-mode split runs at one rank: use stepped with --prefill-share with --tensor-parallel"
+    if cfg.kernels.cuda_graph is False:
+        return "--prefill-mode split needs the CUDA decode graph (its rounds are captured on their SMs)"
+    return None
+
+
 def cut_attention_knob(device: str, cut_attention: str) -> bool:
     """KernelConfig.cut_tiles for --cut-attention."""
     if cut_attention not in CUT_ATTENTION:
@@ -130,9 +144,10 @@ def serve(
     threads: Annotated[Optional[int], typer.Option(help="cpu: compute threads (default: every core but one, at least 1, leaving a core to the HTTP thread).")] = None,
     max_model_len: Annotated[int, typer.Option(help="Tokens per lane (prompt + completion).")] = 4096,
     prefill_rows: Annotated[Optional[int], typer.Option(help="Rows per prompt cut R: cut boundaries are multiples of R (default: 256 on cpu, 1024 on cuda).")] = None,
-    prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline); mixed: each forward carries a prompt's cut and one row for every runnable stream, the cut sized by --mixed-budget (cpu; cuda with --cut-attention tiles).")] = "stepped",
+    prefill_mode: Annotated[str, typer.Option(help="stepped: prompts run a cut at a time between decode rounds; whole: each admitted prompt runs whole before the next round (the baseline); mixed: each forward carries a prompt's cut and one row for every runnable stream, the cut sized by --mixed-budget (cpu; cuda with --cut-attention tiles); split (cuda): while streams decode, a long prompt's cuts run on the SMs that --decode-sms leaves, beside the rounds on theirs.")] = "stepped",
     cut_attention: Annotated[str, typer.Option(help="cuda: a prompt cut's attention. cudnn: prefix and diagonal halves through cuDNN, merged; tiles: Triton tiles at absolute positions, a row's bits the same wherever its cut falls (needed by --prefill-mode mixed). Each gives its own bits.")] = "cudnn",
     mixed_budget: Annotated[float, typer.Option(help="mixed: milliseconds a forward carrying a long prompt's cut and the decode rows should take; the cut is sized to it from measured forwards.")] = 50.0,
+    decode_sms: Annotated[int, typer.Option(help="split: the SMs decode rounds keep while a long prompt's cut runs on the rest of the GPU (a multiple of 8; fewer: the prompt fills sooner, the streams slow more).")] = 32,
     mixed_low_tiles: Annotated[bool, typer.Option("--mixed-low-tiles", help="cuda, mixed: for cuts up to 256 rows, also check the cut attention in 64-row query tiles at start-up and run them where they keep every bit and time faster (other modes: nothing to do).")] = False,
     prefill_share: Annotated[Optional[float], typer.Option(help="Share p in (0, 1] of wall time for long prompt steps while streams decode; overrides TENSORFOLD_PREFILL_SHARE; default 1 (alternation).")] = None,
     no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Do not reuse a lane's cached prompt prefix.")] = False,
@@ -163,7 +178,7 @@ def serve(
     prefill_rows = cut_rows(device, prefill_rows)
     cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel, tensor_parallel=tensor_parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
                        prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
-                       mixed_budget_ms=mixed_budget, prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
+                       mixed_budget_ms=mixed_budget, decode_sms=decode_sms, prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
                        seed=seed, trace=trace, trace_len=trace_len,
                        kernels=KernelConfig(cut_tiles=cut_attention_knob(device, cut_attention), mixed_low_tiles=mixed_low_tiles))
     faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment

@@ -196,11 +196,14 @@ class EngineConfig:
     tensor_parallel: int = 1  # ranks the model is split over (engine/parallel/group.py), one process each
     max_model_len: int = 4096
     prefill_rows: int = 256
-    prefill_mode: str = "stepped"  # stepped | whole | mixed
+    prefill_mode: str = "stepped"  # stepped | whole | mixed | split
     prefill_share: float = 1.0
     # mixed: the time a forward carrying a long prompt's cut and the decode rows should take
     # (engine/scheduler/forward_cost.py sizes the cut to it)
     mixed_budget_ms: float = 50.0
+    # split (CUDA): the SMs the decode rounds keep while a long prompt's cut runs on the others
+    # (engine/cuda/partitions.py); a multiple of 8
+    decode_sms: int = 32
     prompt_cache: bool = True
     drafter: str | None = None
     drafts: bool = True
@@ -216,8 +219,10 @@ class EngineConfig:
             raise ConfigError(f"--load-format must be dummy or safetensors, not {self.load_format!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"--dtype must be float32 or bfloat16, not {self.dtype!r}")
-        if self.prefill_mode not in ("stepped", "whole", "mixed"):
-            raise ConfigError(f"--prefill-mode must be stepped, whole or mixed, not {self.prefill_mode!r}")
+        if self.prefill_mode not in ("stepped", "whole", "mixed", "split"):
+            raise ConfigError(f"--prefill-mode must be stepped, whole, mixed or split, not {self.prefill_mode!r}")
+        if self.decode_sms < 8 or self.decode_sms % 8:
+            raise ConfigError(f"--decode-sms must be a positive multiple of 8, not {self.decode_sms!r}")
         if not (math.isfinite(self.mixed_budget_ms) and self.mixed_budget_ms > 0):
             raise ConfigError(f"--mixed-budget must be a positive number of milliseconds, not {self.mixed_budget_ms!r}")
         if self.parallel < 1:

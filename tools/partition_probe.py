@@ -31,49 +31,19 @@ import time
 import torch
 
 from engine.config import EngineConfig, KernelConfig
+from engine.cuda.partitions import device_sms, green_stream, ok, split_sms
 from engine.runner.model_runner import build_runner
 from tools.overlap_probe import spans, timed
 
 CUT = 1024
 
 
-def check(res):
-    """cuda.bindings returns (CUresult, *values): the values, or an error naming the call's result."""
-    err, *vals = res if isinstance(res, tuple) else (res,)
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA driver: {err!r}")
-    return None if not vals else vals[0] if len(vals) == 1 else tuple(vals)
-
-
-class Partitions:
-    """Green contexts and their streams; `split(n)` gives n SMs and the rest, disjoint;
-    `alone(n)` a context of n SMs split from the whole device on its own (two may overlap)."""
-
-    def __init__(self, device_id: int = 0):
-        from cuda.bindings import driver
-        self.d = driver
-        check(driver.cuInit(0))
-        self.dev = check(driver.cuDeviceGet(device_id))
-        self.kept = []  # contexts and streams live as long as this object
-
-    def _whole(self):
-        return check(self.d.cuDeviceGetDevResource(self.dev, self.d.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
-
-    def _stream(self, resource) -> tuple[torch.cuda.ExternalStream, int]:
-        d = self.d
-        desc = check(d.cuDevResourceGenerateDesc([resource], 1))
-        ctx = check(d.cuGreenCtxCreate(desc, self.dev, d.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
-        s = check(d.cuGreenCtxStreamCreate(ctx, d.CUstream_flags.CU_STREAM_NON_BLOCKING, 0))
-        self.kept += [ctx, s]
-        return torch.cuda.ExternalStream(int(s)), resource.sm.smCount
-
-    def split(self, n: int):
-        groups, _, rest = check(self.d.cuDevSmResourceSplitByCount(1, self._whole(), 0, n))
-        return self._stream(groups[0]), self._stream(rest)
-
-    def alone(self, n: int):
-        groups, _, _ = check(self.d.cuDevSmResourceSplitByCount(1, self._whole(), 0, n))
-        return self._stream(groups[0])
+def alone(n: int, device_index: int, keep: list):
+    """A green context of n SMs split from the whole device on its own, as `GreenContext.create(n)`
+    makes one (two such may share SMs), and its stream: (stream, SMs)."""
+    d, dev, whole = device_sms(device_index)
+    groups, _, _ = ok(d.cuDevSmResourceSplitByCount(1, whole, 0, n))
+    return green_stream(d, dev, groups[0], device_index, keep), groups[0].sm.smCount
 
 
 def run_on(stream, fn, n: int) -> list[float]:
@@ -140,7 +110,7 @@ def main(argv=None) -> None:
     r.graphs.fresh(rows)  # writes the round's pinned inputs; each replay copies them in again
     torch.cuda.synchronize()
     b = r.graphs.rounds[len(rows[0])]
-    parts = Partitions(torch.cuda.current_device())
+    dev_index, keep = torch.cuda.current_device(), []
     whole = torch.cuda.Stream()
     res = {"model": a.model, "device": torch.cuda.get_device_name(), "round_rows": len(rows[0]), "cut_rows": CUT,
            "sms": torch.cuda.get_device_properties(0).multi_processor_count, "contexts": {}}
@@ -170,7 +140,11 @@ def main(argv=None) -> None:
         run_on(whole, b.graph.replay, 3)
         ref_ids, ref_logits = round_bits(whole)
         res["round_alone_ms"] = round(statistics.median(run_on(whole, b.graph.replay, a.rounds)), 3)
-        splits = {n: parts.split(n) for n in sms}
+        splits = {}
+        for n in sms:
+            sp = split_sms(n, dev_index)
+            keep.append(sp)
+            splits[n] = ((sp.decode, sp.decode_sms), (sp.prompt, sp.prompt_sms))
         res["partitions"] = {n: [sa[1], sb[1]] for n, (sa, sb) in splits.items()}
         res["round_on"], bound = {}, {}
         for n, ((sa, got), _) in splits.items():
@@ -216,7 +190,7 @@ def main(argv=None) -> None:
                           f"cut bits equal {row['cut_bits_equal']}", flush=True)
                 out["splits"][n] = row
             if a.control:
-                (sa, got_a), (sb, got_b) = parts.alone(a.control), parts.alone(res["sms"] - a.control)
+                (sa, got_a), (sb, got_b) = alone(a.control, dev_index, keep), alone(res["sms"] - a.control, dev_index, keep)
                 both = together(b.graph.replay, cut, sa, sb, max(4, round(n_cut * cut_alone / res["round_alone_ms"])), n_cut)
                 out["control"] = {"round_sms": got_a, "cut_sms": got_b, "together": both}
                 print(f"{ctx:6d} keys, control (two splits of the whole device, {got_a} and {got_b} SMs): round "

@@ -106,8 +106,10 @@ class DecodeGraphs:
     fold_combine / qk_fold / pdl: what the capture chose (the q/k fold decides which rounds may
     replay: ModelRunner._graph_takes; pdl is /v1/engine's decode_pdl)."""
 
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, runner, stream: torch.cuda.Stream | None = None):
+        """`stream`: capture there (a green context's stream confines the graphs to its SMs:
+        engine/cuda/partitions.py), without the chained rounds; None: the whole device."""
+        self.runner, self.stream = runner, stream
         self.rounds: dict[int, Bucket] = {}
         self.rows: tuple[int, ...] = (runner.round_rows,)
         self.fold_combine = self.qk_fold = False
@@ -145,7 +147,7 @@ class DecodeGraphs:
             cap = torch.cuda.get_device_capability(r.device)
             self.pdl = r.cfg.kernels.pdl_for(r.cfg.tensor_parallel, cap) * r.fused
             rows = buckets(r)
-            chained = overlaps(r)
+            chained = overlaps(r) and self.stream is None
             with torch.inference_mode():
                 self.rounds = {n: self.capture_at(n, chained) for n in reversed(rows)}  # the padded shape's first
             torch.cuda.synchronize()
@@ -166,14 +168,14 @@ class DecodeGraphs:
         b = Bucket(n, torch.zeros(4, n, dtype=torch.long).pin_memory(),
                    torch.zeros(4, n, dtype=torch.long, device=r.device))
         b.s_in[2] = b.h_in[2] = r.spare  # warm-up (and a replay before any round) write the spare lane
-        s = torch.cuda.Stream()
+        s = self.stream or torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(3):  # (compiles, and allocates the kernels' scratch outside the capture)
                 self.argmax(r.round_logits(b.s_in, mode), mode)
         torch.cuda.current_stream().wait_stream(s)
         b.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(b.graph):  # the H2D copy inside: one launch a round, not two
+        with torch.cuda.graph(b.graph, stream=self.stream):  # the H2D copy inside: one launch a round, not two
             b.s_in.copy_(b.h_in, non_blocking=True)
             b.s_logits = r.round_logits(b.s_in, mode)
             b.s_out = self.argmax(b.s_logits, mode)

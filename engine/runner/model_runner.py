@@ -28,7 +28,8 @@ slow-down hooks for tests live in a wrapper backend (engine/faults.py), not here
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
 import torch
@@ -184,9 +185,16 @@ class ModelRunner:
         self.ahead: Ahead | None = None  # rounds launched one ahead (engine/runner/ahead.py)
         self.graph_fallback_reason: str | None = None
         self._cut_thread: ThreadPoolExecutor | None = None
+        # --prefill-mode split: the decode and prompt SM partitions, the rounds captured on the
+        # decode one, and the cut in flight on the prompt one (start_step)
+        self.sm_split = None
+        self.split_graphs: DecodeGraphs | None = None
+        self._inflight: deque[Future] = deque()
         if self.device.type == "cuda":
             if knobs.cuda_graph is not False:
                 self.capture_graph()
+            if cfg.prefill_mode == "split":
+                self._split_sms()
             # Prompt cuts run in one thread of their own, which builds cuDNN's graphs for the full
             # cuts first (in the background, after the capture), so no request waits for a build.
             # (on this runner's device: a tensor-parallel rank's is not the thread's default, cuda:0)
@@ -201,6 +209,23 @@ class ModelRunner:
             if decode_graph.overlaps(self):
                 self._eager = e = EagerRounds(lambda inp, rows: self._decode_body(inp, rows), self.spare, self.device)
                 self.ahead = Ahead(e.fresh, e.chained, self.spare, self.max_model_len, self.round_rows, self.device)
+
+    def _split_sms(self) -> None:
+        """Split mode: the device's SMs in two (engine/cuda/partitions.py), the decode rounds captured
+        again on the decode partition's stream, so that they run on its SMs alone."""
+        from engine.cuda.partitions import split_sms
+        if self.cfg.tensor_parallel != 1 or self.graphs.graph is None:
+            raise ConfigError(f"--prefill-mode split needs the CUDA decode graph at one rank "
+                              f"({self.graph_fallback_reason or 'tensor parallel'})")
+        try:
+            self.sm_split = split_sms(self.cfg.decode_sms, self.device.index or 0)
+        except (ValueError, RuntimeError) as e:
+            raise ConfigError(str(e)) from None
+        self.split_graphs = DecodeGraphs(self, stream=self.sm_split.decode)
+        if not self.split_graphs.capture():
+            raise ConfigError(f"--prefill-mode split: {self.split_graphs.fallback_reason}")
+        log.info("split: decode rounds on %d SMs beside prompt cuts on %d", self.sm_split.decode_sms,
+                 self.sm_split.prompt_sms)
 
     @property
     def kernels(self):
@@ -263,9 +288,45 @@ class ModelRunner:
             return choose(logits.reshape(1, -1), [tok], [sampling], [n], logprobs)[0]
         if self.device.type == "cuda":
             # The host times each step to charge the decoders' share: a step must not return
-            # while its kernels are still queued, or the next decode round pays for it.
-            torch.cuda.synchronize(self.device)
+            # while its kernels are still queued, or the next decode round pays for it. In split mode
+            # its own stream only: a cut may be running beside it on the prompt partition.
+            if self.sm_split is None:
+                torch.cuda.synchronize(self.device)
+            else:
+                torch.cuda.current_stream(self.device).synchronize()
         return None
+
+    # ---- split mode: one cut on the prompt partition while rounds run on the decode partition ---
+    def start_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> None:
+        """Launch one cut [start, end) of lane's prompt on the prompt partition and return at once;
+        cuts launched before it run first (`step_done`, `finish_step` take them in order). It runs
+        prefill_step's forward, on fewer SMs: the same bits."""
+        self._check_cut(lane, len(tokens), start, end)
+        part, rows, last = self.sm_split.prompt, list(tokens[start:end]), end == len(tokens)
+
+        @torch.inference_mode()
+        def launch():
+            with torch.cuda.stream(part):
+                ids = torch.tensor(rows, dtype=torch.long, device=self.device)
+                logits = self._forward_cut(ids, lane, start)
+                first = logits.argmax(-1) if last else None
+                done = torch.cuda.Event()
+                done.record(part)
+            return first, done
+        self._inflight.append(self._cut_thread.submit(launch))
+
+    def step_done(self) -> bool:
+        """Whether the oldest cut in flight has finished on the device (a failed launch counts as done)."""
+        if not self._inflight:
+            return True
+        f = self._inflight[0]
+        return f.done() and (f.exception() is not None or f.result()[1].query())
+
+    def finish_step(self) -> int | None:
+        """Wait for the oldest cut in flight; its prompt's greedy first token if it was the last cut."""
+        first, done = self._inflight.popleft().result()
+        done.synchronize()
+        return None if first is None else int(first.item())
 
     def _check_cut(self, lane: int, n: int, start: int, end: int) -> None:
         if not (0 <= lane < self.parallel):
@@ -519,7 +580,12 @@ class ModelRunner:
             return []
         rows, where = self.padded_round(lanes, tokens, positions)
         greedy = sampling is None or all(sp.plain for sp in sampling)
-        if self.ahead is not None and (self.graph is None or self._graph_takes(lanes)):
+        if self._inflight and self._graph_takes(lanes) and (self.ahead is None or self.ahead.pending is None):
+            # a split's cut runs on the prompt partition: the round on the decode partition's SMs
+            with torch.cuda.stream(self.sm_split.decode):
+                out = self.split_graphs.fresh(rows).tolist()
+            logits = self.split_graphs.rounds[len(rows[0])].s_logits
+        elif self.ahead is not None and (self.graph is None or self._graph_takes(lanes)):
             out = self.ahead.round(rows, ahead and len(set(lanes)) == len(lanes), greedy)  # engine/runner/ahead.py
             logits = self._eager.logits if self._eager is not None else self.graphs.rounds[len(rows[0])].s_logits
         elif self._graph_takes(lanes):

@@ -53,7 +53,15 @@ def _describe_cuda(r) -> dict:
                 ring.append(name)
     return {"decode_pdl": getattr(r, "decode_pdl", 0) if r.graph is not None else 0, "decode_ring": ring,
             "cut_attention": "tiles" if r.fused and r.kernels.cut_flash is not None else "cudnn",
-            "cuda_mixed": cuda_mixed(r)}
+            "cuda_mixed": cuda_mixed(r), "cuda_split": cuda_split(r)}
+
+
+def cuda_split(r) -> str:
+    """How a CUDA runner's SMs are split (--prefill-mode split: engine/cuda/partitions.py)."""
+    sp = getattr(r, "sm_split", None)
+    if sp is None:
+        return "off"
+    return f"decode rounds on {sp.decode_sms} SMs beside prompt cuts on {sp.prompt_sms}, while streams decode"
 
 
 def cuda_mixed(r) -> str:

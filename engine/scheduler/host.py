@@ -14,6 +14,9 @@ A turn:
      steps 2 and 3 are one forward (`backend.mixed`): the policy's cut and every runnable
      stream's row;
   4. with nothing to do, block until something arrives.
+In split mode (a backend with `start_step`), while streams decode a long prompt's next cut is
+launched on SMs of its own and the turns go on with decode rounds on the others; a turn lands the
+cut once it is done (its first token out then) and launches the next.
 """
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ from engine.scheduler.trace import TraceRing
 # rows gives all eight their first token at 50 ms; forwards of <= 1,024 (5 prompts, then 3) give
 # the first five theirs at 35 ms.
 BATCH_ROWS = 1024
+# Split mode: cuts in flight at once. Two keep the prompt's SMs busy through the host's turn
+# (the next cut waits on the device behind the one running); more would only lengthen a cancel.
+SPLIT_DEPTH = 2
 
 log = logging.getLogger("tfengine.host")
 
@@ -77,6 +83,11 @@ class LaneHost:
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        # split mode: a long prompt's cut on SMs of its own beside the rounds (backend.start_step)
+        self.split = self.cfg.prefill_mode == "split" and hasattr(self.backend, "start_step")
+        # the cuts launched and not yet landed, oldest first: (stream, start, end, launched at); the
+        # next is launched while one runs, so the prompt's SMs never wait for the host's turn
+        self.inflight: deque[tuple[Sequence, int, int, float]] = deque()
 
     # ---- any thread -------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -142,10 +153,14 @@ class LaneHost:
         if self.policy.mixed and self._mixed_forward():
             self._flush()
             return True
+        self._land_step(wait=False)
         worked = self._fill_prompts()
         runnable = [s for s in self.decoding if self.policy.runnable(s)]
         if runnable:
             self._decode_round(runnable)
+            worked = True
+        elif self.inflight:  # nothing to run beside the cuts: wait for them
+            self._land_step(wait=True)
             worked = True
         self._flush()  # the round's tokens, every stream's, in one hand-off (and failed steps' ends)
         return worked
@@ -175,6 +190,8 @@ class LaneHost:
         return any(s.cancel_requested for s in (*self.waiting, *self.prompts, *self.decoding))
 
     def _reap_cancels(self) -> None:
+        if any(c[0].cancel_requested for c in self.inflight):
+            self._land_step(wait=True)  # a lane is written until its cuts are done
         for seq in [s for s in self.waiting if s.cancel_requested]:
             self.waiting.remove(seq)
             self._end(seq, Status.CANCELLED, "cancelled")
@@ -210,6 +227,8 @@ class LaneHost:
                 worked = True
         long_ = [s for s in ordered if s in self.prompts and not s.cancel_requested]
         decoders = any(self.policy.runnable(s) for s in self.decoding)
+        if self.split and (decoders or self.inflight):
+            return self._launch_step(long_) or worked
         step = self.policy.long_step(long_, bool(self.prompts), decoders)
         if step is not None:
             self._prompt_step(*step)
@@ -242,6 +261,57 @@ class LaneHost:
             worked = True
             for (seq, start, end), tok in zip(group, toks):
                 self._after_step(seq, start, end, tok, None, t0, dur, False)
+
+    def _launch_step(self, long_: list[Sequence]) -> bool:
+        """Split mode with streams decoding: the first long prompt's next cuts launched on the prompt
+        SMs, up to SPLIT_DEPTH in flight (one runs, the next waits behind it on the device); the
+        rounds go on beside them. A sampled or logprobs stream's cuts run in turn on the whole
+        device instead (prefill_step draws its first token)."""
+        if self.inflight:
+            seq, _, start, _ = self.inflight[-1]
+            if len(self.inflight) >= SPLIT_DEPTH or start == len(seq.prompt) or seq.cancel_requested:
+                return False
+        elif not long_:
+            return False
+        else:
+            seq, start = long_[0], long_[0].filled
+            if not seq.sampling.plain:
+                self._prompt_step(seq, timed=False)
+                return True
+        end = next_cut(start, len(seq.prompt), self.rows)
+        try:
+            self.backend.start_step(seq.lane, seq.prompt, start, end)
+        except Exception as exc:  # a failed step ends that stream only, once its cuts in flight land
+            log.error("prompt step %d..%d of stream %d failed to launch: %s", start, end, seq.id, exc)
+            self._land_step(wait=True)
+            self._end(seq, Status.FAILED, f"backend failure during prompt step: {exc}")
+            return True
+        self.inflight.append((seq, start, end, self.clock() if self.trace is not None else 0.0))
+        return True
+
+    def _land_step(self, wait: bool) -> None:
+        """The cuts in flight that are done (every one, waited for, with `wait`), oldest first: their
+        rows filled, the prompt's first token out after its last cut; a cancelled stream keeps the
+        rows (the prompt cache); a failed cut ends its stream once its other cuts have landed."""
+        while self.inflight and (wait or self.backend.step_done()):
+            seq, start, end, t0 = self.inflight.popleft()
+            try:
+                tok = self.backend.finish_step()
+            except Exception as exc:
+                log.error("prompt step %d..%d of stream %d failed: %s", start, end, seq.id, exc)
+                while self.inflight and self.inflight[0][0] is seq:  # its cuts behind it: landed, dropped
+                    self.inflight.popleft()
+                    try:
+                        self.backend.finish_step()
+                    except Exception:
+                        pass
+                self._end(seq, Status.FAILED, f"backend failure during prompt step: {exc}")
+                continue
+            if seq.cancel_requested or seq not in self.prompts:
+                seq.filled = max(seq.filled, end)
+                continue
+            dur = self.clock() - t0 if self.trace is not None else 0.0
+            self._after_step(seq, start, end, tok, None, t0, dur, False)
 
     def _mixes(self, runnable: list[Sequence]) -> bool:
         """Whether this turn may be one mixed forward: a backend that has one, streams that can

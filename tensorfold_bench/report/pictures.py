@@ -125,7 +125,7 @@ def timeline(data: dict, path: Path) -> Path | None:
 
 def frontier(data: dict, path: Path) -> Path | None:
     """B's slowdown against A's kept rate, a labelled marker per variant (figures.frontier), the
-    stepped (share) and mixed variants each joined in order of slowdown, and the line 1 - 1/x that
+    stepped (share), mixed and split variants each joined in order of slowdown, and the line 1 - 1/x that
     alternating whole steps sits on, dashed; None when the frontier has fewer than two variants."""
     rows = figures.frontier(data)
     if not rows:
@@ -136,8 +136,8 @@ def frontier(data: dict, path: Path) -> Path | None:
     line_x = [lo * (hi / lo) ** (i / 99) for i in range(100)]
     ax.plot(line_x, [100 * (1 - 1 / x) for x in line_x], "--", color="0.5", lw=1,
             label="alternating whole steps: 1 - 1/x")
-    colors = {"stepped": "tab:blue", "mixed": "tab:red"}
-    for mode, label in (("stepped", "stepped (prefill share)"), ("mixed", "mixed")):
+    colors = {"stepped": "tab:blue", "mixed": "tab:red", "split": "tab:green"}
+    for mode, label in (("stepped", "stepped (prefill share)"), ("mixed", "mixed"), ("split", "split (SMs)")):
         mine = [r for r in rows if r["mode"] == mode]  # in order of slowdown, as figures.frontier gives them
         if mine:
             ax.plot([r["slowdown"] for r in mine], [r["kept"] for r in mine], "-o", color=colors[mode], lw=1.2, ms=5,
