@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call (one H200 or H100, at most 10 minutes): split SMs served.
+# One device call (one H200 or H100, about 8 minutes): split SMs served.
 #   (1) tools/split_check.py on qwen3-0.6b: A decoding on the decode partition beside B's cuts on the
 #       prompt partition, bits against each alone (stops here on a difference);
 #   (2) tfbench run long-prompt, qwen3-8b: whole, p = 1, p = 0.5, split at 16, 32, 48 decode SMs,
@@ -17,7 +17,7 @@ timeout 120 python3 -m tools.split_check --model qwen3-0.6b --decode-sms 32 2>&1
 timeout 330 python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b \
   --variants examples/variants/split-cuda.yaml --predict receipts/predictions/h200-split.yaml --plain-check \
   --out /tmp/lp 2>&1 | grep -E "^ (whole|stepped|split)|in range|equal|rror" | head -30
-left=$((570 - $(date +%s) + start))
+left=$((450 - $(date +%s) + start))
 if [ "$left" -gt 150 ]; then
   cat > /tmp/v32.yaml <<'V'
 - name: whole
