@@ -190,6 +190,7 @@ class ModelRunner:
         self.sm_split = None
         self.split_graphs: DecodeGraphs | None = None
         self._inflight: deque[Future] = deque()
+        self._split_thread: ThreadPoolExecutor | None = None  # launches those cuts (start_step)
         if self.device.type == "cuda":
             if knobs.cuda_graph is not False:
                 self.capture_graph()
@@ -224,6 +225,11 @@ class ModelRunner:
         self.split_graphs = DecodeGraphs(self, stream=self.sm_split.decode)
         if not self.split_graphs.capture():
             raise ConfigError(f"--prefill-mode split: {self.split_graphs.fallback_reason}")
+        # Their own thread: a launch may wait for the device (two cuts fill a stream's launch queue),
+        # and short prompts, which go through the cut thread, must not wait behind it. cuDNN keeps its
+        # graphs per thread: this one builds its own at warm-up (_warm_cuts).
+        self._split_thread = ThreadPoolExecutor(1, thread_name_prefix="split-cuts", initializer=_on_device,
+                                                initargs=(self.device,))
         log.info("split: decode rounds on %d SMs beside prompt cuts on %d", self.sm_split.decode_sms,
                  self.sm_split.prompt_sms)
 
@@ -302,18 +308,21 @@ class ModelRunner:
         cuts launched before it run first (`step_done`, `finish_step` take them in order). It runs
         prefill_step's forward, on fewer SMs: the same bits."""
         self._check_cut(lane, len(tokens), start, end)
-        part, rows, last = self.sm_split.prompt, list(tokens[start:end]), end == len(tokens)
+        part, last = self.sm_split.prompt, end == len(tokens)
+        # pinned, so that the copy waits for nothing: from pageable memory it would wait for the cut
+        # before it on the stream
+        host = torch.tensor(list(tokens[start:end]), dtype=torch.long).pin_memory()
 
         @torch.inference_mode()
         def launch():
             with torch.cuda.stream(part):
-                ids = torch.tensor(rows, dtype=torch.long, device=self.device)
+                ids = host.to(self.device, non_blocking=True)
                 logits = self._forward_cut(ids, lane, start)
                 first = logits.argmax(-1) if last else None
                 done = torch.cuda.Event()
                 done.record(part)
-            return first, done
-        self._inflight.append(self._cut_thread.submit(launch))
+            return first, done, host
+        self._inflight.append(self._split_thread.submit(launch))
 
     def step_done(self) -> bool:
         """Whether the oldest cut in flight has finished on the device (a failed launch counts as done)."""
@@ -324,7 +333,7 @@ class ModelRunner:
 
     def finish_step(self) -> int | None:
         """Wait for the oldest cut in flight; its prompt's greedy first token if it was the last cut."""
-        first, done = self._inflight.popleft().result()
+        first, done, _ = self._inflight.popleft().result()
         done.synchronize()
         return None if first is None else int(first.item())
 
@@ -377,8 +386,13 @@ class ModelRunner:
         path once in the spare lane (its KV is scratch), so Triton compiles here, not in a first request."""
         from engine.cuda.prefill import warm
         a = self.model.model.layers[0].self_attn
-        built = 0 if self.kernels.cut_flash else warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads,
-                                                      self.prefill_rows, self.kernels.cuts)
+
+        def build() -> int:
+            return 0 if self.kernels.cut_flash else warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads,
+                                                         self.prefill_rows, self.kernels.cuts)
+        built = build()
+        if self._split_thread is not None:  # split mode's cuts launch from a thread of their own
+            built += self._split_thread.submit(build).result()
         if self.cfg.tensor_parallel > 1:  # its forwards meet other ranks' collectives: not checked on 2 GPUs yet
             return built
         # Triton compiles again for an int argument of 1, a multiple of 16 or neither: 17 and 32 rows, 1 and 2 cuts
