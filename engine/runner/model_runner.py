@@ -313,8 +313,16 @@ class ModelRunner:
         # before it on the stream
         host = torch.tensor(list(tokens[start:end]), dtype=torch.long).pin_memory()
 
+        behind = self._inflight[-1] if self._inflight else None
+
         @torch.inference_mode()
         def launch():
+            if end - start != self.prefill_rows and behind is not None:
+                # A prompt's last, partial cut has shapes the warm-up did not build (cuDNN's graph, new
+                # allocations), and building them waits for the device: launched behind a running cut,
+                # that wait held the host's next round for the whole cut (an 81 ms pause, H100). Wait
+                # for the cut before it here first, off the GIL.
+                behind.result()[1].synchronize()
             with torch.cuda.stream(part):
                 ids = host.to(self.device, non_blocking=True)
                 logits = self._forward_cut(ids, lane, start)
@@ -391,8 +399,14 @@ class ModelRunner:
             return 0 if self.kernels.cut_flash else warm(self.kv.k[0, self.spare], self.kv.v[0, self.spare], a.n_heads,
                                                          self.prefill_rows, self.kernels.cuts)
         built = build()
-        if self._split_thread is not None:  # split mode's cuts launch from a thread of their own
-            built += self._split_thread.submit(build).result()
+        if self._split_thread is not None:  # split mode's cuts launch from a thread of their own, on their stream
+
+            def build_there() -> int:
+                with torch.cuda.stream(self.sm_split.prompt):
+                    n = build()
+                torch.cuda.synchronize(self.device)
+                return n
+            built += self._split_thread.submit(build_there).result()
         if self.cfg.tensor_parallel > 1:  # its forwards meet other ranks' collectives: not checked on 2 GPUs yet
             return built
         # Triton compiles again for an int argument of 1, a multiple of 16 or neither: 17 and 32 rows, 1 and 2 cuts
