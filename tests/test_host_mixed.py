@@ -7,7 +7,8 @@ from engine.config import SHORT_ROWS, ConfigError, EngineConfig
 from engine.scheduler.forward_cost import ForwardCost
 from engine.scheduler.host import LaneHost
 from engine.scheduler.sampling import SamplingParams
-from engine.scheduler.sequence import Sequence, Status
+from engine.scheduler.sequence import Status
+from lanes import seq, start_decoder
 
 R = 256
 BASE, ROW, KEY = 0.010, 0.0002, 2e-8  # a forward: 10 ms for the decode rows, 0.2 ms a cut row, per key read
@@ -62,18 +63,6 @@ def make(budget_ms=40.0, **kw):
     backend = MixedBackend(clock, **kw)
     cfg = EngineConfig(parallel=4, prefill_rows=R, prefill_mode="mixed", mixed_budget_ms=budget_ms, out_queue=10**9)
     return LaneHost(backend, cfg, clock=clock), backend, clock
-
-
-def seq(n, tag=0, **kw):
-    return Sequence(prompt=[(tag * 7 + i) % 500 for i in range(n)], max_tokens=10**6, ignore_eos=True, **kw)
-
-
-def start_decoder(host, backend):
-    a = seq(10, tag=1)
-    host.submit(a)
-    host.turn()
-    backend.calls.clear()
-    return a
 
 
 def run_until_filled(host, *prompts, limit=10_000):

@@ -9,6 +9,7 @@ from engine.cuda.partitions import check_decode_sms
 from engine.scheduler.host import LaneHost
 from engine.scheduler.sampling import SamplingParams
 from engine.scheduler.sequence import Sequence, Status
+from lanes import seq, start_decoder
 
 R = 256
 
@@ -55,18 +56,6 @@ def make(**kw):
     backend = SplitBackend(**kw)
     cfg = EngineConfig(parallel=4, prefill_rows=R, prefill_mode="split", out_queue=10**9)
     return LaneHost(backend, cfg), backend
-
-
-def seq(n, tag=0, **kw):
-    return Sequence(prompt=[(tag * 7 + i) % 500 for i in range(n)], max_tokens=10**6, ignore_eos=True, **kw)
-
-
-def start_decoder(host, backend):
-    a = seq(10, tag=1)
-    host.submit(a)
-    host.turn()
-    backend.calls.clear()
-    return a
 
 
 def turns_until(host, cond, limit=1000):
