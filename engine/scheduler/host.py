@@ -20,6 +20,7 @@ cut once it is done (its first token out then) and launches the next.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -299,12 +300,10 @@ class LaneHost:
                 tok = self.backend.finish_step()
             except Exception as exc:
                 log.error("prompt step %d..%d of stream %d failed: %s", start, end, seq.id, exc)
-                while self.inflight and self.inflight[0][0] is seq:  # its cuts behind it: landed, dropped
+                while self.inflight and self.inflight[0][0] is seq:  # its cuts behind it: waited for, dropped
                     self.inflight.popleft()
-                    try:
+                    with contextlib.suppress(Exception):  # the stream has failed already
                         self.backend.finish_step()
-                    except Exception:
-                        pass
                 self._end(seq, Status.FAILED, f"backend failure during prompt step: {exc}")
                 continue
             if seq.cancel_requested or seq not in self.prompts:
