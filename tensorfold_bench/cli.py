@@ -44,6 +44,7 @@ Model = Annotated[Optional[str], typer.Option("--model", help="Engine preset (ti
 Device = Annotated[str, typer.Option("--device", help="cpu or cuda: picks the preset's default timings.")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 (default: the engine's; bfloat16 on cuda).")]
 Share = Annotated[Optional[str], typer.Option("--share", help="Prefill shares for the new side: each value is a variant 'stepped p=V' against the base 'whole'.")]
+Split = Annotated[Optional[str], typer.Option("--split", help="Split SMs for the new side (CUDA): each value a variant 'split sms=N' (tfengine --prefill-mode split --decode-sms N: a long prompt's cuts on the GPU's other SMs beside the decode rounds on N) against the base 'whole', after any --share and --mixed variants.")]
 Mixed = Annotated[Optional[str], typer.Option("--mixed", help="Mixed-forward budgets (ms) for the new side: each value a variant 'mixed budget=V' (tfengine --prefill-mode mixed --mixed-budget V) against the base 'whole', after any --share variants.")]
 Order = Annotated[Optional[str], typer.Option("--order", help="Comma sequence of variant names ('base'/'new' alias them). Default: base, news..., reversed news..., base.")]
 Url = Annotated[Optional[list[str]], typer.Option("--url", help="Measure a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched, no verdicts. URL, or NAME=URL repeated to compare several, in the order given.")]
@@ -115,6 +116,7 @@ def long_prompt(
     dtype: Dtype = None,
     share: Share = None,
     mixed: Mixed = None,
+    split: Split = None,
     order: Order = None,
     url: Url = None,
     out_dir: OutDir = Path("receipts"),
@@ -146,7 +148,7 @@ def long_prompt(
 ):
     """A decodes; B sends a long cold prompt; C a short chat. Whole prompts vs stepped at each --share."""
     settings = long_prompt_mod.settings_from_flags(
-        model=model, device=device, dtype=dtype, share=share, mixed=mixed, order=order, url=url, out_dir=out_dir,
+        model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
@@ -168,6 +170,7 @@ def script(
     dtype: Dtype = None,
     share: Share = None,
     mixed: Mixed = None,
+    split: Split = None,
     order: Order = None,
     url: Url = None,
     out_dir: OutDir = Path("receipts"),
@@ -193,7 +196,7 @@ def script(
 ):
     """A scripted timeline of streams (sends at times or events, cancels, priorities) and its figures."""
     settings = script_mod.settings_from_flags(
-        file=file, model=model, device=device, dtype=dtype, share=share, mixed=mixed, order=order, url=url, out_dir=out_dir,
+        file=file, model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         engine_args=engine_arg, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
         predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
@@ -220,6 +223,7 @@ def sweep(
     dtype: Dtype = None,
     share: Annotated[Optional[str], typer.Option("--share", help="Prefill shares: each value a variant 'stepped p=V' against the base 'whole' (default 0.5, none with --mixed alone).")] = None,
     mixed: Mixed = None,
+    split: Split = None,
     variants_file: VariantsFile = None,
     base_ref: BaseRef = None,
     new_ref: NewRef = None,
@@ -244,7 +248,7 @@ def sweep(
 ):
     """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
     settings = sweep_mod.settings_from_flags(
-        model=model, device=device, dtype=dtype, share=share, mixed=mixed, variants_file=variants_file, base_ref=base_ref,
+        model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, variants_file=variants_file, base_ref=base_ref,
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
         max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
         reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,

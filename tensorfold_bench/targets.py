@@ -13,14 +13,15 @@ from tensorfold_bench.variants import Variant, order_for, parse_order, select_va
 
 def select(url: list[str] | str | None, share: str | None, variants_file, base_ref: str | None,
             new_ref: str | None, order: str | None, aa: bool,
-            budgets: str | None = None) -> tuple[list[Variant], list[str], str | None]:
+            budgets: str | None = None, sms: str | None = None) -> tuple[list[Variant], list[str], str | None]:
     """(variants, run order, the --url line): launched variants from --share/--variants/--base/
     --new, or with --url the running servers, each reachable (else one line, exit 2), named as
     given (NAME=URL) or by the server itself, in the order given, once each unless --order."""
     if not url:
-        vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref, budgets=budgets)
+        vs = select_variants(share, str(variants_file) if variants_file else None, base_ref, new_ref, budgets=budgets,
+                             sms=sms)
         return (*order_for(vs, order, aa), None)
-    for flag, v in (("--share", share), ("--mixed", budgets), ("--variants", variants_file), ("--base", base_ref), ("--new", new_ref),
+    for flag, v in (("--share", share), ("--mixed", budgets), ("--split", sms), ("--variants", variants_file), ("--base", base_ref), ("--new", new_ref),
                     ("--aa", aa or None)):
         if v is not None:
             raise FlagError("--url", f"measures running servers as they are; {flag} needs servers tfbench launches")

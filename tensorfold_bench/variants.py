@@ -94,6 +94,22 @@ def mixed(budget_ms: float) -> Variant:
     return Variant(mixed_name(budget_ms), ["--prefill-mode", "mixed", "--mixed-budget", f"{budget_ms:g}"])
 
 
+def split_name(sms: int) -> str:
+    return f"split sms={sms}"
+
+
+def split(sms: int) -> Variant:
+    """The engine's split SMs (a long prompt's cuts on the GPU's other SMs beside rounds on `sms`)."""
+    return Variant(split_name(sms), ["--prefill-mode", "split", "--decode-sms", str(sms)])
+
+
+def parse_sms(flag: str, text: str) -> list[int]:
+    """'16,32' -> [16, 32]: each a positive multiple of 8 SMs (the partition's granularity), none repeated."""
+    def check(v: float) -> str | None:
+        return None if v > 0 and v == int(v) and int(v) % 8 == 0 else "is not a positive multiple of 8 SMs"
+    return [int(v) for v in _number_list(flag, text, "16,32,48: decode SMs", check)]
+
+
 def parse_budgets(flag: str, text: str) -> list[float]:
     """'40,80' -> [40.0, 80.0]: each a positive number of milliseconds, none repeated."""
     def check(v: float) -> str | None:
@@ -198,24 +214,26 @@ def with_aa(variants: list[Variant], order: list[str]) -> tuple[list[Variant], l
 
 
 def select_variants(share: str | None, variants_file: str | None = None, base_ref: str | None = None,
-                    new_ref: str | None = None, default_share: str = "0.5", budgets: str | None = None) -> list[Variant]:
+                    new_ref: str | None = None, default_share: str = "0.5", budgets: str | None = None,
+                    sms: str | None = None) -> list[Variant]:
     """The variants a command compares, the base first:
     - `--variants FILE`: from the YAML file (the first entry is the base);
     - `--base REF` / `--new REF` without `--share`: two builds with the engine's default flags,
       'base' at REF (or the working tree) and 'new' at REF (or the working tree);
     - otherwise whole prompts against stepped prompts at each `--share` value, `--base` / `--new`
       then naming the refs the base and every new variant run from;
-    - `--mixed B,...` adds a variant 'mixed budget=B' a value after those (without `--share`, beside
-      whole alone)."""
+    - `--mixed B,...` adds a variant 'mixed budget=B' a value after those, `--split N,...` a variant
+      'split sms=N' a value after those (either without `--share`: beside whole alone)."""
     if variants_file:
-        if share is not None or budgets is not None or base_ref or new_ref:
-            raise FlagError("--variants", "give either --variants FILE or --share/--mixed/--base/--new, not both")
+        if share is not None or budgets is not None or sms is not None or base_ref or new_ref:
+            raise FlagError("--variants", "give either --variants FILE or --share/--mixed/--split/--base/--new, not both")
         return read_variants(variants_file)
-    if share is None and budgets is None and (base_ref or new_ref):
+    if share is None and budgets is None and sms is None and (base_ref or new_ref):
         return [Variant("base", [], {}, base_ref), Variant("new", [], {}, new_ref)]
     base, news = share_variants(parse_floats("--share", default_share if share is None else share)
-                                if share is not None or budgets is None else [])
+                                if share is not None or (budgets is None and sms is None) else [])
     news += [mixed(b) for b in (parse_budgets("--mixed", budgets) if budgets is not None else [])]
+    news += [split(n) for n in (parse_sms("--split", sms) if sms is not None else [])]
     return [replace(base, ref=base_ref), *[replace(n, ref=new_ref) for n in news]]
 
 

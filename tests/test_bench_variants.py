@@ -93,6 +93,31 @@ def test_mixed_with_a_variants_file_or_a_url_is_refused(tmp_path):
         targets.select("http://127.0.0.1:9", None, None, None, None, None, False, "40")
 
 
+def test_split_counts_add_split_variants_after_the_budgets():
+    vs = variants.select_variants("0.5", budgets="40", sms="16,32")
+    assert [v.name for v in vs] == ["whole", "stepped p=0.5", "mixed budget=40", "split sms=16", "split sms=32"]
+    assert vs[3].args == ["--prefill-mode", "split", "--decode-sms", "16"]
+    assert [v.name for v in variants.select_variants(None, sms="48")] == ["whole", "split sms=48"]
+
+
+@pytest.mark.parametrize("text,needle", [("", "empty"), ("16,x", "not a number"), ("12", "multiple of 8"),
+                                         ("0", "multiple of 8"), ("8.5", "multiple of 8"), ("16,16", "repeats")])
+def test_bad_split_counts_name_the_flag(text, needle):
+    with pytest.raises(FlagError, match=needle) as e:
+        variants.select_variants(None, sms=text)
+    assert e.value.flag == "--split"
+
+
+def test_split_with_a_variants_file_or_a_url_is_refused(tmp_path):
+    from tensorfold_bench import targets
+    f = tmp_path / "v.yaml"
+    f.write_text("- name: a\n- name: b\n")
+    with pytest.raises(FlagError, match="not both"):
+        variants.select_variants(None, str(f), sms="32")
+    with pytest.raises(FlagError, match="--split needs servers tfbench launches"):
+        targets.select("http://127.0.0.1:9", None, None, None, None, None, False, None, "32")
+
+
 def test_flag_value_reads_both_spellings_and_the_last_wins():
     from tensorfold_bench.variants import flag_value
     args = ["--prefill-mode", "stepped", "--prefill-share=0.5", "--prefill-mode=mixed", "--trace"]

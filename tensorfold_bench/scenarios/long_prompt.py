@@ -120,7 +120,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                         max_model_len, seed, trace, engine_args, b_at, c_after, b_tokens, c_tokens, a_tokens,
                         vocab=None, stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False,
                         predict=None, margin=0.02, tokenizer=None, token_ids="ids",
-                        temperature=0.0, tensor_parallel=1, mixed=None) -> LongPromptSettings:
+                        temperature=0.0, tensor_parallel=1, mixed=None, split=None) -> LongPromptSettings:
     """`tfbench run long-prompt`'s flags -> settings, with the device preset's defaults; every bad
     value names its flag; predictions are read (and stamped) here, before any run."""
     pre = session.device_preset(device)
@@ -129,7 +129,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
         session.positive(flag, v)
     if not (math.isfinite(c_after) and c_after >= 0):
         raise FlagError("--c-after", f"must be a finite number of seconds, at least 0, not {c_after}")
-    variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed)
+    variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed, split)
     b_tokens = b_tokens or pre.b_tokens
     mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,

@@ -201,12 +201,12 @@ def context_for(script: Script) -> int:
 def settings_from_flags(*, file, model, device, dtype, share, order, url, out_dir, plain_check, parallel,
                         prefill_rows, max_model_len, seed, engine_args, vocab=None, stamp="", variants_file=None,
                         base_ref=None, new_ref=None, aa=False, predict=None, margin=0.02, tokenizer=None,
-                        token_ids="ids", temperature=0.0, tensor_parallel=1, mixed=None) -> ScriptSettings:
+                        token_ids="ids", temperature=0.0, tensor_parallel=1, mixed=None, split=None) -> ScriptSettings:
     """`tfbench run script FILE`'s flags -> settings. The script is read and checked first: a bad
     one is one line naming the stream and the field, before any flag is looked at or any server
     starts. Predictions may name the script's figures (`first_token:R`)."""
     script = load(file)
-    variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed)
+    variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed, split)
     engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=None if url else (max_model_len or context_for(script)), seed=seed,
                                   trace=False, engine_args=engine_args, tensor_parallel=tensor_parallel)

@@ -232,7 +232,7 @@ class SweepSettings:
 def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
                         parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens=None, cells=None,
                         reps=None, prompt_tokens=200, predict=None, margin=0.02, stamp="", vocab=None, tokenizer=None,
-                        token_ids="ids", temperature=0.0, tensor_parallel=1, mixed=None) -> SweepSettings:
+                        token_ids="ids", temperature=0.0, tensor_parallel=1, mixed=None, split=None) -> SweepSettings:
     """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
     session.check_margin(margin)
     v, notes = session.sized(device, {"--tokens": tokens, "--cells": cells, "--reps": reps},
@@ -246,7 +246,7 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
                                   tensor_parallel=tensor_parallel)
     need = script.prompt_tokens + script.tokens + 1
     engine.max_model_len = None if url else (max_model_len or max(1024, -(-need // 256) * 256))
-    vs, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed)
+    vs, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed, split)
     preds = read_predictions(predict, [v.name for v in vs], figures.predictable_sweep(script.levels)) if predict else None
     return SweepSettings(Session(engine, vs, names, Path(out_dir), "sweep", url=url, margin=margin,
                                  predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
