@@ -75,22 +75,27 @@ def test_mixed_budgets_add_mixed_variants_after_the_shares():
     assert [v.name for v in variants.select_variants(None)] == ["whole", "stepped p=0.5"]  # the default kept
 
 
-@pytest.mark.parametrize("text,needle", [("", "empty"), ("40,x", "not a number"), ("0", "positive"),
-                                         ("-5", "positive"), ("inf", "positive"), ("40,40", "repeats")])
-def test_bad_mixed_budgets_name_the_flag(text, needle):
+@pytest.mark.parametrize("flag,kw,text,needle", [
+    *[("--mixed", "budgets", t, n) for t, n in [("", "empty"), ("40,x", "not a number"), ("0", "positive"),
+                                                 ("-5", "positive"), ("inf", "positive"), ("40,40", "repeats")]],
+    *[("--split", "sms", t, n) for t, n in [("", "empty"), ("16,x", "not a number"), ("12", "multiple of 8"),
+                                             ("0", "multiple of 8"), ("8.5", "multiple of 8"), ("16,16", "repeats")]],
+])
+def test_bad_mixed_budgets_and_split_counts_name_the_flag(flag, kw, text, needle):
     with pytest.raises(FlagError, match=needle) as e:
-        variants.select_variants(None, budgets=text)
-    assert e.value.flag == "--mixed"
+        variants.select_variants(None, **{kw: text})
+    assert e.value.flag == flag
 
 
-def test_mixed_with_a_variants_file_or_a_url_is_refused(tmp_path):
+@pytest.mark.parametrize("flag,kw,value", [("--mixed", "budgets", "40"), ("--split", "sms", "32")])
+def test_mixed_or_split_with_a_variants_file_or_a_url_is_refused(tmp_path, flag, kw, value):
     from tensorfold_bench import targets
     f = tmp_path / "v.yaml"
     f.write_text("- name: a\n- name: b\n")
     with pytest.raises(FlagError, match="not both"):
-        variants.select_variants(None, str(f), budgets="40")
-    with pytest.raises(FlagError, match="--mixed needs servers tfbench launches"):
-        targets.select("http://127.0.0.1:9", None, None, None, None, None, False, "40")
+        variants.select_variants(None, str(f), **{kw: value})
+    with pytest.raises(FlagError, match=f"{flag} needs servers tfbench launches"):
+        targets.select("http://127.0.0.1:9", None, None, None, None, None, False, **{kw: value})
 
 
 def test_split_counts_add_split_variants_after_the_budgets():
@@ -98,24 +103,6 @@ def test_split_counts_add_split_variants_after_the_budgets():
     assert [v.name for v in vs] == ["whole", "stepped p=0.5", "mixed budget=40", "split sms=16", "split sms=32"]
     assert vs[3].args == ["--prefill-mode", "split", "--decode-sms", "16"]
     assert [v.name for v in variants.select_variants(None, sms="48")] == ["whole", "split sms=48"]
-
-
-@pytest.mark.parametrize("text,needle", [("", "empty"), ("16,x", "not a number"), ("12", "multiple of 8"),
-                                         ("0", "multiple of 8"), ("8.5", "multiple of 8"), ("16,16", "repeats")])
-def test_bad_split_counts_name_the_flag(text, needle):
-    with pytest.raises(FlagError, match=needle) as e:
-        variants.select_variants(None, sms=text)
-    assert e.value.flag == "--split"
-
-
-def test_split_with_a_variants_file_or_a_url_is_refused(tmp_path):
-    from tensorfold_bench import targets
-    f = tmp_path / "v.yaml"
-    f.write_text("- name: a\n- name: b\n")
-    with pytest.raises(FlagError, match="not both"):
-        variants.select_variants(None, str(f), sms="32")
-    with pytest.raises(FlagError, match="--split needs servers tfbench launches"):
-        targets.select("http://127.0.0.1:9", None, None, None, None, None, False, None, "32")
 
 
 def test_flag_value_reads_both_spellings_and_the_last_wins():

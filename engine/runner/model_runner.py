@@ -329,7 +329,7 @@ class ModelRunner:
                 first = logits.argmax(-1) if last else None
                 done = torch.cuda.Event()
                 done.record(part)
-            return first, done, host
+            return first, done, host  # host: pinned memory kept until the copy has run
         self._inflight.append(self._split_thread.submit(launch))
 
     def step_done(self) -> bool:

@@ -67,3 +67,20 @@ class MixedBackend(Backend, Protocol):
         per decode entry as `decode` runs it, every row with the bits it has in those calls (greedy
         rows only). Returns (per cut its first token if it ends its prompt, else None; the round's
         ids). It returns only when the work is done: the host times it to learn its cost."""
+
+
+class SplitBackend(Backend, Protocol):
+    """A backend that runs a prompt's cuts on SMs of their own beside its decode rounds
+    (`--prefill-mode split`; optional: without these the host steps prompts in turn). The host
+    launches cuts in order and lands them in order; `decode` runs while cuts are in flight."""
+
+    def start_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> None:
+        """Launch the cut [start, end) of lane's prompt, as `prefill_step` would run it (the same
+        bits), and return at once; it runs after any cut launched before it."""
+
+    def step_done(self) -> bool:
+        """Whether the oldest cut launched and not yet finished is done (never blocks)."""
+
+    def finish_step(self) -> int | None:
+        """Wait for the oldest cut in flight; the prompt's greedy first token if it was its last
+        cut, else None. Raises what the cut raised."""

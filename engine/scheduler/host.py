@@ -14,7 +14,7 @@ A turn:
      steps 2 and 3 are one forward (`backend.mixed`): the policy's cut and every runnable
      stream's row;
   4. with nothing to do, block until something arrives.
-In split mode (a backend with `start_step`), while streams decode a long prompt's next cut is
+In split mode (a backend with `start_step`: backend.SplitBackend), while streams decode a long prompt's next cut is
 launched on SMs of its own and the turns go on with decode rounds on the others; a turn lands the
 cut once it is done (its first token out then) and launches the next.
 """
@@ -268,8 +268,8 @@ class LaneHost:
         SMs, up to SPLIT_DEPTH in flight (one runs, the next waits behind it on the device); the
         rounds go on beside them. A sampled or logprobs stream's cuts run in turn on the whole
         device instead (prefill_step draws its first token)."""
-        if self.inflight:
-            seq, _, start, _ = self.inflight[-1]
+        if self.inflight:  # the next cut of the prompt whose cut was launched last
+            seq, _, start, _ = self.inflight[-1]  # (its end is this cut's start)
             if len(self.inflight) >= SPLIT_DEPTH or start == len(seq.prompt) or seq.cancel_requested:
                 return False
         elif not long_:
