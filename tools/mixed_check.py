@@ -22,6 +22,7 @@ import torch
 
 from engine.config import EngineConfig, KernelConfig
 from engine.runner.model_runner import build_runner
+from tools.results import write_results
 
 SIZES = (200, 77, 640, 513, 1000, 64, 384, 128, 1024, 300)  # budget-like cut sizes, in turn
 
@@ -118,11 +119,8 @@ def main(argv=None) -> None:
         res["timing"] = timing(r, long_, shorts, outs, [int(c) for c in a.time.split(",")])
     if a.profile:
         res["profile"] = profile(r, long_, shorts, outs, [tuple(map(int, x.split("@"))) for x in a.profile.split(",")])
-    res["total_s"] = round(time.perf_counter() - t0, 1)
+    write_results(res, t0, a.out)
     print(json.dumps({k: res[k] for k in res if k != "cut_bounds"}, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
 
 
 def timing(r, long_, shorts, outs, contexts, reps: int = 5) -> dict:

@@ -13,7 +13,6 @@ by rep so that a drift of the device's clocks falls on all.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -22,6 +21,7 @@ import torch
 from engine.config import EngineConfig, KernelConfig
 from engine.runner.mixed_graph import TILES, MixedGraphs
 from engine.runner.model_runner import build_runner
+from tools.results import write_results
 
 # the graphs before the chunked products (one F.linear a product), before the cut attention's lower tiles,
 # as they run now, with the cut attention's lower tiles checked and timed per capacity (mixed_graph.TILES), and
@@ -110,10 +110,7 @@ def main(argv=None) -> None:
             res["ms"][f"{n}@{ctx}"] = med
             print(f"{n:5d} rows @ {ctx:5d} keys:", "  ".join(f"{f} {m:.3f}" for f, m in med.items()),
                   " bits", res["bits"][f"{n}@{ctx}"], flush=True)
-    res["total_s"] = round(time.perf_counter() - t0, 1)
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+    write_results(res, t0, a.out)
 
 
 if __name__ == "__main__":

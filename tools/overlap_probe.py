@@ -17,7 +17,6 @@ against their sum (no overlap) and their max (full overlap). CUDA events, median
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -26,6 +25,7 @@ import torch
 from engine.config import EngineConfig, KernelConfig
 from engine.cuda import cut_flash
 from engine.runner.model_runner import build_runner
+from tools.results import write_results
 
 ROWS = 128
 
@@ -149,10 +149,7 @@ def main(argv=None) -> None:
                   + "; ".join(f"{k}: span {v['span_ms']:.1f}, round {v['round_ms']:.3f}, attention {v['attention_ms']:.3f}"
                               for k, v in out.items() if isinstance(v, dict)), flush=True)
             del graph
-    res["total_s"] = round(time.perf_counter() - t0, 1)
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+    write_results(res, t0, a.out)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ which may overlap. CUDA events, medians.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
@@ -34,6 +33,7 @@ from engine.config import EngineConfig, KernelConfig
 from engine.cuda.partitions import device_sms, green_stream, ok, split_sms
 from engine.runner.model_runner import build_runner
 from tools.overlap_probe import spans, timed
+from tools.results import write_results
 
 CUT = 1024
 
@@ -196,10 +196,7 @@ def main(argv=None) -> None:
                 print(f"{ctx:6d} keys, control (two splits of the whole device, {got_a} and {got_b} SMs): round "
                       f"{both['round_ms']:.3f} ms, cut {both['cut_ms']:.2f} ms", flush=True)
             res["contexts"][ctx] = out
-    res["total_s"] = round(time.perf_counter() - t0, 1)
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+    write_results(res, t0, a.out)
 
 
 if __name__ == "__main__":
