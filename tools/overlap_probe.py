@@ -81,6 +81,27 @@ def together(round_replay, attn_replay, s_round, s_attn, n_round: int, n_attn: i
             "attention_ms": round(statistics.median(a), 3), "span_ms": round(end, 3)}
 
 
+def decoding_beside_a_prompt(tool: str, model: str, max_model_len: int, prompt_len: int):
+    """A runner (4 lanes, 1,024-row cuts, decode graphs) with three short prompts decoding in lanes
+    0-2 and lane 3 filled with a random prompt of `prompt_len` tokens: the runner, the round's rows
+    (written to the graph's pinned inputs: each replay copies them in again) and the prompt."""
+    r = build_runner(EngineConfig(model=model, device="cuda", dtype="bfloat16", parallel=4,
+                                  max_model_len=max_model_len, prefill_rows=1024,
+                                  kernels=KernelConfig(cut_tiles=True)))
+    r.cuts_warmed.result()
+    if r.graphs.full is None:
+        raise SystemExit(f"{tool}: no decode graphs ({r.graphs.fallback_reason})")
+    g = torch.Generator().manual_seed(7)
+    shorts = [torch.randint(0, r.vocab_size, (n,), generator=g).tolist() for n in (100, 700, 1500)]
+    firsts = [r.prefill(i, p) for i, p in enumerate(shorts)]
+    prompt = torch.randint(0, r.vocab_size, (prompt_len,), generator=g)
+    r.prefill(3, prompt.tolist())
+    rows, _ = r.padded_round([0, 1, 2], firsts, [len(p) for p in shorts])
+    r.graphs.fresh(rows)
+    torch.cuda.synchronize()
+    return r, rows, prompt
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -95,19 +116,7 @@ def main(argv=None) -> None:
     if max(contexts) + ROWS + 64 > a.max_model_len:
         ap.error(f"--contexts: the deepest plus {ROWS} rows must fit --max-model-len {a.max_model_len}")
     t0 = time.perf_counter()
-    r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
-                                  max_model_len=a.max_model_len, prefill_rows=1024,
-                                  kernels=KernelConfig(cut_tiles=True)))
-    r.cuts_warmed.result()
-    if r.graphs.full is None:
-        raise SystemExit(f"overlap_probe: no decode graphs ({r.graphs.fallback_reason})")
-    g = torch.Generator().manual_seed(7)
-    shorts = [torch.randint(0, r.vocab_size, (n,), generator=g).tolist() for n in (100, 700, 1500)]
-    firsts = [r.prefill(i, p) for i, p in enumerate(shorts)]
-    r.prefill(3, torch.randint(0, r.vocab_size, (max(contexts) + ROWS,), generator=g).tolist())
-    rows, _ = r.padded_round([0, 1, 2], firsts, [len(p) for p in shorts])
-    r.graphs.fresh(rows)  # writes the round's pinned inputs; each replay copies them in again
-    torch.cuda.synchronize()
+    r, rows, _ = decoding_beside_a_prompt("overlap_probe", a.model, a.max_model_len, max(contexts) + ROWS)
     b = r.graphs.rounds[len(rows[0])]
     a_cfg = r.model.model.layers[0].self_attn
     heads, d, layers = a_cfg.n_heads, a_cfg.head_dim, len(r.model.model.layers)

@@ -29,13 +29,11 @@ import time
 
 import torch
 
-from engine.config import EngineConfig, KernelConfig
 from engine.cuda.partitions import device_sms, green_stream, ok, split_sms
-from engine.runner.model_runner import build_runner
-from tools.overlap_probe import spans, timed
+from tools.overlap_probe import decoding_beside_a_prompt, spans, timed
 from tools.results import write_results
 
-CUT = 1024
+CUT = 1024  # the rows of decoding_beside_a_prompt's cuts
 
 
 def alone(n: int, device_index: int, keep: list):
@@ -95,20 +93,7 @@ def main(argv=None) -> None:
     if max(contexts) + CUT > a.max_model_len:
         ap.error(f"--contexts: the deepest plus {CUT} rows must fit --max-model-len {a.max_model_len}")
     t0 = time.perf_counter()
-    r = build_runner(EngineConfig(model=a.model, device="cuda", dtype="bfloat16", parallel=4,
-                                  max_model_len=a.max_model_len, prefill_rows=CUT,
-                                  kernels=KernelConfig(cut_tiles=True)))
-    r.cuts_warmed.result()
-    if r.graphs.full is None:
-        raise SystemExit(f"partition_probe: no decode graphs ({r.graphs.fallback_reason})")
-    g = torch.Generator().manual_seed(7)
-    shorts = [torch.randint(0, r.vocab_size, (n,), generator=g).tolist() for n in (100, 700, 1500)]
-    firsts = [r.prefill(i, p) for i, p in enumerate(shorts)]
-    prompt = torch.randint(0, r.vocab_size, (max(contexts) + CUT,), generator=g)
-    r.prefill(3, prompt.tolist())
-    rows, _ = r.padded_round([0, 1, 2], firsts, [len(p) for p in shorts])
-    r.graphs.fresh(rows)  # writes the round's pinned inputs; each replay copies them in again
-    torch.cuda.synchronize()
+    r, rows, prompt = decoding_beside_a_prompt("partition_probe", a.model, a.max_model_len, max(contexts) + CUT)
     b = r.graphs.rounds[len(rows[0])]
     dev_index, keep = torch.cuda.current_device(), []
     whole = torch.cuda.Stream()
