@@ -13,6 +13,7 @@ from tensorfold_bench.cli import app
 from tensorfold_bench.scenarios import sweep
 
 import fakeserver
+from marks import host_lag
 
 
 def batch(level, cell, rep, hashes):
@@ -124,9 +125,9 @@ def test_levels_above_the_lanes_queue_at_the_real_engine(tmp_path):
     assert run["lanes"] == 2
     check = run["client"]
     assert check["peak_open"] == {"2": 2, "6": 6} and check["server_open"] == {"2": 2, "6": 6}
-    # every stream open at once and the server's split are what this checks; the client's own loop lag
-    # is the host's (26.9 ms at p99 once, two test workers on a loaded 2-core CI machine): not asserted
-    assert check["server_split"] == {"6": [2, 4]} and not [w for w in check["invalid"] if "lagged" not in w]
+    # every stream open at once and the server's split are what this checks; the client's own lag is
+    # the host's (marks.host_lag): not asserted
+    assert check["server_split"] == {"6": [2, 4]} and not [w for w in check["invalid"] if not host_lag(w)]
     b6 = next(b for b in run["batches"] if b["level"] == 6)
     assert (b6["server_running"], b6["server_waiting"]) == (2, 4) and b6["tokens"] == 6 * tokens
     md = report.sibling(js, ".md").read_text()
