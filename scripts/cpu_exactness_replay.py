@@ -19,8 +19,8 @@ from engine.config import EngineConfig
 from engine.runner.model_runner import build_runner
 from engine.scheduler.sampling import SamplingParams
 from tensorfold_bench import report
-from tensorfold_bench.sampling import request_seed
-from tensorfold_bench.scenarios.streams import prompt_ids
+from tensorfold_bench.client.sampling import request_seed
+from tensorfold_bench.workload.ids import prompt_ids
 
 RECEIPT = Path(__file__).resolve().parent.parent / "receipts" / "20261130-105114-long-prompt.json.gz"
 
@@ -41,7 +41,7 @@ def first_diff(a: list[int], b: list[int]):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # as the receipt's servers (every core but one, on 2 cores)
-    data = report.load(RECEIPT)
+    data = report.read(RECEIPT)
     ref = data["plain"]["records"]["A"]["token_ids"]
     run3 = data["runs"][2]["records"]["A"]["token_ids"]
     one, four = reply(1, len(ref)), reply(4, len(ref))

@@ -22,7 +22,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.server.metrics import parse_metrics  # noqa: E402
-from tensorfold_bench.launcher import launch  # noqa: E402
+from tensorfold_bench.servers.launcher import launch  # noqa: E402
 from tests.hostile import fuzz_case, request_then_close  # noqa: E402
 from tests.openai_helpers import engine_pid  # noqa: E402
 

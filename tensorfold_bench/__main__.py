@@ -1,4 +1,4 @@
-from tensorfold_bench.cli import main
+from tensorfold_bench.cli.commands import main
 
 try:
     main()

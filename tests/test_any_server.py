@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import exactness, report
-from tensorfold_bench.cli import app
+from tensorfold_bench.analysis import exactness
+from tensorfold_bench import report
+from tensorfold_bench.cli.commands import app
 from tensorfold_bench.errors import BenchError, FlagError
-from tensorfold_bench.launcher import group_alive, launch
+from tensorfold_bench.servers.launcher import group_alive, launch
 
 import foreignserver
 
@@ -44,7 +45,7 @@ def invoke(*args: str):
 
 def receipt(out: Path, kind: str = "long-prompt") -> tuple[dict, str]:
     js = next(out.glob(f"*-{kind}.json.gz"))
-    return report.load(js), report.sibling(js, ".md").read_text()
+    return report.read(js), report.sibling(js, ".md").read_text()
 
 
 def test_url_is_one_server_named_by_itself_without_verdicts(servers, tmp_path):
@@ -207,9 +208,9 @@ def test_unknown_hashes_are_not_differences():
 
 @pytest.mark.parametrize("name", ["vllm-cpu.yaml", "vllm-cuda.yaml"])
 def test_the_example_variants_files_read(name, monkeypatch):
-    from tensorfold_bench.session import EngineSetup
-    from tensorfold_bench.targets import command_argv
-    from tensorfold_bench.variants import read_variants
+    from tensorfold_bench.session.defaults import EngineSetup
+    from tensorfold_bench.session.targets import command_argv
+    from tensorfold_bench.session.variants import read_variants
     vs = read_variants(Path(__file__).resolve().parents[1] / "examples" / "variants" / name)
     assert [v.command is not None for v in vs] == [True, True, False, False]
     monkeypatch.setenv("VLLM_PYTHON", "/venv/bin/python")

@@ -6,7 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tensorfold_bench.launcher import launch
+from tensorfold_bench.servers.launcher import launch
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "API.md").read_text()
 

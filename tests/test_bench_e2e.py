@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tensorfold_bench import report
-from tensorfold_bench.cli import app
+from tensorfold_bench.cli.commands import app
 from tensorfold_bench.errors import FlagError
-from tensorfold_bench.launcher import group_alive, launch
+from tensorfold_bench.servers.launcher import group_alive, launch
 
 import fakeserver
 from tiny_run import LONG_PROMPT
@@ -20,14 +20,14 @@ from tiny_run import LONG_PROMPT
 def receipt_json(out: Path) -> dict:
     files = list(out.glob("*-long-prompt.json.gz"))
     assert len(files) == 1, files
-    return report.load(files[0])
+    return report.read(files[0])
 
 
 def test_long_prompt_tiny_engine(tmp_path):
     res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--share", "0.5", "--plain-check", "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     data = receipt_json(tmp_path)
-    assert data["schema"] == "tfbench.receipt/1"
+    assert data["schema"] == "tfbench.receipt/4"
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped p=0.5", "stepped p=0.5", "whole"]
     assert data["settings"]["script"]["b_tokens"] == 600
     env = data["environment"]["engine"]

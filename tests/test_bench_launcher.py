@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tensorfold_bench.errors import BenchError, ServerError
-from tensorfold_bench.launcher import check_reachable, existing, free_port, group_alive, launch
+from tensorfold_bench.servers.launcher import check_reachable, existing, free_port, group_alive, launch
 
 import fakeserver
 import foreignserver
@@ -194,7 +194,7 @@ def test_an_unreachable_url_is_one_line():
 
 
 def test_engine_flags_are_checked_without_serving(tmp_path):
-    from tensorfold_bench.launcher import check_engine_flags
+    from tensorfold_bench.servers.launcher import check_engine_flags
 
     # the CPU's default dtype is bfloat16 where it has AMX or avx512_bf16, else float32
     assert check_engine_flags(["--model", "tiny", "--prefill-mode", "whole"]) in (
@@ -232,7 +232,7 @@ def test_a_relative_pythonpath_means_tfbenchs_directory_to_the_server(tmp_path):
     parent = textwrap.dedent(f"""\
         import sys
         from pathlib import Path
-        from tensorfold_bench.launcher import launch
+        from tensorfold_bench.servers.launcher import launch
         with launch([], Path("s.log"), root=Path({str(there)!r}),
                     engine_cmd=[sys.executable, "-m", "server_here"], start_timeout=60) as srv:
             print("served", srv.port)
@@ -258,7 +258,7 @@ def test_launching_tfengine_without_the_engine_says_how_to_install_it(tmp_path):
             "        if name.partition('.')[0] == 'torch':\n"
             "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
             "sys.meta_path.insert(0, NoTorch())\n"
-            "from tensorfold_bench.cli import main\n"
+            "from tensorfold_bench.cli.commands import main\n"
             f"sys.argv = ['tfbench', 'run', 'long-prompt', '--model', 'tiny', '--out', {str(tmp_path)!r}]\n"
             "main()\n")
     env = {k: v for k, v in os.environ.items() if k != "TFBENCH_SERVER_CMD"}

@@ -3,9 +3,9 @@ import textwrap
 
 import pytest
 
-from tensorfold_bench import variants
+from tensorfold_bench.session import variants
 from tensorfold_bench.errors import BenchError, FlagError
-from tensorfold_bench.variants import WHOLE, Variant, default_order, parse_floats, parse_order, plain, share_variants
+from tensorfold_bench.session.variants import WHOLE, Variant, default_order, parse_floats, parse_order, plain, share_variants
 
 
 def test_share_variants_and_default_order():
@@ -89,7 +89,7 @@ def test_bad_mixed_budgets_and_split_counts_name_the_flag(flag, kw, text, needle
 
 @pytest.mark.parametrize("flag,kw,value", [("--mixed", "budgets", "40"), ("--split", "sms", "32")])
 def test_mixed_or_split_with_a_variants_file_or_a_url_is_refused(tmp_path, flag, kw, value):
-    from tensorfold_bench import targets
+    from tensorfold_bench.session import targets
     f = tmp_path / "v.yaml"
     f.write_text("- name: a\n- name: b\n")
     with pytest.raises(FlagError, match="not both"):
@@ -106,7 +106,7 @@ def test_split_counts_add_split_variants_after_the_budgets():
 
 
 def test_flag_value_reads_both_spellings_and_the_last_wins():
-    from tensorfold_bench.variants import flag_value
+    from tensorfold_bench.servers.launcher import flag_value
     args = ["--prefill-mode", "stepped", "--prefill-share=0.5", "--prefill-mode=mixed", "--trace"]
     assert flag_value(args, "--prefill-mode") == "mixed" and flag_value(args, "--prefill-share") == "0.5"
     assert flag_value(args, "--mixed-budget") is None and flag_value(["--prefill-mode"], "--prefill-mode") is None

@@ -9,11 +9,12 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import calibrate, selfcheck, synthetic, wire
-from tensorfold_bench.cli import app
-from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, new_record, stream
-from tensorfold_bench.launcher import launch
-from tensorfold_bench.launcher import free_port
+from tensorfold_bench.calibrate import client_error as calibrate, synthetic
+from tensorfold_bench.client import selfcheck, wire
+from tensorfold_bench.cli.commands import app
+from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, new_record, stream
+from tensorfold_bench.servers.launcher import launch
+from tensorfold_bench.servers.launcher import free_port
 from tensorfold_bench.scenarios import sweep
 
 
@@ -21,7 +22,7 @@ from tensorfold_bench.scenarios import sweep
 def sim(tmp_path_factory):
     """The synthetic server, launched as calibrate launches it (no stall unless asked)."""
     log = tmp_path_factory.mktemp("sim") / "synthetic.log"
-    cmd = [sys.executable, "-m", "tensorfold_bench.synthetic", "--port", "{port}", "--first-ms", "20",
+    cmd = [sys.executable, "-m", "tensorfold_bench.calibrate.synthetic", "--port", "{port}", "--first-ms", "20",
            "--every-ms", "10", "--stall-every", "0"]
     with launch(command=cmd, log=log, health="/health") as srv:
         yield srv.url
@@ -65,7 +66,8 @@ def test_a_starved_client_is_marked_invalid(sim):
     assert check["loop_lag_p99_ms"] > selfcheck.BOUNDS.lag_p99_s * 1000
     assert any("event loop lagged" in r for r in check["invalid"])
     entry = {"variant": "sim", "batches": batches, "client": check}
-    assert "INVALID: the client's event loop lagged" in sweep.finish(entry)
+    sweep.measure(entry)
+    assert "INVALID: the client's event loop lagged" in sweep.line(entry)
     _, calm = asyncio.run(sweep.play_levels(sim, script, synthetic.VOCAB, "sim", synthetic.MODEL))
     assert calm["invalid"] == [] and calm["peak_open"] == {"8": 8}
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from tensorfold_bench.client import Request, StreamClient, StreamRecord, new_record, stream
-from tensorfold_bench.launcher import launch
+from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, new_record, stream
+from tensorfold_bench.servers.launcher import launch
 
 import fakeserver
 import foreignserver
@@ -99,7 +99,7 @@ def test_tfengine_like_server_gives_ids_hash_and_cache(servers):
 
 
 def test_an_unreachable_server_is_a_stream_error_not_a_crash():
-    from tensorfold_bench.launcher import free_port
+    from tensorfold_bench.servers.launcher import free_port
     rec = play(f"http://127.0.0.1:{free_port()}", Request("B", PROMPT, max_tokens=2))
     assert rec.error.startswith("ConnectError") and rec.tokens == 0 and rec.ended is not None
 

@@ -117,7 +117,7 @@ def test_long_prompt_runs_mixed_variants_through_the_real_server_with_every_repl
     from typer.testing import CliRunner
 
     from tensorfold_bench import report
-    from tensorfold_bench.cli import app
+    from tensorfold_bench.cli.commands import app
 
     variants = tmp_path / "v.yaml"
     variants.write_text("- name: whole\n  flags: --prefill-mode whole\n"
@@ -125,7 +125,7 @@ def test_long_prompt_runs_mixed_variants_through_the_real_server_with_every_repl
     res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--variants", str(variants), "--plain-check",
                                    "--order", "whole,mixed budget=4", "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
-    data = report.load(next(tmp_path.glob("*-long-prompt.json.gz")))
+    data = report.read(next(tmp_path.glob("*-long-prompt.json.gz")))
     for cmp in list(data["exactness"]["vs_plain"].values()) + list(data["exactness"]["across_runs"].values()):
         assert all(c["equal"] for c in cmp), cmp
     hashes = data["exactness"]["hashes"]

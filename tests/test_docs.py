@@ -112,7 +112,7 @@ def commands(app: typer.Typer) -> dict[str, list[str]]:
 
 
 def test_every_tfbench_command_and_flag_is_documented():
-    from tensorfold_bench.cli import app
+    from tensorfold_bench.cli.commands import app
     docs = text(ROOT / "docs" / "harness.md") + text(ROOT / "README.md")
     cmds = commands(app)
     assert {"run long-prompt", "sweep", "gate", "report", "compare"} <= set(cmds)

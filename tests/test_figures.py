@@ -1,10 +1,10 @@
 """Figures on hand-made timestamp traces: long-prompt, the sweep's batches and levels, latencies."""
 import pytest
 
-from tensorfold_bench import figures, sweep_figures
-from tensorfold_bench.client import StreamRecord, _apply_event, chunk_tokens
-from tensorfold_bench.figures import count_in, longest_pause, medians, rate_before
-from tensorfold_bench.figures import long_prompt as long_prompt_figures
+from tensorfold_bench.analysis import figures, sweep as sweep_figures
+from tensorfold_bench.client.stream import StreamRecord, _apply_event, event_tokens
+from tensorfold_bench.analysis.figures import count_in, longest_pause, medians, rate_before
+from tensorfold_bench.analysis.figures import long_prompt as long_prompt_figures
 
 
 def rec(name, sent, times, scheduled=None, cancelled=False, ended=None, ids=None, **kw):
@@ -86,7 +86,10 @@ def test_multi_token_chunks_count_k_tokens():
     assert longest_pause(r.token_times, 0.5, 1.5) == pytest.approx(1.0)
 
 
-def test_chunk_tokens_other_servers():
+def test_event_tokens_other_servers():
+    def chunk_tokens(event):
+        return event_tokens(event)[0]
+
     assert chunk_tokens({"choices": [{"text": "hi", "logprobs": {"tokens": ["token_id:12", "token_id:13"]}}]}) == [12, 13]
     assert chunk_tokens({"choices": [{"delta": {"content": "hi"}}]}) == [None]
     assert chunk_tokens({"choices": [{"delta": {}}]}) == []
@@ -177,7 +180,7 @@ def test_the_registry_names_every_figure_a_receipt_shows():
 
 
 def test_pace_alone_is_the_rate_over_the_same_tokens_alone():
-    from tensorfold_bench.figures import pace_alone
+    from tensorfold_bench.analysis.figures import pace_alone
     beside = [0.1 * i for i in range(1, 21)]  # 10 tok/s beside B
     alone = [0.05 * i for i in range(1, 31)]  # 20 tok/s alone
     # tokens 6..15 fell in (0.5, 1.5]: alone they took alone[14] - alone[4] = 0.5 s

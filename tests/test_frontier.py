@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from tensorfold_bench import report
-from tensorfold_bench.figures import LongPromptFigures, frontier
+from tensorfold_bench.analysis.figures import LongPromptFigures, frontier
 from tensorfold_bench.report import long_prompt, pictures
 
 SMALL = Path(__file__).resolve().parents[1] / "receipts" / "20261129-232014-long-prompt.json.gz"  # 3 variants
@@ -95,7 +95,7 @@ def test_the_section_renders_rows_in_order_with_the_line_and_dominance():
 
 
 def test_a_committed_receipt_has_the_section_after_the_variant_table():
-    data = report.load(SMALL)
+    data = report.read(SMALL)
     md = report.render_markdown(data)
     assert "**Frontier.**" in md and "| variant | B slowdown (x alone) |" in md
     assert md.index("| variant | B first token |") < md.index("**Frontier.**") < md.index("Every run (late:")
@@ -105,7 +105,7 @@ def test_a_committed_receipt_has_the_section_after_the_variant_table():
 
 
 def test_the_picture_is_written_beside_the_timeline_and_linked_only_when_written(tmp_path):
-    data = report.load(SMALL)
+    data = report.read(SMALL)
     paths = report.write(data, tmp_path / "png", "s")
     assert paths["png-frontier"] == tmp_path / "png" / "s-frontier.png" and paths["png-frontier"].stat().st_size > 5000
     assert "](s-frontier.png)" in paths["md"].read_text() and "](s.png)" in paths["md"].read_text()

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from tensorfold_bench.errors import BenchError
-from tensorfold_bench.identity import ServerIdentity, discover_vocab, identify, vocab_from_dir
-from tensorfold_bench.launcher import free_port, launch
+from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, vocab_from_dir
+from tensorfold_bench.servers.launcher import free_port, launch
 
 import fakeserver
 import foreignserver

@@ -1,12 +1,15 @@
-"""The engine's module layout: no import cycle among engine modules at module level, nor one that a
-function-level import hides (the lazy imports left keep triton or torch off paths that must not
+"""The module layout. The engine: no import cycle among engine modules at module level, nor one that
+a function-level import hides (the lazy imports left keep triton or torch off paths that must not
 need them, never dodge a cycle), and the scheduler never loads torch (it runs beside any backend).
-Read from the source with ast: nothing is imported."""
+The harness: folders by role whose imports point down only, a report that runs nothing, scenarios
+that never import the report, a client that knows no scenario. Read from the source with ast:
+nothing is imported."""
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "engine"
+HARNESS = ROOT / "tensorfold_bench"
 
 
 def _module(path: pathlib.Path) -> str:
@@ -133,3 +136,73 @@ def test_the_scheduler_loads_no_torch():
     direct = {m: {i.split(".")[0] for i in _imports(files[m], set(files))} for m in seen}
     heavy = {m: sorted(d & {"torch", "triton", "numpy"}) for m, d in direct.items() if d & {"torch", "triton", "numpy"}}
     assert heavy == {}, heavy
+
+
+# ---- the harness ----------------------------------------------------------------------------
+
+# Each folder of tensorfold_bench (and its root modules) by layer: a module imports only from its own
+# folder and from lower layers. Commands stand on the scenarios, the scenarios on the session
+# driver, the driver on the client, the servers and the analysis; the report renders a receipt's
+# data beside the driver and runs nothing.
+LAYERS = {"__main__": 7, "cli": 6, "calibrate": 5, "scenarios": 4, "session": 3, "report": 3, "analysis": 2,
+          "client": 1, "servers": 1, "workload": 1, "errors": 0, "tensorfold_bench": 0}
+# what sends a request, starts a server or plays a run: never imported by the report
+RUNS = ("tensorfold_bench.client.stream", "tensorfold_bench.client.play", "tensorfold_bench.client.wire",
+        "tensorfold_bench.client.workers", "tensorfold_bench.servers.launcher", "tensorfold_bench.servers.lifeline",
+        "tensorfold_bench.servers.identity", "tensorfold_bench.session", "tensorfold_bench.scenarios",
+        "tensorfold_bench.cli", "tensorfold_bench.calibrate")
+
+
+def harness_graph() -> dict[str, set[str]]:
+    """harness module -> the harness modules it imports anywhere, in functions too (a package's face
+    that only hands names on is left out: `from tensorfold_bench.session import driver` is an arrow
+    to the driver)."""
+    files = {_module(p): p for p in HARNESS.rglob("*.py")}
+    names = set(files)
+    faces = {_module(p) for p in HARNESS.rglob("__init__.py")}
+    return {mod: {i for i in _all_imports(path, names) if i in names and i not in faces and i != mod}
+            for mod, path in files.items()}
+
+
+def runs(mod: str) -> bool:
+    return any(mod == r or mod.startswith(r + ".") for r in RUNS)
+
+
+def layer(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_the_harness_root_holds_few_modules_and_no_name_of_a_folder():
+    root = sorted(p.stem for p in HARNESS.glob("*.py"))
+    assert len(root) <= 8, root
+    inner = {p.stem for p in HARNESS.glob("*/*.py")} | {p.name for p in HARNESS.iterdir() if p.is_dir()}
+    assert not (set(root) - {"__init__", "__main__"}) & inner
+    assert {layer(m) for m in harness_graph()} <= set(LAYERS), "a new folder needs its layer"
+
+
+def test_harness_imports_point_down_only():
+    back = sorted((m, i) for m, deps in harness_graph().items() for i in deps
+                  if layer(i) != layer(m) and LAYERS[layer(i)] >= LAYERS[layer(m)])
+    assert back == []
+    assert cycles(harness_graph()) == []
+
+
+def test_the_report_runs_nothing_and_no_scenario_imports_it():
+    g = harness_graph()
+    assert "tensorfold_bench.analysis.figures" in g["tensorfold_bench.report.long_prompt"]
+    report = {m: sorted(i for i in deps if runs(i)) for m, deps in g.items() if layer(m) == "report"}
+    assert {m: d for m, d in report.items() if d} == {}
+    scenarios = {m: sorted(i for i in deps if layer(i) == "report") for m, deps in g.items() if layer(m) == "scenarios"}
+    assert {m: d for m, d in scenarios.items() if d} == {}
+
+
+def test_the_client_knows_no_scenario_session_or_report():
+    g = harness_graph()
+    assert {layer(i) for m, deps in g.items() if layer(m) == "client" for i in deps} <= {"client", "errors"}
+
+
+def test_the_layer_check_sees_a_back_arrow():
+    g = {"tensorfold_bench.client.stream": {"tensorfold_bench.scenarios.sweep"}}
+    back = [(m, i) for m, deps in g.items() for i in deps if LAYERS[layer(i)] >= LAYERS[layer(m)]]
+    assert back == [("tensorfold_bench.client.stream", "tensorfold_bench.scenarios.sweep")]

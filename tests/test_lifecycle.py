@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import lifecycle, progress, report
-from tensorfold_bench.cli import app
+from tensorfold_bench.cli import lifecycle, progress
+from tensorfold_bench import report
+from tensorfold_bench.cli.commands import app
 from tensorfold_bench.errors import BenchError
 
 import fakeserver
@@ -60,7 +61,7 @@ def test_a_receipt_after_the_first_run_and_a_signal_keeps_it(tmp_path, cmd, sig)
     a signal in the second run rewrites it as interrupted, says so, exits 128 + n, stops the engine."""
     p = tfbench([*cmd, "--out", str(tmp_path)])
     js = wait_for("*.json.gz", tmp_path, p)
-    first = report.load(js)
+    first = report.read(js)
     assert first["partial"]["done"] == 1 and len(first["runs"]) == 1 and first["partial"]["total"] == 4
     assert first["partial"]["missing"][0].startswith("run 2 (")
     assert "**Partial receipt (in progress).** 1 of 4 runs finished" in report.sibling(js, ".md").read_text()
@@ -69,7 +70,7 @@ def test_a_receipt_after_the_first_run_and_a_signal_keeps_it(tmp_path, cmd, sig)
     assert p.returncode == 128 + sig, err
     name = signal.Signals(sig).name
     assert f"interrupted by {name}: partial receipt (" in err and "Traceback" not in err, err
-    data = report.load(js)
+    data = report.read(js)
     assert data["partial"]["why"] == f"interrupted by {name}" and data["runs"][0]["index"] == 1
     run_dir = Path(data["settings"]["run_dir"])
     deadline = time.monotonic() + 15
@@ -94,7 +95,7 @@ def test_every_run_failed_exits_1_after_writing_the_receipt(tmp_path):
     assert p.returncode == 1, err
     assert "every run failed or was invalid" in err and "this engine cannot serve" in err and "Traceback" not in err
     (js,) = (tmp_path / "r").glob("*.json.gz")
-    data = report.load(js)
+    data = report.read(js)
     assert data["partial"] is None and all(r["error"] for r in data["runs"])
 
 
@@ -118,7 +119,7 @@ fakeserver.main(sys.argv[1:], kind=Dying)
     res = CliRunner().invoke(app, ["run", "long-prompt", *LONG_PROMPT, "--order", "base,new,base", "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, (res.output, res.exception)
     (js,) = (tmp_path / "r").glob("*.json.gz")
-    data = report.load(js)
+    data = report.read(js)
     assert not data["runs"][0]["figures"]["valid"]
     assert data["alone"]["whole"]["run"] == 3 and data["alone"]["whole"]["b_first_token"] > 0
     assert data["alone"]["stepped p=0.5"]["run"] == 2

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tensorfold_bench.lifeline import members
-from tensorfold_bench.ports import listening_inodes
+from tensorfold_bench.servers.lifeline import members
+from tensorfold_bench.servers.ports import listening_inodes
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
@@ -32,8 +32,8 @@ PARENT = textwrap.dedent("""\
     import json, sys, time
     from pathlib import Path
     import fakeserver
-    from tensorfold_bench.launcher import launch
-    from tensorfold_bench.lifeline import members
+    from tensorfold_bench.servers.launcher import launch
+    from tensorfold_bench.servers.lifeline import members
     kind, log, server = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     if kind == "command":
         ctx = launch(log=log, command=[sys.executable, server, "{port}"])

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import exactness, load_figures as lf, report
-from tensorfold_bench.cli import app
+from tensorfold_bench.analysis import exactness, load as lf
+from tensorfold_bench import report
+from tensorfold_bench.cli.commands import app
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.scenarios import load
 from tensorfold_bench.workload.model import Item, Workload
@@ -214,7 +215,7 @@ def test_poisson_whole_vs_stepped_with_injects_and_the_plain_reference(tmp_path)
                                    "--plain-check", "--predict", str(pred), "--warmup", "1", "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     js = next(tmp_path.glob("*-load.json.gz"))
-    data = report.load(js)
+    data = report.read(js)
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped p=0.5", "whole"]
     assert all(r["valid"] for r in data["runs"]), [r["invalid_reasons"] for r in data["runs"]]
     # the same requests at the same offsets in every run
@@ -245,7 +246,7 @@ def test_multi_turn_sessions_in_a_closed_loop_equal_the_plain_reference_turn_by_
                                    "--output-len", "5", "--share", "0.5", "--order", "base,new", "--plain-check",
                                    "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
-    data = report.load(next(tmp_path.glob("*-load.json.gz")))
+    data = report.read(next(tmp_path.glob("*-load.json.gz")))
     recs = {q["id"]: q for q in data["runs"][0]["levels"][0]["records"]}
     assert len(recs) == 9 and recs["s0.t2"]["prompt_len"] == 3 * 12 + 2 * 5  # history: two prompts' parts, two replies
     assert recs["s0.t1"]["scheduled"] >= recs["s0.t0"]["ended"] + 0.05 - 1e-6
@@ -255,5 +256,5 @@ def test_multi_turn_sessions_in_a_closed_loop_equal_the_plain_reference_turn_by_
 
 
 def test_the_picture_draws_latency_and_goodput_against_the_rate(tmp_path):
-    data = report.load(ROOT / "receipts" / "20261202-003218-load.json.gz")  # three rates
+    data = report.read(ROOT / "receipts" / "20261202-003218-load.json.gz")  # three rates
     assert report.render_png(data, tmp_path / "p.png") == tmp_path / "p.png" and (tmp_path / "p.png").stat().st_size > 5000

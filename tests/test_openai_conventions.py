@@ -4,7 +4,7 @@ import asyncio
 import httpx
 import pytest
 
-from tensorfold_bench.launcher import launch
+from tensorfold_bench.servers.launcher import launch
 from tests.openai_helpers import prompt_ids, sha12, sse_events
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "512", "--prefill-rows", "8", "--max-body-mb", "1"]

@@ -6,7 +6,7 @@ import asyncio
 import httpx
 import pytest
 
-from tensorfold_bench.launcher import launch
+from tensorfold_bench.servers.launcher import launch
 from tests.openai_helpers import sse_events
 
 openai = pytest.importorskip("openai")

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("engine.scheduler.sampling")
 
-from tensorfold_bench.launcher import launch  # noqa: E402
+from tensorfold_bench.servers.launcher import launch  # noqa: E402
 from tests.openai_helpers import prompt_ids, sse_events  # noqa: E402
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "512", "--prefill-rows", "8"]

@@ -1,7 +1,7 @@
 """The `openai` Python SDK, unmodified, against the engine served for real on loopback."""
 import pytest
 
-from tensorfold_bench.launcher import launch
+from tensorfold_bench.servers.launcher import launch
 
 openai = pytest.importorskip("openai")
 

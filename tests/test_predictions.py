@@ -2,7 +2,7 @@ import hashlib
 
 import pytest
 
-from tensorfold_bench import predictions as pr
+from tensorfold_bench.analysis import predictions as pr
 
 YAML = """\
 stepped p=0.5:

@@ -9,14 +9,15 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import gate, report
-from tensorfold_bench.cli import app
-from tensorfold_bench.client import Request
+from tensorfold_bench.scenarios import gate
+from tensorfold_bench import report
+from tensorfold_bench.cli.commands import app
+from tensorfold_bench.client.stream import Request
 from tensorfold_bench.errors import FlagError
-from tensorfold_bench.launcher import launch
-from tensorfold_bench.sampling import GREEDY, Sampling, request_seed
+from tensorfold_bench.servers.launcher import launch
+from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
 from tensorfold_bench.scenarios import long_prompt, sweep
-from tensorfold_bench.scenarios.streams import play_alone
+from tensorfold_bench.client.play import play_alone
 from tiny_run import LONG_PROMPT
 
 SAMPLED = ["--temperature", "1.0", "--seed", "7"]
@@ -81,7 +82,7 @@ def test_sampled_long_prompt_replies_equal_across_schedules_and_the_plain_refere
                                    "--plain-check", *SAMPLED, "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     js = only(tmp_path, "*-long-prompt.json.gz")
-    data = report.load(js)
+    data = report.read(js)
     assert data["settings"]["sampling"]["temperature"] == 1.0 and data["settings"]["sampling"]["seed"] == 7
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped p=0.5"]
     ex = data["exactness"]
@@ -98,7 +99,7 @@ def test_sampled_sweep_replies_equal_at_1_and_4_streams_stepped_and_whole(tmp_pa
                                    *SAMPLED, "--out", str(tmp_path)])
     assert res.exit_code == 0, (res.output, res.exception)
     js = only(tmp_path, "*-sweep.json.gz")
-    data = report.load(js)
+    data = report.read(js)
     assert data["hashes"]["ok"] and data["hashes"]["replies"] == 2 * (1 + 4) * 2 and data["hashes"]["prompts"] == 4
     assert "- Sampling: temperature 1, seed 7;" in report.sibling(js, ".md").read_text()
 

@@ -1,4 +1,4 @@
-"""The script model (tensorfold_bench.script): what a script may say, every class of bad script
+"""The script model (tensorfold_bench.workload.script_file): what a script may say, every class of bad script
 as one line naming the stream (or figure) and the field, and the figures of a run computed from
 raw records by the registry's own functions."""
 import subprocess
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tensorfold_bench import figures
-from tensorfold_bench.client import StreamRecord
-from tensorfold_bench.script import Event, Point, ScriptError, load, order_of, parse
+from tensorfold_bench.analysis import figures
+from tensorfold_bench.client.stream import StreamRecord
+from tensorfold_bench.workload.script_file import Event, Point, ScriptError, load, order_of, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples" / "scripts").glob("*.yaml"))
@@ -209,7 +209,7 @@ def test_a_stream_not_sent_says_why_and_its_windows_are_empty():
 def test_the_long_prompt_script_sends_long_prompts_own_prompts_and_requests():
     """Streams A, B and C of the shipped timeline draw long-prompt's seeded ids and ask for what
     long-prompt's A, B and C ask for (with --temperature, the same per-role seeds too)."""
-    from tensorfold_bench.sampling import Sampling
+    from tensorfold_bench.client.sampling import Sampling
     from tensorfold_bench.scenarios import long_prompt as lp
     from tensorfold_bench.scenarios import script as sc
 
@@ -239,7 +239,7 @@ def test_run_long_prompt_is_the_short_form_of_the_shipped_timeline():
 def test_a_streams_options_become_its_request():
     """priority and draft are sent only when the script sets them; a sampled stream sends its own
     seed, or one derived from --seed and its name."""
-    from tensorfold_bench.sampling import Sampling, request_seed
+    from tensorfold_bench.client.sampling import Sampling, request_seed
     from tensorfold_bench.scenarios.script import request
 
     s = parse("""

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tensorfold_bench import report
-from tensorfold_bench.cli import app
-from tensorfold_bench.launcher import group_alive, launch
+from tensorfold_bench.cli.commands import app
+from tensorfold_bench.servers.launcher import group_alive, launch
 
 from marks import host_lag
 
@@ -41,7 +41,7 @@ def receipt(out: Path) -> tuple[dict, Path, Path]:
     files = list(out.glob("*-script.json*"))
     assert len(files) == 1, files
     md = list(out.glob("*-script.md"))
-    return report.load(files[0]), files[0], md[0]
+    return report.read(files[0]), files[0], md[0]
 
 
 def fake_server_cmd() -> list[str]:
@@ -168,7 +168,7 @@ def test_any_server_through_url_runs_a_script(tmp_path):
 def test_compare_two_committed_script_receipts():
     """`tfbench compare` reads script receipts figure by figure (their keys, valid runs only)."""
     a, b = sorted((ROOT / "receipts").glob("*-script.json*"))[:2]
-    md = report.compare.markdown(report.load(a), report.load(b), a.name, b.name)
+    md = report.compare.markdown(report.read(a), report.read(b), a.name, b.name)
     assert "| longest_pause:A | whole | 16.11 / 11.51 |" in md and "| first_token:B | whole | - |" in md
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine.server.metrics import parse_metrics
 from engine.server.render import token_sha as sha12  # the engine's one rule; the harness checks it with its own
-from tensorfold_bench.launcher import launch
+from tensorfold_bench.servers.launcher import launch
 
 FLAGS = ["--model", "tiny", "--parallel", "4", "--max-model-len", "4096", "--prefill-rows", "8"]
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tensorfold_bench.launcher import launch
+from tensorfold_bench.servers.launcher import launch
 from tests.hostile import fuzz_case, request_then_close
 from tests.openai_helpers import engine_pid, metrics, prompt_ids, sse_events, wait_idle
 

@@ -1,8 +1,8 @@
-"""The comparison rule of tensorfold_bench.stats on synthetic series."""
+"""The comparison rule of tensorfold_bench.analysis.stats on synthetic series."""
 import numpy as np
 import pytest
 
-from tensorfold_bench import stats
+from tensorfold_bench.analysis import stats
 
 BNNB = ["base", "new", "new", "base"]
 BNNB3 = BNNB * 3

@@ -7,9 +7,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench import exactness, report
+from tensorfold_bench.analysis import exactness
+from tensorfold_bench import report
 from tensorfold_bench.errors import BenchError, FlagError
-from tensorfold_bench.cli import app
+from tensorfold_bench.cli.commands import app
 from tensorfold_bench.scenarios import sweep
 
 import fakeserver
@@ -73,7 +74,7 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, (res.output, res.exception)
     (js,) = (tmp_path / "r").glob("*-sweep.json.gz")
-    data = report.load(js)
+    data = report.read(js)
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped", "whole", "whole A/A", "whole A/A", "whole"]
     assert data["predictions"]["read_at"] < data["runs"][0]["started"]
     # latency figures are checked too (they came back "not measured" before: only tok/s was looked up)
@@ -119,7 +120,7 @@ def test_levels_above_the_lanes_queue_at_the_real_engine(tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, (res.output, res.exception)
     (js,) = (tmp_path / "r").glob("*-sweep.json.gz")
-    data = report.load(js)
+    data = report.read(js)
     assert data["settings"]["engine"]["parallel"] == 2
     (run,) = data["runs"]
     assert run["lanes"] == 2
@@ -141,7 +142,7 @@ def test_levels_above_the_lanes_queue_at_the_real_engine(tmp_path):
 def test_the_dry_run_decodes_a_queued_level_in_waves():
     """256 streams behind 64 lanes decode in four waves of 64: the estimate counts four times a
     64-stream level's rounds (it counted one 256-row wave before)."""
-    from tensorfold_bench import plan
+    from tensorfold_bench.cli import dry_run as plan
 
     def est(parallel):
         s = sweep.settings_from_flags(model="qwen3-8b", device="cuda", dtype=None, share=None, variants_file=None,

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tensorfold_bench.launcher import free_port, launch
+from tensorfold_bench.servers.launcher import free_port, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--model", "tiny", "--dtype", "float32", "--parallel", "4", "--max-model-len", "512",
@@ -239,7 +239,7 @@ def test_bad_tensor_parallel_values_are_one_line_errors(value, why):
 
 
 def test_the_harness_passes_the_flag_and_names_every_gpu():
-    from tensorfold_bench.defaults import engine_setup
+    from tensorfold_bench.session.defaults import engine_setup
     from tensorfold_bench.report.fmt import environment_lines
 
     def setup(n):

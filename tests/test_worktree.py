@@ -6,7 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tensorfold_bench import worktree
+from tensorfold_bench.servers import worktree
 
 # A stand-in engine: `python -m engine serve --host H --port P ...` answering /health and
 # telling which version of the source it is.
@@ -87,12 +87,12 @@ def test_unknown_ref_is_a_clear_error(repo):
 
 def test_run_the_refs_engine(repo, tmp_path):
     """A variant built from a ref launches that commit's engine, not the working tree's."""
-    from tensorfold_bench import launcher
+    from tensorfold_bench.servers import launcher
 
     for ref, version in (("v1", 1), ("main", 2), (None, 2)):
         src = worktree.source(ref, repo)
         with launcher.launch([], tmp_path / f"{ref}.log", root=Path(src.path),
-                             health_timeout=30) as server:
+                             start_timeout=30) as server:
             assert httpx.get(server.url + "/health").json()["version"] == version
 
 
@@ -120,7 +120,7 @@ def test_a_refs_engine_launches_with_a_relative_log_path(repo, tmp_path, monkeyp
     """The ref's engine runs in its worktree, so a relative log path (the gate's `runs/gate/...`)
     must reach it as an absolute one: as a relative --port-file it named a folder the worktree
     lacks, the base would not serve, and the gate fell back to A/A on every CI run."""
-    from tensorfold_bench import launcher
+    from tensorfold_bench.servers import launcher
 
     (repo / "engine" / "__main__.py").write_text(PORT_FILE_ENGINE)
     (repo / "engine" / "cli.py").write_text("port_file = True  # speaks --port-file\n")
@@ -129,6 +129,6 @@ def test_a_refs_engine_launches_with_a_relative_log_path(repo, tmp_path, monkeyp
     src = worktree.source("main", repo)
     monkeypatch.chdir(tmp_path)
     Path("runs/gate").mkdir(parents=True)
-    with launcher.launch([], Path("runs/gate/run1-base.log"), root=Path(src.path), health_timeout=30) as server:
+    with launcher.launch([], Path("runs/gate/run1-base.log"), root=Path(src.path), start_timeout=30) as server:
         assert httpx.get(server.url + "/health").json()["status"] == "ok"
         assert "nonce echoed by /v1/engine" in server.checked

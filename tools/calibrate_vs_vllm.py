@@ -3,7 +3,7 @@
     python -m tools.calibrate_vs_vllm --vllm-python $VLLM_VENV/bin/python [--levels 1,8,64,128,256]
                                       [--tokens 200] [--json FILE]
 
-It starts tensorfold_bench.synthetic (the schedule `tfbench calibrate` uses by default: first
+It starts tensorfold_bench.calibrate.synthetic (the schedule `tfbench calibrate` uses by default: first
 token 20 ms after the request is read, one every 10 ms, every 16th stream stalling 100 ms once)
 and at each level plays one burst with tfbench's client (as `tfbench calibrate` does) and one
 with vLLM's (`vllm bench serve --max-concurrency N --num-prompts N --request-rate inf`, run by
@@ -37,7 +37,7 @@ import httpx
 import numpy as np
 import typer
 
-from tensorfold_bench import calibrate, synthetic
+from tensorfold_bench.calibrate import client_error as calibrate, synthetic
 from tensorfold_bench.scenarios.sweep import parse_levels
 
 ROOT = Path(__file__).resolve().parents[1]

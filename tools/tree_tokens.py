@@ -16,11 +16,11 @@ import json
 import shlex
 from pathlib import Path
 
-from tensorfold_bench.client import Request, StreamClient, new_record, stream
-from tensorfold_bench.exactness import token_hash
-from tensorfold_bench.identity import identify
-from tensorfold_bench.launcher import launch
-from tensorfold_bench.scenarios.streams import prompt_ids
+from tensorfold_bench.client.stream import Request, StreamClient, new_record, stream
+from tensorfold_bench.analysis.exactness import token_hash
+from tensorfold_bench.servers.identity import identify
+from tensorfold_bench.servers.launcher import launch
+from tensorfold_bench.workload.ids import prompt_ids
 
 
 async def replies(url: str, model: str, reqs: list[Request]) -> list[list[int]]:

@@ -1,19 +1,19 @@
 """Receipts: the JSON behind a session (everything; on disk as STEM.json.gz, see
 tensorfold_bench.report.store), and the Markdown a reviewer pastes into a pull request, rendered
 from the JSON alone (`tfbench report STEM.json.gz` re-renders it). Renders figures and
-statistics that tensorfold_bench.figures computed; imports no scenario."""
+statistics that tensorfold_bench.analysis.figures computed; imports no scenario."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from tensorfold_bench.report import compare, gate, load_receipt, long_prompt, pictures, script, store, sweep
-from tensorfold_bench.report.store import load, sibling
+from tensorfold_bench.report import compare, gate, load, long_prompt, pictures, script, store, sweep
+from tensorfold_bench.report.store import read, sibling
 
-__all__ = ["compare", "load_receipt", "load", "more_pngs", "render_markdown", "render_png", "rerender", "sibling",
+__all__ = ["compare", "load", "read", "more_pngs", "render_markdown", "render_png", "rerender", "sibling",
            "store", "write"]
 
 MARKDOWN = {"long-prompt": long_prompt.markdown, "sweep": sweep.markdown, "gate": gate.markdown,
-            "script": script.markdown, "load": load_receipt.markdown}
+            "script": script.markdown, "load": load.markdown}
 PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep, "script": pictures.script,
            "load": pictures.load}  # a gate receipt has none
 # drawn beside STEM.png as STEM-NAME.png, and linked by the Markdown's NAME_png argument
@@ -76,7 +76,7 @@ def rerender(path: Path, png: bool = True) -> str:
     """`tfbench report`: the Markdown again from the receipt's data, new form or old (and the
     pictures, unless png=False; an existing picture beside it is still linked), written beside
     it and returned."""
-    data = load(path)
+    data = read(path)
     png_path = render_png(data, sibling(path, ".png")) if png else sibling(path, ".png")
     png_path = png_path if png_path is not None and png_path.exists() else None
     md = render_markdown(data, png_path.name if png_path else None, more_pngs(data, sibling(path, ".png"), png))

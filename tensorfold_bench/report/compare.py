@@ -1,7 +1,7 @@
 """`tfbench compare`: two saved receipts side by side, figure by figure."""
 from __future__ import annotations
 
-from tensorfold_bench.figures import across_sessions, figure_runs
+from tensorfold_bench.analysis.figures import across_sessions, figure_runs
 from tensorfold_bench.report.fmt import num
 
 

@@ -1,21 +1,12 @@
-"""The one number formatter, the one statistics table and the environment lines every receipt
-shares."""
+"""The one statistics table and the environment lines every receipt shares; numbers are written
+by the one formatter, `num` (tensorfold_bench.analysis.figures)."""
 from __future__ import annotations
-
-from tensorfold_bench import selfcheck
 
 from typing import Callable
 
-from tensorfold_bench import stats
-from tensorfold_bench.figures import spec
-
-
-def num(v: float | None, digits: int = 2, none: str = "-") -> str:
-    """`1,234.57`; `none` for a missing value (receipts made before this module used "-" in
-    long-prompt tables and "–" in sweep tables: each keeps its own)."""
-    if v is None or v != v:
-        return none
-    return f"{v:,.{digits}f}"
+from tensorfold_bench.analysis import stats
+from tensorfold_bench.client import selfcheck
+from tensorfold_bench.analysis.figures import num, spec  # noqa: F401 (num: every renderer formats with it)
 
 
 def short_commit(c: str | None) -> str:
@@ -132,7 +123,7 @@ def server_lines(data: dict) -> list[str]:
 
 
 def sampling_line(d: dict) -> str:
-    """`--temperature` and `--seed` as the receipt stored them (tensorfold_bench.sampling)."""
+    """`--temperature` and `--seed` as the receipt stored them (tensorfold_bench.client.sampling)."""
     if not d["temperature"]:
         return "- Sampling: greedy (temperature 0)."
     return (f"- Sampling: temperature {d['temperature']:g}, seed {d['seed']}; each request's seed is derived from "

@@ -5,7 +5,7 @@ import json
 
 from tensorfold_bench.errors import FAIL, PASS
 from tensorfold_bench.report.fmt import client_lines, environment_lines, stats_table
-from tensorfold_bench.worktree import Source
+from tensorfold_bench.servers.worktree import Source
 
 
 def _side(v: dict) -> str:

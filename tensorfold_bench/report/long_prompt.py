@@ -1,8 +1,8 @@
 """The long-prompt receipt's Markdown, from its JSON alone."""
 from __future__ import annotations
 
-from tensorfold_bench.figures import LongPromptFigures, frontier, long_prompt_summary, spec
-from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.analysis.figures import LongPromptFigures, frontier, long_prompt_summary, spec
+from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
 
 

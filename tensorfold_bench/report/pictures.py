@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from tensorfold_bench import figures  # noqa: E402
-from tensorfold_bench.figures import at, token_gaps  # noqa: E402
+from tensorfold_bench.analysis import figures# noqa: E402
+from tensorfold_bench.analysis.figures import at, token_gaps  # noqa: E402
 from tensorfold_bench.report.fmt import num  # noqa: E402
 
 GAP_FLOOR = 0.005  # two tokens read together (one TCP read) have a gap of ~0: drawn here

@@ -3,8 +3,8 @@ per variant (runs and median), every run, expectations, exactness per stream, st
 predictions and what was not run."""
 from __future__ import annotations
 
-from tensorfold_bench.figures import script_keys, script_medians, spec
-from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.analysis.figures import script_keys, script_medians, spec
+from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
 
 

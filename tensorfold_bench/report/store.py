@@ -1,6 +1,6 @@
 """A receipt's data on disk: `STEM.json.gz`, the receipt's JSON written compactly (no indent,
 no spaces) and gzip-compressed. Receipts written before this form are `STEM.json`, indented
-JSON; `load` reads both (by the file's first bytes, not its name), `write` writes only the new.
+JSON; `read` reads both (by the file's first bytes, not its name), `write` writes only the new.
 
 Why this form. A sweep keeps every token's gap (`gaps_us`, about 500,000 integers at 64
 streams), and a long-prompt run every token's time and id and the engine's trace; written
@@ -35,7 +35,7 @@ Two per-token fields are written in a form that compresses better, and read back
   is what the 9-decimal text parsed to; checked per list, else the list is written as it is).
 
 Lossless: JSON writes an int exactly and a float as the shortest text that reads back to the
-same float, and both forms above are integer arithmetic, so `load(write(x)) == x` for any
+same float, and both forms above are integer arithmetic, so `read(write(x)) == x` for any
 receipt that came from JSON (a NaN would read back as NaN, which compares unequal to itself;
 receipts hold none). Receipts written before either form still load: a `gaps_us` or
 `token_times` on disk is read as it is. The gzip header carries no time stamp, so the same
@@ -47,6 +47,8 @@ import json
 import zlib
 from pathlib import Path
 
+from tensorfold_bench import SCHEMA
+from tensorfold_bench.analysis import figures
 from tensorfold_bench.errors import BenchError
 
 SUFFIX = ".json.gz"  # what `write` writes
@@ -185,7 +187,8 @@ def atomic(path: Path, raw: bytes) -> None:
     tmp.replace(path)
 
 
-def load(path: Path) -> dict:
+def read(path: Path) -> dict:
+    """A receipt's data from either form on disk, migrated to SCHEMA (`migrate`)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
@@ -198,4 +201,41 @@ def load(path: Path) -> dict:
         raise BenchError(f"{path} is not a tfbench receipt (not JSON: {e})") from None
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("tfbench.receipt/"):
         raise BenchError(f"{path} is not a tfbench receipt (no schema field)")
+    return migrate(data, path)
+
+
+# ---- every older form, brought to SCHEMA on read ---------------------------------------------
+
+def long_prompt_stats(data: dict) -> dict:
+    """Version 1 -> 2: a long-prompt receipt with verdicts (two variants or more, runs, launched
+    servers) stores its statistics; one of version 1 may lack them, and gets them computed from
+    its runs' figures as the renderer computes them from any receipt's."""
+    st = data.get("settings") or {}
+    if (data.get("scenario") == "long-prompt" and "stats" not in data and "margin" in st and not st.get("url")
+            and len(data.get("variants") or []) > 1 and data.get("runs")):
+        data["stats"] = figures.long_prompt_stats(data)
+    return data
+
+
+# version -> the step to the next. 2 -> 3 (STEM.json.gz) and 3 -> 4 (token times and gaps packed)
+# changed only the form on disk, which `decode` and `unpack` recognise by its bytes in any version.
+MIGRATIONS = {1: long_prompt_stats, 2: lambda data: data, 3: lambda data: data}
+
+
+def version(data: dict) -> int:
+    return int(str(data["schema"]).rpartition("/")[2] or 0)
+
+
+def migrate(data: dict, path: Path | str = "<receipt>") -> dict:
+    """The receipt's data at SCHEMA, from any older version; a newer one is refused."""
+    try:
+        v = version(data)
+    except ValueError:
+        raise BenchError(f"{path}: unknown receipt schema {data['schema']!r}") from None
+    if v > version({"schema": SCHEMA}):
+        raise BenchError(f"{path}: receipt schema {data['schema']} is newer than this tfbench reads ({SCHEMA})")
+    while v in MIGRATIONS:
+        data = MIGRATIONS[v](data)
+        v += 1
+    data["schema"] = SCHEMA
     return data

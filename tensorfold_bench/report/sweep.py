@@ -1,14 +1,14 @@
 """The sweep receipt's Markdown and picture, from its JSON alone."""
 from __future__ import annotations
 
-from tensorfold_bench import stats
-from tensorfold_bench.figures import LATENCY, at, spec
-from tensorfold_bench.sweep_figures import sweep_latency
-from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.analysis import stats
+from tensorfold_bench.analysis.figures import LATENCY, at, spec
+from tensorfold_bench.analysis.sweep import sweep_latency
+from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
-from tensorfold_bench.worktree import Source
+from tensorfold_bench.servers.worktree import Source
 
-DASH = "–"  # sweep receipts have always shown a missing value as an en dash
+DASH = "–"  # a sweep table marks a missing value with an en dash, so each receipt re-renders as written
 
 
 def lanes_text(data: dict) -> str | None:

@@ -20,16 +20,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, load_figures, selfcheck, session, targets
-from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
-from tensorfold_bench.errors import BenchError, FlagError, ServerError
-from tensorfold_bench.load_figures import Req, Slo
-from tensorfold_bench.predictions import read as read_predictions
-from tensorfold_bench.report.fmt import num
-from tensorfold_bench.sampling import GREEDY, Sampling, request_seed
-from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
-from tensorfold_bench.session import Reporter, Run, Session
-from tensorfold_bench.variants import plain
+from tensorfold_bench.analysis import exactness, figures, load as load_figures
+from tensorfold_bench.analysis.figures import num
+from tensorfold_bench.analysis.load import Req, Slo
+from tensorfold_bench.analysis.predictions import read as read_predictions
+from tensorfold_bench.client import selfcheck
+from tensorfold_bench.client.play import http_client, play_alone, sleep_until
+from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
+from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
+from tensorfold_bench.errors import FlagError
+from tensorfold_bench.session import defaults, driver, targets
+from tensorfold_bench.session.driver import Reporter, Run, Session
+from tensorfold_bench.workload.ids import prompt_ids
 from tensorfold_bench.workload.model import Item, Workload
 
 DRAIN_S = 600.0  # after a level's last scheduled send, how long its replies may take before they are closed
@@ -37,7 +39,7 @@ DRAIN_S = 600.0  # after a level's last scheduled send, how long its replies may
 
 # ---- requests ------------------------------------------------------------------------------
 
-def prompt_key(prompt, max_tokens: int, temperature: float, seed: int | None) -> str:
+def request_key(prompt, max_tokens: int, temperature: float, seed: int | None) -> str:
     """A request's identity for the plain reference: its prompt and what it asked for."""
     body = json.dumps([list(prompt) if not isinstance(prompt, str) else prompt, max_tokens, temperature, seed],
                       separators=(",", ":"))
@@ -200,7 +202,7 @@ def to_req(s: Sent, t0: float) -> Req:
                ended=None if rec.ended is None else rec.ended - t0, error=rec.error, prompt_len=rec.prompt_len,
                max_tokens=rec.max_tokens, tokens=rec.tokens, cached=rec.cached_tokens,
                sha=exactness.reply_sha(rec.token_ids, rec.server_sha) if rec.token_ids else None,
-               pkey=prompt_key(s.req.prompt, s.req.max_tokens, s.req.temperature, s.req.seed) if s.req.prompt else None,
+               pkey=request_key(s.req.prompt, s.req.max_tokens, s.req.temperature, s.req.seed) if s.req.prompt else None,
                session=it.session, turn=it.turn)
 
 
@@ -268,12 +270,11 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     spec = spec_mod.from_flags(seed=seed, tokenizer=tokenizer, **w)
     slo_v = load_figures.parse_slo(slo)
     mc = parse_max_concurrency(max_concurrency)
-    session.check_margin(margin)
-    session.positive("--parallel", parallel)
+    defaults.positive("--parallel", parallel)
     conc = [lv.value for lv in spec.levels if lv.kind == "concurrency"]
     par = max([parallel or 0, *[int(c) for c in conc]]) or None  # a closed loop's streams each get a lane
     variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa)
-    engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=par, prefill_rows=prefill_rows,
+    engine = defaults.engine_setup(device=device, model=model, dtype=dtype, parallel=par, prefill_rows=prefill_rows,
                                   max_model_len=None, seed=seed, trace=False, engine_args=engine_args,
                                   tensor_parallel=tensor_parallel)
     if not url:  # sized from the workload itself (lengths do not depend on the vocabulary)
@@ -310,98 +311,95 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
     return out, (max(checks, key=lambda c: c["loop_lag_p99_ms"]) if checks else {})
 
 
-def play(settings: LoadSettings, data: dict, run: Run) -> dict:
-    """One run on its server: every level's records, then an injected prompt alone (cold)."""
-    if run.vocab is not None and run.vocab < 2:
-        raise BenchError(f"server reports a vocabulary of {run.vocab}")
-    data["vocab"] = run.vocab
-    levels, check = play_levels(settings, run, run.vocab, settings.max_concurrency)
-    alone, inj = None, getattr(settings.spec, "inject", None)
-    if inj is not None:  # the injected prompt's first token with nothing else running (its ids fresh: cold)
-        ids = prompt_ids(settings.sampling.seed, f"load:alone:{run.index}{run.salt}", inj.length, run.vocab)
-        req = request_for(Item("inject-alone", tuple(ids), inj.output_len, kind="inject"), ids, run.token_ids,
-                          settings.sampling)
-        rec = asyncio.run(play_alone(run.url, req, run.model))
-        alone = {"ttft_ms": None if not rec.token_times else (rec.token_times[0] - rec.sent) * 1000,
-                 "prompt_len": len(ids), "cached": rec.cached_tokens, "error": rec.error}
-    return {"levels": levels, "client": check, "alone": alone}
+class Load(driver.Scenario):
+    """A workload at each level as the session driver plays it."""
+
+    url_cache = "every run sends the same requests, so a later run may hit what an earlier one cached"
+    analysis = driver.Analysis(exactness.load)
 
 
-def finish(settings_slo: Slo, entry: dict) -> str:
-    """The run's figures per level and flat (statistics, predictions); its validity."""
-    if entry.get("error"):
+    def header(self) -> dict:
+        s = self.settings
+        return {"workload": s.spec.describe(), "levels": [level_dict(lv) for lv in s.spec.levels],
+                "slo": s.slo.to_dict(), "max_concurrency": s.max_concurrency, "plain_check": s.plain_check,
+                "sampling": s.sampling.to_dict(), "late_p99_ms": load_figures.LATE_P99_S * 1000}
+
+    def play(self, data: dict, run: Run) -> dict:
+        """Every level's records, then an injected prompt alone (cold)."""
+        settings = self.settings
+        levels, check = play_levels(settings, run, run.vocab, settings.max_concurrency)
+        alone, inj = None, getattr(settings.spec, "inject", None)
+        if inj is not None:  # the injected prompt's first token with nothing else running (its ids fresh: cold)
+            ids = prompt_ids(settings.sampling.seed, f"load:alone:{run.index}{run.salt}", inj.length, run.vocab)
+            req = request_for(Item("inject-alone", tuple(ids), inj.output_len, kind="inject"), ids, run.token_ids,
+                              settings.sampling)
+            rec = asyncio.run(play_alone(run.url, req, run.model))
+            alone = {"ttft_ms": None if not rec.token_times else (rec.token_times[0] - rec.sent) * 1000,
+                     "prompt_len": len(ids), "cached": rec.cached_tokens, "error": rec.error}
+        return {"levels": levels, "client": check, "alone": alone}
+
+    def measure(self, entry: dict) -> None:
+        """The run's figures per level and flat (statistics, predictions); its validity."""
+        reasons, flat = [], {}
+        for lv in entry["levels"]:
+            f = load_figures.level_figures([Req.from_dict(r) for r in lv["records"]], self.settings.slo)
+            lv["figures"] = f
+            flat.update(load_figures.flat(lv["label"], f))
+            reasons += [f"{lv['label']}: {why}" for why in f["invalid"]]
+            reasons += [f"{lv['label']}: {why}" for why in selfcheck.bottleneck(lv.get("client"))]
+        entry["figures"], entry["valid"], entry["invalid_reasons"] = flat, not reasons, reasons
+
+    def failed(self, entry: dict) -> None:
         entry.update(levels=[], figures={}, valid=False, invalid_reasons=[f"the server failed: {entry['failure']}"])
-        return f"{entry['variant']}: FAILED: {entry['failure']}"
-    reasons, flat = [], {}
-    for lv in entry["levels"]:
-        f = load_figures.level_figures([Req.from_dict(r) for r in lv["records"]], settings_slo)
-        lv["figures"] = f
-        flat.update(load_figures.flat(lv["label"], f))
-        reasons += [f"{lv['label']}: {why}" for why in f["invalid"]]
-        reasons += [f"{lv['label']}: {why}" for why in selfcheck.bottleneck(lv.get("client"))]
-    entry["figures"], entry["valid"], entry["invalid_reasons"] = flat, not reasons, reasons
-    shown = ", ".join(f"{lv['label']}: goodput {num(lv['figures']['goodput'])}, TTFT p99 "
-                      f"{num(lv['figures']['latency']['ttft']['p99'], 0)} ms" for lv in entry["levels"])
-    return f"{entry['variant']}: {shown}" + ("" if not reasons else f"  INVALID: {'; '.join(reasons[:3])}")
+
+    def line(self, entry: dict) -> str:
+        if entry.get("error"):
+            return f"{entry['variant']}: FAILED: {entry['failure']}"
+        reasons = entry["invalid_reasons"]
+        shown = ", ".join(f"{lv['label']}: goodput {num(lv['figures']['goodput'])}, TTFT p99 "
+                          f"{num(lv['figures']['latency']['ttft']['p99'], 0)} ms" for lv in entry["levels"])
+        return f"{entry['variant']}: {shown}" + ("" if not reasons else f"  INVALID: {'; '.join(reasons[:3])}")
+
+    def validity(self, entry: dict) -> tuple[bool, list[str]]:
+        return bool(entry.get("valid")), entry.get("invalid_reasons") or []
+
+    def play_plain(self, data: dict, url: str, model: str, vocab: int) -> dict:
+        return {"hashes": plain_hashes(self.settings, url, model, vocab)}
+
+    def stats(self, data: dict) -> dict | None:
+        return load_stats(data)
+
+    def predicted(self, data: dict) -> dict:
+        return medians(data)
 
 
-def run_plain(settings: LoadSettings, base_source, vocab: int) -> dict:
-    """Every distinct request alone (one stream, whole prompt, no cache, no drafts) on the base's
-    source: each level's workload as a closed loop of one, a prompt seen at an earlier level not
-    sent again. The reply hashes by prompt key."""
-    pv = plain(settings.session.variants[0])
-    log, facts = settings.session.run_dir / "plain.log", {}
+def plain_hashes(settings: LoadSettings, url: str, model: str, vocab: int) -> dict[str, str | None]:
+    """Every distinct request alone (a closed loop of one) on the plain reference's server: each
+    level's workload, a prompt seen at an earlier level not sent again. The reply hashes by
+    request key."""
     hashes: dict[str, str | None] = {}
-    with session.serve(settings.session, pv, base_source, log, facts) as url:
-        info = session.server_info(url)
-        model, _, _ = session.model_facts(info)
-        for level in settings.spec.levels:
-            wl = settings.spec.build(level, vocab)
-            items, seen = [], set()
-            for turns in sessions(wl.items):
-                key = prompt_key(turns[0].prompt, turns[0].output_len, *_sampled(settings, turns[0]))
-                if key in hashes or key in seen:
-                    continue
-                seen.add(key)
-                items += turns
-            played, t0, _ = asyncio.run(play_level(url, replace(wl, items=tuple(items)), model=model,
-                                                   token_ids=settings.session.token_ids, sampling=settings.sampling,
-                                                   concurrency=1, drain_s=settings.drain_s))
-            for s in played:
-                r = to_req(s, t0)
-                if r.pkey:
-                    hashes[r.pkey] = r.sha
-    return {"variant": pv.to_dict(), "hashes": hashes, "log": str(log),
-            "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": info.get("engine")}
+    for level in settings.spec.levels:
+        wl = settings.spec.build(level, vocab)
+        items, seen = [], set()
+        for turns in sessions(wl.items):
+            key = request_key(turns[0].prompt, turns[0].output_len, *_sampled(settings, turns[0]))
+            if key in hashes or key in seen:
+                continue
+            seen.add(key)
+            items += turns
+        played, t0, _ = asyncio.run(play_level(url, replace(wl, items=tuple(items)), model=model,
+                                               token_ids=settings.session.token_ids, sampling=settings.sampling,
+                                               concurrency=1, drain_s=settings.drain_s))
+        for s in played:
+            r = to_req(s, t0)
+            if r.pkey:
+                hashes[r.pkey] = r.sha
+    return hashes
 
 
 def _sampled(settings: LoadSettings, item: Item) -> tuple[float, int | None]:
     r = request_for(item, item.prompt, "ids", settings.sampling)
     return r.temperature, r.seed
-
-
-def not_run(settings: LoadSettings, data: dict) -> list[str]:
-    out, url = [], settings.session.url
-    if url:
-        out.append(session.url_not_run(url, "every run sends the same requests, so a later run may hit what an "
-                                               "earlier one cached"))
-    out += session.plain_not_run(settings.session, settings.plain_check, data.get("plain_error"))
-    for r in data["runs"]:
-        if not r.get("valid"):
-            out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
-                       + "; ".join(r.get("invalid_reasons") or []) + (f" (log: {r['log']})" if r.get("error") else ""))
-    return out
-
-
-def analyse(settings: LoadSettings, data: dict) -> dict:
-    """Exactness, statistics, predictions and what was not run, from the runs so far (idempotent)."""
-    s = settings.session
-    data["exactness"] = exactness.load(data)
-    data["not_run"] = not_run(settings, data)
-    data["stats"] = load_stats(data)
-    if s.predictions:
-        data["predictions"] = s.predictions.check(medians(data)).to_dict()
-    return data
 
 
 STATS = (*load_figures.JUDGED, "ttft_p50")  # the verdict rows and what the picture draws
@@ -410,7 +408,6 @@ STATS = (*load_figures.JUDGED, "ttft_p50")  # the verdict rows and what the pict
 def load_stats(data: dict) -> dict:
     """The statistics of the figures the receipt's verdict rows and picture show, over the runs
     (invalid runs left out); every other figure stays in each run's `figures`."""
-    from tensorfold_bench import figures
     runs = data["runs"]
     names = [n for n in dict.fromkeys(n for r in runs for n in r.get("figures") or {})
              if load_figures.family(n) in STATS]
@@ -421,36 +418,14 @@ def load_stats(data: dict) -> dict:
 
 def medians(data: dict) -> dict[str, dict[str, float | None]]:
     """variant -> flat figure -> median over its valid runs (what predictions are checked against)."""
-    from tensorfold_bench.figures import figure_runs, median
     out: dict[str, dict] = {}
-    for name, by in figure_runs(data).items():
+    for name, by in figures.figure_runs(data).items():
         for v, xs in by.items():
-            out.setdefault(v, {})[name] = median(xs)
+            out.setdefault(v, {})[name] = figures.median(xs)
     return out
 
 
 def run(settings: LoadSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
     """Every run in order, a fresh server each (or the running servers), then the plain
-    reference; the receipt's data. `save(data)` gets the receipt so far after every run."""
-    rep, s = reporter or session.QuietReporter(), settings.session
-    srcs = session.sources(s)
-    data = session.header(s, srcs, {"workload": settings.spec.describe(),
-                                    "levels": [level_dict(lv) for lv in settings.spec.levels],
-                                    "slo": settings.slo.to_dict(), "max_concurrency": settings.max_concurrency,
-                                    "plain_check": settings.plain_check, "sampling": settings.sampling.to_dict(),
-                                    "late_p99_ms": load_figures.LATE_P99_S * 1000})
-    data.update(plain=None, vocab=None)
-    plain_ref = settings.plain_check and not s.url and s.variants[0].command is None
-    rep.start(len(s.order) + (1 if plain_ref else 0))
-    checkpoint = (lambda: save(analyse(settings, data))) if save else None
-    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, lambda e: finish(settings.slo, e),
-                    keep_failed=True, checkpoint=checkpoint, after=["the plain reference"] if plain_ref else [])
-    if plain_ref:
-        rep.step("plain reference")
-        try:
-            data["plain"] = run_plain(settings, srcs[s.variants[0].name], data["vocab"]) if data["vocab"] else None
-        except ServerError as e:
-            data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
-        rep.advance()
-    data["partial"] = None
-    return analyse(settings, data)
+    reference (driver.run)."""
+    return driver.run(Load(settings), reporter, save)

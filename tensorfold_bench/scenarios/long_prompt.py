@@ -6,7 +6,7 @@ prompt of `b_tokens` random token ids; `c_after` seconds later, C sends a short 
 Once per variant, B's first token is also measured alone (nothing else running, a prompt of its
 own); with `plain_check`, a plain reference server (whole prompts, no cache, no drafts, one
 stream) answers each request alone, for the exactness check. With `--temperature`, A, B and C
-each sample with their role's seed (tensorfold_bench.sampling), in every run and the reference.
+each sample with their role's seed (tensorfold_bench.client.sampling), in every run and the reference.
 """
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, selfcheck, session, targets
-from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord
-from tensorfold_bench.errors import BenchError, FlagError, ServerError
-from tensorfold_bench.predictions import read as read_predictions
-from tensorfold_bench.report.fmt import num
-from tensorfold_bench.sampling import GREEDY, Sampling
+from tensorfold_bench.analysis import exactness, figures
+from tensorfold_bench.analysis.figures import num
+from tensorfold_bench.analysis.predictions import read as read_predictions
+from tensorfold_bench.client.play import play_alone
+from tensorfold_bench.client.sampling import GREEDY, Sampling
+from tensorfold_bench.client.stream import Request, StreamRecord, fingerprint, weakest_count
+from tensorfold_bench.errors import FlagError
 from tensorfold_bench.scenarios.script import play_timeline
-from tensorfold_bench.scenarios.streams import play_alone, prompt_ids
-from tensorfold_bench.script import Event, Point, Prompt, Script, Stream, check
-from tensorfold_bench.session import Reporter, Run, Session
-from tensorfold_bench.variants import plain
+from tensorfold_bench.servers.identity import fetch_trace, healthy, wait_idle
+from tensorfold_bench.session import defaults, driver, targets
+from tensorfold_bench.session.driver import Reporter, Run, Session
+from tensorfold_bench.workload.ids import prompt_ids
+from tensorfold_bench.workload.script_file import Event, Point, Prompt, Script, Stream, check
 
 A_PROMPT_TOKENS = 16
 
@@ -75,7 +77,7 @@ def requests(script: LongPromptScript, prompts: Prompts, token_ids: str = "ids")
 
 
 def timeline(script: LongPromptScript) -> Script:
-    """The A/B/C test as a script (tensorfold_bench.script; examples/scripts/long-prompt.yaml is
+    """The A/B/C test as a script (tensorfold_bench.workload.script_file; examples/scripts/long-prompt.yaml is
     its cpu defaults): `run long-prompt` is its short form, played by the script player. B and C
     must be done `timeout_s` after C's send, as they always had to be."""
     sc = Script("long-prompt", (
@@ -123,10 +125,10 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                         temperature=0.0, tensor_parallel=1, mixed=None, split=None) -> LongPromptSettings:
     """`tfbench run long-prompt`'s flags -> settings, with the device preset's defaults; every bad
     value names its flag; predictions are read (and stamped) here, before any run."""
-    pre = session.device_preset(device)
+    pre = defaults.device_preset(device)
     for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens),
                     ("--vocab", vocab)):
-        session.positive(flag, v)
+        defaults.positive(flag, v)
     if not (math.isfinite(c_after) and c_after >= 0):
         raise FlagError("--c-after", f"must be a finite number of seconds, at least 0, not {c_after}")
     variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed, split)
@@ -135,20 +137,17 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
                               c_tokens=c_tokens, seed=seed, sampling=Sampling(temperature, seed))
     script = replace(script, a_max_tokens=a_tokens or (mml - script.a_prompt_tokens - 1))
-    engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
+    engine = defaults.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args,
                                   tensor_parallel=tensor_parallel)
-    session.check_margin(margin)
     preds = read_predictions(predict, [v.name for v in variants], figures.predictable_long_prompt()) if predict else None
     return LongPromptSettings(Session(engine, variants, names, Path(out_dir), "long-prompt", url=url, margin=margin,
                                       predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
                                       token_ids=token_ids), script, plain_check,
-                              session.scaled_note(device, []))  # the cpu B's size is said under "Not run"
+                              defaults.scaled_note(device, []))  # the cpu B's size is said under "Not run"
 
 
-def check_script(script: LongPromptScript, vocab: int | None, mml: int | None) -> None:
-    if vocab is not None and vocab < 2:
-        raise BenchError(f"server reports a vocabulary of {vocab}")
+def check_script(script: LongPromptScript, mml: int | None) -> None:
     if mml is not None and script.b_tokens + script.b_max_tokens > mml:
         raise FlagError("--b-tokens", f"{script.b_tokens} + {script.b_max_tokens} reply tokens exceed the server's "
                                       f"max_model_len {mml}")
@@ -175,16 +174,16 @@ def play_alone_pair(run: Run, s: LongPromptScript, vocab: int, traced: bool, a_p
     """B's first token with nothing else running (checked on /metrics), on a prompt of its own;
     then A alone for `a_tokens` tokens of its own prompt: its pace at each context length, the
     yardstick for its rate while B fills (a stream slows as its context grows, B or no B)."""
-    idle = session.wait_idle(run.url)
+    idle = wait_idle(run.url)
     req = s.sampling.apply(Request("B", make_prompts(s, vocab, f"-alone{run.index}{run.salt}").b,
                                    max_tokens=s.b_max_tokens, token_ids=run.token_ids), "B")
     rec = asyncio.run(play_alone(run.url, req, run.model))
-    tr = session.fetch_trace(run.url) if traced else None
+    tr = fetch_trace(run.url) if traced else None
     out = {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
            "b_first_token": figures.b_alone(rec.to_dict()),
            "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
     if a_tokens > 0:
-        session.wait_idle(run.url)
+        wait_idle(run.url)
         a = s.sampling.apply(Request("A", a_prompt, max_tokens=a_tokens, ignore_eos=True, token_ids=run.token_ids), "A")
         out["a_record"] = asyncio.run(play_alone(run.url, a, run.model)).to_dict()
     return out
@@ -195,7 +194,7 @@ def alone_or_defer(settings: LongPromptSettings, data: dict, run: Run, measure: 
     measured: B alone waits for the variant's next run, or, with none left, is recorded as failed;
     either way data["alone_notes"] says which."""
     name = run.variant.name
-    if session.healthy(run.url):
+    if healthy(run.url):
         run.status("B and A alone")
         data["alone"][name] = measure()
         return
@@ -209,34 +208,6 @@ def alone_or_defer(settings: LongPromptSettings, data: dict, run: Run, measure: 
                                "error": f"the server stopped serving during run {run.index}"}
 
 
-def play(settings: LongPromptSettings, data: dict, run: Run) -> dict:
-    """One run on its server: A/B/C on the script, the engine's trace, and B alone once per
-    variant; raw records only."""
-    vocab = run.vocab
-    check_script(settings.script, vocab, run.max_model_len)
-    s = fit_script(settings.script, run.max_model_len)
-    data["settings"]["script"], data["vocab"] = s.to_dict(), vocab
-    # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
-    # the salt) prompts are fresh random ids, so none of them is a prefix of an earlier one
-    prompts = make_prompts(s, vocab, f"-run{run.index}{run.salt}" if run.shared else "")
-    recs, check = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
-    trace = session.fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
-    if run.variant.name not in data["alone"]:
-        a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
-        alone_or_defer(settings, data, run, lambda: play_alone_pair(run, s, vocab, trace is not None, prompts.a,
-                                                                    a_tokens))
-    records = records_dict(recs)
-    return {"records": records, "client": check, "hashes": exactness.reply_hashes(records), "trace": trace,
-            "cold": cold_check(recs["B"], run.shared), "counted_by": counted_by(recs.values()),
-            "system_fingerprint": next((r.system_fingerprint for r in recs.values() if r.system_fingerprint), None)}
-
-
-def counted_by(recs) -> str | None:
-    """The weakest way any reply's tokens were counted (ids, logprobs, chunks)."""
-    ways = [r.counted_by for r in recs if r.counted_by]
-    return max(ways, key=COUNTED_BY.index) if ways else None
-
-
 def cold_check(b: StreamRecord, shared: bool) -> dict:
     """Which check says B's prompt was cold: the server's cached_tokens where it reports them,
     else a fresh server (launched) or a fresh random prompt (--url)."""
@@ -245,101 +216,76 @@ def cold_check(b: StreamRecord, shared: bool) -> dict:
     return {"by": "fresh random prompt" if shared else "fresh server", "cached_tokens": None, "held": True}
 
 
-def finish(entry: dict) -> str:
-    """The run's figures (a failed run's: none, invalid) and its progress line."""
-    if entry.get("error"):
-        entry.update(records=None, hashes=None, trace=None)
-        f = figures.failed_long_prompt(entry["failure"])
-    else:
+class LongPrompt(driver.Scenario):
+    """The A/B/C test as the session driver plays it."""
+
+    url_cache = "B's cold check: cached_tokens where reported, else a fresh random prompt per run"
+    analysis = driver.Analysis(exactness.long_prompt, figures.long_prompt_stats, figures.long_prompt_predicted)
+
+    def header(self) -> dict:
+        s = self.settings
+        return {"script": s.script.to_dict(), "plain_check": s.plain_check, "sampling": s.script.sampling.to_dict(),
+                **s.scaled}
+
+    def begin(self, data: dict) -> None:
+        data.update(alone={}, plain=None, vocab=None)
+
+    def play(self, data: dict, run: Run) -> dict:
+        """A/B/C on the script, the engine's trace, and B alone once per variant; raw records only."""
+        settings, vocab = self.settings, run.vocab
+        check_script(settings.script, run.max_model_len)
+        s = fit_script(settings.script, run.max_model_len)
+        data["settings"]["script"] = s.to_dict()
+        # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
+        # the salt) prompts are fresh random ids, so none of them is a prefix of an earlier one
+        prompts = make_prompts(s, vocab, f"-run{run.index}{run.salt}" if run.shared else "")
+        recs, check = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
+        trace = fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
+        if run.variant.name not in data["alone"]:
+            a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
+            alone_or_defer(settings, data, run, lambda: play_alone_pair(run, s, vocab, trace is not None, prompts.a,
+                                                                        a_tokens))
+        records = records_dict(recs)
+        return {"records": records, "client": check, "hashes": exactness.reply_hashes(records), "trace": trace,
+                "cold": cold_check(recs["B"], run.shared), "counted_by": weakest_count(recs.values()),
+                "system_fingerprint": fingerprint(recs.values())}
+
+    def measure(self, entry: dict) -> None:
         f = figures.long_prompt_of(entry["records"])
-        cold = entry.get("cold") or {}
-        if not cold.get("held", True):
-            f.valid = False
-            f.invalid_reasons.append(f"B was not cold: the server reports {cold['cached_tokens']} cached tokens")
-        client_bottleneck(f, entry.get("client"))
-    entry["figures"] = f.to_dict()
-    s = lambda v: "-" if v is None else f"{num(v)} s"  # noqa: E731
-    return (f"{entry['variant']}: B first token {s(f.b_first_token)}, C {s(f.c_first_token)}, "
-            f"A pause {s(f.a_longest_pause)}" + ("" if f.valid else f"  INVALID: {'; '.join(f.invalid_reasons)}"))
+        figures.client_bottleneck(f, entry.get("client"))
+        entry["figures"] = f.to_dict()
 
+    def failed(self, entry: dict) -> None:
+        entry.update(records=None, hashes=None, trace=None,
+                     figures=figures.failed_long_prompt(entry["failure"]).to_dict())
 
-def client_bottleneck(f: figures.LongPromptFigures, check: dict | None) -> None:
-    """A run whose client self-check failed is invalid, its reasons said; a send late past the
-    bound is already one of the figures' own reasons."""
-    if why := selfcheck.bottleneck(check):
-        f.valid = False
-        f.invalid_reasons += why
+    def line(self, entry: dict) -> str:
+        f = entry["figures"]
+        s = lambda v: "-" if v is None else f"{num(v)} s"  # noqa: E731
+        return (f"{entry['variant']}: B first token {s(f['b_first_token'])}, C {s(f['c_first_token'])}, "
+                f"A pause {s(f['a_longest_pause'])}"
+                + ("" if f["valid"] else f"  INVALID: {'; '.join(f['invalid_reasons'])}"))
 
+    def play_plain(self, data: dict, url: str, model: str, vocab: int) -> dict:
+        """Each request alone; A as long as its longest reply in any run."""
+        a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"] if r["records"]] + [1])
+        script = self.settings.script
+        ra, rb, rc = requests(script, make_prompts(script, vocab, ""), self.session.token_ids)
+        ra.max_tokens = a_len
+        return driver.replies(records_dict(asyncio.run(play_sequence(url, [ra, rb, rc], model))))
 
-def run_plain(settings: LongPromptSettings, data: dict, base_source, vocab: int) -> dict:
-    """Each request alone, whole prompt, no cache, no drafts, one stream, on the base's source."""
-    pv = plain(settings.session.variants[0])
-    a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"] if r["records"]] + [1])
-    ra, rb, rc = requests(settings.script, make_prompts(settings.script, vocab, ""), settings.session.token_ids)
-    ra.max_tokens = a_len
-    log, facts = settings.session.run_dir / "plain.log", {}
-    with session.serve(settings.session, pv, base_source, log, facts) as url:
-        info = session.server_info(url)
-        model, _, _ = session.model_facts(info)
-        recs = asyncio.run(play_sequence(url, [ra, rb, rc], model))
-    records = records_dict(recs)
-    return {"variant": pv.to_dict(), "records": records, "hashes": exactness.reply_hashes(records), "log": str(log),
-            "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": info.get("engine")}
+    def notes_before(self, data: dict) -> list[str]:
+        out = [data["settings"]["scaled_down"]] if data["settings"].get("scaled_down") else []
+        if self.session.engine.device == "cpu" and not self.session.url:
+            out.append("CUDA: this receipt ran on the host's cores. The same command with "
+                       "--device cuda runs qwen3-8b in bf16 with a 32,000-token B at 5 s.")
+        return out
 
-
-def not_run(settings: LongPromptSettings, data: dict) -> list[str]:
-    out, url = [], settings.session.url
-    if data["settings"].get("scaled_down"):
-        out.append(data["settings"]["scaled_down"])
-    if settings.session.engine.device == "cpu" and not url:
-        out.append("CUDA: this receipt ran on the host's cores. The same command with "
-                   "--device cuda runs qwen3-8b in bf16 with a 32,000-token B at 5 s.")
-    if url:
-        out.append(session.url_not_run(url, "B's cold check: cached_tokens where reported, else a fresh random "
-                                               "prompt per run"))
-    out += session.plain_not_run(settings.session, settings.plain_check, data.get("plain_error"))
-    out += data.get("alone_notes") or []
-    for r in [r for r in data["runs"] if not r["figures"]["valid"]]:
-        out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
-                   + "; ".join(r["figures"]["invalid_reasons"]) + (f" (log: {r['log']})" if r.get("error") else ""))
-    return out
-
-
-def analyse(settings: LongPromptSettings, data: dict) -> dict:
-    """Exactness, what was not run, statistics and predictions, from the runs so far (idempotent:
-    it runs after every run for the partial receipt, and once at the end)."""
-    s = settings.session
-    data["exactness"] = exactness.long_prompt(data)
-    data["not_run"] = not_run(settings, data)
-    if len(s.variants) > 1 and data["runs"] and not s.url:  # servers not launched: no verdicts
-        data["stats"] = figures.long_prompt_stats(data)
-    if s.predictions:
-        data["predictions"] = s.predictions.check(figures.long_prompt_predicted(data)).to_dict()
-    return data
+    def notes_after(self, data: dict) -> list[str]:
+        return data.get("alone_notes") or []
 
 
 def run(settings: LongPromptSettings, reporter: Reporter | None = None,
         save: Callable[[dict], None] | None = None) -> dict:
-    """Every run in order, a fresh server each, then the plain reference; the receipt data, its
-    figures, exactness, statistics and predictions checked. A server that dies or never gets
-    healthy makes that run a failed one (kept, with the log's tail, left out of the medians).
-    `save(data)` gets the receipt so far after every run (marked partial until the last)."""
-    rep, s = reporter or session.QuietReporter(), settings.session
-    srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": settings.script.to_dict(), "plain_check": settings.plain_check,
-                                    "sampling": settings.script.sampling.to_dict(), **settings.scaled})
-    data.update(alone={}, plain=None, vocab=None)
-    plain_ref = settings.plain_check and not s.url and s.variants[0].command is None
-    rep.start(len(s.order) + (1 if plain_ref else 0))
-    checkpoint = (lambda: save(analyse(settings, data))) if save else None
-    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, finish, keep_failed=True,
-                    checkpoint=checkpoint, after=["the plain reference"] if plain_ref else [])
-    if plain_ref:
-        rep.step("plain reference")
-        try:
-            data["plain"] = run_plain(settings, data, srcs[s.variants[0].name], data["vocab"]) if data["vocab"] else None
-        except ServerError as e:
-            data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
-        rep.advance()
-    data["partial"] = None
-    return analyse(settings, data)
+    """Every run in order, a fresh server each, then the plain reference (driver.run)."""
+    return driver.run(LongPrompt(settings), reporter, save)

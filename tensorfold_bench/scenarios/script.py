@@ -1,4 +1,4 @@
-"""`tfbench run script FILE`: a script's timeline (tensorfold_bench.script) played on the session's
+"""`tfbench run script FILE`: a script's timeline (tensorfold_bench.workload.script_file) played on the session's
 run loop, one fresh server per run in the variants' order (or running servers, --url), then the
 plain reference; figures from the figures registry, exactness per stream.
 
@@ -18,16 +18,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, selfcheck, session, targets
-from tensorfold_bench.client import COUNTED_BY, Request, StreamRecord, clock, collector_held, new_record, stream
-from tensorfold_bench.errors import BenchError, ServerError
-from tensorfold_bench.predictions import read as read_predictions
-from tensorfold_bench.report.fmt import num
-from tensorfold_bench.sampling import GREEDY, Sampling, request_seed
-from tensorfold_bench.scenarios.streams import http_client, play_alone, prompt_ids, sleep_until
-from tensorfold_bench.script import Event, Point, Script, Stream, load
-from tensorfold_bench.session import Reporter, Run, Session
-from tensorfold_bench.variants import plain
+from tensorfold_bench.analysis import exactness, figures
+from tensorfold_bench.analysis.figures import num
+from tensorfold_bench.analysis.predictions import read as read_predictions
+from tensorfold_bench.client import selfcheck
+from tensorfold_bench.client.play import http_client, play_alone, sleep_until
+from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
+from tensorfold_bench.client.stream import (Request, StreamRecord, clock, collector_held, fingerprint, new_record, stream,
+                                             weakest_count)
+from tensorfold_bench.errors import BenchError
+from tensorfold_bench.session import defaults, driver, targets
+from tensorfold_bench.session.driver import Reporter, Run, Session
+from tensorfold_bench.workload.ids import prompt_ids
+from tensorfold_bench.workload.script_file import Event, Point, Script, Stream, load
 
 POLL_S = 0.002  # how often waiting streams look at the records: a bound on an event-driven send's lateness
 
@@ -207,10 +210,9 @@ def settings_from_flags(*, file, model, device, dtype, share, order, url, out_di
     starts. Predictions may name the script's figures (`first_token:R`)."""
     script = load(file)
     variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed, split)
-    engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
+    engine = defaults.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=None if url else (max_model_len or context_for(script)), seed=seed,
                                   trace=False, engine_args=engine_args, tensor_parallel=tensor_parallel)
-    session.check_margin(margin)
     preds = read_predictions(predict, [v.name for v in variants], set(script.keys)) if predict else None
     return ScriptSettings(Session(engine, variants, names, Path(out_dir), "script", url=url, margin=margin,
                                   predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
@@ -239,121 +241,70 @@ def requests_for(settings: ScriptSettings, prompts: dict, token_ids: str, mml: i
             for s in settings.script.streams}
 
 
-def play(settings: ScriptSettings, data: dict, run: Run) -> dict:
-    """One run on its server: the timeline's raw records."""
-    if run.vocab is not None and run.vocab < 2:
-        raise BenchError(f"server reports a vocabulary of {run.vocab}")
-    data["vocab"] = run.vocab
-    # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
-    # the salt) random prompts are fresh, so none is a prefix of an earlier one
-    prompts = make_prompts(settings.script, run.vocab, f"-run{run.index}{run.salt}" if run.shared else "",
-                           settings.seed)
-    reqs = requests_for(settings, prompts, run.token_ids, run.max_model_len)
-    recs, t0, check = asyncio.run(play_timeline(run.url, settings.script, reqs, run.model))
-    records = {k: v.to_dict() for k, v in recs.items()}
-    ways = [r.counted_by for r in recs.values() if r.counted_by]
-    return {"records": records, "t0": t0, "client": check, "hashes": exactness.reply_hashes(records),
-            "counted_by": max(ways, key=COUNTED_BY.index) if ways else None,
-            "system_fingerprint": next((r.system_fingerprint for r in recs.values() if r.system_fingerprint), None)}
+class ScriptScenario(driver.Scenario):
+    """A script's timeline as the session driver plays it."""
 
+    url_cache = "each run's random prompts are fresh"
+    analysis = driver.Analysis(exactness.script, figures.script_stats, figures.script_medians)
 
-def finish(script: Script, entry: dict) -> str:
-    """The run's figures (a failed run's: none, invalid) and its progress line."""
-    if entry.get("error"):
-        entry.update(records=None, hashes=None, t0=None)
-        f = figures.failed_script(entry["failure"])
-    else:
+    def header(self) -> dict:
+        s, sc = self.settings, self.settings.script
+        return {"script": sc.to_dict(), "script_text": sc.text, "figure_keys": sc.keys, "plain_check": s.plain_check,
+                "sampling": s.sampling.to_dict(), "seed": s.seed}
+
+    def play(self, data: dict, run: Run) -> dict:
+        """The timeline's raw records."""
+        settings = self.settings
+        # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
+        # the salt) random prompts are fresh, so none is a prefix of an earlier one
+        prompts = make_prompts(settings.script, run.vocab, f"-run{run.index}{run.salt}" if run.shared else "",
+                               settings.seed)
+        reqs = requests_for(settings, prompts, run.token_ids, run.max_model_len)
+        recs, t0, check = asyncio.run(play_timeline(run.url, settings.script, reqs, run.model))
+        records = {k: v.to_dict() for k, v in recs.items()}
+        return {"records": records, "t0": t0, "client": check, "hashes": exactness.reply_hashes(records),
+                "counted_by": weakest_count(recs.values()), "system_fingerprint": fingerprint(recs.values())}
+
+    def measure(self, entry: dict) -> None:
         recs = {k: StreamRecord.from_dict(v) for k, v in entry["records"].items()}
-        f = figures.script_run(script, recs, entry["t0"])
-        if why := selfcheck.bottleneck(entry.get("client")):  # the client was what got measured
-            f.valid = False
-            f.invalid_reasons += why
-    entry["figures"] = f.to_dict()
-    shown = ", ".join(f"{k} {num(v)}" for k, v in list(f.values.items())[:4])
-    return f"{entry['variant']}: {shown or 'no figures'}" + ("" if f.valid else f"  INVALID: {'; '.join(f.invalid_reasons)}")
+        f = figures.script_run(self.settings.script, recs, entry["t0"])
+        figures.client_bottleneck(f, entry.get("client"))
+        entry["figures"] = f.to_dict()
 
+    def failed(self, entry: dict) -> None:
+        entry.update(records=None, hashes=None, t0=None, figures=figures.failed_script(entry["failure"]).to_dict())
 
-def run_plain(settings: ScriptSettings, data: dict, base_source, vocab: int) -> dict:
-    """Each stream alone, whole prompt, no cache, no drafts, one stream, on the base's source. A
-    stream cancelled in some run generates as many tokens as its longest reply; one that got no
-    token in any run is not played (nothing to compare)."""
-    script, pv = settings.script, plain(settings.session.variants[0])
-    prompts = make_prompts(script, vocab, "", settings.seed)
-    runs = [r for r in data["runs"] if r.get("records")]
-    reqs = []
-    for s in script.streams:
-        lens = [len(r["records"][s.name]["token_ids"]) for r in runs]
-        if not any(lens):
-            continue
-        req = request(s, prompts[s.name], settings.session.token_ids, settings.sampling)
-        reqs.append(replace(req, max_tokens=max(lens) if s.cancellable else s.max_tokens))
-    log, facts = settings.session.run_dir / "plain.log", {}
-    with session.serve(settings.session, pv, base_source, log, facts) as url:
-        info = session.server_info(url)
-        model, _, _ = session.model_facts(info)
-        recs = {}
-        for r in reqs:
-            recs[r.name] = asyncio.run(play_alone(url, r, model))
-    records = {k: v.to_dict() for k, v in recs.items()}
-    return {"variant": pv.to_dict(), "records": records, "hashes": exactness.reply_hashes(records), "log": str(log),
-            "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": info.get("engine")}
+    def line(self, entry: dict) -> str:
+        f = entry["figures"]
+        shown = ", ".join(f"{k} {num(v)}" for k, v in list(f["values"].items())[:4])
+        return (f"{entry['variant']}: {shown or 'no figures'}"
+                + ("" if f["valid"] else f"  INVALID: {'; '.join(f['invalid_reasons'])}"))
 
+    def play_plain(self, data: dict, url: str, model: str, vocab: int) -> dict:
+        """Each stream alone. A stream cancelled in some run generates as many tokens as its
+        longest reply; one that got no token in any run is not played (nothing to compare)."""
+        script = self.settings.script
+        prompts = make_prompts(script, vocab, "", self.settings.seed)
+        runs = [r for r in data["runs"] if r.get("records")]
+        reqs = []
+        for s in script.streams:
+            lens = [len(r["records"][s.name]["token_ids"]) for r in runs]
+            if not any(lens):
+                continue
+            req = request(s, prompts[s.name], self.session.token_ids, self.settings.sampling)
+            reqs.append(replace(req, max_tokens=max(lens) if s.cancellable else s.max_tokens))
+        return driver.replies({r.name: asyncio.run(play_alone(url, r, model)).to_dict() for r in reqs})
 
-def not_run(settings: ScriptSettings, data: dict) -> list[str]:
-    out, url = [], settings.session.url
-    if url:
-        out.append(session.url_not_run(url, "each run's random prompts are fresh"))
-    out += session.plain_not_run(settings.session, settings.plain_check, data.get("plain_error"))
-    unknown = sorted({e["stream"] for r in data["runs"] for e in r["figures"]["expects"] if e.get("unknown")})
-    if unknown:
-        out.append(f"Expectations on {', '.join(unknown)}: unknown where the server reports no cached tokens "
-                   "(not counted as a failure).")
-    for r in [r for r in data["runs"] if not r["figures"]["valid"]]:
-        out.append(f"Run {r['index']} ({r['variant']}) is invalid and left out of the medians: "
-                   + "; ".join(r["figures"]["invalid_reasons"]) + (f" (log: {r['log']})" if r.get("error") else ""))
-    return out
-
-
-def analyse(settings: ScriptSettings, data: dict) -> dict:
-    """Exactness, what was not run, statistics and predictions from the runs so far (idempotent:
-    after every run for the partial receipt, and once at the end)."""
-    s = settings.session
-    data["exactness"] = exactness.script(data)
-    data["not_run"] = not_run(settings, data)
-    if len(s.variants) > 1 and data["runs"] and not s.url:  # servers not launched: no verdicts
-        data["stats"] = figures.script_stats(data)
-    if s.predictions:
-        data["predictions"] = s.predictions.check(figures.script_medians(data)).to_dict()
-    return data
+    def notes_after(self, data: dict) -> list[str]:
+        unknown = sorted({e["stream"] for r in data["runs"] for e in r["figures"]["expects"] if e.get("unknown")})
+        if not unknown:
+            return []
+        return [f"Expectations on {', '.join(unknown)}: unknown where the server reports no cached tokens "
+                "(not counted as a failure)."]
 
 
 def run(settings: ScriptSettings, reporter: Reporter | None = None,
         save: Callable[[dict], None] | None = None) -> dict:
     """Every run in order, a fresh server each (or the running servers), then the plain
-    reference; the receipt's data. `save(data)` gets the receipt so far after every run."""
-    rep, s, sc = reporter or session.QuietReporter(), settings.session, settings.script
-    srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": sc.to_dict(), "script_text": sc.text, "figure_keys": sc.keys,
-                                    "plain_check": settings.plain_check, "sampling": settings.sampling.to_dict(),
-                                    "seed": settings.seed})
-    data.update(plain=None, vocab=None)
-    plain_ref = settings.plain_check and not s.url and s.variants[0].command is None
-    rep.start(len(s.order) + (1 if plain_ref else 0))
-    checkpoint = (lambda: save(analyse(settings, data))) if save else None
-    session.run_all(s, data, srcs, lambda r: play(settings, data, r), rep, lambda e: finish(sc, e), keep_failed=True,
-                    checkpoint=checkpoint, after=["the plain reference"] if plain_ref else [])
-    if plain_ref:
-        rep.step("plain reference")
-        try:
-            data["plain"] = run_plain(settings, data, srcs[s.variants[0].name], data["vocab"]) if data["vocab"] else None
-        except ServerError as e:
-            data["plain_error"] = e.what + (f": {e.last_line}" if e.last_line else "") + f" (log {e.log})"
-        rep.advance()
-    data["partial"] = None
-    return analyse(settings, data)
-
-
-def script_seconds(script: Script) -> float:
-    """The latest send time given in seconds (a floor on a run's length, for --dry-run)."""
-    return max([s.at.plus for s in script.streams if s.at.event is None] + [0.0])
-
+    reference (driver.run)."""
+    return driver.run(ScriptScenario(settings), reporter, save)

@@ -3,12 +3,12 @@
 At each level L of `levels` (1, 2, 4, 8), for each cell c of `cells`, `reps` times: L streams
 start together, stream s sending prompt P(c, s) (seeded token ids, `prompt_tokens` long) and
 generating `tokens` tokens with `ignore_eos`. One such burst is a *batch*; its figure (aggregate
-tok/s) and each level's are computed in tensorfold_bench.figures, and every token's time is kept
+tok/s) and each level's are computed in tensorfold_bench.analysis.figures, and every token's time is kept
 (compactly) so first-token and inter-token latencies come from the saved receipt too.
 
 Prompt P(c, s) is the same at every level, rep and variant, so its reply must be too (greedy
 decoding is exact whatever the batch, and so is sampling with `--temperature`: P(c, s) always
-sends the seed of its key, tensorfold_bench.sampling): each prompt's token hash is compared
+sends the seed of its key, tensorfold_bench.client.sampling): each prompt's token hash is compared
 across reps, levels and runs. The engine gets `--parallel max(levels)` unless `--parallel N` says
 fewer: a level above N is then that many streams open at once, N in lanes and the rest in the
 server's queue (their first token includes the wait, which is what such a level measures), and
@@ -24,14 +24,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, selfcheck, session, sweep_figures, targets, wire
-from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
+from tensorfold_bench.analysis import exactness, figures, sweep as sweep_figures
+from tensorfold_bench.analysis.figures import num
+from tensorfold_bench.analysis.predictions import read as read_predictions
+from tensorfold_bench.client import selfcheck, wire
+from tensorfold_bench.client.play import http_client
+from tensorfold_bench.client.sampling import GREEDY, Sampling
+from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
 from tensorfold_bench.errors import FlagError
-from tensorfold_bench.predictions import read as read_predictions
-from tensorfold_bench.report.fmt import num
-from tensorfold_bench.sampling import GREEDY, Sampling
-from tensorfold_bench.scenarios.streams import http_client, prompt_ids
-from tensorfold_bench.session import Reporter, Run, Session
+from tensorfold_bench.session import defaults, driver, targets
+from tensorfold_bench.session.driver import Reporter, Run, Session
+from tensorfold_bench.workload.ids import prompt_ids
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str
 async def play_levels(url: str, script: SweepScript, vocab: int, label: str, model: str = "default",
                       progress: Callable[[str], None] | None = None, token_ids: str = "ids") -> tuple[list[dict], dict]:
     """Every level, cell and rep on one server: each batch's records, reduced (sweep_figures.sweep_batch),
-    and the client's self-check over them all (tensorfold_bench.selfcheck)."""
+    and the client's self-check over them all (tensorfold_bench.client.selfcheck)."""
     batches, late, peaks, srv, split = [], [], {}, {}, {}
     async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
         for level in script.levels:
@@ -234,14 +237,13 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
                         reps=None, prompt_tokens=200, predict=None, margin=0.02, stamp="", vocab=None, tokenizer=None,
                         token_ids="ids", temperature=0.0, tensor_parallel=1, mixed=None, split=None) -> SweepSettings:
     """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
-    session.check_margin(margin)
-    v, notes = session.sized(device, {"--tokens": tokens, "--cells": cells, "--reps": reps},
+    v, notes = defaults.sized(device, {"--tokens": tokens, "--cells": cells, "--reps": reps},
                              {"--tokens": "sweep_tokens", "--cells": "sweep_cells", "--reps": "sweep_reps"})
     script = SweepScript(levels=parse_levels(levels), tokens=v["--tokens"], cells=v["--cells"], reps=v["--reps"],
                          prompt_tokens=prompt_tokens, seed=seed, sampling=Sampling(temperature, seed))
-    session.positive("--parallel", parallel)
+    defaults.positive("--parallel", parallel)
     parallel = parallel or script.max_level  # by default every stream gets a lane; fewer queue the rest
-    engine = session.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
+    engine = defaults.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=max_model_len, seed=seed, trace=False, engine_args=engine_args,
                                   tensor_parallel=tensor_parallel)
     need = script.prompt_tokens + script.tokens + 1
@@ -250,7 +252,7 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
     preds = read_predictions(predict, [v.name for v in vs], figures.predictable_sweep(script.levels)) if predict else None
     return SweepSettings(Session(engine, vs, names, Path(out_dir), "sweep", url=url, margin=margin,
                                  predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
-                                 token_ids=token_ids), script, session.scaled_note(device, notes))
+                                 token_ids=token_ids), script, defaults.scaled_note(device, notes))
 
 
 def lanes(run: Run) -> int | None:
@@ -276,57 +278,76 @@ def play(script: SweepScript, run: Run) -> dict:
             "system_fingerprint": next((b["system_fingerprint"] for b in batches if b["system_fingerprint"]), None)}
 
 
-def finish(entry: dict) -> str:
+def measure(entry: dict) -> None:
     """The run's figures; a failed run (its server never served) has none."""
     if entry.get("error"):
         entry.update(batches=[], figures={}, errors=[entry["failure"]])
-        return f"{entry['variant']}: FAILED: {entry['failure']}"
+        return
     entry["figures"] = sweep_figures.sweep_run(entry["batches"])
     entry["errors"] = sweep_figures.batch_errors(entry["batches"])
     entry["counted_by"] = sweep_figures.sweep_counted_by(entry["batches"])
+
+
+def line(entry: dict) -> str:
+    """The run's progress line: its tok/s per level."""
+    if entry.get("error"):
+        return f"{entry['variant']}: FAILED: {entry['failure']}"
     bad = (entry.get("client") or {}).get("invalid")
     return f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in entry["figures"].items()
                                                if k.startswith("tok_s")) + (f"  INVALID: {'; '.join(bad)}" if bad else "")
 
 
-def analyse(data: dict) -> dict:
-    """The statistics, the hash check, the predictions and what was not run, from the runs."""
-    st = data["settings"]
-    data["stats"] = sweep_figures.sweep_stats(data)
-    ref = next((i for i, r in enumerate(data["runs"]) if r["variant"] == st["base"]), 0)
-    data["hashes"] = exactness.sweep([(r["variant"], r["batches"]) for r in data["runs"]], ref).to_dict()
-    notes = [st["scaled_down"]] if st.get("scaled_down") else []
-    if st.get("url"):
-        notes.append(session.url_not_run(st["url"]))
-    for r in data["runs"]:
+class Sweep(driver.Scenario):
+    """Concurrent decode at each level as the session driver plays it: no plain reference (every
+    reply is compared across reps, levels and runs)."""
+
+    has_plain = False
+
+
+    def header(self) -> dict:
+        s = self.settings
+        return {"script": s.script.to_dict(), "sampling": s.script.sampling.to_dict(), **s.scaled}
+
+    def begin(self, data: dict) -> None:
+        pass
+
+    def play(self, data: dict, run: Run) -> dict:
+        return play(self.settings.script, run)
+
+    def measure(self, entry: dict) -> None:
+        measure(entry)
+
+    failed = measure
+
+    def line(self, entry: dict) -> str:
+        return line(entry)
+
+    def stats(self, data: dict) -> dict | None:
+        return sweep_figures.sweep_stats(data)
+
+    def check(self, data: dict) -> None:
+        ref = next((i for i, r in enumerate(data["runs"]) if r["variant"] == data["settings"]["base"]), 0)
+        data["hashes"] = exactness.sweep([(r["variant"], r["batches"]) for r in data["runs"]], ref).to_dict()
+
+    def predicted(self, data: dict) -> dict:
+        return sweep_figures.sweep_predicted(data)
+
+    def notes_before(self, data: dict) -> list[str]:
+        st = data["settings"]
+        return [st["scaled_down"]] if st.get("scaled_down") else []
+
+    def run_notes(self, entry: dict) -> list[str]:
+        """A failed run and a batch with errors are left out; a run the client limited is invalid."""
+        r = entry
         if r.get("error"):
-            notes.append(f"Run {r['index']} ({r['variant']}) failed and is left out: {r['failure']} (log: {r['log']})")
-            continue
-        notes += [f"Run {r['index']} ({r['variant']}): {e}: that batch is left out." for e in r.get("errors", [])]
+            return [f"Run {r['index']} ({r['variant']}) failed and is left out: {r['failure']} (log: {r['log']})"]
+        out = [f"Run {r['index']} ({r['variant']}): {e}: that batch is left out." for e in r.get("errors", [])]
         if (r.get("client") or {}).get("invalid"):
-            notes.append(f"Run {r['index']} ({r['variant']}) is invalid, the client was the bottleneck, and its "
-                         f"figures are left out: {'; '.join(r['client']['invalid'])}.")
-    data["not_run"] = notes
-    return data
+            out.append(f"Run {r['index']} ({r['variant']}) is invalid, the client was the bottleneck, and its "
+                       f"figures are left out: {'; '.join(r['client']['invalid'])}.")
+        return out
 
 
 def run(settings: SweepSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
-    """Every run in order, a fresh server each (unless --url); the receipt's data. `save(data)`
-    gets the receipt so far after every run (marked partial until the last)."""
-    rep, s = reporter or session.QuietReporter(), settings.session
-    srcs = session.sources(s)
-    data = session.header(s, srcs, {"script": settings.script.to_dict(), "sampling": settings.script.sampling.to_dict(),
-                                    **settings.scaled})
-    rep.start(len(s.order))
-    session.run_all(s, data, srcs, lambda r: play(settings.script, r), rep, finish, keep_failed=True,
-                    checkpoint=(lambda: save(complete(s, data))) if save else None)
-    data["partial"] = None
-    return complete(s, data)
-
-
-def complete(s: Session, data: dict) -> dict:
-    """analyse() and the predictions checked (idempotent: after every run, and at the end)."""
-    analyse(data)
-    if s.predictions:
-        data["predictions"] = s.predictions.check(sweep_figures.sweep_predicted(data)).to_dict()
-    return data
+    """Every run in order, a fresh server each (unless --url); the receipt's data (driver.run)."""
+    return driver.run(Sweep(settings), reporter, save)

@@ -7,7 +7,7 @@ one server, a short sweep (levels 1 and 4) and then a short long-prompt run (A d
 a cold prompt, C a short chat).
 
 Fails (exit 1), with a receipt saying why, when
-- new's aggregate tok/s at a level is "worse" than base under tensorfold_bench.stats' rule
+- new's aggregate tok/s at a level is "worse" than base under tensorfold_bench.analysis.stats' rule
   (the paired interval lies wholly beyond the throughput margin, 5 % by default);
 - a long-prompt figure (B's and C's first token, A's longest pause, A's rate while B fills) is
   "worse" likewise, with its own margin (25 % by default: these are sub-second figures); C's
@@ -22,7 +22,7 @@ beyond the throughput margin, its TTFT p99 worse beyond the long-prompt margin, 
 requests failed, or any reply differs from base's.
 
 With `--temperature T --seed S` every request samples with T and its role's seed
-(tensorfold_bench.sampling), and the same hash checks cover the sampled replies; `--seed` also
+(tensorfold_bench.client.sampling), and the same hash checks cover the sampled replies; `--seed` also
 seeds the engine's dummy weights and the prompts.
 
 **A deliberate change of outputs** is acknowledged by `--accept-new-outputs`, or by committing a
@@ -47,13 +47,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, figures, load_figures, selfcheck, session, stats, sweep_figures, worktree
+from tensorfold_bench.analysis import exactness, figures, load as load_figures, stats, sweep as sweep_figures
+from tensorfold_bench.client import selfcheck
+from tensorfold_bench.session import defaults, driver
+from tensorfold_bench.servers import worktree
 from tensorfold_bench.errors import FlagError, ServerError
-from tensorfold_bench.report.fmt import num
-from tensorfold_bench.sampling import GREEDY, Sampling
+from tensorfold_bench.analysis.figures import num
+from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.scenarios import load, long_prompt, sweep
-from tensorfold_bench.session import Reporter, Run, Session
-from tensorfold_bench.variants import Variant
+from tensorfold_bench.session.driver import Reporter, Run, Session
+from tensorfold_bench.session.variants import Variant
 
 DEFAULT_BASE = "HEAD~1"
 ACCEPT_FILE = ".ci/accept-new-outputs"
@@ -114,8 +117,8 @@ class GateSettings:
     def __post_init__(self):
         if self.preset not in PRESETS:
             raise FlagError("--preset", f"must be one of {', '.join(PRESETS)}, not {self.preset!r}")
-        session.check_margin(self.margin)
-        session.check_margin(self.long_margin, "--long-margin")
+        defaults.check_margin(self.margin)
+        defaults.check_margin(self.long_margin, "--long-margin")
         if set(self.order) != {"base", "new"}:
             raise FlagError("--order", "the gate's order names base and new, each at least once")
         if self.load_rate is not None:
@@ -193,7 +196,7 @@ def finish(entry: dict) -> str:
     sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
     entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
     lp = figures.long_prompt_of(entry["long_prompt"]["records"])
-    long_prompt.client_bottleneck(lp, entry["long_prompt"].get("client"))
+    figures.client_bottleneck(lp, entry["long_prompt"].get("client"))
     entry["long_prompt"]["figures"] = lp.to_dict()
     sw_bad = (entry["sweep"].get("client") or {}).get("invalid")
     entry["figures"] = {**({} if sw_bad else sw),
@@ -220,20 +223,20 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
     A base whose engine will not serve (an old or broken commit) is reported, and the working
     tree is then compared with itself, as for a missing base; a new side that will not serve
     is an error (exit 2)."""
-    rep = reporter or session.QuietReporter()
+    rep = reporter or driver.QuietReporter()
     p = PRESETS[settings.preset]
     base_src, new_src, missing = sources(settings)
     missing = _fallback or missing
     accepted = settings.accept_new_outputs or accepted_by_file(worktree.repo_root(settings.repo),
                                                                base_src.commit if not missing else None)
     base = Variant("base", [], {}, base_src.ref and base_src.commit)
-    engine = session.EngineSetup(model=p.model, parallel=max(p.levels), max_model_len=p.max_model_len, trace=False,
+    engine = defaults.EngineSetup(model=p.model, parallel=max(p.levels), max_model_len=p.max_model_len, trace=False,
                                  seed=settings.sampling.seed)
     s = Session(engine, [base, Variant("new", [], dict(settings.new_env))], list(settings.order), settings.out_dir,
                 "gate", margin=settings.margin, stamp=settings.stamp, repo=settings.repo,
                 vocab=settings.vocab, tokenizer=settings.tokenizer)
     srcs = {"base": base_src, "new": new_src}
-    data = session.header(s, srcs, {"preset": settings.preset, "preset_values": asdict(p), "base_ref": settings.base_ref,
+    data = driver.header(s, srcs, {"preset": settings.preset, "preset_values": asdict(p), "base_ref": settings.base_ref,
                                     "long_margin": settings.long_margin, "new_env": settings.new_env,
                                     "accept_new_outputs": settings.accept_new_outputs,
                                     "sampling": settings.sampling.to_dict(), "load_rate": settings.load_rate})
@@ -243,7 +246,7 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
     rep.start(len(s.order))
     try:
         load_spec = settings.load_spec() if settings.load_rate is not None else None
-        session.run_all(s, data, srcs, lambda r: play(p, r, settings.sampling, load_spec), rep, finish,
+        driver.run_all(s, data, srcs, lambda r: play(p, r, settings.sampling, load_spec), rep, finish,
                         checkpoint=(lambda: save(analyse(data))) if save else None)
     except ServerError as e:
         if e.variant != "base" or base_src.path == new_src.path:

@@ -319,7 +319,7 @@ def _cancel(where: _Where, x) -> Cancel | None:
     return Cancel(tokens=_count(where, "cancel.tokens", x["tokens"]))
 
 
-def _stream(path: str, i: int, x: dict, default_temperature=None) -> tuple[Stream, int, float]:
+def _stream(path: str, i: int, x: dict) -> tuple[Stream, int, float]:
     """One entry of `streams:`, and its repeat count and spacing."""
     if not isinstance(x, dict):
         raise _Where(path, f"stream {i + 1}")("", f"expected a mapping with name, at, prompt, not {x!r}")

@@ -12,7 +12,7 @@ Long-prompt figures, with W = (B send, B first token]:
   token): A tokens inside it divided by its length (A's first token itself is its start and
   is not counted).
 
-A script's figures (tensorfold_bench.script) are the same functions over any stream and window:
+A script's figures (tensorfold_bench.workload.script_file) are the same functions over any stream and window:
 first token from the stream's own send, longest pause and rate inside a window between events
 (and the rate in the window of equal length just before it), cached tokens as reported.
 
@@ -24,10 +24,11 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 
-from tensorfold_bench import stats
-from tensorfold_bench.client import StreamRecord
-from tensorfold_bench.script import Figure, Point, Script
-from tensorfold_bench.variants import flag_value
+from tensorfold_bench.analysis import stats
+from tensorfold_bench.client import selfcheck
+from tensorfold_bench.client.stream import StreamRecord
+from tensorfold_bench.workload.script_file import Figure, Point, Script
+from tensorfold_bench.servers.launcher import flag_value
 
 LATE_LIMIT_S = 0.25  # a send later than this against its script time makes the run invalid
 
@@ -58,7 +59,7 @@ REGISTRY = {s.name: s for s in (
     FigureSpec("rate", "tok/s", True, 1, "rate in the window"),
     FigureSpec("rate_before", "tok/s", True, 1, "rate before the window"),
     FigureSpec("cached_tokens", "tokens", True, 0, "cached tokens"),
-    # tfbench load's, one per level (`goodput@rate=2`): tensorfold_bench.load_figures
+    # tfbench load's, one per level (`goodput@rate=2`): tensorfold_bench.analysis.load
     FigureSpec("goodput", "req/s", True, 2, "goodput"),
     FigureSpec("attainment", "%", True, 1, "SLO attainment"),
     FigureSpec("req_s", "req/s", True, 2, "requests/s"),
@@ -87,6 +88,13 @@ def predictable_long_prompt() -> set[str]:
 def predictable_sweep(levels) -> set[str]:
     """The names a sweep prediction may use: tok/s and the latencies at each level run."""
     return {at(f, lv) for f in ("tok_s", *LATENCY) for lv in levels}
+
+
+def num(v: float | None, digits: int = 2, none: str = "-") -> str:
+    """`1,234.57`; `none` for a missing value (long-prompt tables show "-", sweep tables "–")."""
+    if v is None or v != v:
+        return none
+    return f"{v:,.{digits}f}"
 
 
 def spec(name: str) -> FigureSpec:
@@ -134,6 +142,15 @@ class LongPromptFigures:
     @classmethod
     def from_dict(cls, d: dict) -> "LongPromptFigures":
         return cls(**d)
+
+
+def client_bottleneck(f, check: dict | None) -> None:
+    """A run whose client self-check failed is invalid (`f`: figures with `valid` and
+    `invalid_reasons`), its reasons said; a send late past the bound is already one of the
+    figures' own reasons."""
+    if why := selfcheck.bottleneck(check):
+        f.valid = False
+        f.invalid_reasons += why
 
 
 def first_token_latency(rec: StreamRecord) -> float | None:
@@ -332,7 +349,7 @@ def long_prompt_predicted(data: dict) -> dict[str, dict[str, float | None]]:
 # ---- scripts -------------------------------------------------------------------------------
 
 def event_time(rec: StreamRecord, kind: str) -> float | None:
-    """When a stream's event (tensorfold_bench.script.EVENTS) happened, or None: not (yet).
+    """When a stream's event (tensorfold_bench.workload.script_file.EVENTS) happened, or None: not (yet).
     `done` is a stream that finished by itself; one cancelled or failed is never done."""
     if kind == "sent":
         return rec.sent

@@ -1,11 +1,10 @@
-"""What every scenario sends with: seeded prompt token ids (drawn in tensorfold_bench.workload.ids),
-one HTTP client setup, and one request played alone."""
+"""What every scenario sends with: one HTTP client setup, a sleep to a send time, and one request
+played alone."""
 from __future__ import annotations
 
 import asyncio
 
-from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, new_record, stream
-from tensorfold_bench.workload.ids import PROMPT_ID_FLOOR, prompt_ids  # noqa: F401 (the scenarios draw prompts here)
+from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, new_record, stream
 
 
 def http_client(kind: str = "wire") -> StreamClient:

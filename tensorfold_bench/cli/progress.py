@@ -38,7 +38,7 @@ class EtaColumn(ProgressColumn):
 
 
 class RichReporter:
-    """session.Reporter on a rich Progress."""
+    """The driver's Reporter (tensorfold_bench.session.driver) on a rich Progress."""
 
     def __init__(self, progress: Progress, verbose: bool = False):
         self.p, self.verbose, self.task = progress, verbose, None

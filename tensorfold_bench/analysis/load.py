@@ -32,10 +32,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from tensorfold_bench.errors import FlagError
-from tensorfold_bench.selfcheck import BOUNDS
+from tensorfold_bench.client.selfcheck import BOUNDS
 
 PCTS = (50, 90, 99)
-LATENCIES = ("ttft", "itl", "tpot", "e2e", "ttft_sched", "e2e_sched")
 LABELS = {"ttft": "TTFT", "itl": "inter-token", "tpot": "TPOT", "e2e": "end-to-end",
           "ttft_sched": "TTFT from schedule", "e2e_sched": "end-to-end from schedule"}
 SLO_KEYS = ("ttft", "tpot", "e2e")

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from tensorfold_bench.client import clock
+from tensorfold_bench.client.stream import clock
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,12 @@ try:  # typer >= 0.29 vendors its own click
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from tensorfold_bench import gate as gate_mod
-from tensorfold_bench import lifecycle, plan, predictions, progress, report, stats
+from tensorfold_bench.scenarios import gate as gate_mod
+from tensorfold_bench.cli import lifecycle, dry_run as plan, progress
+from tensorfold_bench.analysis import predictions, stats
+from tensorfold_bench import report
 from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
-from tensorfold_bench.sampling import Sampling
+from tensorfold_bench.client.sampling import Sampling
 from tensorfold_bench.scenarios import load as load_mod
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
 from tensorfold_bench.scenarios import script as script_mod
@@ -325,7 +327,7 @@ def load(
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
         tensor_parallel=tensor_parallel)
     data, paths = execute(load_mod.run, settings, out_dir, verbose)
-    out.print(Markdown(report.load_receipt.summary_markdown(data)))
+    out.print(Markdown(report.load.summary_markdown(data)))
     if data.get("predictions"):
         out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
     print_paths(paths)
@@ -369,12 +371,12 @@ def calibrate(
     every_ms: Annotated[float, typer.Option("--every-ms", help="Then one token every this many ms.")] = 10.0,
     stall_every: Annotated[int, typer.Option("--stall-every", help="Every this-th stream stalls once (0: none).")] = 16,
     stall_ms: Annotated[float, typer.Option("--stall-ms", help="The stall: this many ms more before the middle token.")] = 100.0,
-    client: Annotated[str, typer.Option("--client", help="Clients to compare, comma-separated: wire (the default client), live (the same, decoding as bytes come), httpx (httpx's line iterator), httpx:N (with at most N connections; httpx:64 was the old client).")] = "wire",
+    client: Annotated[str, typer.Option("--client", help="Clients to compare, comma-separated: wire (the default client), live (the same, decoding as bytes come), httpx (httpx's line iterator), httpx:N (with at most N connections: a pooled client, as many load tools use).")] = "wire",
     procs: Annotated[int, typer.Option("--procs", help="Worker processes for the wire client, each with its own event loop (1: the harness's own loop).")] = 1,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the table's data here.")] = None,
 ):
     """The client's error against a synthetic server with an exact schedule, at rising levels."""
-    from tensorfold_bench import calibrate as calibrate_mod
+    from tensorfold_bench.calibrate import client_error as calibrate_mod
     settings = calibrate_mod.parse_settings(levels, tokens, first_ms, every_ms, stall_every, stall_ms, client, procs)
     data = calibrate_mod.run(settings, lambda text: console.print(text, style="dim", highlight=False))
     if json_out:
@@ -390,7 +392,7 @@ def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's data, 
         if not p.exists():
             raise FlagError("RECEIPT", f"{p} does not exist")
     with incomplete_receipt(f"{a} or {b}"):
-        sys.stdout.write(report.compare.markdown(report.load(a), report.load(b), str(a), str(b)))
+        sys.stdout.write(report.compare.markdown(report.read(a), report.read(b), str(a), str(b)))
 
 
 @app.command("report")
@@ -401,7 +403,7 @@ def report_command(path: Annotated[Path, typer.Argument(help="A receipt's data: 
         raise FlagError("RECEIPT", f"{path} does not exist")
     with incomplete_receipt(str(path)):
         sys.stdout.write(report.rerender(path, png))
-        partial = report.load(path).get("partial")
+        partial = report.read(path).get("partial")
     if partial:
         console.print(f"partial receipt ({partial.get('why', 'in progress')}): {lifecycle.missing_line(partial)}",
                       highlight=False, soft_wrap=True)

@@ -1,6 +1,6 @@
 """`tfbench calibrate`: the client's own error, against a server whose every send time is known.
 
-It starts tensorfold_bench.synthetic (a process of its own) with an exact schedule and plays a
+It starts tensorfold_bench.calibrate.synthetic (a process of its own) with an exact schedule and plays a
 sweep's burst at each level: every stream sends at once and reads `tokens` tokens. The server
 logs each token's send time on CLOCK_MONOTONIC, the client stamps each arrival on the same
 clock, so token by token the client's error is its arrival minus the send. Per level and client
@@ -24,11 +24,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tensorfold_bench import selfcheck, synthetic, workers
-from tensorfold_bench.client import CLIENT_KINDS, StreamClient, StreamRecord
+from tensorfold_bench.client import selfcheck, workers
+from tensorfold_bench.calibrate import synthetic
+from tensorfold_bench.client.stream import CLIENT_KINDS, StreamClient, StreamRecord
 from tensorfold_bench.errors import FlagError
-from tensorfold_bench.launcher import launch
-from tensorfold_bench.scenarios.streams import prompt_ids
+from tensorfold_bench.servers.launcher import launch
+from tensorfold_bench.workload.ids import prompt_ids
 from tensorfold_bench.scenarios.sweep import burst_requests, parse_levels, play_burst
 
 ITL_BOUND_MS = 1.0
@@ -42,7 +43,7 @@ class CalibrateSettings:
     tokens: int = 200
     schedule: synthetic.Schedule = field(default_factory=synthetic.Schedule)
     clients: tuple[str, ...] = ("wire",)  # each "kind" or "httpx:LIMIT" (httpx with a connection cap)
-    procs: int = 1  # worker processes for the wire client, each with its own loop (tensorfold_bench.workers)
+    procs: int = 1  # worker processes for the wire client, each with its own loop (tensorfold_bench.client.workers)
 
     def __post_init__(self):
         if self.tokens < 2:
@@ -157,7 +158,7 @@ def run(settings: CalibrateSettings, progress=lambda text: None) -> dict:
 def synthetic_server(sc: synthetic.Schedule):
     """The synthetic server in a process of its own, on a free port, stopped on exit."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "tensorfold_bench.synthetic", "--port", "{port}", "--first-ms", str(sc.first_ms),
+        cmd = [sys.executable, "-m", "tensorfold_bench.calibrate.synthetic", "--port", "{port}", "--first-ms", str(sc.first_ms),
                "--every-ms", str(sc.every_ms), "--stall-every", str(sc.stall_every), "--stall-ms", str(sc.stall_ms)]
         with launch(command=cmd, log=Path(tmp) / "synthetic.log", health="/health") as srv:
             yield srv

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorfold_bench.lifeline import members
+from tensorfold_bench.servers.lifeline import members
 
 LISTEN = "0A"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorfold_bench import stats
-from tensorfold_bench.client import StreamRecord
-from tensorfold_bench.figures import LATENCY, at, median, spec, stats_for
+from tensorfold_bench.analysis import stats
+from tensorfold_bench.client.stream import StreamRecord
+from tensorfold_bench.analysis.figures import LATENCY, at, median, spec, stats_for
 
 
 def gaps_us(rec: StreamRecord) -> list[int]:

@@ -12,7 +12,7 @@ import hashlib
 import math
 from dataclasses import dataclass, replace
 
-from tensorfold_bench.client import Request
+from tensorfold_bench.client.stream import Request
 from tensorfold_bench.errors import FlagError
 
 SEED_RULE = "int.from_bytes(sha256(b'{S}:sample:{role}')[:8], 'little') >> 1; role A, B, C or sweep:c{cell}s{stream}"

@@ -16,7 +16,7 @@ write), so that it is not the bottleneck; its own lateness against the schedule 
     POST /v1/synthetic/reset  empty the log
     GET /metrics              tfengine's gauges (running_streams, waiting_streams) and the peak
 
-    python -m tensorfold_bench.synthetic --port 8000 [--first-ms 20 --every-ms 10 ...]
+    python -m tensorfold_bench.calibrate.synthetic --port 8000 [--first-ms 20 --every-ms 10 ...]
 """
 from __future__ import annotations
 

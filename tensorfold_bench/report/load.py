@@ -1,13 +1,13 @@
-"""`tfbench load`'s receipt Markdown (named so beside `report.load`, which reads a receipt), from its JSON alone: per level the paired verdicts, the latency
+"""`tfbench load`'s receipt Markdown, from its JSON alone: per level the paired verdicts, the latency
 percentiles, goodput and lateness per variant, the interference table, exactness."""
 from __future__ import annotations
 
-from tensorfold_bench import stats
-from tensorfold_bench.figures import median
-from tensorfold_bench.load_figures import JUDGED, LABELS
-from tensorfold_bench.predictions import Predictions
+from tensorfold_bench.analysis import stats
+from tensorfold_bench.analysis.figures import median
+from tensorfold_bench.analysis.load import JUDGED, LABELS
+from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
-from tensorfold_bench.worktree import Source
+from tensorfold_bench.servers.worktree import Source
 
 DASH = "–"
 

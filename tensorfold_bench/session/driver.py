@@ -1,11 +1,12 @@
-"""The one run loop every scenario plays through: variants -> their engine sources -> a fresh
-server per run, in the run order (or one running server, `--url`) -> per-run records, under one
-receipt header. A scenario gives `run_all` a function that plays one run on a ready server and
-returns its raw records; figures are computed elsewhere (tensorfold_bench.figures).
+"""The session driver: variants -> their engine sources -> a fresh server per run, in the run
+order (or the running servers, `--url`) -> per-run records, under one receipt header.
 
-The shared engine flags, device presets and flag checks live in tensorfold_bench.defaults, what a
-running server says about itself in tensorfold_bench.probe; both are re-exported here, where the
-scenarios have always found them.
+`run(scenario)` plays a `Scenario` end to end: every run through `run_all`, the receipt checked
+after each (`analyse`: exactness, "not run", statistics, predictions), then the plain reference
+(`run_plain`). A scenario only says what it plays on a ready server (`play`, raw records), what
+it measures from them, which replies must be equal and what the plain reference answers; it
+never knows how its server came to be. Where a run is played is one seam: `serve` yields the
+URL of a launched or a `--url` server for `Run`, and nothing else in the loop depends on it.
 """
 from __future__ import annotations
 
@@ -19,20 +20,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from tensorfold_bench import __version__, stats, worktree
-from tensorfold_bench.client import TOKEN_ID_ROUTES
+from tensorfold_bench import SCHEMA, __version__
+from tensorfold_bench.analysis import exactness, stats
+from tensorfold_bench.servers import worktree
+from tensorfold_bench.client.stream import TOKEN_ID_ROUTES
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
-from tensorfold_bench.identity import ServerIdentity, discover_vocab, identify
-from tensorfold_bench.launcher import REPO_ROOT, check_engine_flags, engine_program, existing, launch, need_engine
-from tensorfold_bench.defaults import (DEVICE_PRESETS, FULL, DevicePreset, EngineSetup, check_margin,  # noqa: F401
-                                       device_preset, engine_setup, positive, scaled_note, sized)
-from tensorfold_bench.predictions import Predictions
-from tensorfold_bench.targets import command_argv
-from tensorfold_bench.probe import fetch_trace, healthy, model_facts, server_info, wait_idle  # noqa: F401
-from tensorfold_bench.variants import Variant
-
-SCHEMA = "tfbench.receipt/1"
-
+from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, model_facts, server_info, wait_idle
+from tensorfold_bench.servers.launcher import REPO_ROOT, check_engine_flags, engine_program, existing, launch, need_engine
+from tensorfold_bench.session.defaults import EngineSetup, check_margin, positive
+from tensorfold_bench.analysis.predictions import Predictions
+from tensorfold_bench.session.targets import command_argv
+from tensorfold_bench.session.variants import Variant, plain
 
 @dataclass
 class Session:
@@ -269,7 +267,7 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
             e.variant = name
             if not keep_failed:
                 raise
-            entry = {"error": str(e), "failure": e.what + (f": {e.last_line}" if e.last_line else "")}
+            entry = {"error": str(e), "failure": failure_line(e)}
         entry = {"index": i, "variant": name, "started": started, **entry,
                  "log": str(log) if variant.launched else None, "server": server, "engine": info.get("engine"),
                  "identity": identity_record(ident, entry.get("system_fingerprint")) if ident else None}
@@ -302,3 +300,186 @@ def plain_not_run(session: "Session", plain_check: bool, plain_error: str | None
     if plain_error:
         return [f"The plain reference: its server failed: {plain_error.splitlines()[0]}"]
     return []
+
+
+# ---- a scenario's session, end to end ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Analysis:
+    """A scenario's functions of its receipt's data (tensorfold_bench.analysis): which replies are
+    equal, the verdicts' statistics (only where there are verdicts), the figures predictions are
+    checked against."""
+
+    exactness: Callable[[dict], dict] | None = None
+    stats: Callable[[dict], dict] | None = None
+    predicted: Callable[[dict], dict] | None = None
+
+
+class Scenario:
+    """What a scenario tells the driver: what it plays on one run's server (`play`: raw records
+    only), what it measures from them (`measure`), which replies must be equal (`check`), what
+    its statistics and predicted figures are, and what the plain reference answers
+    (`play_plain`). The driver (`run`) owns launching, the run order, validity, checkpoints,
+    analysis, the plain reference and "not run"."""
+
+    has_plain = True  # a scenario without a plain reference (sweep) says no line about one
+    url_cache = ""  # under --url: how the scenario's prompts meet a server's warm cache
+    analysis: Analysis = Analysis()  # the receipt's analysis functions, where they serve as they are
+
+    def __init__(self, settings):
+        """`settings`: the scenario's own (from its flags), with the `session` they run in."""
+        self.settings = settings
+        self.session: Session = settings.session
+        self.plain_check: bool = getattr(settings, "plain_check", False)
+
+    def header(self) -> dict:
+        """The receipt's settings beside the session's."""
+        return {}
+
+    def begin(self, data: dict) -> None:
+        """The receipt's own fields, before the first run."""
+        data.update(plain=None, vocab=None)
+
+    def play(self, data: dict, run: Run) -> dict:
+        """One run on its server: the run's raw records."""
+        raise NotImplementedError
+
+    def measure(self, entry: dict) -> None:
+        """The run's figures and validity from its records."""
+        raise NotImplementedError
+
+    def failed(self, entry: dict) -> None:
+        """A failed run's entry (`entry["error"]`, `entry["failure"]`): no records, no figures, invalid."""
+        raise NotImplementedError
+
+    def line(self, entry: dict) -> str:
+        """The run's progress line."""
+        return entry["variant"]
+
+    def validity(self, entry: dict) -> tuple[bool, list[str]]:
+        f = entry["figures"]
+        return f["valid"], f["invalid_reasons"]
+
+    def play_plain(self, data: dict, url: str, model: str, vocab: int) -> dict:
+        """The plain reference's answers on its server: the receipt's `plain` beside the server's facts."""
+        raise NotImplementedError
+
+    def check(self, data: dict) -> None:
+        """Which replies are equal (data["exactness"])."""
+        if self.analysis.exactness:
+            data["exactness"] = self.analysis.exactness(data)
+
+    def stats(self, data: dict) -> dict | None:
+        """The verdicts' statistics; None: no verdicts."""
+        return self.analysis.stats(data) if self.analysis.stats and self.verdicts(data) else None
+
+    def verdicts(self, data: dict) -> bool:
+        """Whether the runs so far can be judged: two variants or more, on servers tfbench launched."""
+        return len(self.session.variants) > 1 and bool(data["runs"]) and not self.session.url
+
+    def predicted(self, data: dict) -> dict[str, dict[str, float | None]]:
+        """variant -> figure -> the value predictions are checked against."""
+        return self.analysis.predicted(data) if self.analysis.predicted else {}
+
+    def notes_before(self, data: dict) -> list[str]:
+        """"Not run" lines ahead of the session's own."""
+        return []
+
+    def notes_after(self, data: dict) -> list[str]:
+        """"Not run" lines after the plain reference's."""
+        return []
+
+    def run_notes(self, entry: dict) -> list[str]:
+        """"Not run" lines for one run: an invalid one is left out of the medians."""
+        valid, why = self.validity(entry)
+        if valid:
+            return []
+        return [f"Run {entry['index']} ({entry['variant']}) is invalid and left out of the medians: "
+                + "; ".join(why) + (f" (log: {entry['log']})" if entry.get("error") else "")]
+
+
+def replies(records: dict[str, dict]) -> dict:
+    """The plain reference's answers: each reply's record and hash."""
+    return {"records": records, "hashes": exactness.reply_hashes(records)}
+
+
+def failure_line(e: ServerError, log: bool = False) -> str:
+    """A failed server in one line: what failed, its log's last line (and the log)."""
+    return e.what + (f": {e.last_line}" if e.last_line else "") + (f" (log {e.log})" if log else "")
+
+
+def not_run(scenario: Scenario, data: dict) -> list[str]:
+    """The receipt's "not run" lines: the scenario's, --url's, the plain reference's, each run's."""
+    s = scenario.session
+    out = scenario.notes_before(data)
+    if s.url:
+        out.append(url_not_run(s.url, scenario.url_cache))
+    if scenario.has_plain:
+        out += plain_not_run(s, scenario.plain_check, data.get("plain_error"))
+    out += scenario.notes_after(data)
+    for r in data["runs"]:
+        out += scenario.run_notes(r)
+    return out
+
+
+def analyse(scenario: Scenario, data: dict) -> dict:
+    """Exactness, what was not run, statistics and predictions from the runs so far (idempotent:
+    after every run for the partial receipt, and once at the end)."""
+    scenario.check(data)
+    data["not_run"] = not_run(scenario, data)
+    stats_ = scenario.stats(data)
+    if stats_ is not None:
+        data["stats"] = stats_
+    if scenario.session.predictions:
+        data["predictions"] = scenario.session.predictions.check(scenario.predicted(data)).to_dict()
+    return data
+
+
+def run_plain(scenario: Scenario, data: dict, source: worktree.Source) -> dict:
+    """The plain reference (one stream, whole prompt, no cache, no drafts) on the base's source."""
+    s = scenario.session
+    pv = plain(s.variants[0])
+    log, facts = s.run_dir / "plain.log", {}
+    with serve(s, pv, source, log, facts) as url:
+        info = server_info(url)
+        model, _, _ = model_facts(info)
+        answers = scenario.play_plain(data, url, model, data["vocab"])
+    return {"variant": pv.to_dict(), **answers, "log": str(log),
+            "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": info.get("engine")}
+
+
+def run(scenario: Scenario, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
+    """Every run in order, a fresh server each (or the running servers, --url), then the plain
+    reference; the receipt's data, analysed. A server that dies or never gets healthy makes that
+    run a failed one (kept, with its log's tail, left out of the medians). `save(data)` gets the
+    receipt so far after every run (marked partial until the last)."""
+    rep, s = reporter or QuietReporter(), scenario.session
+    srcs = sources(s)
+    data = header(s, srcs, scenario.header())
+    scenario.begin(data)
+    plain_ref = scenario.has_plain and scenario.plain_check and not s.url and s.variants[0].command is None
+    rep.start(len(s.order) + (1 if plain_ref else 0))
+
+    def play(run: Run) -> dict:
+        if run.vocab is not None and run.vocab < 2:
+            raise BenchError(f"server reports a vocabulary of {run.vocab}")
+        if scenario.has_plain:
+            data["vocab"] = run.vocab  # the plain reference's prompts are drawn below it
+        return scenario.play(data, run)
+
+    def finish(entry: dict) -> str:
+        (scenario.failed if entry.get("error") else scenario.measure)(entry)
+        return scenario.line(entry)
+
+    run_all(s, data, srcs, play, rep, finish, keep_failed=True,
+            checkpoint=(lambda: save(analyse(scenario, data))) if save else None,
+            after=["the plain reference"] if plain_ref else [])
+    if plain_ref:
+        rep.step("plain reference")
+        try:
+            data["plain"] = run_plain(scenario, data, srcs[s.variants[0].name]) if data["vocab"] else None
+        except ServerError as e:
+            data["plain_error"] = failure_line(e, log=True)
+        rep.advance()
+    data["partial"] = None
+    return analyse(scenario, data)

@@ -37,22 +37,33 @@ from typing import Iterator, Sequence
 
 import httpx
 
-from tensorfold_bench import lifeline
+from tensorfold_bench.servers import lifeline
 from tensorfold_bench.errors import BenchError, ServerError
-from tensorfold_bench.lifeline import GRACE_S, members
-from tensorfold_bench.ports import port_owner
+from tensorfold_bench.servers.lifeline import GRACE_S, members
+from tensorfold_bench.servers.ports import port_owner
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HEALTH_TIMEOUT_S = 300.0
 DEFAULT_HEALTH = ("/health", "/v1/models")
 TAIL_LINES = 20
 # The supervisor is this harness's own lifeline.py, run by its absolute path in isolated mode
 # (-I: no PYTHONPATH, no current directory on sys.path). It needs only the standard library, and
-# it runs in the server's directory, where `-m tensorfold_bench.lifeline` would find whatever
+# it runs in the server's directory, where `-m tensorfold_bench.servers.lifeline` would find whatever
 # tensorfold_bench that directory (a git-ref worktree, a model folder) holds, or none at all.
 LIFELINE = str(Path(lifeline.__file__).resolve())
 # What `python -m engine serve` imports beyond the harness's own dependencies (the `engine` extra).
 ENGINE_MODULES = ("torch", "aiohttp", "safetensors", "tokenizers", "jinja2")
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value engine flags give `flag` ('--f v' or '--f=v'; the last wins, as argparse takes it), or None."""
+    out = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            out = args[i + 1]
+        elif a.startswith(flag + "="):
+            out = a.split("=", 1)[1]
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -274,19 +285,20 @@ def check_engine_flags(flags: Sequence[str], *, root: Path | None = None, env: d
 def launch(flags: Sequence[str] = (), log: Path | None = None, *, env: dict[str, str] | None = None,
            root: Path | None = None, command: str | Sequence[str] | None = None,
            engine_cmd: Sequence[str] | None = None, health: str | Sequence[str] | None = None,
-           start_timeout: float | None = None, health_timeout: float | None = None,
+           start_timeout: float | None = None,
            host: str = "127.0.0.1", port: int | None = None) -> Iterator[Server]:
     """Launch a server, wait until it is healthy and proven to be ours, yield it, stop its group.
 
     `command`: any server (see the module docstring), `flags` appended; without it, tfengine
     with `flags`. A string command must say `{port}` (or pass `port=`); an argv list without it
-    is taken as the engine program (`engine_cmd`), the meaning `command` had before.
+    is taken as the engine program (`engine_cmd`): a command given as argv without a port is
+    the engine's own program line, whose port tfbench passes.
     `health`: path(s) tried in turn, each poll (default /health then /v1/models; tfengine
-    /health). `health_timeout` is the old name of `start_timeout`."""
+    /health); `start_timeout`: how long it may take to get healthy."""
     if log is None:
         raise TypeError("launch() needs a log path")
     log = Path(log).absolute()  # the server runs in its source root (a worktree's, for a git ref)
-    timeout = start_timeout or health_timeout or HEALTH_TIMEOUT_S
+    timeout = start_timeout or HEALTH_TIMEOUT_S
     root = Path(root or REPO_ROOT)
     if command is not None and port is None and "{port}" not in " ".join(
             [command] if isinstance(command, str) else map(str, command)):

@@ -1,6 +1,6 @@
 """The lifeline: a small supervisor that makes a launched server die with tfbench.
 
-    python -m tensorfold_bench.lifeline FD -- SERVER ARGV...
+    python -m tensorfold_bench.servers.lifeline FD -- SERVER ARGV...
 
 tfbench starts this in a new session (so it leads a fresh process group) and keeps the write
 end of a pipe whose read end is FD. The supervisor runs the server as its child in that group
@@ -158,7 +158,7 @@ def supervise(fd: int, argv: list[str], grace_s: float = GRACE_S) -> int:
 
 def main(args: list[str]) -> int:
     if len(args) < 3 or args[1] != "--":
-        print("usage: python -m tensorfold_bench.lifeline FD -- ARGV...", file=sys.stderr)
+        print("usage: python -m tensorfold_bench.servers.lifeline FD -- ARGV...", file=sys.stderr)
         return 2
     grace = float(os.environ.get("TFBENCH_STOP_GRACE_S", GRACE_S))
     return supervise(int(args[0]), args[2:], grace)

@@ -38,7 +38,7 @@ from tensorfold_bench.errors import BenchError, FlagError
 @dataclass(frozen=True)
 class Variant:
     """A named engine configuration: flags and environment on top of the shared engine flags,
-    and optionally a git ref of this repository (run from its own worktree: tensorfold_bench/worktree.py)."""
+    and optionally a git ref of this repository (run from its own worktree: tensorfold_bench/servers/worktree.py)."""
 
     name: str
     args: list[str] = field(default_factory=list)
@@ -62,17 +62,6 @@ class Variant:
                    command=d.get("command"), health=d.get("health"), start_timeout=d.get("start_timeout"),
                    url=d.get("url"))
 
-
-
-def flag_value(args: list[str], flag: str) -> str | None:
-    """The value engine flags give `flag` ('--f v' or '--f=v'; the last wins, as argparse takes it), or None."""
-    out = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            out = args[i + 1]
-        elif a.startswith(flag + "="):
-            out = a.split("=", 1)[1]
-    return out
 
 WHOLE = Variant("whole", ["--prefill-mode", "whole"])
 

@@ -6,9 +6,9 @@ import os
 from dataclasses import replace
 
 from tensorfold_bench.errors import FlagError
-from tensorfold_bench.identity import identify
-from tensorfold_bench.launcher import check_reachable
-from tensorfold_bench.variants import Variant, order_for, parse_order, select_variants, url_variants
+from tensorfold_bench.servers.identity import identify
+from tensorfold_bench.servers.launcher import check_reachable
+from tensorfold_bench.session.variants import Variant, order_for, parse_order, select_variants, url_variants
 
 
 def select(url: list[str] | str | None, share: str | None, variants_file, base_ref: str | None,

@@ -2,7 +2,7 @@
 
 Every timestamp is `time.monotonic()` (CLOCK_MONOTONIC), the clock the engine's `/v1/trace`
 uses, so the harness's and the server's times line up on one host. Figures are computed apart
-(tensorfold_bench/figures.py, sweep_figures.py); nothing here aggregates.
+(tensorfold_bench/analysis/figures.py, sweep_figures.py); nothing here aggregates.
 
 Chunk rule: a server-sent event carrying k tokens counts as k tokens that all arrived at that
 event's arrival time. Every request asks for `return_token_ids: true` (tfengine and vLLM >= 0.10
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import httpx
 
-from tensorfold_bench import wire
+from tensorfold_bench.client import wire
 
 clock = time.monotonic
 
@@ -45,7 +45,7 @@ class Request:
     extra: dict = field(default_factory=dict)  # extra body fields (e.g. for vLLM)
     token_ids: str = "ids"  # TOKEN_ID_ROUTES: return_token_ids, logprobs "token_id:N", or neither
     temperature: float = 0.0  # 0: greedy
-    seed: int | None = None  # sent only when sampling (tensorfold_bench.sampling derives it)
+    seed: int | None = None  # sent only when sampling (tensorfold_bench.client.sampling derives it)
 
     @property
     def prompt_len(self) -> int:
@@ -157,9 +157,15 @@ def event_tokens(event: dict) -> tuple[list[int | None], str | None]:
     return ([None], "chunks") if text else ([], None)
 
 
-def chunk_tokens(event: dict) -> list[int | None]:
-    """The tokens one event carries (see the chunk rule in this module's docstring)."""
-    return event_tokens(event)[0]
+def weakest_count(recs) -> str | None:
+    """The weakest way any reply's tokens were counted (COUNTED_BY: ids, logprobs, chunks)."""
+    ways = [r.counted_by for r in recs if r.counted_by]
+    return max(ways, key=COUNTED_BY.index) if ways else None
+
+
+def fingerprint(recs) -> str | None:
+    """The first system_fingerprint any reply carries."""
+    return next((r.system_fingerprint for r in recs if r.system_fingerprint), None)
 
 
 def _error_message(event: dict) -> str | None:
@@ -239,7 +245,7 @@ CLIENT_KINDS = ("wire", "live", "httpx")  # the default first; calibrate compare
 
 class StreamClient:
     """Every scenario's HTTP client: one connection per stream and no pool, so a level of N is N
-    streams open at once. kind "wire" decodes each reply after it ended (tensorfold_bench.wire),
+    streams open at once. kind "wire" decodes each reply after it ended (tensorfold_bench.client.wire),
     "live" as it comes; "httpx" is httpx's line iterator (`limit`: its connection cap, None for
     none), kept so `tfbench calibrate` can show what the choice is worth."""
 

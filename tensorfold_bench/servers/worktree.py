@@ -60,7 +60,7 @@ def git(repo: str | Path, *args: str, check: bool = True) -> str:
 
 
 def repo_root(start: str | Path | None = None) -> Path:
-    start = Path(start or Path(__file__).resolve().parent.parent)
+    start = Path(start or Path(__file__).resolve().parents[2])
     return Path(git(start, "rev-parse", "--show-toplevel"))
 
 
@@ -76,7 +76,7 @@ def working_tree(repo: str | Path | None = None) -> Source:
     try:
         root = repo_root(repo)
     except GitError:
-        return Source(str(Path(repo or Path(__file__).resolve().parent.parent)), None)
+        return Source(str(Path(repo or Path(__file__).resolve().parents[2])), None)
     return Source(str(root), resolve("HEAD", root), None, dirty(root))
 
 
