@@ -20,7 +20,7 @@ from tensorfold_bench.workload.model import Item, Workload
 
 import fakeserver
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def req(id, sent, gaps_ms, *, scheduled=None, released=None, kind="load", warmup=False, max_tokens=None, error=None):

@@ -20,7 +20,7 @@ from tensorfold_bench.servers.launcher import group_alive, launch
 
 from marks import host_lag
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "examples" / "scripts"
 
 

@@ -13,7 +13,7 @@ import pytest
 from tensorfold_bench.servers.lifeline import members
 from tensorfold_bench.servers.ports import listening_inodes
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # the stand-in servers' folder
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
 
 # A `command:` server with children of its own, as vLLM has: one stays in the group, one

@@ -218,7 +218,7 @@ def test_a_string_command_must_say_where_to_listen(tmp_path):
             pass
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_relative_pythonpath_means_tfbenchs_directory_to_the_server(tmp_path):
@@ -291,7 +291,7 @@ def test_ctrl_c_inside_exec_still_exits_130_under_dash_m(tmp_path, pkg):
     import subprocess
 
     (tmp_path / "ki_probe.py").write_text(PROBE.format(pkg=pkg))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(Path(__file__).parents[2])]))
     p = subprocess.run([sys.executable, "-m", "ki_probe"], env=env, capture_output=True, text=True, timeout=120,
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.returncode == 130, p.stderr

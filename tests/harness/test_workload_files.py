@@ -11,7 +11,7 @@ from tensorfold_bench.workload.files import MOONCAKE_BLOCK
 from tensorfold_bench.workload.spec import from_flags
 from tools.byte_tokenizer_dir import write_byte_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "workloads"
 VOCAB = 5000
 

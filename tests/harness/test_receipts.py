@@ -10,7 +10,7 @@ import pytest
 from tensorfold_bench import report
 from tensorfold_bench.errors import BenchError
 
-DIR = Path(__file__).resolve().parents[1] / "receipts"
+DIR = Path(__file__).resolve().parents[2] / "receipts"
 RECEIPTS = sorted(DIR.glob("*" + report.store.SUFFIX))
 
 

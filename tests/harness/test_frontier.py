@@ -8,7 +8,7 @@ from tensorfold_bench import report
 from tensorfold_bench.analysis.figures import LongPromptFigures, frontier
 from tensorfold_bench.report import long_prompt, pictures
 
-SMALL = Path(__file__).resolve().parents[1] / "receipts" / "20261129-232014-long-prompt.json.gz"  # 3 variants
+SMALL = Path(__file__).resolve().parents[2] / "receipts" / "20261129-232014-long-prompt.json.gz"  # 3 variants
 
 
 def figs(b_first: float | None, during: float | None, before: float | None = 100.0, valid: bool = True) -> dict:

@@ -211,7 +211,7 @@ def test_the_example_variants_files_read(name, monkeypatch):
     from tensorfold_bench.session.defaults import EngineSetup
     from tensorfold_bench.session.targets import command_argv
     from tensorfold_bench.session.variants import read_variants
-    vs = read_variants(Path(__file__).resolve().parents[1] / "examples" / "variants" / name)
+    vs = read_variants(Path(__file__).resolve().parents[2] / "examples" / "variants" / name)
     assert [v.command is not None for v in vs] == [True, True, False, False]
     monkeypatch.setenv("VLLM_PYTHON", "/venv/bin/python")
     monkeypatch.setenv("VLLM", "/venv/bin/vllm")

@@ -19,7 +19,7 @@ from tensorfold_bench.errors import BenchError
 import fakeserver
 from tiny_run import LONG_PROMPT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ["sweep", "--model", "tiny", "--levels", "1,2", "--tokens", "8", "--cells", "1", "--reps", "2",
          "--prompt-tokens", "16"]
 

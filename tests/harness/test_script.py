@@ -11,7 +11,7 @@ from tensorfold_bench.analysis import figures
 from tensorfold_bench.client.stream import StreamRecord
 from tensorfold_bench.workload.script_file import Event, Point, ScriptError, load, order_of, parse
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "scripts").glob("*.yaml"))
 
 ISSUE = """
