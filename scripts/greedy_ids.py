@@ -17,11 +17,11 @@ import json
 import os
 from pathlib import Path
 
-from tensorfold_bench.client.stream import Request
 from tensorfold_bench.analysis.exactness import first_divergence
+from tensorfold_bench.client.play import play_alone
+from tensorfold_bench.client.stream import Request
 from tensorfold_bench.servers.identity import identify
 from tensorfold_bench.servers.launcher import launch
-from tensorfold_bench.client.play import play_alone
 from tensorfold_bench.workload.ids import prompt_ids
 
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}

@@ -9,10 +9,10 @@ On 2026-11-30 (engine d04d58a, bf16 default on this CPU): greedy A differed from
 """
 import asyncio, sys
 from pathlib import Path
-from tensorfold_bench.servers.launcher import launch
-from tensorfold_bench.client.stream import Request
-from tensorfold_bench.client.sampling import Sampling, GREEDY
 from tensorfold_bench.client.play import play_alone
+from tensorfold_bench.client.sampling import Sampling, GREEDY
+from tensorfold_bench.client.stream import Request
+from tensorfold_bench.servers.launcher import launch
 from tensorfold_bench.workload.ids import prompt_ids
 
 extra = sys.argv[1:]

@@ -16,8 +16,8 @@ import json
 import shlex
 from pathlib import Path
 
-from tensorfold_bench.client.stream import Request, StreamClient, new_record, stream
 from tensorfold_bench.analysis.exactness import token_hash
+from tensorfold_bench.client.stream import Request, StreamClient, new_record, stream
 from tensorfold_bench.servers.identity import identify
 from tensorfold_bench.servers.launcher import launch
 from tensorfold_bench.workload.ids import prompt_ids

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from tensorfold_bench.analysis import stats
 from tensorfold_bench.client import selfcheck
 from tensorfold_bench.client.stream import StreamRecord
-from tensorfold_bench.workload.script_file import Figure, Point, Script
 from tensorfold_bench.servers.launcher import flag_value
+from tensorfold_bench.workload.script_file import Figure, Point, Script
 
 LATE_LIMIT_S = 0.25  # a send later than this against its script time makes the run invalid
 

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from tensorfold_bench.errors import FlagError
 from tensorfold_bench.client.selfcheck import BOUNDS
+from tensorfold_bench.errors import FlagError
 
 PCTS = (50, 90, 99)
 LABELS = {"ttft": "TTFT", "itl": "inter-token", "tpot": "TPOT", "e2e": "end-to-end",

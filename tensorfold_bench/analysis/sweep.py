@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from tensorfold_bench.analysis import stats
-from tensorfold_bench.client.stream import StreamRecord
 from tensorfold_bench.analysis.figures import LATENCY, at, median, spec, stats_for
+from tensorfold_bench.client.stream import StreamRecord
 
 
 def gaps_us(rec: StreamRecord) -> list[int]:

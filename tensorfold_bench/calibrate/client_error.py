@@ -24,13 +24,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tensorfold_bench.client import selfcheck, workers
 from tensorfold_bench.calibrate import synthetic
+from tensorfold_bench.client import selfcheck, workers
 from tensorfold_bench.client.stream import CLIENT_KINDS, StreamClient, StreamRecord
 from tensorfold_bench.errors import FlagError
+from tensorfold_bench.scenarios.sweep import burst_requests, parse_levels, play_burst
 from tensorfold_bench.servers.launcher import launch
 from tensorfold_bench.workload.ids import prompt_ids
-from tensorfold_bench.scenarios.sweep import burst_requests, parse_levels, play_burst
 
 ITL_BOUND_MS = 1.0
 FIRST_BOUND_MS = 5.0

@@ -22,12 +22,12 @@ try:  # typer >= 0.29 vendors its own click
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from tensorfold_bench.scenarios import gate as gate_mod
-from tensorfold_bench.cli import lifecycle, dry_run as plan, progress
-from tensorfold_bench.analysis import predictions, stats
 from tensorfold_bench import report
-from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
+from tensorfold_bench.analysis import predictions, stats
+from tensorfold_bench.cli import lifecycle, dry_run as plan, progress
 from tensorfold_bench.client.sampling import Sampling
+from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
+from tensorfold_bench.scenarios import gate as gate_mod
 from tensorfold_bench.scenarios import load as load_mod
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
 from tensorfold_bench.scenarios import script as script_mod

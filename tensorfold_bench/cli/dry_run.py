@@ -9,8 +9,8 @@ import shlex
 from dataclasses import dataclass
 
 from tensorfold_bench.cli.progress import clock_text
-from tensorfold_bench.session.driver import Session
 from tensorfold_bench.servers.launcher import flag_value
+from tensorfold_bench.session.driver import Session
 
 
 @dataclass(frozen=True)

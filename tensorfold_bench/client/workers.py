@@ -14,9 +14,9 @@ import asyncio
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
-from tensorfold_bench.client.stream import Request, StreamRecord, clock, collector_held, new_record, stream
-from tensorfold_bench.client.play import http_client, sleep_until
 from tensorfold_bench.client import selfcheck
+from tensorfold_bench.client.play import http_client, sleep_until
+from tensorfold_bench.client.stream import Request, StreamRecord, clock, collector_held, new_record, stream
 
 START_AHEAD_S = 0.3  # the burst starts this long after its requests are handed to the workers
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from tensorfold_bench.analysis import stats
 from tensorfold_bench.analysis.figures import LATENCY, at, spec
-from tensorfold_bench.analysis.sweep import sweep_latency
 from tensorfold_bench.analysis.predictions import Predictions
+from tensorfold_bench.analysis.sweep import sweep_latency
 from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
 from tensorfold_bench.servers.worktree import Source
 

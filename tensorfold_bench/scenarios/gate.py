@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Callable
 
 from tensorfold_bench.analysis import exactness, figures, load as load_figures, stats, sweep as sweep_figures
-from tensorfold_bench.client import selfcheck
-from tensorfold_bench.session import defaults, driver
-from tensorfold_bench.servers import worktree
-from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.analysis.figures import num
+from tensorfold_bench.client import selfcheck
 from tensorfold_bench.client.sampling import GREEDY, Sampling
+from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.scenarios import load, long_prompt, sweep
+from tensorfold_bench.servers import worktree
+from tensorfold_bench.session import defaults, driver
 from tensorfold_bench.session.driver import Reporter, Run, Session
 from tensorfold_bench.session.variants import Variant
 
@@ -191,7 +191,7 @@ def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY, load_spec=None) -
     return out
 
 
-def finish(entry: dict) -> str:
+def measure(entry: dict) -> None:
     """The run's figures: the sweep's, and the long-prompt ones when that run is valid."""
     sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
     entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
@@ -209,12 +209,23 @@ def finish(entry: dict) -> str:
         if not ld["invalid"]:
             entry["figures"].update({k: v for k, v in load_figures.flat(ld["label"], f).items()
                                      if load_figures.family(k) in LOAD_JUDGED})
+
+
+def line(entry: dict) -> str:
+    """The run's progress line: tok/s per level, B's and C's first token, the load's tok/s."""
+    sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
+    lp, sw_bad = entry["long_prompt"]["figures"], (entry["sweep"].get("client") or {}).get("invalid")
     return (f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in sw.items() if k.startswith("tok_s"))
-            + f"; B first token {num(lp.b_first_token, 2, '–')} s, C {num(lp.c_first_token, 2, '–')} s"
+            + f"; B first token {num(lp['b_first_token'], 2, '–')} s, C {num(lp['c_first_token'], 2, '–')} s"
             + (f"; load {entry['load']['label']}: {num(entry['load']['figures']['out_tok_s'], 1, '–')} tok/s"
                if entry.get("load") else "")
-            + ("" if lp.valid else f" (long-prompt run invalid: {'; '.join(lp.invalid_reasons)})")
+            + ("" if lp["valid"] else f" (long-prompt run invalid: {'; '.join(lp['invalid_reasons'])})")
             + (f" (sweep invalid: {'; '.join(sw_bad)})" if sw_bad else ""))
+
+
+def finish(entry: dict) -> str:
+    measure(entry)
+    return line(entry)
 
 
 def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None,

@@ -37,8 +37,8 @@ from typing import Iterator, Sequence
 
 import httpx
 
-from tensorfold_bench.servers import lifeline
 from tensorfold_bench.errors import BenchError, ServerError
+from tensorfold_bench.servers import lifeline
 from tensorfold_bench.servers.lifeline import GRACE_S, members
 from tensorfold_bench.servers.ports import port_owner
 

@@ -3,10 +3,16 @@ order (or the running servers, `--url`) -> per-run records, under one receipt he
 
 `run(scenario)` plays a `Scenario` end to end: every run through `run_all`, the receipt checked
 after each (`analyse`: exactness, "not run", statistics, predictions), then the plain reference
-(`run_plain`). A scenario only says what it plays on a ready server (`play`, raw records), what
-it measures from them, which replies must be equal and what the plain reference answers; it
-never knows how its server came to be. Where a run is played is one seam: `serve` yields the
-URL of a launched or a `--url` server for `Run`, and nothing else in the loop depends on it.
+(`run_plain`). A scenario says what it plays on a ready server (`play`: raw records), what it
+measures from them, which replies must be equal and what the plain reference answers; it never
+knows how its server came to be.
+
+How a run is played is one seam, `serve`: it yields the URL of the run's server (launched for
+the run, or reached with --url), and `run_all` hands the scenario a `Run` built from what that
+server says about itself (`servers.identity`). Every request a scenario sends leaves through the
+client (`client.stream.stream` on a `client.play.http_client`), timed by `client.stream.clock`.
+A target that plays in virtual time replaces `serve` and those two, and nothing above them
+changes.
 """
 from __future__ import annotations
 
@@ -22,13 +28,13 @@ from typing import Callable, Iterator, Protocol
 
 from tensorfold_bench import SCHEMA, __version__
 from tensorfold_bench.analysis import exactness, stats
-from tensorfold_bench.servers import worktree
+from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.client.stream import TOKEN_ID_ROUTES
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
+from tensorfold_bench.servers import worktree
 from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, model_facts, server_info, wait_idle
 from tensorfold_bench.servers.launcher import REPO_ROOT, check_engine_flags, engine_program, existing, launch, need_engine
 from tensorfold_bench.session.defaults import EngineSetup, check_margin, positive
-from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.session.targets import command_argv
 from tensorfold_bench.session.variants import Variant, plain
 

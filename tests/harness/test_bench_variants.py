@@ -3,8 +3,8 @@ import textwrap
 
 import pytest
 
-from tensorfold_bench.session import variants
 from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.session import variants
 from tensorfold_bench.session.variants import WHOLE, Variant, default_order, parse_floats, parse_order, plain, share_variants
 
 

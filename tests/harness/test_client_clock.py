@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from tensorfold_bench.calibrate import client_error as calibrate, synthetic
-from tensorfold_bench.client import selfcheck, wire
 from tensorfold_bench.cli.commands import app
+from tensorfold_bench.client import selfcheck, wire
 from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, new_record, stream
+from tensorfold_bench.scenarios import sweep
 from tensorfold_bench.servers.launcher import launch
 from tensorfold_bench.servers.launcher import free_port
-from tensorfold_bench.scenarios import sweep
 
 
 @pytest.fixture(scope="module")

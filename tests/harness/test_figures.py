@@ -2,9 +2,9 @@
 import pytest
 
 from tensorfold_bench.analysis import figures, sweep as sweep_figures
-from tensorfold_bench.client.stream import StreamRecord, _apply_event, event_tokens
 from tensorfold_bench.analysis.figures import count_in, longest_pause, medians, rate_before
 from tensorfold_bench.analysis.figures import long_prompt as long_prompt_figures
+from tensorfold_bench.client.stream import StreamRecord, _apply_event, event_tokens
 
 
 def rec(name, sent, times, scheduled=None, cancelled=False, ended=None, ids=None, **kw):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tensorfold_bench import report
 from tensorfold_bench.analysis import exactness, figures, stats
 from tensorfold_bench.scenarios import gate
-from tensorfold_bench import report
 
 import fakeserver
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench.analysis import exactness, load as lf
 from tensorfold_bench import report
+from tensorfold_bench.analysis import exactness, load as lf
 from tensorfold_bench.cli.commands import app
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.scenarios import load

@@ -9,15 +9,15 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench.scenarios import gate
 from tensorfold_bench import report
 from tensorfold_bench.cli.commands import app
+from tensorfold_bench.client.play import play_alone
+from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
 from tensorfold_bench.client.stream import Request
 from tensorfold_bench.errors import FlagError
-from tensorfold_bench.servers.launcher import launch
-from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
+from tensorfold_bench.scenarios import gate
 from tensorfold_bench.scenarios import long_prompt, sweep
-from tensorfold_bench.client.play import play_alone
+from tensorfold_bench.servers.launcher import launch
 from tiny_run import LONG_PROMPT
 
 SAMPLED = ["--temperature", "1.0", "--seed", "7"]

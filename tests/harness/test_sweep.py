@@ -7,10 +7,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from tensorfold_bench.analysis import exactness
 from tensorfold_bench import report
-from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.analysis import exactness
 from tensorfold_bench.cli.commands import app
+from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.scenarios import sweep
 
 import fakeserver
