@@ -49,7 +49,7 @@ from typing import Callable
 
 from tensorfold_bench.analysis import exactness, figures, load as load_figures, stats, sweep as sweep_figures
 from tensorfold_bench.analysis.figures import num
-from tensorfold_bench.client import selfcheck
+from tensorfold_bench.client import player, selfcheck
 from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.scenarios import load, long_prompt, sweep
@@ -184,7 +184,7 @@ def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY, load_spec=None) -
            "long_prompt": {"records": long_prompt.records_dict(recs), "client": lp_check}}
     if load_spec is not None:
         level = load_spec.levels[0]
-        played, t0, check = asyncio.run(load.play_level(run.url, load_spec.build(level, run.vocab), model=run.model,
+        played, t0, check = asyncio.run(player.play_level(run.url, load_spec.build(level, run.vocab), model=run.model,
                                                         sampling=sampling))
         out["load"] = {"label": level.label, "client": check,
                        "records": [load.to_req(s, t0).to_dict() for s in played]}

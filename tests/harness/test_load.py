@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tensorfold_bench import report
 from tensorfold_bench.analysis import exactness, load as lf
+from tensorfold_bench.client import player
 from tensorfold_bench.cli.commands import app
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.scenarios import load
@@ -128,7 +129,7 @@ def fake(tmp_path_factory):
 
 
 def play(url, items, **kw):
-    played, t0, check = asyncio.run(load.play_level(url, Workload(tuple(items), "test"), **kw))
+    played, t0, check = asyncio.run(player.play_level(url, Workload(tuple(items), "test"), **kw))
     return {r.id: r for r in (load.to_req(s, t0) for s in played)}, check
 
 

@@ -1,0 +1,173 @@
+"""The arrival player: one level's workload played on one server, each request's raw record kept
+with its schedule.
+
+Every level's requests are built (and their bytes prepared) before its clock
+starts. Open loop (a rate or a trace): each item goes at start + offset whatever is in flight;
+with --max-concurrency M at most M are in flight, and an item past that waits for a free slot
+(the wait is queueing, kept apart from the send's own lateness, and counted in the latency
+from the scheduled send). Closed loop (--concurrency N): N workers, each sending its next item
+when its last reply ended. A multi-turn session sends turn k `think` seconds after turn k-1's
+reply ended, its prompt turn k-1's prompt + that reply's token ids + the new part. Every
+record keeps its scheduled, released and actual send time.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+
+from tensorfold_bench.client import selfcheck
+from tensorfold_bench.client.play import http_client, sleep_until
+from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
+from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
+from tensorfold_bench.workload.model import Item, Workload
+
+DRAIN_S = 600.0  # after a level's last scheduled send, how long its replies may take before they are closed
+
+
+def request_for(item: Item, prompt, token_ids: str, sampling: Sampling) -> Request:
+    """The item as a request: its prompt (ids or text), output length with ignore_eos; sampling
+    with a seed of the item's id, the same in every run, variant and the plain reference."""
+    req = Request(item.id, list(prompt) if not isinstance(prompt, str) else prompt, max_tokens=item.output_len,
+                  ignore_eos=True, token_ids=token_ids)
+    if sampling.greedy:
+        return req
+    return replace(req, temperature=float(sampling.temperature), seed=request_seed(sampling.seed, f"load:{item.id}"))
+
+
+def next_prompt(prev_prompt, reply: list[int | None], part):
+    """A later turn's prompt: the history (the previous prompt and its reply's ids) and the new
+    part. A text session carries its text only (the harness keeps no reply text)."""
+    if isinstance(prev_prompt, str) or isinstance(part, str):
+        return (prev_prompt if isinstance(prev_prompt, str) else "") + (part if isinstance(part, str) else "")
+    return tuple(prev_prompt) + tuple(int(t) for t in reply if t is not None) + tuple(part)
+
+
+def sessions(items: tuple[Item, ...]) -> list[list[Item]]:
+    """Items grouped into what one task plays in turn: a single request, or a session's turns;
+    in the order of their first item."""
+    out: list[list[Item]] = []
+    by: dict[str, list[Item]] = {}
+    for it in items:
+        if it.session is None:
+            out.append([it])
+        elif it.session in by:
+            by[it.session].append(it)
+        else:
+            by[it.session] = [it]
+            out.append(by[it.session])
+    for turns in by.values():
+        turns.sort(key=lambda it: it.turn)
+    return out
+
+
+@dataclass
+class Sent:
+    """One played item: its request and record, and when a slot let it go."""
+
+    item: Item
+    req: Request
+    rec: StreamRecord
+    released: float | None = None
+
+    def lateness(self, t0: float) -> float | None:
+        """Release (or schedule) to send: the client's own delay (None: not sent), from times
+        relative to the level's start `t0`, as the receipt keeps them."""
+        if self.rec.sent is None:
+            return None
+        ref = self.released if self.released is not None else self.rec.scheduled
+        return None if ref is None else (self.rec.sent - t0) - (ref - t0)
+
+
+@dataclass
+class Player:
+    """Plays one level's workload on one server (see the module docstring)."""
+
+    client: StreamClient
+    url: str
+    model: str
+    token_ids: str = "ids"
+    sampling: Sampling = GREEDY
+    max_concurrency: int | None = None
+    played: list[Sent] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.slots = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
+
+    async def send(self, item: Item, prompt, scheduled: float, prepared=None) -> Sent:
+        req = request_for(item, prompt, self.token_ids, self.sampling)
+        s = Sent(item, req, new_record(req, scheduled))
+        self.played.append(s)
+        if self.slots is not None:  # released: when a full set of slots let it go (None: it never waited)
+            waited = self.slots.locked()
+            await self.slots.acquire()
+            s.released = clock() if waited else None
+        try:
+            await stream(self.client, self.url, req, s.rec, self.model, prepared)
+        finally:
+            if self.slots is not None:
+                self.slots.release()
+        return s
+
+    async def turns(self, turns: list[Item], scheduled: float, prepared=None) -> None:
+        """A single request, or a session's turns one after another."""
+        prompt = turns[0].prompt
+        s = await self.send(turns[0], prompt, scheduled, prepared)
+        for it in turns[1:]:
+            self.client.settle()  # the reply's ids, for the next prompt (decoded once, as at the end)
+            if s.rec.error or s.rec.cancelled or not s.rec.token_ids:
+                req = request_for(it, (), self.token_ids, self.sampling)
+                s = Sent(it, req, new_record(req))
+                s.rec.error = f"not sent: turn {it.turn - 1} of its session got no reply"
+                self.played.append(s)
+                continue
+            prompt = next_prompt(prompt, s.rec.token_ids, it.prompt)
+            at = (s.rec.ended or clock()) + it.think
+            await sleep_until(at)
+            s = await self.send(it, prompt, at)
+
+
+async def play_level(url: str, workload: Workload, *, model: str = "default", token_ids: str = "ids",
+                     sampling: Sampling = GREEDY, concurrency: int | None = None, max_concurrency: int | None = None,
+                     duration: float | None = None, drain_s: float = DRAIN_S) -> tuple[list[Sent], float, dict]:
+    """Every item of one level; (what was played, the level's start time, the client's self-check).
+    `concurrency`: a closed loop of that many; else open loop on the items' offsets."""
+    groups = sessions(workload.items)
+    # a closed loop's injected prompts still go at their own offsets
+    timed = [g for g in groups if g[0].kind == "inject"] if concurrency else []
+    groups = [g for g in groups if g not in timed]
+    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+        p = Player(client, url, model, token_ids, sampling, max_concurrency)
+        prep = lambda gs: [client.prepare(url, request_for(g[0], g[0].prompt, token_ids, sampling), model)  # noqa: E731
+                           for g in gs]
+        ready, timed_ready = prep(groups), prep(timed)
+        with collector_held():
+            t0 = clock()
+            tasks, last = [], 0.0
+            if concurrency:
+                queue = list(zip(groups, ready))
+
+                async def worker():
+                    while queue and (duration is None or clock() - t0 < duration):
+                        g, w = queue.pop(0)
+                        await p.turns(g, clock(), w)
+                tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+                last = duration or 0.0
+                groups, ready = timed, timed_ready  # what the dispatcher below sends on time
+            for g, w in sorted(zip(groups, ready), key=lambda x: x[0][0].offset or 0.0):
+                at = t0 + (g[0].offset or 0.0)
+                last = max(last, g[0].offset or 0.0)
+                await sleep_until(at)
+                tasks.append(asyncio.create_task(p.turns(g, at, w)))
+            timeout = max(last - (clock() - t0), 0.0) + drain_s
+            done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        client.settle()
+    for s in p.played:
+        if s.rec.cancelled and not s.rec.error:
+            s.rec.error = f"not done {drain_s:.0f} s after the last scheduled send"
+    check = selfcheck.summary(watch, [s.lateness(t0) for s in p.played], open_peak=client.open.peak)
+    return p.played, t0, check
+
+
