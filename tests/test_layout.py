@@ -133,3 +133,14 @@ def test_the_scheduler_loads_no_torch():
     direct = {m: {i.split(".")[0] for i in _imports(files[m], set(files))} for m in seen}
     heavy = {m: sorted(d & {"torch", "triton", "numpy"}) for m, d in direct.items() if d & {"torch", "triton", "numpy"}}
     assert heavy == {}, heavy
+
+
+def test_the_scheduler_reads_declared_capabilities_never_probes_the_backend():
+    """What a backend offers is declared (backend.Capabilities); a probe with getattr/hasattr would
+    let a new backend (a fake, the simulator's) offer something the protocol never names."""
+    probes = []
+    for path in sorted((ENGINE / "scheduler").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+                probes.append(f"{path.name}:{node.lineno}")
+    assert probes == []
