@@ -141,12 +141,13 @@ def solve(m: list[list[float]], v: list[float]) -> list[float] | None:
     return out
 
 
-def least_squares(xs: list[list[float]], ys: list[float], free: frozenset[int] = frozenset()) -> list[float]:
-    """Coefficients minimising the squared error relative to each y, every one >= 0 except the
-    columns in `free` (always in the fit): each subset of the other columns solved exactly, the
-    feasible one of least error kept (a few columns, so every subset is cheap)."""
+def least_squares(xs: list[list[float]], ys: list[float], free: frozenset[int] = frozenset(),
+                  scale: list[float] | None = None) -> list[float]:
+    """Coefficients minimising the squared error relative to `scale` (each sample's size; None: 1),
+    every one >= 0 except the columns in `free` (always in the fit): each subset of the other columns
+    solved exactly, the feasible one of least error kept (a few columns, so every subset is cheap)."""
     n = len(xs[0])
-    w = [1.0 / (y * y) for y in ys]
+    w = [1.0 / (y * y) for y in scale] if scale else [1.0] * len(ys)
     sc = [max(abs(x[i]) for x in xs) or 1.0 for i in range(n)]  # columns of one scale
     rows = [[x[i] / sc[i] for i in range(n)] for x in xs]
     gram = [[sum(wi * r[i] * r[j] for wi, r in zip(w, rows)) for j in range(n)] for i in range(n)]
@@ -182,18 +183,22 @@ class Fit:
     dropped: int
 
 
-def fitted(xs: list[list[float]], ys: list[float], predict=None, free: frozenset[int] = frozenset()) -> Fit:
-    """A relative least-squares fit, refitted once without the samples far off it."""
-    dot = predict or (lambda c, x: sum(a * b for a, b in zip(c, x)))
+def fitted(xs: list[list[float]], ys: list[float], free: frozenset[int] = frozenset()) -> Fit:
+    """A fit of errors relative to each sample's size: first in plain seconds, then relative to the
+    larger of the sample and that fit (a call that returned early must not weigh as a thousand), then
+    once more relative to the fit without the samples far off it."""
+    def dot(c, x):
+        return sum(a * b for a, b in zip(c, x))
     coef = least_squares(xs, ys, free)
-    res = [abs(y - dot(coef, x)) / y for x, y in zip(xs, ys)]
+    coef = least_squares(xs, ys, free, [max(y, dot(coef, x), 1e-12) for x, y in zip(xs, ys)])
+    pred = [max(dot(coef, x), 1e-12) for x in xs]
+    res = [abs(y - p) / p for y, p in zip(ys, pred)]
     cut = max(TRIM_FLOOR, TRIM * statistics.median(res))
     keep = [i for i, r in enumerate(res) if r <= cut]
-    if len(keep) < len(xs) and len(keep) >= len(xs[0]):
-        coef = least_squares([xs[i] for i in keep], [ys[i] for i in keep], free)
-        res = [abs(ys[i] - dot(coef, xs[i])) / ys[i] for i in keep]
-    else:
+    if len(keep) < len(xs[0]):
         keep = list(range(len(xs)))
+    coef = least_squares([xs[i] for i in keep], [ys[i] for i in keep], free, [pred[i] for i in keep])
+    res = [abs(ys[i] - dot(coef, xs[i])) / max(dot(coef, xs[i]), 1e-12) for i in keep]
     return Fit(coef, quantile(res, 0.9), len(keep), len(xs) - len(keep))
 
 
@@ -231,7 +236,7 @@ class CutFit:
         counts = sorted(by)
         factors = [statistics.median(by[c]) for c in counts]
         out = cls(fit, counts, factors)
-        res = [abs(t - out(r, s)) / t for r, s, t in samples]
+        res = [abs(t - out(r, s)) / max(out(r, s), 1e-12) for r, s, t in samples]
         out.fit.spread = quantile(sorted(res)[: max(1, out.fit.kept)], 0.9)
         return out
 

@@ -1,0 +1,256 @@
+"""The simulator's error against committed long-prompt receipts, out of sample.
+
+Receipts are grouped by card, model and engine commit. For each real run of a group, a profile is
+fitted from the engine traces of every *other* run of the group (and the B-alone traces not made on
+that run's server), its twin is played in virtual time (A, B and C at the run's own send offsets,
+lengths and engine configuration, on the engine's real lane host: tensorfold_bench.sim.player),
+and the harness's own long-prompt figures (tensorfold_bench.figures.long_prompt) are computed on
+both. So no run is predicted from its own trace.
+
+    python -m tensorfold_bench.sim.accuracy [RECEIPT.json.gz ...]    (default: every long-prompt receipt)
+
+Every figure on the simulated side is simulated. What the simulation lacks shows as error, not as
+a fitted constant: the server's HTTP thread taking the host's time while a 32,000-token request is
+parsed, the client's own latency, clocks that change with load.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import EngineConfig, KernelConfig
+from engine.scheduler.backend import Capabilities
+from engine.scheduler.costs import Costs, ProfileError
+from engine.scheduler.trace_profile import TracedRun, TracedStream, profile_of, samples_of
+from tensorfold_bench import figures
+from tensorfold_bench.client import StreamRecord
+from tensorfold_bench.report import store
+from tensorfold_bench.scenarios.long_prompt import LongPromptScript, make_prompts
+from tensorfold_bench.sim.player import SimError, SimRequest, play
+
+FIGURES = ("b_first_token", "c_first_token", "a_longest_pause", "a_kept")
+
+
+@dataclass
+class RealRun:
+    """One tfengine run of a long-prompt receipt, with what its twin needs."""
+    receipt: str
+    index: int
+    variant: str
+    group: tuple[str, str, str]  # (card, model, engine commit)
+    cfg: EngineConfig
+    caps: Capabilities
+    vocab: int
+    script: LongPromptScript
+    records: dict[str, StreamRecord]
+    figures: dict
+    traced: TracedRun
+    alone: list[TracedRun] = field(default_factory=list)  # B-alone traces made on this run's server
+
+
+def engine_config(d: dict) -> EngineConfig:
+    """The engine's configuration as a receipt stores it (fields it lacks take their defaults)."""
+    known = {f.name for f in dataclasses.fields(EngineConfig)} - {"kernels"}
+    kn = {f.name for f in dataclasses.fields(KernelConfig)}
+    kernels = KernelConfig(**{k: v for k, v in (d.get("kernels") or {}).items() if k in kn})
+    return EngineConfig(**{k: v for k, v in d.items() if k in known}, kernels=kernels)
+
+
+def capabilities(cfg: EngineConfig, eng: dict) -> Capabilities:
+    """What the run's runner declared, read back from the engine description the receipt keeps."""
+    mixed_text = str(eng.get("cuda_mixed") or eng.get("cpu_mixed") or "")
+    granule = re.search(r"multiples of (\d+)", mixed_text)
+    sizes = re.search(r"graphs at cuts of ([\d, ]+) rows", mixed_text)
+    mixed = cfg.prefill_mode == "mixed" and bool(mixed_text) and mixed_text != "off"
+    return Capabilities(
+        cut_granule=int(granule.group(1)) if mixed and granule else 16,
+        cut_sizes=tuple(int(s) for s in sizes.group(1).replace(" ", "").split(",")) if mixed and sizes else None,
+        cut_free=mixed and ("row-invariant" in mixed_text or "cut_flash" in mixed_text),
+        batch_cuts=cfg.device == "cuda" and cfg.kernels.batch_cuts and cfg.kernels.fused,
+        runs_ahead=bool(eng.get("decode_ahead")), mixed=True,
+        split=cfg.prefill_mode == "split" and str(eng.get("cuda_split", "off")) != "off")
+
+
+def _streams(recs: list[dict | None]) -> list[TracedStream]:
+    return [TracedStream(r["prompt_len"], list(r["token_times"]), r.get("cached_tokens") or 0)
+            for r in recs if r and r.get("token_times")]
+
+
+def runs_of(path: Path) -> list[RealRun]:
+    """The receipt's traced tfengine runs (a foreign server's runs have no engine trace)."""
+    d = store.load(Path(path))
+    name = store.stem(Path(path))
+    settings = d.get("settings") or {}
+    sk = {f.name for f in dataclasses.fields(LongPromptScript)} - {"sampling"}
+    script = LongPromptScript(**{k: v for k, v in (settings.get("script") or {}).items() if k in sk})
+    out, by_index = [], {}
+    for r in d.get("runs") or []:
+        eng = ((r.get("engine") or {}).get("engine")) or {}
+        conf = (r.get("engine") or {}).get("config")
+        if not r.get("trace") or not conf or not r.get("records") or not r.get("figures"):
+            continue
+        cfg = engine_config(conf)
+        group = (str(eng.get("device_name")), str(eng.get("model")), str((r.get("engine") or {}).get("commit")))
+        recs = {k: StreamRecord.from_dict(v) for k, v in r["records"].items()}
+        traced = TracedRun(r["trace"], _streams(list(r["records"].values())), cfg.prefill_mode,
+                           cfg.decode_sms if cfg.prefill_mode == "split" else None)
+        run = RealRun(name, r["index"], r["variant"], group, cfg, capabilities(cfg, eng),
+                      int((eng.get("shape") or {}).get("vocab") or 151_936), script, recs, r["figures"], traced)
+        out.append(run)
+        by_index[r["index"]] = run
+    for alone in (d.get("alone") or {}).values():
+        host = by_index.get(alone.get("run"))
+        if host is not None and alone.get("trace"):
+            host.alone.append(TracedRun(alone["trace"], _streams([alone.get("record"), alone.get("a_record")]),
+                                        host.cfg.prefill_mode, host.traced.decode_sms))
+    return out
+
+
+def twin(run: RealRun, costs: Costs) -> dict[str, StreamRecord]:
+    """The run played in virtual time: A, B and C at the run's own send offsets and lengths."""
+    prompts = make_prompts(run.script, run.vocab)
+    a, b, c = (run.records[k] for k in "ABC")
+    t0 = a.sent
+    reqs = [SimRequest("A", prompts.a, a.max_tokens, 0.0, until=("B", "C")),
+            SimRequest("B", prompts.b, b.max_tokens, b.sent - t0),
+            SimRequest("C", prompts.c, c.max_tokens, c.sent - t0)]
+    return play(reqs, run.cfg, costs, run.caps, vocab_size=run.vocab).records
+
+
+def kept(f: dict) -> float | None:
+    """A kept: its rate while B fills as a percentage of its rate before."""
+    if f.get("a_rate_during") is None or not f.get("a_rate_before"):
+        return None
+    return 100.0 * f["a_rate_during"] / f["a_rate_before"]
+
+
+def values(f: dict) -> dict[str, float | None]:
+    return {"b_first_token": f.get("b_first_token"), "c_first_token": f.get("c_first_token"),
+            "a_longest_pause": f.get("a_longest_pause"), "a_kept": kept(f)}
+
+
+def error(name: str, real: float | None, sim: float | None) -> float | None:
+    """Relative error in % (A kept: the difference in points)."""
+    if real is None or sim is None:
+        return None
+    if name == "a_kept":
+        return sim - real
+    return 100.0 * (sim - real) / real if real else None
+
+
+@dataclass
+class Row:
+    run: RealRun
+    real: dict[str, float | None]
+    sim: dict[str, float | None]
+    why: str | None = None  # a run that could not be simulated
+
+
+def check(runs: list[RealRun]) -> list[Row]:
+    """Each run against its twin on a profile fitted from the rest of its group."""
+    groups: dict[tuple, list[RealRun]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    rows = []
+    for group in groups.values():
+        for r in group:
+            samples_of(r.traced)
+            for a in r.alone:
+                samples_of(a)
+        for r in group:
+            others = [o for o in group if o is not r]
+            traced = [o.traced for o in others] + [a for o in others for a in o.alone]
+            card, model, commit = r.group
+            profile = profile_of(traced, {"type": r.cfg.device, "name": card}, {"name": model},
+                                 {"commit": commit}, "fitted from receipt traces: " + ", ".join(
+                                     sorted({f"{o.receipt} run {o.index}" for o in others})))
+            real = values(r.figures)
+            if not traced:
+                rows.append(Row(r, real, {}, "no other run of its card and commit to fit from"))
+                continue
+            try:
+                sim = values(figures.long_prompt(*twin(r, Costs(profile)).values()).to_dict())
+            except (ProfileError, SimError) as exc:
+                rows.append(Row(r, real, {}, str(exc).split(": ", 1)[-1] if isinstance(exc, ProfileError) else str(exc)))
+                continue
+            rows.append(Row(r, real, sim))
+    return rows
+
+
+def _fmt(name: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if name == "a_kept" else f"{v * 1000:.0f}"
+
+
+def table(rows: list[Row]) -> str:
+    """Markdown: each run, real / simulated / error per figure, then each group's median |error|."""
+    head = ("| receipt | run | card, model | variant | B first token ms | C first token ms | "
+            "A longest pause ms | A kept % |")
+    out = [head, "|" + "---|" * 8]
+    for row in rows:
+        r = row.run
+        cells = [r.receipt, str(r.index), f"{r.group[0].replace('NVIDIA ', '')}, {r.group[1]}", r.variant]
+        if row.why:
+            out.append("| " + " | ".join(cells + [f"not simulated: {row.why}", "", "", ""]) + " |")
+            continue
+        for n in FIGURES:
+            e = error(n, row.real[n], row.sim[n])
+            es = "-" if e is None else (f"{e:+.1f} pt" if n == "a_kept" else f"{e:+.1f} %")
+            cells.append(f"{_fmt(n, row.real[n])} / {_fmt(n, row.sim[n])} ({es})")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def summary(rows: list[Row]) -> str:
+    """Per card and model: the median and largest |error| of each figure over the runs simulated."""
+    out = ["| card, model | runs | B first token | C first token | A longest pause | A kept |", "|" + "---|" * 6]
+    by: dict[tuple, list[Row]] = {}
+    for row in rows:
+        if not row.why:
+            by.setdefault(row.run.group[:2], []).append(row)
+    for (card, model), rs in sorted(by.items()):
+        cells = [f"{card.replace('NVIDIA ', '')}, {model}", str(len(rs))]
+        for n in FIGURES:
+            es = [abs(e) for e in (error(n, x.real[n], x.sim[n]) for x in rs) if e is not None]
+            unit = " pt" if n == "a_kept" else " %"
+            cells.append(f"{statistics.median(es):.1f}{unit} (max {max(es):.1f})" if es else "-")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tensorfold_bench.sim.accuracy", description=__doc__.split("\n\n")[0])
+    ap.add_argument("receipts", nargs="*", help="long-prompt receipts (default: receipts/*long-prompt.json.gz)")
+    ap.add_argument("--device", default=None, help="only runs on this device type (cuda or cpu)")
+    args = ap.parse_args(argv)
+    paths = [Path(p) for p in args.receipts] or sorted(Path("receipts").glob("*long-prompt.json.gz"))
+    if not paths:
+        print("no long-prompt receipts given or found under receipts/", file=sys.stderr)
+        return 2
+    t = time.perf_counter()
+    runs = []
+    for p in paths:
+        try:
+            runs += [r for r in runs_of(p) if args.device is None or r.cfg.device == args.device]
+        except (OSError, ValueError) as exc:
+            print(f"{p}: {exc}", file=sys.stderr)
+            return 2
+    rows = check(runs)
+    print("Simulated (virtual time, profiles fitted from the other runs' traces) against real, per run: "
+          "real / simulated (error).\n")
+    print(table(rows))
+    print("\nMedian |error| per card and model (largest in brackets):\n")
+    print(summary(rows))
+    print(f"\n{len(rows)} runs from {len(paths)} receipts in {time.perf_counter() - t:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
