@@ -94,7 +94,7 @@ def test_a_kind_the_profile_lacks_is_refused_by_name():
     ({"schema": "tfbench.profile/1", "device": {}, "model": {}, "engine": {}, "samples": {"warp": []}},
      "unknown kinds"),
     ({"schema": "tfbench.profile/1", "device": {}, "model": {}, "engine": {}, "samples": {"host": [["nap", 1]]}},
-     "'turn' or 'token'"),
+     "one of turn, token, prompt_token, not 'nap'"),
 ])
 def test_a_bad_profile_is_one_clear_error_naming_file_and_field(tmp_path, doc, msg):
     p = tmp_path / "bad.json"
@@ -143,6 +143,39 @@ def test_split_cuts_queue_on_their_partition_and_rounds_beside_them_cost_the_spl
     assert b.step_done()
     assert b.finish_step() is None and clock() == pytest.approx(one)
     assert b.finish_step() is not None and clock() == pytest.approx(one + two)  # waited for: the clock moved
+
+
+def test_a_whole_device_forward_beside_a_running_cut_starts_when_the_cut_ends():
+    c = profile(split=SPLIT)
+    clock = VirtualClock()
+    b = SimulatedBackend(c, 4, 40000, 1000, Capabilities(split=True), clock=clock, decode_sms=32)
+    prompt = list(range(2048))
+    b.start_step(0, prompt, 0, 1024)
+    b.start_step(0, prompt, 1024, 2048)
+    one, two, short = c.split(32, 1024, 0), c.split(32, 1024, 1024), c.prefill(34, 0)
+    clock.to(one / 2)
+    b.prefill_step(1, list(range(34)), 0, 34)
+    assert clock() == pytest.approx(one + short)
+    b.finish_step()
+    b.finish_step()
+    assert clock() == pytest.approx(one + short + two)  # the cut queued behind waited for it
+
+
+def test_rounds_asked_to_run_ahead_cost_what_the_profile_measured_of_them():
+    ahead = [[n, k, 0.9 * t] for n, k, t in samples()["decode"]]
+    c = profile(decode_ahead=ahead)
+    assert c.decode(1, 500, ahead=True) == pytest.approx(0.9 * c.decode(1, 500), rel=0.01)
+    assert profile().decode(1, 500, ahead=True) == profile().decode(1, 500)  # none measured: a plain round's
+    clock = VirtualClock()
+    SimulatedBackend(c, 4, 4000, 100, Capabilities(runs_ahead=True), clock=clock).decode([0], [1], [499], ahead=True)
+    assert clock() == pytest.approx(c.decode(1, 500, ahead=True))
+
+
+def test_a_long_prompt_reaches_the_host_once_the_server_has_read_it():
+    res = long_prompt_twin(1.0, c=profile(host=[["turn", 5e-5], ["prompt_token", 1e-6]]))
+    b_seq_first = min(s["t"] for s in res.trace if s["kind"] == "prefill" and s["rows"] == 1024)
+    assert 1.0 + 0.032 <= b_seq_first < 1.0 + 0.032 + 0.01  # 32,000 tokens at 1 us, then the round in hand
+    assert res.records["B"].sent == 1.0
 
 
 def test_token_ids_do_not_depend_on_how_the_prompt_was_cut_and_are_never_eos():

@@ -4,11 +4,13 @@ measured once, and the fits the simulator (engine/scheduler/simulated.py) charge
 A profile is one JSON file (`schema: tfbench.profile/1`) of raw samples, one row a measured call:
     prefill       [rows, start, s]        one cut of `rows` rows whose first row is at `start`
     decode        [streams, keys, s]      one round; keys: the keys its rows attend to, summed
+    decode_ahead  [streams, keys, s]      a round the host asked to run ahead (optional: else decode's)
     prefill_many  [prompts, rows, s]      short prompts filled together in one forward
     mixed         [rows, start, streams, keys, s]
     split         [decode_sms, rows, start, streams, keys, cut_s, round_s]
     split_round   [decode_sms, streams, keys, s]
-    host          [["turn", s] | ["token", s], ...]
+    host          [["turn", s] | ["token", s] | ["prompt_token", s], ...]
+                  prompt_token (optional): the server reading a request before the host sees it
 Fitting happens here, at load time, so the file keeps what was measured and a better fit needs no
 new measurement. Each fit weighs errors relative to the sample (a 16-row cut and a 1,024-row cut
 count alike), drops the samples a call's outside work disturbed (one pass: beyond four times the
@@ -19,7 +21,7 @@ percentile of |relative residual|, the width a prediction's range takes.
   a factor per measured row count (the median of its samples over the smooth fit), interpolated in
   log rows between measured counts: kernels change at some counts (flash below 1,024 rows, cuDNN at
   it on the H100), which no three terms follow.
-- decode: t = a[streams] + b keys: an intercept per row count measured (CUDA graphs run at fixed
+- decode (and decode_ahead): t = a[streams] + b keys: an intercept per row count measured (CUDA graphs run at fixed
   sizes), one slope. A count between two measured ones costs the next one up on CUDA (it runs at
   that graph's size), the line between them elsewhere; past the largest, the line through the two
   largest.
@@ -40,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SCHEMA = "tfbench.profile/1"
-KINDS = ("prefill", "decode", "prefill_many", "mixed", "split", "split_round", "host")
-WIDTHS = {"prefill": 3, "decode": 3, "prefill_many": 3, "mixed": 5, "split": 7, "split_round": 4, "host": 2}
+KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
+HOST = ("turn", "token", "prompt_token")
+WIDTHS = {"prefill": 3, "decode": 3, "decode_ahead": 3, "prefill_many": 3, "mixed": 5, "split": 7, "split_round": 4, "host": 2}
 TRIM = 4.0  # a sample beyond this many times the median relative residual (and beyond 20 %) is dropped
 TRIM_FLOOR = 0.20
 
@@ -110,8 +113,8 @@ def _check_row(name: str, kind: str, i: int, row: object) -> None:
     if not isinstance(row, list) or len(row) != WIDTHS[kind]:
         raise ProfileError(f"{where} must be a list of {WIDTHS[kind]} values, not {row!r}")
     values = row[1:] if kind == "host" else row
-    if kind == "host" and row[0] not in ("turn", "token"):
-        raise ProfileError(f"{where}: the host's sample is 'turn' or 'token', not {row[0]!r}")
+    if kind == "host" and row[0] not in HOST:
+        raise ProfileError(f"{where}: the host's sample is one of {', '.join(HOST)}, not {row[0]!r}")
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ProfileError(f"{where}: {v!r} is not a finite number >= 0")
@@ -335,7 +338,7 @@ class Costs:
     def _make(self, kind: str, rows: list):
         if kind == "prefill":
             return CutFit.of([(r, s, t) for r, s, t in rows])
-        if kind == "decode":
+        if kind in ("decode", "decode_ahead"):
             return RoundFit.of([(n, k, t) for n, k, t in rows], self.next_up)
         if kind == "prefill_many":
             return fitted([[1.0, r, p] for p, r, _ in rows], [t for *_, t in rows])
@@ -371,8 +374,9 @@ class Costs:
     def prefill(self, rows: int, start: int) -> float:
         return self._fit("prefill")(rows, start)
 
-    def decode(self, streams: int, keys: int) -> float:
-        return self._fit("decode")(streams, keys)
+    def decode(self, streams: int, keys: int, ahead: bool = False) -> float:
+        """A round; `ahead`: one the host asked to run ahead, where the profile measured such rounds."""
+        return self._fit("decode_ahead" if ahead and self.has("decode_ahead") else "decode")(streams, keys)
 
     def prefill_many(self, prompts: int, rows: int) -> float:
         a, b, c = self._fit("prefill_many").coef
@@ -410,6 +414,13 @@ class Costs:
             self._fits["host_token"] = self._host("token")
         return self._fits["host_token"]
 
+    @property
+    def host_prompt_token(self) -> float:
+        """The server's reading of a request, per prompt token, before the host sees it (0: not measured)."""
+        if "host_prompt_token" not in self._fits:
+            self._fits["host_prompt_token"] = self._host("prompt_token")
+        return self._fits["host_prompt_token"]
+
     def spread(self, kind: str) -> float:
         """A fit's 90th percentile of |relative residual|: how far one call lands from the fit."""
         f = self._fit(kind)
@@ -418,7 +429,7 @@ class Costs:
     def summary(self) -> dict[str, dict]:
         """Each kind the profile holds: its samples, kept, and spread (for receipts and the CLI)."""
         out = {}
-        for kind in ("prefill", "decode", "prefill_many", "mixed"):
+        for kind in ("prefill", "decode", "decode_ahead", "prefill_many", "mixed"):
             if self.has(kind):
                 f = self._fit(kind)
                 fit = f.fit if isinstance(f, (CutFit, RoundFit)) else f

@@ -98,10 +98,26 @@ class SimulatedBackend:
         if self.record:
             self.calls.append((kind, seconds))
 
+    def _whole_device(self, kind: str, seconds: float) -> None:
+        """A forward on the whole device. Beside a split cut that is running it starts when that cut
+        ends (the cut holds its SMs; on the H100 a 34-row prompt launched beside a cut ended with
+        it in each of seven split runs), and the cuts queued behind it wait for it in turn."""
+        now = self.clock.now
+        running = next((i for i, c in enumerate(self._cuts) if c[0] > now), None)
+        if running is None:
+            self._charge(kind, seconds)
+            return
+        self.clock.to(self._cuts[running][0])
+        self._charge(kind, seconds)
+        for i in range(running + 1, len(self._cuts)):
+            self._cuts[i] = (self._cuts[i][0] + seconds, *self._cuts[i][1:])
+        if running + 1 < len(self._cuts):
+            self._busy_until += seconds
+
     # ---- the protocol ----------------------------------------------------------------------------
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int, *,
                      sampling=None, logprobs: list | None = None) -> int | None:
-        self._charge("prefill", self.costs.prefill(end - start, start))
+        self._whole_device("prefill", self.costs.prefill(end - start, start))
         tok = self._fill(lane, tokens, start, end)
         if tok is not None and logprobs is not None:
             logprobs.append(TokenLogprob(0.0))
@@ -114,7 +130,7 @@ class SimulatedBackend:
             beside = self.clock.now < self._busy_until
             self._charge("split_round", self.costs.split_round(self.decode_sms, len(lanes), keys, beside))
         else:
-            self._charge("decode", self.costs.decode(len(lanes), keys))
+            self._charge("decode", self.costs.decode(len(lanes), keys, ahead))
         out = [self._token(lane, pos, tok) for lane, tok, pos in zip(lanes, tokens, positions)]
         if logprobs is not None:
             logprobs.extend(TokenLogprob(0.0) for _ in out)
@@ -122,7 +138,7 @@ class SimulatedBackend:
 
     def prefill_many(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[int | None]:
         rows = sum(end - start for _, _, start, end in items)
-        self._charge("prefill_many", self.costs.prefill_many(len(items), rows))
+        self._whole_device("prefill_many", self.costs.prefill_many(len(items), rows))
         return [self._fill(lane, tokens, start, end) for lane, tokens, start, end in items]
 
     def mixed(self, cuts: Sequence[tuple[int, Sequence[int], int, int]], lanes: Sequence[int],
@@ -131,7 +147,7 @@ class SimulatedBackend:
         cost = 0.0
         for _, _, start, end in cuts:
             cost += self.costs.mixed(self._charged(end - start), start, len(lanes), keys)
-        self._charge("mixed", cost)
+        self._whole_device("mixed", cost)
         firsts = [self._fill(lane, toks, start, end) for lane, toks, start, end in cuts]
         return firsts, [self._token(lane, pos, tok) for lane, tok, pos in zip(lanes, tokens, positions)]
 

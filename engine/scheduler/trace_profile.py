@@ -14,6 +14,11 @@ What a trace does not say, and what is assumed instead:
   quantisation cancels) where it was queued behind that one, and its launch to its landing less half
   a round where it was not;
 - prompts filled together (`prefill_many`) share one forward's t and dur in the trace;
+- a forward on the whole device while a split cut runs waits for that cut, so its time is left out;
+- rounds the host asked to run ahead (no prompt in a lane, on a runner that runs ahead) are
+  `decode_ahead` samples: the host sees less of them (the next round is under way as it reads one);
+- a prompt's intake (`host` "prompt_token": the server reading a request before the host sees it):
+  from a long prompt's send to its first cut, less half the call the host was in, per prompt token;
 - the host's own time: a token's is how much longer the gap between consecutive rounds of n
   streams is than of one, per stream; a turn's, the gap between rounds of one stream less one
   token's (gaps over 5 ms are waits for work, not work).
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from engine.scheduler.costs import KINDS, Profile
 
 IDLE_GAP_S = 0.005  # a gap between rounds longer than this is the host waiting, not working
+INTAKE_ROWS = 2048  # prompts long enough that the server's reading them shows against the host's turn
 
 
 @dataclass
@@ -35,6 +41,7 @@ class TracedStream:
     prompt_len: int
     token_times: list[float]  # when each token was received, on the trace's clock
     cached: int = 0
+    sent: float | None = None  # when the client sent it, on the trace's clock
 
 
 @dataclass
@@ -43,6 +50,7 @@ class TracedRun:
     streams: list[TracedStream]
     mode: str = "stepped"  # the engine's --prefill-mode
     decode_sms: int | None = None  # split mode's decode partition
+    ahead: bool = False  # the runner ran rounds ahead where the host asked (caps.runs_ahead)
     samples: dict[str, list] = field(default_factory=dict)  # filled by `samples_of`
 
 
@@ -58,29 +66,40 @@ def _keys(streams: list[TracedStream], t: float, dur: float, n: int) -> int:
     return n * max((s.prompt_len for s in streams), default=1)
 
 
-def _starts(trace: list[dict], streams: list[TracedStream]) -> dict[int, int]:
-    """Each traced stream's first cut's start: the rows its prompt cache gave it."""
+def _owners(trace: list[dict], streams: list[TracedStream]) -> dict[int, int | None]:
+    """Each traced prompt's stream (by its cuts' total: its prompt length less cached rows), or None."""
     total: dict[int, int] = defaultdict(int)
     for r in trace:
         if r["kind"] in ("prefill", "mixed") and r["seq"] is not None:
             total[r["seq"]] += r["rows"]
     out, used = {}, set()
     for seq, rows in total.items():
+        out[seq] = None
         for i, s in enumerate(streams):
             if i not in used and s.prompt_len - s.cached == rows:
-                out[seq] = s.cached
+                out[seq] = i
                 used.add(i)
                 break
-        else:
-            out[seq] = 0
     return out
+
+
+def _waiting(trace: list[dict]) -> list[tuple[float, float]]:
+    """When a prompt was in a lane with rows to fill: from its first cut's start to its last's end
+    (the host asks no round ahead then)."""
+    span: dict[int, list[float]] = {}
+    for r in trace:
+        if r["kind"] in ("prefill", "mixed") and r["seq"] is not None:
+            lo_hi = span.setdefault(r["seq"], [r["t"], r["t"] + r["dur"]])
+            lo_hi[0], lo_hi[1] = min(lo_hi[0], r["t"]), max(lo_hi[1], r["t"] + r["dur"])
+    return sorted((lo, hi) for lo, hi in span.values())
 
 
 def samples_of(run: TracedRun) -> dict[str, list]:
     """The run's trace as profile samples, one row a traced call."""
     trace = sorted(run.trace, key=lambda r: r["t"])
     out: dict[str, list] = {k: [] for k in KINDS}
-    pos = _starts(trace, run.streams)
+    owner = _owners(trace, run.streams)
+    pos = {seq: run.streams[i].cached if i is not None else 0 for seq, i in owner.items()}
     decodes = [r for r in trace if r["kind"] == "decode"]
     dec_t = [r["t"] for r in decodes]
 
@@ -101,6 +120,10 @@ def samples_of(run: TracedRun) -> dict[str, list]:
     for i, r in enumerate(trace):
         if r["kind"] == "prefill" and i not in beside:
             groups[(r["t"], r["dur"])].append(i)
+    # a forward on the whole device while a split cut runs waits for the cut: its time is not its own
+    spans = sorted((trace[i]["t"], trace[i]["t"] + trace[i]["dur"]) for i in beside)
+    contended = {i for i, r in enumerate(trace) if r["kind"] in ("prefill", "mixed") and i not in beside
+                 and any(lo <= r["t"] < hi for lo, hi in spans)}
 
     for i, r in enumerate(trace):
         kind, rows, seq = r["kind"], r["rows"], r["seq"]
@@ -122,6 +145,8 @@ def samples_of(run: TracedRun) -> dict[str, list]:
             n = statistics.median_low(d["streams"] for d in near)
             keys = _keys(run.streams, near[0]["t"], rd, n)
             out["split"].append([run.decode_sms or 0, rows, start, n, keys, cut, rd])
+        elif i in contended:
+            continue
         elif kind == "prefill":
             group = groups[(r["t"], r["dur"])]
             if len(group) > 1:
@@ -132,10 +157,32 @@ def samples_of(run: TracedRun) -> dict[str, list]:
         elif kind == "mixed" and r["dur"] > 0:
             keys = _keys(run.streams, r["t"], r["dur"], r["streams"])
             out["mixed"].append([rows, start, r["streams"], keys, r["dur"]])
+    waits = _waiting(trace)
+    w_lo = [lo for lo, _ in waits]
     for d in decodes:
         if d["dur"] <= 0 or id(d) in in_cut:
             continue
-        out["decode"].append([d["rows"], _keys(run.streams, d["t"], d["dur"], d["rows"]), d["dur"]])
+        j = bisect_right(w_lo, d["t"])
+        waiting = any(lo <= d["t"] < hi for lo, hi in waits[max(0, j - 4):j])
+        kind = "decode_ahead" if run.ahead and not waiting else "decode"
+        out[kind].append([d["rows"], _keys(run.streams, d["t"], d["dur"], d["rows"]), d["dur"]])
+
+    # a long prompt's time from the client's send to its first cut, less the call the host was in
+    first: dict[int, dict] = {}
+    for r in trace:
+        if r["kind"] in ("prefill", "mixed") and r["seq"] is not None and r["seq"] not in first:
+            first[r["seq"]] = r
+    starts = [r["t"] for r in trace]
+    for seq, r in first.items():
+        i = owner.get(seq)
+        st = run.streams[i] if i is not None else None
+        if st is None or st.sent is None or st.prompt_len - st.cached < INTAKE_ROWS:
+            continue
+        k = bisect_left(starts, r["t"]) - 1  # the call before the first cut: the host was busy in it
+        prev = trace[k] if k >= 0 else None
+        ready = prev["t"] + prev["dur"] / 2 if prev is not None and prev["t"] > st.sent else r["t"]
+        if ready > st.sent:
+            out["host"].append(["prompt_token", (ready - st.sent) / st.prompt_len])
 
     # the host's own time: gaps between consecutive decode rounds
     gaps: dict[int, list[float]] = defaultdict(list)
@@ -149,7 +196,7 @@ def samples_of(run: TracedRun) -> dict[str, list]:
         one = statistics.median(gaps[1])
         per = [(statistics.median(gs) - one) / (n - 1) for n, gs in sorted(gaps.items()) if n > 1 and len(gs) >= 5]
         token = max(0.0, statistics.median(per)) if per else 0.0
-        out["host"] = [["turn", max(0.0, g - token)] for g in gaps[1]] + [["token", t] for t in per if t >= 0]
+        out["host"] += [["turn", max(0.0, g - token)] for g in gaps[1]] + [["token", t] for t in per if t >= 0]
     run.samples = out
     return out
 

@@ -78,7 +78,7 @@ def capabilities(cfg: EngineConfig, eng: dict) -> Capabilities:
 
 
 def _streams(recs: list[dict | None]) -> list[TracedStream]:
-    return [TracedStream(r["prompt_len"], list(r["token_times"]), r.get("cached_tokens") or 0)
+    return [TracedStream(r["prompt_len"], list(r["token_times"]), r.get("cached_tokens") or 0, r.get("sent"))
             for r in recs if r and r.get("token_times")]
 
 
@@ -98,9 +98,10 @@ def runs_of(path: Path) -> list[RealRun]:
         cfg = engine_config(conf)
         group = (str(eng.get("device_name")), str(eng.get("model")), str((r.get("engine") or {}).get("commit")))
         recs = {k: StreamRecord.from_dict(v) for k, v in r["records"].items()}
+        caps = capabilities(cfg, eng)
         traced = TracedRun(r["trace"], _streams(list(r["records"].values())), cfg.prefill_mode,
-                           cfg.decode_sms if cfg.prefill_mode == "split" else None)
-        run = RealRun(name, r["index"], r["variant"], group, cfg, capabilities(cfg, eng),
+                           cfg.decode_sms if cfg.prefill_mode == "split" else None, caps.runs_ahead)
+        run = RealRun(name, r["index"], r["variant"], group, cfg, caps,
                       int((eng.get("shape") or {}).get("vocab") or 151_936), script, recs, r["figures"], traced)
         out.append(run)
         by_index[r["index"]] = run
@@ -108,7 +109,7 @@ def runs_of(path: Path) -> list[RealRun]:
         host = by_index.get(alone.get("run"))
         if host is not None and alone.get("trace"):
             host.alone.append(TracedRun(alone["trace"], _streams([alone.get("record"), alone.get("a_record")]),
-                                        host.cfg.prefill_mode, host.traced.decode_sms))
+                                        host.cfg.prefill_mode, host.traced.decode_sms, host.traced.ahead))
     return out
 
 

@@ -1,7 +1,8 @@
 """The virtual-time player: requests at virtual send times, driven through the engine's real
 `LaneHost` turn by turn on a simulated backend, recorded as the client records a real run.
 
-Each step: every request whose send time has come is submitted, every cancel due is asked; one
+Each step: every request the server has read by now (its send time, plus the profile's intake per
+prompt token) is submitted, every cancel due is asked; one
 turn of the host runs, and the clock moves on by the host's own time (the profile's `host` costs:
 a turn's, and a token's for each token the turn emitted) on top of what its forwards cost. A turn
 that does nothing jumps the clock to the next arrival or cancel. A stream never pauses: the
@@ -65,7 +66,10 @@ def play(requests: list[SimRequest], cfg: EngineConfig, costs: Costs, caps: Capa
     records: dict[str, StreamRecord] = {}
     seqs: dict[str, Sequence] = {}
     ended: set[str] = set()
-    arrivals = sorted(requests, key=lambda r: (r.at, names.index(r.name)))
+    # a request reaches the host once the server has read it (the profile's intake per prompt token)
+    intake = costs.host_prompt_token
+    due = {r.name: r.at + intake * len(r.prompt) for r in requests}
+    arrivals = sorted(requests, key=lambda r: (due[r.name], names.index(r.name)))
     cancels = [(r.cancel_at, i, r.name) for i, r in enumerate(requests) if r.cancel_at is not None]
     heapq.heapify(cancels)
     waits = {r.name: set(r.until) for r in requests if r.until}
@@ -108,7 +112,7 @@ def play(requests: list[SimRequest], cfg: EngineConfig, costs: Costs, caps: Capa
     nxt, turns = 0, 0
     while True:
         now = clock.now
-        while nxt < len(arrivals) and arrivals[nxt].at <= now:
+        while nxt < len(arrivals) and due[arrivals[nxt].name] <= now:
             r = arrivals[nxt]
             nxt += 1
             rec = StreamRecord(r.name, "/v1/completions", len(r.prompt), r.max_tokens, scheduled=r.at,
@@ -132,7 +136,7 @@ def play(requests: list[SimRequest], cfg: EngineConfig, costs: Costs, caps: Capa
             if turns >= max_turns:
                 raise SimError(f"the simulation ran {max_turns} turns without ending")
             continue
-        upcoming = [t for t in (arrivals[nxt].at if nxt < len(arrivals) else None,
+        upcoming = [t for t in (due[arrivals[nxt].name] if nxt < len(arrivals) else None,
                                 cancels[0][0] if cancels else None) if t is not None]
         if upcoming:
             clock.to(min(upcoming))
