@@ -343,10 +343,9 @@ class Costs:
         if kind == "prefill_many":
             return fitted([[1.0, r, p] for p, r, _ in rows], [t for *_, t in rows])
         if kind == "mixed":
-            dec = self._fit("decode")
             xs, ys = [], []
             for r, s, n, k, t in rows:
-                above = t - dec(int(n), int(k))
+                above = t - self.decode(int(n), int(k))
                 if above > 0:
                     xs.append(cut_terms(r, s))
                     ys.append(above)
@@ -375,8 +374,10 @@ class Costs:
         return self._fit("prefill")(rows, start)
 
     def decode(self, streams: int, keys: int, ahead: bool = False) -> float:
-        """A round; `ahead`: one the host asked to run ahead, where the profile measured such rounds."""
-        return self._fit("decode_ahead" if ahead and self.has("decode_ahead") else "decode")(streams, keys)
+        """A round; `ahead`: one the host asked to run ahead. Each kind stands for the other where the
+        profile measured only one (a trace of whole prompts has no round beside a waiting one)."""
+        want, other = ("decode_ahead", "decode") if ahead else ("decode", "decode_ahead")
+        return self._fit(want if self.has(want) or not self.has(other) else other)(streams, keys)
 
     def prefill_many(self, prompts: int, rows: int) -> float:
         a, b, c = self._fit("prefill_many").coef

@@ -96,7 +96,10 @@ def _waiting(trace: list[dict]) -> list[tuple[float, float]]:
 
 def samples_of(run: TracedRun) -> dict[str, list]:
     """The run's trace as profile samples, one row a traced call."""
-    trace = sorted(run.trace, key=lambda r: r["t"])
+    # a mixed forward is traced twice: as the forward ("mixed") and as its prompt's step ("prefill")
+    mixed = {(r["t"], r["dur"], r["seq"]) for r in run.trace if r["kind"] == "mixed"}
+    trace = sorted((r for r in run.trace if r["kind"] != "prefill" or (r["t"], r["dur"], r["seq"]) not in mixed),
+                   key=lambda r: r["t"])
     out: dict[str, list] = {k: [] for k in KINDS}
     owner = _owners(trace, run.streams)
     pos = {seq: run.streams[i].cached if i is not None else 0 for seq, i in owner.items()}

@@ -9,7 +9,9 @@ both. So no run is predicted from its own trace.
 
     python -m tensorfold_bench.sim.accuracy [RECEIPT.json.gz ...]    (default: every long-prompt receipt)
 
-Every figure on the simulated side is simulated. What the simulation lacks shows as error, not as
+Every twin plays today's scheduler code (engine/scheduler): a receipt of an older engine commit ran
+that commit's scheduler, so its error includes any change of schedule since. Every figure on the
+simulated side is simulated. What the simulation lacks shows as error, not as
 a fitted constant: the server's HTTP thread taking the host's time while a 32,000-token request is
 parsed, the client's own latency, clocks that change with load.
 """
@@ -96,7 +98,10 @@ def runs_of(path: Path) -> list[RealRun]:
         if not r.get("trace") or not conf or not r.get("records") or not r.get("figures"):
             continue
         cfg = engine_config(conf)
-        group = (str(eng.get("device_name")), str(eng.get("model")), str((r.get("engine") or {}).get("commit")))
+        card = str(eng.get("device_name"))
+        if cfg.device == "cpu":  # one card, two kernel paths: the ISA and dtype tell them apart
+            card += f" {(eng.get('cpu') or {}).get('isa', '')} {cfg.dtype}".rstrip()
+        group = (card, str(eng.get("model")), str((r.get("engine") or {}).get("commit")))
         recs = {k: StreamRecord.from_dict(v) for k, v in r["records"].items()}
         caps = capabilities(cfg, eng)
         traced = TracedRun(r["trace"], _streams(list(r["records"].values())), cfg.prefill_mode,
@@ -172,6 +177,9 @@ def check(runs: list[RealRun]) -> list[Row]:
                                  {"commit": commit}, "fitted from receipt traces: " + ", ".join(
                                      sorted({f"{o.receipt} run {o.index}" for o in others})))
             real = values(r.figures)
+            if "dirty" in commit or not commit or commit == "None" or commit.startswith("HEAD"):
+                rows.append(Row(r, real, {}, f"engine commit {commit!r} names no one tree: runs cannot be grouped"))
+                continue
             if not traced:
                 rows.append(Row(r, real, {}, "no other run of its card and commit to fit from"))
                 continue
@@ -212,6 +220,7 @@ def table(rows: list[Row]) -> str:
 def summary(rows: list[Row]) -> str:
     """Per card and model: the median and largest |error| of each figure over the runs simulated."""
     out = ["| card, model | runs | B first token | C first token | A longest pause | A kept |", "|" + "---|" * 6]
+    ms = ("c_first_token", "a_longest_pause")  # short figures: their error in ms says more than in %
     by: dict[tuple, list[Row]] = {}
     for row in rows:
         if not row.why:
@@ -221,7 +230,11 @@ def summary(rows: list[Row]) -> str:
         for n in FIGURES:
             es = [abs(e) for e in (error(n, x.real[n], x.sim[n]) for x in rs) if e is not None]
             unit = " pt" if n == "a_kept" else " %"
-            cells.append(f"{statistics.median(es):.1f}{unit} (max {max(es):.1f})" if es else "-")
+            cell = f"{statistics.median(es):.1f}{unit} (max {max(es):.1f})" if es else "-"
+            if n in ms and es:
+                d = [1000 * abs(x.sim[n] - x.real[n]) for x in rs if x.sim[n] is not None and x.real[n] is not None]
+                cell += f"; {statistics.median(d):.0f} ms (max {max(d):.0f})"
+            cells.append(cell)
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
