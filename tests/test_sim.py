@@ -379,3 +379,43 @@ def test_a_profile_fitted_from_simulated_traces_plays_the_same_figures_again():
     assert sim.b_first_token == pytest.approx(real.b_first_token, rel=0.02)
     assert sim.c_first_token == pytest.approx(real.c_first_token, rel=0.1)
     assert sim.a_longest_pause == pytest.approx(real.a_longest_pause, rel=0.05)
+
+
+# ---- the accuracy check over a receipt ------------------------------------------------------------
+
+def test_the_accuracy_check_reads_a_receipt_and_predicts_each_run_from_the_others(tmp_path, capsys):
+    """A receipt of runs made on a known profile: each run's twin, on a profile fitted from the other
+    runs' traces only, gives that run's figures; a receipt of two cards cannot make one profile."""
+    from dataclasses import asdict
+    from tensorfold_bench.report import store
+    from tensorfold_bench.scenarios.long_prompt import LongPromptScript, make_prompts
+    from tensorfold_bench.sim import accuracy
+
+    script = LongPromptScript(b_at=1.0, c_after=0.5, b_tokens=8192, a_max_tokens=5000)
+    prompts = make_prompts(script, 1000)
+    runs = []
+    for i, (name, share) in enumerate((("p=1", 1.0), ("p=0.5", 0.5), ("p=0.5", 0.5), ("p=1", 1.0))):
+        cfg = EngineConfig(device="cuda", parallel=4, prefill_rows=1024, max_model_len=20000, prefill_share=share,
+                           trace=True)
+        res = play([SimRequest("A", prompts.a, 5000, 0.0, until=("B", "C")), SimRequest("B", prompts.b, 8, 1.0),
+                    SimRequest("C", prompts.c, 16, 1.5)], cfg, profile(), vocab_size=1000, trace=True)
+        recs = {k: v.to_dict() for k, v in res.records.items()}
+        eng = {"device_name": "Test GPU", "model": "m", "shape": {"vocab": 1000}, "decode_ahead": False}
+        runs.append({"index": i + 1, "variant": name, "records": recs, "trace": res.trace,
+                     "figures": long_prompt(*res.records.values()).to_dict(),
+                     "engine": {"engine": eng, "config": asdict(cfg), "commit": "abc1234"}})
+    path = store.write({"schema": "tfbench.receipt/1", "settings": {"script": script.to_dict()}, "runs": runs, "alone": {}},
+                       tmp_path, "r-long-prompt")
+    got = accuracy.runs_of(path)
+    assert [r.variant for r in got] == ["p=1", "p=0.5", "p=0.5", "p=1"] and got[0].group == ("Test GPU", "m", "abc1234")
+    rows = accuracy.check(got)
+    assert len(rows) == 4 and not any(r.why for r in rows)
+    for row in rows:
+        for n in accuracy.FIGURES:
+            e = accuracy.error(n, row.real[n], row.sim[n])
+            assert abs(e) < (1.0 if n == "a_kept" else 3.0), (row.run.variant, n, e)
+    assert accuracy.main([str(path)]) == 0
+    assert "| Test GPU, m | 4 |" in capsys.readouterr().out
+    out = tmp_path / "p.json"
+    assert accuracy.main(["--write-profile", str(out), str(path)]) == 0
+    assert Costs.load(out).decode(1, 100) == pytest.approx(round_s(1, 100), rel=0.01)

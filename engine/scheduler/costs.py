@@ -68,8 +68,14 @@ class Profile:
                 "model": self.model, "engine": self.engine, "samples": {k: self.samples.get(k, []) for k in KINDS}}
 
     def write(self, path: Path) -> Path:
+        """Indented JSON, one sample a line (a profile is read by people and diffed in review)."""
+        d = self.to_dict()
+        samples = d.pop("samples")
+        head = json.dumps(d, indent=1)[:-2]
+        kinds = [f'  "{k}": [' + ",".join("\n   " + json.dumps(r) for r in rows) + ("\n  ]" if rows else "]")
+                 for k, rows in samples.items()]
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        path.write_text(head + ',\n "samples": {\n' + ",\n".join(kinds) + "\n }\n}\n", encoding="utf-8")
         return path
 
     @classmethod

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import re
 import statistics
 import sys
@@ -28,10 +29,11 @@ from pathlib import Path
 
 from engine.config import EngineConfig, KernelConfig
 from engine.scheduler.backend import Capabilities
-from engine.scheduler.costs import Costs, ProfileError
+from engine.scheduler.costs import Costs, Profile, ProfileError
 from engine.scheduler.trace_profile import TracedRun, TracedStream, profile_of, samples_of
 from tensorfold_bench import figures
 from tensorfold_bench.client import StreamRecord
+from tensorfold_bench.errors import BenchError
 from tensorfold_bench.report import store
 from tensorfold_bench.scenarios.long_prompt import LongPromptScript, make_prompts
 from tensorfold_bench.sim.player import SimError, SimRequest, play
@@ -100,7 +102,7 @@ def runs_of(path: Path) -> list[RealRun]:
         cfg = engine_config(conf)
         card = str(eng.get("device_name"))
         if cfg.device == "cpu":  # one card, two kernel paths: the ISA and dtype tell them apart
-            card += f" {(eng.get('cpu') or {}).get('isa', '')} {cfg.dtype}".rstrip()
+            card = " ".join(x for x in (card, (eng.get("cpu") or {}).get("isa"), cfg.dtype) if x)
         group = (card, str(eng.get("model")), str((r.get("engine") or {}).get("commit")))
         recs = {k: StreamRecord.from_dict(v) for k, v in r["records"].items()}
         caps = capabilities(cfg, eng)
@@ -192,6 +194,45 @@ def check(runs: list[RealRun]) -> list[Row]:
     return rows
 
 
+KEEP = 400  # samples a profile keeps of one kind at one row count: more only lengthens the file
+
+
+def thinned(rows: list, by: int | None) -> list:
+    """At most KEEP rows for each value of column `by` (None: of the kind), evenly over the rest of
+    the row's values, times rounded to 0.1 us."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(r[by] if by is not None else None, []).append(r)
+    out = []
+    for _, g in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        g = sorted(g, key=lambda r: [str(x) for x in r] if isinstance(r[0], str) else r)
+        step = max(1, -(-len(g) // KEEP))
+        out += g[::step]
+    return [[round(x, 7) if isinstance(x, float) else x for x in r] for r in out]
+
+
+def profile_from(runs: list[RealRun], created: str) -> Profile:
+    """One profile from every run given (one card, model and commit), thinned for the file."""
+    groups = {r.group for r in runs}
+    if len(groups) != 1:
+        raise ValueError("a profile is of one card, model and engine commit; the receipts hold "
+                         + "; ".join(", ".join(g) for g in sorted(groups)))
+    (card, model, commit), first = groups.pop(), runs[0]
+    for r in runs:
+        samples_of(r.traced)
+        for a in r.alone:
+            samples_of(a)
+    traced = [r.traced for r in runs] + [a for r in runs for a in r.alone]
+    names = sorted({r.receipt for r in runs})
+    cfg = first.cfg
+    prof = profile_of(traced, {"type": cfg.device, "name": card}, {"name": model, "dtype": cfg.dtype, "vocab": first.vocab},
+                      {"commit": commit, "parallel": cfg.parallel, "prefill_rows": cfg.prefill_rows,
+                       "max_model_len": cfg.max_model_len}, "fitted from receipt traces: " + ", ".join(names), created)
+    by = {"prefill": 0, "decode": 0, "decode_ahead": 0, "host": 0, "mixed": 2, "split": 0, "split_round": 0}
+    prof.samples = {k: thinned(v, by.get(k)) for k, v in prof.samples.items()}
+    return prof
+
+
 def _fmt(name: str, v: float | None) -> str:
     if v is None:
         return "-"
@@ -243,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tensorfold_bench.sim.accuracy", description=__doc__.split("\n\n")[0])
     ap.add_argument("receipts", nargs="*", help="long-prompt receipts (default: receipts/*long-prompt.json.gz)")
     ap.add_argument("--device", default=None, help="only runs on this device type (cuda or cpu)")
+    ap.add_argument("--write-profile", metavar="FILE", default=None,
+                    help="instead: fit one profile from every run of the receipts given (one card, model and "
+                         "commit) and write it")
     args = ap.parse_args(argv)
     paths = [Path(p) for p in args.receipts] or sorted(Path("receipts").glob("*long-prompt.json.gz"))
     if not paths:
@@ -253,9 +297,19 @@ def main(argv: list[str] | None = None) -> int:
     for p in paths:
         try:
             runs += [r for r in runs_of(p) if args.device is None or r.cfg.device == args.device]
-        except (OSError, ValueError) as exc:
-            print(f"{p}: {exc}", file=sys.stderr)
+        except (OSError, ValueError, BenchError) as exc:
+            print(f"{exc}" if isinstance(exc, BenchError) else f"{p}: {exc}", file=sys.stderr)
             return 2
+    if args.write_profile:
+        created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            prof = profile_from(runs, created)
+        except ValueError as exc:
+            print(f"--write-profile: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {prof.write(Path(args.write_profile))}: " + ", ".join(
+            f"{k} {len(v)}" for k, v in prof.samples.items() if v))
+        return 0
     rows = check(runs)
     print("Simulated (virtual time, profiles fitted from the other runs' traces) against real, per run: "
           "real / simulated (error).\n")
