@@ -419,3 +419,20 @@ def test_the_accuracy_check_reads_a_receipt_and_predicts_each_run_from_the_other
     out = tmp_path / "p.json"
     assert accuracy.main(["--write-profile", str(out), str(path)]) == 0
     assert Costs.load(out).decode(1, 100) == pytest.approx(round_s(1, 100), rel=0.01)
+
+
+def test_requests_follow_each_others_events_and_cancel_after_seconds_or_tokens():
+    cfg = EngineConfig(parallel=4, prefill_rows=256, max_model_len=8000)
+    reqs = [SimRequest("X", [3] * 1000, 50, 0.0, cancel_tokens=5),
+            SimRequest("R", [3] * 1000, 4, 0.2, after=("X", "cancelled")),
+            SimRequest("Y", [4] * 10, 1000, 0.0, after=("R", "first_token"), cancel_after=0.1),
+            SimRequest("Z", [5] * 10, 4, 0.0, after=("Y", "done"))]  # Y is cancelled: Z is never sent
+    res = play(reqs, cfg, profile(), vocab_size=100)
+    x, r, y = res.records["X"], res.records["R"], res.records["Y"]
+    assert x.cancelled and 5 <= len(x.token_ids) <= 6  # closed after its 5th, reaped at the next turn
+    assert r.sent == pytest.approx(res.events[("X", "cancelled")] + 0.2)
+    assert r.cached_tokens == 768  # X's rows, to the last cut boundary before its prompt's last cut
+    assert y.sent == pytest.approx(r.token_times[0]) and y.cancelled and y.ended - y.sent < 0.12
+    assert "Z" not in res.records
+    with pytest.raises(ValueError, match="not one of"):
+        play([SimRequest("A", [1], 4, after=("A", "ended"))], cfg, profile())
