@@ -404,8 +404,8 @@ def test_the_accuracy_check_reads_a_receipt_and_predicts_each_run_from_the_other
         runs.append({"index": i + 1, "variant": name, "records": recs, "trace": res.trace,
                      "figures": long_prompt(*res.records.values()).to_dict(),
                      "engine": {"engine": eng, "config": asdict(cfg), "commit": "abc1234"}})
-    path = store.write({"schema": "tfbench.receipt/1", "settings": {"script": script.to_dict()}, "runs": runs, "alone": {}},
-                       tmp_path, "r-long-prompt")
+    receipt = {"schema": "tfbench.receipt/1", "settings": {"script": script.to_dict()}, "runs": runs, "alone": {}}
+    path = store.write(receipt, tmp_path, "r-long-prompt")
     got = accuracy.runs_of(path)
     assert [r.variant for r in got] == ["p=1", "p=0.5", "p=0.5", "p=1"] and got[0].group == ("Test GPU", "m", "abc1234")
     rows = accuracy.check(got)
@@ -436,3 +436,13 @@ def test_requests_follow_each_others_events_and_cancel_after_seconds_or_tokens()
     assert "Z" not in res.records
     with pytest.raises(ValueError, match="not one of"):
         play([SimRequest("A", [1], 4, after=("A", "ended"))], cfg, profile())
+
+
+def test_a_scenario_whose_forwards_the_profile_lacks_is_refused_not_failed():
+    cfg = EngineConfig(parallel=4, prefill_rows=256, max_model_len=8000, prefill_mode="mixed")
+    with pytest.raises(ProfileError, match="has no 'mixed' samples"):
+        play([SimRequest("A", [1] * 300, 4)], cfg, profile(), Capabilities(mixed=True))
+    shorts = [SimRequest(f"S{i}", [i + 1] * 100, 4) for i in range(3)]
+    with pytest.raises(ProfileError, match="has no 'prefill_many' samples"):  # asked for mid-run
+        play(shorts, EngineConfig(parallel=4, prefill_rows=256, max_model_len=8000), profile(),
+             Capabilities(batch_cuts=True))

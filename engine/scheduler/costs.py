@@ -44,7 +44,8 @@ from pathlib import Path
 SCHEMA = "tfbench.profile/1"
 KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
 HOST = ("turn", "token", "prompt_token")
-WIDTHS = {"prefill": 3, "decode": 3, "decode_ahead": 3, "prefill_many": 3, "mixed": 5, "split": 7, "split_round": 4, "host": 2}
+WIDTHS = {"prefill": 3, "decode": 3, "decode_ahead": 3, "prefill_many": 3, "mixed": 5, "split": 7, "split_round": 4,
+          "host": 2}
 TRIM = 4.0  # a sample beyond this many times the median relative residual (and beyond 20 %) is dropped
 TRIM_FLOOR = 0.20
 

@@ -75,6 +75,9 @@ class SimulatedBackend:
         self._busy_until = 0.0  # when the prompt partition's last launched cut ends
         self.calls: list[tuple[str, float]] = []  # (kind, seconds) of every call, when recording
         self.record = False
+        # the profile's refusal of a call it has no costs for: the host ends the call's streams as
+        # failed, as for any backend failure, and the player stops the simulation with this message
+        self.refused: ProfileError | None = None
 
     # ---- tokens -------------------------------------------------------------------------------
     def _fill(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
@@ -92,6 +95,13 @@ class SimulatedBackend:
         while tok in self.eos_token_ids:
             tok = (tok + 1) % self.vocab_size
         return tok
+
+    def _cost(self, ask, *args) -> float:
+        try:
+            return ask(*args)
+        except ProfileError as exc:
+            self.refused = self.refused or exc
+            raise
 
     def _charge(self, kind: str, seconds: float) -> None:
         self.clock.advance(seconds)
@@ -117,7 +127,7 @@ class SimulatedBackend:
     # ---- the protocol ----------------------------------------------------------------------------
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int, *,
                      sampling=None, logprobs: list | None = None) -> int | None:
-        self._whole_device("prefill", self.costs.prefill(end - start, start))
+        self._whole_device("prefill", self._cost(self.costs.prefill, end - start, start))
         tok = self._fill(lane, tokens, start, end)
         if tok is not None and logprobs is not None:
             logprobs.append(TokenLogprob(0.0))
@@ -128,9 +138,9 @@ class SimulatedBackend:
         keys = sum(positions) + len(positions)
         if self.caps.split and self._cuts:
             beside = self.clock.now < self._busy_until
-            self._charge("split_round", self.costs.split_round(self.decode_sms, len(lanes), keys, beside))
+            self._charge("split_round", self._cost(self.costs.split_round, self.decode_sms, len(lanes), keys, beside))
         else:
-            self._charge("decode", self.costs.decode(len(lanes), keys, ahead))
+            self._charge("decode", self._cost(self.costs.decode, len(lanes), keys, ahead))
         out = [self._token(lane, pos, tok) for lane, tok, pos in zip(lanes, tokens, positions)]
         if logprobs is not None:
             logprobs.extend(TokenLogprob(0.0) for _ in out)
@@ -138,7 +148,7 @@ class SimulatedBackend:
 
     def prefill_many(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[int | None]:
         rows = sum(end - start for _, _, start, end in items)
-        self._whole_device("prefill_many", self.costs.prefill_many(len(items), rows))
+        self._whole_device("prefill_many", self._cost(self.costs.prefill_many, len(items), rows))
         return [self._fill(lane, tokens, start, end) for lane, tokens, start, end in items]
 
     def mixed(self, cuts: Sequence[tuple[int, Sequence[int], int, int]], lanes: Sequence[int],
@@ -146,7 +156,7 @@ class SimulatedBackend:
         keys = sum(positions) + len(positions)
         cost = 0.0
         for _, _, start, end in cuts:
-            cost += self.costs.mixed(self._charged(end - start), start, len(lanes), keys)
+            cost += self._cost(self.costs.mixed, self._charged(end - start), start, len(lanes), keys)
         self._whole_device("mixed", cost)
         firsts = [self._fill(lane, toks, start, end) for lane, toks, start, end in cuts]
         return firsts, [self._token(lane, pos, tok) for lane, tok, pos in zip(lanes, tokens, positions)]
@@ -160,7 +170,7 @@ class SimulatedBackend:
         if not self.caps.split:
             raise ProfileError("start_step on a backend that does not declare split")
         begin = max(self.clock.now, self._busy_until)
-        self._busy_until = begin + self.costs.split(self.decode_sms, end - start, start)
+        self._busy_until = begin + self._cost(self.costs.split, self.decode_sms, end - start, start)
         self._cuts.append((self._busy_until, lane, tokens, start, end))
         if self.record:
             self.calls.append(("start_step", self._busy_until - begin))

@@ -188,7 +188,7 @@ def check(runs: list[RealRun]) -> list[Row]:
             try:
                 sim = values(figures.long_prompt(*twin(r, Costs(profile)).values()).to_dict())
             except (ProfileError, SimError) as exc:
-                rows.append(Row(r, real, {}, str(exc).split(": ", 1)[-1] if isinstance(exc, ProfileError) else str(exc)))
+                rows.append(Row(r, real, {}, str(exc)))
                 continue
             rows.append(Row(r, real, sim))
     return rows
@@ -225,7 +225,8 @@ def profile_from(runs: list[RealRun], created: str) -> Profile:
     traced = [r.traced for r in runs] + [a for r in runs for a in r.alone]
     names = sorted({r.receipt for r in runs})
     cfg = first.cfg
-    prof = profile_of(traced, {"type": cfg.device, "name": card}, {"name": model, "dtype": cfg.dtype, "vocab": first.vocab},
+    prof = profile_of(traced, {"type": cfg.device, "name": card},
+                      {"name": model, "dtype": cfg.dtype, "vocab": first.vocab},
                       {"commit": commit, "parallel": cfg.parallel, "prefill_rows": cfg.prefill_rows,
                        "max_model_len": cfg.max_model_len}, "fitted from receipt traces: " + ", ".join(names), created)
     by = {"prefill": 0, "decode": 0, "decode_ahead": 0, "host": 0, "mixed": 2, "split": 0, "split_round": 0}

@@ -71,11 +71,23 @@ def _check(requests: list[SimRequest]) -> None:
             raise ValueError(f"request {r.name}: event {r.after[1]!r} is not one of {', '.join(EVENTS)}")
 
 
+def needs(costs: Costs, cfg: EngineConfig, caps: Capabilities) -> None:
+    """Refuse, before the first turn, a configuration whose forwards the profile has no costs for
+    (ProfileError naming the profile and the kind)."""
+    costs.prefill(1, 0)
+    costs.decode(1, 1)
+    if cfg.prefill_mode == "mixed" and caps.mixed:
+        costs.mixed(caps.cut_granule, 0, 1, 1)
+    if cfg.prefill_mode == "split" and caps.split:
+        costs.split(cfg.decode_sms, cfg.prefill_rows, 0)
+
+
 def play(requests: list[SimRequest], cfg: EngineConfig, costs: Costs, caps: Capabilities = Capabilities(), *,
          vocab_size: int = 151_936, trace: bool = False, start: float = 0.0, max_turns: int = 10_000_000) -> SimResult:
     """Play `requests` on the engine's lane host over a simulated backend; one record per request
     sent (a request waiting for an event that never happened is not sent, as in a real run)."""
     _check(requests)
+    needs(costs, cfg, caps)
     clock = VirtualClock(start)
     backend = SimulatedBackend(costs, cfg.parallel, cfg.max_model_len, vocab_size, caps, clock=clock,
                                decode_sms=cfg.decode_sms if caps.split else None)
@@ -166,7 +178,10 @@ def play(requests: list[SimRequest], cfg: EngineConfig, costs: Costs, caps: Capa
             if name in seqs and name not in ended:
                 seqs[name].cancel()
         emitted = host.counters.tokens_out
-        if host.turn():
+        worked = host.turn()
+        if backend.refused is not None:
+            raise backend.refused
+        if worked:
             turns += 1
             clock.advance(turn_s + token_s * (host.counters.tokens_out - emitted))
             if turns >= max_turns:
