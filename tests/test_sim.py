@@ -231,34 +231,14 @@ def test_at_share_one_half_the_decoders_get_about_as_much_time_as_the_cuts():
 
 def eight_shorts(host_cls=LaneHost):
     """Eight short prompts arriving together beside one decoding stream, on a backend that fills
-    short cuts together; returns the median first token."""
-    c = profile(prefill_many=MANY)
-    clock = VirtualClock()
-    caps = Capabilities(batch_cuts=True)
-    backend = SimulatedBackend(c, 16, 40000, 1000, caps, clock=clock)
-    from engine.scheduler.sequence import Sequence
-    host = host_cls(backend, EngineConfig(parallel=16, prefill_rows=1024, max_model_len=40000), clock=clock)
-    firsts = {}
-    seqs = [Sequence(list(range(1, 17)), 400, ignore_eos=True)]
-    host.submit(seqs[0])
-    while not seqs[0].output:
-        host.turn()
-    t0 = clock()
-    for i in range(8):
-        s = Sequence([i + 1] * 200, 4, ignore_eos=True, arrival=t0)
-
-        def emit(kind, payload, i=i):
-            if kind == "token" and i not in firsts:
-                firsts[i] = clock() - t0
-        s.emit = emit
-        seqs.append(s)
-        host.submit(s)
-    rounds_before = []
-    while len(firsts) < 8:
-        before = host.counters.decode_rounds
-        host.turn()
-        rounds_before.append(host.counters.decode_rounds - before)
-    return statistics.median(firsts.values()), sum(rounds_before[:-1])
+    short cuts together: (the median first token, the rounds run before the last first token)."""
+    reqs = [SimRequest("A", list(range(1, 17)), 400, 0.0)]
+    reqs += [SimRequest(f"S{i}", [i + 1] * 200, 4, 0.5) for i in range(8)]
+    res = play(reqs, EngineConfig(parallel=16, prefill_rows=1024, max_model_len=40000), profile(prefill_many=MANY),
+               Capabilities(batch_cuts=True), vocab_size=1000, trace=True, host_cls=host_cls)
+    firsts = [res.records[f"S{i}"].token_times[0] for i in range(8)]
+    rounds = [s for s in res.trace if s["kind"] == "decode" and 0.5 <= s["t"] < max(firsts)]
+    return statistics.median(f - 0.5 for f in firsts), len(rounds)
 
 
 class OnePerTurn(LaneHost):

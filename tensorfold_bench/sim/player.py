@@ -83,15 +83,17 @@ def needs(costs: Costs, cfg: EngineConfig, caps: Capabilities) -> None:
 
 
 def play(requests: list[SimRequest], cfg: EngineConfig, costs: Costs, caps: Capabilities = Capabilities(), *,
-         vocab_size: int = 151_936, trace: bool = False, start: float = 0.0, max_turns: int = 10_000_000) -> SimResult:
+         vocab_size: int = 151_936, trace: bool = False, start: float = 0.0, max_turns: int = 10_000_000,
+         host_cls: type[LaneHost] = LaneHost) -> SimResult:
     """Play `requests` on the engine's lane host over a simulated backend; one record per request
-    sent (a request waiting for an event that never happened is not sent, as in a real run)."""
+    sent (a request waiting for an event that never happened is not sent, as in a real run).
+    `host_cls`: the lane host to drive (another tree's, to compare two schedulers on one profile)."""
     _check(requests)
     needs(costs, cfg, caps)
     clock = VirtualClock(start)
     backend = SimulatedBackend(costs, cfg.parallel, cfg.max_model_len, vocab_size, caps, clock=clock,
                                decode_sms=cfg.decode_sms if caps.split else None)
-    host = LaneHost(backend, replace(cfg, trace=trace) if trace != cfg.trace else cfg, clock=clock)
+    host = host_cls(backend, replace(cfg, trace=trace) if trace != cfg.trace else cfg, clock=clock)
     turn_s, token_s, intake = costs.host_turn, costs.host_token, costs.host_prompt_token
     order = {r.name: i for i, r in enumerate(requests)}
     waiting_on: dict[tuple[str, str], list[SimRequest]] = {}
