@@ -21,10 +21,10 @@ percentile of |relative residual|, the width a prediction's range takes.
   a factor per measured row count (the median of its samples over the smooth fit), interpolated in
   log rows between measured counts: kernels change at some counts (flash below 1,024 rows, cuDNN at
   it on the H100), which no three terms follow.
-- decode (and decode_ahead): t = a[streams] + b keys: an intercept per row count measured (CUDA graphs run at fixed
-  sizes), one slope. A count between two measured ones costs the next one up on CUDA (it runs at
-  that graph's size), the line between them elsewhere; past the largest, the line through the two
-  largest.
+- decode (and decode_ahead): t = a[streams] + b keys: an intercept per row count measured (CUDA
+  graphs run at fixed sizes), one slope. A count between two measured ones costs the next one up
+  on CUDA (it runs at that graph's size), the line between them elsewhere; past the largest, the
+  line through the two largest.
 - prefill_many: t = a + b rows + c prompts.
 - mixed: t = decode(streams, keys) + a + u rows + k rows (start + rows / 2), as the host's own
   cost model (engine/scheduler/forward_cost.py) has it.

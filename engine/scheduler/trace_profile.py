@@ -8,12 +8,14 @@ What a trace does not say, and what is assumed instead:
 - a round's `keys`: the streams decoding then (first token received before the round ended, last
   after it began), each at its prompt length plus the tokens it had received by the round's middle
   (a token is received a moment after its round; one token of context either way is noise). Where
-  that set's size differs from the round's `streams`, its mean context stands for each stream;
+  that set's size differs from the round's `streams`, its mean context stands for each stream (and
+  where it is empty, the longest prompt's);
 - split mode: a cut launched while streams decode runs beside the rounds; the host lands it at a
   turn's edge, so its own time is the time between its landing and the landing before it (the
   quantisation cancels) where it was queued behind that one, and its launch to its landing less half
   a round where it was not;
-- prompts filled together (`prefill_many`) share one forward's t and dur in the trace;
+- prompts filled together (`prefill_many`) share one forward's t and dur in the trace; a mixed
+  forward is traced twice (the forward, and its prompt's step), and counted once;
 - a forward on the whole device while a split cut runs waits for that cut, so its time is left out;
 - rounds the host asked to run ahead (no prompt in a lane, on a runner that runs ahead) are
   `decode_ahead` samples: the host sees less of them (the next round is under way as it reads one);

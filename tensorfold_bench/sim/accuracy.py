@@ -160,6 +160,11 @@ class Row:
     why: str | None = None  # a run that could not be simulated
 
 
+def one_tree(commit: str) -> bool:
+    """Whether a receipt's engine commit names one tree (not a dirty one, nor a bare HEAD)."""
+    return bool(commit) and commit != "None" and "dirty" not in commit and not commit.startswith("HEAD")
+
+
 def check(runs: list[RealRun]) -> list[Row]:
     """Each run against its twin on a profile fitted from the rest of its group."""
     groups: dict[tuple, list[RealRun]] = {}
@@ -179,14 +184,15 @@ def check(runs: list[RealRun]) -> list[Row]:
                                  {"commit": commit}, "fitted from receipt traces: " + ", ".join(
                                      sorted({f"{o.receipt} run {o.index}" for o in others})))
             real = values(r.figures)
-            if "dirty" in commit or not commit or commit == "None" or commit.startswith("HEAD"):
+            if not one_tree(commit):
                 rows.append(Row(r, real, {}, f"engine commit {commit!r} names no one tree: runs cannot be grouped"))
                 continue
             if not traced:
                 rows.append(Row(r, real, {}, "no other run of its card and commit to fit from"))
                 continue
             try:
-                sim = values(figures.long_prompt(*twin(r, Costs(profile)).values()).to_dict())
+                recs = twin(r, Costs(profile))
+                sim = values(figures.long_prompt(recs["A"], recs["B"], recs["C"]).to_dict())
             except (ProfileError, SimError) as exc:
                 rows.append(Row(r, real, {}, str(exc)))
                 continue
@@ -205,7 +211,7 @@ def thinned(rows: list, by: int | None) -> list:
         groups.setdefault(r[by] if by is not None else None, []).append(r)
     out = []
     for _, g in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        g = sorted(g, key=lambda r: [str(x) for x in r] if isinstance(r[0], str) else r)
+        g = sorted(g)
         step = max(1, -(-len(g) // KEEP))
         out += g[::step]
     return [[round(x, 7) if isinstance(x, float) else x for x in r] for r in out]
@@ -218,6 +224,8 @@ def profile_from(runs: list[RealRun], created: str) -> Profile:
         raise ValueError("a profile is of one card, model and engine commit; the receipts hold "
                          + "; ".join(", ".join(g) for g in sorted(groups)))
     (card, model, commit), first = groups.pop(), runs[0]
+    if not one_tree(commit):
+        raise ValueError(f"engine commit {commit!r} names no one tree: its costs belong to no build")
     for r in runs:
         samples_of(r.traced)
         for a in r.alone:
