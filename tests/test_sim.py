@@ -188,7 +188,10 @@ def test_token_ids_do_not_depend_on_how_the_prompt_was_cut_and_are_never_eos():
     assert ta == tb
     ra, rb = a.decode([0], [ta], [1000]), b.decode([2], [tb], [1000])
     assert ra == rb
-    assert all(a.decode([0], [t % 50], [p]) [0] not in (0, 1) for p, t in enumerate(range(2000)))
+    assert all(a.decode([0], [t % 50], [p])[0] not in (0, 1) for p, t in enumerate(range(2000)))
+    asked = SimulatedBackend(profile(), 4, 4000, 50, eos_token_ids=(0, 1), eos_every=100)
+    asked.prefill_step(0, prompt, 0, 1000)
+    assert [asked.decode([0], [7], [p])[0] == 0 for p in (1098, 1099)] == [False, True]
 
 
 # ---- the real lane host on it: the schedule facts -----------------------------------------------

@@ -73,8 +73,6 @@ class SimulatedBackend:
         # split: the cuts launched and not landed, oldest first: (ends at, lane, tokens, start, end)
         self._cuts: deque[tuple[float, int, Sequence[int], int, int]] = deque()
         self._busy_until = 0.0  # when the prompt partition's last launched cut ends
-        self.calls: list[tuple[str, float]] = []  # (kind, seconds) of every call, when recording
-        self.record = False
         # the profile's refusal of a call it has no costs for: the host ends the call's streams as
         # failed, as for any backend failure, and the player stops the simulation with this message
         self.refused: ProfileError | None = None
@@ -103,22 +101,20 @@ class SimulatedBackend:
             self.refused = self.refused or exc
             raise
 
-    def _charge(self, kind: str, seconds: float) -> None:
+    def _charge(self, seconds: float) -> None:
         self.clock.advance(seconds)
-        if self.record:
-            self.calls.append((kind, seconds))
 
-    def _whole_device(self, kind: str, seconds: float) -> None:
+    def _whole_device(self, seconds: float) -> None:
         """A forward on the whole device. Beside a split cut that is running it starts when that cut
         ends (the cut holds its SMs; on the H100 a 34-row prompt launched beside a cut ended with
         it in each of seven split runs), and the cuts queued behind it wait for it in turn."""
         now = self.clock.now
         running = next((i for i, c in enumerate(self._cuts) if c[0] > now), None)
         if running is None:
-            self._charge(kind, seconds)
+            self._charge(seconds)
             return
         self.clock.to(self._cuts[running][0])
-        self._charge(kind, seconds)
+        self._charge(seconds)
         for i in range(running + 1, len(self._cuts)):
             self._cuts[i] = (self._cuts[i][0] + seconds, *self._cuts[i][1:])
         if running + 1 < len(self._cuts):
@@ -127,7 +123,7 @@ class SimulatedBackend:
     # ---- the protocol ----------------------------------------------------------------------------
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int, *,
                      sampling=None, logprobs: list | None = None) -> int | None:
-        self._whole_device("prefill", self._cost(self.costs.prefill, end - start, start))
+        self._whole_device(self._cost(self.costs.prefill, end - start, start))
         tok = self._fill(lane, tokens, start, end)
         if tok is not None and logprobs is not None:
             logprobs.append(TokenLogprob(0.0))
@@ -138,9 +134,9 @@ class SimulatedBackend:
         keys = sum(positions) + len(positions)
         if self.caps.split and self._cuts:
             beside = self.clock.now < self._busy_until
-            self._charge("split_round", self._cost(self.costs.split_round, self.decode_sms, len(lanes), keys, beside))
+            self._charge(self._cost(self.costs.split_round, self.decode_sms, len(lanes), keys, beside))
         else:
-            self._charge("decode", self._cost(self.costs.decode, len(lanes), keys, ahead))
+            self._charge(self._cost(self.costs.decode, len(lanes), keys, ahead))
         out = [self._token(lane, pos, tok) for lane, tok, pos in zip(lanes, tokens, positions)]
         if logprobs is not None:
             logprobs.extend(TokenLogprob(0.0) for _ in out)
@@ -148,7 +144,7 @@ class SimulatedBackend:
 
     def prefill_many(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[int | None]:
         rows = sum(end - start for _, _, start, end in items)
-        self._whole_device("prefill_many", self._cost(self.costs.prefill_many, len(items), rows))
+        self._whole_device(self._cost(self.costs.prefill_many, len(items), rows))
         return [self._fill(lane, tokens, start, end) for lane, tokens, start, end in items]
 
     def mixed(self, cuts: Sequence[tuple[int, Sequence[int], int, int]], lanes: Sequence[int],
@@ -157,7 +153,7 @@ class SimulatedBackend:
         cost = 0.0
         for _, _, start, end in cuts:
             cost += self._cost(self.costs.mixed, self._charged(end - start), start, len(lanes), keys)
-        self._whole_device("mixed", cost)
+        self._whole_device(cost)
         firsts = [self._fill(lane, toks, start, end) for lane, toks, start, end in cuts]
         return firsts, [self._token(lane, pos, tok) for lane, tok, pos in zip(lanes, tokens, positions)]
 
@@ -172,15 +168,11 @@ class SimulatedBackend:
         begin = max(self.clock.now, self._busy_until)
         self._busy_until = begin + self._cost(self.costs.split, self.decode_sms, end - start, start)
         self._cuts.append((self._busy_until, lane, tokens, start, end))
-        if self.record:
-            self.calls.append(("start_step", self._busy_until - begin))
 
     def step_done(self) -> bool:
         return bool(self._cuts) and self.clock.now >= self._cuts[0][0]
 
     def finish_step(self) -> int | None:
         ends, lane, tokens, start, end = self._cuts.popleft()
-        if self.record:
-            self.calls.append(("finish_step", max(0.0, ends - self.clock.now)))
         self.clock.to(ends)
         return self._fill(lane, tokens, start, end)
