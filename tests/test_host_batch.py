@@ -1,6 +1,7 @@
 """The lane host fills several short prompts in one forward when the backend can do so exactly
 (`batch_cuts`, `prefill_many`); the streams' replies equal those of one-at-a-time fills."""
 from engine.config import EngineConfig
+from engine.scheduler.backend import Capabilities
 from engine.scheduler.host import LaneHost
 from engine.scheduler.sequence import Sequence
 
@@ -11,8 +12,8 @@ class Backend:
     """Tokens are a pure function of each cut (what an exact backend guarantees)."""
 
     def __init__(self, batch: bool):
-        self.parallel, self.max_model_len, self.vocab_size, self.eos_token_id = 4, 10_000, 1000, 999
-        self.batch_cuts = batch
+        self.parallel, self.max_model_len, self.vocab_size, self.eos_token_ids = 4, 10_000, 1000, (999,)
+        self.caps = Capabilities(batch_cuts=batch)
         self.calls: list[tuple] = []
 
     def prefill_step(self, lane, tokens, start, end):

@@ -3,6 +3,7 @@ of cuts and rounds, the budget shrinking the cut as the prompt's context grows, 
 first, a decoder's longest pause one forward."""
 import pytest
 
+from engine.scheduler.backend import Capabilities
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig
 from engine.scheduler.forward_cost import ForwardCost
 from engine.scheduler.host import LaneHost
@@ -26,11 +27,15 @@ class Clock:
 class MixedBackend:
     """Advances the clock as the cost model's own form (base + rows + keys read) and logs calls."""
 
-    def __init__(self, clock, cut_free=True, fail_mixed=False, key=KEY, cut_sizes=None, fixed=0.0, row=ROW):
+    def __init__(self, clock, cut_free=True, fail_mixed=False, key=KEY, cut_sizes=None, fixed=0.0, row=ROW,
+                 granule=16, batch_cuts=False):
         self.clock, self.parallel, self.max_model_len = clock, 4, 100_000
-        self.cut_sizes, self.fixed, self.row = cut_sizes, fixed, row
-        self.vocab_size, self.eos_token_id = 1000, 999
-        self.cut_free, self.fail_mixed, self.key = cut_free, fail_mixed, key
+        self.fixed, self.row = fixed, row
+        self.vocab_size, self.eos_token_ids = 1000, (999,)
+        self.fail_mixed, self.key = fail_mixed, key
+        self.cut_sizes = cut_sizes
+        self.caps = Capabilities(cut_granule=granule, cut_sizes=cut_sizes, cut_free=cut_free, batch_cuts=batch_cuts,
+                                 mixed=True)
         self.calls: list[tuple] = []
 
     def _first(self, tokens, end):
@@ -201,8 +206,7 @@ def test_short_prompts_go_first_and_carry_the_decoders_too():
 def test_several_short_prompts_fill_together_then_the_long_one_rides_with_the_decoders():
     """Prompts arriving together beside a decoder (a sweep's streams) fill in one forward where
     the backend batches cuts, not one mixed forward each; the long prompt's cuts still ride."""
-    host, backend, _ = make()
-    backend.batch_cuts = True
+    host, backend, _ = make(batch_cuts=True)
     backend.prefill_many = lambda items: (backend.calls.append(("many", tuple(i[0] for i in items))),
                                           [backend._first(t, e) for _, t, _, e in items])[1]
     a = start_decoder(host, backend)
@@ -349,8 +353,7 @@ def test_cuts_end_on_the_backend_s_granule():
     """A backend whose cut attention computes whole tiles (cut_granule): every sized cut ends at a
     multiple of the tile, so no forward pays for a tile it fills in part."""
     clock = Clock()
-    backend = MixedBackend(clock)
-    backend.cut_granule = 64
+    backend = MixedBackend(clock, granule=64)
     cfg = EngineConfig(parallel=4, prefill_rows=R, prefill_mode="mixed", mixed_budget_ms=40.0, out_queue=10**9)
     host = LaneHost(backend, cfg, clock=clock)
     start_decoder(host, backend)

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from engine.config import EngineConfig
+from engine.scheduler.backend import Capabilities
 from engine.scheduler.host import LaneHost
 from engine.faults import Faults, FaultyBackend
 from engine.scheduler.policy import DEBT_CAP_S, PrefillBudget, checked_share
@@ -29,7 +30,8 @@ class FakeBackend:
 
     def __init__(self, clock, parallel=4, row_cost=1.0 / R, round_cost=0.25, fail_at=None):
         self.clock, self.parallel, self.max_model_len = clock, parallel, 100_000
-        self.vocab_size, self.eos_token_id = 1000, 999
+        self.vocab_size, self.eos_token_ids = 1000, (999,)
+        self.caps = Capabilities()
         self.row_cost, self.round_cost, self.fail_at = row_cost, round_cost, fail_at
         self.calls: list[tuple] = []
 

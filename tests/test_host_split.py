@@ -6,6 +6,7 @@ import pytest
 from engine.cli import check_config, split_refused
 from engine.config import ConfigError, EngineConfig, KernelConfig
 from engine.cuda.partitions import check_decode_sms
+from engine.scheduler.backend import Capabilities
 from engine.scheduler.host import LaneHost
 from engine.scheduler.sampling import SamplingParams
 from engine.scheduler.sequence import Sequence, Status
@@ -19,7 +20,8 @@ class SplitBackend:
     after `rounds_a_cut` decode rounds beside it."""
 
     def __init__(self, rounds_a_cut=3, fail_finish=False):
-        self.parallel, self.max_model_len, self.vocab_size, self.eos_token_id = 4, 100_000, 1000, 999
+        self.parallel, self.max_model_len, self.vocab_size, self.eos_token_ids = 4, 100_000, 1000, (999,)
+        self.caps = Capabilities(split=True)
         self.rounds_a_cut, self.fail_finish = rounds_a_cut, fail_finish
         self.calls: list[tuple] = []
         self.flights = []  # [lane, tokens, end, rounds beside it], oldest first

@@ -207,3 +207,14 @@ def test_the_layer_check_sees_a_back_arrow():
     g = {"tensorfold_bench.client.stream": {"tensorfold_bench.scenarios.sweep"}}
     back = [(m, i) for m, deps in g.items() for i in deps if LAYERS[layer(i)] >= LAYERS[layer(m)]]
     assert back == [("tensorfold_bench.client.stream", "tensorfold_bench.scenarios.sweep")]
+
+
+def test_the_scheduler_reads_declared_capabilities_never_probes_the_backend():
+    """What a backend offers is declared (backend.Capabilities); a probe with getattr/hasattr would
+    let a new backend (a fake, the simulator's) offer something the protocol never names."""
+    probes = []
+    for path in sorted((ENGINE / "scheduler").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+                probes.append(f"{path.name}:{node.lineno}")
+    assert probes == []

@@ -46,7 +46,7 @@ from engine.cpu.cut_attention import tile_for
 from engine.cpu.round import CppRound
 from engine.cpu.wide import WideKernel, round_weights, wide_wanted
 from engine.runner.kv_cache import KVCache
-from engine.scheduler.backend import next_cut
+from engine.scheduler.backend import Capabilities, next_cut
 from engine.models.qwen3 import decode_attention_loop
 from engine.models.presets import resolve_model
 from engine.runner.sampler import choose
@@ -651,6 +651,13 @@ class ModelRunner:
     def runs_ahead(self) -> bool:
         """Whether decode(..., ahead=True) launches the next round before returning (engine/runner/ahead.py)."""
         return self.ahead is not None
+
+    @property
+    def caps(self) -> Capabilities:
+        """What the lane host may ask of this runner (backend.Capabilities), from what it set up."""
+        return Capabilities(cut_granule=self.cut_granule, cut_sizes=self.cut_sizes, cut_free=self.cut_free,
+                            batch_cuts=self.batch_cuts, runs_ahead=self.runs_ahead, mixed=True,
+                            split=self.sm_split is not None)
 
     # ---- helpers -----------------------------------------------------------------------------
     def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False,

@@ -2,6 +2,7 @@
 touches tensors. `ModelRunner` is the real one; tests drive the host with a fake."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 
@@ -20,12 +21,36 @@ def cuts(start: int, length: int, rows: int) -> list[tuple[int, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend offers beyond `prefill_step` and `decode`. The host reads these and nothing
+    else of the backend's nature, once, when it starts; the defaults are a plain backend's."""
+
+    # mixed cuts end at multiples of this many positions (where a cut's attention computes whole
+    # tiles, the tile)
+    cut_granule: int = 16
+    # the cut sizes a sized cut takes, ascending; None: any multiple of the granule. Where each size
+    # has a forward of its own (CUDA graphs), a cut between two sizes costs the larger one.
+    cut_sizes: tuple[int, ...] | None = None
+    # a cut's rows keep their bits wherever the cut starts and ends (row-invariant products,
+    # attention in tiles at absolute positions): the host may size cuts off the grid
+    cut_free: bool = False
+    # `prefill_many`: several short cuts in one forward, each with the bits it has alone
+    batch_cuts: bool = False
+    # `decode(..., ahead=True)`: the round launches the next one before returning
+    runs_ahead: bool = False
+    # `mixed`: a prompt's cut and decode rows in one forward (MixedBackend)
+    mixed: bool = False
+    # `start_step`/`step_done`/`finish_step`: cuts on SMs of their own beside the rounds (SplitBackend)
+    split: bool = False
+
+
 class Backend(Protocol):
     parallel: int
     max_model_len: int
     vocab_size: int
-    eos_token_id: int  # the first of eos_token_ids
-    eos_token_ids: tuple[int, ...]  # a reply stops at any of them (optional: defaults to (eos_token_id,))
+    eos_token_ids: tuple[int, ...]  # a reply stops at any of them
+    caps: Capabilities = Capabilities()
 
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int, *,
                      sampling=None, logprobs: list | None = None) -> int | None:
@@ -45,21 +70,18 @@ class Backend(Protocol):
         bits never depend on its neighbours."""
 
 
-class MixedBackend(Backend, Protocol):
-    """A backend that can carry a prompt's cut and decode rows in one forward (`--prefill-mode
-    mixed`; optional: the host runs stepped turns with a backend that has no `mixed`)."""
+class BatchBackend(Backend, Protocol):
+    """A backend that declares `caps.batch_cuts`."""
 
-    # Whether a cut's rows keep their bits wherever the cut starts and ends (row-invariant
-    # products, attention in tiles at absolute positions): then the host may size cuts off the
-    # grid; otherwise every cut it hands `mixed` is a grid cut.
-    cut_free: bool
-    # Mixed cuts end at multiples of this many positions (optional, default 16): where a cut's
-    # attention computes whole tiles, the tile.
-    cut_granule: int
-    # The cut sizes a sized cut takes, ascending (optional, default None: any multiple of the
-    # granule): where each size has a forward of its own (CUDA graphs), a cut between two sizes
-    # costs the larger one.
-    cut_sizes: tuple[int, ...] | None
+    def prefill_many(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[int | None]:
+        """Each item (lane, tokens, start, end) as `prefill_step` runs it, every cut a short one
+        (at most SHORT_ROWS rows), all in one forward, each with the bits it has alone (greedy).
+        Returns per item its first token if the cut ends its prompt, else None."""
+
+
+class MixedBackend(Backend, Protocol):
+    """A backend that declares `caps.mixed` (`--prefill-mode mixed`; without it the host runs
+    stepped turns). `caps.cut_free`, `cut_granule` and `cut_sizes` say which cuts it takes."""
 
     def mixed(self, cuts: Sequence[tuple[int, Sequence[int], int, int]], lanes: Sequence[int],
               tokens: Sequence[int], positions: Sequence[int]) -> tuple[list[int | None], list[int]]:
@@ -70,8 +92,8 @@ class MixedBackend(Backend, Protocol):
 
 
 class SplitBackend(Backend, Protocol):
-    """A backend that runs a prompt's cuts on SMs of their own beside its decode rounds
-    (`--prefill-mode split`; optional: without these the host steps prompts in turn). The host
+    """A backend that declares `caps.split`: it runs a prompt's cuts on SMs of their own beside its
+    decode rounds (`--prefill-mode split`; without it the host steps prompts in turn). The host
     launches cuts in order and lands them in order; `decode` runs while cuts are in flight."""
 
     def start_step(self, lane: int, tokens: Sequence[int], start: int, end: int) -> None:

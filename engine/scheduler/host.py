@@ -7,14 +7,14 @@ A turn:
   1. take new requests and cancels; admit waiting requests into free lanes (prompt cache: the
      free lane holding the longest prefix of the prompt, rounded down to a cut boundary);
   2. run the prompts the policy sends in whole, then the long step it allows, if any (a backend
-     with `batch_cuts` set fills several short greedy prompts' cuts in one `prefill_many`
+     declaring `batch_cuts` fills several short greedy prompts' cuts in one `prefill_many`
      forward, each cut with the bits it has alone);
   3. one decode round for every runnable stream; what a step or round emitted is handed to its
      consumer once (`Sequence.flush`), not once a token; in mixed mode, while a prompt waits,
      steps 2 and 3 are one forward (`backend.mixed`): the policy's cut and every runnable
      stream's row;
   4. with nothing to do, block until something arrives.
-In split mode (a backend with `start_step`: backend.SplitBackend), while streams decode a long prompt's next cut is
+In split mode (a backend declaring `split`: backend.SplitBackend), while streams decode a long prompt's next cut is
 launched on SMs of its own and the turns go on with decode rounds on the others; a turn lands the
 cut once it is done (its first token out then) and launches the next.
 """
@@ -68,10 +68,10 @@ class LaneHost:
     drafter: object | None = None  # engine.scheduler.drafter: proposes tokens to check in spare rows
 
     def __post_init__(self):
-        self.policy = LanePolicy(self.cfg, self.clock, int(getattr(self.backend, "cut_granule", 16)),
-                                 getattr(self.backend, "cut_sizes", None))
+        self.caps = self.backend.caps  # what the backend offers, declared (backend.Capabilities)
+        self.policy = LanePolicy(self.cfg, self.clock, self.caps.cut_granule, self.caps.cut_sizes)
         self.rows = self.cfg.prefill_rows
-        self.runs_ahead = bool(getattr(self.backend, "runs_ahead", False))  # decode(..., ahead=True)
+        self.eos = frozenset(self.backend.eos_token_ids)
         self.free: list[int] = list(range(self.backend.parallel))
         self.lane_rows: dict[int, list[int]] = {}  # prompt rows a free lane still holds
         self.waiting: deque[Sequence] = deque()
@@ -85,7 +85,7 @@ class LaneHost:
         self._stop = False
         self._thread: threading.Thread | None = None
         # split mode: a long prompt's cut on SMs of its own beside the rounds (backend.start_step)
-        self.split = self.cfg.prefill_mode == "split" and hasattr(self.backend, "start_step")
+        self.split = self.cfg.prefill_mode == "split" and self.caps.split
         # the cuts launched and not yet landed, oldest first: (stream, start, end, launched at); the
         # next is launched while one runs, so the prompt's SMs never wait for the host's turn
         self.inflight: deque[tuple[Sequence, int, int, float]] = deque()
@@ -221,7 +221,7 @@ class LaneHost:
             return False
         ordered = self.policy.fill_order(self.prompts)
         shorts = [s for s in ordered if self.policy.goes_whole(s)]
-        worked = getattr(self.backend, "batch_cuts", False) and self._fill_together(shorts)
+        worked = self.caps.batch_cuts and self._fill_together(shorts)
         for seq in shorts:
             while seq in self.prompts and not seq.cancel_requested:
                 self._prompt_step(seq, timed=False)
@@ -316,7 +316,7 @@ class LaneHost:
         """Whether this turn may be one mixed forward: a backend that has one, streams that can
         decode, and every row greedy without drafts (the mixed forward's rows are plain ones;
         otherwise the turn runs as in stepped mode, with the same bits)."""
-        if not (runnable and self.prompts and hasattr(self.backend, "mixed")):
+        if not (runnable and self.prompts and self.caps.mixed):
             return False
         if self.drafter is not None and self.cfg.drafts:
             return False
@@ -332,9 +332,9 @@ class LaneHost:
         shorts = [s for s in ordered if self.policy.goes_whole(s)]
         # several short prompts waiting fill together in one forward, as in the other modes; one a
         # mixed forward left 64 streams arriving within milliseconds 12 % below whole on the H200
-        if len(shorts) > 1 and getattr(self.backend, "batch_cuts", False) and self._fill_together(shorts):
+        if len(shorts) > 1 and self.caps.batch_cuts and self._fill_together(shorts):
             return True
-        pick = self.policy.mixed_cut(ordered, bool(getattr(self.backend, "cut_free", False)))
+        pick = self.policy.mixed_cut(ordered, self.caps.cut_free)
         if pick is None:  # the cost model's base first: a timed round of the decode rows alone
             self._decode_round(runnable)
             return True
@@ -410,7 +410,7 @@ class LaneHost:
         lps: list | None = None if all(s.sampling.plain for s in runnable) else []
         # no prompt waits, one greedy row a stream: the next round is most likely this one's
         # streams fed their ids, which a backend that runs ahead launches now (engine/runner/ahead.py)
-        ahead = self.runs_ahead and lps is None and not self.prompts and len(tokens) == len(runnable)
+        ahead = self.caps.runs_ahead and lps is None and not self.prompts and len(tokens) == len(runnable)
 
         def round_():
             if ahead:
@@ -482,8 +482,7 @@ class LaneHost:
         seq.pushed()
         self.counters.tokens_out += 1
         self._emit(seq, "token", tok)
-        eos = getattr(self.backend, "eos_token_ids", None) or (self.backend.eos_token_id,)  # any EOS ends it
-        if tok in eos and not seq.ignore_eos:
+        if tok in self.eos and not seq.ignore_eos:  # any EOS ends it
             self._end(seq, Status.FINISHED, "stop")
         elif len(seq.output) >= seq.max_tokens or len(seq.prompt) + len(seq.output) >= self.backend.max_model_len:
             self._end(seq, Status.FINISHED, "length")

@@ -1,0 +1,451 @@
+"""A cost profile: what each kind of forward the lane host asks for costs on one device and model,
+measured once, and the fits the simulator (engine/scheduler/simulated.py) charges from (no torch).
+
+A profile is one JSON file (`schema: tfbench.profile/1`) of raw samples, one row a measured call:
+    prefill       [rows, start, s]        one cut of `rows` rows whose first row is at `start`
+    decode        [streams, keys, s]      one round; keys: the keys its rows attend to, summed
+    decode_ahead  [streams, keys, s]      a round the host asked to run ahead (optional: else decode's)
+    prefill_many  [prompts, rows, s]      short prompts filled together in one forward
+    mixed         [rows, start, streams, keys, s]
+    split         [decode_sms, rows, start, streams, keys, cut_s, round_s]
+    split_round   [decode_sms, streams, keys, s]
+    host          [["turn", s] | ["token", s] | ["prompt_token", s], ...]
+                  prompt_token (optional): the server reading a request before the host sees it
+Fitting happens here, at load time, so the file keeps what was measured and a better fit needs no
+new measurement. Each fit weighs errors relative to the sample (a 16-row cut and a 1,024-row cut
+count alike), drops the samples a call's outside work disturbed (one pass: beyond four times the
+median relative residual, and beyond 20 %), and keeps the spread of what is left: the 90th
+percentile of |relative residual|, the width a prediction's range takes.
+
+- prefill: t = a + b rows + c rows (start + rows / 2) (a row attends to the keys before it), times
+  a factor per measured row count (the median of its samples over the smooth fit), interpolated in
+  log rows between measured counts: kernels change at some counts (flash below 1,024 rows, cuDNN at
+  it on the H100), which no three terms follow.
+- decode (and decode_ahead): t = a[streams] + b keys: an intercept per row count measured (CUDA
+  graphs run at fixed sizes), one slope. A count between two measured ones costs the next one up
+  on CUDA (it runs at that graph's size), the line between them elsewhere; past the largest, the
+  line through the two largest.
+- prefill_many: t = a + b rows + c prompts.
+- mixed: t = decode(streams, keys) + a + u rows + k rows (start + rows / 2), as the host's own
+  cost model (engine/scheduler/forward_cost.py) has it.
+- split: per decode_sms, the cut as prefill's terms, and the round beside it as decode's;
+  split_round (a round on the decode partition, no cut running) as decode's.
+- host: the median of each.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA = "tfbench.profile/1"
+KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
+HOST = ("turn", "token", "prompt_token")
+WIDTHS = {"prefill": 3, "decode": 3, "decode_ahead": 3, "prefill_many": 3, "mixed": 5, "split": 7, "split_round": 4,
+          "host": 2}
+TRIM = 4.0  # a sample beyond this many times the median relative residual (and beyond 20 %) is dropped
+TRIM_FLOOR = 0.20
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read, or lacks a kind a scenario needs: one line naming the file."""
+
+
+@dataclass
+class Profile:
+    name: str  # the file's name, for messages
+    created: str
+    source: str
+    device: dict
+    model: dict
+    engine: dict
+    samples: dict[str, list]
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "created": self.created, "source": self.source, "device": self.device,
+                "model": self.model, "engine": self.engine, "samples": {k: self.samples.get(k, []) for k in KINDS}}
+
+    def write(self, path: Path) -> Path:
+        """Indented JSON, one sample a line (a profile is read by people and diffed in review)."""
+        d = self.to_dict()
+        samples = d.pop("samples")
+        head = json.dumps(d, indent=1)[:-2]
+        kinds = [f'  "{k}": [' + ",".join("\n   " + json.dumps(r) for r in rows) + ("\n  ]" if rows else "]")
+                 for k, rows in samples.items()]
+        path = Path(path)
+        path.write_text(head + ',\n "samples": {\n' + ",\n".join(kinds) + "\n }\n}\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def from_dict(cls, d: object, name: str = "profile") -> "Profile":
+        if not isinstance(d, dict):
+            raise ProfileError(f"{name}: a profile is a JSON object, not {type(d).__name__}")
+        if d.get("schema") != SCHEMA:
+            raise ProfileError(f"{name}: schema is {d.get('schema')!r}, not {SCHEMA!r}")
+        for key in ("device", "model", "engine", "samples"):
+            if not isinstance(d.get(key), dict):
+                raise ProfileError(f"{name}: field {key!r} must be an object")
+        samples = d["samples"]
+        unknown = set(samples) - set(KINDS)
+        if unknown:
+            raise ProfileError(f"{name}: samples has unknown kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
+        out = {}
+        for kind in KINDS:
+            rows = samples.get(kind, [])
+            if not isinstance(rows, list):
+                raise ProfileError(f"{name}: samples.{kind} must be a list")
+            for i, row in enumerate(rows):
+                _check_row(name, kind, i, row)
+            out[kind] = rows
+        return cls(name, str(d.get("created", "")), str(d.get("source", "")), d["device"], d["model"],
+                   d["engine"], out)
+
+    @classmethod
+    def load(cls, path: Path) -> "Profile":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ProfileError(f"cannot read profile {path}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_dict(raw, str(path))
+
+
+def _check_row(name: str, kind: str, i: int, row: object) -> None:
+    where = f"{name}: samples.{kind}[{i}]"
+    if not isinstance(row, list) or len(row) != WIDTHS[kind]:
+        raise ProfileError(f"{where} must be a list of {WIDTHS[kind]} values, not {row!r}")
+    values = row[1:] if kind == "host" else row
+    if kind == "host" and row[0] not in HOST:
+        raise ProfileError(f"{where}: the host's sample is one of {', '.join(HOST)}, not {row[0]!r}")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ProfileError(f"{where}: {v!r} is not a finite number >= 0")
+    if kind != "host" and values[-1] <= 0:
+        raise ProfileError(f"{where}: a measured time must be > 0, not {values[-1]!r}")
+
+
+# ---- least squares on a few columns ------------------------------------------------------------
+
+def solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """m x = v by Gaussian elimination with partial pivoting; None where m is singular."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    scale = max((abs(x) for row in m for x in row), default=0.0) or 1.0
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[piv][col]) <= 1e-12 * scale:
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for c in range(col, n + 1):
+                a[r][c] -= f * a[col][c]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (a[r][n] - sum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
+    return out
+
+
+def least_squares(xs: list[list[float]], ys: list[float], free: frozenset[int] = frozenset(),
+                  scale: list[float] | None = None) -> list[float]:
+    """Coefficients minimising the squared error relative to `scale` (each sample's size; None: 1),
+    every one >= 0 except the columns in `free` (always in the fit): each subset of the other columns
+    solved exactly, the feasible one of least error kept (a few columns, so every subset is cheap)."""
+    n = len(xs[0])
+    w = [1.0 / (y * y) for y in scale] if scale else [1.0] * len(ys)
+    sc = [max(abs(x[i]) for x in xs) or 1.0 for i in range(n)]  # columns of one scale
+    rows = [[x[i] / sc[i] for i in range(n)] for x in xs]
+    gram = [[sum(wi * r[i] * r[j] for wi, r in zip(w, rows)) for j in range(n)] for i in range(n)]
+    xty = [sum(wi * r[i] * y for wi, r, y in zip(w, rows, ys)) for i in range(n)]
+    yty = sum(wi * y * y for wi, y in zip(w, ys))
+    bound = [i for i in range(n) if i not in free]
+    best: tuple[float, list[float]] | None = None
+    for mask in range(1 << len(bound)):
+        terms = sorted({*free, *(bound[i] for i in range(len(bound)) if mask >> i & 1)})
+        if not terms:
+            continue
+        c = solve([[gram[i][j] for j in terms] for i in terms], [xty[i] for i in terms])
+        if c is None or any(v < 0 for t, v in zip(terms, c) if t not in free):
+            continue
+        full = [0.0] * n
+        for t, v in zip(terms, c):
+            full[t] = v
+        err = yty - 2 * sum(full[i] * xty[i] for i in terms) + sum(
+            full[i] * gram[i][j] * full[j] for i in terms for j in terms)
+        if best is None or err < best[0] - 1e-12 * yty:
+            best = (err, full)
+    if best is None:
+        return [0.0] * n
+    return [c / s for c, s in zip(best[1], sc)]
+
+
+@dataclass
+class Fit:
+    """Coefficients of one kind's terms, with how well they fit what was measured."""
+    coef: list[float]
+    spread: float  # 90th percentile of |relative residual| over the samples kept
+    kept: int
+    dropped: int
+
+
+def fitted(xs: list[list[float]], ys: list[float], free: frozenset[int] = frozenset()) -> Fit:
+    """A fit of errors relative to each sample's size: first in plain seconds, then relative to the
+    larger of the sample and that fit (a call that returned early must not weigh as a thousand), then
+    once more relative to the fit without the samples far off it."""
+    def dot(c, x):
+        return sum(a * b for a, b in zip(c, x))
+    coef = least_squares(xs, ys, free)
+    coef = least_squares(xs, ys, free, [max(y, dot(coef, x), 1e-12) for x, y in zip(xs, ys)])
+    pred = [max(dot(coef, x), 1e-12) for x in xs]
+    res = [abs(y - p) / p for y, p in zip(ys, pred)]
+    cut = max(TRIM_FLOOR, TRIM * statistics.median(res))
+    keep = [i for i, r in enumerate(res) if r <= cut]
+    if len(keep) < len(xs[0]):
+        keep = list(range(len(xs)))
+    coef = least_squares([xs[i] for i in keep], [ys[i] for i in keep], free, [pred[i] for i in keep])
+    res = [abs(ys[i] - dot(coef, xs[i])) / max(dot(coef, xs[i]), 1e-12) for i in keep]
+    return Fit(coef, quantile(res, 0.9), len(keep), len(xs) - len(keep))
+
+
+def quantile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(math.ceil(q * len(s))) - 1)] if q > 0 else s[0]
+
+
+def cut_terms(rows: float, start: float) -> list[float]:
+    """A cut's terms: fixed, per row, per key its rows read."""
+    return [1.0, rows, rows * (start + rows / 2)]
+
+
+# ---- the kinds' fits ---------------------------------------------------------------------------
+
+@dataclass
+class CutFit:
+    """A cut's time over (rows, start): three smooth terms times a factor per measured row count."""
+    fit: Fit
+    counts: list[int]  # measured row counts, ascending
+    factors: list[float]
+
+    @classmethod
+    def of(cls, samples: list[tuple[float, float, float]]) -> "CutFit":
+        xs = [cut_terms(r, s) for r, s, _ in samples]
+        ys = [t for _, _, t in samples]
+        fit = fitted(xs, ys)
+        smooth = [sum(a * b for a, b in zip(fit.coef, x)) for x in xs]
+        by: dict[int, list[float]] = {}
+        for (r, _, t), p in zip(samples, smooth):
+            if p > 0:
+                by.setdefault(int(r), []).append(t / p)
+        counts = sorted(by)
+        factors = [statistics.median(by[c]) for c in counts]
+        out = cls(fit, counts, factors)
+        res = [abs(t - out(r, s)) / max(out(r, s), 1e-12) for r, s, t in samples]
+        out.fit.spread = quantile(sorted(res)[: max(1, out.fit.kept)], 0.9)
+        return out
+
+    def factor(self, rows: int) -> float:
+        if not self.counts:
+            return 1.0
+        i = bisect_left(self.counts, rows)
+        if i < len(self.counts) and self.counts[i] == rows:
+            return self.factors[i]
+        if i == 0:
+            return self.factors[0]
+        if i == len(self.counts):
+            return self.factors[-1]
+        lo, hi = self.counts[i - 1], self.counts[i]
+        w = (math.log(rows) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return self.factors[i - 1] * (1 - w) + self.factors[i] * w
+
+    def __call__(self, rows: int, start: int) -> float:
+        a, b, c = self.fit.coef
+        return max(0.0, a + b * rows + c * rows * (start + rows / 2)) * self.factor(rows)
+
+
+@dataclass
+class RoundFit:
+    """A round's time over (streams, keys): an intercept per measured row count, one slope."""
+    fit: Fit
+    counts: list[int]
+    base: list[float]
+    slope: float
+    next_up: bool  # a count between two measured ones costs the next (CUDA graphs); else interpolated
+
+    @classmethod
+    def of(cls, samples: list[tuple[float, float, float]], next_up: bool) -> "RoundFit":
+        counts = sorted({int(n) for n, _, _ in samples})
+        col = {n: i for i, n in enumerate(counts)}
+        k = len(counts)
+        xs = [[1.0 if col[int(n)] == i else 0.0 for i in range(k)] + [keys] for n, keys, _ in samples]
+        ys = [t for _, _, t in samples]
+        fit = fitted(xs, ys, free=frozenset(range(k)))
+        return cls(fit, counts, fit.coef[:k], fit.coef[k], next_up)
+
+    def intercept(self, n: int) -> float:
+        c, b = self.counts, self.base
+        i = bisect_left(c, n)
+        if i < len(c) and c[i] == n:
+            return b[i]
+        if i == len(c):  # past the largest measured: the line through the two largest
+            if len(c) == 1:
+                return b[0] * n / c[0]
+            return max(b[-1], b[-1] + (b[-1] - b[-2]) / (c[-1] - c[-2]) * (n - c[-1]))
+        if self.next_up or i == 0:
+            return b[i]
+        w = (n - c[i - 1]) / (c[i] - c[i - 1])
+        return b[i - 1] * (1 - w) + b[i] * w
+
+    def __call__(self, streams: int, keys: int) -> float:
+        return max(0.0, self.intercept(streams) + self.slope * keys)
+
+
+@dataclass
+class Costs:
+    """The fitted costs of one profile; each kind is fitted when first asked for."""
+    profile: Profile
+    _fits: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, path: Path) -> "Costs":
+        return cls(Profile.load(path))
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def next_up(self) -> bool:
+        """Rounds run at fixed sizes (CUDA graphs): a count between two measured ones costs the next."""
+        return self.profile.device.get("type") == "cuda"
+
+    def has(self, kind: str) -> bool:
+        return bool(self.profile.samples.get(kind))
+
+    def _rows(self, kind: str) -> list:
+        rows = self.profile.samples.get(kind) or []
+        if not rows:
+            raise ProfileError(f"profile {self.name} has no {kind!r} samples: the "
+                               f"{self.profile.device.get('type', '?')} engine measured there ran none, "
+                               f"so a scenario that needs {kind} forwards cannot be simulated on it")
+        return rows
+
+    def _fit(self, kind: str):
+        if kind not in self._fits:
+            rows = self._rows(kind if not kind.startswith("split") else kind.split(":")[0])
+            self._fits[kind] = self._make(kind, rows)
+        return self._fits[kind]
+
+    def _make(self, kind: str, rows: list):
+        if kind == "prefill":
+            return CutFit.of([(r, s, t) for r, s, t in rows])
+        if kind in ("decode", "decode_ahead"):
+            return RoundFit.of([(n, k, t) for n, k, t in rows], self.next_up)
+        if kind == "prefill_many":
+            return fitted([[1.0, r, p] for p, r, _ in rows], [t for *_, t in rows])
+        if kind == "mixed":
+            xs, ys = [], []
+            for r, s, n, k, t in rows:
+                above = t - self.decode(int(n), int(k))
+                if above > 0:
+                    xs.append(cut_terms(r, s))
+                    ys.append(above)
+            if not xs:
+                raise ProfileError(f"profile {self.name}: no mixed sample costs more than its round alone")
+            return fitted(xs, ys)
+        if kind.startswith("split:"):  # split:SMS:cut | split:SMS:round | split:SMS:alone
+            _, sms, part = kind.split(":")
+            if part == "alone":
+                src = [(n, k, t) for d, n, k, t in self._rows("split_round") if int(d) == int(sms)]
+                if not src:
+                    raise ProfileError(f"profile {self.name} has no split_round samples at decode_sms={sms} "
+                                       f"(it has {sorted({int(r[0]) for r in self._rows('split_round')})})")
+                return RoundFit.of(src, self.next_up)
+            mine = [r for r in rows if int(r[0]) == int(sms)]
+            if not mine:
+                raise ProfileError(f"profile {self.name} has no split samples at decode_sms={sms} "
+                                   f"(it has {sorted({int(r[0]) for r in rows})})")
+            if part == "cut":
+                return CutFit.of([(r, s, c) for _, r, s, _, _, c, _ in mine])
+            return RoundFit.of([(n, k, rt) for _, _, _, n, k, _, rt in mine], self.next_up)
+        raise KeyError(kind)
+
+    # ---- what the simulated backend asks --------------------------------------------------------
+    def prefill(self, rows: int, start: int) -> float:
+        return self._fit("prefill")(rows, start)
+
+    def decode(self, streams: int, keys: int, ahead: bool = False) -> float:
+        """A round; `ahead`: one the host asked to run ahead. Each kind stands for the other where the
+        profile measured only one (a trace of whole prompts has no round beside a waiting one)."""
+        want, other = ("decode_ahead", "decode") if ahead else ("decode", "decode_ahead")
+        return self._fit(want if self.has(want) or not self.has(other) else other)(streams, keys)
+
+    def prefill_many(self, prompts: int, rows: int) -> float:
+        a, b, c = self._fit("prefill_many").coef
+        return max(0.0, a + b * rows + c * prompts)
+
+    def mixed(self, rows: int, start: int, streams: int, keys: int) -> float:
+        a, u, k = self._fit("mixed").coef
+        return self.decode(streams, keys) + max(0.0, a + u * rows + k * rows * (start + rows / 2))
+
+    def split(self, decode_sms: int, rows: int, start: int) -> float:
+        """A cut on the prompt partition, beside rounds on `decode_sms` SMs."""
+        return self._fit(f"split:{decode_sms}:cut")(rows, start)
+
+    def split_round(self, decode_sms: int, streams: int, keys: int, beside_cut: bool) -> float:
+        """A round on the decode partition: beside a running cut, or alone (split_round's samples,
+        or where the profile has none, the round beside a cut: the partition is the same)."""
+        if not beside_cut and self.has("split_round"):
+            return self._fit(f"split_round:{decode_sms}:alone")(streams, keys)
+        return self._fit(f"split:{decode_sms}:round")(streams, keys)
+
+    def _host(self, what: str) -> float:
+        xs = [s for k, s in self.profile.samples.get("host") or [] if k == what]
+        return statistics.median(xs) if xs else 0.0
+
+    @property
+    def host_turn(self) -> float:
+        """The host's own time a turn (0 where the profile did not measure it)."""
+        if "host_turn" not in self._fits:
+            self._fits["host_turn"] = self._host("turn")
+        return self._fits["host_turn"]
+
+    @property
+    def host_token(self) -> float:
+        if "host_token" not in self._fits:
+            self._fits["host_token"] = self._host("token")
+        return self._fits["host_token"]
+
+    @property
+    def host_prompt_token(self) -> float:
+        """The server's reading of a request, per prompt token, before the host sees it (0: not measured)."""
+        if "host_prompt_token" not in self._fits:
+            self._fits["host_prompt_token"] = self._host("prompt_token")
+        return self._fits["host_prompt_token"]
+
+    def spread(self, kind: str) -> float:
+        """A fit's 90th percentile of |relative residual|: how far one call lands from the fit."""
+        f = self._fit(kind)
+        return (f.fit if isinstance(f, (CutFit, RoundFit)) else f).spread
+
+    def summary(self) -> dict[str, dict]:
+        """Each kind the profile holds: its samples, kept, and spread (for receipts and the CLI)."""
+        out = {}
+        for kind in ("prefill", "decode", "decode_ahead", "prefill_many", "mixed"):
+            if self.has(kind):
+                f = self._fit(kind)
+                fit = f.fit if isinstance(f, (CutFit, RoundFit)) else f
+                out[kind] = {"samples": len(self.profile.samples[kind]), "dropped": fit.dropped,
+                             "spread": round(fit.spread, 4)}
+        for sms in sorted({int(r[0]) for r in self.profile.samples.get("split") or []}):
+            for part in ("cut", "round"):
+                f = self._fit(f"split:{sms}:{part}").fit
+                out[f"split sms={sms} {part}"] = {"samples": f.kept + f.dropped, "dropped": f.dropped,
+                                                  "spread": round(f.spread, 4)}
+        return out
