@@ -297,7 +297,7 @@ def profile(
         raise ConfigError(f"--device must be cpu or cuda, not {device!r}")
     dtype, _, _ = device_defaults(device, dtype, None, threads)
     from dataclasses import replace
-    doc, path = take(replace(cfg, dtype=dtype), out, log=lambda m: typer.echo(m, err=True))
+    doc, path = take(replace(cfg, dtype=dtype), out, log=lambda m: typer.echo(m, err=True), commit=engine_commit())
     typer.echo(summary(doc))
     typer.echo(f"wrote {path}")
 

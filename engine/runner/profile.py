@@ -34,7 +34,7 @@ import platform
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -161,8 +161,10 @@ def keys_of(positions) -> int:
 
 
 class Profiler:
-    def __init__(self, cfg: ProfileConfig, log=print):
+    def __init__(self, cfg: ProfileConfig, log=print, commit: str | None = None):
+        """commit: the engine's git commit, written into the profile (engine.cli.engine_commit)."""
         cfg.check()
+        self.commit = commit
         self.cfg = cfg.sized()
         self.cuda = self.cfg.device != "cpu"
         self.grid = Grid.of(self.cfg, self.cuda)
@@ -408,7 +410,6 @@ class Profiler:
         return self.document()
 
     def document(self) -> dict:
-        from engine.cli import engine_commit
         import torch
         d = self.described
         m = self.shape
@@ -433,7 +434,7 @@ class Profiler:
             "model": {"name": d.get("model"), "dtype": self.dtype, "layers": m.num_hidden_layers, "hidden": m.hidden_size,
                       "heads": m.num_attention_heads, "kv_heads": m.num_key_value_heads, "head_dim": m.head_dim,
                       "intermediate": m.intermediate_size, "vocab": m.vocab_size},
-            "engine": {"commit": engine_commit(), "parallel": wide["parallel"], "prefill_rows": self.cfg.prefill_rows,
+            "engine": {"commit": self.commit, "parallel": wide["parallel"], "prefill_rows": self.cfg.prefill_rows,
                        "max_model_len": self.cfg.longest + self.cfg.prefill_rows, "prefill_mode": "stepped",
                        "flags": ["--model", self.cfg.model, "--device", self.cfg.device, "--dtype", self.dtype,
                                  "--prefill-rows", str(self.cfg.prefill_rows), "--seed", str(self.cfg.seed),
@@ -485,9 +486,9 @@ class TimedBackend:
         return timed
 
 
-def profile(cfg: ProfileConfig, out: Path | None = None, log=print) -> tuple[dict, Path]:
-    """Take a profile and write it (default: receipts/profiles/<model>-<device>[-<isa>].json)."""
-    doc = Profiler(cfg, log).run()
+def profile(cfg: ProfileConfig, out: Path | None = None, log=print, commit: str | None = None) -> tuple[dict, Path]:
+    """Take a profile and write it (default: receipts/profiles/<model>-<device name or cpu-<isa>>.json)."""
+    doc = Profiler(cfg, log, commit).run()
     if out is None:
         tag = doc["device"]["name"] if cfg.device != "cpu" else f"cpu-{cfg.cpu_isa}"
         out = Path("receipts/profiles") / f"{cfg.model}-{slug(tag)}.json"
@@ -513,4 +514,3 @@ def summary(doc: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ProfileConfig", "Profiler", "profile", "summary", "SCHEMA", "KINDS", "asdict"]
