@@ -443,8 +443,7 @@ class Profiler:
             "profiler": {"quick": self.cfg.quick, "repeats": self.cfg.repeats, "budget_s": self.cfg.budget_s,
                          "took_s": round(time.perf_counter() - self.t0, 1)},
             "notes": self.out.notes,
-            "samples": {k: [[round(v, 7) if isinstance(v, float) else v for v in row] for row in rows]
-                        for k, rows in self.out.samples.items()},
+            "samples": self.out.samples,
         }
 
 
@@ -493,8 +492,19 @@ def profile(cfg: ProfileConfig, out: Path | None = None, log=print, commit: str 
         tag = doc["device"]["name"] if cfg.device != "cpu" else f"cpu-{cfg.cpu_isa}"
         out = Path("receipts/profiles") / f"{cfg.model}-{slug(tag)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    out.write_text(dumps(doc))
     return doc, out
+
+
+def dumps(doc: dict) -> str:
+    """The profile as JSON text: indented, but each sample on one line (thousands of rows stay
+    readable and small), seconds to 7 significant digits."""
+    def row(r):
+        return json.dumps([float(f"{v:.7g}") if isinstance(v, float) else v for v in r])
+    head = json.dumps({k: v for k, v in doc.items() if k != "samples"}, indent=1)
+    kinds = ",\n".join(f'  "{k}": [' + ("\n   " + ",\n   ".join(map(row, rows)) + "\n  ]" if rows else "]")
+                       for k, rows in doc["samples"].items())
+    return head[:-2] + ',\n "samples": {\n' + kinds + "\n }\n}\n"
 
 
 def slug(s: str) -> str:
