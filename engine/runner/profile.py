@@ -38,6 +38,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from engine.scheduler.host import BATCH_ROWS
+
 SCHEMA = "tfbench.profile/1"
 KINDS = ("prefill", "decode", "prefill_many", "mixed", "split", "split_round", "host")
 
@@ -71,7 +73,7 @@ class ProfileConfig:
             wide=self.wide or (64 if cuda else 8),
             wide_len=self.wide_len or (4096 if cuda else 1024),
             split_sms=self.split_sms if self.split_sms is not None else ((24, 32, 40, 56) if cuda else ()),
-            repeats=self.repeats or (3 if quick else 5),
+            repeats=self.repeats or (3 if quick or not cuda else 5),
             budget_s=self.budget_s or ((240 if quick else 900) if cuda else (60 if quick else 300)))
 
     def check(self) -> None:
@@ -114,8 +116,9 @@ class Grid:
         if q:
             wide_streams = [n for n in wide_streams if n in (1, 2, 4, 8, 16, 32, 64, c.wide)]
         ctx_wide = sorted({16, c.wide_len // 8, c.wide_len // 4, c.wide_len // 2, c.wide_len - 1})
+        # the host fills at most BATCH_ROWS rows together (and one prompt past them)
         many = [(p, n) for p in (1, 2, 3, 4, 6, 8, 16, 32, 64) if p <= c.wide
-                for n in (16, 32, 64, 128, 256, 512) if p * n <= 4096 and not (q and n in (32, 128))]
+                for n in (16, 32, 64, 128, 256, 512) if p * n <= BATCH_ROWS + 512 and not (q and n in (32, 128))]
         mix_rows = [n for n in (64, 128, 256, 512, r) if n <= r]
         mixed = [(n, s, k, 1024 if cuda else 64) for n in mix_rows for s in (0, starts[len(starts) // 2], starts[-1])
                  for k in (1, 3)]
