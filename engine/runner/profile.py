@@ -341,17 +341,10 @@ class Profiler:
             padded, _ = r.padded_round(lanes, toks, pos)
             with torch.cuda.stream(part):
                 r.split_graphs.fresh(padded).tolist()
-        pts = [(k, x) for k, x in self.grid.split_round if k < r.parallel and x < r.max_model_len]
-        for streams, ctx in pts:
-            lanes, toks = list(range(streams)), ids(self.rng, streams, r.vocab_size)
-            pos = [ctx + j for j in range(streams)]
-            alone(lanes, toks, pos)
-            for _ in range(reps):
-                self.out.samples["split_round"].append([sms, streams, keys_of(pos), timer(alone, lanes, toks, pos)])
         points = [(s, k, x) for s, k, x in self.grid.split if s + rows <= r.max_model_len and k < r.parallel]
         for i, (start, streams, ctx) in enumerate(points):
             if self.over(f"split {sms}", i, len(points)):
-                return
+                break
             toks = ids(self.rng, start + rows + 1, r.vocab_size)
             lanes, dtoks = list(range(streams)), ids(self.rng, streams, r.vocab_size)
             pos = [ctx + j for j in range(streams)]
@@ -371,6 +364,13 @@ class Profiler:
                 if rep:
                     self.out.samples["split"].append([sms, rows, start, streams, keys_of(pos), cut,
                                                       statistics.median(rounds)])
+        pts = [(k, x) for k, x in self.grid.split_round if k < r.parallel and x < r.max_model_len]
+        for streams, ctx in pts:
+            lanes, toks = list(range(streams)), ids(self.rng, streams, r.vocab_size)
+            pos = [ctx + j for j in range(streams)]
+            alone(lanes, toks, pos)
+            for _ in range(reps):
+                self.out.samples["split_round"].append([sms, streams, keys_of(pos), timer(alone, lanes, toks, pos)])
 
     # ---- the sitting --------------------------------------------------------------------------
     def run(self) -> dict:
@@ -397,7 +397,8 @@ class Profiler:
             if self.over(f"split {sms}", 0, 1):
                 break
             try:
-                self.stage(f"split: {sms} decode SMs", 4, long_len, lambda r, n=sms: self.attempt(f"split {n}", self.split, r, n), "split",
+                self.stage(f"split: {sms} decode SMs", 4, long_len,
+                           lambda r, n=sms: self.attempt(f"split {n}", self.split, r, n), "split",
                            flags=[*flags, "--decode-sms", str(sms)], decode_sms=sms)
             except Exception as exc:  # a partition the device cannot make: the others still measured
                 self.out.notes.append(f"split {sms}: {type(exc).__name__}: {exc}")
@@ -422,8 +423,8 @@ class Profiler:
                "load": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
         if self.cuda:
             dev["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
-            from engine.runner.device_info import _cpu_model
-            dev["cpu"] = _cpu_model()
+            from engine.runner.device_info import cpu_identity
+            dev["cpu"] = cpu_identity()["model"]
         else:
             cpu = d.get("cpu") or {}
             dev.update(cpu=cpu.get("model"), cpu_isa=cpu.get("isa"), cores=cpu.get("cores"), threads=cpu.get("threads"),
