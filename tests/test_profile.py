@@ -27,6 +27,8 @@ def test_the_profile_holds_the_contracts_fields(tiny):
     assert e["commit"] == "abc123" and e["prefill_rows"] == 256 and e["parallel"] == 4 and "--prefill-rows" in e["flags"]
     assert set(tiny["samples"]) == set(KINDS)
     s = tiny["samples"]
+    # the CPU runs no round ahead: rounds as decode's, and the notes say so
+    assert s["decode_ahead"] == [] and any(n.startswith("decode_ahead:") for n in tiny["notes"])
     for kind, width in (("prefill", 3), ("decode", 3), ("prefill_many", 3), ("mixed", 5)):
         if kind == "prefill_many" and not s[kind]:  # float32 here fills short prompts one at a time
             assert any(n.startswith("prefill_many:") for n in tiny["notes"])
@@ -103,3 +105,25 @@ def test_bad_flags_are_one_line_errors(main, args, says, monkeypatch, capsys):
     assert exit_.value.code == 2, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
+
+
+def test_rounds_run_ahead_are_timed_where_the_runner_runs_them():
+    """decode_ahead: a chain of rounds, each fed the last one's ids at the next positions, as the
+    host asks with no prompt waiting; a runner that runs no round ahead gives none."""
+    from engine.config import EngineConfig, KernelConfig
+    from engine.runner.model_runner import ModelRunner
+    from engine.runner.profile import Profiler
+    p = Profiler(ProfileConfig(model="tiny", device="cpu", dtype="float32", repeats=3, budget_s=60), log=lambda m: None)
+    ahead = ModelRunner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
+                                     kernels=KernelConfig(overlap=True, cpu_cpp=False)))
+    assert ahead.runs_ahead
+    p.decode_ahead(ahead, [(1, 16), (4, 100), (4, 250)])  # (250: no room for the chain, left out)
+    rows = p.out.samples["decode_ahead"]
+    assert [r[0] for r in rows] == [1] * 3 + [4] * 3
+    assert [r[1] for r in rows[3:]] == [sum(100 + j + 1 + k for j in range(4)) for k in (1, 2, 3)]
+    assert all(r[2] > 0 for r in rows)
+    plain = ModelRunner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
+                                     kernels=KernelConfig(overlap=False, cpu_cpp=False)))
+    p.out.samples["decode_ahead"] = []
+    p.decode_ahead(plain, [(1, 16)])
+    assert p.out.samples["decode_ahead"] == []

@@ -8,6 +8,9 @@ raw samples (schema `tfbench.profile/1`; fitting is the simulator's job when it 
 - `prefill`   [rows, start, s]: one `prefill_step` cut of `rows` rows whose first is at `start`;
 - `decode`    [streams, keys, s]: one `decode` round, one row a stream, `keys` the sum of each row's
   position + 1;
+- `decode_ahead` [streams, keys, s]: one round of a chain the host asks to run ahead (no prompt
+  waiting: `decode(..., ahead=True)`, each fed the last one's ids), where the runner runs rounds
+  ahead (CUDA's graphs): the host's part of a round hides under the next one;
 - `prefill_many` [prompts, rows, s]: short prompts from position 0 filled in one forward;
 - `mixed`     [rows, start, streams, keys, s]: one `mixed` forward, a cut beside a round;
 - `split`     [decode_sms, rows, start, streams, keys, cut_s, round_s]: a cut launched with
@@ -41,7 +44,7 @@ from pathlib import Path
 from engine.scheduler.host import BATCH_ROWS
 
 SCHEMA = "tfbench.profile/1"
-KINDS = ("prefill", "decode", "prefill_many", "mixed", "split", "split_round", "host")
+KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,25 @@ class Profiler:
             for _ in range(reps):
                 self.out.samples["decode"].append([streams, keys_of(pos), timer(r.decode, lanes, toks, pos)])
 
+    def decode_ahead(self, r, points) -> None:
+        """Rounds as the host asks for them with no prompt waiting: each fed the last one's ids at the
+        next positions, with `ahead`, so the next is launched before this one's ids are read."""
+        if not r.runs_ahead:
+            return
+        reps = self.cfg.repeats
+        points = [(k, x) for k, x in points if k <= r.parallel and x + k + reps + 2 < r.max_model_len]
+        for i, (streams, ctx) in enumerate(points):
+            if self.over("decode_ahead", i, len(points)):
+                return
+            lanes = list(range(streams))
+            pos = [ctx + j for j in range(streams)]
+            out = r.decode(lanes, ids(self.rng, streams, r.vocab_size), pos, ahead=True)
+            for _ in range(reps):
+                pos = [p + 1 for p in pos]
+                t = time.perf_counter()
+                out = r.decode(lanes, out, pos, ahead=True)  # (its ids read: the round is done)
+                self.out.samples["decode_ahead"].append([streams, keys_of(pos), time.perf_counter() - t])
+
     def prefill_many(self, r) -> None:
         if not r.caps.batch_cuts:
             self.out.notes.append("prefill_many: this runner fills short prompts one at a time (no batch_cuts)")
@@ -383,9 +405,11 @@ class Profiler:
         def long_(r):
             self.attempt("prefill", self.prefill, r)
             self.attempt("decode", self.decode, r, g.decode_long)
+            self.attempt("decode_ahead", self.decode_ahead, r, g.decode_long)
 
         def wide(r):
             self.attempt("decode", self.decode, r, g.decode_wide)
+            self.attempt("decode_ahead", self.decode_ahead, r, g.decode_wide)
             self.attempt("prefill_many", self.prefill_many, r)
             self.attempt("host", self.host, r)
         self.stage("long: prompt cuts, rounds beside a long context", 4, long_len, long_, flags=flags)
@@ -393,6 +417,8 @@ class Profiler:
                    flags=flags)
         if not self.cuda:
             self.out.notes.append("split: --prefill-mode split runs on CUDA only")
+        if not self.out.samples["decode_ahead"]:
+            self.out.notes.append("decode_ahead: this runner runs no round ahead (rounds as decode's)")
         for sms in c.split_sms:
             if self.over(f"split {sms}", 0, 1):
                 break
