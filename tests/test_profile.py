@@ -1,7 +1,6 @@
 """The cost profile (engine/runner/profile.py): a profile of the tiny preset taken on the CPU holds
 the contract's fields and sensible costs, and both commands answer bad flags in one line."""
 import json
-import statistics
 import sys
 
 import pytest
@@ -12,7 +11,7 @@ from engine.runner.profile import KINDS, SCHEMA, ProfileConfig, TimedBackend, ho
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "tiny.json"
     cfg = ProfileConfig(model="tiny", device="cpu", dtype="float32", quick=True, longest=1024, wide=4, wide_len=256,
-                        repeats=2, budget_s=120)
+                        repeats=3, budget_s=120)
     doc, path = profile(cfg, out, log=lambda m: None, commit="abc123")
     assert path == out
     return json.loads(out.read_text())
@@ -43,17 +42,19 @@ def test_the_profile_holds_the_contracts_fields(tiny):
 
 def test_the_profiles_costs_are_sensible(tiny):
     s = tiny["samples"]
-    med = lambda rows: statistics.median(r[-1] for r in rows)  # noqa: E731
+    # the fastest of a point's repeats: what the work costs when nothing else on the machine takes
+    # the core (other tests' load only ever adds)
+    cost = lambda rows: min(r[-1] for r in rows)  # noqa: E731
     # a full cut at the far end of the prompt costs more than 16 rows at its start
     far = max(r[1] for r in s["prefill"] if r[0] == 256)
-    assert med([r for r in s["prefill"] if r[:2] == [256, far]]) > med([r for r in s["prefill"] if r[:2] == [16, 0]])
+    assert cost([r for r in s["prefill"] if r[:2] == [256, far]]) > cost([r for r in s["prefill"] if r[:2] == [16, 0]])
     # a round over many keys costs more than one over few (the CPU runs rounds at the padded shape,
     # so keys, not streams, are what its cost follows)
     keys = sorted({r[1] for r in s["decode"]})
-    assert med([r for r in s["decode"] if r[1] >= keys[-3]]) > med([r for r in s["decode"] if r[1] <= keys[2]])
+    assert cost([r for r in s["decode"] if r[1] >= keys[-3]]) > cost([r for r in s["decode"] if r[1] <= keys[2]])
     # short prompts together (where this CPU fills them together): more rows cost more
-    assert not s["prefill_many"] or med([r for r in s["prefill_many"] if r[1] == max(x[1] for x in s["prefill_many"])]) > \
-        med([r for r in s["prefill_many"] if r[1] == min(x[1] for x in s["prefill_many"])])
+    assert not s["prefill_many"] or cost([r for r in s["prefill_many"] if r[1] == max(x[1] for x in s["prefill_many"])]) > \
+        cost([r for r in s["prefill_many"] if r[1] == min(x[1] for x in s["prefill_many"])])
     # a mixed forward's rows: a cut and the decode rows it carries
     assert all(r[2] >= 1 and r[3] >= r[2] for r in s["mixed"])
 

@@ -92,6 +92,8 @@ class ProfileConfig:
                 raise ConfigError(f"--split-sms: each partition must be a multiple of 8 SMs, not {n}")
         if self.split_sms and self.device == "cpu":
             raise ConfigError("--split-sms is for --device cuda (split SMs run on a GPU only)")
+        if self.device == "cpu" and self.dtype is None:
+            raise ConfigError("a CPU profile needs its --dtype (tfengine profile passes the one serve picks here)")
 
 
 @dataclass
@@ -223,12 +225,8 @@ class Profiler:
 
     @property
     def dtype(self) -> str:
-        if self.cfg.dtype:
-            return self.cfg.dtype
-        if self.cuda:
-            return "bfloat16"
-        from engine.cpu.kernels import cpu_dtype
-        return cpu_dtype()[0]
+        """The dtype served: given (the CLI passes serve's choice for the CPU), or CUDA's bfloat16."""
+        return self.cfg.dtype or "bfloat16"
 
     def attempt(self, kind: str, measure, *args) -> None:
         """measure(*args); a kind that fails keeps what it measured, and the notes say why it stopped."""
