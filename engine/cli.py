@@ -289,14 +289,14 @@ def profile(
         except ValueError:
             raise typer.BadParameter(f"a comma-separated list of SM counts, not {split_sms!r}", param_hint="--split-sms") from None
     from engine.runner.profile import ProfileConfig, profile as take, summary
-    cfg = ProfileConfig(model=model, device=device, dtype=dtype, quick=quick, longest=longest, wide=wide,
-                        wide_len=wide_len, prefill_rows=prefill_rows, split_sms=sms, repeats=repeats,
+    cfg = ProfileConfig(model=model, device=device, dtype=dtype or "bfloat16", quick=quick, longest=longest,
+                        wide=wide, wide_len=wide_len, prefill_rows=prefill_rows, split_sms=sms, repeats=repeats,
                         budget_s=budget, seed=seed, cpu_isa=cpu_isa, threads=threads)
-    cfg.check()
+    cfg.check()  # the flags first: a bad one is refused before torch loads
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, not {device!r}")
-    dtype, _, _ = device_defaults(device, dtype, None, threads)
     from dataclasses import replace
+    dtype, _, _ = device_defaults(device, dtype, None, threads)  # serve's dtype and threads for the device
     doc, path = take(replace(cfg, dtype=dtype), out, log=lambda m: typer.echo(m, err=True), commit=engine_commit())
     typer.echo(summary(doc))
     typer.echo(f"wrote {path}")

@@ -128,3 +128,18 @@ def test_rounds_run_ahead_are_timed_where_the_runner_runs_them():
     p.out.samples["decode_ahead"] = []
     p.decode_ahead(plain, [(1, 16)])
     assert p.out.samples["decode_ahead"] == []
+
+
+def test_the_command_writes_a_profile_with_serves_dtype(tmp_path, monkeypatch, capsys):
+    """`tfengine profile` end to end at its smallest: the dtype serve picks on this CPU, the file
+    written where --out says, a line a kind printed."""
+    from engine.cli import device_defaults, main as entry
+    out = tmp_path / "p.json"
+    monkeypatch.setattr(sys, "argv", ["tfengine", "profile", "--model", "tiny", "--quick", "--longest", "512",
+                                      "--wide", "2", "--wide-len", "128", "--repeats", "1", "--budget", "60",
+                                      "--out", str(out)])
+    entry()
+    doc = json.loads(out.read_text())
+    assert doc["model"]["dtype"] == device_defaults("cpu", None, None, None)[0] and doc["samples"]["prefill"] and doc["samples"]["decode"]
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "prefill:" in printed and "split: none" in printed
