@@ -143,3 +143,15 @@ def test_the_command_writes_a_profile_with_serves_dtype(tmp_path, monkeypatch, c
     assert doc["model"]["dtype"] == device_defaults("cpu", None, None, None)[0] and doc["samples"]["prefill"] and doc["samples"]["decode"]
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "prefill:" in printed and "split: none" in printed
+
+
+def test_each_stage_is_written_as_it_ends(tmp_path):
+    """A sitting cut short keeps what it measured: the file after the first runner's stage says it
+    is partial and holds that stage's samples; the finished one is not partial."""
+    from engine.runner.profile import Profiler
+    seen = []
+    p = Profiler(ProfileConfig(model="tiny", device="cpu", dtype="float32", quick=True, longest=512, wide=2,
+                               wide_len=128, repeats=1, budget_s=60), log=lambda m: None, checkpoint=seen.append)
+    doc = p.run()
+    assert seen[0]["partial"].startswith("measured through: long") and seen[0]["samples"]["prefill"]
+    assert not seen[0]["samples"]["prefill_many"] and "partial" not in doc

@@ -169,10 +169,13 @@ def keys_of(positions) -> int:
 
 
 class Profiler:
-    def __init__(self, cfg: ProfileConfig, log=print, commit: str | None = None):
-        """commit: the engine's git commit, written into the profile (engine.cli.engine_commit)."""
+    def __init__(self, cfg: ProfileConfig, log=print, commit: str | None = None, checkpoint=None):
+        """commit: the engine's git commit, written into the profile (engine.cli.engine_commit);
+        checkpoint(doc): called after each runner's stage with the profile so far (`partial` set), so
+        a sitting cut short (a device call's time limit) keeps what it measured."""
         cfg.check()
         self.commit = commit
+        self.checkpoint = checkpoint
         self.cfg = cfg.sized()
         self.cuda = self.cfg.device != "cpu"
         self.grid = Grid.of(self.cfg, self.cuda)
@@ -215,6 +218,8 @@ class Profiler:
                 self.described = r.describe()
             self.log(f"profile: {purpose}: runner built in {time.perf_counter() - t:.1f} s")
             measure(r)
+            if self.checkpoint is not None:
+                self.checkpoint({**self.document(), "partial": f"measured through: {purpose}"})
         finally:
             del r
             gc.collect()
@@ -453,7 +458,6 @@ class Profiler:
             cpu = d.get("cpu") or {}
             dev.update(cpu=cpu.get("model"), cpu_isa=cpu.get("isa"), cores=cpu.get("cores"), threads=cpu.get("threads"),
                        isa_cap=self.cfg.cpu_isa)
-        wide = next(r for r in self.runners if r["purpose"].startswith("wide"))
         return {
             "schema": SCHEMA,
             "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -462,7 +466,7 @@ class Profiler:
             "model": {"name": d.get("model"), "dtype": self.dtype, "layers": m.num_hidden_layers, "hidden": m.hidden_size,
                       "heads": m.num_attention_heads, "kv_heads": m.num_key_value_heads, "head_dim": m.head_dim,
                       "intermediate": m.intermediate_size, "vocab": m.vocab_size},
-            "engine": {"commit": self.commit, "parallel": wide["parallel"], "prefill_rows": self.cfg.prefill_rows,
+            "engine": {"commit": self.commit, "parallel": max(r["parallel"] for r in self.runners), "prefill_rows": self.cfg.prefill_rows,
                        "max_model_len": self.cfg.longest + self.cfg.prefill_rows, "prefill_mode": "stepped",
                        "flags": ["--model", self.cfg.model, "--device", self.cfg.device, "--dtype", self.dtype,
                                  "--prefill-rows", str(self.cfg.prefill_rows), "--seed", str(self.cfg.seed),
@@ -515,13 +519,19 @@ class TimedBackend:
 
 def profile(cfg: ProfileConfig, out: Path | None = None, log=print, commit: str | None = None) -> tuple[dict, Path]:
     """Take a profile and write it (default: receipts/profiles/<model>-<device name or cpu-<isa>>.json)."""
-    doc = Profiler(cfg, log, commit).run()
-    if out is None:
-        tag = doc["device"]["name"] if cfg.device != "cpu" else f"cpu-{cfg.cpu_isa}"
-        out = Path("receipts/profiles") / f"{cfg.model}-{slug(tag)}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(dumps(doc))
-    return doc, out
+    where: list[Path] = [] if out is None else [out]
+
+    def write(doc: dict) -> None:
+        if not where:
+            tag = doc["device"]["name"] if cfg.device != "cpu" else f"cpu-{cfg.cpu_isa}"
+            where.append(Path("receipts/profiles") / f"{cfg.model}-{slug(tag)}.json")
+        where[0].parent.mkdir(parents=True, exist_ok=True)
+        tmp = where[0].with_name(where[0].name + ".tmp")
+        tmp.write_text(dumps(doc))
+        tmp.replace(where[0])  # whole or not at all: a reader never sees half a file
+    doc = Profiler(cfg, log, commit, checkpoint=write).run()
+    write(doc)
+    return doc, where[0]
 
 
 def dumps(doc: dict) -> str:
