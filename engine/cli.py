@@ -257,6 +257,51 @@ def device_defaults(device: str, dtype: str | None, parallel: int | None, thread
                              + ("" if threads else " (every core but one)"))
 
 
+@app.command()
+def profile(
+    model: Annotated[str, typer.Option(help="Preset or a local Hugging Face layout directory (dummy weights are timed: timings real, words not).")] = "tiny",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: as serve chooses).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="The profile's JSON (default: receipts/profiles/MODEL-DEVICE.json).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A smaller grid and fewer repeats (a GPU's in about three minutes).")] = False,
+    longest: Annotated[Optional[int], typer.Option(help="The longest prompt the cuts are timed up to (default: 32768 on cuda, 4096 on cpu).")] = None,
+    wide: Annotated[Optional[int], typer.Option(help="Lanes of the wide runner: rounds are timed up to this many streams (default: 64 on cuda, 8 on cpu).")] = None,
+    wide_len: Annotated[Optional[int], typer.Option(help="The wide runner's tokens per lane (default: 4096 on cuda, 1024 on cpu).")] = None,
+    prefill_rows: Annotated[Optional[int], typer.Option(help="Rows per prompt cut (default: serve's for the device).")] = None,
+    split_sms: Annotated[Optional[str], typer.Option(help="cuda: the decode partitions split cuts are timed beside, e.g. 24,32,40,56 (default); 'none' for none.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed calls a point (default: 3 with --quick, else 5).")] = None,
+    budget: Annotated[Optional[float], typer.Option(help="Seconds to spend; kinds not reached are left empty and the profile's notes say so.")] = None,
+    cpu_isa: Annotated[str, typer.Option(help="cpu: native, or avx2 (the AVX2 path on an AVX-512 machine), as serve's.")] = "native",
+    threads: Annotated[Optional[int], typer.Option(help="cpu: compute threads (default: serve's, every core but one).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the dummy weights and the timed token ids.")] = 0,
+):
+    """Time the engine's forwards once (prompt cuts, decode rounds, short prompts together, mixed and
+    split forwards, the lane host's own time) and write the cost profile the simulator runs on."""
+    from engine.cpu.isa import apply_cap
+    try:
+        apply_cap(cpu_isa, "torch" in sys.modules)
+    except (ValueError, RuntimeError) as e:
+        raise typer.BadParameter(str(e), param_hint="--cpu-isa") from None
+    sms: tuple[int, ...] | None = None
+    if split_sms is not None:
+        try:
+            sms = () if split_sms.strip().lower() == "none" else tuple(int(x) for x in split_sms.split(","))
+        except ValueError:
+            raise typer.BadParameter(f"a comma-separated list of SM counts, not {split_sms!r}", param_hint="--split-sms") from None
+    from engine.runner.profile import ProfileConfig, profile as take, summary
+    cfg = ProfileConfig(model=model, device=device, dtype=dtype or "bfloat16", quick=quick, longest=longest,
+                        wide=wide, wide_len=wide_len, prefill_rows=prefill_rows, split_sms=sms, repeats=repeats,
+                        budget_s=budget, seed=seed, cpu_isa=cpu_isa, threads=threads)
+    cfg.check()  # the flags first: a bad one is refused before torch loads
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be cpu or cuda, not {device!r}")
+    from dataclasses import replace
+    dtype, _, _ = device_defaults(device, dtype, None, threads)  # serve's dtype and threads for the device
+    doc, path = take(replace(cfg, dtype=dtype), out, log=lambda m: typer.echo(m, err=True), commit=engine_commit())
+    typer.echo(summary(doc))
+    typer.echo(f"wrote {path}")
+
+
 @app.callback()
 def _root():
     """tfengine."""

@@ -384,6 +384,24 @@ def calibrate(
     sys.stdout.write(calibrate_mod.table(data))
 
 
+@app.command("profile", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                          "help_option_names": []})
+def profile_command(ctx: typer.Context):
+    """A cost profile for the simulator: the engine's forwards timed once on this device (`tfengine
+    profile`'s flags, --help for them). Needs the engine extra: pip install "tfbench[engine]"."""
+    try:
+        import torch  # noqa: F401  (the profile times the engine's own forwards)
+        from engine import cli as engine_cli
+        from engine.config import ConfigError
+    except ModuleNotFoundError as e:
+        raise BenchError(f"tfbench profile times the engine, which needs {e.name}, not installed here: "
+                         f'pip install "tfbench[engine]"') from None
+    try:
+        engine_cli.app(["profile", *ctx.args], prog_name="tfbench", standalone_mode=False)
+    except ConfigError as e:
+        raise BenchError(str(e)) from None
+
+
 @app.command("compare")
 def compare(a: Annotated[Path, typer.Argument(help="The earlier receipt's data, STEM.json.gz (or an older receipt's STEM.json): the reference.")],
             b: Annotated[Path, typer.Argument(help="The later receipt's data, STEM.json.gz or STEM.json.")]):

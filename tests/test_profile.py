@@ -1,0 +1,157 @@
+"""The cost profile (engine/runner/profile.py): a profile of the tiny preset taken on the CPU holds
+the contract's fields and sensible costs, and both commands answer bad flags in one line."""
+import json
+import sys
+
+import pytest
+
+from engine.runner.profile import KINDS, SCHEMA, ProfileConfig, TimedBackend, host_fit, profile
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "tiny.json"
+    cfg = ProfileConfig(model="tiny", device="cpu", dtype="float32", quick=True, longest=1024, wide=4, wide_len=256,
+                        repeats=3, budget_s=120)
+    doc, path = profile(cfg, out, log=lambda m: None, commit="abc123")
+    assert path == out
+    return json.loads(out.read_text())
+
+
+def test_the_profile_holds_the_contracts_fields(tiny):
+    assert tiny["schema"] == SCHEMA and tiny["source"] == "measured"
+    assert tiny["device"]["type"] == "cpu" and tiny["device"]["cpu_isa"] and len(tiny["device"]["load"]) == 3
+    assert tiny["model"] == {"name": "tiny", "dtype": "float32", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2,
+                             "head_dim": 16, "intermediate": 128, "vocab": 512}
+    e = tiny["engine"]
+    assert e["commit"] == "abc123" and e["prefill_rows"] == 256 and e["parallel"] == 4 and "--prefill-rows" in e["flags"]
+    assert set(tiny["samples"]) == set(KINDS)
+    s = tiny["samples"]
+    # the CPU runs no round ahead: rounds as decode's, and the notes say so
+    assert s["decode_ahead"] == [] and any(n.startswith("decode_ahead:") for n in tiny["notes"])
+    for kind, width in (("prefill", 3), ("decode", 3), ("prefill_many", 3), ("mixed", 5)):
+        if kind == "prefill_many" and not s[kind]:  # float32 here fills short prompts one at a time
+            assert any(n.startswith("prefill_many:") for n in tiny["notes"])
+            continue
+        assert s[kind], kind
+        assert all(len(row) == width and row[-1] > 0 for row in s[kind]), kind
+    # split runs on CUDA only: an empty list, and the notes say why
+    assert s["split"] == [] and s["split_round"] == []
+    assert any(n.startswith("split:") for n in tiny["notes"])
+    assert {k for k, _ in s["host"]} == {"turn", "token"} and all(v >= 0 for _, v in s["host"])
+
+
+def test_the_profiles_costs_are_sensible(tiny):
+    s = tiny["samples"]
+    # the fastest of a point's repeats: what the work costs when nothing else on the machine takes
+    # the core (other tests' load only ever adds)
+    cost = lambda rows: min(r[-1] for r in rows)  # noqa: E731
+    # a full cut at the far end of the prompt costs more than 16 rows at its start
+    far = max(r[1] for r in s["prefill"] if r[0] == 256)
+    assert cost([r for r in s["prefill"] if r[:2] == [256, far]]) > cost([r for r in s["prefill"] if r[:2] == [16, 0]])
+    # a round over many keys costs more than one over few (the CPU runs rounds at the padded shape,
+    # so keys, not streams, are what its cost follows)
+    keys = sorted({r[1] for r in s["decode"]})
+    assert cost([r for r in s["decode"] if r[1] >= keys[-3]]) > cost([r for r in s["decode"] if r[1] <= keys[2]])
+    # short prompts together (where this CPU fills them together): more rows cost more
+    assert not s["prefill_many"] or cost([r for r in s["prefill_many"] if r[1] == max(x[1] for x in s["prefill_many"])]) > \
+        cost([r for r in s["prefill_many"] if r[1] == min(x[1] for x in s["prefill_many"])])
+    # a mixed forward's rows: a cut and the decode rows it carries
+    assert all(r[2] >= 1 and r[3] >= r[2] for r in s["mixed"])
+
+
+def test_the_host_fit_takes_medians_and_the_rise_per_token():
+    turns = [(1e-5, 1), (1.2e-5, 1), (0.9e-5, 1), (3e-5, 5), (3.1e-5, 5), (2.9e-5, 5), (5.0, 1)]  # one preempted turn
+    turn, token = host_fit(turns)
+    assert token == pytest.approx((3e-5 - 1.1e-5) / 4, rel=1e-6)
+    assert turn == pytest.approx(1.1e-5 - token, rel=1e-6)
+    assert host_fit(turns[:2]) is None
+
+
+def test_the_timed_backend_adds_up_only_the_backends_calls():
+    class Slow:
+        parallel = 4
+
+        def decode(self, *a):
+            import time
+            time.sleep(0.02)
+            return [1]
+    b = TimedBackend(Slow())
+    assert b.parallel == 4 and b.spent == 0
+    assert b.decode([0], [1], [0]) == [1]
+    assert 0.015 < b.spent < 1
+
+
+@pytest.mark.parametrize("main", ["engine", "tensorfold_bench"])
+@pytest.mark.parametrize("args, says", [
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--budget", "-5"], "--budget must be a positive number"),
+    (["--device", "tpu"], "--device must be cpu or cuda"),
+    (["--split-sms", "32"], "--split-sms is for --device cuda"),
+    (["--split-sms", "1,x"], "--split-sms"),
+    (["--cpu-isa", "sse"], "--cpu-isa"),
+    (["--bogus"], "No such option: --bogus"),
+])
+def test_bad_flags_are_one_line_errors(main, args, says, monkeypatch, capsys):
+    """`tfengine profile` and its adapter `tfbench profile` (which passes the flags through)."""
+    if main == "engine":
+        from engine.cli import main as entry
+        prog = "tfengine"
+    else:
+        from tensorfold_bench.cli import main as entry
+        prog = "tfbench"
+    monkeypatch.setattr(sys, "argv", [prog, "profile", *args])
+    with pytest.raises(SystemExit) as exit_:
+        entry()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
+
+
+def test_rounds_run_ahead_are_timed_where_the_runner_runs_them():
+    """decode_ahead: a chain of rounds, each fed the last one's ids at the next positions, as the
+    host asks with no prompt waiting; a runner that runs no round ahead gives none."""
+    from engine.config import EngineConfig, KernelConfig
+    from engine.runner.model_runner import ModelRunner
+    from engine.runner.profile import Profiler
+    p = Profiler(ProfileConfig(model="tiny", device="cpu", dtype="float32", repeats=3, budget_s=60), log=lambda m: None)
+    ahead = ModelRunner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
+                                     kernels=KernelConfig(overlap=True, cpu_cpp=False)))
+    assert ahead.runs_ahead
+    p.decode_ahead(ahead, [(1, 16), (4, 100), (4, 250)])  # (250: no room for the chain, left out)
+    rows = p.out.samples["decode_ahead"]
+    assert [r[0] for r in rows] == [1] * 3 + [4] * 3
+    assert [r[1] for r in rows[3:]] == [sum(100 + j + 1 + k for j in range(4)) for k in (1, 2, 3)]
+    assert all(r[2] > 0 for r in rows)
+    plain = ModelRunner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
+                                     kernels=KernelConfig(overlap=False, cpu_cpp=False)))
+    p.out.samples["decode_ahead"] = []
+    p.decode_ahead(plain, [(1, 16)])
+    assert p.out.samples["decode_ahead"] == []
+
+
+def test_the_command_writes_a_profile_with_serves_dtype(tmp_path, monkeypatch, capsys):
+    """`tfengine profile` end to end at its smallest: the dtype serve picks on this CPU, the file
+    written where --out says, a line a kind printed."""
+    from engine.cli import device_defaults, main as entry
+    out = tmp_path / "p.json"
+    monkeypatch.setattr(sys, "argv", ["tfengine", "profile", "--model", "tiny", "--quick", "--longest", "512",
+                                      "--wide", "2", "--wide-len", "128", "--repeats", "1", "--budget", "60",
+                                      "--out", str(out)])
+    entry()
+    doc = json.loads(out.read_text())
+    assert doc["model"]["dtype"] == device_defaults("cpu", None, None, None)[0] and doc["samples"]["prefill"] and doc["samples"]["decode"]
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "prefill:" in printed and "split: none" in printed
+
+
+def test_each_stage_is_written_as_it_ends(tmp_path):
+    """A sitting cut short keeps what it measured: the file after the first runner's stage says it
+    is partial and holds that stage's samples; the finished one is not partial."""
+    from engine.runner.profile import Profiler
+    seen = []
+    p = Profiler(ProfileConfig(model="tiny", device="cpu", dtype="float32", quick=True, longest=512, wide=2,
+                               wide_len=128, repeats=1, budget_s=60), log=lambda m: None, checkpoint=seen.append)
+    doc = p.run()
+    assert seen[0]["partial"].startswith("measured through: long") and seen[0]["samples"]["prefill"]
+    assert not seen[0]["samples"]["prefill_many"] and "partial" not in doc
