@@ -156,3 +156,87 @@ def test_the_synthetic_servers_first_token_names_its_arrival(sim):
             texts = [json.loads(ln[6:])["choices"][0]["text"] for ln in r.iter_lines()
                      if ln.startswith("data: {") and '"choices":[{' in ln]
         assert texts == [f" s{n}", " t", " t"]
+
+
+# ---- the self-check held against what the run measures ---------------------------------------
+
+def test_send_gaps_are_tested_against_the_schedules_own_distribution():
+    """A client that keeps a Poisson schedule (sends a little late, each by its own small delay)
+    fits it; one that sends in bunches (every send of a 50 ms window at its end) does not, and a
+    constant schedule is judged by its sends' spread."""
+    import numpy as np
+    g = np.random.default_rng(0)
+    sched = np.cumsum(g.standard_exponential(2000) / 1000.0)  # 1,000/s
+    kept = selfcheck.arrival_fit(list(sched), list(sched + g.uniform(0, 20e-6, len(sched))))
+    assert kept["ks"] < selfcheck.BOUNDS.ks and abs(kept["cv"] - 1) < 0.15 and not kept["constant"]
+    bunched = selfcheck.arrival_fit(list(sched), list(np.ceil(sched / 0.05) * 0.05))
+    assert bunched["ks"] > 0.5
+    d = {"loop_lag_p99_ms": 1.0, "late_p99_ms": 1.0, "late_max_ms": 2.0, "cpu_share": 0.5, "arrivals": bunched,
+         "bounds": selfcheck.BOUNDS.to_dict()}
+    assert [w for w in selfcheck.reasons(d) if "left the schedule's distribution" in w]
+    const = np.arange(100) * 0.01
+    assert selfcheck.arrival_fit(list(const), list(const))["cv"] == 0
+    jitter = selfcheck.arrival_fit(list(const), list(const + g.uniform(0, 0.008, 100)))
+    assert jitter["constant"] and [w for w in selfcheck.reasons({**d, "arrivals": jitter}) if "CV" in w]
+    assert selfcheck.arrival_fit([0.0, 1.0], [0.0, 1.0]) is None  # too few to say
+
+
+def test_lag_and_lateness_are_judged_against_the_figure_the_run_reports():
+    """2 ms of lateness is nothing next to a 500 ms first token and everything next to a 5 ms
+    one; an event loop busy all the time is saturated whatever it measures."""
+    base = {"loop_lag_p99_ms": 0.5, "late_p99_ms": 2.0, "late_max_ms": 3.0, "cpu_share": 0.5,
+            "bounds": selfcheck.BOUNDS.to_dict()}
+    assert selfcheck.judge(dict(base), {"TTFT p50": 500.0})["invalid"] == []
+    fast = selfcheck.judge(dict(base), {"TTFT p50": 5.0})
+    assert fast["invalid"] == ["the client's sends were late by 2.00 ms at p99, more than 0.1 of the TTFT p50 it "
+                               "reports (5.00 ms)"]
+    assert any("saturated" in w for w in selfcheck.reasons({**base, "loop_busy": 0.97}))
+
+
+def test_a_receipt_says_the_highest_level_the_client_held():
+    ok = {"invalid": []}
+    checks = [{**ok, "level": {"label": "rate 1000/s", "value": 1000}},
+              {**ok, "level": {"label": "rate 2000/s", "value": 2000}},
+              {"invalid": ["saturated"], "level": {"label": "rate 4000/s", "value": 4000}},
+              {**ok, "level": {"label": "rate 1000/s", "value": 1000}}]
+    assert selfcheck.held(checks) == "The client held rate 2000/s on this host; it did not hold rate 4000/s."
+    sweep_check = {"invalid": ["at 256 streams the client had at most 200 open at once"],
+                   "peak_open": {"8": 8, "256": 200}}
+    assert selfcheck.held([sweep_check]) == "The client held 8 streams on this host; it did not hold 256 streams."
+    assert selfcheck.held([{"invalid": []}]) is None
+
+
+def test_a_saturated_client_under_open_loop_load_is_invalid_with_the_reason(sim):
+    """A busy loop planted in the client's process (98 ms of every 100 ms on its event loop)
+    under an open loop of 200 requests/s: the sends bunch into the loop's free moments, and the
+    loop is busy all the time, so the level is invalid and says why; the run's receipt says
+    the client did not hold that rate."""
+    from tensorfold_bench.scenarios import load
+    from tensorfold_bench.workload import spec as spec_mod
+    spec = spec_mod.from_flags(rates=[200.0], duration=1.5, input_len="8", output_len="4", seed=0)
+    (level,) = spec.levels
+    wl = spec.build(level, synthetic.VOCAB)
+
+    async def starved():
+        async def hog():
+            while True:
+                t = clock()
+                while clock() - t < 0.098:
+                    pass
+                await asyncio.sleep(0.002)
+        h = asyncio.create_task(hog())
+        try:
+            return await load.play_level(sim, wl, model=synthetic.MODEL, drain_s=30, level=load.level_dict(level))
+        finally:
+            h.cancel()
+
+    played, t0, check = asyncio.run(starved())
+    entry = {"variant": "sim", "levels": [{**load.level_dict(level), "client": check,
+                                           "records": [load.to_req(s, t0).to_dict() for s in played]}]}
+    load.finish(load.Slo(), entry)
+    assert not entry["valid"]
+    why = entry["invalid_reasons"]
+    assert any("left the schedule's distribution" in w for w in why), why
+    assert any("saturated" in w for w in why), why
+    assert check["arrivals"]["ks"] > selfcheck.BOUNDS.ks and check["loop_busy"] > selfcheck.BOUNDS.cpu_share
+    assert "did not hold rate 200/s" in selfcheck.held([check])

@@ -182,8 +182,13 @@ def client_lines(runs: list[tuple[str, dict | None]]) -> list[str]:
     if not have:
         return []
     b = have[0][1]["bounds"]
+    rel = (f"; past {b['share']:g} of the smallest figure it reports in loop lag or send lateness (p99), with "
+           f"its process busy over {100 * b['cpu_share']:g} % of the wall time, or with an open loop's send gaps "
+           f"a Kolmogorov-Smirnov distance over {b['ks']:g} from the schedule's") if "share" in b else ""
     out = [f"**Client self-check** (was the client what got measured? invalid past a loop lag p99 of "
            f"{b['lag_p99_ms']:g} ms or a send {b['late_ms']:g} ms late, or at a level whose streams were never all "
-           "open at once).", ""]
+           f"open at once{rel}).", ""]
     out += [f"- {label}: {selfcheck.line(c)}" for label, c in have]
+    if (h := selfcheck.held([c for _, c in have])) and "share" in b:
+        out += ["", h]
     return out + [""]

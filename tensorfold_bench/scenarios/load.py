@@ -140,9 +140,11 @@ class Player:
 
 async def play_level(url: str, workload: Workload, *, model: str = "default", token_ids: str = "ids",
                      sampling: Sampling = GREEDY, concurrency: int | None = None, max_concurrency: int | None = None,
-                     duration: float | None = None, drain_s: float = DRAIN_S) -> tuple[list[Sent], float, dict]:
-    """Every item of one level; (what was played, the level's start time, the client's self-check).
-    `concurrency`: a closed loop of that many; else open loop on the items' offsets."""
+                     duration: float | None = None, drain_s: float = DRAIN_S, level: dict | None = None
+                     ) -> tuple[list[Sent], float, dict]:
+    """Every item of one level; (what was played, the level's start time, the client's self-check,
+    naming `level` ({label, value}) when given). `concurrency`: a closed loop of that many; else
+    open loop on the items' offsets."""
     groups = sessions(workload.items)
     # a closed loop's injected prompts still go at their own offsets
     timed = [g for g in groups if g[0].kind == "inject"] if concurrency else []
@@ -180,8 +182,16 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
         if s.rec.cancelled and not s.rec.error:
             s.rec.error = f"not done {drain_s:.0f} s after the last scheduled send"
     check = selfcheck.summary(watch, [load_figures.Req(**_times(s, t0)).lateness for s in p.played],
-                              open_peak=client.open.peak)
+                              open_peak=client.open.peak, arrivals=None if concurrency or max_concurrency
+                              else open_loop_fit(p.played), level=level)
     return p.played, t0, check
+
+
+def open_loop_fit(played: list[Sent]) -> dict | None:
+    """The open loop's sends against their schedule (selfcheck.arrival_fit): every item sent at
+    its offset (a session's later turns go after replies, off the schedule)."""
+    timed = [s for s in played if s.item.turn == 0 and s.rec.sent is not None and s.rec.scheduled is not None]
+    return selfcheck.arrival_fit([s.rec.scheduled for s in timed], [s.rec.sent for s in timed])
 
 
 def _times(s: Sent, t0: float) -> dict:
@@ -302,7 +312,7 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
         played, t0, check = asyncio.run(play_level(
             run.url, wl, model=run.model, token_ids=run.token_ids, sampling=settings.sampling, concurrency=conc,
             max_concurrency=max_concurrency, duration=getattr(settings.spec, "duration", None) if conc else None,
-            drain_s=settings.drain_s))
+            drain_s=settings.drain_s, level=level_dict(level)))
         reqs = [to_req(s, t0) for s in played]
         out.append({**level_dict(level), "source": wl.source, "client": check,
                     "records": [r.to_dict() for r in reqs]})
@@ -336,6 +346,8 @@ def finish(settings_slo: Slo, entry: dict) -> str:
     for lv in entry["levels"]:
         f = load_figures.level_figures([Req.from_dict(r) for r in lv["records"]], settings_slo)
         lv["figures"] = f
+        if lv.get("client"):  # the client's own delays against the first token it times
+            selfcheck.judge(lv["client"], {"TTFT p50": f["latency"]["ttft"]["p50"]})
         flat.update(load_figures.flat(lv["label"], f))
         reasons += [f"{lv['label']}: {why}" for why in f["invalid"]]
         reasons += [f"{lv['label']}: {why}" for why in selfcheck.bottleneck(lv.get("client"))]
