@@ -130,7 +130,7 @@ def long_prompt(
     parallel: Parallel = None,
     tensor_parallel: TensorParallel = 1,
     prefill_rows: PrefillRows = None,
-    max_model_len: MaxModelLen = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin, or A's prompt and what one stream decodes in --b-at + --c-after + 1 s at 1,500 tokens/s, whichever is larger; rounded up to 256).")] = None,
     seed: Seed = 0,
     temperature: Temperature = 0.0,
     trace: Trace = True,

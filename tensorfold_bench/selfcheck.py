@@ -246,18 +246,20 @@ def _levels(d: dict) -> list[tuple[str, float, bool]]:
 
 
 def held(checks: list[dict | None]) -> str | None:
-    """The highest level the client held on this host (every run's check at it valid) and the
-    lowest it did not, from a receipt's checks; None when no check names a level."""
-    ok: dict[float, str] = {}
-    bad: dict[float, str] = {}
+    """The highest level the client held on this host (every run's check at it valid), and the
+    lowest at which some run's was not; None when no check names a level."""
+    runs: dict[float, tuple[str, int, int]] = {}  # value -> (label, valid runs, invalid runs)
     for c in checks:
         for label, value, fine in _levels(c or {}):
-            (ok if fine else bad)[value] = label
-    if not ok and not bad:
+            _, ok, bad = runs.get(value, (label, 0, 0))
+            runs[value] = (label, ok + fine, bad + (not fine))
+    if not runs:
         return None
-    kept = [v for v in ok if v not in bad]
-    text = (f"the client held {ok[max(kept)]} on this host" if kept
-            else "the client held none of the levels measured here")
-    if bad:
-        text += f"; it did not hold {bad[min(bad)]}"
-    return text[0].upper() + text[1:] + "."
+    kept = [v for v, (_, ok, bad) in runs.items() if not bad]
+    text = (f"The client held {runs[max(kept)][0]} on this host (every run valid at it)" if kept
+            else "The client held none of the levels measured here in every run")
+    lost = [v for v, (_, ok, bad) in runs.items() if bad]
+    if lost:
+        label, ok, bad = runs[min(lost)]
+        text += f"; at {label}, {bad} of {ok + bad} runs {'was' if bad == 1 else 'were'} client-limited"
+    return text + "."

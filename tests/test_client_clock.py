@@ -199,10 +199,12 @@ def test_a_receipt_says_the_highest_level_the_client_held():
               {**ok, "level": {"label": "rate 2000/s", "value": 2000}},
               {"invalid": ["saturated"], "level": {"label": "rate 4000/s", "value": 4000}},
               {**ok, "level": {"label": "rate 1000/s", "value": 1000}}]
-    assert selfcheck.held(checks) == "The client held rate 2000/s on this host; it did not hold rate 4000/s."
+    assert selfcheck.held(checks) == ("The client held rate 2000/s on this host (every run valid at it); at rate "
+                                      "4000/s, 1 of 1 runs was client-limited.")
     sweep_check = {"invalid": ["at 256 streams the client had at most 200 open at once"],
                    "peak_open": {"8": 8, "256": 200}}
-    assert selfcheck.held([sweep_check]) == "The client held 8 streams on this host; it did not hold 256 streams."
+    assert selfcheck.held([sweep_check]) == ("The client held 8 streams on this host (every run valid at it); at "
+                                             "256 streams, 1 of 1 runs was client-limited.")
     assert selfcheck.held([{"invalid": []}]) is None
 
 
@@ -239,4 +241,4 @@ def test_a_saturated_client_under_open_loop_load_is_invalid_with_the_reason(sim)
     assert any("left the schedule's distribution" in w for w in why), why
     assert any("saturated" in w for w in why), why
     assert check["arrivals"]["ks"] > selfcheck.BOUNDS.ks and check["loop_busy"] > selfcheck.BOUNDS.cpu_share
-    assert "did not hold rate 200/s" in selfcheck.held([check])
+    assert "at rate 200/s, 1 of 1 runs was client-limited" in selfcheck.held([check])
