@@ -186,10 +186,13 @@ def test_lag_and_lateness_are_judged_against_the_figure_the_run_reports():
     one; an event loop busy all the time is saturated whatever it measures."""
     base = {"loop_lag_p99_ms": 0.5, "late_p99_ms": 2.0, "late_max_ms": 3.0, "cpu_share": 0.5,
             "bounds": selfcheck.BOUNDS.to_dict()}
-    assert selfcheck.judge(dict(base), {"TTFT p50": 500.0})["invalid"] == []
-    fast = selfcheck.judge(dict(base), {"TTFT p50": 5.0})
+    assert selfcheck.judge(dict(base), {"TTFT p50": 500.0, "TTFT p99": 900.0})["invalid"] == []
+    fast = selfcheck.judge(dict(base), {"TTFT p50": 5.0, "TTFT p99": 9.0})
     assert fast["invalid"] == ["the client's sends were late by 2.00 ms at p99, more than 0.1 of the TTFT p50 it "
                                "reports (5.00 ms)"]
+    lagged = selfcheck.judge({**base, "loop_lag_p99_ms": 1.2, "late_p99_ms": 0.1}, {"TTFT p50": 5.0, "TTFT p99": 9.0})
+    assert lagged["invalid"] == ["the client's event loop lagged 1.20 ms at p99, more than 0.1 of the TTFT p99 it "
+                                 "reports (9.00 ms)"]
     assert any("saturated" in w for w in selfcheck.reasons({**base, "loop_busy": 0.97}))
 
 

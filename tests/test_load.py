@@ -264,3 +264,19 @@ def test_multi_turn_sessions_in_a_closed_loop_equal_the_plain_reference_turn_by_
 def test_the_picture_draws_latency_and_goodput_against_the_rate(tmp_path):
     data = report.load(ROOT / "receipts" / "20261202-003218-load.json.gz")  # three rates
     assert report.render_png(data, tmp_path / "p.png") == tmp_path / "p.png" and (tmp_path / "p.png").stat().st_size > 5000
+
+
+def test_a_sharegpt_text_file_runs_without_a_tokenizer_counted_by_the_presets_own(tmp_path, monkeypatch):
+    """No --tokenizer: the launched preset's own tokenizer makes the prompts' ids and counts the
+    replies, and the receipt names it."""
+    # what is checked is the counting, not the client's timing on a loaded host
+    monkeypatch.setattr(selfcheck, "BOUNDS", replace(selfcheck.BOUNDS, share=1.0, lag_p99_s=10.0))
+    data_file = Path(__file__).resolve().parent.parent / "examples" / "workloads" / "sharegpt-5.json"
+    res = CliRunner().invoke(app, ["load", "--model", "tiny", "--dataset", str(data_file), "--rate", "4",
+                                   "--requests", "3", "--order", "base", "--out", str(tmp_path)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    data = report.load(next(tmp_path.glob("*-load.json.gz")))
+    assert "text counted by tfengine's byte-level tokenizer (preset tiny)" in data["settings"]["workload"]
+    recs = data["runs"][0]["levels"][0]["records"]
+    assert recs[0]["prompt_len"] == len(b"What is a KV cache?") and recs[0]["tokens"] == recs[0]["max_tokens"] > 1
+    assert "text counted by tfengine's byte-level tokenizer" in next(tmp_path.glob("*-load.md")).read_text()

@@ -275,7 +275,8 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     w = dict(workload)
     w["rates"] = parse_list("--rate", w.get("rates"), float)
     w["concurrency"] = parse_list("--concurrency", w.get("concurrency"), int)
-    spec = spec_mod.from_flags(seed=seed, tokenizer=tokenizer, **w)
+    spec = spec_mod.from_flags(seed=seed, tokenizer=tokenizer, fallback=text_counter(url, model, device, variants_file),
+                               **w)
     slo_v = load_figures.parse_slo(slo)
     mc = parse_max_concurrency(max_concurrency)
     session.check_margin(margin)
@@ -293,6 +294,19 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     return LoadSettings(Session(engine, variants, names, Path(out_dir), "load", url=url, margin=margin,
                                 predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
                                 token_ids=token_ids), spec, slo_v, mc, plain_check, Sampling(temperature, seed))
+
+
+def text_counter(url, model: str | None, device: str, variants_file) -> object | None:
+    """What counts a file's text without --tokenizer: the (first) --url server's /tokenize, or
+    the launched tfengine's own tokenizer for --model; none for command variants, which may
+    serve anything (a text file then needs --tokenizer)."""
+    from tensorfold_bench.workload import readers
+    first = (url[0] if url else None) if isinstance(url, (list, tuple)) else url
+    if first:
+        return readers.counter_for(first, None)
+    if variants_file:
+        return None
+    return readers.counter_for(None, model or session.device_preset(device).model)
 
 
 def level_dict(level) -> dict:
@@ -347,7 +361,7 @@ def finish(settings_slo: Slo, entry: dict) -> str:
         f = load_figures.level_figures([Req.from_dict(r) for r in lv["records"]], settings_slo)
         lv["figures"] = f
         if lv.get("client"):  # the client's own delays against the first token it times
-            selfcheck.judge(lv["client"], {"TTFT p50": f["latency"]["ttft"]["p50"]})
+            selfcheck.judge(lv["client"], {f"TTFT {q}": f["latency"]["ttft"][q] for q in ("p50", "p99")})
         flat.update(load_figures.flat(lv["label"], f))
         reasons += [f"{lv['label']}: {why}" for why in f["invalid"]]
         reasons += [f"{lv['label']}: {why}" for why in selfcheck.bottleneck(lv.get("client"))]
