@@ -369,7 +369,7 @@ def calibrate(
     every_ms: Annotated[float, typer.Option("--every-ms", help="Then one token every this many ms.")] = 10.0,
     stall_every: Annotated[int, typer.Option("--stall-every", help="Every this-th stream stalls once (0: none).")] = 16,
     stall_ms: Annotated[float, typer.Option("--stall-ms", help="The stall: this many ms more before the middle token.")] = 100.0,
-    client: Annotated[str, typer.Option("--client", help="Clients to compare, comma-separated: wire (the default client), live (the same, decoding as bytes come), httpx (httpx's line iterator), httpx:N (with at most N connections; httpx:64 was the old client).")] = "wire",
+    client: Annotated[str, typer.Option("--client", help="Clients to compare, comma-separated: wire (the default client), live (the same, decoding as bytes come), httpx (httpx's line iterator), httpx:N (with at most N connections; httpx:64 was the old client).")] = "wire,live",
     procs: Annotated[int, typer.Option("--procs", help="Worker processes for the wire client, each with its own event loop (1: the harness's own loop).")] = 1,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the table's data here.")] = None,
 ):

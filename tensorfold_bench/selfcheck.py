@@ -64,14 +64,22 @@ class Watch:
         self.lags: list[float] = []
         self._task: asyncio.Task | None = None
         self.cpu_s = self.wall_s = 0.0
-        self.idle_s: float | None = 0.0  # the event loop's time waiting for I/O (None: not measured)
+        # while streams are open: the wall time, and the event loop's part of it spent waiting for
+        # I/O (None: not measured); the rest it was busy
+        self.open_s, self.open_idle_s = 0.0, 0.0
+        self._idle = 0.0
 
     async def _tick(self) -> None:
+        t, idle = clock(), self._idle
         while True:
             due, was = clock() + self.tick_s, self.busy()
             await asyncio.sleep(self.tick_s)
+            now = clock()
             if was and self.busy():
-                self.lags.append(max(clock() - due, 0.0))
+                self.lags.append(max(now - due, 0.0))
+                self.open_s += now - t
+                self.open_idle_s += self._idle - idle
+            t, idle = now, self._idle
 
     async def __aenter__(self) -> "Watch":
         self._cpu0, self._wall0 = time.process_time(), clock()
@@ -84,7 +92,7 @@ class Watch:
                 try:
                     return inner(timeout)
                 finally:
-                    self.idle_s += clock() - t
+                    self._idle += clock() - t
             self._selector.select = select
         self._task = asyncio.create_task(self._tick())
         return self
@@ -95,7 +103,7 @@ class Watch:
         if self._selector is not None:
             del self._selector.select
         else:
-            self.idle_s = None
+            self.open_idle_s = None
         self.cpu_s += time.process_time() - self._cpu0
         self.wall_s += clock() - self._wall0
 
@@ -122,14 +130,15 @@ def arrival_fit(scheduled: list[float], sent: list[float]) -> dict | None:
 def summary(watch: Watch, lateness: list[float | None], peaks: dict[int, int] | None = None,
             server_peaks: dict[int, int | None] | None = None, open_peak: int | None = None,
             bounds: Bounds | None = None, server_split: dict[int, tuple[int, int]] | None = None,
-            arrivals: dict | None = None, level: dict | None = None) -> dict:
+            arrivals: dict | None = None, level: dict | None = None, spread: dict[int, float] | None = None) -> dict:
     """The receipt's `client` field: loop lag p99/max (ms), CPU seconds and share of the wall
     time, send lateness p99/max (ms), per level the streams open at once (the client's count,
     the fewest over its batches, and where the server says, the server's; a level with fewer is
     invalid; `server_split`: at a level queued behind fewer lanes, the server's running and
     waiting streams at that count) or, for a script without levels, the most streams open at once
-    (`open_peak`); an open loop's `arrival_fit`; the `level` ({label, value}) when the check is one
-    level's; and the reasons the run is invalid (none: valid)."""
+    (`open_peak`); per level the widest spread of a burst's sends (`spread`, ms: how together its
+    streams started); an open loop's `arrival_fit`; the `level` ({label, value}) when the check is
+    one level's; and the reasons the run is invalid (none: valid)."""
     bounds = bounds or BOUNDS
     lags = np.asarray(watch.lags or [0.0]) * 1000
     late = np.asarray([x for x in lateness if x is not None] or [0.0]) * 1000
@@ -137,8 +146,8 @@ def summary(watch: Watch, lateness: list[float | None], peaks: dict[int, int] | 
          "cpu_s": round(watch.cpu_s, 3),
          "cpu_share": round(watch.cpu_s / watch.wall_s / watch.procs, 3) if watch.wall_s else None,
          "procs": watch.procs,
-         "loop_busy": (round(max(1 - watch.idle_s / (watch.wall_s * watch.procs), 0.0), 3)
-                       if watch.wall_s and watch.idle_s is not None else None),
+         "loop_busy": (round(min(max(1 - watch.open_idle_s / watch.open_s, 0.0), 1.0), 3)
+                       if watch.open_s > 0 and watch.open_idle_s is not None else None),
          "late_p99_ms": round(float(np.percentile(late, 99)), 3), "late_max_ms": round(float(late.max()), 3),
          "bounds": bounds.to_dict()}
     if peaks is not None:
@@ -149,6 +158,8 @@ def summary(watch: Watch, lateness: list[float | None], peaks: dict[int, int] | 
         d["server_split"] = {str(k): list(v) for k, v in server_split.items()}
     if open_peak is not None:
         d["open_peak"] = open_peak
+    if spread:
+        d["send_spread_ms"] = {str(k): v for k, v in spread.items()}
     if arrivals is not None:
         d["arrivals"] = arrivals
     if level is not None:
@@ -226,6 +237,8 @@ def line(d: dict) -> str:
                           + ")" if srv.get(k) is not None else "") for k, v in d["peak_open"].items()))
     if d.get("open_peak") is not None:
         parts.append(f"at most {d['open_peak']} streams open at once")
+    if d.get("send_spread_ms"):
+        parts.append("a burst's sends spread over " + ", ".join(f"{v:.1f} ms at {k}" for k, v in d["send_spread_ms"].items()))
     verdict = "valid" if not d["invalid"] else "INVALID: " + "; ".join(d["invalid"])
     return "; ".join(parts) + f". {verdict}."
 

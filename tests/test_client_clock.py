@@ -242,6 +242,43 @@ def test_a_saturated_client_under_open_loop_load_is_invalid_with_the_reason(sim)
     assert not entry["valid"]
     why = entry["invalid_reasons"]
     assert any("left the schedule's distribution" in w for w in why), why
-    assert any("saturated" in w for w in why), why
+    assert any("saturated" in w for w in why), (why, check)
     assert check["arrivals"]["ks"] > selfcheck.BOUNDS.ks and check["loop_busy"] > selfcheck.BOUNDS.cpu_share
     assert "at rate 200/s, 1 of 1 runs was client-limited" in selfcheck.held([check])
+
+
+# ---- bursts that start together ----------------------------------------------------------------
+
+def test_a_bursts_connections_are_opened_before_its_clock_and_its_send_spread_is_reported(sim, monkeypatch):
+    """Every connection of a level is opened before the burst's clock starts, so at its start
+    the requests are only written; the spread of the sends is in the self-check."""
+    reset(sim)
+    opened = []
+    real = wire.connect
+
+    async def spy(target, proto):
+        if proto.request is None or b"/v1/completions" in proto.request:  # not the /metrics reading
+            opened.append(clock())
+        return await real(target, proto)
+    monkeypatch.setattr(wire, "connect", spy)
+    script = sweep.SweepScript(levels=(16,), tokens=5, cells=1, reps=1, prompt_tokens=8)
+    batches, check = asyncio.run(sweep.play_levels(sim, script, synthetic.VOCAB, "sim", synthetic.MODEL))
+    (b,) = batches
+    assert not b["errors"] and len(opened) == 16
+    assert max(opened) < min(b["sent"])  # no connect after the clock started
+    assert check["send_spread_ms"]["16"] == b["send_spread_ms"] == pytest.approx((max(b["sent"]) - min(b["sent"])) * 1000,
+                                                                                 abs=1e-3)
+    assert "a burst's sends spread over" in selfcheck.line(check)
+
+
+def test_a_preopened_connection_the_server_closed_is_replaced_at_the_send(sim):
+    async def go():
+        req = Request("x", [7, 8, 9], max_tokens=3)
+        async with StreamClient() as c:
+            (conn,) = await c.preopen(sim, 1)
+            conn.transport.close()  # as a server's idle timeout would
+            await asyncio.sleep(0.05)
+            rec = await stream(c, sim, req, new_record(req), conn=conn)
+        return rec
+    rec = asyncio.run(go())
+    assert rec.error is None and rec.tokens == 3

@@ -149,13 +149,15 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
     # a closed loop's injected prompts still go at their own offsets
     timed = [g for g in groups if g[0].kind == "inject"] if concurrency else []
     groups = [g for g in groups if g not in timed]
-    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+    playing = [False]  # the level's clock runs: a late wake-up then delays a send or a token, open streams or not
+    async with http_client() as client, selfcheck.Watch(lambda: playing[0] or client.open.now > 0) as watch:
         p = Player(client, url, model, token_ids, sampling, max_concurrency)
         prep = lambda gs: [client.prepare(url, request_for(g[0], g[0].prompt, token_ids, sampling), model)  # noqa: E731
                            for g in gs]
         ready, timed_ready = prep(groups), prep(timed)
         with collector_held():
             t0 = clock()
+            playing[0] = True
             tasks, last = [], 0.0
             if concurrency:
                 queue = list(zip(groups, ready))
@@ -174,6 +176,7 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
                 tasks.append(asyncio.create_task(p.turns(g, at, w)))
             timeout = max(last - (clock() - t0), 0.0) + drain_s
             done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
+            playing[0] = False
             for t in pending:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
