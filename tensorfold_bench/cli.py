@@ -272,6 +272,7 @@ def load(
     burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma arrivals' shape (vLLM's meaning: 1 is Poisson, below 1 burstier, above 1 steadier).")] = 1.0,
     concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Closed loop instead of --rate: that many requests in flight, each level (e.g. 1,4,8).")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Open loop: at most this many in flight; a request past it waits for a slot, and the wait counts as queueing in the latency from its scheduled send.")] = None,
+    procs: Annotated[int, typer.Option("--procs", help="Client processes for an open loop, each with its own event loop: the schedule's sessions dealt round robin, each sent at its own offset from one start, so the server still sees the arrival process asked for.")] = 1,
     requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per level.")] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of arrivals per level (instead of --requests).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up requests first at each level, played and left out of the figures.")] = 0,
@@ -323,7 +324,7 @@ def load(
         engine_args=engine_arg, workload=workload, slo=slo, max_concurrency=max_concurrency, vocab=vocab,
         variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa, predict=predict, margin=margin,
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
-        tensor_parallel=tensor_parallel)
+        tensor_parallel=tensor_parallel, procs=procs)
     data, paths = execute(load_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.load_receipt.summary_markdown(data)))
     if data.get("predictions"):

@@ -78,6 +78,11 @@ class Workers:
     def __exit__(self, *exc) -> None:
         self.pool.shutdown(cancel_futures=True)
 
+    async def each(self, fn, arg_lists: list[tuple]) -> list:
+        """fn(*args) for each args, spread over the workers; the results in order."""
+        loop = asyncio.get_running_loop()
+        return await asyncio.gather(*(loop.run_in_executor(self.pool, fn, *a) for a in arg_lists))
+
     async def burst(self, url: str, reqs: list[Request], model: str, timeout_s: float
                     ) -> tuple[list[StreamRecord], selfcheck.Watch]:
         """Every request at once, dealt round robin over the workers; the records in request

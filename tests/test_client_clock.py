@@ -282,3 +282,34 @@ def test_a_preopened_connection_the_server_closed_is_replaced_at_the_send(sim):
         return rec
     rec = asyncio.run(go())
     assert rec.error is None and rec.tokens == 3
+
+
+# ---- an open loop over several processes -------------------------------------------------------
+
+def test_an_open_loop_over_two_processes_sends_the_whole_schedule_once(sim):
+    """`--procs 2`: the schedule's requests dealt over two worker processes, each sent at its own
+    offset from one start; every request is played once, at its own scheduled time, and the
+    self-check covers both processes (the arrival fit over the union of the sends)."""
+    from tensorfold_bench import workers
+    from tensorfold_bench.scenarios import load
+    from tensorfold_bench.workload import spec as spec_mod
+    reset(sim)
+    spec = spec_mod.from_flags(rates=[50.0], duration=1.0, input_len="8", output_len="4", seed=1)
+    (level,) = spec.levels
+    wl = spec.build(level, synthetic.VOCAB)
+
+    async def go(pool):
+        return await load.play_level(sim, wl, model=synthetic.MODEL, drain_s=30, level=load.level_dict(level),
+                                     pool=pool)
+    with workers.Workers(2) as pool:
+        played, t0, check = asyncio.run(go(pool))
+    assert sorted(s.item.id for s in played) == sorted(it.id for it in wl.items)
+    assert all(s.rec.error is None and s.rec.tokens == 4 for s in played)
+    for s in played:  # each at its own offset from the one start
+        assert s.rec.scheduled == pytest.approx(t0 + s.item.offset, abs=1e-9)
+    assert check["procs"] == 2 and check["arrivals"]["gaps"] == len(played) - 1
+    assert len(httpx.get(sim + "/v1/synthetic").json()["streams"]) == len(played)
+    with pytest.raises(Exception, match="--procs"):
+        load.settings_from_flags(model="tiny", device="cpu", dtype=None, share=None, order=None, url=None, out_dir="r",
+                                 plain_check=False, parallel=None, prefill_rows=None, max_model_len=None, seed=0,
+                                 engine_args=None, workload={"concurrency": "2", "requests": 4}, procs=2)

@@ -14,13 +14,14 @@ record keeps its scheduled, released and actual send time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from tensorfold_bench import exactness, load_figures, selfcheck, session, targets
+from tensorfold_bench import exactness, load_figures, selfcheck, session, targets, workers
 from tensorfold_bench.client import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.load_figures import Req, Slo
@@ -140,11 +141,28 @@ class Player:
 
 async def play_level(url: str, workload: Workload, *, model: str = "default", token_ids: str = "ids",
                      sampling: Sampling = GREEDY, concurrency: int | None = None, max_concurrency: int | None = None,
-                     duration: float | None = None, drain_s: float = DRAIN_S, level: dict | None = None
-                     ) -> tuple[list[Sent], float, dict]:
+                     duration: float | None = None, drain_s: float = DRAIN_S, level: dict | None = None,
+                     pool: workers.Workers | None = None) -> tuple[list[Sent], float, dict]:
     """Every item of one level; (what was played, the level's start time, the client's self-check,
     naming `level` ({label, value}) when given). `concurrency`: a closed loop of that many; else
-    open loop on the items' offsets."""
+    open loop on the items' offsets, over `pool`'s worker processes when given (see play_shares)."""
+    kw = dict(model=model, token_ids=token_ids, sampling=sampling, concurrency=concurrency,
+              max_concurrency=max_concurrency, duration=duration, drain_s=drain_s)
+    if pool is not None and pool.procs > 1 and not concurrency and not max_concurrency:
+        played, t0, watch, peak = await play_shares(pool, url, workload, kw)
+    else:
+        played, t0, watch, peak = await _play(url, workload, **kw)
+    check = selfcheck.summary(watch, [load_figures.Req(**_times(s, t0)).lateness for s in played],
+                              open_peak=peak, arrivals=None if concurrency or max_concurrency
+                              else open_loop_fit(played), level=level)
+    return played, t0, check
+
+
+async def _play(url: str, workload: Workload, *, model: str, token_ids: str, sampling: Sampling,
+                concurrency: int | None, max_concurrency: int | None, duration: float | None, drain_s: float,
+                start: float | None = None) -> tuple[list[Sent], float, selfcheck.Watch, int]:
+    """play_level on this process's loop: (played, t0, the Watch, the most streams open at once);
+    `start`: the level's start time (a CLOCK_MONOTONIC time every process shares), else now."""
     groups = sessions(workload.items)
     # a closed loop's injected prompts still go at their own offsets
     timed = [g for g in groups if g[0].kind == "inject"] if concurrency else []
@@ -156,7 +174,9 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
                            for g in gs]
         ready, timed_ready = prep(groups), prep(timed)
         with collector_held():
-            t0 = clock()
+            if start is not None:
+                await sleep_until(start)
+            t0 = clock() if start is None else start
             playing[0] = True
             tasks, last = [], 0.0
             if concurrency:
@@ -184,10 +204,39 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
     for s in p.played:
         if s.rec.cancelled and not s.rec.error:
             s.rec.error = f"not done {drain_s:.0f} s after the last scheduled send"
-    check = selfcheck.summary(watch, [load_figures.Req(**_times(s, t0)).lateness for s in p.played],
-                              open_peak=client.open.peak, arrivals=None if concurrency or max_concurrency
-                              else open_loop_fit(p.played), level=level)
-    return p.played, t0, check
+    return p.played, t0, watch, client.open.peak
+
+
+def _play_share(url: str, workload: Workload, kw: dict, start: float) -> dict:
+    """One worker process's share of an open loop (its own event loop), played from `start`."""
+    played, _, watch, peak = asyncio.run(_play(url, workload, **kw, start=start))
+    return {"played": played, "lags": watch.lags, "cpu_s": watch.cpu_s, "wall_s": watch.wall_s,
+            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s}
+
+
+async def play_shares(pool: workers.Workers, url: str, workload: Workload, kw: dict
+                      ) -> tuple[list[Sent], float, selfcheck.Watch, int]:
+    """An open loop over the pool's processes: its sessions, in order of their first offset, dealt
+    round robin, each sent at its own offset from one start (a CLOCK_MONOTONIC time all processes
+    share), so the union of the sends is the schedule itself (Poisson, gamma or a trace, exactly)
+    while each process keeps only 1/procs of it. One Watch holds every process's lag and CPU; the
+    streams open at once are counted over all records."""
+    groups = sorted(sessions(workload.items), key=lambda g: g[0].offset or 0.0)
+    shares = [groups[i::pool.procs] for i in range(pool.procs)]
+    parts = [replace(workload, items=tuple(it for g in share for it in g)) for share in shares if share]
+    start = clock() + workers.START_AHEAD_S
+    outs = await pool.each(_play_share, [(url, w, kw, start) for w in parts])
+    watch = selfcheck.Watch()
+    watch.procs, played = len(parts), []
+    for out in outs:
+        played += out["played"]
+        watch.lags += out["lags"]
+        watch.cpu_s += out["cpu_s"]
+        watch.wall_s = max(watch.wall_s, out["wall_s"])
+        watch.open_s += out["open_s"]
+        watch.open_idle_s += out["open_idle_s"] or 0.0
+    played.sort(key=lambda s: (s.rec.scheduled if s.rec.scheduled is not None else float("inf")))
+    return played, start, watch, workers.peak_open([s.rec for s in played])
 
 
 def open_loop_fit(played: list[Sent]) -> dict | None:
@@ -228,6 +277,7 @@ class LoadSettings:
     plain_check: bool = False
     sampling: Sampling = GREEDY
     drain_s: float = DRAIN_S
+    procs: int = 1  # client processes for an open loop (play_shares)
 
 
 def context_for(spec, vocab: int) -> int:
@@ -269,8 +319,8 @@ def parse_max_concurrency(v: int | None) -> int | None:
 def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
                         max_model_len, seed, engine_args, workload: dict, slo=None, max_concurrency=None, vocab=None,
                         stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False, predict=None,
-                        margin=0.02, tokenizer=None, token_ids="ids", temperature=0.0, tensor_parallel=1
-                        ) -> LoadSettings:
+                        margin=0.02, tokenizer=None, token_ids="ids", temperature=0.0, tensor_parallel=1,
+                        procs=1) -> LoadSettings:
     """`tfbench load`'s flags -> settings. The workload's flags and files are checked first
     (tensorfold_bench.workload.spec.from_flags), then the SLO and the rest, before any server
     starts. `workload`: from_flags's keyword arguments."""
@@ -282,6 +332,11 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                                **w)
     slo_v = load_figures.parse_slo(slo)
     mc = parse_max_concurrency(max_concurrency)
+    if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
+        raise FlagError("--procs", f"must be a whole number, at least 1, not {procs!r}")
+    if procs > 1 and (mc or w.get("concurrency")):
+        raise FlagError("--procs", "spreads an open loop (--rate or a trace) over processes; not --concurrency or "
+                                   "--max-concurrency, whose slots one process keeps")
     session.check_margin(margin)
     session.positive("--parallel", parallel)
     conc = [lv.value for lv in spec.levels if lv.kind == "concurrency"]
@@ -296,7 +351,8 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     preds = read_predictions(predict, [v.name for v in variants], load_figures.predictable(labels)) if predict else None
     return LoadSettings(Session(engine, variants, names, Path(out_dir), "load", url=url, margin=margin,
                                 predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
-                                token_ids=token_ids), spec, slo_v, mc, plain_check, Sampling(temperature, seed))
+                                token_ids=token_ids), spec, slo_v, mc, plain_check, Sampling(temperature, seed),
+                        procs=procs)
 
 
 def text_counter(url, model: str | None, device: str, variants_file) -> object | None:
@@ -320,6 +376,13 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
                 closed: int | None = None) -> tuple[list[dict], dict]:
     """Every level on the run's server; per level its records and figures, and the self-check of
     the worst level (every level's is kept)."""
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(workers.Workers(settings.procs)) if settings.procs > 1 and not closed else None
+        return _play_levels(settings, run, vocab, max_concurrency, closed, pool)
+
+
+def _play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: int | None, closed: int | None,
+                 pool: workers.Workers | None) -> tuple[list[dict], dict]:
     out, checks = [], []
     for level in settings.spec.levels:
         # a server tfbench did not start may hold earlier runs' prompts: each run's are fresh there
@@ -329,7 +392,7 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
         played, t0, check = asyncio.run(play_level(
             run.url, wl, model=run.model, token_ids=run.token_ids, sampling=settings.sampling, concurrency=conc,
             max_concurrency=max_concurrency, duration=getattr(settings.spec, "duration", None) if conc else None,
-            drain_s=settings.drain_s, level=level_dict(level)))
+            drain_s=settings.drain_s, level=level_dict(level), pool=pool))
         reqs = [to_req(s, t0) for s in played]
         out.append({**level_dict(level), "source": wl.source, "client": check,
                     "records": [r.to_dict() for r in reqs]})
