@@ -243,7 +243,7 @@ def test_a_saturated_client_under_open_loop_load_is_invalid_with_the_reason(sim)
     why = entry["invalid_reasons"]
     assert any("left the schedule's distribution" in w for w in why), why
     assert any("saturated" in w for w in why), (why, check)
-    assert check["arrivals"]["ks"] > selfcheck.BOUNDS.ks and check["loop_busy"] > selfcheck.BOUNDS.cpu_share
+    assert check["arrivals"]["ks"] > selfcheck.BOUNDS.ks and check["loop_busy"] > selfcheck.BOUNDS.busy
     assert "at rate 200/s, 1 of 1 runs was client-limited" in selfcheck.held([check])
 
 
