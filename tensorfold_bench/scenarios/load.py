@@ -9,7 +9,8 @@ with --max-concurrency M at most M are in flight, and an item past that waits fo
 from the scheduled send). Closed loop (--concurrency N): N workers, each sending its next item
 when its last reply ended. A multi-turn session sends turn k `think` seconds after turn k-1's
 reply ended, its prompt turn k-1's prompt + that reply's token ids + the new part. Every
-record keeps its scheduled, released and actual send time.
+record keeps its scheduled, released and actual send time. With `--procs N` an open loop is
+dealt over N worker processes, each sending its share at the share's own offsets (play_shares).
 """
 from __future__ import annotations
 
