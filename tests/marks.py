@@ -17,5 +17,7 @@ def host_lag(reason: str) -> bool:
     """Whether a run's invalid reason is the client's own lag, which is the host's: its event loop
     late to wake, or a send late against its schedule. Tests that share a loaded 2-core CI machine
     (two test workers, CPU servers) meet it (26.9 and 36 ms at p99 against the 20 ms bound); the
-    harness is right to mark such a run invalid, and what the test checks still holds."""
-    return reason.startswith("the client's event loop lagged") or " late (" in reason
+    harness is right to mark such a run invalid, and what the test checks still holds. The same lag
+    held against a fast figure (a tenth of a tiny model's first token) is the host's too."""
+    return (reason.startswith("the client's event loop lagged") or " late (" in reason
+            or reason.startswith("the client's sends were late by"))

@@ -42,11 +42,16 @@ def sweep_batch(level: int, cell: int, rep: int, recs: list[StreamRecord], token
     wall = (max(lasts) - min(sends)) if sends and lasts else None
     tok_s = n / wall if wall and not errors else None
     return {"level": level, "cell": cell, "rep": rep, "tok_s": tok_s, "tokens": n, "wall_s": wall, "hashes": hashes,
-            "errors": errors, "sent": [r.sent for r in recs],
+            "errors": errors, "sent": [r.sent for r in recs], "send_spread_ms": send_spread_ms(sends),
             "last_token": [r.token_times[-1] if r.token_times else None for r in recs],
             "gaps_us": [gaps_us(r) for r in recs],
             "counted_by": sorted({r.counted_by for r in recs if r.counted_by}),
             "system_fingerprint": next((r.system_fingerprint for r in recs if r.system_fingerprint), None)}
+
+
+def send_spread_ms(sends: list[float]) -> float | None:
+    """How far apart a burst's sends were, first to last (ms): the streams "starting together"."""
+    return round((max(sends) - min(sends)) * 1000, 3) if len(sends) > 1 else None
 
 
 def sweep_counted_by(batches: list[dict]) -> str | None:

@@ -8,6 +8,14 @@ it gives the first token and the inter-token p50/p99/max as the client measured 
 the truth (the server's own sends), the stall as measured, the server's own lateness against its
 schedule (it must not be the bottleneck) and the streams open at once on both sides.
 
+The first token's truth runs from the server's read of the request to its first send, and the
+client's from its own send stamp to the arrival: the time a request takes to reach the server
+(connecting, writing N requests from one loop) is the client's error, and is counted as one. The
+spread of the burst's sends (client stamps) and of the server's reads is in the table: a level of
+N "starting together" is N requests written within that spread. Every client kind is measured:
+`wire` (every scenario's bursts and loads) and `live` (the script player: long-prompt and every
+script) by default.
+
 A level is within bounds when its inter-token p99 is within 1 ms of the truth and its first
 token p50 within 5 ms.
 """
@@ -42,7 +50,7 @@ class CalibrateSettings:
     levels: tuple[int, ...] = (1, 8, 64, 256)
     tokens: int = 200
     schedule: synthetic.Schedule = field(default_factory=synthetic.Schedule)
-    clients: tuple[str, ...] = ("wire",)  # each "kind" or "httpx:LIMIT" (httpx with a connection cap)
+    clients: tuple[str, ...] = ("wire", "live")  # each "kind" or "httpx:LIMIT" (httpx with a connection cap)
     procs: int = 1  # worker processes for the wire client, each with its own loop (tensorfold_bench.client.workers)
 
     def __post_init__(self):
@@ -86,7 +94,7 @@ def level_errors(recs: list[StreamRecord], prompts: list[list[int]], log: dict, 
             raise RuntimeError(f"stream {rec.name}: {rec.error or 'its tokens do not match the server log'}")
         got, sent = np.asarray(rec.token_times), np.asarray(s["sends"])
         first_m.append(got[0] - rec.sent)
-        first_t.append(sent[0] - rec.sent)
+        first_t.append(sent[0] - s["read"])  # the server's own: from reading the request
         gaps_m += np.diff(got).tolist()
         gaps_t += np.diff(sent).tolist()
         delay += (got - sent).tolist()
@@ -107,7 +115,9 @@ def level_errors(recs: list[StreamRecord], prompts: list[list[int]], log: dict, 
            "stall_truth": float(np.max(_ms(stall_t))) if stall_t else None,
            "stall_err_max": float(np.max(np.abs(_ms(stall_m) - _ms(stall_t)))) if stall_m else None,
            "server_late_p99": float(np.percentile(late, 99)), "server_late_max": float(late.max()),
-           "server_peak_open": log["peak_open"]}
+           "server_peak_open": log["peak_open"],
+           "send_spread": float(_ms([max(r.sent for r in recs) - min(r.sent for r in recs)])[0]),
+           "read_spread": float(_ms([max(s["read"] for s in log["streams"]) - min(s["read"] for s in log["streams"])])[0])}
     out["within"] = (abs(out["itl_p99"] - out["itl_truth_p99"]) <= ITL_BOUND_MS
                      and abs(out["first_p50"] - out["first_truth_p50"]) <= FIRST_BOUND_MS)
     return out
@@ -175,20 +185,23 @@ def table(data: dict) -> str:
              f"{sc['every_ms']:g} ms, {data['settings']['tokens']} tokens; every {sc['stall_every']}th stream stalls "
              f"{sc['stall_ms']:g} ms once. {data['cpus']} CPUs, load average "
              + " / ".join(f"{x:.2f}" for x in data["load"]) + ".", "",
-             "| client | streams | open (client / server) | first token p50 ms | inter-token p50 ms | "
-             "p99 ms | max ms | stall ms | arrival - send p50 / p99 / max ms | server late p99 ms | "
-             "loop lag p99 ms | client CPU | within |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| client | streams | open (client / server) | sends / reads spread ms | first token p50 ms | "
+             "inter-token p50 ms | p99 ms | max ms | stall ms | arrival - send p50 / p99 / max ms | "
+             "server late p99 ms | loop lag p99 ms | client CPU | within |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         def pair(k, d=1):
             return f"{_n(r[k], d)} ({_n(r[k.replace('_', '_truth_', 1)], d)})"
         lines.append(
-            f"| {r['client']} | {r['level']} | {r['peak_open']} / {r['server_peak_open']} | {pair('first_p50')} | "
+            f"| {r['client']} | {r['level']} | {r['peak_open']} / {r['server_peak_open']} | "
+            f"{_n(r.get('send_spread'), 2)} / {_n(r.get('read_spread'), 2)} | {pair('first_p50')} | "
             f"{pair('itl_p50', 2)} | {pair('itl_p99', 2)} | {pair('itl_max')} | "
             f"{_n(r['stall'])} ({_n(r['stall_truth'])}) | "
             f"{_n(r['delay_p50'], 2)} / {_n(r['delay_p99'], 2)} / {_n(r['delay_max'])} | {_n(r['server_late_p99'], 2)} | "
             f"{_n(r['loop_lag_p99'], 2)} | {_n(100 * (r['cpu_share'] or 0), 0)} % | {'yes' if r['within'] else 'no'} |")
-    lines += ["", "Each cell: as the client measured it (the truth: the server's own send times). "
+    lines += ["", "Each cell: as the client measured it (the truth: the server's own send times; the first "
+              "token's from the server's read of the request, so the request's way to the server is the client's "
+              "error). Spread: the burst's first to last send (client) and read (server). "
               f"Within: inter-token p99 within {ITL_BOUND_MS:g} ms of the truth and first token p50 within "
               f"{FIRST_BOUND_MS:g} ms.", ""]
     for spec in dict.fromkeys(r["client"] for r in data["rows"]):

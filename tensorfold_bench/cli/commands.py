@@ -132,7 +132,7 @@ def long_prompt(
     parallel: Parallel = None,
     tensor_parallel: TensorParallel = 1,
     prefill_rows: PrefillRows = None,
-    max_model_len: MaxModelLen = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin, or A's prompt and what one stream decodes in --b-at + --c-after + 1 s at 1,500 tokens/s, whichever is larger; rounded up to 256).")] = None,
     seed: Seed = 0,
     temperature: Temperature = 0.0,
     trace: Trace = True,
@@ -274,6 +274,7 @@ def load(
     burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma arrivals' shape (vLLM's meaning: 1 is Poisson, below 1 burstier, above 1 steadier).")] = 1.0,
     concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Closed loop instead of --rate: that many requests in flight, each level (e.g. 1,4,8).")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Open loop: at most this many in flight; a request past it waits for a slot, and the wait counts as queueing in the latency from its scheduled send.")] = None,
+    procs: Annotated[int, typer.Option("--procs", help="Client processes for an open loop, each with its own event loop: the schedule's sessions dealt round robin, each sent at its own offset from one start, so the server still sees the arrival process asked for.")] = 1,
     requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per level.")] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of arrivals per level (instead of --requests).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up requests first at each level, played and left out of the figures.")] = 0,
@@ -325,7 +326,7 @@ def load(
         engine_args=engine_arg, workload=workload, slo=slo, max_concurrency=max_concurrency, vocab=vocab,
         variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa, predict=predict, margin=margin,
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
-        tensor_parallel=tensor_parallel)
+        tensor_parallel=tensor_parallel, procs=procs)
     data, paths = execute(load_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.load.summary_markdown(data)))
     if data.get("predictions"):
@@ -371,7 +372,7 @@ def calibrate(
     every_ms: Annotated[float, typer.Option("--every-ms", help="Then one token every this many ms.")] = 10.0,
     stall_every: Annotated[int, typer.Option("--stall-every", help="Every this-th stream stalls once (0: none).")] = 16,
     stall_ms: Annotated[float, typer.Option("--stall-ms", help="The stall: this many ms more before the middle token.")] = 100.0,
-    client: Annotated[str, typer.Option("--client", help="Clients to compare, comma-separated: wire (the default client), live (the same, decoding as bytes come), httpx (httpx's line iterator), httpx:N (with at most N connections: a pooled client, as many load tools use).")] = "wire",
+    client: Annotated[str, typer.Option("--client", help="Clients to compare, comma-separated: wire (the default client), live (the same, decoding as bytes come), httpx (httpx's line iterator), httpx:N (with at most N connections: a pooled client, as many load tools use).")] = "wire,live",
     procs: Annotated[int, typer.Option("--procs", help="Worker processes for the wire client, each with its own event loop (1: the harness's own loop).")] = 1,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the table's data here.")] = None,
 ):

@@ -8,14 +8,15 @@ with --max-concurrency M at most M are in flight, and an item past that waits fo
 from the scheduled send). Closed loop (--concurrency N): N workers, each sending its next item
 when its last reply ended. A multi-turn session sends turn k `think` seconds after turn k-1's
 reply ended, its prompt turn k-1's prompt + that reply's token ids + the new part. Every
-record keeps its scheduled, released and actual send time.
+record keeps its scheduled, released and actual send time. An open loop may be dealt over
+worker processes, each sending its share at the share's own offsets (play_shares).
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, replace
 
-from tensorfold_bench.client import selfcheck
+from tensorfold_bench.client import selfcheck, workers
 from tensorfold_bench.client.play import http_client, sleep_until
 from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
 from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
@@ -128,20 +129,42 @@ class Player:
 
 async def play_level(url: str, workload: Workload, *, model: str = "default", token_ids: str = "ids",
                      sampling: Sampling = GREEDY, concurrency: int | None = None, max_concurrency: int | None = None,
-                     duration: float | None = None, drain_s: float = DRAIN_S) -> tuple[list[Sent], float, dict]:
-    """Every item of one level; (what was played, the level's start time, the client's self-check).
-    `concurrency`: a closed loop of that many; else open loop on the items' offsets."""
+                     duration: float | None = None, drain_s: float = DRAIN_S, level: dict | None = None,
+                     pool: workers.Workers | None = None) -> tuple[list[Sent], float, dict]:
+    """Every item of one level; (what was played, the level's start time, the client's self-check,
+    naming `level` ({label, value}) when given). `concurrency`: a closed loop of that many; else
+    open loop on the items' offsets, over `pool`'s worker processes when given (see play_shares)."""
+    kw = dict(model=model, token_ids=token_ids, sampling=sampling, concurrency=concurrency,
+              max_concurrency=max_concurrency, duration=duration, drain_s=drain_s)
+    if pool is not None and pool.procs > 1 and not concurrency and not max_concurrency:
+        played, t0, watch, peak = await play_shares(pool, url, workload, kw)
+    else:
+        played, t0, watch, peak = await _play(url, workload, **kw)
+    check = selfcheck.summary(watch, [s.lateness(t0) for s in played], open_peak=peak,
+                              arrivals=None if concurrency or max_concurrency else open_loop_fit(played), level=level)
+    return played, t0, check
+
+
+async def _play(url: str, workload: Workload, *, model: str, token_ids: str, sampling: Sampling,
+                concurrency: int | None, max_concurrency: int | None, duration: float | None, drain_s: float,
+                start: float | None = None) -> tuple[list[Sent], float, selfcheck.Watch, int]:
+    """play_level on this process's loop: (played, t0, the Watch, the most streams open at once);
+    `start`: the level's start time (a CLOCK_MONOTONIC time every process shares), else now."""
     groups = sessions(workload.items)
     # a closed loop's injected prompts still go at their own offsets
     timed = [g for g in groups if g[0].kind == "inject"] if concurrency else []
     groups = [g for g in groups if g not in timed]
-    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+    playing = [False]  # the level's clock runs: a late wake-up then delays a send or a token, open streams or not
+    async with http_client() as client, selfcheck.Watch(lambda: playing[0] or client.open.now > 0) as watch:
         p = Player(client, url, model, token_ids, sampling, max_concurrency)
         prep = lambda gs: [client.prepare(url, request_for(g[0], g[0].prompt, token_ids, sampling), model)  # noqa: E731
                            for g in gs]
         ready, timed_ready = prep(groups), prep(timed)
         with collector_held():
-            t0 = clock()
+            if start is not None:
+                await sleep_until(start)
+            t0 = clock() if start is None else start
+            playing[0] = True
             tasks, last = [], 0.0
             if concurrency:
                 queue = list(zip(groups, ready))
@@ -160,6 +183,7 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
                 tasks.append(asyncio.create_task(p.turns(g, at, w)))
             timeout = max(last - (clock() - t0), 0.0) + drain_s
             done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
+            playing[0] = False
             for t in pending:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -167,7 +191,43 @@ async def play_level(url: str, workload: Workload, *, model: str = "default", to
     for s in p.played:
         if s.rec.cancelled and not s.rec.error:
             s.rec.error = f"not done {drain_s:.0f} s after the last scheduled send"
-    check = selfcheck.summary(watch, [s.lateness(t0) for s in p.played], open_peak=client.open.peak)
-    return p.played, t0, check
+    return p.played, t0, watch, client.open.peak
 
 
+def _play_share(url: str, workload: Workload, kw: dict, start: float) -> dict:
+    """One worker process's share of an open loop (its own event loop), played from `start`."""
+    played, _, watch, peak = asyncio.run(_play(url, workload, **kw, start=start))
+    return {"played": played, "lags": watch.lags, "cpu_s": watch.cpu_s, "wall_s": watch.wall_s,
+            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s}
+
+
+async def play_shares(pool: workers.Workers, url: str, workload: Workload, kw: dict
+                      ) -> tuple[list[Sent], float, selfcheck.Watch, int]:
+    """An open loop over the pool's processes: its sessions, in order of their first offset, dealt
+    round robin, each sent at its own offset from one start (a CLOCK_MONOTONIC time all processes
+    share), so the union of the sends is the schedule itself (Poisson, gamma or a trace, exactly)
+    while each process keeps only 1/procs of it. One Watch holds every process's lag and CPU; the
+    streams open at once are counted over all records."""
+    groups = sorted(sessions(workload.items), key=lambda g: g[0].offset or 0.0)
+    shares = [groups[i::pool.procs] for i in range(pool.procs)]
+    parts = [replace(workload, items=tuple(it for g in share for it in g)) for share in shares if share]
+    start = clock() + workers.START_AHEAD_S
+    outs = await pool.each(_play_share, [(url, w, kw, start) for w in parts])
+    watch = selfcheck.Watch()
+    watch.procs, played = len(parts), []
+    for out in outs:
+        played += out["played"]
+        watch.lags += out["lags"]
+        watch.cpu_s += out["cpu_s"]
+        watch.wall_s = max(watch.wall_s, out["wall_s"])
+        watch.open_s += out["open_s"]
+        watch.open_idle_s += out["open_idle_s"] or 0.0
+    played.sort(key=lambda s: (s.rec.scheduled if s.rec.scheduled is not None else float("inf")))
+    return played, start, watch, workers.peak_open([s.rec for s in played])
+
+
+def open_loop_fit(played: list[Sent]) -> dict | None:
+    """The open loop's sends against their schedule (selfcheck.arrival_fit): every item sent at
+    its offset (a session's later turns go after replies, off the schedule)."""
+    timed = [s for s in played if s.item.turn == 0 and s.rec.sent is not None and s.rec.scheduled is not None]
+    return selfcheck.arrival_fit([s.rec.scheduled for s in timed], [s.rec.sent for s in timed])

@@ -149,9 +149,10 @@ class Decoder:
 
 
 class StreamProtocol(asyncio.Protocol):
-    """One request's connection: writes the request, keeps each read with its arrival time."""
+    """One request's connection: writes the request, keeps each read with its arrival time. With
+    no request at connect (`request=None`: opened before a burst's clock starts), `send` writes it."""
 
-    def __init__(self, request: bytes, clock: Callable[[], float], decoder: Decoder, defer: bool):
+    def __init__(self, request: bytes | None, clock: Callable[[], float], decoder: Decoder, defer: bool):
         self.request, self.clock, self.decoder, self.defer = request, clock, decoder, defer
         self.reads: list[tuple[float, bytes]] = []  # deferred: every read, stamped, not yet fed
         self.done = asyncio.get_running_loop().create_future()
@@ -164,8 +165,20 @@ class StreamProtocol(asyncio.Protocol):
 
     def connection_made(self, transport):
         self.transport = transport
-        self.sent = self.clock()
-        transport.write(self.request)
+        if self.request is not None:
+            self.sent = self.clock()
+            transport.write(self.request)
+
+    @property
+    def idle(self) -> bool:
+        """Connected, nothing sent, and still open (a server may close an idle connection)."""
+        return (self.request is None and self.transport is not None and not self.transport.is_closing()
+                and not self.done.done())
+
+    def send(self, request: bytes) -> None:
+        """Write the request on this open connection."""
+        self.request, self.sent = request, self.clock()
+        self.transport.write(request)
 
     def data_received(self, data: bytes):
         t = self.clock()
@@ -228,13 +241,8 @@ def new_stream(request: bytes, clock: Callable[[], float], on_data: Callable[[st
     return StreamProtocol(request, clock, Decoder(on_data, sse), defer)
 
 
-async def exchange(target: Target, proto: StreamProtocol, on_open: Callable[[], None] | None = None,
-                   on_close: Callable[[float], None] | None = None) -> None:
-    """Connect, send the request and read the reply to its end; `on_open()` once connected,
-    `on_close(t)` when the reply is over. Then `settle(proto)` decodes what it kept and says how
-    the reply ended: deferred, nothing is decoded here, so a caller running other streams on this
-    loop settles them all once none is running. Cancelling closes the connection (what came is
-    kept for settle)."""
+async def connect(target: Target, proto: StreamProtocol) -> None:
+    """Open proto's connection (its request, if any, is written once connected)."""
     loop = asyncio.get_running_loop()
     ctx = ssl.create_default_context() if target.tls else None
     try:
@@ -246,6 +254,17 @@ async def exchange(target: Target, proto: StreamProtocol, on_open: Callable[[], 
                         f"in {CONNECT_TIMEOUT_S:g} s") from None
     except OSError as e:
         raise WireError(f"ConnectError: {e.strerror or e}") from None
+
+
+async def exchange(target: Target, proto: StreamProtocol, on_open: Callable[[], None] | None = None,
+                   on_close: Callable[[float], None] | None = None, connected: bool = False) -> None:
+    """Connect (unless `connected`: the request was sent on a connection opened before), send the
+    request and read the reply to its end; `on_open()` once connected, `on_close(t)` when the
+    reply is over. Then `settle(proto)` decodes what it kept and says how the reply ended:
+    deferred, nothing is decoded here, so a caller running other streams on this loop settles
+    them all once none is running. Cancelling closes the connection (what came is kept for settle)."""
+    if not connected:
+        await connect(target, proto)
     if on_open:
         on_open()
     try:

@@ -18,7 +18,7 @@ from tensorfold_bench.client import selfcheck
 from tensorfold_bench.client.play import http_client, sleep_until
 from tensorfold_bench.client.stream import Request, StreamRecord, clock, collector_held, new_record, stream
 
-START_AHEAD_S = 0.3  # the burst starts this long after its requests are handed to the workers
+START_AHEAD_S = 1.0  # the burst starts this long after its requests are handed to the workers (each opens its connections first)
 
 
 def _ready() -> bool:
@@ -28,10 +28,13 @@ def _ready() -> bool:
 async def _play(url: str, reqs: list[Request], model: str, t0: float, timeout_s: float) -> dict:
     async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
         ready = [client.prepare(url, q, model) for q in reqs]
+        conns = await client.preopen(url, len(reqs))  # connected before the burst's start: then only writes
         with collector_held():
             await sleep_until(t0)
             recs = [new_record(r, t0) for r in reqs]
-            tasks = [asyncio.create_task(stream(client, url, q, r, model, w)) for q, r, w in zip(reqs, recs, ready)]
+            client.write_all(conns, ready)
+            tasks = [asyncio.create_task(stream(client, url, q, r, model, w, c))
+                     for q, r, w, c in zip(reqs, recs, ready, conns)]
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
             for t in pending:
                 t.cancel()
@@ -40,7 +43,8 @@ async def _play(url: str, reqs: list[Request], model: str, t0: float, timeout_s:
     for r, t in zip(recs, tasks):
         if t in pending and not r.error:
             r.error = f"not done after {timeout_s:.0f} s"
-    return {"records": [r.to_dict() for r in recs], "lags": watch.lags, "cpu_s": watch.cpu_s, "wall_s": watch.wall_s}
+    return {"records": [r.to_dict() for r in recs], "lags": watch.lags, "cpu_s": watch.cpu_s, "wall_s": watch.wall_s,
+            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s}
 
 
 def _worker(url: str, reqs: list[Request], model: str, t0: float, timeout_s: float) -> dict:
@@ -74,6 +78,11 @@ class Workers:
     def __exit__(self, *exc) -> None:
         self.pool.shutdown(cancel_futures=True)
 
+    async def each(self, fn, arg_lists: list[tuple]) -> list:
+        """fn(*args) for each args, spread over the workers; the results in order."""
+        loop = asyncio.get_running_loop()
+        return await asyncio.gather(*(loop.run_in_executor(self.pool, fn, *a) for a in arg_lists))
+
     async def burst(self, url: str, reqs: list[Request], model: str, timeout_s: float
                     ) -> tuple[list[StreamRecord], selfcheck.Watch]:
         """Every request at once, dealt round robin over the workers; the records in request
@@ -85,10 +94,13 @@ class Workers:
                                                            t0, timeout_s) for idx in shares if idx))
         recs: list[StreamRecord | None] = [None] * len(reqs)
         watch = selfcheck.Watch()
+        watch.procs = len([s for s in shares if s])
         for idx, out in zip([s for s in shares if s], outs):
             for j, d in zip(idx, out["records"]):
                 recs[j] = StreamRecord.from_dict(d)
             watch.lags += out["lags"]
             watch.cpu_s += out["cpu_s"]
+            watch.open_s += out["open_s"]
+            watch.open_idle_s += out["open_idle_s"] or 0.0
             watch.wall_s = max(watch.wall_s, out["wall_s"])
         return recs, watch

@@ -173,8 +173,14 @@ def client_lines(runs: list[tuple[str, dict | None]]) -> list[str]:
     if not have:
         return []
     b = have[0][1]["bounds"]
+    rel = (f"; with a send lateness p99 past {b['share']:g} of the median figure it reports or a loop lag p99 "
+           f"past {b['share']:g} of the tail one, its event loop busy over {100 * b['busy']:g} % of the time "
+           f"streams were open, or an open loop's send gaps a Kolmogorov-Smirnov distance over {b['ks']:g} from the "
+           "schedule's") if "share" in b else ""
     out = [f"**Client self-check** (was the client what got measured? invalid past a loop lag p99 of "
            f"{b['lag_p99_ms']:g} ms or a send {b['late_ms']:g} ms late, or at a level whose streams were never all "
-           "open at once).", ""]
+           f"open at once{rel}).", ""]
     out += [f"- {label}: {selfcheck.line(c)}" for label, c in have]
+    if (h := selfcheck.held([c for _, c in have])) and "share" in b:
+        out += ["", h]
     return out + [""]

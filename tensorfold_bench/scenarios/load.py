@@ -1,11 +1,13 @@
 """`tfbench load`: a workload (tensorfold_bench.workload) played at each level by the arrival
 player (tensorfold_bench.client.player), on the session driver (variants whole vs stepped,
 command variants, --url; a fresh server per run in the order base/new/new/base; the plain
-reference; predictions), figures from tensorfold_bench.analysis.load.
+reference; predictions), figures from tensorfold_bench.analysis.load. With `--procs N` an open
+loop is dealt over N worker processes (tensorfold_bench.client.player.play_shares).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, replace
@@ -16,7 +18,7 @@ from tensorfold_bench.analysis import exactness, figures, load as load_figures
 from tensorfold_bench.analysis.figures import num
 from tensorfold_bench.analysis.load import Req, Slo
 from tensorfold_bench.analysis.predictions import read as read_predictions
-from tensorfold_bench.client import selfcheck
+from tensorfold_bench.client import selfcheck, workers
 from tensorfold_bench.client.play import play_alone
 from tensorfold_bench.client.player import DRAIN_S, Sent, play_level, request_for, sessions
 from tensorfold_bench.client.sampling import GREEDY, Sampling
@@ -65,6 +67,7 @@ class LoadSettings:
     plain_check: bool = False
     sampling: Sampling = GREEDY
     drain_s: float = DRAIN_S
+    procs: int = 1  # client processes for an open loop (play_shares)
 
 
 def context_for(spec, vocab: int) -> int:
@@ -106,8 +109,8 @@ def parse_max_concurrency(v: int | None) -> int | None:
 def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, plain_check, parallel, prefill_rows,
                         max_model_len, seed, engine_args, workload: dict, slo=None, max_concurrency=None, vocab=None,
                         stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False, predict=None,
-                        margin=0.02, tokenizer=None, token_ids="ids", temperature=0.0, tensor_parallel=1
-                        ) -> LoadSettings:
+                        margin=0.02, tokenizer=None, token_ids="ids", temperature=0.0, tensor_parallel=1,
+                        procs=1) -> LoadSettings:
     """`tfbench load`'s flags -> settings. The workload's flags and files are checked first
     (tensorfold_bench.workload.spec.from_flags), then the SLO and the rest, before any server
     starts. `workload`: from_flags's keyword arguments."""
@@ -115,9 +118,15 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     w = dict(workload)
     w["rates"] = parse_list("--rate", w.get("rates"), float)
     w["concurrency"] = parse_list("--concurrency", w.get("concurrency"), int)
-    spec = spec_mod.from_flags(seed=seed, tokenizer=tokenizer, **w)
+    spec = spec_mod.from_flags(seed=seed, tokenizer=tokenizer, fallback=text_counter(url, model, device, variants_file),
+                               **w)
     slo_v = load_figures.parse_slo(slo)
     mc = parse_max_concurrency(max_concurrency)
+    if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
+        raise FlagError("--procs", f"must be a whole number, at least 1, not {procs!r}")
+    if procs > 1 and (mc or w.get("concurrency")):
+        raise FlagError("--procs", "spreads an open loop (--rate or a trace) over processes; not --concurrency or "
+                                   "--max-concurrency, whose slots one process keeps")
     defaults.positive("--parallel", parallel)
     conc = [lv.value for lv in spec.levels if lv.kind == "concurrency"]
     par = max([parallel or 0, *[int(c) for c in conc]]) or None  # a closed loop's streams each get a lane
@@ -131,7 +140,21 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     preds = read_predictions(predict, [v.name for v in variants], load_figures.predictable(labels)) if predict else None
     return LoadSettings(Session(engine, variants, names, Path(out_dir), "load", url=url, margin=margin,
                                 predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
-                                token_ids=token_ids), spec, slo_v, mc, plain_check, Sampling(temperature, seed))
+                                token_ids=token_ids), spec, slo_v, mc, plain_check, Sampling(temperature, seed),
+                        procs=procs)
+
+
+def text_counter(url, model: str | None, device: str, variants_file) -> object | None:
+    """What counts a file's text without --tokenizer: the (first) --url server's /tokenize, or
+    the launched tfengine's own tokenizer for --model; none for command variants, which may
+    serve anything (a text file then needs --tokenizer)."""
+    from tensorfold_bench.workload import readers
+    first = (url[0] if url else None) if isinstance(url, (list, tuple)) else url
+    if first:
+        return readers.counter_for(first, None)
+    if variants_file:
+        return None
+    return readers.counter_for(None, model or defaults.device_preset(device).model)
 
 
 def level_dict(level) -> dict:
@@ -142,6 +165,13 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
                 closed: int | None = None) -> tuple[list[dict], dict]:
     """Every level on the run's server; per level its records and figures, and the self-check of
     the worst level (every level's is kept)."""
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(workers.Workers(settings.procs)) if settings.procs > 1 and not closed else None
+        return _play_levels(settings, run, vocab, max_concurrency, closed, pool)
+
+
+def _play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: int | None, closed: int | None,
+                 pool: workers.Workers | None) -> tuple[list[dict], dict]:
     out, checks = [], []
     for level in settings.spec.levels:
         # a server tfbench did not start may hold earlier runs' prompts: each run's are fresh there
@@ -151,7 +181,7 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
         played, t0, check = asyncio.run(play_level(
             run.url, wl, model=run.model, token_ids=run.token_ids, sampling=settings.sampling, concurrency=conc,
             max_concurrency=max_concurrency, duration=getattr(settings.spec, "duration", None) if conc else None,
-            drain_s=settings.drain_s))
+            drain_s=settings.drain_s, level=level_dict(level), pool=pool))
         reqs = [to_req(s, t0) for s in played]
         out.append({**level_dict(level), "source": wl.source, "client": check,
                     "records": [r.to_dict() for r in reqs]})
@@ -159,12 +189,26 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
     return out, (max(checks, key=lambda c: c["loop_lag_p99_ms"]) if checks else {})
 
 
+def measure_levels(entry: dict, slo: Slo) -> None:
+    """The run's figures per level and flat (statistics, predictions); its validity, the client's
+    self-check judged against the first tokens each level reports."""
+    reasons, flat = [], {}
+    for lv in entry["levels"]:
+        f = load_figures.level_figures([Req.from_dict(r) for r in lv["records"]], slo)
+        lv["figures"] = f
+        if lv.get("client"):  # the client's own delays against the first token it times
+            selfcheck.judge(lv["client"], {f"TTFT {q}": f["latency"]["ttft"][q] for q in ("p50", "p99")})
+        flat.update(load_figures.flat(lv["label"], f))
+        reasons += [f"{lv['label']}: {why}" for why in f["invalid"]]
+        reasons += [f"{lv['label']}: {why}" for why in selfcheck.bottleneck(lv.get("client"))]
+    entry["figures"], entry["valid"], entry["invalid_reasons"] = flat, not reasons, reasons
+
+
 class Load(driver.Scenario):
     """A workload at each level as the session driver plays it."""
 
     url_cache = "every run sends the same requests, so a later run may hit what an earlier one cached"
     analysis = driver.Analysis(exactness.load)
-
 
     def header(self) -> dict:
         s = self.settings
@@ -187,15 +231,7 @@ class Load(driver.Scenario):
         return {"levels": levels, "client": check, "alone": alone}
 
     def measure(self, entry: dict) -> None:
-        """The run's figures per level and flat (statistics, predictions); its validity."""
-        reasons, flat = [], {}
-        for lv in entry["levels"]:
-            f = load_figures.level_figures([Req.from_dict(r) for r in lv["records"]], self.settings.slo)
-            lv["figures"] = f
-            flat.update(load_figures.flat(lv["label"], f))
-            reasons += [f"{lv['label']}: {why}" for why in f["invalid"]]
-            reasons += [f"{lv['label']}: {why}" for why in selfcheck.bottleneck(lv.get("client"))]
-        entry["figures"], entry["valid"], entry["invalid_reasons"] = flat, not reasons, reasons
+        measure_levels(entry, self.settings.slo)
 
     def failed(self, entry: dict) -> None:
         entry.update(levels=[], figures={}, valid=False, invalid_reasons=[f"the server failed: {entry['failure']}"])

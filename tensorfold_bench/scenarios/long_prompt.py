@@ -31,6 +31,11 @@ from tensorfold_bench.workload.ids import prompt_ids
 from tensorfold_bench.workload.script_file import Event, Point, Prompt, Script, Stream, check
 
 A_PROMPT_TOKENS = 16
+# A's reply must outlast B's send and C's: the context holds what one stream decodes in b_at +
+# c_after + A_SLACK_S seconds at the fastest pace a launched preset has (tiny on one CPU core of an
+# AVX-512 host: about 1,300 tokens/s), so the default never ends A before B arrives
+A_TOKENS_PER_S = 1500
+A_SLACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -133,9 +138,12 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
         raise FlagError("--c-after", f"must be a finite number of seconds, at least 0, not {c_after}")
     variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed, split)
     b_tokens = b_tokens or pre.b_tokens
-    mml = max_model_len or (-(-(b_tokens + 64) // 256) * 256)  # B's prompt and reply, rounded up
     script = LongPromptScript(b_at=b_at if b_at is not None else pre.b_at, c_after=c_after, b_tokens=b_tokens,
                               c_tokens=c_tokens, seed=seed, sampling=Sampling(temperature, seed))
+    mml = max_model_len or context_for(script, a_tokens)
+    if a_tokens and script.a_prompt_tokens + a_tokens > mml:
+        raise FlagError("--a-tokens", f"A's {script.a_prompt_tokens} prompt + {a_tokens} reply tokens exceed "
+                                      f"--max-model-len {mml}")
     script = replace(script, a_max_tokens=a_tokens or (mml - script.a_prompt_tokens - 1))
     engine = defaults.engine_setup(device=device, model=model, dtype=dtype, parallel=parallel, prefill_rows=prefill_rows,
                                   max_model_len=None if url else mml, seed=seed, trace=trace, engine_args=engine_args,
@@ -145,6 +153,33 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                                       predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
                                       token_ids=token_ids), script, plain_check,
                               defaults.scaled_note(device, []))  # the cpu B's size is said under "Not run"
+
+
+def context_for(script: LongPromptScript, a_tokens: int | None = None) -> int:
+    """A context that holds B's prompt and reply, and A's prompt and a reply that outlasts B's and
+    C's sends (A_TOKENS_PER_S), rounded up to 256."""
+    a_reply = a_tokens or math.ceil(A_TOKENS_PER_S * (script.b_at + script.c_after + A_SLACK_S))
+    need = max(script.b_tokens + 64, script.a_prompt_tokens + a_reply + 1)
+    return -(-need // 256) * 256
+
+
+def check_a_outlasts(recs: dict[str, StreamRecord], script: LongPromptScript, mml: int | None) -> None:
+    """A must still be decoding when B's first token comes: a run where A's reply reached its
+    length before that measured no overlap, and every later run would too. Refused on the first
+    such run, naming the flag and the size A's own pace asks for."""
+    a, b = recs["A"], recs["B"]
+    if a.cancelled or a.sent is None or not a.token_times or a.tokens < script.a_max_tokens:
+        return  # still decoding when B and C were done (or failed: the figures say so)
+    if b.token_times and a.token_times[-1] >= b.token_times[0]:
+        return
+    took = max(a.token_times[-1] - a.sent, 1e-6)
+    pace = a.tokens / took
+    horizon = (b.token_times[0] - a.sent if b.token_times else script.b_at + script.c_after) + A_SLACK_S
+    need = -(-(script.a_prompt_tokens + math.ceil(2 * pace * horizon) + 1) // 256) * 256
+    limit = f"the server's max_model_len {mml}" if mml else f"its max_tokens {script.a_max_tokens}"
+    raise FlagError("--max-model-len", f"A decoded {pace:.0f} tokens/s and reached {limit} {took:.2f} s in, before "
+                                       f"B's first token, so B could not overlap it: give --max-model-len {need} "
+                                       "(or a larger --a-tokens, or a smaller --b-at)")
 
 
 def check_script(script: LongPromptScript, mml: int | None) -> None:
@@ -240,6 +275,7 @@ class LongPrompt(driver.Scenario):
         # the salt) prompts are fresh random ids, so none of them is a prefix of an earlier one
         prompts = make_prompts(s, vocab, f"-run{run.index}{run.salt}" if run.shared else "")
         recs, check = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
+        check_a_outlasts(recs, s, run.max_model_len)
         trace = fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
         if run.variant.name not in data["alone"]:
             a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)

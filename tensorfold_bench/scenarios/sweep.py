@@ -160,11 +160,14 @@ async def play_burst(client: StreamClient, url: str, prompts: list[list[int]], t
     start); stream s samples with prompt P(cell, s)'s seed."""
     reqs = burst_requests(prompts, tokens, token_ids, sampling, cell)
     ready = [client.prepare(url, q, model) for q in reqs]
+    conns = await client.preopen(url, len(reqs))  # connected before the clock: at t0 only writes
     with collector_held():
         client.open.restart()
         t0 = clock()
         recs = [new_record(r, t0) for r in reqs]
-        tasks = [asyncio.create_task(stream(client, url, q, r, model, w)) for q, r, w in zip(reqs, recs, ready)]
+        client.write_all(conns, ready)
+        tasks = [asyncio.create_task(stream(client, url, q, r, model, w, c))
+                 for q, r, w, c in zip(reqs, recs, ready, conns)]
         count = asyncio.create_task(server_open(url, client, len(reqs)))
         done, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for t in pending:
@@ -193,7 +196,7 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
                       progress: Callable[[str], None] | None = None, token_ids: str = "ids") -> tuple[list[dict], dict]:
     """Every level, cell and rep on one server: each batch's records, reduced (sweep_figures.sweep_batch),
     and the client's self-check over them all (tensorfold_bench.client.selfcheck)."""
-    batches, late, peaks, srv, split = [], [], {}, {}, {}
+    batches, late, peaks, srv, split, spread = [], [], {}, {}, {}, {}
     async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
         for level in script.levels:
             for cell in range(script.cells):
@@ -210,6 +213,8 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
                     batches.append(b)
                     late += [figures.lateness(r) for r in recs]
                     peaks[level] = min(peaks.get(level, level), burst.peak_open)
+                    if b.get("send_spread_ms") is not None:
+                        spread[level] = max(spread.get(level, 0.0), b["send_spread_ms"])
                     if burst.server_open is not None and burst.server_open <= srv.get(level, level):
                         srv[level] = burst.server_open
                         if burst.server_waiting:
@@ -220,7 +225,7 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
                         tok = "failed" if b["tok_s"] is None else f"{b['tok_s']:.1f} tok/s"
                         progress(f"{label}: {level} streams, cell {cell + 1}/{script.cells}, "
                                  f"rep {rep + 1}/{script.reps}: {tok}")
-    return batches, selfcheck.summary(watch, late, peaks, srv, server_split=split)
+    return batches, selfcheck.summary(watch, late, peaks, srv, server_split=split, spread=spread)
 
 
 # ---- a session of runs ---------------------------------------------------------------------

@@ -35,9 +35,11 @@ class Dataset:
     timed: bool  # the records carry timestamps: replayed on them
     skipped: int = 0  # entries with nothing to send (ShareGPT: no human turn with a reply)
     entries: int | None = None  # entries with something to send, kept or not (None: all kept)
+    counted_by: str | None = None  # the tokenizer that made text ids and counted text replies (None: none did)
 
     def describe(self) -> str:
         n = len(self.records) if self.entries is None else self.entries
         s = f", {self.skipped:,} skipped" if self.skipped else ""
         s += f", the first {len(self.records):,} read" if n > len(self.records) else ""
-        return f"{self.fmt} {self.path} ({n:,} {'conversations' if self.fmt == 'sharegpt' else 'lines'}{s})"
+        by = f", text counted by {self.counted_by}" if self.counted_by else ""
+        return f"{self.fmt} {self.path} ({n:,} {'conversations' if self.fmt == 'sharegpt' else 'lines'}{s}){by}"

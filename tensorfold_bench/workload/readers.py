@@ -27,36 +27,128 @@ MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
 class Tokenizer:
-    """A tokenizer.json read with the `tokenizers` library, loaded on first use (only text needs it)."""
+    """What turns text into ids (and counts a text reply's tokens): a tokenizer.json read with the
+    `tokenizers` library (`--tokenizer`), loaded on first use (only text needs it), else the
+    `fallback` (the server's /tokenize, or a launched preset's own tokenizer); `used` says which
+    counted, once one did."""
 
-    def __init__(self, where: Path | None):
-        self.where, self._tok = where, None
+    def __init__(self, where: Path | None, fallback: "Counter | None" = None):
+        self.where, self._tok, self.fallback = where, None, fallback
+        self.used: str | None = None
+
+    @property
+    def have(self) -> bool:
+        return self.where is not None or self.fallback is not None
 
     def need(self, path: Path, line: int, why: str) -> None:
-        if self.where is None:
+        if not self.have:
             raise FlagError("--tokenizer", f"{path}:{line}: {why}: give --tokenizer DIR (a tokenizer.json)")
 
     def encode(self, text: str) -> tuple[int, ...]:
+        if self.where is None:
+            ids = self.fallback.encode(text)
+            self.used = self.fallback.name
+            return ids
         if self._tok is None:
             f = self.where / "tokenizer.json" if self.where.is_dir() else self.where
             if not f.is_file():
                 raise FlagError("--tokenizer", f"{self.where}: no tokenizer.json there")
-            try:
-                from tokenizers import Tokenizer as HFTokenizer
-            except ImportError:
-                raise FlagError("--tokenizer", "reading text needs the 'tokenizers' package, which is in "
-                                               "tfbench's [engine] extra (pip install '.[engine]')") from None
-            try:
-                self._tok = HFTokenizer.from_file(str(f))
-            except Exception as e:  # tokenizers raises a bare Exception on a bad file
-                raise FlagError("--tokenizer", f"{f}: not a tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+            self._tok = hf_tokenizer(f)
+        self.used = f"the tokenizer.json of --tokenizer {self.where}"
         return tuple(self._tok.encode(text, add_special_tokens=False).ids)
 
 
+def hf_tokenizer(f: Path):
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise FlagError("--tokenizer", "reading text needs the 'tokenizers' package, which is in "
+                                       "tfbench's [engine] extra (pip install '.[engine]')") from None
+    try:
+        return HFTokenizer.from_file(str(f))
+    except Exception as e:  # tokenizers raises a bare Exception on a bad file
+        raise FlagError("--tokenizer", f"{f}: not a tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+
+
+class Counter:
+    """Text -> ids without --tokenizer; `name` says which tokenizer counted, for the receipt."""
+
+    name = ""
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
+
+class ServerCounter(Counter):
+    """The running server's own tokenizer, through its `/tokenize` (vLLM's and tfengine's shape:
+    {"prompt": text, "add_special_tokens": false} -> {"tokens": [...]})."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.name = f"the server's /tokenize ({self.url})"
+        self._client = None
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        import httpx
+        self._client = self._client or httpx.Client(timeout=30.0)
+        fail = (f"{self.url}/tokenize: the server cannot count text tokens ({{}}): give --tokenizer DIR "
+                "(a tokenizer.json)")
+        try:
+            r = self._client.post(self.url + "/tokenize", json={"prompt": text, "add_special_tokens": False})
+        except httpx.HTTPError as e:
+            raise FlagError("--tokenizer", fail.format(type(e).__name__)) from None
+        try:
+            tokens = r.json()["tokens"] if r.status_code == 200 else None
+        except (ValueError, KeyError, TypeError):
+            tokens = None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise FlagError("--tokenizer", fail.format(f"HTTP {r.status_code}" if r.status_code != 200
+                                                       else "its reply has no token list"))
+        return tuple(tokens)
+
+
+class EngineCounter(Counter):
+    """A launched tfengine's own tokenizer, read here as the engine reads it: a preset's byte-level
+    one, or the model directory's tokenizer.json."""
+
+    def __init__(self, model: str):
+        from engine.models.presets import PRESETS
+        from engine.models.tokenizer import load_tokenizer
+        d = Path(model)
+        if model in PRESETS:
+            cfg = PRESETS[model]
+            self._tok = load_tokenizer(None, cfg.vocab_size, cfg.eos_token_id)
+            self.name = f"tfengine's byte-level tokenizer (preset {model})"
+        elif (d / "tokenizer.json").is_file():
+            self._tok = hf_tokenizer(d / "tokenizer.json")
+            self.name = f"the tokenizer.json of --model {model}"
+        else:
+            self._tok = load_tokenizer(None, 1 << 30, -1)
+            self.name = f"tfengine's byte-level tokenizer (--model {model} has no tokenizer.json)"
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        out = self._tok.encode(text, add_special_tokens=False)
+        return tuple(out.ids if hasattr(out, "ids") else out)
+
+
+def counter_for(url: str | None, model: str | None) -> Counter | None:
+    """What counts text without --tokenizer: the first --url server's /tokenize, else the launched
+    tfengine's own tokenizer for `model` (None: the engine is not installed here)."""
+    if url:
+        return ServerCounter(url.split("=", 1)[1] if "=" in url and not url.startswith("http") else url)
+    if model is None:
+        return None
+    try:
+        return EngineCounter(model)
+    except ImportError:
+        return None
+
+
 def read(path: Path, fmt: str = "auto", *, tokenizer: Path | None = None, output_len: Lengths | None = None,
-         turns: int = 1, limit: int | None = None) -> Dataset:
+         turns: int = 1, limit: int | None = None, fallback: Counter | None = None) -> Dataset:
     """The file, every entry checked; only the first `limit` requests (or sessions) kept, for no
-    level sends more: tokenizing a whole ShareGPT dump for a hundred requests took minutes."""
+    level sends more: tokenizing a whole ShareGPT dump for a hundred requests took minutes. Text
+    is counted by `tokenizer`, else by `fallback` (counter_for); the dataset says which did."""
     if not path.is_file():
         raise FlagError("--dataset", f"{path}: no such file (or 'synthetic')")
     try:
@@ -67,7 +159,7 @@ def read(path: Path, fmt: str = "auto", *, tokenizer: Path | None = None, output
         raise FlagError("--dataset", f"{path}: the file is empty")
     if fmt == "auto":
         fmt = detect(path, text)
-    tok = Tokenizer(tokenizer)
+    tok = Tokenizer(tokenizer, fallback)
     if fmt == "jsonl":
         return _jsonl(path, text, tok, output_len, limit)
     if fmt == "sharegpt":
@@ -156,7 +248,7 @@ def _jsonl(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None, li
             raise WorkloadError(f"{path}:{n}: no prompt (a JSONL line has prompt, optionally output_len, timestamp)")
         p = obj["prompt"]
         if isinstance(p, str) and p:
-            prompt = tok.encode(p) if tok.where is not None and keep else p
+            prompt = tok.encode(p) if tok.have and keep else p
         elif isinstance(p, list):
             prompt = _ids(path, n, "prompt", p)
         else:
@@ -169,7 +261,8 @@ def _jsonl(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None, li
             out = None
         ts = _timestamp(path, n, obj["timestamp"]) if "timestamp" in obj else None
         recs.append(Record(n, (Turn(prompt, out),), ts))
-    return Dataset(str(path), "jsonl", tuple(recs[:limit]), _timestamps(path, recs), entries=len(recs))
+    return Dataset(str(path), "jsonl", tuple(recs[:limit]), _timestamps(path, recs), entries=len(recs),
+                   counted_by=tok.used)
 
 
 def _mooncake(path: Path, text: str) -> Dataset:
@@ -264,7 +357,7 @@ def _sharegpt(path: Path, text: str, tok: Tokenizer, output_len: Lengths | None,
                                         for k, v, k2, v2 in pairs)))
     if not recs:
         raise WorkloadError(f"{path}:1: no conversation has a human message followed by a gpt reply")
-    return Dataset(str(path), "sharegpt", tuple(recs), False, skipped, entries)
+    return Dataset(str(path), "sharegpt", tuple(recs), False, skipped, entries, counted_by=tok.used)
 
 
 def _prompt(path: Path, n: int, k: int, value, tok: Tokenizer, turns: int) -> tuple[int, ...] | str:
@@ -272,7 +365,7 @@ def _prompt(path: Path, n: int, k: int, value, tok: Tokenizer, turns: int) -> tu
         return _ids(path, n, f"conversations[{k}].value", value)
     if turns > 1:  # the player builds each later prompt from ids: history, reply, new part
         tok.need(path, n, "multi-turn sessions (--turns) of text need token ids")
-    return tok.encode(value) if tok.where is not None else value
+    return tok.encode(value) if tok.have else value
 
 
 def _reply(path: Path, n: int, k: int, value, tok: Tokenizer, output_len: Lengths | None) -> int | None:

@@ -219,9 +219,10 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
                think: float = 0.0, tokenizer: Path | str | None = None, time_scale: float = 1.0,
                rates: list[float] | None = None, arrival: str = "poisson", burstiness: float = 1.0,
                concurrency: list[int] | None = None, requests: int | None = None, duration: float | None = None,
-               warmup: int = 0, inject: str | None = None, seed: int = 0) -> LoadSpec:
+               warmup: int = 0, inject: str | None = None, seed: int = 0, fallback=None) -> LoadSpec:
     """The load's workload, every flag and file line checked: a FlagError naming the flag, or a
-    WorkloadError naming FILE:LINE, before any server starts."""
+    WorkloadError naming FILE:LINE, before any server starts. `fallback`: what counts text without
+    --tokenizer (readers.counter_for)."""
     rates, concurrency = list(rates or []), list(concurrency or [])
     if rates and concurrency:
         raise FlagError("--rate", "give --rate (open loop) or --concurrency (closed loop), not both")
@@ -275,7 +276,7 @@ def from_flags(*, dataset: str = "synthetic", fmt: str = "auto", input_len: str 
         if most is None and rates and duration is not None:
             most = max(len(arrivals.offsets(r, seed=seed, duration=duration)) for r in rates)
         data = readers.read(Path(dataset), fmt, tokenizer=Path(tokenizer) if tokenizer else None, output_len=out,
-                            turns=turns, limit=most)
+                            turns=turns, limit=most, fallback=None if tokenizer else fallback)
         if data.fmt == "mooncake" and out is not None:
             raise FlagError("--output-len", f"{dataset} is a Mooncake trace: each line gives its output_length")
         if data.fmt != "sharegpt" and turns > 1:

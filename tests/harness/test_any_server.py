@@ -143,7 +143,7 @@ def test_variants_launch_commands_as_process_groups(tmp_path):
         assert r["identity"]["launched"] and r["identity"]["model"] == "rq"
     cmd = data["identities"]["whole"]["command"]
     assert "--prefill-mode whole" in cmd and "--model rq" in cmd and "{port}" not in cmd
-    assert f"launched as `{cmd}`" in md and "whole (a command, as launched below)" in md and "--max-model-len 512" in data["identities"]["budget 256"]["command"]
+    assert f"launched as `{cmd}`" in md and "whole (a command, as launched below)" in md and f"--max-model-len {data['settings']['engine']['max_model_len']} " in data["identities"]["budget 256"]["command"]
     assert "Shared engine flags" not in md  # no tfengine variant ran
 
 

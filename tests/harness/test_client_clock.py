@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tensorfold_bench.calibrate import client_error as calibrate, synthetic
 from tensorfold_bench.cli.commands import app
-from tensorfold_bench.client import selfcheck, wire
+from tensorfold_bench.client import player, selfcheck, wire
 from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, new_record, stream
 from tensorfold_bench.scenarios import sweep
 from tensorfold_bench.servers.launcher import launch
@@ -158,3 +158,160 @@ def test_the_synthetic_servers_first_token_names_its_arrival(sim):
             texts = [json.loads(ln[6:])["choices"][0]["text"] for ln in r.iter_lines()
                      if ln.startswith("data: {") and '"choices":[{' in ln]
         assert texts == [f" s{n}", " t", " t"]
+
+
+# ---- the self-check held against what the run measures ---------------------------------------
+
+def test_send_gaps_are_tested_against_the_schedules_own_distribution():
+    """A client that keeps a Poisson schedule (sends a little late, each by its own small delay)
+    fits it; one that sends in bunches (every send of a 50 ms window at its end) does not, and a
+    constant schedule is judged by its sends' spread."""
+    import numpy as np
+    g = np.random.default_rng(0)
+    sched = np.cumsum(g.standard_exponential(2000) / 1000.0)  # 1,000/s
+    kept = selfcheck.arrival_fit(list(sched), list(sched + g.uniform(0, 20e-6, len(sched))))
+    assert kept["ks"] < selfcheck.BOUNDS.ks and abs(kept["cv"] - 1) < 0.15 and not kept["constant"]
+    bunched = selfcheck.arrival_fit(list(sched), list(np.ceil(sched / 0.05) * 0.05))
+    assert bunched["ks"] > 0.5
+    d = {"loop_lag_p99_ms": 1.0, "late_p99_ms": 1.0, "late_max_ms": 2.0, "cpu_share": 0.5, "arrivals": bunched,
+         "bounds": selfcheck.BOUNDS.to_dict()}
+    assert [w for w in selfcheck.reasons(d) if "left the schedule's distribution" in w]
+    const = np.arange(100) * 0.01
+    assert selfcheck.arrival_fit(list(const), list(const))["cv"] == 0
+    jitter = selfcheck.arrival_fit(list(const), list(const + g.uniform(0, 0.008, 100)))
+    assert jitter["constant"] and [w for w in selfcheck.reasons({**d, "arrivals": jitter}) if "CV" in w]
+    assert selfcheck.arrival_fit([0.0, 1.0], [0.0, 1.0]) is None  # too few to say
+
+
+def test_lag_and_lateness_are_judged_against_the_figure_the_run_reports():
+    """2 ms of lateness is nothing next to a 500 ms first token and everything next to a 5 ms
+    one; an event loop busy all the time is saturated whatever it measures."""
+    base = {"loop_lag_p99_ms": 0.5, "late_p99_ms": 2.0, "late_max_ms": 3.0, "cpu_share": 0.5,
+            "bounds": selfcheck.BOUNDS.to_dict()}
+    assert selfcheck.judge(dict(base), {"TTFT p50": 500.0, "TTFT p99": 900.0})["invalid"] == []
+    fast = selfcheck.judge(dict(base), {"TTFT p50": 5.0, "TTFT p99": 9.0})
+    assert fast["invalid"] == ["the client's sends were late by 2.00 ms at p99, more than 0.1 of the TTFT p50 it "
+                               "reports (5.00 ms)"]
+    lagged = selfcheck.judge({**base, "loop_lag_p99_ms": 1.2, "late_p99_ms": 0.1}, {"TTFT p50": 5.0, "TTFT p99": 9.0})
+    assert lagged["invalid"] == ["the client's event loop lagged 1.20 ms at p99, more than 0.1 of the TTFT p99 it "
+                                 "reports (9.00 ms)"]
+    assert any("saturated" in w for w in selfcheck.reasons({**base, "loop_busy": 0.97}))
+
+
+def test_a_receipt_says_the_highest_level_the_client_held():
+    ok = {"invalid": []}
+    checks = [{**ok, "level": {"label": "rate 1000/s", "value": 1000}},
+              {**ok, "level": {"label": "rate 2000/s", "value": 2000}},
+              {"invalid": ["saturated"], "level": {"label": "rate 4000/s", "value": 4000}},
+              {**ok, "level": {"label": "rate 1000/s", "value": 1000}}]
+    assert selfcheck.held(checks) == ("The client held rate 2000/s on this host (every run valid at it); at rate "
+                                      "4000/s, 1 of 1 runs was client-limited.")
+    sweep_check = {"invalid": ["at 256 streams the client had at most 200 open at once"],
+                   "peak_open": {"8": 8, "256": 200}}
+    assert selfcheck.held([sweep_check]) == ("The client held 8 streams on this host (every run valid at it); at "
+                                             "256 streams, 1 of 1 runs was client-limited.")
+    assert selfcheck.held([{"invalid": []}]) is None
+
+
+def test_a_saturated_client_under_open_loop_load_is_invalid_with_the_reason(sim):
+    """A busy loop planted in the client's process (98 ms of every 100 ms on its event loop)
+    under an open loop of 200 requests/s: the sends bunch into the loop's free moments, and the
+    loop is busy all the time, so the level is invalid and says why; the run's receipt says
+    the client did not hold that rate."""
+    from tensorfold_bench.scenarios import load
+    from tensorfold_bench.workload import spec as spec_mod
+    spec = spec_mod.from_flags(rates=[200.0], duration=1.5, input_len="8", output_len="4", seed=0)
+    (level,) = spec.levels
+    wl = spec.build(level, synthetic.VOCAB)
+
+    async def starved():
+        async def hog():
+            while True:
+                t = clock()
+                while clock() - t < 0.098:
+                    pass
+                await asyncio.sleep(0.002)
+        h = asyncio.create_task(hog())
+        try:
+            return await player.play_level(sim, wl, model=synthetic.MODEL, drain_s=30, level=load.level_dict(level))
+        finally:
+            h.cancel()
+
+    played, t0, check = asyncio.run(starved())
+    entry = {"variant": "sim", "levels": [{**load.level_dict(level), "client": check,
+                                           "records": [load.to_req(s, t0).to_dict() for s in played]}]}
+    load.measure_levels(entry, load.Slo())
+    assert not entry["valid"]
+    why = entry["invalid_reasons"]
+    assert any("left the schedule's distribution" in w for w in why), why
+    assert any("saturated" in w for w in why), (why, check)
+    assert check["arrivals"]["ks"] > selfcheck.BOUNDS.ks and check["loop_busy"] > selfcheck.BOUNDS.busy
+    assert "at rate 200/s, 1 of 1 runs was client-limited" in selfcheck.held([check])
+
+
+# ---- bursts that start together ----------------------------------------------------------------
+
+def test_a_bursts_connections_are_opened_before_its_clock_and_its_send_spread_is_reported(sim, monkeypatch):
+    """Every connection of a level is opened before the burst's clock starts, so at its start
+    the requests are only written; the spread of the sends is in the self-check."""
+    reset(sim)
+    opened = []
+    real = wire.connect
+
+    async def spy(target, proto):
+        if proto.request is None or b"/v1/completions" in proto.request:  # not the /metrics reading
+            opened.append(clock())
+        return await real(target, proto)
+    monkeypatch.setattr(wire, "connect", spy)
+    script = sweep.SweepScript(levels=(16,), tokens=5, cells=1, reps=1, prompt_tokens=8)
+    batches, check = asyncio.run(sweep.play_levels(sim, script, synthetic.VOCAB, "sim", synthetic.MODEL))
+    (b,) = batches
+    assert not b["errors"] and len(opened) == 16
+    assert max(opened) < min(b["sent"])  # no connect after the clock started
+    assert check["send_spread_ms"]["16"] == b["send_spread_ms"] == pytest.approx((max(b["sent"]) - min(b["sent"])) * 1000,
+                                                                                 abs=1e-3)
+    assert "a burst's sends spread over" in selfcheck.line(check)
+
+
+def test_a_preopened_connection_the_server_closed_is_replaced_at_the_send(sim):
+    async def go():
+        req = Request("x", [7, 8, 9], max_tokens=3)
+        async with StreamClient() as c:
+            (conn,) = await c.preopen(sim, 1)
+            conn.transport.close()  # as a server's idle timeout would
+            await asyncio.sleep(0.05)
+            rec = await stream(c, sim, req, new_record(req), conn=conn)
+        return rec
+    rec = asyncio.run(go())
+    assert rec.error is None and rec.tokens == 3
+
+
+# ---- an open loop over several processes -------------------------------------------------------
+
+def test_an_open_loop_over_two_processes_sends_the_whole_schedule_once(sim):
+    """`--procs 2`: the schedule's requests dealt over two worker processes, each sent at its own
+    offset from one start; every request is played once, at its own scheduled time, and the
+    self-check covers both processes (the arrival fit over the union of the sends)."""
+    from tensorfold_bench.client import workers
+    from tensorfold_bench.scenarios import load
+    from tensorfold_bench.workload import spec as spec_mod
+    reset(sim)
+    spec = spec_mod.from_flags(rates=[50.0], duration=1.0, input_len="8", output_len="4", seed=1)
+    (level,) = spec.levels
+    wl = spec.build(level, synthetic.VOCAB)
+
+    async def go(pool):
+        return await player.play_level(sim, wl, model=synthetic.MODEL, drain_s=30, level=load.level_dict(level),
+                                     pool=pool)
+    with workers.Workers(2) as pool:
+        played, t0, check = asyncio.run(go(pool))
+    assert sorted(s.item.id for s in played) == sorted(it.id for it in wl.items)
+    assert all(s.rec.error is None and s.rec.tokens == 4 for s in played)
+    for s in played:  # each at its own offset from the one start
+        assert s.rec.scheduled == pytest.approx(t0 + s.item.offset, abs=1e-9)
+    assert check["procs"] == 2 and check["arrivals"]["gaps"] == len(played) - 1
+    assert len(httpx.get(sim + "/v1/synthetic").json()["streams"]) == len(played)
+    with pytest.raises(Exception, match="--procs"):
+        load.settings_from_flags(model="tiny", device="cpu", dtype=None, share=None, order=None, url=None, out_dir="r",
+                                 plain_check=False, parallel=None, prefill_rows=None, max_model_len=None, seed=0,
+                                 engine_args=None, workload={"concurrency": "2", "requests": 4}, procs=2)

@@ -302,3 +302,66 @@ def test_warmup_and_injects_with_a_trace():
     assert [i.offset for i in inj] == [10.0, 20.0, 30.0, 40.0, 50.0] and all(i.prompt_len == 2000 for i in inj)
     with pytest.raises(FlagError, match=r"^--warmup: 40 warm-up requests leave none of the 40"):
         from_flags(dataset=str(EXAMPLES / "mooncake-40.jsonl"), warmup=40)
+
+
+# ---- text without --tokenizer ------------------------------------------------------------------
+
+def test_a_launched_presets_own_tokenizer_counts_text_and_the_receipt_says_so(tok):
+    """No --tokenizer: the preset's own (byte-level) tokenizer makes the ids and counts the
+    replies, as --tokenizer with the byte-level directory did, and the description names it."""
+    from tensorfold_bench.workload import readers
+    spec, w = items(EXAMPLES / "sharegpt-5.json", rates=[1.0], fallback=readers.counter_for(None, "tiny"))
+    assert w.items[0].prompt == tuple(b"What is a KV cache?")
+    assert w.items[0].output_len == len(b"The keys and values of every token an attention layer has seen, kept so "
+                                        b"that each new token attends to them without recomputing them.")
+    assert "text counted by tfengine's byte-level tokenizer (preset tiny)" in spec.describe()
+    # --tokenizer, when given, is what counts
+    given = from_flags(dataset=str(EXAMPLES / "sharegpt-5.json"), rates=[1.0], fallback=readers.counter_for(None, "tiny"),
+                       tokenizer=tok)
+    assert given.data.counted_by == f"the tokenizer.json of --tokenizer {tok}"
+
+
+class _Tokenize:
+    """A server whose /tokenize answers (ids: the text's bytes plus 1000) or is missing (404)."""
+
+    def __init__(self, has: bool):
+        import http.server
+        import threading
+        has_route = has
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if not has_route or self.path != "/tokenize":
+                    out, code = {"error": {"message": "no route"}}, 404
+                else:
+                    out, code = {"tokens": [b + 1000 for b in body["prompt"].encode()]}, 200
+                data = json.dumps(out).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+
+    def __enter__(self):
+        return self.url
+
+    def __exit__(self, *exc):
+        self.srv.shutdown()
+
+
+def test_a_running_servers_tokenize_counts_text_and_one_without_it_gets_the_clear_error():
+    from tensorfold_bench.workload import readers
+    with _Tokenize(True) as url:
+        spec, w = items(EXAMPLES / "sharegpt-5.json", rates=[1.0], fallback=readers.counter_for(f"srv={url}", None))
+    assert w.items[0].prompt == tuple(b + 1000 for b in b"What is a KV cache?")
+    assert f"text counted by the server's /tokenize ({url})" in spec.describe()
+    with _Tokenize(False) as url:
+        with pytest.raises(FlagError, match=r"^--tokenizer: .*/tokenize: the server cannot count text tokens "
+                                            r"\(HTTP 404\): give --tokenizer DIR"):
+            from_flags(dataset=str(EXAMPLES / "sharegpt-5.json"), rates=[1.0], fallback=readers.counter_for(url, None))

@@ -1,0 +1,91 @@
+"""The client's open loop held against the synthetic server's own log: at each rate and number
+of client processes, what the server received (its reads: rate, the gaps' CV and Kolmogorov-
+Smirnov distance to the exponential), the first token as measured against the truth (the
+server's first send minus its read), the send lateness and the self-check's verdict.
+
+    python -m tools.open_loop_probe --rates 1000,2000,4000 --procs 1,2 [--duration 6]
+        [--first-ms 5 --every-ms 2] [--input-len 32 --output-len 16] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+
+import httpx
+import numpy as np
+from scipy import stats
+
+from tensorfold_bench.analysis import load as load_figures
+from tensorfold_bench.calibrate import synthetic
+from tensorfold_bench.calibrate.client_error import synthetic_server
+from tensorfold_bench.client import player, selfcheck, workers
+from tensorfold_bench.scenarios import load
+from tensorfold_bench.workload import spec as spec_mod
+from tools.results import write_results
+
+
+def one(url: str, rate: float, procs: int, a) -> dict:
+    spec = spec_mod.from_flags(rates=[rate], duration=a.duration, input_len=str(a.input_len),
+                               output_len=str(a.output_len), seed=0)
+    (level,) = spec.levels
+    wl = spec.build(level, synthetic.VOCAB)
+    httpx.post(url + "/v1/synthetic/reset")
+    load_before = os.getloadavg()[0]
+
+    async def go(pool):
+        return await player.play_level(url, wl, model=synthetic.MODEL, drain_s=60, level=load.level_dict(level),
+                                     pool=pool)
+    if procs > 1:
+        with workers.Workers(procs) as pool:
+            played, t0, check = asyncio.run(go(pool))
+    else:
+        played, t0, check = asyncio.run(go(None))
+    log = httpx.get(url + "/v1/synthetic", timeout=120).json()
+    reqs = [load.to_req(s, t0) for s in played]
+    f = load_figures.level_figures(reqs, load_figures.Slo())
+    selfcheck.judge(check, {f"TTFT {q}": f["latency"]["ttft"][q] for q in ("p50", "p99")})
+    reads = np.sort([s["read"] for s in log["streams"]])
+    gaps = np.diff(reads)
+    truth = np.asarray([s["sends"][0] - s["read"] for s in log["streams"] if s["sends"]]) * 1000
+    span = reads[-1] - reads[0]
+    return {"rate": rate, "procs": procs, "requests": len(played), "received_per_s": round((len(reads) - 1) / span, 1),
+            "server_cv": round(float(gaps.std() / gaps.mean()), 3),
+            "server_ks": round(float(stats.kstest(gaps * rate, "expon").statistic), 4),
+            "ttft_p50": f["latency"]["ttft"]["p50"], "ttft_p99": f["latency"]["ttft"]["p99"],
+            "truth_p50": float(np.median(truth)), "truth_p99": float(np.percentile(truth, 99)),
+            "late_p99_ms": check["late_p99_ms"], "loop_busy": check["loop_busy"], "cpu_share": check["cpu_share"],
+            "send_ks": (check.get("arrivals") or {}).get("ks"), "send_cv": (check.get("arrivals") or {}).get("cv"),
+            "invalid": check["invalid"], "load_before": load_before, "load_after": os.getloadavg()[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", default="1000,2000,4000")
+    p.add_argument("--procs", default="1,2")
+    p.add_argument("--duration", type=float, default=6.0)
+    p.add_argument("--first-ms", type=float, default=5.0)
+    p.add_argument("--every-ms", type=float, default=2.0)
+    p.add_argument("--input-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    t0 = time.perf_counter()
+    rows = []
+    with synthetic_server(synthetic.Schedule(a.first_ms, a.every_ms, stall_every=0)) as srv:
+        for rate in [float(r) for r in a.rates.split(",")]:
+            for procs in [int(n) for n in a.procs.split(",")]:
+                r = one(srv.url, rate, procs, a)
+                rows.append(r)
+                print(f"rate {rate:g}/s, {procs} proc: received {r['received_per_s']:g}/s, server gaps CV "
+                      f"{r['server_cv']:.2f} KS {r['server_ks']:.3f}; TTFT p50/p99 {r['ttft_p50']:.2f}/{r['ttft_p99']:.2f}"
+                      f" (truth {r['truth_p50']:.2f}/{r['truth_p99']:.2f}); late p99 {r['late_p99_ms']:.2f} ms; "
+                      f"send KS {r['send_ks']}; loop busy {r['loop_busy']}; "
+                      f"{'valid' if not r['invalid'] else 'INVALID: ' + '; '.join(r['invalid'])}; "
+                      f"load {r['load_before']:.2f}->{r['load_after']:.2f}", flush=True)
+    write_results({"cpus": os.cpu_count(), "rows": rows}, t0, a.out)
+
+
+if __name__ == "__main__":
+    main()
