@@ -78,7 +78,8 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
     assert [r["variant"] for r in data["runs"]] == ["whole", "stepped", "whole", "whole A/A", "whole A/A", "whole"]
     assert data["predictions"]["read_at"] < data["runs"][0]["started"]
     # latency figures are checked too (they came back "not measured" before: only tok/s was looked up)
-    assert [p["status"] for p in data["predictions"]["items"]] == ["in", "out", "in", "in"]
+    assert [p["status"] for p in data["predictions"]["items"]] == ["in", "out", "in", "in"], \
+        [(r["client"] or {}).get("invalid") for r in data["runs"]]
     assert data["hashes"]["ok"] and data["hashes"]["replies"] == 6 * 3
     assert set(data["stats"]["tok_s@2"]["comparisons"]) == {"stepped", "whole A/A"}
     assert data["variants"][1]["source"]["ref"] is None  # the working tree
