@@ -44,7 +44,7 @@ def test_greedy_ids_and_logits_match_transformers(dirs, kind, wide):
     r = _runner(path, wide)
     prompt = r.tokenizer.chat_prompt(MESSAGES)
     hf = transformers.Qwen3ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    if r.cpu_wide:  # a CPU without bf16 arithmetic serves the bf16-valued matrices (engine/cpu/wide.py)
+    if r.cpu.wide_weights:  # a CPU without bf16 arithmetic serves the bf16-valued matrices (engine/cpu/wide.py)
         with torch.no_grad():
             for m in hf.modules():
                 if isinstance(m, torch.nn.Linear):

@@ -70,7 +70,7 @@ def test_a_bad_hook_value_is_exit_2_before_the_model_loads():
 def test_a_failed_decode_round_ends_its_streams_and_later_replies_keep_their_ids(tmp_path):
     """Round 6 fails: the two streams in it end with an error event; the server serves on, and
     later replies (two at once) equal the same model's tokens computed here, alone."""
-    from engine.cpu.kernels import cpu_dtype
+    from engine.cpu.packed import cpu_dtype
     ref = build_runner(EngineConfig(model="tiny", dtype=cpu_dtype()[0], parallel=4, max_model_len=4096,
                                     prefill_rows=8))  # the server's default dtype on this CPU
     later = [prompt_ids(9, 21), prompt_ids(30, 22)]

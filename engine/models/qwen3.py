@@ -24,7 +24,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
-from engine.cpu.cut_attention import TILE, cut_attention_cpu, tile_for
 
 
 class RMSNorm(nn.Module):
@@ -192,7 +191,7 @@ class Qwen3ForCausalLM(nn.Module):
 
     def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed,
                   tiled: bool = False, live: torch.Tensor | None = None, mm=None) -> torch.Tensor:
-        """The trunk with the CPU's kernels (engine.cpu.kernels.PackedLinears): packed.mm(x, key)
+        """The trunk with the CPU's kernels (engine.cpu.packed.PackedLinears): packed.mm(x, key)
         multiplies by a prepacked matrix, packed.heads(i, qkv, cos, sin) norms and rotates q and
         k in one pass; the same arithmetic as `trunk` otherwise. tiled: a decode round's products
         in tiles of a fixed row count (packed.mm_tiled), `live` the rows a row-invariant kernel
@@ -209,13 +208,12 @@ class Qwen3ForCausalLM(nn.Module):
             x = x + self._summed(mm(F.silu(gate) * up, (i, "down")))
         return self.model.norm(x)
 
-    def prefill_many_cpu(self, seqs: list[tuple[torch.Tensor, int, int]], kv, packed, rows: int | None = None,
+    def prefill_many_cpu(self, seqs: list[tuple[torch.Tensor, int, int]], kv, packed, cut_attention,
                          pad: bool = True) -> torch.Tensor:
         """`prefill` through trunk_cpu for cuts [(tokens [T], lane, start)], rows one after another:
         each cut's last-row logits. A cut attends over its own lane in query tiles (cpu_attention.tile_for(
         --prefill-rows)) at absolute positions; pad=False: a partly covered tile multiplies the cut's rows
-        only. With row-invariant products (cpu_kernels.rows_invariant) a cut's bits are its bits alone."""
-        tile = tile_for(rows) if rows else TILE
+        only. With row-invariant products (engine.cpu.packed.rows_invariant) a cut's bits are its bits alone."""
         ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
         spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
         tokens = seqs[0][0] if len(seqs) == 1 else torch.cat([t for t, _, _ in seqs])
@@ -227,14 +225,14 @@ class Qwen3ForCausalLM(nn.Module):
                 kv.v[i, lane, s:s + b - a] = v[a:b]
 
         def attend(i, q):
-            outs = [cut_attention_cpu(q[a:b], kv.k[i, lane], kv.v[i, lane], s, tile, pad) for a, b, lane, s in spans]
+            outs = [cut_attention(q[a:b], kv.k[i, lane], kv.v[i, lane], s, pad) for a, b, lane, s in spans]
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
         return packed.mm(x[[b - 1 for _, b, _, _ in spans]], "lm_head")
 
     def mixed_cpu(self, seqs: list[tuple[torch.Tensor, int, int]], dec: torch.Tensor, kv, packed,
-                  attend_dec: Callable[[int, torch.Tensor], torch.Tensor], rows: int, pad: bool,
+                  attend_dec: Callable[[int, torch.Tensor], torch.Tensor], cut_attention, pad: bool,
                   floor: int | None, grid: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt cuts [(tokens [T], lane, start)] and a padded decode round dec [tokens, positions,
         lanes] in one forward through trunk_cpu: the cuts' rows first, then the round's. Each row
@@ -242,7 +240,7 @@ class Qwen3ForCausalLM(nn.Module):
         (tiles at absolute positions), the round's rows through attend_dec(layer, q).
 
         The products give every row the bits it has in its own call. With `floor` (the fewest rows
-        from which this CPU's products are row-invariant: engine.cpu.kernels.invariant_floor) one
+        from which this CPU's products are row-invariant: engine.cpu.packed.invariant_floor) one
         product over every row (the cuts' rows only, where the round's products are the wide
         kernel's), zero rows added up to the floor, except a whole grid cut (`grid`)
         shorter than the floor, which `prefill_step` multiplied at its own row count and so is here
@@ -250,7 +248,6 @@ class Qwen3ForCausalLM(nn.Module):
         each cut alone and the round's rows in its tiles (the cuts must then be grid cuts). Returns
         (each cut's last-row logits [cuts, vocab], each row alone as prefill_step takes it; the
         round's logits [P, vocab], in its tiles)."""
-        tile = tile_for(rows)
         ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
         spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
         n = ends[-1]
@@ -294,7 +291,7 @@ class Qwen3ForCausalLM(nn.Module):
             kv.v[i, d_lanes, d_positions] = v[n:]
 
         def attend(i, q):
-            outs = [cut_attention_cpu(q[a:b], kv.k[i, lane], kv.v[i, lane], s, tile, pad) for a, b, lane, s in spans]
+            outs = [cut_attention(q[a:b], kv.k[i, lane], kv.v[i, lane], s, pad) for a, b, lane, s in spans]
             return torch.cat(outs + [attend_dec(i, q[n:].contiguous())])
 
         x = self.trunk_cpu(tokens, positions, write_kv, attend, packed, mm=mm)
