@@ -59,7 +59,7 @@ class FaultyBackend:
         self.rounds = 0  # decode rounds asked for so far
 
     def __getattr__(self, name):
-        return getattr(self.inner, name)  # parallel, max_model_len, vocab_size, eos_token_id, ...
+        return getattr(self.inner, name)  # parallel, max_model_len, vocab_size, eos_token_ids, ...
 
     def prefill_step(self, *args, **kwargs):
         self.steps += 1

@@ -65,14 +65,14 @@ def test_a_row_s_product_does_not_depend_on_its_place_in_the_tile(dtype):
     r = runner("float32" if dtype == torch.float32 else "bfloat16", 1)
     g = torch.Generator().manual_seed(0)
     for key in ((0, "qkv"), (0, "o"), (0, "gate_up"), (0, "down"), "lm_head"):
-        k = r.cpu.mm.plain[key].shape[1]
+        k = r.cpu.packed.plain[key].shape[1]
         x = torch.randn(k, generator=g).to(dtype)
         outs = []
         for place in range(2 * ROW_TILE):  # a round of two tiles (--parallel 9 to 16)
             for fill in (torch.zeros, lambda *s: torch.randn(*s, generator=g)):
                 tiles = fill(2 * ROW_TILE, k).to(dtype)
                 tiles[place] = x
-                outs.append(r.cpu.mm.mm_tiled(tiles, key)[place])
+                outs.append(r.cpu.packed.mm_tiled(tiles, key)[place])
         assert all(torch.equal(o, outs[0]) for o in outs), key
 
 

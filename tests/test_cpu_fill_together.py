@@ -1,5 +1,5 @@
 """Short prompt cuts on the CPU (bf16) filled together in one forward (ModelRunner.prefill_many,
-Qwen3ForCausalLM.prefill_many_cpu), and a tile's attention over the cut's rows only: where the
+ModelRunner._forward_many on the CPU kernels), and a tile's attention over the cut's rows only: where the
 start-up check finds the products row-invariant (engine.cpu.packed.rows_invariant), every cut
 keeps the bits it has alone, and alone the bits of the old path (padded tiles, one cut a forward),
 so no greedy id moves."""
@@ -45,7 +45,7 @@ def test_tile_of_the_cuts_rows_equals_the_padded_tile():
 
 def test_check_says_no_for_float32():
     r = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=64, prefill_rows=16))
-    assert not rows_invariant(r.cpu.mm, 16) and not r.batch_cuts and not r.cpu.rows_free
+    assert not rows_invariant(r.cpu.packed, 16) and not r.batch_cuts and not r.cpu.rows_free
 
 
 def test_cuts_together_equal_cuts_alone_and_the_old_path(pair):

@@ -15,7 +15,7 @@ from test_server_e2e import FLAGS, ids_of, prompt_ids, stream, wait_idle
 
 
 class Stub:
-    parallel, max_model_len, vocab_size, eos_token_id = 2, 64, 10, 9
+    parallel, max_model_len, vocab_size, eos_token_ids = 2, 64, 10, (9,)
 
     def prefill_step(self, lane, tokens, start, end):
         return 1
@@ -40,7 +40,7 @@ def test_a_malformed_value_names_the_variable(name, value):
 
 def test_the_kth_step_and_round_fail_once_and_attributes_pass_through():
     b = with_faults(Stub(), Faults.from_env({"TFENGINE_FAIL_STEP": "2", "TFENGINE_FAIL_ROUND": "3"}))
-    assert isinstance(b, FaultyBackend) and (b.parallel, b.eos_token_id) == (2, 9)
+    assert isinstance(b, FaultyBackend) and (b.parallel, b.eos_token_ids) == (2, (9,))
     assert b.prefill_step(0, [1, 2], 0, 2) == 1
     with pytest.raises(RuntimeError, match="injected failure at prefill step 2"):
         b.prefill_step(0, [1, 2], 0, 2)

@@ -26,7 +26,7 @@ log = logging.getLogger("engine.cpu.kernels")
 
 
 class CpuKernels:
-    """A CPU runner's kernel state (module doc). `mm`: the packed matmuls, None with
+    """A CPU runner's kernel state (module doc). `packed`: the packed matmuls, None with
     KernelConfig(cpu_fast=False) (plain torch ops, one SDPA a row); `attention`: the C decode
     attention, None for the batched matmuls; `round`: the C++ decode round (None: the Python one);
     `rows_free`: bf16 prompt products found row-invariant (short cuts share a forward); `mix_floor`:
@@ -44,7 +44,7 @@ class CpuKernels:
             round_weights(model)
         self.tile = tile_for(cfg.prefill_rows)  # the cut attention's query tile
         self.masks = FutureMasks()
-        self.mm: PackedLinears | None = None
+        self.packed: PackedLinears | None = None
         self.attention: AttentionKernel | None = None
         self.round: CppRound | None = None
         self.rows_free = False
@@ -53,23 +53,23 @@ class CpuKernels:
         if not knobs.cpu_fast:
             return
         c = c_attention(knobs.toolchain)  # before the first forward; never switched mid-serve (it would move bits)
-        self.mm = PackedLinears(model, WideKernel(c.lib) if c is not None and self.wide_weights else None)
-        log.info("CPU matmuls: %s", self.mm.kind)
+        self.packed = PackedLinears(model, WideKernel(c.lib) if c is not None and self.wide_weights else None)
+        log.info("CPU matmuls: %s", self.packed.kind)
         # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
         self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
-        self.attention = c if c is not None and c.takes(*self.mm.shape) else None
+        self.attention = c if c is not None and c.takes(*self.packed.shape) else None
         log.info("decode attention: %s", C_KERNEL if self.attention else BMM)
         if not own_round:
             return
         mcfg = model.config
-        self.round = CppRound.started(model, self.mm, knobs.cpu_cpp, self.attention.address if self.attention else 0,
+        self.round = CppRound.started(model, self.packed, knobs.cpu_cpp, self.attention.address if self.attention else 0,
                                       c.elem((mcfg.hidden_size, mcfg.head_dim)) if c else (0, 0, 0, 0),
                                       knobs.toolchain)
         # short cuts together, tiles without zero rows: where a row's bits are its own (one rank)
-        self.rows_free = knobs.batch_cuts and rows_invariant(self.mm, self.tile)
+        self.rows_free = knobs.batch_cuts and rows_invariant(self.packed, self.tile)
         log.info("CPU prompt cuts: %s", "together" if self.rows_free else "one at a time")
         if cfg.prefill_mode == "mixed" and self.round is not None:
-            self.mix_floor = invariant_floor(self.mm, self.tile)
+            self.mix_floor = invariant_floor(self.packed, self.tile)
             log.info("mixed forwards: %s", "one product over every row" if self.mix_floor is not None
                      else "each product per part (cuts on the grid)")
 
@@ -90,4 +90,4 @@ class CpuKernels:
 
     def describe_attention(self) -> str:
         """/v1/engine's `decode_attention`."""
-        return "sdpa a row" if self.mm is None else C_KERNEL if self.attention else BMM
+        return "sdpa a row" if self.packed is None else C_KERNEL if self.attention else BMM

@@ -78,7 +78,7 @@ def cuda_mixed(r) -> str:
 
 def _describe_cpu(r) -> dict:
     c = r.cpu
-    return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": "torch" if c.mm is None else c.mm.kind,
+    return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": "torch" if c.packed is None else c.packed.kind,
             "cpu_weights": "bfloat16 values, float32 compute" if c.wide_weights else r.cfg.dtype,
             "decode_attention": c.describe_attention(),
             "cpu_round": CppRound.describe(c.round),
@@ -91,7 +91,7 @@ def cpu_mixed(r) -> str:
         return "off"
     if r.cpu.mix_floor is None:
         return "each product per part, cuts on the grid"
-    shared = "one product over the cuts' rows, the round's rows in the wide kernel" if r.cpu.mm.wide is not None else \
+    shared = "one product over the cuts' rows, the round's rows in the wide kernel" if r.cpu.packed.wide is not None else \
         "one product over every row"
     return f"{shared} (row-invariant from {r.cpu.mix_floor} rows), cuts end on multiples of {r.cut_granule}"
 
@@ -104,7 +104,7 @@ def cpu_prompt_cuts(r) -> str:
 def _prefill_attention_name(r) -> str:
     if r.device.type != "cuda":
         from engine.cpu.cut_attention import describe as cut_attention
-        return "sdpa" if r.cpu is None or r.cpu.mm is None else cut_attention(r.dtype, r.prefill_rows)
+        return "sdpa" if r.cpu is None or r.cpu.packed is None else cut_attention(r.dtype, r.prefill_rows)
     if r.fused and r.kernels.cut_flash is not None:
         c = r.kernels.cut_flash
         return (f"tiles at absolute positions (cut_flash: {c.block_m} queries x {c.block_n} keys, splits of {c.split}"
