@@ -307,7 +307,8 @@ def profile(
     from engine.runner.profile import ProfileConfig, profile as take, summary
     cfg = ProfileConfig(model=model, device=device, dtype=dtype or "bfloat16", quick=quick, longest=longest,
                         wide=wide, wide_len=wide_len, prefill_rows=prefill_rows, split_sms=sms, repeats=repeats,
-                        budget_s=budget, seed=seed, cpu_isa=cpu_isa, threads=threads)
+                        budget_s=budget, seed=seed, cpu_isa=cpu_isa, threads=threads,
+                        toolchain=Toolchain.from_env(os.environ))
     cfg.check()  # the flags first: a bad one is refused before torch loads
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, not {device!r}")
