@@ -373,7 +373,7 @@ def analyse(data: dict) -> dict:
     if not p["judge_long"]:
         notes.append(f"Preset {st['preset']}: long-prompt figures are shown, not judged (B fills in milliseconds).")
     data["stats"] = {k: fs.to_dict() for k, fs in figs.items()}
-    data["detectable"] = detectable(figs)
+    data["detectable"] = {k: v for k, v in detectable(figs).items() if p["judge_long"] or k not in LONG_JUDGED}
     sc = data.get("schedule")
     if sc is not None:
         reasons += sc["reasons"]
