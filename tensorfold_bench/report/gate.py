@@ -59,7 +59,7 @@ def markdown(data: dict, png_name: str | None = None) -> str:
               + (f", then {p['load_s']:g} s of Poisson load at {st['load_rate']:g} requests/s ({p['load_input']}-token "
                  f"prompts, {p['load_output']}-token replies)" if st.get("load_rate") else "") + ".", "",
               *stats_table(data["stats"], "base", base_mark=""), *_detectable(data.get("detectable")), "",
-              *schedule_lines(data.get("schedule")), "**Exactness.**"]
+              *(schedule_lines(data["schedule"]) if "schedule" in data else []), "**Exactness.**"]
     ex = data["exactness"]
     for label, hc in ex["sweep"].items():
         lines.append(f"- Sweep replies ({label}): {hc['equal']} of {hc['replies']} equal.")

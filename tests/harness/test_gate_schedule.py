@@ -4,6 +4,7 @@ planted copy of a known schedule regression (short prompts filled one a turn, a 
 between each, instead of back to back) fails by scenario and figure; a base without the simulator
 is "not run". No server, no GPU."""
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,39 @@ def test_a_missing_schedule_profile_is_a_flag_error(tmp_path):
         gate.GateSettings(schedule_profile=tmp_path / "nope.json")
     with pytest.raises(FlagError, match="no CPU profile"):
         gate_schedule.default_profile("cpu", folder=tmp_path)
+
+
+def test_the_gate_fails_a_commit_that_plants_the_regression_and_passes_one_that_changes_nothing(tmp_path,
+                                                                                               monkeypatch):
+    """The gate end to end on a repository of three commits (the engine; the engine with the shorts
+    filled one a turn; the same again): HEAD~1 checked out in a worktree, each side's engine
+    replayed from its own tree. The wall-clock runs are left out (test_gate plays them): the
+    schedule layer launches no server."""
+    r = tmp_path / "repo"
+    git = git_repo(r)
+    engine_copy(r)
+    (r / ".gitignore").write_text("/.worktrees/\n/runs/\n__pycache__/\n")
+    git("add", "-A")
+    git("commit", "-qm", "engine")
+    host = r / "engine" / "scheduler" / "host.py"
+    host.write_text(host.read_text().replace(FILL, FILL + "[:1]", 1))
+    git("commit", "-qam", "shorts one a turn")
+    monkeypatch.setattr(gate.driver, "run_all", lambda *a, **k: None)
+    settings = gate.GateSettings(repo=r, preset="tiny", margin=0.75, long_margin=0.9, out_dir=tmp_path / "o",
+                                 order=["base", "new"])
+    d = gate.run_gate(settings)
+    assert d["schedule"]["status"] == "run" and not d["passed"]
+    assert any(x.startswith("schedule layer, shorts: first_token_p50 worse by") for x in d["reasons"]), d["reasons"]
+    (r / "notes.txt").write_text("nothing the engine reads\n")
+    git("add", "-A")
+    git("commit", "-qm", "a note")
+    d = gate.run_gate(settings)
+    assert d["schedule"]["status"] == "run" and d["schedule"]["reasons"] == [], d["schedule"]["reasons"]
+    assert {row["worse_by"] for row in d["schedule"]["rows"]} == {0.0}
+    assert not any(x.startswith("schedule layer") for x in d["reasons"])
+
+
+def git_repo(r: Path):
+    subprocess.run(["git", "init", "-q", str(r)], check=True)
+    return lambda *a: subprocess.run(["git", "-C", str(r), "-c", "user.email=t@e", "-c", "user.name=t", *a],
+                                     check=True, capture_output=True)
