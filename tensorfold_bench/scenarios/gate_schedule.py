@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,7 +152,8 @@ def replay(shape: Shape, profile: Path) -> dict[str, dict[str, float | None]]:
 
 def default_profile(model: str, prefill_rows: int = 256, folder: Path = PROFILES) -> Path:
     """The committed profile whose shape matches the gate's engine: the CPU preset's model at its
-    cut rows, a measured one before one fitted from traces; else any CPU profile."""
+    cut rows, a measured one before one fitted from traces; else any CPU profile. Ties go to the
+    last file name, so a folder always gives the same one."""
     found = []
     for p in sorted(folder.glob("*.json")):
         try:
@@ -234,13 +236,15 @@ def layer(base_root: Path | None, new_root: Path, shape: Shape, profile: Path, a
     if not (Path(base_root) / SIMULATOR).exists():
         out["why"] = f"the base's engine predates the simulator (no {SIMULATOR})"
         return out
+    with ThreadPoolExecutor(2) as pool:  # the two sides' subprocesses at once
+        sides = [pool.submit(run_side, Path(root), shape, profile) for root in (base_root, new_root)]
     try:
-        base = run_side(Path(base_root), shape, profile)
+        base = sides[0].result()
     except ReplayError as e:
         out["why"] = f"the base's engine does not run the replay: {e}"
         return out
     try:
-        new = run_side(Path(new_root), shape, profile)
+        new = sides[1].result()
     except ReplayError as e:
         out.update(status="run", reasons=[f"schedule layer: the new side's replay failed: {e}"])
         return out
