@@ -15,7 +15,7 @@ The shapes (`shapes`), on the gate preset's engine settings (stepped prompts, it
   filled back to back before the next round; one a round costs every short a round per short
   ahead of it);
 - `long_prompt p=1`, `long_prompt p=0.5`: the gate's long-prompt run (A decodes, B's cold prompt,
-  then C's chat) at share 1 and 0.5;
+  then C's chat) at share 1 and 0.5, and in mixed forwards where the profile prices them;
 - `load+cold`: a seeded Poisson load of short requests with one cold long prompt injected.
 
 What it cannot see: anything the profile does not price (a slowed kernel, a stall, the HTTP
@@ -44,6 +44,7 @@ PROFILES = Path(__file__).resolve().parents[2] / "receipts" / "profiles"
 SIMULATOR = Path("engine") / "scheduler" / "simulated.py"
 TIMEOUT_S = 300  # a side's replay; seconds on two cores normally
 N_SHORTS, SHORT_TOKENS, SHORT_REPLY, DECODERS = 8, 200, 16, 4
+MIXED_BUDGET_MS = 80.0  # the mixed scenario's forward budget (the CPU receipts' larger one)
 LOAD_RATE, LOAD_S = 4.0, 6.0  # load+cold: requests/s and seconds of arrivals
 
 
@@ -96,15 +97,16 @@ def replay(shape: Shape, profile: Path) -> dict[str, dict[str, float | None]]:
 
     costs = Costs.load(profile)
     vocab = int(costs.profile.model.get("vocab") or 512)
-    caps = Capabilities(batch_cuts=costs.has("prefill_many"))
+    caps = Capabilities(batch_cuts=costs.has("prefill_many"), mixed=costs.has("mixed"))
     s = shape
 
     def ids(key: str, n: int) -> list[int]:
         return prompt_ids(s.seed, key, n, vocab)
 
-    def cfg(parallel: int, share: float = 1.0) -> EngineConfig:
+    def cfg(parallel: int, share: float = 1.0, mode: str = "stepped") -> EngineConfig:
         return EngineConfig(model="cpu", parallel=parallel, max_model_len=s.max_model_len,
-                            prefill_rows=s.prefill_rows, prefill_mode="stepped", prefill_share=share, seed=s.seed)
+                            prefill_rows=s.prefill_rows, prefill_mode=mode, prefill_share=share,
+                            mixed_budget_ms=MIXED_BUDGET_MS, seed=s.seed)
 
     out: dict[str, dict[str, float | None]] = {}
     for n in s.levels:
@@ -121,15 +123,17 @@ def replay(shape: Shape, profile: Path) -> dict[str, dict[str, float | None]]:
                      "tok_s": _tok_s([recs[r.name] for r in shorts])}
 
     a_max = s.max_model_len - s.prompt_tokens - 1
-    for share in (1.0, 0.5):
+    modes = [(f"long_prompt p={share:g}", share, "stepped") for share in (1.0, 0.5)]
+    modes += [(f"long_prompt mixed budget={MIXED_BUDGET_MS:g}", 1.0, "mixed")] if caps.mixed else []
+    for name, share, mode in modes:
         reqs = [SimRequest("A", ids("A", s.prompt_tokens), a_max, until=("B", "C")),
                 SimRequest("B", ids("B", s.b_tokens), 8, s.b_at),
                 SimRequest("C", ids("C", 34), 16, s.b_at + s.c_after)]
-        recs = play(reqs, cfg(4, share), costs, caps, vocab_size=vocab).records
+        recs = play(reqs, cfg(4, share, mode), costs, caps, vocab_size=vocab).records
         f = long_prompt(recs["A"], recs["B"], recs["C"])
         kept = (f.a_rate_during / f.a_rate_before if f.a_rate_during is not None and f.a_rate_before else None)
-        out[f"long_prompt p={share:g}"] = {"b_first_token": f.b_first_token, "c_first_token": f.c_first_token,
-                                           "a_longest_pause": f.a_longest_pause, "a_kept": kept}
+        out[name] = {"b_first_token": f.b_first_token, "c_first_token": f.c_first_token,
+                     "a_longest_pause": f.a_longest_pause, "a_kept": kept}
 
     rng = random.Random(s.seed)
     reqs, t, i = [], 0.0, 0
@@ -152,8 +156,9 @@ def replay(shape: Shape, profile: Path) -> dict[str, dict[str, float | None]]:
 
 def default_profile(model: str, prefill_rows: int = 256, folder: Path = PROFILES) -> Path:
     """The committed profile whose shape matches the gate's engine: the CPU preset's model at its
-    cut rows, a measured one before one fitted from traces; else any CPU profile. Ties go to the
-    last file name, so a folder always gives the same one."""
+    cut rows, a measured one before one fitted from traces, then the one pricing the most kinds of
+    forward (short prompts filled together, mixed forwards: more of the host is replayed); else any
+    CPU profile. Ties go to the last file name, so a folder always gives the same one."""
     found = []
     for p in sorted(folder.glob("*.json")):
         try:
@@ -163,7 +168,8 @@ def default_profile(model: str, prefill_rows: int = 256, folder: Path = PROFILES
         if (d.get("device") or {}).get("type") != "cpu":
             continue
         match = (d.get("model") or {}).get("name") == model, (d.get("engine") or {}).get("prefill_rows") == prefill_rows
-        found.append((match, d.get("source") == "measured", p.name, p))
+        kinds = sum(bool(v) for v in (d.get("samples") or {}).values())
+        found.append((match, d.get("source") == "measured", kinds, p.name, p))
     if not found:
         raise FlagError("--schedule-profile", f"no CPU profile in {folder}: name one, or pass --no-schedule")
     return max(found)[-1]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.scheduler.costs import Costs
 from tensorfold_bench import report
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.scenarios import gate, gate_schedule
@@ -50,7 +51,9 @@ def test_an_unchanged_tree_passes_with_identical_figures_every_time(figures):
     assert {(r["scenario"], r["figure"]): r["new"] for r in once["rows"]} == {
         (s, f): v for s, figs in figures[0].items() for f, v in figs.items()}
     assert {r["scenario"] for r in once["rows"]} == {"sweep@1", "sweep@4", "shorts", "long_prompt p=1",
-                                                    "long_prompt p=0.5", "load+cold"}
+                                                    "long_prompt p=0.5", "long_prompt mixed budget=80", "load+cold"}
+    # the default profile prices short prompts filled together: the host's batched fill is replayed
+    assert Costs.load(PROFILE).has("prefill_many")
     assert all(r["base"] is not None for r in once["rows"])
 
 
