@@ -48,7 +48,8 @@ next commit). A base that predates the simulator, or none, leaves the layer "not
 wall-clock layer's receipt states the smallest slowdown it could have caught on each figure (the
 margin plus half its paired interval), so a pass is not read as "no regression".
 
-Exit codes: 0 pass, 1 regression (throughput, a long-prompt figure, or a token hash),
+Exit codes: 0 pass, 1 regression (throughput, a long-prompt figure, a token hash, a schedule
+figure, or a new side whose replay fails),
 2 usage or infrastructure error (bad flag, a server that would not start, git failure).
 """
 from __future__ import annotations

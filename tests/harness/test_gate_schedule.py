@@ -81,6 +81,15 @@ def test_a_base_without_the_simulator_or_that_cannot_replay_is_not_run(tmp_path)
     assert gate_schedule.layer(None, ROOT, SHAPE, PROFILE)["status"] == "not run"
 
 
+def test_a_new_side_whose_replay_fails_fails_the_layer(tmp_path):
+    broken = engine_copy(tmp_path)
+    with open(broken / "engine" / "scheduler" / "host.py", "a") as f:
+        f.write("\n\ndef _broken(self):\n    raise RuntimeError('a broken turn')\n\n\nLaneHost.turn = _broken\n")
+    d = gate_schedule.layer(ROOT, broken, SHAPE, PROFILE)
+    assert d["status"] == "run" and len(d["reasons"]) == 1
+    assert d["reasons"][0].startswith("schedule layer: the new side's replay failed: RuntimeError: a broken turn")
+
+
 def test_the_change_is_signed_by_direction_and_a_lost_figure_fails():
     assert gate_schedule.change("tok_s", 100.0, 99.0) == pytest.approx(0.01)
     assert gate_schedule.change("ttft_p99", 1.0, 1.01) == pytest.approx(0.01)
