@@ -349,6 +349,9 @@ def gate(
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     load_rate: Annotated[Optional[float], typer.Option("--load", help="Also play a short Poisson load at this many requests/s in every run (tfbench load's player): output tok/s and TTFT p99 judged, every reply compared.")] = None,
+    schedule_profile: Annotated[Optional[Path], typer.Option("--schedule-profile", help="Cost profile for the schedule layer's replay in virtual time (default: the CPU preset's in receipts/profiles/).")] = None,
+    no_schedule: Annotated[bool, typer.Option("--no-schedule", help="Skip the schedule layer (base's and new's scheduler replayed in virtual time).")] = False,
+    accept_schedule: Annotated[bool, typer.Option("--accept-schedule", help="A deliberate change of the schedule: worse simulated figures are shown, not failed. Or commit .ci/accept-schedule naming the base commit.")] = False,
     verbose: Verbose = False,
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
@@ -356,7 +359,9 @@ def gate(
                                      accept_new_outputs=accept_new_outputs, out_dir=out_dir,
                                      new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")],
                                      vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None,
-                                     sampling=Sampling(temperature, seed), load_rate=load_rate)
+                                     sampling=Sampling(temperature, seed), load_rate=load_rate,
+                                     schedule=not no_schedule, schedule_profile=schedule_profile,
+                                     accept_schedule=accept_schedule)
     data, paths = execute(gate_mod.run_gate, settings, out_dir, verbose)
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")
