@@ -32,6 +32,7 @@ from tensorfold_bench.scenarios import load as load_mod
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
 from tensorfold_bench.scenarios import script as script_mod
 from tensorfold_bench.scenarios import sweep as sweep_mod
+from tensorfold_bench.session import simulate
 
 console = Console(stderr=True)
 out = Console()
@@ -72,6 +73,7 @@ EngineArg = Annotated[Optional[list[str]], typer.Option("--engine-arg", help="Ex
 
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also print a line per sweep cell and rep.")]
+Sim = Annotated[Optional[Path], typer.Option("--sim", help="Play every run in virtual time on this cost profile (receipts/profiles/*.json, `tfbench profile`): the engine's real lane host on the profile's costs, no server, a receipt marked simulated, in seconds. The profile's device and model stand for --device and --model (ignored); --token-ids, --tokenizer and --trace are ignored (no server to ask; the host's trace is always kept); --url, --plain-check, --base, --new, --aa and --tensor-parallel are refused.")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the variants, the run order, the engine command lines and the estimated time; launch nothing.")]
 
 
@@ -94,6 +96,16 @@ def execute(run: Callable[..., dict], settings, out_dir: Path, verbose: bool) ->
                           style="dim")
         raise
     return data, writer.final(data)
+
+
+def sim_target(sim: Path | None, *, url=None, plain_check=False, base_ref=None, new_ref=None, aa=False,
+               tensor_parallel=1) -> "simulate.SimTarget | None":
+    """--sim's profile, read now; a flag a simulation refuses is one line naming it."""
+    if sim is None:
+        return None
+    simulate.refuse_flags({"--url": bool(url), "--plain-check": plain_check, "--base": base_ref is not None,
+                           "--new": new_ref is not None, "--aa": aa, "--tensor-parallel": tensor_parallel != 1})
+    return simulate.SimTarget.load(sim)
 
 
 def print_paths(paths: dict[str, Path]) -> None:
@@ -145,10 +157,15 @@ def long_prompt(
     b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default 4096 on cpu, 32000 on cuda).")] = None,
     c_tokens: Annotated[int, typer.Option("--c-tokens", help="C's prompt length.")] = 34,
     a_tokens: Annotated[Optional[int], typer.Option("--a-tokens", help="A's max_tokens (default: as long as the context allows; A is cancelled when B and C are done).")] = None,
+    sim: Sim = None,
     verbose: Verbose = False,
     dry_run: DryRun = False,
 ):
     """A decodes; B sends a long cold prompt; C a short chat. Whole prompts vs stepped at each --share."""
+    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
+                        tensor_parallel=tensor_parallel)
+    if target:
+        model, device = target.model, target.device
     settings = long_prompt_mod.settings_from_flags(
         model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
@@ -156,6 +173,7 @@ def long_prompt(
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
         predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
         temperature=temperature, tensor_parallel=tensor_parallel)
+    settings.session.sim = target
     if dry_run:
         return print(plan.long_prompt(settings))
     data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
@@ -193,16 +211,22 @@ def script(
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     token_ids: TokenIds = "ids",
+    sim: Sim = None,
     verbose: Verbose = False,
     dry_run: DryRun = False,
 ):
     """A scripted timeline of streams (sends at times or events, cancels, priorities) and its figures."""
+    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
+                        tensor_parallel=tensor_parallel)
+    if target:
+        model, device = target.model, target.device
     settings = script_mod.settings_from_flags(
         file=file, model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         engine_args=engine_arg, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
         predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
         temperature=temperature, tensor_parallel=tensor_parallel)
+    settings.session.sim = target
     if dry_run:
         return print(plan.script(settings))
     data, paths = execute(script_mod.run, settings, out_dir, verbose)

@@ -1,0 +1,103 @@
+"""`--sim PROFILE` end to end through the CLI: every scenario in virtual time on a small profile,
+no server, a receipt marked simulated that re-renders; flags and kinds a simulation cannot play
+refused in one line."""
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tensorfold_bench.cli.commands import app
+from tensorfold_bench.errors import FlagError
+from tensorfold_bench.report import store
+
+PA, PB, PC = 0.002, 2e-5, 1e-9
+DA, DB = {1: 0.006, 2: 0.0065, 4: 0.007, 8: 0.008}, 2e-8
+
+
+def cut_s(rows, start):
+    return PA + PB * rows + PC * rows * (start + rows / 2)
+
+
+def round_s(n, keys):
+    return DA[n] + DB * keys
+
+
+@pytest.fixture
+def prof(tmp_path) -> Path:
+    """A cpu profile with prompt cuts, rounds, mixed forwards and the host, and no split samples."""
+    samples = {
+        "prefill": [[r, st, cut_s(r, st)] for r in (16, 34, 64, 256) for st in (0, 512, 1024, 2048)],
+        "decode": [[n, k, round_s(n, k)] for n in DA for k in (n * 20, n * 500, n * 3000)],
+        "mixed": [[r, st, 1, 500, round_s(1, 500) + 0.001 + 1.8e-5 * r] for r in (64, 128, 256) for st in (0, 1024)],
+        "host": [["turn", 5e-5], ["token", 1e-5]]}
+    p = tmp_path / "small.json"
+    p.write_text(json.dumps({"schema": "tfbench.profile/1", "created": "2026-12-07", "source": "test",
+                             "device": {"type": "cpu", "name": "test cpu"},
+                             "model": {"name": "cpu", "dtype": "float32", "vocab": 512},
+                             "engine": {"commit": "abc1234", "parallel": 4, "prefill_rows": 256,
+                                        "max_model_len": 4352}, "samples": samples}))
+    return p
+
+
+def tfbench(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def receipt(out: Path, kind: str) -> dict:
+    (path,) = out.glob(f"*-{kind}.json.gz")
+    return store.read(path)
+
+
+def test_long_prompt_in_virtual_time_writes_a_simulated_receipt_that_rerenders(prof, tmp_path):
+    out = tmp_path / "r"
+    r = tfbench("run", "long-prompt", "--sim", prof, "--share", "1,0.5", "--mixed", "20", "--b-tokens", "1024",
+                "--b-at", "0.5", "--out", out)
+    assert r.exit_code == 0, r.output
+    d = receipt(out, "long-prompt")
+    assert d["simulated"]["profile"] == str(prof) and d["simulated"]["engine_commit"] == "abc1234"
+    assert d["exactness"] == {"not_judged": "simulated: token identities come from the simulated backend"}
+    assert any(n.startswith("Simulated:") for n in d["not_run"])
+    by = {}
+    for run in d["runs"]:
+        assert run["figures"]["valid"], run["figures"]["invalid_reasons"]
+        by.setdefault(run["variant"], []).append(run["figures"]["b_first_token"])
+    assert set(by) == {"whole", "stepped p=1", "stepped p=0.5", "mixed budget=20"}
+    assert all(len(set(v)) == 1 for v in by.values())  # virtual time: every run of a variant is the same
+    assert by["stepped p=0.5"][0] > by["stepped p=1"][0] > by["whole"][0]  # a smaller share fills B later
+    assert "alone" in d and d["alone"]["whole"]["b_first_token"] > 0
+    (md,) = out.glob("*-long-prompt.md")
+    assert "**Simulated, not measured**" in md.read_text()
+    assert tfbench("report", next(out.glob("*-long-prompt.json.gz"))).exit_code == 0
+
+
+def test_a_script_plays_its_events_and_cancels_in_virtual_time(prof, tmp_path):
+    script = tmp_path / "s.yaml"
+    script.write_text("name: two\nstreams:\n"
+                      "  - {name: A, at: 0, prompt: {random: 16}, max_tokens: 400, until: [B.done]}\n"
+                      "  - {name: B, at: A.first_token + 0.05, prompt: {random: 600}, max_tokens: 8}\n"
+                      "figures: [{first_token: B}]\n")
+    out = tmp_path / "r"
+    r = tfbench("run", "script", script, "--sim", prof, "--share", "0.5", "--out", out)
+    assert r.exit_code == 0, r.output
+    d = receipt(out, "script")
+    assert d["simulated"]
+    for run in d["runs"]:
+        recs = run["records"]
+        a_first = recs["A"]["token_times"][0]
+        assert recs["B"]["sent"] == pytest.approx(a_first + 0.05)
+        assert recs["A"]["cancelled"] and recs["A"]["ended"] >= recs["B"]["ended"]
+
+
+@pytest.mark.parametrize("flags, named", [(["--url", "http://x"], "--url"), (["--plain-check"], "--plain-check"),
+                                          (["--aa"], "--aa")])
+def test_flags_a_simulation_cannot_honour_are_refused_by_name(prof, tmp_path, flags, named):
+    r = tfbench("run", "long-prompt", "--sim", prof, *flags, "--out", tmp_path)
+    assert isinstance(r.exception, FlagError) and r.exception.flag == named and "--sim" in str(r.exception)
+
+
+def test_a_profile_without_split_samples_refuses_split_naming_profile_and_kind(prof, tmp_path):
+    r = tfbench("run", "long-prompt", "--sim", prof, "--split", "32", "--b-tokens", "512", "--out", tmp_path)
+    assert isinstance(r.exception, FlagError) and r.exception.flag == "--sim"
+    assert str(prof) in str(r.exception) and "no split samples" in str(r.exception)
+    assert not list(tmp_path.glob("*.json.gz"))
