@@ -269,10 +269,14 @@ def sweep(
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     token_ids: TokenIds = "ids",
+    sim: Sim = None,
     verbose: Verbose = False,
     dry_run: DryRun = False,
 ):
     """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
+    target = sim_target(sim, url=url, base_ref=base_ref, new_ref=new_ref, aa=aa, tensor_parallel=tensor_parallel)
+    if target:
+        model, device, vocab = target.model, target.device, vocab or target.vocab
     settings = sweep_mod.settings_from_flags(
         model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, variants_file=variants_file, base_ref=base_ref,
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
@@ -280,6 +284,7 @@ def sweep(
         reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
         tensor_parallel=tensor_parallel)
+    settings.session.sim = target
     if dry_run:
         return print(plan.sweep(settings))
     data, paths = execute(sweep_mod.run, settings, out_dir, verbose)
@@ -336,6 +341,7 @@ def load(
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     token_ids: TokenIds = "ids",
+    sim: Sim = None,
     verbose: Verbose = False,
 ):
     """Traffic: open-loop arrivals or a closed loop, datasets and traces, goodput under an SLO; whole vs stepped at each --share."""
@@ -343,6 +349,13 @@ def load(
                     prefix_len=prefix_len, turns=turns, think=think, time_scale=time_scale, rates=rate,
                     arrival=arrival, burstiness=burstiness, concurrency=concurrency, requests=requests,
                     duration=duration, warmup=warmup, inject=inject)
+    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
+                        tensor_parallel=tensor_parallel)
+    if target:
+        if max_concurrency:
+            raise FlagError("--max-concurrency", "not with --sim: the simulated player sends open loop or closed "
+                                                 "loop (--concurrency) only")
+        model, device, vocab = target.model, target.device, vocab or target.vocab
     settings = load_mod.settings_from_flags(
         model=model, device=device, dtype=dtype, share=share, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
@@ -350,6 +363,7 @@ def load(
         variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa, predict=predict, margin=margin,
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
         tensor_parallel=tensor_parallel)
+    settings.session.sim = target
     data, paths = execute(load_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.load.summary_markdown(data)))
     if data.get("predictions"):

@@ -101,3 +101,38 @@ def test_a_profile_without_split_samples_refuses_split_naming_profile_and_kind(p
     assert isinstance(r.exception, FlagError) and r.exception.flag == "--sim"
     assert str(prof) in str(r.exception) and "no split samples" in str(r.exception)
     assert not list(tmp_path.glob("*.json.gz"))
+
+
+def test_a_sweep_in_virtual_time_gives_tok_s_per_level_that_grows_with_streams(prof, tmp_path):
+    out = tmp_path / "r"
+    r = tfbench("sweep", "--sim", prof, "--levels", "1,4", "--tokens", "32", "--cells", "1", "--reps", "1",
+                "--prompt-tokens", "64", "--share", "0.5", "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "not judged (simulated" in r.output
+    d = receipt(out, "sweep")
+    assert d["simulated"]["device_type"] == "cpu"
+    f = d["runs"][0]["figures"]
+    one, four = f["tok_s@1"], f["tok_s@4"]
+    # a round of 4 streams costs DA[4] against DA[1] for 1: four tokens for about the price of one
+    assert four / one == pytest.approx(4 * round_s(1, 80) / round_s(4, 4 * 80), rel=0.15)
+
+
+def test_a_load_in_virtual_time_keeps_arrivals_sessions_and_the_injected_prompt(prof, tmp_path):
+    out = tmp_path / "r"
+    r = tfbench("load", "--sim", prof, "--rate", "4", "--requests", "12", "--input-len", "64", "--output-len", "16",
+                "--turns", "2", "--think", "0.1", "--inject", "1024@1", "--out", out)
+    assert r.exit_code == 0, r.output
+    d = receipt(out, "load")
+    recs = d["runs"][0]["levels"][0]["records"]
+    assert all(not x["error"] and x["tokens"] == x["max_tokens"] for x in recs)
+    by = {x["id"]: x for x in recs}
+    later = [x for x in recs if x["turn"] == 1]
+    assert later
+    for x in later:  # a later turn goes `think` after its session's last reply ended, with the history
+        prev = next(p for p in recs if p["session"] == x["session"] and p["turn"] == 0)
+        assert x["sent"] == pytest.approx(prev["ended"] + 0.1, abs=1e-6)
+        assert x["prompt_len"] > prev["prompt_len"] + prev["max_tokens"]
+    assert any(x["kind"] == "inject" for x in by.values())
+    assert d["runs"][0]["alone"]["ttft_ms"] > 0
+    r = tfbench("load", "--sim", prof, "--rate", "4", "--requests", "4", "--max-concurrency", "2", "--out", out)
+    assert isinstance(r.exception, FlagError) and r.exception.flag == "--max-concurrency"
