@@ -32,7 +32,12 @@ from tensorfold_bench.scenarios import load as load_mod
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
 from tensorfold_bench.scenarios import script as script_mod
 from tensorfold_bench.scenarios import sweep as sweep_mod
-from tensorfold_bench.session import simulate
+from tensorfold_bench.analysis import figures as figures_mod
+from tensorfold_bench.analysis import load as load_figures
+from tensorfold_bench.session import driver, simulate
+
+SCENARIOS = {"long-prompt": long_prompt_mod.LongPrompt, "script": script_mod.ScriptScenario, "sweep": sweep_mod.Sweep,
+             "load": load_mod.Load}
 
 console = Console(stderr=True)
 out = Console()
@@ -67,7 +72,7 @@ VariantsFile = Annotated[Optional[Path], typer.Option("--variants", help="YAML f
 BaseRef = Annotated[Optional[str], typer.Option("--base", help="Git ref of this repository the base runs (checked out in .worktrees/<sha>). Without --share: 'base' at REF vs 'new', both with the engine's default flags.")]
 NewRef = Annotated[Optional[str], typer.Option("--new", help="Git ref the new side runs (default: the working tree).")]
 AA = Annotated[bool, typer.Option("--aa", help="Also run the base against a copy of itself ('<base> A/A', two runs before a last base run): the noise floor.")]
-Predict = Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure, read, hashed and stamped into the receipt before the first run; each result is marked in or out.")]
+Predict = Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure, read, hashed and stamped into the receipt before the first run; each result is marked in or out. sim:PROFILE computes the file first: the same scenario and variants simulated on that cost profile, ranges from its spread (written next to the receipt).")]
 Margin = Annotated[float, typer.Option("--margin", help="Verdict margin: a change must clear the paired interval and this fraction (0.02 = 2 %).")]
 EngineArg = Annotated[Optional[list[str]], typer.Option("--engine-arg", help="Extra engine flag for every variant (repeatable), e.g. --engine-arg=--no-drafts.")]
 
@@ -106,6 +111,44 @@ def sim_target(sim: Path | None, *, url=None, plain_check=False, base_ref=None, 
     simulate.refuse_flags({"--url": bool(url), "--plain-check": plain_check, "--base": base_ref is not None,
                            "--new": new_ref is not None, "--aa": aa, "--tensor-parallel": tensor_parallel != 1})
     return simulate.SimTarget.load(sim)
+
+
+def computed_predictions(predict: Path | None, kw: dict, build: Callable, scenario: str,
+                         known: Callable) -> tuple[Path | None, str]:
+    """--predict sim:PROFILE: this command's scenario and variants simulated on the profile (its
+    costs, and every cost its spread faster and slower), written as a predictions file next to
+    the receipt, to be read and stamped before the first run like any other; (path, stamp)."""
+    import datetime as dt
+    import tempfile
+
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if predict is None or not str(predict).startswith("sim:"):
+        return predict, ""
+    try:
+        target = simulate.SimTarget.load(str(predict)[4:])
+    except FlagError as e:
+        raise FlagError("--predict", str(e).removeprefix("--sim: ")) from None
+    sim_kw = {**kw, "predict": None, "url": None, "model": target.model, "device": target.device,
+              "vocab": kw.get("vocab") or target.vocab, "stamp": stamp}
+    for flag in ("plain_check", "aa"):
+        if flag in sim_kw:
+            sim_kw[flag] = False
+    holder = {}
+
+    def run_sim(costs) -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = build(**{**sim_kw, "out_dir": tmp})
+            settings.session.sim = simulate.SimTarget(target.path, costs)
+            holder["settings"] = settings
+            scen = SCENARIOS[scenario](settings)
+            return scen.predicted(driver.run(scen))
+
+    run_sim(target.costs)  # the settings the known figures come from
+    table, spread = simulate.ranges(run_sim, target.costs, known(holder["settings"]))
+    path = simulate.write_predictions(Path(kw["out_dir"]) / f"{stamp}-{scenario}-predictions.yaml", table, target,
+                                      spread)
+    out.print(f"predictions computed on {target.path} (spread {spread:.1%}): {path}")
+    return path, stamp
 
 
 def print_paths(paths: dict[str, Path]) -> None:
@@ -166,13 +209,16 @@ def long_prompt(
                         tensor_parallel=tensor_parallel)
     if target:
         model, device = target.model, target.device
-    settings = long_prompt_mod.settings_from_flags(
+    kw = dict(
         model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
         predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
         temperature=temperature, tensor_parallel=tensor_parallel)
+    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, long_prompt_mod.settings_from_flags, "long-prompt",
+                                                      lambda st: figures_mod.predictable_long_prompt())
+    settings = long_prompt_mod.settings_from_flags(**kw)
     settings.session.sim = target
     if dry_run:
         return print(plan.long_prompt(settings))
@@ -199,7 +245,7 @@ def script(
     base_ref: BaseRef = None,
     new_ref: NewRef = None,
     aa: AA = False,
-    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (the script's, e.g. first_token:R), read, hashed and stamped into the receipt before the first run.")] = None,
+    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (the script's, e.g. first_token:R), read, hashed and stamped into the receipt before the first run; sim:PROFILE computes them from the simulation first.")] = None,
     margin: Margin = stats.DEFAULT_MARGIN,
     parallel: Parallel = None,
     tensor_parallel: TensorParallel = 1,
@@ -220,12 +266,15 @@ def script(
                         tensor_parallel=tensor_parallel)
     if target:
         model, device = target.model, target.device
-    settings = script_mod.settings_from_flags(
+    kw = dict(
         file=file, model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         engine_args=engine_arg, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
         predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
         temperature=temperature, tensor_parallel=tensor_parallel)
+    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, script_mod.settings_from_flags, "script",
+                                                      lambda st: set(st.script.keys))
+    settings = script_mod.settings_from_flags(**kw)
     settings.session.sim = target
     if dry_run:
         return print(plan.script(settings))
@@ -277,13 +326,16 @@ def sweep(
     target = sim_target(sim, url=url, base_ref=base_ref, new_ref=new_ref, aa=aa, tensor_parallel=tensor_parallel)
     if target:
         model, device, vocab = target.model, target.device, vocab or target.vocab
-    settings = sweep_mod.settings_from_flags(
+    kw = dict(
         model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, variants_file=variants_file, base_ref=base_ref,
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
         max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
         reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
         tensor_parallel=tensor_parallel)
+    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, sweep_mod.settings_from_flags, "sweep",
+                                                      lambda st: figures_mod.predictable_sweep(st.script.levels))
+    settings = sweep_mod.settings_from_flags(**kw)
     settings.session.sim = target
     if dry_run:
         return print(plan.sweep(settings))
@@ -329,7 +381,7 @@ def load(
     base_ref: BaseRef = None,
     new_ref: NewRef = None,
     aa: AA = False,
-    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (e.g. goodput@LEVEL, ttft_p99@LEVEL), read, hashed and stamped into the receipt before the first run.")] = None,
+    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (e.g. goodput@LEVEL, ttft_p99@LEVEL), read, hashed and stamped into the receipt before the first run; sim:PROFILE computes them from the simulation first.")] = None,
     margin: Margin = stats.DEFAULT_MARGIN,
     parallel: Parallel = None,
     tensor_parallel: TensorParallel = 1,
@@ -356,13 +408,17 @@ def load(
             raise FlagError("--max-concurrency", "not with --sim: the simulated player sends open loop or closed "
                                                  "loop (--concurrency) only")
         model, device, vocab = target.model, target.device, vocab or target.vocab
-    settings = load_mod.settings_from_flags(
+    kw = dict(
         model=model, device=device, dtype=dtype, share=share, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         engine_args=engine_arg, workload=workload, slo=slo, max_concurrency=max_concurrency, vocab=vocab,
         variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa, predict=predict, margin=margin,
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
         tensor_parallel=tensor_parallel)
+    kw["predict"], kw["stamp"] = computed_predictions(
+        predict, kw, load_mod.settings_from_flags, "load",
+        lambda st: load_figures.predictable([lv.label for lv in st.spec.levels]))
+    settings = load_mod.settings_from_flags(**kw)
     settings.session.sim = target
     data, paths = execute(load_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.load.summary_markdown(data)))

@@ -14,6 +14,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from engine.config import ConfigError, EngineConfig
 from engine.scheduler.backend import Capabilities
 from engine.scheduler.costs import Costs, Profile, ProfileError
@@ -162,3 +164,83 @@ class SimTarget:
         except ProfileError as e:
             raise FlagError("--sim", f"{where}: {e}") from None
         return SimRun(cfg, caps, c, self.vocab)
+
+
+# ---- predictions computed from the simulation (--predict sim:PROFILE) ---------------------------
+
+class ScaledCosts:
+    """A profile's costs, every call's times `factor` (the fits stay the profile's own)."""
+
+    def __init__(self, costs: Costs, factor: float):
+        self.costs, self.factor, self.profile = costs, factor, costs.profile
+
+    def __getattr__(self, name):
+        return getattr(self.costs, name)
+
+    def prefill(self, *a):
+        return self.costs.prefill(*a) * self.factor
+
+    def decode(self, *a, **k):
+        return self.costs.decode(*a, **k) * self.factor
+
+    def prefill_many(self, *a):
+        return self.costs.prefill_many(*a) * self.factor
+
+    def mixed(self, *a):
+        return self.costs.mixed(*a) * self.factor
+
+    def split(self, *a):
+        return self.costs.split(*a) * self.factor
+
+    def split_round(self, *a):
+        return self.costs.split_round(*a) * self.factor
+
+    @property
+    def host_turn(self):
+        return self.costs.host_turn * self.factor
+
+    @property
+    def host_token(self):
+        return self.costs.host_token * self.factor
+
+    @property
+    def host_prompt_token(self):
+        return self.costs.host_prompt_token * self.factor
+
+
+MIN_SPREAD = 0.02  # a range never narrower than this either side: the profile's fits are not exact
+
+
+def spread(costs: Costs) -> float:
+    """How far one call lands from the profile's fits: the widest kind's 90th percentile of
+    |relative residual| (Costs.summary), at least MIN_SPREAD."""
+    return max([MIN_SPREAD, *(k["spread"] for k in costs.summary().values())])
+
+
+def ranges(simulate, costs: Costs, known: set[str] | None = None) -> tuple[dict[str, dict[str, list[float]]], float]:
+    """variant -> figure -> [lo, hi] from three simulations: on the profile's costs, and on every
+    cost the profile's spread faster and slower; each range holds all three, and the nominal
+    value the spread either side. `simulate(costs)`: variant -> figure -> value. A figure a
+    simulation leaves unknown, or `known` does not name, is left out."""
+    s = spread(costs)
+    runs = [simulate(costs), simulate(ScaledCosts(costs, 1 - s)), simulate(ScaledCosts(costs, 1 + s))]
+    out: dict[str, dict[str, list[float]]] = {}
+    for variant, figs in runs[0].items():
+        for key, v in figs.items():
+            if v is None or (known is not None and key not in known) or key + "_s" in figs:
+                continue
+            vals = [v, *(r.get(variant, {}).get(key) for r in runs[1:])]
+            vals = [x for x in vals if x is not None] + [v * (1 - s), v * (1 + s)]
+            out.setdefault(variant, {})[key] = [round(min(vals), 6), round(max(vals), 6)]
+    return out, s
+
+
+def write_predictions(path: Path, table: dict[str, dict[str, list[float]]], target: "SimTarget", s: float) -> Path:
+    """The predictions file (analysis.predictions' YAML) with a header saying how it was computed."""
+    p = target.profile
+    head = (f"# Computed, not guessed: each range is this scenario and its variants simulated on the cost profile\n"
+            f"# {target.path} ({p.device.get('name')}, {p.model.get('name')}, engine commit {p.engine.get('commit')}),\n"
+            f"# on its costs and on every cost {s:.1%} faster and slower (the profile's spread); simulated figures.\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head + yaml.safe_dump(table, sort_keys=False, default_flow_style=None), encoding="utf-8")
+    return path

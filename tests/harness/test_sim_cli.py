@@ -136,3 +136,28 @@ def test_a_load_in_virtual_time_keeps_arrivals_sessions_and_the_injected_prompt(
     assert d["runs"][0]["alone"]["ttft_ms"] > 0
     r = tfbench("load", "--sim", prof, "--rate", "4", "--requests", "4", "--max-concurrency", "2", "--out", out)
     assert isinstance(r.exception, FlagError) and r.exception.flag == "--max-concurrency"
+
+
+def test_predictions_computed_from_the_simulation_are_written_first_and_hold_its_figures(prof, tmp_path):
+    out = tmp_path / "r"
+    r = tfbench("run", "long-prompt", "--sim", prof, "--predict", f"sim:{prof}", "--share", "0.5",
+                "--b-tokens", "1024", "--b-at", "0.5", "--out", out)
+    assert r.exit_code == 0, r.output
+    (pred,) = out.glob("*-long-prompt-predictions.yaml")
+    d = receipt(out, "long-prompt")
+    assert pred.name.startswith(d["settings"]["run_dir"].rsplit("/", 1)[-1])  # the receipt's own stamp
+    text = pred.read_text()
+    assert text.startswith("# Computed, not guessed") and str(prof) in text
+    p = d["predictions"]
+    assert p["path"].endswith(pred.name) and p["read_at"] < d["runs"][0]["started"]
+    items = p["items"]
+    keys = {(i["variant"], i["key"]) for i in items}
+    assert {("whole", "b_first_token_s"), ("stepped p=0.5", "a_rate_during_b_pct")} <= keys
+    for i in items:  # ranges from the profile's spread hold the simulation they came from
+        assert i["status"] == "in", i
+        assert i["lo"] < i["value"] < i["hi"]
+
+
+def test_predict_sim_with_a_profile_that_cannot_be_read_names_the_flag(tmp_path):
+    r = tfbench("run", "long-prompt", "--predict", f"sim:{tmp_path / 'none.json'}", "--out", tmp_path)
+    assert isinstance(r.exception, FlagError) and r.exception.flag == "--predict"
