@@ -428,6 +428,40 @@ def load(
     no_valid_run(data, paths, lambda r: bool(r.get("valid")))
 
 
+@app.command("frontier")
+def frontier(
+    sim: Annotated[Path, typer.Option("--sim", help="The cost profile to simulate on (receipts/profiles/*.json).")],
+    shares: Annotated[str, typer.Option("--shares", help="Prefill shares: each a variant 'stepped p=V'.")] = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
+    mixed_budgets: Annotated[Optional[str], typer.Option("--mixed-budgets", help="Mixed-forward budgets (ms), each a variant 'mixed budget=V' (default: 10,25,50,100 where the profile has mixed samples; 'none' for none).")] = None,
+    split: Annotated[Optional[str], typer.Option("--split", help="Decode SMs, each a variant 'split sms=N' (default: every partition the profile measured; 'none' for none).")] = None,
+    b_at: Annotated[Optional[float], typer.Option("--b-at", help="Seconds after A's send that B sends (default: the device's).")] = None,
+    b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default: the device's).")] = None,
+    c_after: Annotated[float, typer.Option("--c-after", help="Seconds after B's send that C sends.")] = 0.5,
+    parallel: Parallel = None,
+    prefill_rows: PrefillRows = None,
+    out_dir: OutDir = Path("receipts"),
+    verbose: Verbose = False,
+):
+    """The frontier in seconds: the long-prompt test in virtual time at every share, mixed budget
+    and split count, each variant once (a simulation is deterministic), A kept against B's
+    slowdown with the policies' lines side by side; a simulated long-prompt receipt."""
+    target = simulate.SimTarget.load(sim)
+    budgets = mixed_budgets if mixed_budgets is not None else ("10,25,50,100" if target.costs.has("mixed") else "none")
+    sms = split if split is not None else (",".join(str(n) for n in target.split_sms()) or "none")
+    budgets, sms = (None if v.strip().lower() == "none" else v for v in (budgets, sms))
+    settings = long_prompt_mod.settings_from_flags(
+        model=target.model, device=target.device, dtype=None, share=shares, mixed=budgets, split=sms, order=None,
+        url=None, out_dir=out_dir, plain_check=False, parallel=parallel, prefill_rows=prefill_rows,
+        max_model_len=None, seed=0, trace=True, engine_args=None, b_at=b_at, c_after=c_after, b_tokens=b_tokens,
+        c_tokens=34, a_tokens=None, vocab=target.vocab)
+    settings.session.order = [v.name for v in settings.session.variants]
+    settings.session.sim = target
+    data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
+    rows = report.long_prompt.frontier_lines(data)
+    out.print(Markdown("\n".join(rows or ["No frontier: fewer than two variants have both figures."])))
+    print_paths(paths)
+
+
 @app.command("gate")
 def gate(
     base_ref: Annotated[str, typer.Option("--base", help="Git ref of the base (default: the previous commit).")] = "HEAD~1",

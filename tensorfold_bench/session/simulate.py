@@ -113,6 +113,10 @@ class SimTarget:
     def vocab(self) -> int:
         return int(self.profile.model.get("vocab") or 151_936)
 
+    def split_sms(self) -> list[int]:
+        """The decode partitions the profile's split samples were measured at."""
+        return sorted({int(r[0]) for r in self.profile.samples.get("split") or []})
+
     def describe(self) -> dict:
         """The receipt's `simulated` field: the profile, and what the simulation cannot know."""
         p = self.profile

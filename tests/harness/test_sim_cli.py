@@ -161,3 +161,24 @@ def test_predictions_computed_from_the_simulation_are_written_first_and_hold_its
 def test_predict_sim_with_a_profile_that_cannot_be_read_names_the_flag(tmp_path):
     r = tfbench("run", "long-prompt", "--predict", f"sim:{tmp_path / 'none.json'}", "--out", tmp_path)
     assert isinstance(r.exception, FlagError) and r.exception.flag == "--predict"
+
+
+def test_the_frontier_command_runs_each_policy_once_and_draws_them_side_by_side(prof, tmp_path):
+    out = tmp_path / "r"
+    r = tfbench("frontier", "--sim", prof, "--shares", "0.25,0.5,1", "--mixed-budgets", "10,40", "--b-tokens", "1024",
+                "--b-at", "0.5", "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "Frontier" in r.output and "mixed budget=40" in r.output
+    d = receipt(out, "long-prompt")
+    names = [run["variant"] for run in d["runs"]]
+    assert names == ["whole", "stepped p=0.25", "stepped p=0.5", "stepped p=1", "mixed budget=10", "mixed budget=40"]
+    from tensorfold_bench.analysis.figures import frontier
+    rows = {x["variant"]: x for x in frontier(d)}
+    assert set(rows) == set(names)
+    # a smaller share keeps more of A and slows B more: the stepped line runs up and to the right
+    assert rows["stepped p=0.25"]["slowdown"] > rows["stepped p=0.5"]["slowdown"] > rows["stepped p=1"]["slowdown"]
+    assert rows["stepped p=0.25"]["kept"] > rows["stepped p=1"]["kept"]
+    assert list(out.glob("*-long-prompt-frontier.png"))
+    # the profile has no split samples, so none are asked for by default; asked for, they are refused
+    r = tfbench("frontier", "--sim", prof, "--split", "32", "--out", out)
+    assert isinstance(r.exception, FlagError) and "no split samples" in str(r.exception)
