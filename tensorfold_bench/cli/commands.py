@@ -144,7 +144,9 @@ def computed_predictions(predict: Path | None, kw: dict, build: Callable, scenar
             return scen.predicted(driver.run(scen))
 
     run_sim(target.costs)  # the settings the known figures come from
-    table, spread = simulate.ranges(run_sim, target.costs, known(holder["settings"]))
+    session = holder["settings"].session
+    modes = {target.config(v, session.engine.flags()).cfg.prefill_mode for v in session.variants}
+    table, spread = simulate.ranges(run_sim, target.costs, known(holder["settings"]), modes)
     path = simulate.write_predictions(Path(kw["out_dir"]) / f"{stamp}-{scenario}-predictions.yaml", table, target,
                                       spread)
     out.print(f"predictions computed on {target.path} (spread {spread:.1%}): {path}")

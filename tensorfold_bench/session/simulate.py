@@ -215,18 +215,24 @@ class ScaledCosts:
 MIN_SPREAD = 0.02  # a range never narrower than this either side: the profile's fits are not exact
 
 
-def spread(costs: Costs) -> float:
-    """How far one call lands from the profile's fits: the widest kind's 90th percentile of
-    |relative residual| (Costs.summary), at least MIN_SPREAD."""
-    return max([MIN_SPREAD, *(k["spread"] for k in costs.summary().values())])
+ALWAYS = ("prefill", "decode", "decode_ahead", "prefill_many")  # the kinds any schedule may charge
 
 
-def ranges(simulate, costs: Costs, known: set[str] | None = None) -> tuple[dict[str, dict[str, list[float]]], float]:
+def spread(costs: Costs, modes: set[str] = frozenset()) -> float:
+    """How far one call lands from the profile's fits: the widest 90th percentile of |relative
+    residual| (Costs.summary) among the kinds the variants charge (prompt cuts and rounds, and
+    mixed or split forwards where a variant's `modes` run them), at least MIN_SPREAD."""
+    kinds = set(ALWAYS) | (set(modes) & {"mixed", "split"})
+    return max([MIN_SPREAD, *(k["spread"] for name, k in costs.summary().items() if name.split()[0] in kinds)])
+
+
+def ranges(simulate, costs: Costs, known: set[str] | None = None, modes: set[str] = frozenset()
+           ) -> tuple[dict[str, dict[str, list[float]]], float]:
     """variant -> figure -> [lo, hi] from three simulations: on the profile's costs, and on every
     cost the profile's spread faster and slower; each range holds all three, and the nominal
     value the spread either side. `simulate(costs)`: variant -> figure -> value. A figure a
     simulation leaves unknown, or `known` does not name, is left out."""
-    s = spread(costs)
+    s = spread(costs, modes)
     runs = [simulate(costs), simulate(ScaledCosts(costs, 1 - s)), simulate(ScaledCosts(costs, 1 + s))]
     out: dict[str, dict[str, list[float]]] = {}
     for variant, figs in runs[0].items():

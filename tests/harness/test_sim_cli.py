@@ -69,6 +69,8 @@ def test_long_prompt_in_virtual_time_writes_a_simulated_receipt_that_rerenders(p
     (md,) = out.glob("*-long-prompt.md")
     assert "**Simulated, not measured**" in md.read_text()
     assert tfbench("report", next(out.glob("*-long-prompt.json.gz"))).exit_code == 0
+    from tensorfold_bench.calibrate.sim_error import runs_of
+    assert runs_of(next(out.glob("*-long-prompt.json.gz"))) == []  # never checked against as if real
 
 
 def test_a_script_plays_its_events_and_cancels_in_virtual_time(prof, tmp_path):
