@@ -153,6 +153,14 @@ def computed_predictions(predict: Path | None, kw: dict, build: Callable, scenar
     return path, stamp
 
 
+def plan_note(target: "simulate.SimTarget | None") -> str:
+    """Under --sim, what a dry run's engine command lines stand for."""
+    if target is None:
+        return ""
+    return (f"\n\nSimulated on {target.path}: no server is launched; each command line stands for the engine "
+            "configuration its run plays in virtual time, in seconds.")
+
+
 def print_paths(paths: dict[str, Path]) -> None:
     for kind, p in paths.items():
         out.print(f"receipt {kind}: {p}")
@@ -223,7 +231,7 @@ def long_prompt(
     settings = long_prompt_mod.settings_from_flags(**kw)
     settings.session.sim = target
     if dry_run:
-        return print(plan.long_prompt(settings))
+        return print(plan.long_prompt(settings) + plan_note(target))
     data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.long_prompt.summary_markdown(data)))
     print_paths(paths)
@@ -279,7 +287,7 @@ def script(
     settings = script_mod.settings_from_flags(**kw)
     settings.session.sim = target
     if dry_run:
-        return print(plan.script(settings))
+        return print(plan.script(settings) + plan_note(target))
     data, paths = execute(script_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.script.summary_markdown(data)))
     if data.get("predictions"):
@@ -340,7 +348,7 @@ def sweep(
     settings = sweep_mod.settings_from_flags(**kw)
     settings.session.sim = target
     if dry_run:
-        return print(plan.sweep(settings))
+        return print(plan.sweep(settings) + plan_note(target))
     data, paths = execute(sweep_mod.run, settings, out_dir, verbose)
     out.print(Markdown("\n".join(report.sweep.tok_s_table(data))))
     out.print(report.sweep.exactness_line(data))

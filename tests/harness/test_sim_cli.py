@@ -184,3 +184,10 @@ def test_the_frontier_command_runs_each_policy_once_and_draws_them_side_by_side(
     # the profile has no split samples, so none are asked for by default; asked for, they are refused
     r = tfbench("frontier", "--sim", prof, "--split", "32", "--out", out)
     assert isinstance(r.exception, FlagError) and "no split samples" in str(r.exception)
+
+
+def test_a_dry_run_under_sim_says_nothing_is_launched(prof, tmp_path):
+    r = tfbench("run", "long-prompt", "--sim", prof, "--share", "0.5", "--dry-run", "--out", tmp_path)
+    assert r.exit_code == 0, r.output
+    assert f"Simulated on {prof}: no server is launched" in r.output
+    assert not list(tmp_path.glob("*.json.gz"))
