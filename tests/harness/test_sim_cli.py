@@ -191,3 +191,21 @@ def test_a_dry_run_under_sim_says_nothing_is_launched(prof, tmp_path):
     assert r.exit_code == 0, r.output
     assert f"Simulated on {prof}: no server is launched" in r.output
     assert not list(tmp_path.glob("*.json.gz"))
+
+
+def test_a_variants_file_becomes_engine_configurations_and_an_unknown_flag_is_refused(prof, tmp_path):
+    good = tmp_path / "v.yaml"
+    good.write_text("- {name: base, flags: [--prefill-mode, whole]}\n"
+                    "- {name: slow, flags: [--prefill-share, '0.25', --parallel, '2']}\n")
+    out = tmp_path / "r"
+    r = tfbench("run", "long-prompt", "--sim", prof, "--variants", good, "--b-tokens", "1024", "--b-at", "0.5",
+                "--out", out)
+    assert r.exit_code == 0, r.output
+    d = receipt(out, "long-prompt")
+    cfg = {run["variant"]: run["engine"]["config"] for run in d["runs"]}
+    assert cfg["base"]["prefill_mode"] == "whole"
+    assert cfg["slow"]["prefill_share"] == 0.25 and cfg["slow"]["parallel"] == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- {name: base, flags: [--prefill-mode, whole]}\n- {name: odd, flags: [--warp-speed, '9']}\n")
+    r = tfbench("run", "long-prompt", "--sim", prof, "--variants", bad, "--out", tmp_path / "x")
+    assert isinstance(r.exception, FlagError) and "--warp-speed" in str(r.exception) and "'odd'" in str(r.exception)
