@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import re
 import socket
@@ -10,11 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Mapping, Optional
 
 import typer
 
-from engine.config import ConfigError, EngineConfig, KernelConfig, share_from_env
+from engine.config import ConfigError, EngineConfig, KernelConfig, Toolchain
 from engine.scheduler.drafter import make_drafter
 from engine.faults import Faults, with_faults
 
@@ -28,6 +29,19 @@ PREFILL_ROWS = {"cpu": 256, "cuda": 1024}
 # whose rows' bits do not depend on where cuts fall (what mixed forwards need). The two give
 # different bits, so a receipt's plain reference must run the same one as its variants.
 CUT_ATTENTION = {"cudnn": False, "tiles": True}
+
+
+def share_from_env(flag: float | None, env: Mapping[str, str]) -> float:
+    """The prefill share: the flag wins over TENSORFOLD_PREFILL_SHARE; unset means 1."""
+    if flag is not None:
+        return flag
+    raw = env.get("TENSORFOLD_PREFILL_SHARE")
+    if raw is None or raw.strip() == "":
+        return 1.0
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan  # the host's guard turns it into 1 with a warning
 
 
 def cut_rows(device: str, prefill_rows: int | None) -> int:
@@ -87,7 +101,7 @@ def check_config(cfg: EngineConfig) -> str:
     elif cfg.device != "cpu":
         raise ConfigError(f"--device must be cpu or cuda, not {cfg.device!r}")
     else:
-        from engine.cpu.kernels import bf16_refused
+        from engine.cpu.packed import bf16_refused
         if why := bf16_refused(cfg.dtype):
             raise ConfigError(why)
     check_tensor_parallel(mcfg, cfg.tensor_parallel, cfg.device)
@@ -177,11 +191,13 @@ def serve(
     dtype, parallel, chose = device_defaults(device, dtype, parallel, threads)
     prefill_rows = cut_rows(device, prefill_rows)
     cfg = EngineConfig(model=model, load_format=load_format, device=device, dtype=dtype, parallel=parallel, tensor_parallel=tensor_parallel, max_model_len=max_model_len, prefill_rows=prefill_rows,
-                       prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share),
+                       prefill_mode=prefill_mode, prefill_share=share_from_env(prefill_share, os.environ),
                        mixed_budget_ms=mixed_budget, decode_sms=decode_sms, prompt_cache=not no_prompt_cache, drafter=drafter, drafts=not no_drafts,
                        seed=seed, trace=trace, trace_len=trace_len,
-                       kernels=KernelConfig(cut_tiles=cut_attention_knob(device, cut_attention), mixed_low_tiles=mixed_low_tiles))
-    faults = Faults.from_env()  # test hooks, read once: the loop never looks at the environment
+                       kernels=KernelConfig(cut_tiles=cut_attention_knob(device, cut_attention), mixed_low_tiles=mixed_low_tiles,
+                                            toolchain=Toolchain.from_env(os.environ)))
+    # the environment is read here, once: below the CLI every setting is configuration
+    faults = Faults.from_env(os.environ)  # test hooks
     from engine.server.http import HttpConfig, ServedModel, serve as serve_http
 
     http = HttpConfig(max_body_mb=max_body_mb, stall_timeout_s=stall_timeout_s, idle_timeout_s=idle_timeout_s,
@@ -245,7 +261,7 @@ def device_defaults(device: str, dtype: str | None, parallel: int | None, thread
         if threads is not None:
             raise ConfigError("--threads is for --device cpu")
         return dtype or "bfloat16", 4 if parallel is None else parallel, ""
-    from engine.cpu.kernels import cpu_dtype, cpu_threads
+    from engine.cpu.packed import cpu_dtype, cpu_threads
     if threads is not None and threads < 1:
         raise ConfigError("--threads must be at least 1")
     auto, why = cpu_dtype()
@@ -291,7 +307,8 @@ def profile(
     from engine.runner.profile import ProfileConfig, profile as take, summary
     cfg = ProfileConfig(model=model, device=device, dtype=dtype or "bfloat16", quick=quick, longest=longest,
                         wide=wide, wide_len=wide_len, prefill_rows=prefill_rows, split_sms=sms, repeats=repeats,
-                        budget_s=budget, seed=seed, cpu_isa=cpu_isa, threads=threads)
+                        budget_s=budget, seed=seed, cpu_isa=cpu_isa, threads=threads,
+                        toolchain=Toolchain.from_env(os.environ))
     cfg.check()  # the flags first: a bad one is refused before torch loads
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"--device must be cpu or cuda, not {device!r}")

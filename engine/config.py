@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Mapping
 
 SHORT_ROWS = 512  # a prompt with at most this many rows to fill goes in whole, before the next round
 
@@ -89,17 +90,25 @@ class ModelConfig:
         return l * layer + emb + h
 
 
-def share_from_env(flag: float | None) -> float:
-    """The prefill share: the flag wins over TENSORFOLD_PREFILL_SHARE; unset means 1."""
-    if flag is not None:
-        return flag
-    raw = os.environ.get("TENSORFOLD_PREFILL_SHARE")
-    if raw is None or raw.strip() == "":
-        return 1.0
-    try:
-        return float(raw)
-    except ValueError:
-        return math.nan  # the host's guard turns it into 1 with a warning
+@dataclass(frozen=True)
+class Toolchain:
+    """How the CPU kernels' C and C++ sources are built (engine/cpu/decode_attention.py, round.py):
+    the compilers, the build cache, and whether the C kernels are tried at all. `tfengine serve`
+    reads CC, CXX, TFENGINE_CACHE and TFENGINE_NO_CC once at start (`from_env`); a runner made in
+    a test or a tool takes these defaults unless told otherwise."""
+
+    cc: str = "cc"
+    cxx: str = "c++"
+    cache: str = ""  # the build cache both CPU libraries share; "": ~/.cache/tfengine
+    c_kernels: bool = True  # False: the batched-matmul decode attention, no C library (TFENGINE_NO_CC=1)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Toolchain":
+        return cls(cc=env.get("CC") or "cc", cxx=env.get("CXX") or "c++", cache=env.get("TFENGINE_CACHE") or "",
+                   c_kernels=env.get("TFENGINE_NO_CC", "") in ("", "0"))
+
+    def cache_dir(self) -> Path:
+        return Path(self.cache) if self.cache else Path.home() / ".cache" / "tfengine"
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,7 @@ class KernelConfig:
     # where they measured faster than cuBLAS: qwen3-8b's round 4.91 -> 4.59 ms on the H200.
     skinny: bool = True
     # CPU: matmuls on weights prepacked once (oneDNN bf16 / MKL fp32) and the decode round's
-    # attention batched by span (engine/cpu/kernels.py); off: plain torch ops, one SDPA a row.
+    # attention batched by span (engine/cpu/packed.py); off: plain torch ops, one SDPA a row.
     cpu_fast: bool = True
     # CPU, with cpu_fast: the decode round in C++ (engine/cpu/round.py), the same bits. None: built
     # in the background, taken once loaded; True: built (or loaded) before the first round; False: never.
@@ -182,6 +191,7 @@ class KernelConfig:
     # attention (engine/runner/mixed_graph.py TILES: twice the programs where a 128-row tile a head
     # fills the SMs in uneven waves) and run them where they keep every bit and time faster at start-up.
     mixed_low_tiles: bool = False
+    toolchain: Toolchain = field(default_factory=Toolchain)  # how the CPU's C and C++ kernels are built
 
 
 @dataclass

@@ -12,7 +12,6 @@ plain server's loop never looks at the environment:
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -31,7 +30,7 @@ class Faults:
         return self.fail_step is not None or self.fail_round is not None or self.decode_sleep_s > 0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Faults":
+    def from_env(cls, env: Mapping[str, str]) -> "Faults":
         """Unset or empty means off; a malformed value is a ConfigError naming the variable."""
         def count(name):
             raw = env.get(name, "").strip()
@@ -60,7 +59,7 @@ class FaultyBackend:
         self.rounds = 0  # decode rounds asked for so far
 
     def __getattr__(self, name):
-        return getattr(self.inner, name)  # parallel, max_model_len, vocab_size, eos_token_id, ...
+        return getattr(self.inner, name)  # parallel, max_model_len, vocab_size, eos_token_ids, ...
 
     def prefill_step(self, *args, **kwargs):
         self.steps += 1

@@ -71,7 +71,8 @@ def c_kernel():
     """The CPU round's C library (engine/cpu/decode_attention.py: the decode attention, engine/cpu/elem.c);
     skipped where it cannot be had (no compiler, TFENGINE_NO_CC=1): the fallback paths run."""
     import engine.cpu.decode_attention as ca
-    k = ca.kernel()
+    from engine.config import Toolchain
+    k = ca.kernel(Toolchain())
     if k is None:
         pytest.skip("no C kernel here (no compiler, or TFENGINE_NO_CC=1)")
     return k

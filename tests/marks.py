@@ -1,7 +1,7 @@
 """Marks for tests that need something of the machine."""
 import pytest
 
-from engine.cpu.kernels import packs_bf16
+from engine.cpu.packed import packs_bf16
 
 # The CPU fast path's bf16 products go through oneDNN's packed weights, which need AVX-512 (bw, vl,
 # dq) or AVX-NE-CONVERT; on an AVX2 machine the engine refuses --dtype bfloat16 on the CPU.

@@ -44,7 +44,7 @@ def test_greedy_ids_and_logits_match_transformers(dirs, kind, wide):
     r = _runner(path, wide)
     prompt = r.tokenizer.chat_prompt(MESSAGES)
     hf = transformers.Qwen3ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    if r.cpu_wide:  # a CPU without bf16 arithmetic serves the bf16-valued matrices (engine/cpu/wide.py)
+    if r.cpu.wide_weights:  # a CPU without bf16 arithmetic serves the bf16-valued matrices (engine/cpu/wide.py)
         with torch.no_grad():
             for m in hf.modules():
                 if isinstance(m, torch.nn.Linear):
@@ -55,7 +55,7 @@ def test_greedy_ids_and_logits_match_transformers(dirs, kind, wide):
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
                           top_p=None, top_k=None, temperature=None)[0, len(prompt):].tolist()
         ref_logits = hf(ids).logits[0]
-        ours_logits = r.model.prefill(ids[0], 0, 0, r.kv, all_logits=True)
+        ours_logits = r.cut_logits(ids[0], 0, 0)
     assert r.generate(prompt, 32, lane=1, stop_at_eos=True) == ref
     assert len(set(ref)) > 3  # a reply that says something, so the comparison can fail
     torch.testing.assert_close(ours_logits, ref_logits, rtol=1e-4, atol=1e-5)
@@ -94,7 +94,7 @@ def test_every_eos_id_stops_the_engine(dirs):
     r = build_runner(cfg)
     prompt = r.tokenizer.chat_prompt(MESSAGES)
     free = r.generate(prompt, 8)
-    r.eos_token_ids = (r.eos_token_id, free[3])  # a second EOS id, as generation_config.json lists them
+    r.eos_token_ids = (r.eos_token_ids[0], free[3])  # a second EOS id, as generation_config.json lists them
     want = free[:free.index(free[3]) + 1]
     assert r.generate(prompt, 8, stop_at_eos=True) == want
     host, events = LaneHost(r, cfg), queue.Queue()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import engine.cpu.decode_attention as ca
-from engine.config import EngineConfig
+from engine.config import EngineConfig, KernelConfig, Toolchain
 from engine.runner.model_runner import build_runner
 from marks import bf16, needs_cpu_bf16  # noqa: F401
 
@@ -75,35 +75,33 @@ def test_a_rows_bits_are_its_own(kernel, dtype):
 @needs_cpu_bf16
 def test_runner_says_c_kernel_and_both_rounds_call_it(kernel):
     r = build_runner(EngineConfig(model="tiny", dtype="bfloat16", parallel=2, max_model_len=128, prefill_rows=16))
-    assert r.cpu_attn is kernel and r.describe()["decode_attention"] == "c kernel"
-    if r.cpu_round is not None:
-        assert r.cpu_round.attn == kernel.address
+    assert r.cpu.attention.address == kernel.address and r.describe()["decode_attention"] == "c kernel"
+    if r.cpu.round is not None:
+        assert r.cpu.round.attn == kernel.address
 
 
-def test_no_cc_env_chooses_bmm(monkeypatch):
-    monkeypatch.setenv("TFENGINE_NO_CC", "1")
-    monkeypatch.setattr(ca, "_chosen", [])
-    assert ca.kernel() is None
+def test_no_cc_env_chooses_bmm():
+    """TFENGINE_NO_CC=1, read once by the CLI (Toolchain.from_env), turns the C kernels off."""
+    tc = Toolchain.from_env({"TFENGINE_NO_CC": "1"})
+    assert not tc.c_kernels and Toolchain.from_env({"TFENGINE_NO_CC": "0"}).c_kernels
+    assert ca.kernel(tc) is None
 
 
-def test_no_compiler_is_a_clear_reason(monkeypatch, tmp_path):
-    monkeypatch.setenv("TFENGINE_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", "no-such-compiler-here")
+def test_no_compiler_is_a_clear_reason(tmp_path):
+    tc = Toolchain.from_env({"TFENGINE_CACHE": str(tmp_path), "CC": "no-such-compiler-here"})
     with pytest.raises(RuntimeError, match="no C compiler"):
-        ca.build()
-    monkeypatch.setattr(ca, "_chosen", [])
-    assert ca.kernel() is None  # and the process takes the bmm path
+        ca.build(tc)
+    assert ca.kernel(tc) is None  # and the runner takes the bmm path
 
 
 @pytest.mark.parametrize("dtype", ["float32", bf16()])
 def test_fallback_to_bmm_keeps_decoding(monkeypatch, dtype):
     """Without the kernel the runner attends through the batched matmuls and says so; the
     replies are those of a runner with the kernel up to the rounding (same tokens here)."""
-    monkeypatch.setattr(ca, "_chosen", [None])
-    monkeypatch.setattr("engine.runner.model_runner.c_attention", ca.kernel)
-    r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=2, max_model_len=128, prefill_rows=16))
-    assert r.cpu_attn is None and r.describe()["decode_attention"].startswith("bmm")
-    assert r.cpu_round is None or r.cpu_round.attn == 0
+    r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=2, max_model_len=128, prefill_rows=16,
+                                  kernels=KernelConfig(toolchain=Toolchain(c_kernels=False))))
+    assert r.cpu.attention is None and r.describe()["decode_attention"].startswith("bmm")
+    assert r.cpu.round is None or r.cpu.round.attn == 0
     assert len(r.generate([5, 6, 7, 8], 6)) == 6
 
 

@@ -115,21 +115,22 @@ def test_greedy_is_atens_argmax(kernel, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", bf16()])
 def test_cpp_round_with_them_is_the_python_round(kernel, dtype):
+    from engine.config import Toolchain
     from engine.cpu.round import build, load
     try:
-        load(build())
+        load(build(Toolchain()))
     except RuntimeError as e:
         pytest.skip(f"the C++ round cannot be built here: {e}")
     r = build_runner(EngineConfig(model="cpu", dtype=dtype, parallel=4, max_model_len=160, prefill_rows=64, seed=5,
                                   kernels=KernelConfig(cpu_cpp=True)))
-    assert r.cpu_round.ready and r.cpu_round.elem[:2] == (kernel.norm_address, kernel.heads_address)
-    assert r.cpu_round.elem[3] == kernel.greedy_address
+    assert r.cpu.round.ready and r.cpu.round.elem[:2] == (kernel.norm_address, kernel.heads_address)
+    assert r.cpu.round.elem[3] == kernel.greedy_address
     for lane in range(3):
         r.prefill(lane, [(i * 31 + lane * 7 + 1) % 500 for i in range(20 + 40 * lane)])
     rows_, where = r.padded_round([0, 1, 2], [5, 6, 7], [20, 60, 100])
     with torch.inference_mode():
         before = r.kv.k.clone(), r.kv.v.clone()
-        logits, ids = r.cpu_round.rows(rows_, r.spare, r.kv)
+        logits, ids = r.cpu.round.rows(rows_, r.spare, r.kv)
         r.kv.k.copy_(before[0])
         r.kv.v.copy_(before[1])
         ref = r._decode_body(torch.tensor(rows_), rows=list(zip(rows_[2], rows_[1])))

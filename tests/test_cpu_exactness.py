@@ -8,12 +8,12 @@ weights packed for 4; MKL's packed sgemm has one kernel for 1 to 3 rows and anot
 more (whose rows keep their bits at any row count and place), which round differently: A's logits
 differed by up to 2e-6 from the first round, and A's draw at token 267 fell between the two. A alone on a
 --parallel 4 runner gives the same token 235 (scripts/cpu_exactness_replay.py replays it); the
-prompt steps played no part. Rounds of whole 8-row tiles (cpu_kernels.ROW_TILE) fixed it."""
+prompt steps played no part. Rounds of whole 8-row tiles (engine.cpu.packed.ROW_TILE) fixed it."""
 import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.cpu.kernels import ROW_TILE
+from engine.cpu.packed import ROW_TILE
 from engine.runner.model_runner import build_runner
 from engine.runner.sampler import choose, draw
 from engine.scheduler.sampling import SamplingParams
@@ -65,14 +65,14 @@ def test_a_row_s_product_does_not_depend_on_its_place_in_the_tile(dtype):
     r = runner("float32" if dtype == torch.float32 else "bfloat16", 1)
     g = torch.Generator().manual_seed(0)
     for key in ((0, "qkv"), (0, "o"), (0, "gate_up"), (0, "down"), "lm_head"):
-        k = r.cpu_mm.plain[key].shape[1]
+        k = r.cpu.packed.plain[key].shape[1]
         x = torch.randn(k, generator=g).to(dtype)
         outs = []
         for place in range(2 * ROW_TILE):  # a round of two tiles (--parallel 9 to 16)
             for fill in (torch.zeros, lambda *s: torch.randn(*s, generator=g)):
                 tiles = fill(2 * ROW_TILE, k).to(dtype)
                 tiles[place] = x
-                outs.append(r.cpu_mm.mm_tiled(tiles, key)[place])
+                outs.append(r.cpu.packed.mm_tiled(tiles, key)[place])
         assert all(torch.equal(o, outs[0]) for o in outs), key
 
 

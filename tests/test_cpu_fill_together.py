@@ -1,6 +1,6 @@
 """Short prompt cuts on the CPU (bf16) filled together in one forward (ModelRunner.prefill_many,
-Qwen3ForCausalLM.prefill_many_cpu), and a tile's attention over the cut's rows only: where the
-start-up check finds the products row-invariant (engine.cpu.kernels.rows_invariant), every cut
+ModelRunner._forward_many on the CPU kernels), and a tile's attention over the cut's rows only: where the
+start-up check finds the products row-invariant (engine.cpu.packed.rows_invariant), every cut
 keeps the bits it has alone, and alone the bits of the old path (padded tiles, one cut a forward),
 so no greedy id moves."""
 import pytest
@@ -8,7 +8,7 @@ import torch
 
 from engine.config import EngineConfig, KernelConfig
 from engine.cpu.cut_attention import cut_attention_cpu
-from engine.cpu.kernels import packs_bf16, rows_invariant
+from engine.cpu.packed import packs_bf16, rows_invariant
 from engine.scheduler.host import LaneHost
 from engine.runner.model_runner import build_runner
 from engine.scheduler.sequence import Sequence
@@ -28,9 +28,9 @@ def pair():
     if not packs_bf16():
         pytest.skip("this CPU has no packed bf16 products (AVX2 only)")
     on, off = runner(True), runner(False)
-    if not on.cpu_rows_free:
+    if not on.cpu.rows_free:
         pytest.skip("this machine's bf16 products are not row-invariant: cuts are filled one at a time")
-    assert not off.cpu_rows_free and not off.batch_cuts
+    assert not off.cpu.rows_free and not off.batch_cuts
     return on, off
 
 
@@ -45,7 +45,7 @@ def test_tile_of_the_cuts_rows_equals_the_padded_tile():
 
 def test_check_says_no_for_float32():
     r = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=64, prefill_rows=16))
-    assert not rows_invariant(r.cpu_mm, 16) and not r.batch_cuts and not r.cpu_rows_free
+    assert not rows_invariant(r.cpu.packed, 16) and not r.batch_cuts and not r.cpu.rows_free
 
 
 def test_cuts_together_equal_cuts_alone_and_the_old_path(pair):

@@ -46,7 +46,7 @@ def test_an_unknown_isa_is_a_flag_error():
 def test_the_capped_engine_takes_the_avx2_path():
     assert "float32" in engine("serve", "--model", "tiny", "--cpu-isa", "avx2", "--check").stdout
     probe = ("from engine.cpu.decode_attention import kernel; from engine.cpu.wide import WideKernel; "
-             "from engine.runner.device_info import cpu_isa; k = kernel(); "
+             "from engine.runner.device_info import cpu_isa; from engine.config import Toolchain; k = kernel(Toolchain()); "
              "print(cpu_isa()); print(WideKernel(k.lib).isa if k else 'no compiler')")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT), **cap_env("avx2")})

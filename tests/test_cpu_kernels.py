@@ -1,12 +1,12 @@
-"""The CPU fast path (engine/cpu/kernels.py): prepacked matmuls and span-grouped decode attention
+"""The CPU fast path (engine/cpu/packed.py): prepacked matmuls and span-grouped decode attention
 keep every exactness property of the reference path, in float32 and in bfloat16."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-import engine.cpu.kernels as ck
+import engine.cpu.packed as ck
 from engine.scheduler.backend import cuts
-from engine.config import ConfigError, EngineConfig, KernelConfig
+from engine.config import ConfigError, EngineConfig, KernelConfig, Toolchain
 from engine.models.qwen3 import decode_attention_loop
 from engine.runner.model_runner import build_runner
 from marks import bf16, needs_cpu_bf16  # noqa: F401
@@ -38,10 +38,10 @@ def test_fast_path_is_on_by_default(runner):
     from engine.cpu.decode_attention import BMM, C_KERNEL, kernel
     d = runner.describe()
     # the C kernel wherever it builds; TFENGINE_NO_CC=1 (or no compiler) must give the bmm path
-    assert runner.cpu_mm is not None and d["decode_attention"] == (C_KERNEL if kernel() is not None else BMM)
+    assert runner.cpu.packed is not None and d["decode_attention"] == (C_KERNEL if kernel(Toolchain()) is not None else BMM)
     if runner.dtype == torch.bfloat16:
         assert d["cpu_matmuls"] == "oneDNN, prepacked"
-    elif runner.cpu_wide and kernel() is not None:
+    elif runner.cpu.wide_weights and kernel(Toolchain()) is not None:
         assert d["cpu_matmuls"].startswith("bf16 weights widened to float32 in C (avx2+fma")
     else:
         assert d["cpu_matmuls"] == "MKL, prepacked"
@@ -108,11 +108,11 @@ def test_fast_path_agrees_with_reference_ops():
     fast = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=128, prefill_rows=R, seed=5))
     ref = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=128, prefill_rows=R, seed=5,
                                     kernels=KernelConfig(cpu_fast=False)))
-    assert ref.cpu_mm is None and fast.cpu_mm is not None
+    assert ref.cpu.packed is None and fast.cpu.packed is not None
     toks = prompt(2 * R + 3, 8)
     with torch.inference_mode():
-        a = fast.model.prefill_many_cpu([(torch.tensor(toks[:R]), 0, 0)], fast.kv, fast.cpu_mm)[0]
-        b = ref.model.prefill(torch.tensor(toks[:R]), 0, 0, ref.kv)
+        a = fast._forward_cut(torch.tensor(toks[:R]), 0, 0)
+        b = ref.cut_logits(torch.tensor(toks[:R]), 0, 0)[-1]
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     fast.prefill(1, toks), ref.prefill(1, toks)
     la, _ = round_logits(fast, [1], [7], [len(toks)])

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from engine.config import EngineConfig, KernelConfig
-from engine.cpu.kernels import invariant_floor
+from engine.cpu.forward import CpuOps, mixed_products
+from engine.cpu.packed import invariant_floor
+from engine.models.qwen3 import ForwardPlan
 from engine.runner.model_runner import build_runner
 from marks import bf16
 from tiny_run import LONG_PROMPT
@@ -31,12 +33,12 @@ def test_the_floor_is_found_on_this_cpu_and_mixed_cuts_may_leave_the_grid(wide):
     has a floor, so mixed cuts may end anywhere; where the round's products are the wide kernel's,
     its rows keep their own product (they never share MKL's)."""
     r = runner(wide=wide)
-    assert r.mix_floor is not None and r.cut_free
-    assert invariant_floor(r.cpu_mm, R) == r.mix_floor
+    assert r.cpu.mix_floor is not None and r.cut_free
+    assert invariant_floor(r.cpu.packed, R) == r.cpu.mix_floor
     assert not runner("stepped", wide=wide).cut_free  # checked only where mixed forwards run
-    shared = ("one product over the cuts' rows, the round's rows in the wide kernel" if r.cpu_mm.wide is not None
+    shared = ("one product over the cuts' rows, the round's rows in the wide kernel" if r.cpu.packed.wide is not None
               else "one product over every row")
-    assert r.describe()["cpu_mixed"].startswith(f"{shared} (row-invariant from {r.mix_floor} rows)")
+    assert r.describe()["cpu_mixed"].startswith(f"{shared} (row-invariant from {r.cpu.mix_floor} rows)")
 
 
 @pytest.mark.parametrize("dtype,model", [("float32", "tiny"), ("float32", "cpu"), bf16(("bfloat16", "cpu"))])
@@ -67,7 +69,7 @@ def test_cuts_off_the_grid_beside_a_round_leave_the_reference_bits(dtype, model)
 
 
 def test_a_round_s_logits_beside_a_cut_are_its_logits_alone():
-    """The decode rows' logits from mixed_cpu against the plain round's, bit for bit, with a cut of
+    """The decode rows' logits from a mixed forward (engine/cpu/forward.py) against the plain round's, bit for bit, with a cut of
     3 rows (below the fp32 floor: multiplied alone) and one of 90."""
     r = runner()
     r.prefill(0, A)
@@ -80,12 +82,13 @@ def test_a_round_s_logits_beside_a_cut_are_its_logits_alone():
             r2 = runner()
             r2.prefill(0, A)
             r2.prefill(2, A[:20])
-            seqs = [(torch.tensor(B[:n]), 1, 0)]
-            attend = lambda i, q: r2.cpu_attn(r2.kv.k[i], r2.kv.v[i], q, torch.tensor(rows[2]), torch.tensor(rows[1]), r2.spare)  # noqa: E731
-            if r2.cpu_attn is None:
+            if r2.cpu.attention is None:
                 pytest.skip("no C compiler: the bucketed attention")
-            _, logits = r2.model.mixed_cpu(seqs, torch.tensor(rows), r2.kv, r2.cpu_mm, attend, R, pad=True,
-                                           floor=r2.mix_floor, grid=[True])
+            plan = ForwardPlan.of([(torch.tensor(B[:n]), 1, 0)], torch.tensor(rows))
+            attend = lambda i, q: r2.cpu.attention(r2.kv.k[i], r2.kv.v[i], q, torch.tensor(rows[2]), torch.tensor(rows[1]), r2.spare)  # noqa: E731
+            ops = CpuOps(r2.model, r2.kv, plan, r2.cpu.packed, mixed_products(r2.cpu.packed, plan, r2.cpu.mix_floor, [True]),
+                         r2.cpu.cut_attention, pad=True, round_attention=attend)
+            logits = r2.cpu.packed.mm_tiled(r2.model(plan, ops)[plan.n:], "lm_head")
             assert torch.equal(logits[where], alone)
 
 
@@ -95,7 +98,7 @@ def test_each_product_per_part_when_no_floor_holds():
     r = runner()
     r.prefill(0, A)
     ref = runner("whole").prefill(1, B[:100])
-    r.mix_floor = None
+    r.cpu.mix_floor = None
     (first,), _ = r.mixed([(1, B[:100], 0, 64)], [0], [3], [len(A)])
     (first,), _ = r.mixed([(1, B[:100], 64, 100)], [0], [4], [len(A) + 1])
     assert first == ref

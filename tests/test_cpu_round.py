@@ -9,8 +9,8 @@ import torch
 
 import engine.cpu.decode_attention as cattn
 import engine.cpu.round as cr
-from engine.config import EngineConfig, KernelConfig
-from engine.cpu.kernels import BucketPlan
+from engine.config import EngineConfig, KernelConfig, Toolchain
+from engine.cpu.packed import BucketPlan
 from engine.runner.model_runner import build_runner
 from marks import bf16, needs_cpu_bf16  # noqa: F401
 
@@ -23,7 +23,7 @@ ROUNDS = [([2], [65], [70]), ([0, 2, 3, 5], [3, 65, 99, 200], [10, 70, 71, 250])
 @pytest.fixture(scope="module")
 def built():
     try:
-        cr.load(cr.build())
+        cr.load(cr.build(Toolchain()))
     except RuntimeError as e:  # no compiler here: the fallback tests below still run
         pytest.skip(f"the C++ round cannot be built here: {e}")
 
@@ -33,19 +33,18 @@ def built():
 def runner(request, built):
     dtype, parallel, c_attention = request.param  # 11 lanes: rounds of two 8-row tiles
     dtype, _, mkl = dtype.partition(" ")  # mkl: float32 weights through MKL (KernelConfig.cpu_wide=False)
-    with pytest.MonkeyPatch.context() as m:  # without the C attention: the batched matmuls in both rounds
-        if not c_attention:
-            m.setattr("engine.runner.model_runner.c_attention", lambda: None)
-        r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=parallel, max_model_len=320, prefill_rows=16,
-                                      seed=3, kernels=KernelConfig(cpu_cpp=True, cpu_wide=False if mkl else None)))
-    assert (r.cpu_attn is not None) == c_attention or cattn.kernel() is None
+    # without the C attention: the batched matmuls in both rounds
+    tc = Toolchain(c_kernels=c_attention)
+    r = build_runner(EngineConfig(model="tiny", dtype=dtype, parallel=parallel, max_model_len=320, prefill_rows=16,
+                                  seed=3, kernels=KernelConfig(cpu_cpp=True, cpu_wide=False if mkl else None, toolchain=tc)))
+    assert (r.cpu.attention is not None) == c_attention or cattn.kernel(tc) is None
     for lane in range(6):
         r.prefill(lane, [(i * 29 + lane * 13 + 3) % 256 for i in range(40 + 30 * lane)])
     return r
 
 
 def test_cpp_round_is_on(runner):
-    assert runner.cpu_round.ready and runner.describe()["cpu_round"] == "C++"
+    assert runner.cpu.round.ready and runner.describe()["cpu_round"] == "C++"
 
 
 @pytest.mark.parametrize("case", range(len(ROUNDS)))
@@ -56,7 +55,7 @@ def test_cpp_round_gives_the_python_rounds_bits(runner, case):
     rows, where = r.padded_round(lanes, tokens, positions)
     with torch.inference_mode():
         before = r.kv.k.clone(), r.kv.v.clone()
-        logits, ids = r.cpu_round.rows(rows, r.spare, r.kv)
+        logits, ids = r.cpu.round.rows(rows, r.spare, r.kv)
         written = r.kv.k[:, :r.spare].clone(), r.kv.v[:, :r.spare].clone()
         r.kv.k.copy_(before[0])
         r.kv.v.copy_(before[1])
@@ -70,11 +69,11 @@ def test_generate_same_tokens_either_round(runner):
     r = runner
     prompt = [(i * 7 + 1) % 200 for i in range(50)]
     with_cpp = r.generate(prompt, 40, lane=1)
-    r.cpu_round.on = False
+    r.cpu.round.on = False
     try:
         python = r.generate(prompt, 40, lane=1)
     finally:
-        r.cpu_round.on = True
+        r.cpu.round.on = True
     assert with_cpp == python
 
 
@@ -89,21 +88,19 @@ def test_plan_runs_of_consecutive_lanes():
     assert rows_out == [1, 0, 3, 2]  # each lane's own row
 
 
-def test_no_compiler_is_a_clear_reason(monkeypatch, tmp_path):
-    monkeypatch.setenv("TFENGINE_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", "no-such-compiler-here")
+def test_no_compiler_is_a_clear_reason(tmp_path):
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
-        cr.build()
+        cr.build(Toolchain.from_env({"TFENGINE_CACHE": str(tmp_path), "CXX": "no-such-compiler-here"}))
 
 
 def test_background_build_then_the_decode_thread_loads(monkeypatch, built):
     """Not built yet: the server decodes through the Python round while a side thread builds;
     the next round after the build loads the library in the decoding thread and runs C++, with
     the same tokens."""
-    so, gate, loads, real_load = cr.build(), threading.Event(), [], cr.load
-    monkeypatch.setattr(cr, "library", lambda: Path("/nonexistent/tfengine_cpu_round.so"))
-    monkeypatch.setattr(cr, "_loaded", None)  # (loading the same file again is a no-op for the dispatcher)
-    monkeypatch.setattr(cr, "build", lambda: (gate.wait(60), so)[1])
+    so, gate, loads, real_load = cr.build(Toolchain()), threading.Event(), [], cr.load
+    monkeypatch.setattr(cr, "library", lambda tc: Path("/nonexistent/tfengine_cpu_round.so"))
+    monkeypatch.setattr(cr, "loaded", lambda: False)  # (loading the same file again is a no-op for the dispatcher)
+    monkeypatch.setattr(cr, "build", lambda tc: (gate.wait(60), so)[1])
     monkeypatch.setattr(cr, "load", lambda p: (loads.append(threading.current_thread()), real_load(p)))
     r = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=128, prefill_rows=16))
     prompt = [(i * 5 + 2) % 200 for i in range(30)]
@@ -111,7 +108,7 @@ def test_background_build_then_the_decode_thread_loads(monkeypatch, built):
     python = r.generate(prompt, 12)
     gate.set()
     deadline = time.monotonic() + 60
-    while r.cpu_round._built is None and time.monotonic() < deadline:
+    while r.cpu.round._built is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert r.describe()["cpu_round"] == "python (C++ built, loads at the next round)" and not loads  # asking never loads
     assert r.generate(prompt, 12) == python
@@ -119,13 +116,13 @@ def test_background_build_then_the_decode_thread_loads(monkeypatch, built):
 
 
 def test_python_round_when_the_build_fails(monkeypatch):
-    def fail():
+    def fail(tc):
         raise RuntimeError("the build failed (1): test")
 
     monkeypatch.setattr(cr, "build", fail)
     r = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=128, prefill_rows=16,
                                   kernels=KernelConfig(cpu_cpp=True)))
-    assert not r.cpu_round.ready
+    assert not r.cpu.round.ready
     assert r.describe()["cpu_round"] == "python (C++ off: the build failed (1): test)"
     assert len(r.generate([5, 6, 7], 4)) == 4
 
@@ -141,4 +138,4 @@ def test_a_runner_that_wraps_the_round_keeps_the_python_round():
 
     r = Wrapped(EngineConfig(model="tiny", dtype="float32", parallel=2, max_model_len=128, prefill_rows=16,
                              kernels=KernelConfig(cpu_cpp=True)))
-    assert r.cpu_round is None and r.describe()["cpu_round"] == "python"
+    assert r.cpu.round is None and r.describe()["cpu_round"] == "python"

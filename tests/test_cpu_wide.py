@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.config import EngineConfig, KernelConfig
+from engine.config import EngineConfig, KernelConfig, Toolchain
 from engine.cpu.decode_attention import SOURCE, kernel
 from engine.cpu.wide import WideKernel, wide_fits, wide_wanted
 from engine.runner.model_runner import build_runner
 from engine.scheduler.backend import cuts
 
-WIDE = WideKernel(kernel().lib) if kernel() is not None else None
+WIDE = WideKernel(kernel(Toolchain()).lib) if kernel(Toolchain()) is not None else None
 needs_wide = pytest.mark.skipif(WIDE is None, reason="no C compiler: the wide kernel is not built here")
 needs_avx2 = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
                                 reason="this CPU has no AVX2")
@@ -144,7 +144,7 @@ def test_engine_reports_the_wide_kernel_and_its_isa(tiny):
 def test_stepped_equals_whole_and_alone_equals_beside_others(tiny):
     """End to end on the tiny preset through the C++ round and the wide kernel."""
     r = tiny
-    assert r.cpu_round.ready
+    assert r.cpu.round.ready
     toks = [(i * 29 + 3) % 256 for i in range(3 * 16 + 5)]
     stepped = [r.prefill_step(1, toks, s, e) for s, e in cuts(0, len(toks), 16)]
     assert stepped[-1] == r.prefill(0, toks)
@@ -157,7 +157,7 @@ def test_stepped_equals_whole_and_alone_equals_beside_others(tiny):
 def test_a_width_the_kernel_cannot_take_keeps_mkl():
     """A matrix whose width is not whole 16-lane chunks (a tensor-parallel shard can be) sends the
     round's products to MKL, over the same values, rather than failing at the first round."""
-    from engine.cpu.kernels import PackedLinears
+    from engine.cpu.packed import PackedLinears
 
     # the attributes PackedLinears reads
     m = SimpleNamespace(model=SimpleNamespace(layers=[]), lm_head=torch.nn.Linear(40, 96, bias=False))

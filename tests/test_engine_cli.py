@@ -70,7 +70,7 @@ def test_cut_rows_default_by_device():
 def test_bf16_on_a_cpu_without_packed_bf16_is_refused_in_one_line():
     """Where oneDNN cannot pack bf16 weights (AVX2), --dtype bfloat16 on the CPU is refused before
     anything loads, naming the flag; elsewhere it is accepted."""
-    from engine.cpu.kernels import packs_bf16
+    from engine.cpu.packed import packs_bf16
     r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", "tiny", "--dtype", "bfloat16", "--check"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     if packs_bf16():

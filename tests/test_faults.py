@@ -15,7 +15,7 @@ from test_server_e2e import FLAGS, ids_of, prompt_ids, stream, wait_idle
 
 
 class Stub:
-    parallel, max_model_len, vocab_size, eos_token_id = 2, 64, 10, 9
+    parallel, max_model_len, vocab_size, eos_token_ids = 2, 64, 10, (9,)
 
     def prefill_step(self, lane, tokens, start, end):
         return 1
@@ -40,7 +40,7 @@ def test_a_malformed_value_names_the_variable(name, value):
 
 def test_the_kth_step_and_round_fail_once_and_attributes_pass_through():
     b = with_faults(Stub(), Faults.from_env({"TFENGINE_FAIL_STEP": "2", "TFENGINE_FAIL_ROUND": "3"}))
-    assert isinstance(b, FaultyBackend) and (b.parallel, b.eos_token_id) == (2, 9)
+    assert isinstance(b, FaultyBackend) and (b.parallel, b.eos_token_ids) == (2, (9,))
     assert b.prefill_step(0, [1, 2], 0, 2) == 1
     with pytest.raises(RuntimeError, match="injected failure at prefill step 2"):
         b.prefill_step(0, [1, 2], 0, 2)
@@ -70,7 +70,7 @@ def test_a_bad_hook_value_is_exit_2_before_the_model_loads():
 def test_a_failed_decode_round_ends_its_streams_and_later_replies_keep_their_ids(tmp_path):
     """Round 6 fails: the two streams in it end with an error event; the server serves on, and
     later replies (two at once) equal the same model's tokens computed here, alone."""
-    from engine.cpu.kernels import cpu_dtype
+    from engine.cpu.packed import cpu_dtype
     ref = build_runner(EngineConfig(model="tiny", dtype=cpu_dtype()[0], parallel=4, max_model_len=4096,
                                     prefill_rows=8))  # the server's default dtype on this CPU
     later = [prompt_ids(9, 21), prompt_ids(30, 22)]

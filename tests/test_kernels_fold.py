@@ -132,7 +132,8 @@ import torch
 import engine.cuda.decode_attention as K
 from engine.config import ModelConfig
 from engine.runner.kv_cache import KVCache
-from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.qwen3 import ForwardPlan, Qwen3ForCausalLM
+from engine.cuda.forward import FusedOps
 from engine.cuda.kernels import CudaKernels
 from engine.cuda.launch import LaunchMode
 K.SPLIT, K.BLOCK = 32, 16
@@ -152,8 +153,9 @@ for fold in (False, True):
     torch.manual_seed(1)
     kv.k.normal_(); kv.v.normal_()
     launch = CudaKernels("cpu").at(LaunchMode(fold_qk_norm=fold))
-    logits = m.decode(torch.tensor([3, 7, 9]), torch.tensor([4, 40, 0]), torch.tensor([0, 1, 3]), kv,
-                      launch.attention, fused=True, launch=launch)
+    plan = ForwardPlan.round(torch.tensor([3, 7, 9]), torch.tensor([4, 40, 0]), torch.tensor([0, 1, 3]))
+    ops = FusedOps(m, kv, plan, launch, fold=launch.mode.fold_qk_norm and launch.qk_fold_takes(4, 2, 128))
+    logits = torch.nn.functional.linear(m(plan, ops), m.lm_head.weight)
     out[fold] = (logits, kv.k.clone(), kv.v.clone())
     assert len(calls) == 2, (fold, calls)  # the standalone kernel ran for the two layers of the unfolded round only
 (l0, k0, v0), (l1, k1, v1) = out[False], out[True]

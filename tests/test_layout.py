@@ -120,7 +120,7 @@ def test_no_function_level_import_hides_a_cycle():
     to dodge one (engine.config <-> engine.models.hf_config and engine.cuda.decode_attention <->
     engine.cuda.prefetch were)."""
     g = graph(anywhere=True)
-    assert "engine.cuda.kernels" in g["engine.models.qwen3"]  # (the lazy import of the CUDA kernels)
+    assert "engine.cuda.prefill" in g["engine.models.qwen3"]  # (the lazy import of the CUDA cut attention)
     assert cycles(g) == []
 
 
@@ -218,3 +218,61 @@ def test_the_scheduler_reads_declared_capabilities_never_probes_the_backend():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
                 probes.append(f"{path.name}:{node.lineno}")
     assert probes == []
+
+
+def _packages(g: dict[str, set[str]], names: tuple[str, ...]) -> dict[str, set[str]]:
+    """The import graph folded onto packages: engine.cpu.round -> engine.cpu, and so on."""
+    def pkg(m: str) -> str | None:
+        return next((n for n in names if m == n or m.startswith(n + ".")), None)
+    out: dict[str, set[str]] = {n: set() for n in names}
+    for mod, deps in g.items():
+        if (a := pkg(mod)) is not None:
+            out[a] |= {b for d in deps if (b := pkg(d)) is not None and b != a}
+    return out
+
+
+def test_models_and_the_cpu_kernels_do_not_import_each_other():
+    """The model names its math; the CPU kernels implement it: one direction only, in functions too."""
+    folded = _packages(graph(anywhere=True), ("engine.models", "engine.cpu"))
+    assert not ("engine.cpu" in folded["engine.models"] and "engine.models" in folded["engine.cpu"]), folded
+
+
+def test_the_cpu_kernels_keep_no_module_state():
+    """What a CPU runner chose and its scratch live in its CpuKernels (engine/cpu/kernels.py), not in
+    module globals: no `global`, no module-level caches (functools.cache / lru_cache, an empty
+    container to fill, or a lock). isa.cpuinfo caches /proc/cpuinfo, which is the machine's, not a runner's."""
+    found = []
+    for path in sorted((ENGINE / "cpu").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                found.append(f"{path.name}:{node.lineno} global")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "cpuinfo":
+                for d in node.decorator_list:
+                    name = ast.unparse(d)
+                    if "cache" in name:
+                        found.append(f"{path.name}:{node.lineno} {name}")
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                v, text = node.value, ast.unparse(node.value)
+                if text in ("[]", "{}") or (isinstance(v, ast.Call) and any(w in ast.unparse(v.func) for w in
+                                                                            ("Lock", "dict", "list", "set", "deque"))):
+                    found.append(f"{path.name}:{node.lineno} {text[:40]}")
+    assert found == []
+
+
+def test_the_environment_is_read_at_the_process_edge():
+    """Below the CLI every setting is configuration: os.environ / os.getenv are read only in
+    engine/cli.py (the process edge). Writes stay where the process must set a library's variable
+    before it loads: the --cpu-isa cap (engine/cpu/isa.py, which compares what is set) and NCCL's
+    (engine/parallel/group.py)."""
+    writers = {"cpu/isa.py", "parallel/group.py"}
+    reads = []
+    for path in sorted(ENGINE.rglob("*.py")):
+        rel = str(path.relative_to(ENGINE))
+        if rel == "cli.py" or rel in writers:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and ast.unparse(node.value) == "os":
+                reads.append(f"{rel}:{node.lineno}")
+    assert reads == []

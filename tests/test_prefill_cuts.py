@@ -36,13 +36,13 @@ def test_cuts_equal_across_schedules():
     toks = [(i * 13 + 1) % 256 for i in range(40)]
     ids = torch.tensor(toks)
     with torch.inference_mode():
-        whole = torch.cat([r.model.prefill(ids[s:e], 0, s, r.kv, all_logits=True, fused=True)
+        whole = torch.cat([r.cut_logits(ids[s:e], 0, s, fused=True)
                            for s, e in [(0, 16), (16, 32), (32, 40)]])
-        plain = r.model.prefill(ids, 1, 0, r.kv, all_logits=True)
+        plain = r.cut_logits(ids, 1, 0)
         assert (whole - plain).abs().max() < 1e-4
         # resumed: lane 2 gets lane 0's first 16 rows (a cached prefix), then runs the later cuts
         r.kv.k[:, 2, :16], r.kv.v[:, 2, :16] = r.kv.k[:, 0, :16], r.kv.v[:, 0, :16]
-        resumed = torch.cat([r.model.prefill(ids[s:e], 2, s, r.kv, all_logits=True, fused=True)
+        resumed = torch.cat([r.cut_logits(ids[s:e], 2, s, fused=True)
                              for s, e in [(16, 32), (32, 40)]])
         assert torch.equal(resumed, whole[16:])
         assert torch.equal(r.kv.k[:, 2, :40], r.kv.k[:, 0, :40]) and torch.equal(r.kv.v[:, 2, :40], r.kv.v[:, 0, :40])

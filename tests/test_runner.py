@@ -48,8 +48,8 @@ def test_stepped_equals_whole(runner, n):
 def test_cut_size_changes_little(runner):
     """One long cut vs many short: not the same bits (different forwards) but the same function."""
     toks = prompt(3 * R + 3)
-    a = runner.model.prefill(torch.tensor(toks), 0, 0, runner.kv, all_logits=True)
-    pieces = [runner.model.prefill(torch.tensor(toks[s:e]), 1, s, runner.kv, all_logits=True)
+    a = runner.cut_logits(torch.tensor(toks), 0, 0)
+    pieces = [runner.cut_logits(torch.tensor(toks[s:e]), 1, s)
               for s, e in cuts(0, len(toks), R)]
     torch.testing.assert_close(torch.cat(pieces), a, rtol=1e-4, atol=1e-5)
 
@@ -93,10 +93,10 @@ def test_padded_round_is_row_invariant(runner):
 
     def logits(rows):
         inp = torch.tensor(rows, dtype=torch.long)
-        with torch.inference_mode():
-            from engine.models.qwen3 import decode_attention_loop
-            return r.model.decode(inp[0], inp[1], inp[2], r.kv,
-                                  lambda kv, i, q, l, p: decode_attention_loop(kv, i, q, l, p, spare=r.spare))
+        with torch.inference_mode():  # the plain reference: torch ops, one SDPA a row
+            from engine.models.qwen3 import ForwardPlan, TorchOps
+            plan = ForwardPlan.round(inp[0], inp[1], inp[2])
+            return r.model.lm_head(r.model(plan, TorchOps(r.model, r.kv, plan)))
 
     alone = logits(r.padded_round([1], [65], [17])[0])
     crowd = logits(r.padded_round([0, 1, 2, 3], [3, 65, 99, 200], [10, 17, 24, 31])[0])
@@ -122,7 +122,7 @@ def test_cuda_unavailable_is_a_config_error(monkeypatch):
 
 def test_backend_surface_and_describe(runner):
     assert isinstance(runner, ModelRunner)
-    assert (runner.parallel, runner.max_model_len, runner.vocab_size, runner.eos_token_id) == (4, 256, 512, 256)
+    assert (runner.parallel, runner.max_model_len, runner.vocab_size, runner.eos_token_ids) == (4, 256, 512, (256,))
     d = runner.describe()
     for key in ("device", "device_name", "compute_capability", "cuda_version", "driver", "torch", "dtype",
                 "model", "shape", "parameters"):
@@ -164,8 +164,8 @@ from engine.runner.model_runner import build_runner
 r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
 toks = [(i * 13 + 1) % 256 for i in range(12)]
 with torch.inference_mode():
-    a = r.model.prefill(torch.tensor(toks), 0, 0, r.kv, all_logits=True)
-    b = r.model.prefill(torch.tensor(toks), 1, 0, r.kv, all_logits=True, fused=True)
+    a = r.cut_logits(torch.tensor(toks), 0, 0)
+    b = r.cut_logits(torch.tensor(toks), 1, 0, fused=True)
     assert (a - b).abs().max() < 1e-5
     assert (r.kv.k[:, 0, :12] - r.kv.k[:, 1, :12]).abs().max() < 1e-5
     assert (r.kv.v[:, 0, :12] - r.kv.v[:, 1, :12]).abs().max() < 1e-5

@@ -93,12 +93,12 @@ from engine.parallel.fused import FusedSums
 r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
 m, toks = r.model, torch.tensor([(i * 13 + 1) % 256 for i in range(12)])
 with torch.inference_mode():
-    plain = m.prefill(toks, 0, 0, r.kv, all_logits=True, fused=True)
+    plain = r.cut_logits(toks, 0, 0, fused=True)
     # rank 0 of two whose peer's partial sums are all zero: x + (p + 0) is x + p exactly
     own, peer = [torch.full((4096,), 7.0) for _ in range(2)], [torch.zeros(4096) for _ in range(2)]
     f = FusedSums(own, peer, 0)
     m.tp_fused = TensorParallel(0, 2, vocab=512, fused=f)
-    fused = m.prefill(toks, 1, 0, r.kv, all_logits=True, fused=True)
+    fused = r.cut_logits(toks, 1, 0, fused=True)
 assert torch.equal(fused, plain), (fused - plain).abs().max()
 assert f.k == 2 * len(m.model.layers), f.k  # both sums of every layer went through it
 assert not torch.equal(own[0][:12 * 64], torch.full((12 * 64,), 7.0)) and not torch.equal(own[1][:12 * 64], torch.full((12 * 64,), 7.0))

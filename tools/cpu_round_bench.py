@@ -86,9 +86,9 @@ def main() -> None:
     a = ap.parse_args()
     r = runner_for(a.model_dir, cpu_cpp=True)
     print(f"threads {torch.get_num_threads()} dtype {r.dtype} parallel {r.parallel} round_rows {r.round_rows} "
-          f"C++ round: {r.cpu_round.status}; decode attention: {r.describe()['decode_attention']}")
-    c = r.cpu_attn
-    paths = {"C++": (True, c), "Python": (False, c)} if r.cpu_round.ready else {"Python": (False, c)}
+          f"C++ round: {r.cpu.round.status}; decode attention: {r.describe()['decode_attention']}")
+    c = r.cpu.attention
+    paths = {"C++": (True, c), "Python": (False, c)} if r.cpu.round.ready else {"Python": (False, c)}
     if a.attention == "both" and c is not None:
         p, (on, _) = next(iter(paths.items()))  # the C++ round where it loaded
         paths = {f"{p} {name}": (on, attn) for name, attn in (("c", c), ("bmm", None))}
@@ -96,7 +96,7 @@ def main() -> None:
         meds = {p: [] for p in paths}
         for _ in range(a.reps):
             for p, (on, attn) in paths.items():
-                r.cpu_round.on, r.cpu_attn, r.cpu_round.attn = on, attn, attn.address if attn else 0
+                r.cpu.round.on, r.cpu.attention, r.cpu.round.attn = on, attn, attn.address if attn else 0
                 times, state = rounds_at(r, k, a.rounds)
                 meds[p].append(statistics.median(times[4:]))
         m = {p: statistics.median(v) for p, v in meds.items()}

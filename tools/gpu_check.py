@@ -75,8 +75,8 @@ def check_vs_fp32(res):
     toks = prompt(700, 1)
     ids = torch.tensor(toks, device="cuda")
     with torch.inference_mode():
-        a = bf.model.prefill(ids, 0, 0, bf.kv, all_logits=True).float()
-        b = ref.model.prefill(ids, 0, 0, ref.kv, all_logits=True)
+        a = bf.cut_logits(ids, 0, 0).float()
+        b = ref.cut_logits(ids, 0, 0)
     res["bf16_vs_fp32_prompt_logits_rel_err"] = rel(a, b)
     ga, gb = bf.generate(toks, 32), ref.generate(toks, 32)
     res["bf16_vs_fp32_greedy_prefix_equal"] = next((i for i, (x, y) in enumerate(zip(ga, gb)) if x != y), len(ga))
@@ -118,8 +118,8 @@ def check_exactness(res, model):
     # cut size: R-row cuts vs one whole cut, same function
     ids = torch.tensor(target, device="cuda")
     with torch.inference_mode():
-        whole = r.model.prefill(ids, 0, 0, r.kv, all_logits=True).float()
-        parts = torch.cat([r.model.prefill(ids[s:e], 4, s, r.kv, all_logits=True).float()
+        whole = r.cut_logits(ids, 0, 0).float()
+        parts = torch.cat([r.cut_logits(ids[s:e], 4, s).float()
                            for s, e in cuts(0, len(target), 256)])
     res["cuts_vs_one_cut_rel_err"] = rel(parts, whole)
     # the decode graph's TMA ring and PDL (the defaults) against the Triton products without PDL

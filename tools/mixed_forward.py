@@ -36,7 +36,7 @@ def main(argv=None) -> None:
     top = max(ctxs) + max(rows)
     r = build_runner(EngineConfig(model=a.model, dtype=dtype, parallel=parallel, max_model_len=top + 64,
                                   prefill_rows=a.prefill_rows, prefill_mode="mixed"))
-    print(f"{a.model} {dtype}, {torch.get_num_threads()} threads ({chose}); mixed floor {r.mix_floor}, "
+    print(f"{a.model} {dtype}, {torch.get_num_threads()} threads ({chose}); mixed floor {r.cpu.mix_floor}, "
           f"cut_free {r.cut_free}")
     prompt = [(i * 31 + 7) % r.vocab_size for i in range(top)]
     lanes = list(range(1, 1 + a.streams))

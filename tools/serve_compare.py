@@ -262,12 +262,16 @@ def _fmt(vals, f, names) -> list[str]:
 def build_cpu_round(say=print) -> None:
     """Build tfengine's C++ decode round before its server starts (a first start on a machine
     would build it in the background, while the figures are taken)."""
+    import os
+
+    from engine.config import Toolchain
     from engine.cpu import round as cpu_round
-    if cpu_round.library().is_file():
+    tc = Toolchain.from_env(os.environ)  # as the server's CLI reads it
+    if cpu_round.library(tc).is_file():
         return
     say("building tfengine's C++ decode round once (engine/cpu/round.py) ...")
     try:
-        cpu_round.build()
+        cpu_round.build(tc)
     except RuntimeError as e:
         say(f"  not built ({e}): tfengine runs its Python round")
 

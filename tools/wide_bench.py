@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Toolchain
 from engine.cpu.decode_attention import kernel
-from engine.cpu.kernels import ROW_TILE, PackedLinears
+from engine.cpu.packed import ROW_TILE, PackedLinears
 from engine.cpu.wide import WideKernel
 from engine.runner.model_runner import build_runner
 
@@ -34,7 +34,7 @@ def rounds(a) -> None:
     for name, wide in (("mkl", False), ("wide", None)):
         cfg = EngineConfig(model=a.model, device="cpu", dtype=dt, parallel=par, max_model_len=1024, prefill_rows=256)
         made[name] = build_runner(replace(cfg, kernels=replace(cfg.kernels, cpu_cpp=True, cpu_wide=wide)))
-        print(f"{name}: {made[name].describe()['cpu_matmuls']}; C++ round {made[name].cpu_round.status}", flush=True)
+        print(f"{name}: {made[name].describe()['cpu_matmuls']}; C++ round {made[name].cpu.round.status}", flush=True)
     clock = time.perf_counter if a.wall else time.thread_time
     for n in [int(s) for s in a.rows.split(",")]:
         state = {}
@@ -79,7 +79,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = EngineConfig(model=a.model, device="cpu", dtype="float32", parallel=8, max_model_len=512)
     packed = PackedLinears(build_runner(replace(cfg, kernels=replace(cfg.kernels, cpu_cpp=False))).model)
-    wk = WideKernel(kernel().lib)
+    wk = WideKernel(kernel(Toolchain()).lib)
     wide = {key: wk.pack(w) for key, w in packed.plain.items()}
     keys = list(packed.plain)
     mb_f32 = sum(w.numel() * 4 for w in packed.plain.values()) / 1e6

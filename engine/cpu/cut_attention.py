@@ -10,7 +10,7 @@ the cuts fall (R, a resumed prompt) nor on the other rows.
 - bfloat16: two matmuls a tile and KV head through oneDNN (avx512_bf16 or AMX, accumulating in
   float32), GQA by stacking each KV head's query heads as rows (no repeated K/V), softmax over the
   bf16 scores with torch's float32 internals. The scores are rounded to bf16 once, as the decode
-  round's attention does (engine.cpu.kernels.decode_attention_buckets). On an AMD EPYC core
+  round's attention does (engine.cpu.packed.decode_attention_buckets). On an AMD EPYC core
   (avx512_bf16, no AMX) a 4,096-token prompt's attention, one layer: ~175 ms against ~300 ms for
   float32 flash with its prefix converted every cut.
 - float32: the CPU flash kernel a tile, over the keys before the tile (no mask) and the tile's
@@ -18,8 +18,6 @@ the cuts fall (R, a resumed prompt) nor on the other rows.
   path).
 """
 from __future__ import annotations
-
-from functools import lru_cache
 
 import torch
 
@@ -39,23 +37,40 @@ def describe(dtype: torch.dtype, rows: int) -> str:
     return f"query tiles of {tile_for(rows)} at absolute positions ({how})"
 
 
-@lru_cache(maxsize=8)
-def _future(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+def future(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     """Added to a tile's own block of scores: -inf where key column c lies after query row r,
     else 0 (x + 0 is x exactly; an add took 4.4 ms a layer where masked_fill_ took 10.2)."""
     return torch.zeros(rows, cols, dtype=dtype).masked_fill_(torch.ones(rows, cols, dtype=torch.bool).triu(1),
                                                              float("-inf"))
 
 
+class FutureMasks:
+    """A runner's `future` masks, made once a shape (engine/cpu/kernels.py CpuKernels owns one):
+    a prompt's cuts reuse the few tile shapes there are."""
+
+    def __init__(self, most: int = 8):
+        self.most = most
+        self.made: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+
+    def __call__(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        key = (rows, cols, dtype)
+        if key not in self.made:
+            if len(self.made) >= self.most:
+                self.made.pop(next(iter(self.made)))
+            self.made[key] = future(rows, cols, dtype)
+        return self.made[key]
+
+
 def cut_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, tile: int = TILE,
-                      pad: bool = True) -> torch.Tensor:
+                      pad: bool = True, masks=future) -> torch.Tensor:
     """q [T, H, d] at positions [start, start+T); k, v [L, KVH, d]: the lane's cache rows, at
     least up to the cut's end (rows past it are read by the last tile and weigh exactly zero, so
     they must be finite: the cache is zero-filled). Returns [T, H*d] in q's dtype.
     pad=False (bf16, where the runner's start-up check found the products row-invariant,
-    engine.cpu.kernels.rows_invariant): a tile the cut covers in part multiplies only the cut's
+    engine.cpu.packed.rows_invariant): a tile the cut covers in part multiplies only the cut's
     rows, not zero rows up to the tile (a 64-token prompt in tiles of 256: 0.3 against 1.5 ms a
-    layer), with the same bits a row."""
+    layer), with the same bits a row. masks(rows, cols, dtype): the `future` masks (a runner's
+    FutureMasks keeps them; by default made each call)."""
     t, h, d = q.shape
     end, rows = start + t, k.shape[0]
     one = _tile_bf16 if q.dtype == torch.bfloat16 else _tile_flash
@@ -66,15 +81,15 @@ def cut_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
         a, b = max(start, ts), min(end, te)
         qt = q[a - start:b - start]
         if not pad:
-            out[a - start:b - start] = _tile_bf16(qt, k[:te], v[:te], ts, a - ts)
+            out[a - start:b - start] = _tile_bf16(qt, k[:te], v[:te], ts, masks, a - ts)
             continue
         if (a, b) != (ts, te):  # the cut covers part of the tile: the rest are zero rows
             qt = q.new_zeros(te - ts, h, d).index_copy_(0, torch.arange(a - ts, b - ts), qt)
-        out[a - start:b - start] = one(qt, k[:te], v[:te], ts)[a - ts:b - ts]
+        out[a - start:b - start] = one(qt, k[:te], v[:te], ts, masks)[a - ts:b - ts]
     return out
 
 
-def _tile_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int, r0: int = 0) -> torch.Tensor:
+def _tile_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int, masks, r0: int = 0) -> torch.Tensor:
     """One tile (its rows from r0 on), one KV head at a time: 2-D products on strided views of
     the cache (a batched product over KV heads copied them, and its 16 MB of scores left the
     cache: 283 against 240 ms for one layer of a 4,096-token prompt, same run), the scores'
@@ -84,18 +99,18 @@ def _tile_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int, r0: i
     rep = h // kvh
     qs = (q.float() * d ** -0.5).to(q.dtype)  # the scale on q (exact when d is a power of 4)
     qg = qs.view(n, kvh, rep, d).permute(1, 2, 0, 3).reshape(kvh, rep * n, d)
-    future = _future(n, s - ts, q.dtype) if r0 == 0 else _future(s - ts, s - ts, q.dtype)[r0:r0 + n]
+    later = masks(n, s - ts, q.dtype) if r0 == 0 else masks(s - ts, s - ts, q.dtype)[r0:r0 + n]
     out = torch.empty(kvh, rep * n, d, dtype=q.dtype, device=q.device)
     sc = torch.empty(rep * n, s, dtype=q.dtype, device=q.device)
     for j in range(kvh):
         torch.mm(qg[j], k[:, j].t(), out=sc)  # float32 sums, rounded to bf16
-        sc.view(rep, n, s)[..., ts:].add_(future)
+        sc.view(rep, n, s)[..., ts:].add_(later)
         torch.softmax(sc, -1, out=sc)
         torch.mm(sc, v[:, j], out=out[j])
     return out.view(kvh, rep, n, d).permute(2, 0, 1, 3).reshape(n, h * d)
 
 
-def _tile_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int) -> torch.Tensor:
+def _tile_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ts: int, masks=None) -> torch.Tensor:
     """One tile through the CPU's float32 flash kernel."""
     n, h, d = q.shape
     rep = h // k.shape[1]

@@ -3,7 +3,7 @@
  * and both decode rounds, Python and C++, call this one compiled function).
  *
  * A row attends over its own lane's keys [0, pos]: keys past pos weigh exactly zero in the
- * span-masked attention of engine.cpu.kernels.decode_attention_buckets, so they are skipped, and a
+ * span-masked attention of engine.cpu.packed.decode_attention_buckets, so they are skipped, and a
  * row's arithmetic depends on its own lane's cache and its position only, never on other rows.
  * Rounding steps as that path's (bf16): scores rounded to bf16, softmax in float32, probabilities
  * rounded to bf16, P@V accumulated in float32 and rounded to bf16 once; float32 keeps all in fp32.

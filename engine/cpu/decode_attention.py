@@ -1,6 +1,6 @@
 """The CPU decode round's attention as plain C (engine/cpu/decode_attention.c), compiled once with `cc`.
 
-The batched-matmul attention (engine.cpu.kernels.decode_attention_buckets) multiplies K by a
+The batched-matmul attention (engine.cpu.packed.decode_attention_buckets) multiplies K by a
 block-diagonal Q and P^T by V, KV-heads times the arithmetic needed, on strided views the
 libraries copy. The C kernel does each row's own arithmetic once, every sum in an order its
 source writes (vector extensions, -ffp-contract=off, no -ffast-math), so its bits depend on the
@@ -8,10 +8,11 @@ source, not on the machine's vector width. Both decode rounds call the same comp
 the Python round through ctypes (which drops the GIL), the C++ round (engine/cpu/round.cpp)
 through its address, so the two stay bit for bit equal.
 
-The choice is made once a process, before the first forward (`kernel()`): with a C compiler the
-kernel (built in about a second into the cache the C++ round uses, `$TFENGINE_CACHE` or
-~/.cache/tfengine, keyed by the source), else, or when the build fails, or with TFENGINE_NO_CC=1
-set, the batched-matmul path; /v1/engine's `decode_attention` says which.
+A runner's kernels (engine/cpu/packed.py CpuKernels) choose once, before the first forward
+(`kernel(toolchain)`): with a C compiler the kernel (built in about a second into the cache the
+C++ round uses, keyed by the source), else, or when the build fails, or with the toolchain's C
+kernels off (TFENGINE_NO_CC=1 at the CLI), the batched-matmul path; /v1/engine's
+`decode_attention` says which.
 """
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from engine.config import Toolchain
 from engine.cpu import isa
 
 log = logging.getLogger("engine.cpu.decode_attention")
@@ -46,14 +47,6 @@ def flags() -> list[str]:
     return [*FLAGS, *isa.c_flags()]
 NAME = "tfe_decode_attention"
 C_KERNEL, BMM = "c kernel", "bmm: batched matmuls a span group"
-
-_lock = threading.Lock()
-_chosen: list = []  # [AttentionKernel | None] once chosen
-
-
-def cache_base() -> Path:
-    """The build cache both CPU libraries share."""
-    return Path(os.environ.get("TFENGINE_CACHE") or Path.home() / ".cache" / "tfengine")
 
 
 def build_once(so: Path, make: Callable[[Path], None]) -> Path:
@@ -78,16 +71,15 @@ def build_once(so: Path, make: Callable[[Path], None]) -> Path:
     return so
 
 
-def library() -> Path:
-    cc = os.environ.get("CC", "cc")
+def library(tc: Toolchain) -> Path:
     text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
-    key = hashlib.sha256(text + " ".join([cc, *flags()]).encode()).hexdigest()[:16]
-    return cache_base() / f"cpu_attn-{key}" / "libtfe_attn.so"
+    key = hashlib.sha256(text + " ".join([tc.cc, *flags()]).encode()).hexdigest()[:16]
+    return tc.cache_dir() / f"cpu_attn-{key}" / "libtfe_attn.so"
 
 
-def build() -> Path:
+def build(tc: Toolchain) -> Path:
     """The compiled kernel (about a second the first time). Raises RuntimeError saying why not."""
-    cc = os.environ.get("CC", "cc")
+    cc = tc.cc
     if not shutil.which(cc):
         raise RuntimeError(f"no C compiler ({cc}) on PATH")
 
@@ -97,7 +89,7 @@ def build() -> Path:
         if r.returncode != 0:
             raise RuntimeError(f"the build failed ({r.returncode}): {' / '.join(r.stderr.strip().splitlines()[-3:])[:400]}")
 
-    return build_once(library(), make)
+    return build_once(library(tc), make)
 
 
 class AttentionKernel:
@@ -163,21 +155,15 @@ class AttentionKernel:
         return out
 
 
-def kernel() -> AttentionKernel | None:
-    """This process's choice, made at its first call (a runner's start-up) and never changed:
-    the C kernel, or None for the batched-matmul path (no compiler, a failed build, TFENGINE_NO_CC=1)."""
-    with _lock:
-        if not _chosen:
-            _chosen.append(_choose())
-        return _chosen[0]
-
-
-def _choose() -> AttentionKernel | None:
-    if os.environ.get("TFENGINE_NO_CC", "") not in ("", "0"):
-        log.info("decode attention: bmm (TFENGINE_NO_CC is set)")
+def kernel(tc: Toolchain) -> AttentionKernel | None:
+    """The C kernel, or None for the batched-matmul path (no compiler, a failed build, the
+    toolchain's C kernels off). A runner asks once, before its first forward, and keeps the answer:
+    switching mid-serve would move bits."""
+    if not tc.c_kernels:
+        log.info("decode attention: bmm (the C kernels are off: TFENGINE_NO_CC)")
         return None
     try:
-        k = AttentionKernel(build())
+        k = AttentionKernel(build(tc))
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         log.warning("decode attention: bmm (the C kernel is unavailable: %s)", e)
         return None

@@ -8,7 +8,7 @@ oneDNN's (`ONEDNN_MAX_CPU_ISA`) before torch loads, and the engine's own choices
 the C kernels' compile flags — follow torch's capability, not the CPU's flags. So both paths
 can be tested and measured on one machine, side by side.
 
-Kept apart from engine.cpu.kernels so the CLI can apply a cap without importing torch.
+Kept apart from engine.cpu.packed so the CLI can apply a cap without importing torch.
 """
 from __future__ import annotations
 

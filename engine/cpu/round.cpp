@@ -1,6 +1,6 @@
 // The CPU decode round (engine/cpu/round.py builds and loads this): the same ATen calls, on the
 // same shapes and layouts and in the same order, as the Python round (Qwen3ForCausalLM.decode_cpu
-// with engine.cpu.kernels.decode_attention_buckets), so the same kernels run and every bit of the
+// with engine.cpu.packed.decode_attention_buckets), so the same kernels run and every bit of the
 // logits is the same; only the ~700 Python-side calls a round go, and the GIL is released for the
 // whole round, so the HTTP thread runs beside it. Mirror any change to those two functions here
 // (tests/test_cpu_round.py compares the two paths bit for bit).
@@ -16,7 +16,7 @@
 
 namespace {
 
-constexpr int64_t ROW_TILE = 8;  // engine.cpu.kernels.ROW_TILE
+constexpr int64_t ROW_TILE = 8;  // engine.cpu.packed.ROW_TILE
 enum Kind : int64_t { ONEDNN = 0, MKL = 1, PLAIN = 2, WIDE = 3 };
 // engine/cpu/wide.c's tfe_wide_linear: float32 rows times bf16 weights, only the listed rows
 using WideFn = int (*)(const float*, int64_t, const int64_t*, int64_t, const uint16_t*, int64_t, int64_t, float*,
@@ -198,7 +198,7 @@ void write_rows(at::Tensor& cache, const at::Tensor& x, const at::Tensor& lanes,
     std::memcpy(dst + (ln[r] * cache.stride(0) + ps[r] * cache.stride(1)) * es, src + r * x.stride(0) * es, n * es);
 }
 
-// engine.cpu.kernels.decode_attention_buckets; plan: 4 tensors a group (q_rows, mask, at,
+// engine.cpu.packed.decode_attention_buckets; plan: 4 tensors a group (q_rows, mask, at,
 // rows_out), groups: 3 ints a group (lo, hi, span)
 at::Tensor attention(const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& q, const at::Tensor& eye,
                      at::TensorList plan, at::IntArrayRef groups, const Shape& s) {
@@ -220,7 +220,7 @@ at::Tensor attention(const at::Tensor& kc, const at::Tensor& vc, const at::Tenso
   return out;
 }
 
-// engine.cpu.kernels.BucketPlan, from the round's rows (lane, position; row r is entry r):
+// engine.cpu.packed.BucketPlan, from the round's rows (lane, position; row r is entry r):
 // rows grouped by (span, nth entry of a lane), groups in that order, each split into runs of
 // consecutive lanes.
 struct Plan {

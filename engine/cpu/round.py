@@ -1,6 +1,6 @@
 """The CPU decode round in C++ (engine/cpu/round.cpp), built once with the machine's C++ compiler.
 
-The Python round (Qwen3ForCausalLM.decode_cpu) makes ~700 torch calls, each paying Python's
+The Python round (ModelRunner._decode_cpu: the model's forward on engine/cpu/forward.py's ops) makes ~700 torch calls, each paying Python's
 argument parsing and a GIL hand-off. The C++ round makes the same ATen calls on the same shapes
 and layouts, in the same order, so the same kernels run and the logits are the same bits; it is
 one call a round, with the GIL released: measured in-process on two AMD EPYC cores, 1.3-1.5x less
@@ -8,7 +8,7 @@ CPU a round, and the HTTP thread runs meanwhile.
 
 Building takes 20-60 s of one core (ATen's headers), so it never delays start-up: the runner
 builds in a background thread (`start`), through a `nice` subprocess, into a cache keyed by the
-source, torch and Python (`$TFENGINE_CACHE`, default ~/.cache/tfengine), and takes the C++ round
+source, torch and Python (the toolchain's: engine.config.Toolchain), and takes the C++ round
 from the first round after it loads; a later start finds the library built and loads it in
 milliseconds. Without a compiler, or when the build fails, the Python round stays, and `status`
 says why.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -26,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from engine.cpu.decode_attention import build_once, cache_base
-from engine.cpu.kernels import SPAN
+from engine.config import Toolchain
+from engine.cpu.decode_attention import build_once
+from engine.cpu.packed import SPAN
 
 log = logging.getLogger("engine.cpu.round")
 
@@ -38,23 +38,19 @@ BUILD = ("import sys, torch.utils.cpp_extension as e; "
          "e.load(sys.argv[1], [sys.argv[2]], build_directory=sys.argv[3], is_python_module=False, "
          "extra_cflags=['-O2'], verbose=False)")
 
-_lock = threading.Lock()
-_loaded: str | None = None  # the library this process loaded
-
-
-def library() -> Path:
+def library(tc: Toolchain) -> Path:
     """Where the built library lives for this source, torch and Python."""
     key = hashlib.sha256(SOURCE.read_bytes() + f"{torch.__version__} {sys.version}".encode()).hexdigest()[:16]
-    return cache_base() / f"cpu_round-{key}" / f"{NAME}.so"
+    return tc.cache_dir() / f"cpu_round-{key}" / f"{NAME}.so"
 
 
-def build(timeout: float = 900.0) -> Path:
+def build(tc: Toolchain, timeout: float = 900.0) -> Path:
     """The library, compiled first if the cache lacks it (engine.cpu.decode_attention.build_once: one build
     at a time a cache entry, scratch folder renamed into place). Raises RuntimeError saying why not."""
-    so = library()
+    so = library(tc)
     if so.is_file():
         return so
-    cxx = os.environ.get("CXX", "c++")
+    cxx = tc.cxx
     if not shutil.which(cxx):
         raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")
 
@@ -72,20 +68,24 @@ def build(timeout: float = 900.0) -> Path:
     return build_once(so, make)
 
 
+def loaded() -> bool:
+    """Whether this process has the round's op (torch's registry is the process's: one library a process)."""
+    return hasattr(torch.ops.tfengine_cpu, "decode_rows")
+
+
 def load(so: Path) -> None:
-    """Load the built library into this process (once)."""
-    global _loaded
-    with _lock:
-        if _loaded is None:
-            torch.ops.load_library(str(so))
-            _loaded = str(so)
+    """Load the built library into this process, unless a runner before this one did."""
+    if not loaded():
+        torch.ops.load_library(str(so))
 
 
 class CppRound:
     """The model's decode round through the C++ library (`rows`). `status`: "building", "built",
     "on" or why off; `ready` (asked by the decode thread) once loaded; `on` turns it off and on (benches)."""
 
-    def __init__(self, model, packed, attn: int = 0, elem: tuple[int, int, int, int] = (0, 0, 0, 0)):
+    def __init__(self, model, packed, attn: int = 0, elem: tuple[int, int, int, int] = (0, 0, 0, 0),
+                 toolchain: Toolchain = Toolchain()):
+        self.toolchain = toolchain
         self.attn = attn  # engine/cpu/decode_attention.c's function address, or 0: the batched matmuls
         # engine/cpu/elem.c's tfe_norm_rows and tfe_heads, the width its means of squares take
         # ATen's bits at (AttentionKernel.sum_width), and tfe_greedy; or 0s: ATen's ops (the same
@@ -109,13 +109,13 @@ class CppRound:
 
     @classmethod
     def started(cls, model, packed, when: bool | None, attn: int = 0,
-                elem: tuple[int, int, int, int] = (0, 0, 0, 0)) -> "CppRound | None":
+                elem: tuple[int, int, int, int] = (0, 0, 0, 0), toolchain: Toolchain = Toolchain()) -> "CppRound | None":
         """KernelConfig.cpu_cpp: None builds in the background, True before returning, False: no C++ round.
         attn: the C decode attention's address (the process's choice), or 0; elem: the C
         elementwise passes' (engine/cpu/elem.c), or 0s."""
         if when is False:
             return None
-        r = cls(model, packed, attn, elem)
+        r = cls(model, packed, attn, elem, toolchain)
         r.start(wait=bool(when))
         return r
 
@@ -128,7 +128,7 @@ class CppRound:
         """Built already (or wait): load now, in milliseconds. Else build in a background thread,
         and the decoding thread loads the library at its next round (`ready`), between rounds."""
         self.status = "building"
-        if wait or _loaded is not None or library().is_file():
+        if wait or loaded() or library(self.toolchain).is_file():
             self._build()
             self.ready
         else:
@@ -136,7 +136,7 @@ class CppRound:
 
     def _build(self) -> None:
         try:
-            self._built = build()
+            self._built = build(self.toolchain)
             self.status = "built, loads at the next round"
         except Exception as e:  # a missing compiler, a failed build: the Python round stays
             self._off(e)
@@ -158,7 +158,7 @@ class CppRound:
 
     def rows(self, rows: list[list[int]], spare: int, kv) -> tuple[torch.Tensor, torch.Tensor]:
         """ModelRunner.padded_round's [tokens, positions, lanes] -> (logits [rows, vocab], greedy ids [rows]):
-        decode_cpu's logits with decode_attention_buckets' plan, bit for bit."""
+        the Python round's logits (ModelRunner._decode_cpu) with decode_attention_buckets' plan, bit for bit."""
         m = self.model
         h, kvh, d = self.shape
         return torch.ops.tfengine_cpu.decode_rows(

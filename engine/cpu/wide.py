@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from engine.cpu.kernels import cpu_bf16_native
+from engine.cpu.packed import cpu_bf16_native
 
 
 def wide_fits(cpu_bf16_native: bool, capability: str) -> bool:

@@ -16,14 +16,13 @@ registers or L2 before the wait, and 3 for the Triton products, measured no fast
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import triton
 import triton.language as tl
 
-# Triton's interpreter (the CPU tests): read once, as triton itself reads it at import.
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Triton's interpreter (the CPU tests): Triton's own setting (its TRITON_INTERPRET), asked of Triton.
+INTERPRET = bool(triton.knobs.runtime.interpret)
 
 
 @dataclass(frozen=True)

@@ -7,24 +7,28 @@ Parameter names are Hugging Face's Qwen3 names, so an HF safetensors directory l
 name matching. Arithmetic follows HF's (RMSNorm in float32, RoPE tables in float32 cast to the
 model dtype, rotate-half), so float32 logits agree with `transformers` within rounding.
 
-Two forwards, both writing the lane's KV rows in place (engine.runner.kv_cache.KVCache):
-- `prefill(tokens, lane, start, kv)`: one cut, rows [start, end) of one lane, causal over [0, end).
-- `decode(tokens, positions, lanes, kv, attend)`: one row per lane at a fixed padded shape; the
-  attention of each row reads only its own lane's rows [0, pos] (`attend` does that).
+One forward (`Qwen3ForCausalLM.forward`), driven by a `ForwardPlan`: which rows (prompt cuts, then
+a decode round's rows), which cache slots they write (a cut's lane from its start; a round row's
+lane at its position) and which attention each reads (a cut: causal over its lane's rows up to its
+end; a round row: its own lane's rows [0, pos]). Every forward the engine runs is a plan: a prompt
+cut, several short cuts together, a decode round, a cut and a round in one forward. What runs the
+products, norms and attention is the `ops` the runner hands in, bound to the plan: `TorchOps` below
+(plain torch, the reference), the CPU's (engine/cpu/forward.py) or the fused CUDA kernels'
+(engine/cuda/forward.py); each gives a row the same arithmetic whatever the rows beside it.
 
 After loading, `fuse()` concatenates q/k/v and gate/up into one matrix each and re-points the HF
 parameters as views into it: one matmul instead of three, no extra memory, names unchanged.
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
-from engine.cpu.cut_attention import TILE, cut_attention_cpu, tile_for
 
 
 class RMSNorm(nn.Module):
@@ -69,15 +73,9 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.wqkv: torch.Tensor | None = None  # set by fuse()
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x: [rows, hidden] -> q [rows, H, d], k and v [rows, KVH, d], q and k normed and rotated."""
-        if self.wqkv is not None:
-            return self.heads(F.linear(x, self.wqkv), cos, sin)
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return self.heads(torch.cat([q, k, v], dim=-1), cos, sin)
-
     def heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """qkv [rows, (H + 2 KVH) * d] (the fused projection's output) -> q, k, v as qkv() gives."""
+        """qkv [rows, (H + 2 KVH) * d] (the q/k/v product) -> q [rows, H, d], k and v [rows, KVH, d],
+        q and k normed and rotated."""
         rows, d = qkv.shape[0], self.head_dim
         q, k, v = qkv.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
         q = self.q_norm(q.reshape(rows, self.n_heads, d))
@@ -94,13 +92,6 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
         self.w_gate_up: torch.Tensor | None = None  # set by fuse()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w_gate_up is not None:
-            gate, up = F.linear(x, self.w_gate_up).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -120,8 +111,96 @@ class Qwen3Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-# attend(layer_index, q [rows, H, d]) -> [rows, H*d]; the K/V rows are already in the cache.
-Attend = Callable[[int, torch.Tensor], torch.Tensor]
+# ---- the forward plan --------------------------------------------------------------------------
+Cut = tuple[int, int, int, int]  # (a, b, lane, start): rows [a, b) carry positions [start, start + b - a) of lane
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """One forward's rows, in order: prompt cuts (`cuts`), then `pad` padding rows (token 0 at
+    position 0 of the spare lane: written, never attended to, never read back), then from row `n`
+    on a decode round's rows (one a row, each at its lane and position; the round's padding rows
+    point at the spare lane). tokens, positions, lanes: [rows] on the device."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    lanes: torch.Tensor
+    cuts: tuple[Cut, ...] = ()
+    n: int = 0  # the rows before the round's: the cuts' and their padding
+    pad: int = 0
+
+    @classmethod
+    def cut(cls, tokens: torch.Tensor, lane: int, start: int) -> "ForwardPlan":
+        """One prompt cut: tokens [T] at positions [start, start + T) of `lane`."""
+        t = tokens.shape[0]
+        positions = torch.arange(start, start + t, device=tokens.device)
+        return cls(tokens, positions, torch.full_like(positions, lane), ((0, t, lane, start),), t)
+
+    @classmethod
+    def of(cls, seqs: list[tuple[torch.Tensor, int, int]], dec: torch.Tensor | None = None, pad: int = 0,
+           spare: int = 0) -> "ForwardPlan":
+        """Prompt cuts [(tokens [T], lane, start)] one after another, `pad` padding rows in the spare
+        lane, then the decode round dec [tokens, positions, lanes, ...] [>= 3, P] (None: no round)."""
+        if dec is not None and not seqs:
+            return cls.round(dec[0], dec[1], dec[2])
+        dev = seqs[0][0].device
+        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
+        cuts = tuple((e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs))
+        zeros = torch.zeros(pad, dtype=torch.long, device=dev)
+        tokens = [t for t, _, _ in seqs] + [zeros]
+        positions = [torch.arange(s, s + b - a, device=dev) for a, b, _, s in cuts] + [zeros]
+        lanes = [torch.full((b - a,), lane, device=dev) for a, b, lane, _ in cuts] + [zeros + spare]
+        if dec is not None:
+            tokens, positions, lanes = tokens + [dec[0]], positions + [dec[1]], lanes + [dec[2]]
+        return cls(torch.cat(tokens), torch.cat(positions), torch.cat(lanes), cuts, ends[-1] + pad, pad)
+
+    @classmethod
+    def round(cls, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor) -> "ForwardPlan":
+        """A decode round: one row an entry, [P] each."""
+        return cls(tokens, positions, lanes)
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def has_round(self) -> bool:
+        return self.n < self.rows
+
+    def last_rows(self) -> list[int]:
+        """Each cut's last row (its logits give the prompt's next token)."""
+        return [b - 1 for _, b, _, _ in self.cuts]
+
+    def write_kv(self, kv, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Layer i's K/V rows into their cache slots: each cut's from its start in its lane, each round
+        row's at its lane and position. (The fused kernels write every row, padding too, themselves.)"""
+        for a, b, lane, s in self.cuts:
+            kv.k[i, lane, s:s + b - a] = k[a:b]
+            kv.v[i, lane, s:s + b - a] = v[a:b]
+        if self.has_round:
+            n = self.n
+            lanes, positions = self.lanes[n:], self.positions[n:]
+            kv.k[i, lanes, positions] = k[n:] if n else k
+            kv.v[i, lanes, positions] = v[n:] if n else v
+
+
+class Ops(Protocol):
+    """The kernels one forward runs on, bound to its plan (and the cache it writes)."""
+
+    def embed_norm(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, h): the embedded rows, and layer 0's input norm of them."""
+
+    def mm(self, x: torch.Tensor, i: int, name: str) -> torch.Tensor:
+        """x times layer i's matrix `name` (qkv, o, gate_up, down)."""
+
+    def attention(self, i: int, qkv: torch.Tensor, plan: ForwardPlan) -> torch.Tensor:
+        """Layer i's q/k norm and RoPE, the K/V write into the plan's slots, and each row's attention."""
+
+    def act(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        """silu(gate) * up of layer i's gate/up product of h."""
+
+    def add_norm(self, x: torch.Tensor, a: torch.Tensor, i: int, name: str, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + the sum over ranks of mm(a, i, name), norm of it)."""
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -137,20 +216,12 @@ class Qwen3ForCausalLM(nn.Module):
         # Tensor parallel (engine/parallel/group.py): the sum across ranks after the row-parallel o and
         # down products; None (one rank): nothing to sum.
         self.tp_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
-        # and, in the fused trunk, the sum fused with the add + norm after it (TensorParallel's
+        # and, in the fused kernels, the sum fused with the add + norm after it (TensorParallel's
         # fused_write / fused_add_norm); None: sum, then add_rmsnorm
         self.tp_fused = None
 
-    def _summed(self, y: torch.Tensor) -> torch.Tensor:
+    def summed(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.tp_reduce is None else self.tp_reduce(y)
-
-    def _add_summed_norm(self, x, mm, a, w, norm_w, eps, launch):
-        """add_rmsnorm(x, the sum over ranks of mm(a, w), norm_w): fused (engine/parallel/fused.py) where
-        it takes the product, the same bits either way."""
-        f = self.tp_fused
-        if f is not None and f.fused_write(mm, a, w):
-            return f.fused_add_norm(x, norm_w, eps, launch.mode)
-        return launch.add_rmsnorm(x, self._summed(mm(a, w)), norm_w, eps)
 
     # ---- set-up after the weights are in place -------------------------------------------
     def setup_rope(self, length: int) -> None:
@@ -177,321 +248,80 @@ class Qwen3ForCausalLM(nn.Module):
             m.gate_proj.weight.data = m.w_gate_up[:ni]
             m.up_proj.weight.data = m.w_gate_up[ni:]
 
-    # ---- the trunk -----------------------------------------------------------------------
-    def trunk(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend) -> torch.Tensor:
-        """tokens, positions: [rows]. write_kv(layer, k, v) stores the rows' K/V; attend reads."""
-        cos, sin = self.cos[positions], self.sin[positions]
-        x = self.model.embed_tokens(tokens)
-        for i, layer in enumerate(self.model.layers):
-            a = layer.self_attn
-            q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
-            write_kv(i, k, v)
-            x = x + self._summed(a.o_proj(attend(i, q)))
-            x = x + self._summed(layer.mlp(layer.post_attention_layernorm(x)))
-        return self.model.norm(x)
+    def weight(self, i: int, name: str) -> torch.Tensor:
+        """Layer i's matrix `name` (qkv, o, gate_up, down: the fused ones where fuse() ran)."""
+        layer = self.model.layers[i]
+        if name == "qkv":
+            return layer.self_attn.wqkv
+        if name == "o":
+            return layer.self_attn.o_proj.weight
+        return layer.mlp.w_gate_up if name == "gate_up" else layer.mlp.down_proj.weight
 
-    def trunk_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, write_kv, attend: Attend, packed,
-                  tiled: bool = False, live: torch.Tensor | None = None, mm=None) -> torch.Tensor:
-        """The trunk with the CPU's kernels (engine.cpu.kernels.PackedLinears): packed.mm(x, key)
-        multiplies by a prepacked matrix, packed.heads(i, qkv, cos, sin) norms and rotates q and
-        k in one pass; the same arithmetic as `trunk` otherwise. tiled: a decode round's products
-        in tiles of a fixed row count (packed.mm_tiled), `live` the rows a row-invariant kernel
-        multiplies (the others zero, as the C++ round's); mm(x, key): the products another way."""
-        cos, sin = self.cos[positions], self.sin[positions]
-        x = self.model.embed_tokens(tokens)
-        if mm is None:
-            mm = (lambda x, key: packed.mm_tiled(x, key, live)) if tiled else packed.mm  # noqa: E731
-        for i, layer in enumerate(self.model.layers):
-            q, k, v = packed.heads(i, mm(layer.input_layernorm(x), (i, "qkv")), cos, sin)
-            write_kv(i, k, v)
-            x = x + self._summed(mm(attend(i, q), (i, "o")))
-            gate, up = mm(layer.post_attention_layernorm(x), (i, "gate_up")).chunk(2, dim=-1)
-            x = x + self._summed(mm(F.silu(gate) * up, (i, "down")))
-        return self.model.norm(x)
-
-    def prefill_many_cpu(self, seqs: list[tuple[torch.Tensor, int, int]], kv, packed, rows: int | None = None,
-                         pad: bool = True) -> torch.Tensor:
-        """`prefill` through trunk_cpu for cuts [(tokens [T], lane, start)], rows one after another:
-        each cut's last-row logits. A cut attends over its own lane in query tiles (cpu_attention.tile_for(
-        --prefill-rows)) at absolute positions; pad=False: a partly covered tile multiplies the cut's rows
-        only. With row-invariant products (cpu_kernels.rows_invariant) a cut's bits are its bits alone."""
-        tile = tile_for(rows) if rows else TILE
-        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
-        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
-        tokens = seqs[0][0] if len(seqs) == 1 else torch.cat([t for t, _, _ in seqs])
-        positions = torch.cat([torch.arange(s, s + b - a, device=tokens.device) for a, b, _, s in spans])
-
-        def write_kv(i, k, v):
-            for a, b, lane, s in spans:
-                kv.k[i, lane, s:s + b - a] = k[a:b]
-                kv.v[i, lane, s:s + b - a] = v[a:b]
-
-        def attend(i, q):
-            outs = [cut_attention_cpu(q[a:b], kv.k[i, lane], kv.v[i, lane], s, tile, pad) for a, b, lane, s in spans]
-            return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-        x = self.trunk_cpu(tokens, positions, write_kv, attend, packed)
-        return packed.mm(x[[b - 1 for _, b, _, _ in spans]], "lm_head")
-
-    def mixed_cpu(self, seqs: list[tuple[torch.Tensor, int, int]], dec: torch.Tensor, kv, packed,
-                  attend_dec: Callable[[int, torch.Tensor], torch.Tensor], rows: int, pad: bool,
-                  floor: int | None, grid: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompt cuts [(tokens [T], lane, start)] and a padded decode round dec [tokens, positions,
-        lanes] in one forward through trunk_cpu: the cuts' rows first, then the round's. Each row
-        writes its K/V where `prefill_many_cpu` and `decode_cpu` write it; a cut attends as there
-        (tiles at absolute positions), the round's rows through attend_dec(layer, q).
-
-        The products give every row the bits it has in its own call. With `floor` (the fewest rows
-        from which this CPU's products are row-invariant: engine.cpu.kernels.invariant_floor) one
-        product over every row (the cuts' rows only, where the round's products are the wide
-        kernel's), zero rows added up to the floor, except a whole grid cut (`grid`)
-        shorter than the floor, which `prefill_step` multiplied at its own row count and so is here
-        (a piece of a longer grid cut was multiplied among R rows: it shares). With floor None,
-        each cut alone and the round's rows in its tiles (the cuts must then be grid cuts). Returns
-        (each cut's last-row logits [cuts, vocab], each row alone as prefill_step takes it; the
-        round's logits [P, vocab], in its tiles)."""
-        tile = tile_for(rows)
-        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
-        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
-        n = ends[-1]
-        d_tokens, d_positions, d_lanes = dec[0], dec[1], dec[2]
-        tokens = torch.cat([t for t, _, _ in seqs] + [d_tokens])
-        positions = torch.cat([torch.arange(s, s + b - a, device=tokens.device) for a, b, _, s in spans] + [d_positions])
-        m = tokens.shape[0]
-        if floor is None:
-            parts = [(a, b, packed.mm) for a, b, _, _ in spans] + [(n, m, packed.mm_tiled)]
-        else:  # runs of rows that share a product; a whole grid cut below the floor alone
-            # the wide kernel gives the round's rows their bits at any row count, MKL's cut product
-            # other bits: there the round's rows keep their own product beside the cuts' shared one
-            apart = packed.wide is not None
-            runs = []
-            for a, b, alone in ([(a, b, g and b - a < floor) for (a, b, _, _), g in zip(spans, grid)]
-                                + ([] if apart else [(n, m, False)])):
-                if not alone and runs and not runs[-1][2] and runs[-1][1] == a:
-                    runs[-1] = (runs[-1][0], b, False)
-                else:
-                    runs.append((a, b, alone))
-
-            def shared(x, key):
-                short = floor - x.shape[0]
-                if short <= 0:
-                    return packed.mm(x, key)
-                return packed.mm(torch.cat([x, x.new_zeros(short, x.shape[1])]), key)[:x.shape[0]]
-            parts = [(a, b, packed.mm if alone else shared) for a, b, alone in runs]
-            if apart:
-                parts.append((n, m, packed.mm_tiled))
-
-        def mm(x, key):
-            if len(parts) == 1:
-                return parts[0][2](x, key)
-            return torch.cat([f(x[a:b], key) for a, b, f in parts])
-
-        def write_kv(i, k, v):
-            for a, b, lane, s in spans:
-                kv.k[i, lane, s:s + b - a] = k[a:b]
-                kv.v[i, lane, s:s + b - a] = v[a:b]
-            kv.k[i, d_lanes, d_positions] = k[n:]
-            kv.v[i, d_lanes, d_positions] = v[n:]
-
-        def attend(i, q):
-            outs = [cut_attention_cpu(q[a:b], kv.k[i, lane], kv.v[i, lane], s, tile, pad) for a, b, lane, s in spans]
-            return torch.cat(outs + [attend_dec(i, q[n:].contiguous())])
-
-        x = self.trunk_cpu(tokens, positions, write_kv, attend, packed, mm=mm)
-        firsts = torch.cat([packed.mm(x[[b - 1]], "lm_head") for _, b, _, _ in spans])
-        return firsts, packed.mm_tiled(x[n:], "lm_head")
-
-    def decode_cpu(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv,
-                   attend_fn: Callable[[int, torch.Tensor], torch.Tensor], packed) -> torch.Tensor:
-        """`decode` through trunk_cpu; attend_fn(layer, q) reads each row's own lane."""
-
-        def write_kv(i, k, v):
-            kv.k[i, lanes, positions] = k
-            kv.v[i, lanes, positions] = v
-
-        live = (lanes != kv.spare).nonzero().flatten()  # the padding rows write the spare lane
-        x = self.trunk_cpu(tokens, positions, write_kv, attend_fn, packed, tiled=True, live=live)
-        return packed.mm_tiled(x, "lm_head", live)
-
-    def _launch(self, launch):
-        """The fused forward's kernels (engine.cuda.kernels.Launch): the runner's, or plain ones for
-        this model's device. Imported here: the CPU forwards must not need triton."""
-        if launch is not None:
-            return launch
-        from engine.cuda.kernels import CudaKernels
-        return CudaKernels(self.model.embed_tokens.weight.device).at()
-
-    def trunk_fused(self, tokens, positions, lanes, kv, attend: Attend, skinny: bool = False, mm=None,
-                    attend_qkv=None, launch=None, act=None) -> torch.Tensor:
-        """The same trunk through the fused Triton kernels (CUDA): add+norm, q/k norm + RoPE +
-        cache write, silu*up. The matmuls are cuBLAS's, or with `skinny` (a decode round's few
-        rows) engine.cuda.skinny's where it measured faster, or `mm`'s. attend_qkv(i, qkv, attn):
-        the q/k norm, RoPE and cache write done by the attention itself (engine/cuda/qkfold.py).
-        launch: the kernels and their launch mode (engine.cuda.kernels.Launch; None: plain).
-        act(h, w): silu(gate) * up of the gate/up product, where `mm`'s would not do (None: silu_mul of mm's)."""
-        launch = self._launch(launch)
-        if mm is None and skinny:
-            mm, act = launch.linear, launch.gate_up_silu
-        elif mm is None:
-            mm, act = F.linear, (lambda h, w: launch.silu_mul(F.linear(h, w)))
-        elif act is None:
-            act = lambda h, w: launch.silu_mul(mm(h, w))  # noqa: E731
-        cfg, layers = self.config, self.model.layers
-        eps = cfg.rms_norm_eps
-        x, h = launch.embed_rmsnorm(self.model.embed_tokens.weight, tokens, layers[0].input_layernorm.weight, eps)
+    # ---- the forward -----------------------------------------------------------------------
+    def forward(self, plan: ForwardPlan, ops: Ops) -> torch.Tensor:
+        """Every forward the engine runs: the plan's rows through the layers on `ops`. Returns the
+        final norm's rows [rows, hidden]; the caller takes the logits of the rows it needs."""
+        layers = self.model.layers
+        x, h = ops.embed_norm(plan.tokens)
         for i, layer in enumerate(layers):
-            a, m = layer.self_attn, layer.mlp
-            qkv = mm(h, a.wqkv)
-            if attend_qkv is not None:
-                o = attend_qkv(i, qkv, a)
-            else:
-                o = attend(i, launch.qk_norm_rope_write(qkv, a.q_norm.weight, a.k_norm.weight, self.cos, self.sin,
-                                                        kv.k[i], kv.v[i], lanes, positions, a.n_heads, a.n_kv,
-                                                        a.head_dim, eps))
-            x, h = self._add_summed_norm(x, mm, o, a.o_proj.weight, layer.post_attention_layernorm.weight, eps, launch)
-            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.model.norm.weight
-            x, h = self._add_summed_norm(x, mm, act(h, m.w_gate_up), m.down_proj.weight, nxt, eps, launch)
+            o = ops.attention(i, ops.mm(h, i, "qkv"), plan)
+            x, h = ops.add_norm(x, o, i, "o", layer.post_attention_layernorm)
+            after = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            x, h = ops.add_norm(x, ops.act(h, i), i, "down", after)
         return h
 
-    def _qk_folded(self, attend_fn, kv, lanes, positions, launch):
-        """The decode round's attend_qkv for trunk_fused where the launch mode folds the q/k norm
-        (LaunchMode.fold_qk_norm), the attention is the launch's decode attention and it takes the
-        shape (engine.cuda.decode_attention.qk_fold_takes); else None."""
-        a0 = self.model.layers[0].self_attn
-        if not (launch.mode.fold_qk_norm and attend_fn == launch.attention
-                and launch.qk_fold_takes(a0.n_heads, a0.n_kv, a0.head_dim)):
-            return None
-        eps = self.config.rms_norm_eps
 
-        def attend_qkv(i, qkv, a):
-            qk = (a.q_norm.weight, a.k_norm.weight, self.cos, self.sin, a.n_heads, eps)
-            return launch.attention(kv, i, qkv, lanes, positions, qk=qk)
-        return attend_qkv
+# ---- the reference kernels: plain torch --------------------------------------------------------
+class TorchOps:
+    """The forward in plain torch ops (HF's arithmetic): the reference the fast kernels are held
+    to, and any device's path without them. cut_attention(q, k, v, start) over a lane's rows
+    [0, end) (default `prefill_attention`); round_attention(i, q) for a decode round's rows
+    (default `decode_attention_loop`, one SDPA a row)."""
 
-    def prefill(self, tokens: torch.Tensor, lane: int, start: int, kv, all_logits: bool = False,
-                fused: bool = False, launch=None) -> torch.Tensor:
-        """One cut: tokens [T] at positions [start, start+T) of `lane`. Returns the logits of the
-        last row ([vocab], the lm_head runs for that row only), or of every row if all_logits.
-        fused: run the trunk through the Triton kernels (CUDA, or the interpreter), `launch`'s."""
-        attention = prefill_attention
-        if fused:  # the CUDA path's cut attention, also under the interpreter (tests)
-            launch = self._launch(launch)
-            attention = launch.cut_attention
-        positions, write_kv, attend = cut_io(tokens, lane, start, kv, attention)
-        if fused:
-            lanes = torch.full_like(positions, lane)
-            x = self.trunk_fused(tokens, positions, lanes, kv, attend, launch=launch)
+    def __init__(self, model: Qwen3ForCausalLM, kv, plan: ForwardPlan, cut_attention=None, round_attention=None,
+                 rows: list[tuple[int, int]] | None = None):
+        """rows: the round's (lane, position) pairs as Python ints, for the reference loop (no sync)."""
+        self.model, self.kv = model, kv
+        self.cos, self.sin = model.cos[plan.positions], model.sin[plan.positions]
+        self.cut_attention = cut_attention or prefill_attention
+        if round_attention is None and plan.has_round:
+            lanes, positions, spare = plan.lanes[plan.n:], plan.positions[plan.n:], kv.spare
+
+            def round_attention(i, q):
+                return decode_attention_loop(kv, i, q, lanes, positions, spare=spare, rows=rows)
+        self.round_attention = round_attention
+
+    def embed_norm(self, tokens):
+        x = self.model.model.embed_tokens(tokens)
+        return x, self.model.model.layers[0].input_layernorm(x)
+
+    def mm(self, x, i, name):
+        a = self.model.model.layers[i].self_attn
+        if name == "qkv" and a.wqkv is None:  # (an unfused model: three products)
+            return torch.cat([a.q_proj(x), a.k_proj(x), a.v_proj(x)], dim=-1)
+        return F.linear(x, self.model.weight(i, name))
+
+    def attention(self, i, qkv, plan):
+        q, k, v = self.model.model.layers[i].self_attn.heads(qkv, self.cos, self.sin)
+        plan.write_kv(self.kv, i, k, v)
+        kv, n = self.kv, plan.n
+        outs = [self.cut_attention(q[a:b], kv.k[i, lane, :s + b - a], kv.v[i, lane, :s + b - a], s)
+                for a, b, lane, s in plan.cuts]
+        if plan.has_round:
+            outs.append(self.round_attention(i, q[n:]))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def act(self, h, i):
+        m = self.model.model.layers[i].mlp
+        if m.w_gate_up is not None:
+            gate, up = F.linear(h, m.w_gate_up).chunk(2, dim=-1)
         else:
-            x = self.trunk(tokens, positions, write_kv, attend)
-        return self.lm_head(x if all_logits else x[-1])
+            gate, up = m.gate_proj(h), m.up_proj(h)
+        return F.silu(gate) * up
 
-    def prefill_many(self, seqs: list[tuple[torch.Tensor, int, int]], kv, mm, padded_rows=None,
-                     launch=None) -> torch.Tensor:
-        """Several cuts in one forward through the fused kernels: seqs = [(tokens [T], lane, start)],
-        their rows one after another. Each cut's attention reads only its own lane (cut_attention)
-        and `mm` must give a row's bits whatever the other rows (engine.cuda.batch.matmul), so
-        a cut's results do not depend on the cuts beside it. padded_rows(m): the rows a forward
-        of m rows runs at (engine.cuda.batch.Buckets.padded_rows; None: m). Returns each cut's
-        last-row logits."""
-        launch = self._launch(launch)
-        cut_attention = launch.cut_attention
-        dev = seqs[0][0].device
-        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
-        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
-        # rows up to a count every product was checked at (the runner's batch Buckets): token 0 at
-        # position 0 of the spare lane, never attended to, never read back
-        pad = (padded_rows(ends[-1]) if padded_rows is not None else ends[-1]) - ends[-1]
-        zeros = torch.zeros(pad, dtype=torch.long, device=dev)
-        tokens = torch.cat([t for t, _, _ in seqs] + [zeros])
-        positions = torch.cat([torch.arange(s, s + b - a, device=dev) for a, b, _, s in spans] + [zeros])
-        lanes = torch.cat([torch.full((b - a,), lane, device=dev) for a, b, lane, _ in spans] + [zeros + kv.spare])
-
-        def attend(i, q):
-            return torch.cat([cut_attention(q[a:b], kv.k[i, lane, :s + b - a], kv.v[i, lane, :s + b - a], s)
-                              for a, b, lane, s in spans] + [q.new_zeros(pad, q.shape[1] * q.shape[2])])
-
-        h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, launch=launch)
-        return mm(h[[b - 1 for _, b, _, _ in spans]], self.lm_head.weight)
-
-    def mixed_fused(self, seqs: list[tuple[torch.Tensor, int, int]], dec: torch.Tensor, kv, cut_mm, launch,
-                    first_head, skinny: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompt cuts [(tokens [T], lane, start)] and a padded decode round dec [tokens, positions, lanes]
-        in one forward through the fused kernels (CUDA): the cuts' rows first, then the round's. The
-        row-wise kernels (norms, q/k norm + RoPE + cache write, silu*up's multiply) take every row at
-        once; each product runs twice, the cuts' rows through cut_mm (the row-invariant product of
-        prompt cuts, engine/cuda/batch.py: a row's bits those of its grid cut) and the round's rows
-        through the round's own kernels at the round's row count (skinny.py: its bits those of a plain
-        round). The graphs' body (engine/runner/mixed_graph.py) runs one launch over both where a
-        start-up check shows it keeps both kinds' bits; this eager form, for what no graph takes
-        (several cuts, no decode graphs), keeps the two. Attention: each cut through
-        launch.cut_attention (cut_flash's tiles at absolute positions, so a cut sized off the grid
-        keeps its rows' bits), the round through the decode attention. first_head(j, row [hidden]): cut
-        j's last-row logits as prefill_step takes them; skinny: the round's products as `decode`'s
-        with skinny (else cuBLAS's). Returns (each cut's last-row logits
-        [cuts, vocab], the round's logits [P, vocab])."""
-        launch = self._launch(launch)
-        dev = dec.device
-        ends = torch.tensor([t.shape[0] for t, _, _ in seqs]).cumsum(0).tolist()
-        spans = [(e - t.shape[0], e, lane, start) for e, (t, lane, start) in zip(ends, seqs)]
-        n = ends[-1]
-        d_tokens, d_positions, d_lanes = dec[0], dec[1], dec[2]
-        tokens = torch.cat([t for t, _, _ in seqs] + [d_tokens])
-        positions = torch.cat([torch.arange(s, s + b - a, device=dev) for a, b, _, s in spans] + [d_positions])
-        lanes = torch.cat([torch.full((b - a,), lane, device=dev) for a, b, lane, _ in spans] + [d_lanes])
-
-        round_mm = launch.linear if skinny else F.linear
-        round_act = launch.gate_up_silu if skinny else (lambda x, w: launch.silu_mul(F.linear(x, w)))
-
-        def mm(x, w):
-            return torch.cat([cut_mm(x[:n], w), round_mm(x[n:], w)])
-
-        def act(x, w):
-            return torch.cat([launch.silu_mul(cut_mm(x[:n], w)), round_act(x[n:], w)])
-
-        def attend(i, q):
-            return torch.cat([launch.cut_attention(q[a:b], kv.k[i, lane, :s + b - a], kv.v[i, lane, :s + b - a], s)
-                              for a, b, lane, s in spans] + [launch.attention(kv, i, q[n:], d_lanes, d_positions)])
-
-        h = self.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, act=act, launch=launch)
-        firsts = torch.stack([first_head(j, h[b - 1]) for j, (_, b, _, _) in enumerate(spans)])
-        return firsts, round_mm(h[n:], self.lm_head.weight)
-
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, lanes: torch.Tensor, kv, attend_fn,
-               fused: bool = False, skinny: bool = False, launch=None) -> torch.Tensor:
-        """One row per entry of the fixed padded batch: tokens, positions, lanes [P]. Writes each
-        row's K/V at (lane, position); attend_fn(kv, layer, q, lanes, positions) reads [0, pos].
-        skinny (with fused): the matmuls through engine.cuda.skinny. launch (with fused): the
-        kernels and their launch mode (engine.cuda.kernels.Launch; None: plain); attend_fn may be
-        its `attention`, whose q/k fold the mode may ask for."""
-
-        def write_kv(i, k, v):
-            kv.k[i, lanes, positions] = k
-            kv.v[i, lanes, positions] = v
-
-        def attend(i, q):
-            return attend_fn(kv, i, q, lanes, positions)
-
-        if fused:
-            launch = self._launch(launch)
-            h = self.trunk_fused(tokens, positions, lanes, kv, attend, skinny=skinny, launch=launch,
-                                 attend_qkv=self._qk_folded(attend_fn, kv, lanes, positions, launch))
-            return (launch.linear if skinny else F.linear)(h, self.lm_head.weight)
-        return self.lm_head(self.trunk(tokens, positions, write_kv, attend))
-
-
-def cut_io(tokens: torch.Tensor, lane: int, start: int, kv, attention):
-    """A prompt cut's positions, its K/V writer into rows [start, end) of `lane`, and its
-    attention(q, k, v, start) over the lane's rows [0, end)."""
-    end = start + tokens.shape[0]
-
-    def write_kv(i, k, v):
-        kv.k[i, lane, start:end] = k
-        kv.v[i, lane, start:end] = v
-
-    def attend(i, q):
-        return attention(q, kv.k[i, lane, :end], kv.v[i, lane, :end], start)
-
-    return torch.arange(start, end, device=tokens.device), write_kv, attend
+    def add_norm(self, x, a, i, name, norm):
+        x = x + self.model.summed(F.linear(a, self.model.weight(i, name)))
+        return x, norm(x)
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:

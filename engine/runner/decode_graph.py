@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.cpu.kernels import ROW_TILE
+from engine.cpu.packed import ROW_TILE
 from engine.runner.ahead import Ahead, advance_inputs, steps
 
 log = logging.getLogger("engine.runner.model_runner")
@@ -52,7 +52,7 @@ class Bucket:
 def buckets(r) -> tuple[int, ...]:
     """The row counts r's decode rounds run at, ascending, the padded shape last. CUDA: those below it
     whose products all route as the padded shape's (KernelConfig.row_buckets None or True). CPU (only
-    with row_buckets=True): whole tiles of engine/cpu/kernels.py ROW_TILE rows, which is what a CPU
+    with row_buckets=True): whole tiles of engine/cpu/packed.py ROW_TILE rows, which is what a CPU
     product multiplies at any row count."""
     full, on = r.round_rows, r.cfg.kernels.row_buckets
     if on is False or r.cfg.tensor_parallel != 1:

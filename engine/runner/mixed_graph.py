@@ -39,6 +39,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from engine.cuda.forward import FusedOps, round_kernels
+from engine.models.qwen3 import ForwardPlan
+
 if TYPE_CHECKING:  # cut_flash loads triton, which a CPU runner never needs
     from engine.cuda.cut_flash import CutFlashConfig
 
@@ -103,13 +106,6 @@ def chunked(x: torch.Tensor, w: torch.Tensor, chunks: int = 1) -> torch.Tensor:
     n_out, k = w.shape
     y = torch.bmm(x.expand(chunks, *x.shape), w.view(chunks, n_out // chunks, k).transpose(1, 2))
     return y.transpose(0, 1).reshape(x.shape[0], n_out)
-
-
-def round_kernels(launch, skinny: bool):
-    """The round's own products (mm, and gate/up with silu * up), as a plain round runs them."""
-    if skinny:
-        return launch.linear, launch.gate_up_silu
-    return F.linear, lambda x, w: launch.silu_mul(F.linear(x, w))
 
 
 def fewest_rows(w: torch.Tensor, cases: list, top: int = 1024, act=None, chunks: int = 1) -> int | None:
@@ -204,7 +200,7 @@ def pad(x: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def products(plan: dict, n: int, cut_mm, launch, skinny: bool, down: tuple | None = None):
-    """trunk_fused's mm and act for a shape: each weight as `plan` says (plan_products). down: the down
+    """The forward's mm and act (engine/cuda/forward.py FusedOps) for a shape: each weight as `plan` says (plan_products). down: the down
     weight's (N, K), when act's silu * up is to be written into the head of down's padded input (a
     buffer whose padding rows are zeroed once a forward), so that down reads it without a fill and a
     copy each layer; None: down pads its input as any product does."""
@@ -240,16 +236,13 @@ def forward(model, kv, inp: torch.Tensor, meta: torch.Tensor, n: int, plan: dict
     """The mixed forward at a shape: inp [3, n + p] (tokens, positions, lanes), the cut's rows first;
     meta int32 [start, rows, lane]. Returns (the cut's last row's hidden state, the round's ids)."""
     from engine.cuda.cut_flash import cut_attention_at
-    tokens, positions, lanes = inp[0], inp[1], inp[2]
-    d_lanes, d_positions = lanes[n:], positions[n:]
     mm, act = products(plan, n, cut_mm, launch, skinny, down=tuple(model.model.layers[0].mlp.down_proj.weight.shape)
                        if hold_down else None)
-
-    def attend(i, q):
-        return torch.cat([cut_attention_at(q[:n], kv.k[i], kv.v[i], meta, max_len, tiles),
-                          launch.attention(kv, i, q[n:], d_lanes, d_positions)])
-
-    h = model.trunk_fused(tokens, positions, lanes, kv, attend, mm=mm, act=act, launch=launch)
+    # the cut's rows [0, n) (its padding rows in the spare lane) attend in one call, at the cut's start
+    rows = ForwardPlan(inp[0], inp[1], inp[2], n=n)
+    ops = FusedOps(model, kv, rows, launch, mm=mm, act=act,
+                   cut_rows=lambda i, q: cut_attention_at(q, kv.k[i], kv.v[i], meta, max_len, tiles))
+    h = model(rows, ops)
     last = h.index_select(0, (meta[1:2] - 1).long())[0]
     logits = (launch.linear if skinny else F.linear)(h[n:], model.lm_head.weight)
     return last, launch.argmax_rows(logits)

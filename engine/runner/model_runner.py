@@ -39,15 +39,14 @@ from engine.runner.decode_graph import DecodeGraphs
 from engine.runner.mixed_graph import TILES, MixedGraphs
 from engine.runner.ahead import Ahead, EagerRounds
 from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
-from engine.cpu.kernels import (ROW_TILE, BucketPlan, PackedLinears, bf16_refused, decode_attention_buckets,
-                                invariant_floor, rows_invariant)
-from engine.cpu.decode_attention import BMM, C_KERNEL, kernel as c_attention
+from engine.cpu.kernels import CpuKernels
 from engine.cpu.cut_attention import tile_for
-from engine.cpu.round import CppRound
-from engine.cpu.wide import WideKernel, round_weights, wide_wanted
+from engine.cpu.packed import bf16_refused
 from engine.runner.kv_cache import KVCache
 from engine.scheduler.backend import Capabilities, next_cut
-from engine.models.qwen3 import decode_attention_loop
+from engine.cpu.forward import CpuOps, mixed_products as cpu_mixed_products, round_products
+from engine.cuda.forward import FusedOps, mixed_products, round_kernels
+from engine.models.qwen3 import ForwardPlan, TorchOps, decode_attention_loop
 from engine.models.presets import resolve_model
 from engine.runner.sampler import choose
 from engine.scheduler.sampling import SamplingParams
@@ -102,17 +101,12 @@ class ModelRunner:
         self.max_model_len: int = cfg.max_model_len
         self.prefill_rows: int = cfg.prefill_rows
         self.vocab_size: int = mcfg.vocab_size
-        self.eos_token_id: int = mcfg.eos_token_id  # the first of eos_token_ids (old callers)
         self.eos_token_ids: tuple[int, ...] = mcfg.eos_token_ids  # a reply stops at any of them
         self.tokenizer = load_tokenizer(model_dir, mcfg.vocab_size, mcfg.eos_token_id)
 
-        # float32 compute over bf16-valued matrices where the CPU has no bf16 arithmetic (engine/cpu/wide.py)
-        self.cpu_wide = wide_wanted(cfg.device, cfg.dtype, cfg.kernels.cpu_wide)
         if model is None:
             model = load_model(mcfg, cfg.load_format, model_dir, self.device, self.dtype, cfg.seed)
             model.fuse()
-        if self.cpu_wide:  # (idempotent: a reused or tensor-parallel rank's model too)
-            round_weights(model)
         self.model = model
         if model.cos is None or model.cos.shape[0] < cfg.max_model_len:
             model.setup_rope(cfg.max_model_len)
@@ -134,41 +128,20 @@ class ModelRunner:
             a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
             self.kernels.batch = adopt_buckets([a.wqkv, a.o_proj.weight, m.w_gate_up, m.down_proj.weight])
             self.batch_rows = self.kernels.batch.rows
-        # CPU: matmuls on prepacked weights, batched span-grouped decode attention
-        # (engine/cpu/kernels.py); KernelConfig(cpu_fast=False) keeps the plain reference ops.
-        self.cpu_mm = None
-        self.cpu_round: CppRound | None = None
-        self.cpu_attn = None  # the C decode attention (engine/cpu/decode_attention.py), chosen once a process
-        self.cpu_rows_free = False  # bf16 prompt products found row-invariant here (cpu_kernels.rows_invariant)
+        # CPU: the kernels chosen once (engine/cpu/kernels.py): prepacked matmuls, the C decode attention,
+        # the C++ round; KernelConfig(cpu_fast=False) keeps the plain reference ops. (A tensor-parallel
+        # rank wraps _decode_body: its round stays in Python.)
+        self.cpu: CpuKernels | None = None
         self.round_rows = cfg.parallel  # the padded shape: the most rows a decode round has
-        if self.device.type == "cpu" and knobs.cpu_fast:
-            c = c_attention()  # before the first forward; never switched mid-serve (it would move bits)
-            wide = WideKernel(c.lib) if c is not None and self.cpu_wide else None
-            self.cpu_mm = PackedLinears(model, wide)
-            log.info("CPU matmuls: %s", self.cpu_mm.kind)
-            # whole ROW_TILE tiles, so a row's bits do not depend on --parallel (PackedLinears.mm_tiled)
-            self.round_rows = -(-cfg.parallel // ROW_TILE) * ROW_TILE
-            self.cpu_attn = c if c is not None and c.takes(*self.cpu_mm.shape) else None
-            log.info("decode attention: %s", C_KERNEL if self.cpu_attn else BMM)
-            if type(self)._decode_body is ModelRunner._decode_body:  # (a tensor-parallel rank wraps it: Python)
-                self.cpu_round = CppRound.started(model, self.cpu_mm, knobs.cpu_cpp,  # engine/cpu/round.py
-                                                  self.cpu_attn.address if self.cpu_attn else 0,
-                                                  c.elem((mcfg.hidden_size, mcfg.head_dim)) if c else (0, 0, 0, 0))
-                # short cuts together, tiles without zero rows: where a row's bits are its own (one rank)
-                self.cpu_rows_free = knobs.batch_cuts and rows_invariant(self.cpu_mm, tile_for(cfg.prefill_rows))
-                self.batch_cuts = self.cpu_rows_free
-                log.info("CPU prompt cuts: %s", "together" if self.cpu_rows_free else "one at a time")
-        # mixed forwards (`mixed`): the fewest rows from which a product gives a row its bits beside
-        # any other rows, checked once here (None: each product launched per part of the forward)
-        self.mix_floor: int | None = None
-        if cfg.prefill_mode == "mixed" and self.cpu_mm is not None and self.cpu_round is not None:
-            self.mix_floor = invariant_floor(self.cpu_mm, tile_for(cfg.prefill_rows))
-            log.info("mixed forwards: %s", "one product over every row" if self.mix_floor is not None
-                     else "each product per part (cuts on the grid)")
+        if self.device.type == "cpu":
+            self.cpu = CpuKernels(model, cfg, own_round=type(self)._decode_body is ModelRunner._decode_body)
+            self.round_rows = self.cpu.round_rows
+            self.batch_cuts = self.cpu.rows_free
+        self.mix_floor = self.cpu.mix_floor if self.cpu is not None else None
         # whether a cut keeps its rows' bits wherever it starts and ends: the host may size it freely
         self.cut_free = self.mix_floor is not None and cfg.prefill_rows >= self.mix_floor
         # fp32 (and bf16 without cpu_rows_free) cut attention computes whole tiles: cut at their ends
-        self.cut_granule = tile_for(cfg.prefill_rows) if not self.cpu_rows_free else 16
+        self.cut_granule = 16 if self.cpu is not None and self.cpu.rows_free else tile_for(cfg.prefill_rows)
         # CUDA mixed forwards as graphs (engine/runner/mixed_graph.py); cut_sizes: the cut rows the
         # host's budget picks among (None: any multiple of cut_granule)
         self.mixed_graphs: MixedGraphs | None = None
@@ -375,18 +348,43 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward_many(self, seqs) -> torch.Tensor:
-        if self.cpu_mm is not None and not self.fused:  # each cut's bits its own (cpu_rows_free)
-            return self.model.prefill_many_cpu(seqs, self.kv, self.cpu_mm, self.prefill_rows, pad=False)
-        k = self.kernels
-        return self.model.prefill_many(seqs, self.kv, k.matmul, k.batch.padded_rows, launch=self._launch())
+        """Cuts [(tokens, lane, start)] in one forward, each cut's bits its own: its last row's logits."""
+        if self.cpu is not None and self.cpu.packed is not None and not self.fused:  # (cpu.rows_free)
+            return self._forward_cpu(ForwardPlan.of(seqs), pad=False)
+        # rows up to a count every product was checked at (engine/cuda/batch.py Buckets): padding rows
+        k, m = self.kernels, sum(t.shape[0] for t, _, _ in seqs)
+        plan = ForwardPlan.of(seqs, pad=k.batch.padded_rows(m) - m, spare=self.spare)
+        h = self.model(plan, FusedOps(self.model, self.kv, plan, self._launch(), mm=k.matmul))
+        return k.matmul(h[plan.last_rows()], self.model.lm_head.weight)
 
     @torch.inference_mode()
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
-        if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
-            return self.model.prefill_many_cpu([(ids, lane, start)], self.kv, self.cpu_mm, self.prefill_rows,
-                                               pad=not self.cpu_rows_free)[0]
-        return self.model.prefill(ids, lane, start, self.kv, fused=self.fused,
-                                  launch=self._launch() if self.fused else None)
+        """One cut's last row's logits."""
+        plan = ForwardPlan.cut(ids, lane, start)
+        if self.cpu is not None and self.cpu.packed is not None and not self.fused:  # (a check may turn fused on in the interpreter)
+            return self._forward_cpu(plan, pad=not self.cpu.rows_free)[0]
+        return self.model.lm_head(self.model(plan, self._cut_ops(plan))[-1])
+
+    def _cut_ops(self, plan: ForwardPlan):
+        """A prompt cut's kernels off the CPU's fast path: the fused ones, or plain torch (the cut
+        attention through cuDNN's halves on CUDA)."""
+        if self.fused:
+            return FusedOps(self.model, self.kv, plan, self._launch())
+        return TorchOps(self.model, self.kv, plan)
+
+    def _forward_cpu(self, plan: ForwardPlan, pad: bool) -> torch.Tensor:
+        """Prompt cuts on the CPU kernels (engine/cpu/forward.py): each cut's last row's logits."""
+        packed = self.cpu.packed
+        h = self.model(plan, CpuOps(self.model, self.kv, plan, packed, packed.mm, self.cpu.cut_attention, pad))
+        return packed.mm(h[plan.last_rows()], "lm_head")
+
+    def cut_logits(self, ids: torch.Tensor, lane: int, start: int, fused: bool = False) -> torch.Tensor:
+        """Every row's logits of one cut through plain torch (the reference), or with `fused` this
+        runner's fused kernels (tests, device checks)."""
+        plan = ForwardPlan.cut(ids, lane, start)
+        with torch.inference_mode():
+            ops = FusedOps(self.model, self.kv, plan, self._launch()) if fused else TorchOps(self.model, self.kv, plan)
+            return self.model.lm_head(self.model(plan, ops))
 
     @torch.inference_mode()
     def _warm_cuts(self) -> int:
@@ -445,32 +443,30 @@ class ModelRunner:
         """Prompt cuts [(lane, tokens, start, end)] and one greedy decode round in one forward
         (engine/scheduler/backend.py MixedBackend): each cut's rows with the bits `prefill_step`
         gives them and each decode row with the bits `decode` gives it (the CPU's fast path:
-        Qwen3ForCausalLM.mixed_cpu; CUDA with cut_flash: _mixed_fused; elsewhere the cuts, then the round). Returns (per cut its
+        engine/cpu/forward.py mixed_products; CUDA with cut_flash: _mixed_fused; elsewhere the cuts, then the round). Returns (per cut its
         greedy first token if it ends its prompt, else None; the round's ids)."""
         if not (len(lanes) == len(tokens) == len(positions)) or not lanes:
             raise ValueError("a mixed forward needs decode entries, lanes, tokens and positions alike")
         if self.fused and self.kernels.cut_flash is not None:
             return self._mixed_fused(cuts, lanes, tokens, positions)
-        if self.cpu_mm is None or self.fused or self.cpu_round is None:
+        if self.cpu is None or self.cpu.packed is None or self.fused or self.cpu.round is None:
             return [self.prefill_step(*c) for c in cuts], self.decode(lanes, tokens, positions)
         self._check_mixed(cuts, lanes)
         rows, where = self.padded_round(lanes, tokens, positions)
         if self.ahead is not None:
             self.ahead.drop()
         seqs = [(torch.tensor(list(t[s:e]), dtype=torch.long, device=self.device), lane, s) for lane, t, s, e in cuts]
-        dec = torch.tensor(rows, dtype=torch.long, device=self.device)
-        kv, c = self.kv, self.cpu_attn
-        if c is not None:  # the round's own attention (the C kernel the C++ round calls)
-            lanes_c, positions_c = dec[2].contiguous(), dec[1].contiguous()
-            attend = lambda i, q: c(kv.k[i], kv.v[i], q, lanes_c, positions_c, self.spare)  # noqa: E731
-        else:
-            plan = BucketPlan(list(zip(rows[2], rows[1])), self.spare, self.max_model_len, self.device)
-            attend = lambda i, q: decode_attention_buckets(kv, i, q, plan)  # noqa: E731
-        first_logits, logits = self.model.mixed_cpu(seqs, dec, kv, self.cpu_mm, attend, self.prefill_rows,
-                                                    pad=not self.cpu_rows_free, floor=self.mix_floor,
-                                                    grid=[s % self.prefill_rows == 0 and e == next_cut(s, len(t), self.prefill_rows)
-                                                          for _, t, s, e in cuts])
-        return mixed_ids(cuts, first_logits, logits, where)
+        plan = ForwardPlan.of(seqs, torch.tensor(rows, dtype=torch.long, device=self.device))
+        n, cpu = plan.n, self.cpu
+        # each cut's rows as prefill_step gives them, the round's as decode does (engine/cpu/forward.py)
+        grid = [s % self.prefill_rows == 0 and e == next_cut(s, len(t), self.prefill_rows) for _, t, s, e in cuts]
+        attend = cpu.round_attention(self.kv, plan.lanes[n:], plan.positions[n:], list(zip(rows[2], rows[1])),
+                                     self.spare, self.max_model_len)  # (the C kernel the C++ round calls)
+        ops = CpuOps(self.model, self.kv, plan, cpu.packed, cpu_mixed_products(cpu.packed, plan, cpu.mix_floor, grid),
+                     cpu.cut_attention, pad=not cpu.rows_free, round_attention=attend)
+        h = self.model(plan, ops)
+        firsts = torch.cat([cpu.packed.mm(h[[r]], "lm_head") for r in plan.last_rows()])  # each alone, as prefill_step's
+        return mixed_ids(cuts, firsts, cpu.packed.mm_tiled(h[n:], "lm_head"), where)
 
     def _mixed_refused(self) -> str | None:
         """Why this CUDA runner's mixed forwards could not keep every row's bits, or None."""
@@ -488,10 +484,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _mixed_fused(self, cuts, lanes, tokens, positions, here: bool = False) -> tuple[list[int | None], list[int]]:
-        """`mixed` on CUDA (Qwen3ForCausalLM.mixed_fused): the cuts' products through the prompt cuts'
-        row-invariant product (cuBLAS at the checked counts), the round's through its own kernels at
-        its row count, so each row keeps the bits its own call gives it. here: in the calling thread
-        (the cut thread's own warm-up), else in the cut thread, as prompt cuts run."""
+        """`mixed` on CUDA: the cuts' products through the prompt cuts' row-invariant product (cuBLAS
+        at the checked counts), the round's through its own kernels at its row count, so each row
+        keeps the bits its own call gives it. here: in the calling thread (the cut thread's own
+        warm-up), else in the cut thread, as prompt cuts run."""
         self._check_mixed(cuts, lanes)
         rows, where = self.padded_round(lanes, tokens, positions)
         if self.ahead is not None:
@@ -520,7 +516,14 @@ class ModelRunner:
 
         @torch.inference_mode()  # (per thread: the cut thread's call needs its own)
         def run():
-            return self.model.mixed_fused(seqs, dec, self.kv, k.matmul, self._launch(), first_head, skinny=self.skinny)
+            plan = ForwardPlan.of(seqs, dec)
+            # every row-wise kernel over all rows at once; each product twice (engine/cuda/forward.py
+            # mixed_products); each cut's attention through cut_flash's tiles at absolute positions
+            launch = self._launch()
+            mm, act = mixed_products(plan.n, k.matmul, launch, self.skinny)
+            h = self.model(plan, FusedOps(self.model, self.kv, plan, launch, mm=mm, act=act))
+            firsts = torch.stack([first_head(j, h[r]) for j, r in enumerate(plan.last_rows())])
+            return firsts, round_kernels(launch, self.skinny)[0](h[plan.n:], w)
         first_logits, logits = run() if here else self.in_cut_thread(run)
         return mixed_ids(cuts, first_logits, logits, where)
 
@@ -573,28 +576,36 @@ class ModelRunner:
         return self._decode_body(inp, mode=mode)
 
     def _decode_body(self, inp: torch.Tensor, rows=None, mode=None) -> torch.Tensor:
-        """The round's logits [parallel, vocab]; mode: the CUDA kernels' launch mode (None: plain)."""
-        tokens, positions, lanes = inp[0], inp[1], inp[2]
-        if self.cpu_mm is not None and not self.fused:  # (a check may turn fused on in the interpreter)
-            return self._decode_cpu(tokens, positions, lanes, rows)
-        launch = self._launch(mode) if self.fused else None
+        """The round's logits [parallel, vocab]; mode: the CUDA kernels' launch mode (None: plain);
+        rows: the round's (lane, position) pairs as Python ints, where the attention wants them."""
+        plan, kv = ForwardPlan.round(inp[0], inp[1], inp[2]), self.kv
+        if self.cpu is not None and self.cpu.packed is not None and not self.fused:  # (a check may turn fused on in the interpreter)
+            return self._decode_cpu(plan, rows)
         if self.device.type == "cuda":
-            attend = launch.attention if launch is not None else self.kernels.at().attention
-        else:
-            def attend(kv, i, q, lanes_t, positions_t):
-                return decode_attention_loop(kv, i, q, lanes_t, positions_t, spare=self.spare, rows=rows)
-        return self.model.decode(tokens, positions, lanes, self.kv, attend, fused=self.fused,
-                                 skinny=self.skinny, launch=launch)
+            attend = None  # the launch's decode attention
+        else:  # (the interpreter's checks, and the plain CPU reference)
+            def attend(i, q):
+                return decode_attention_loop(kv, i, q, plan.lanes, plan.positions, spare=self.spare, rows=rows)
+        if not self.fused:
+            if attend is None:
+                def attend(i, q):
+                    return self.kernels.at().attention(kv, i, q, plan.lanes, plan.positions)
+            return self.model.lm_head(self.model(plan, TorchOps(self.model, kv, plan, round_attention=attend)))
+        launch = self._launch(mode)
+        a = self.model.model.layers[0].self_attn
+        fold = attend is None and launch.mode.fold_qk_norm and launch.qk_fold_takes(a.n_heads, a.n_kv, a.head_dim)
+        h = self.model(plan, FusedOps(self.model, kv, plan, launch, skinny=self.skinny, fold=fold, round_attention=attend))
+        return round_kernels(launch, self.skinny)[0](h, self.model.lm_head.weight)
 
-    def _decode_cpu(self, tokens, positions, lanes, rows) -> torch.Tensor:
-        kv, c = self.kv, self.cpu_attn
-        if c is not None:  # the same compiled function as the C++ round's
-            lanes_c, positions_c = lanes.contiguous(), positions.contiguous()
-            attend = lambda i, q: c(kv.k[i], kv.v[i], q, lanes_c, positions_c, self.spare)  # noqa: E731
-        else:
-            plan = BucketPlan(rows, self.spare, self.max_model_len, self.device)
-            attend = lambda i, q: decode_attention_buckets(kv, i, q, plan)  # noqa: E731
-        return self.model.decode_cpu(tokens, positions, lanes, kv, attend, self.cpu_mm)
+    def _decode_cpu(self, plan: ForwardPlan, rows) -> torch.Tensor:
+        """A round on the CPU kernels: its products in whole tiles, its attention the C kernel's (the
+        C++ round's) or the batched matmuls'."""
+        cpu, kv = self.cpu, self.kv
+        live = (plan.lanes != kv.spare).nonzero().flatten()  # the padding rows write the spare lane
+        attend = cpu.round_attention(kv, plan.lanes, plan.positions, rows, self.spare, self.max_model_len)
+        ops = CpuOps(self.model, kv, plan, cpu.packed, round_products(cpu.packed, live), cpu.cut_attention,
+                     round_attention=attend)
+        return cpu.packed.mm_tiled(self.model(plan, ops), "lm_head", live)
 
     @torch.inference_mode()
     def decode(self, lanes: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
@@ -619,8 +630,8 @@ class ModelRunner:
         elif self._graph_takes(lanes):
             out = self.graphs.fresh(rows).tolist()
             logits = self.graphs.rounds[len(rows[0])].s_logits
-        elif self.cpu_round is not None and self.cpu_round.ready and not self.fused:
-            logits, ids_t = self.cpu_round.rows(rows, self.spare, self.kv)  # the same bits as below
+        elif self.cpu is not None and self.cpu.round is not None and self.cpu.round.ready and not self.fused:
+            logits, ids_t = self.cpu.round.rows(rows, self.spare, self.kv)  # the same bits as below
             out = ids_t.tolist()
         else:
             if self.ahead is not None:

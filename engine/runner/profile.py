@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from engine.config import Toolchain
 from engine.scheduler.host import BATCH_ROWS
 
 SCHEMA = "tfbench.profile/1"
@@ -65,6 +66,7 @@ class ProfileConfig:
     seed: int = 0
     cpu_isa: str = "native"
     threads: int | None = None
+    toolchain: Toolchain = field(default_factory=Toolchain)  # the CPU kernels' compilers (the CLI reads them)
 
     def sized(self) -> "ProfileConfig":
         cuda = self.device != "cpu"
@@ -195,7 +197,7 @@ class Profiler:
         knobs.update(kw.pop("knobs", {}))
         return EngineConfig(model=self.cfg.model, device=self.cfg.device, dtype=self.dtype, parallel=parallel,
                             max_model_len=max_len, prefill_rows=self.cfg.prefill_rows, prefill_mode=mode,
-                            seed=self.cfg.seed, kernels=KernelConfig(**knobs), **kw)
+                            seed=self.cfg.seed, kernels=KernelConfig(toolchain=self.cfg.toolchain, **knobs), **kw)
 
     def stage(self, purpose: str, parallel: int, max_len: int, measure, mode: str = "stepped", flags=(), **kw) -> None:
         """Build a runner (the weights shared), `measure(runner)`, and free it before the next: two

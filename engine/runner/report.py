@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.runner import device_info
-from engine.cpu.decode_attention import BMM, C_KERNEL
-from engine.cpu.kernels import cpu_bf16_native
+from engine.cpu.packed import cpu_bf16_native
 from engine.cpu.round import CppRound
 
 
@@ -78,34 +77,34 @@ def cuda_mixed(r) -> str:
 
 
 def _describe_cpu(r) -> dict:
-    mm = r.cpu_mm
-    return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": "torch" if mm is None else mm.kind,
-            "cpu_weights": "bfloat16 values, float32 compute" if r.cpu_wide else r.cfg.dtype,
-            "decode_attention": "sdpa a row" if mm is None else C_KERNEL if r.cpu_attn else BMM,
-            "cpu_round": CppRound.describe(r.cpu_round),
+    c = r.cpu
+    return {"cpu_bf16_native": cpu_bf16_native(), "cpu_matmuls": "torch" if c.packed is None else c.packed.kind,
+            "cpu_weights": "bfloat16 values, float32 compute" if c.wide_weights else r.cfg.dtype,
+            "decode_attention": c.describe_attention(),
+            "cpu_round": CppRound.describe(c.round),
             "cpu_prompt_cuts": cpu_prompt_cuts(r), "cpu_mixed": cpu_mixed(r)}
 
 
 def cpu_mixed(r) -> str:
-    """How a CPU runner's mixed forwards multiply (ModelRunner.mix_floor, cut_free, cut_granule)."""
+    """How a CPU runner's mixed forwards multiply (CpuKernels.mix_floor; the runner's cut_free, cut_granule)."""
     if r.cfg.prefill_mode != "mixed":
         return "off"
-    if r.mix_floor is None:
+    if r.cpu.mix_floor is None:
         return "each product per part, cuts on the grid"
-    shared = "one product over the cuts' rows, the round's rows in the wide kernel" if r.cpu_mm.wide is not None else \
+    shared = "one product over the cuts' rows, the round's rows in the wide kernel" if r.cpu.packed.wide is not None else \
         "one product over every row"
-    return f"{shared} (row-invariant from {r.mix_floor} rows), cuts end on multiples of {r.cut_granule}"
+    return f"{shared} (row-invariant from {r.cpu.mix_floor} rows), cuts end on multiples of {r.cut_granule}"
 
 
 def cpu_prompt_cuts(r) -> str:
-    """How a CPU runner fills prompt cuts (ModelRunner.cpu_rows_free)."""
-    return "short ones filled together, tiles of their rows only" if r.cpu_rows_free else "one at a time, tiles padded"
+    """How a CPU runner fills prompt cuts (CpuKernels.rows_free)."""
+    return "short ones filled together, tiles of their rows only" if r.cpu.rows_free else "one at a time, tiles padded"
 
 
 def _prefill_attention_name(r) -> str:
     if r.device.type != "cuda":
         from engine.cpu.cut_attention import describe as cut_attention
-        return "sdpa" if r.cpu_mm is None else cut_attention(r.dtype, r.prefill_rows)
+        return "sdpa" if r.cpu is None or r.cpu.packed is None else cut_attention(r.dtype, r.prefill_rows)
     if r.fused and r.kernels.cut_flash is not None:
         c = r.kernels.cut_flash
         return (f"tiles at absolute positions (cut_flash: {c.block_m} queries x {c.block_n} keys, splits of {c.split}"

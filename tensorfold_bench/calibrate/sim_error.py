@@ -89,6 +89,8 @@ def _streams(recs: list[dict | None]) -> list[TracedStream]:
 def runs_of(path: Path) -> list[RealRun]:
     """The receipt's traced tfengine runs (a foreign server's runs have no engine trace)."""
     d = store.read(Path(path))
+    if d.get("simulated"):  # a simulated receipt's runs are the simulator's own: nothing to check against
+        return []
     name = store.stem(Path(path))
     settings = d.get("settings") or {}
     sk = {f.name for f in dataclasses.fields(LongPromptScript)} - {"sampling"}

@@ -32,6 +32,12 @@ from tensorfold_bench.scenarios import load as load_mod
 from tensorfold_bench.scenarios import long_prompt as long_prompt_mod
 from tensorfold_bench.scenarios import script as script_mod
 from tensorfold_bench.scenarios import sweep as sweep_mod
+from tensorfold_bench.analysis import figures as figures_mod
+from tensorfold_bench.analysis import load as load_figures
+from tensorfold_bench.session import driver, simulate
+
+SCENARIOS = {"long-prompt": long_prompt_mod.LongPrompt, "script": script_mod.ScriptScenario, "sweep": sweep_mod.Sweep,
+             "load": load_mod.Load}
 
 console = Console(stderr=True)
 out = Console()
@@ -66,12 +72,13 @@ VariantsFile = Annotated[Optional[Path], typer.Option("--variants", help="YAML f
 BaseRef = Annotated[Optional[str], typer.Option("--base", help="Git ref of this repository the base runs (checked out in .worktrees/<sha>). Without --share: 'base' at REF vs 'new', both with the engine's default flags.")]
 NewRef = Annotated[Optional[str], typer.Option("--new", help="Git ref the new side runs (default: the working tree).")]
 AA = Annotated[bool, typer.Option("--aa", help="Also run the base against a copy of itself ('<base> A/A', two runs before a last base run): the noise floor.")]
-Predict = Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure, read, hashed and stamped into the receipt before the first run; each result is marked in or out.")]
+Predict = Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure, read, hashed and stamped into the receipt before the first run; each result is marked in or out. sim:PROFILE computes the file first: the same scenario and variants simulated on that cost profile, ranges from its spread (written next to the receipt).")]
 Margin = Annotated[float, typer.Option("--margin", help="Verdict margin: a change must clear the paired interval and this fraction (0.02 = 2 %).")]
 EngineArg = Annotated[Optional[list[str]], typer.Option("--engine-arg", help="Extra engine flag for every variant (repeatable), e.g. --engine-arg=--no-drafts.")]
 
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also print a line per sweep cell and rep.")]
+Sim = Annotated[Optional[Path], typer.Option("--sim", help="Play every run in virtual time on this cost profile (receipts/profiles/*.json, `tfbench profile`): the engine's real lane host on the profile's costs, no server, a receipt marked simulated, in seconds. The profile's device and model stand for --device and --model (ignored); --token-ids, --tokenizer and --trace are ignored (no server to ask; the host's trace is always kept); --url, --plain-check, --base, --new, --aa and --tensor-parallel are refused.")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the variants, the run order, the engine command lines and the estimated time; launch nothing.")]
 
 
@@ -94,6 +101,64 @@ def execute(run: Callable[..., dict], settings, out_dir: Path, verbose: bool) ->
                           style="dim")
         raise
     return data, writer.final(data)
+
+
+def sim_target(sim: Path | None, *, url=None, plain_check=False, base_ref=None, new_ref=None, aa=False,
+               tensor_parallel=1) -> "simulate.SimTarget | None":
+    """--sim's profile, read now; a flag a simulation refuses is one line naming it."""
+    if sim is None:
+        return None
+    simulate.refuse_flags({"--url": bool(url), "--plain-check": plain_check, "--base": base_ref is not None,
+                           "--new": new_ref is not None, "--aa": aa, "--tensor-parallel": tensor_parallel != 1})
+    return simulate.SimTarget.load(sim)
+
+
+def computed_predictions(predict: Path | None, kw: dict, build: Callable, scenario: str,
+                         known: Callable) -> tuple[Path | None, str]:
+    """--predict sim:PROFILE: this command's scenario and variants simulated on the profile (its
+    costs, and every cost its spread faster and slower), written as a predictions file next to
+    the receipt, to be read and stamped before the first run like any other; (path, stamp)."""
+    import datetime as dt
+    import tempfile
+
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if predict is None or not str(predict).startswith("sim:"):
+        return predict, ""
+    try:
+        target = simulate.SimTarget.load(str(predict)[4:])
+    except FlagError as e:
+        raise FlagError("--predict", str(e).removeprefix("--sim: ")) from None
+    sim_kw = {**kw, "predict": None, "url": None, "model": target.model, "device": target.device,
+              "vocab": kw.get("vocab") or target.vocab, "stamp": stamp}
+    for flag in ("plain_check", "aa"):
+        if flag in sim_kw:
+            sim_kw[flag] = False
+    holder = {}
+
+    def run_sim(costs) -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = build(**{**sim_kw, "out_dir": tmp})
+            settings.session.sim = simulate.SimTarget(target.path, costs)
+            holder["settings"] = settings
+            scen = SCENARIOS[scenario](settings)
+            return scen.predicted(driver.run(scen))
+
+    run_sim(target.costs)  # the settings the known figures come from
+    session = holder["settings"].session
+    modes = {target.config(v, session.engine.flags()).cfg.prefill_mode for v in session.variants}
+    table, spread = simulate.ranges(run_sim, target.costs, known(holder["settings"]), modes)
+    path = simulate.write_predictions(Path(kw["out_dir"]) / f"{stamp}-{scenario}-predictions.yaml", table, target,
+                                      spread)
+    out.print(f"predictions computed on {target.path} (spread {spread:.1%}): {path}")
+    return path, stamp
+
+
+def plan_note(target: "simulate.SimTarget | None") -> str:
+    """Under --sim, what a dry run's engine command lines stand for."""
+    if target is None:
+        return ""
+    return (f"\n\nSimulated on {target.path}: no server is launched; each command line stands for the engine "
+            "configuration its run plays in virtual time, in seconds.")
 
 
 def print_paths(paths: dict[str, Path]) -> None:
@@ -145,19 +210,28 @@ def long_prompt(
     b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default 4096 on cpu, 32000 on cuda).")] = None,
     c_tokens: Annotated[int, typer.Option("--c-tokens", help="C's prompt length.")] = 34,
     a_tokens: Annotated[Optional[int], typer.Option("--a-tokens", help="A's max_tokens (default: as long as the context allows; A is cancelled when B and C are done).")] = None,
+    sim: Sim = None,
     verbose: Verbose = False,
     dry_run: DryRun = False,
 ):
     """A decodes; B sends a long cold prompt; C a short chat. Whole prompts vs stepped at each --share."""
-    settings = long_prompt_mod.settings_from_flags(
+    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
+                        tensor_parallel=tensor_parallel)
+    if target:
+        model, device = target.model, target.device
+    kw = dict(
         model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
         a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
         predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
         temperature=temperature, tensor_parallel=tensor_parallel)
+    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, long_prompt_mod.settings_from_flags, "long-prompt",
+                                                      lambda st: figures_mod.predictable_long_prompt())
+    settings = long_prompt_mod.settings_from_flags(**kw)
+    settings.session.sim = target
     if dry_run:
-        return print(plan.long_prompt(settings))
+        return print(plan.long_prompt(settings) + plan_note(target))
     data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.long_prompt.summary_markdown(data)))
     print_paths(paths)
@@ -181,7 +255,7 @@ def script(
     base_ref: BaseRef = None,
     new_ref: NewRef = None,
     aa: AA = False,
-    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (the script's, e.g. first_token:R), read, hashed and stamped into the receipt before the first run.")] = None,
+    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (the script's, e.g. first_token:R), read, hashed and stamped into the receipt before the first run; sim:PROFILE computes them from the simulation first.")] = None,
     margin: Margin = stats.DEFAULT_MARGIN,
     parallel: Parallel = None,
     tensor_parallel: TensorParallel = 1,
@@ -193,18 +267,27 @@ def script(
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     token_ids: TokenIds = "ids",
+    sim: Sim = None,
     verbose: Verbose = False,
     dry_run: DryRun = False,
 ):
     """A scripted timeline of streams (sends at times or events, cancels, priorities) and its figures."""
-    settings = script_mod.settings_from_flags(
+    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
+                        tensor_parallel=tensor_parallel)
+    if target:
+        model, device = target.model, target.device
+    kw = dict(
         file=file, model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         engine_args=engine_arg, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
         predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
         temperature=temperature, tensor_parallel=tensor_parallel)
+    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, script_mod.settings_from_flags, "script",
+                                                      lambda st: set(st.script.keys))
+    settings = script_mod.settings_from_flags(**kw)
+    settings.session.sim = target
     if dry_run:
-        return print(plan.script(settings))
+        return print(plan.script(settings) + plan_note(target))
     data, paths = execute(script_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.script.summary_markdown(data)))
     if data.get("predictions"):
@@ -245,19 +328,27 @@ def sweep(
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     token_ids: TokenIds = "ids",
+    sim: Sim = None,
     verbose: Verbose = False,
     dry_run: DryRun = False,
 ):
     """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
-    settings = sweep_mod.settings_from_flags(
+    target = sim_target(sim, url=url, base_ref=base_ref, new_ref=new_ref, aa=aa, tensor_parallel=tensor_parallel)
+    if target:
+        model, device, vocab = target.model, target.device, vocab or target.vocab
+    kw = dict(
         model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, variants_file=variants_file, base_ref=base_ref,
         new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
         max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
         reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
         tensor_parallel=tensor_parallel)
+    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, sweep_mod.settings_from_flags, "sweep",
+                                                      lambda st: figures_mod.predictable_sweep(st.script.levels))
+    settings = sweep_mod.settings_from_flags(**kw)
+    settings.session.sim = target
     if dry_run:
-        return print(plan.sweep(settings))
+        return print(plan.sweep(settings) + plan_note(target))
     data, paths = execute(sweep_mod.run, settings, out_dir, verbose)
     out.print(Markdown("\n".join(report.sweep.tok_s_table(data))))
     out.print(report.sweep.exactness_line(data))
@@ -301,7 +392,7 @@ def load(
     base_ref: BaseRef = None,
     new_ref: NewRef = None,
     aa: AA = False,
-    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (e.g. goodput@LEVEL, ttft_p99@LEVEL), read, hashed and stamped into the receipt before the first run.")] = None,
+    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (e.g. goodput@LEVEL, ttft_p99@LEVEL), read, hashed and stamped into the receipt before the first run; sim:PROFILE computes them from the simulation first.")] = None,
     margin: Margin = stats.DEFAULT_MARGIN,
     parallel: Parallel = None,
     tensor_parallel: TensorParallel = 1,
@@ -313,6 +404,7 @@ def load(
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     token_ids: TokenIds = "ids",
+    sim: Sim = None,
     verbose: Verbose = False,
 ):
     """Traffic: open-loop arrivals or a closed loop, datasets and traces, goodput under an SLO; whole vs stepped at each --share."""
@@ -320,19 +412,65 @@ def load(
                     prefix_len=prefix_len, turns=turns, think=think, time_scale=time_scale, rates=rate,
                     arrival=arrival, burstiness=burstiness, concurrency=concurrency, requests=requests,
                     duration=duration, warmup=warmup, inject=inject)
-    settings = load_mod.settings_from_flags(
+    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
+                        tensor_parallel=tensor_parallel)
+    if target:
+        if max_concurrency:
+            raise FlagError("--max-concurrency", "not with --sim: the simulated player sends open loop or closed "
+                                                 "loop (--concurrency) only")
+        model, device, vocab = target.model, target.device, vocab or target.vocab
+    kw = dict(
         model=model, device=device, dtype=dtype, share=share, order=order, url=url, out_dir=out_dir,
         plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
         engine_args=engine_arg, workload=workload, slo=slo, max_concurrency=max_concurrency, vocab=vocab,
         variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa, predict=predict, margin=margin,
         tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
         tensor_parallel=tensor_parallel, procs=procs)
+    kw["predict"], kw["stamp"] = computed_predictions(
+        predict, kw, load_mod.settings_from_flags, "load",
+        lambda st: load_figures.predictable([lv.label for lv in st.spec.levels]))
+    settings = load_mod.settings_from_flags(**kw)
+    settings.session.sim = target
     data, paths = execute(load_mod.run, settings, out_dir, verbose)
     out.print(Markdown(report.load.summary_markdown(data)))
     if data.get("predictions"):
         out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
     print_paths(paths)
     no_valid_run(data, paths, lambda r: bool(r.get("valid")))
+
+
+@app.command("frontier")
+def frontier(
+    sim: Annotated[Path, typer.Option("--sim", help="The cost profile to simulate on (receipts/profiles/*.json).")],
+    shares: Annotated[str, typer.Option("--shares", help="Prefill shares: each a variant 'stepped p=V'.")] = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
+    mixed_budgets: Annotated[Optional[str], typer.Option("--mixed-budgets", help="Mixed-forward budgets (ms), each a variant 'mixed budget=V' (default: 10,25,50,100 where the profile has mixed samples; 'none' for none).")] = None,
+    split: Annotated[Optional[str], typer.Option("--split", help="Decode SMs, each a variant 'split sms=N' (default: every partition the profile measured; 'none' for none).")] = None,
+    b_at: Annotated[Optional[float], typer.Option("--b-at", help="Seconds after A's send that B sends (default: the device's).")] = None,
+    b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default: the device's).")] = None,
+    c_after: Annotated[float, typer.Option("--c-after", help="Seconds after B's send that C sends.")] = 0.5,
+    parallel: Parallel = None,
+    prefill_rows: PrefillRows = None,
+    out_dir: OutDir = Path("receipts"),
+    verbose: Verbose = False,
+):
+    """The frontier in seconds: the long-prompt test in virtual time at every share, mixed budget
+    and split count, each variant once (a simulation is deterministic), A kept against B's
+    slowdown with the policies' lines side by side; a simulated long-prompt receipt."""
+    target = simulate.SimTarget.load(sim)
+    budgets = mixed_budgets if mixed_budgets is not None else ("10,25,50,100" if target.costs.has("mixed") else "none")
+    sms = split if split is not None else (",".join(str(n) for n in target.split_sms()) or "none")
+    budgets, sms = (None if v.strip().lower() == "none" else v for v in (budgets, sms))
+    settings = long_prompt_mod.settings_from_flags(
+        model=target.model, device=target.device, dtype=None, share=shares, mixed=budgets, split=sms, order=None,
+        url=None, out_dir=out_dir, plain_check=False, parallel=parallel, prefill_rows=prefill_rows,
+        max_model_len=None, seed=0, trace=True, engine_args=None, b_at=b_at, c_after=c_after, b_tokens=b_tokens,
+        c_tokens=34, a_tokens=None, vocab=target.vocab)
+    settings.session.order = [v.name for v in settings.session.variants]
+    settings.session.sim = target
+    data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
+    rows = report.long_prompt.frontier_lines(data)
+    out.print(Markdown("\n".join(rows or ["No frontier: fewer than two variants have both figures."])))
+    print_paths(paths)
 
 
 @app.command("gate")
@@ -350,6 +488,9 @@ def gate(
     vocab: Vocab = None,
     tokenizer: Tokenizer = None,
     load_rate: Annotated[Optional[float], typer.Option("--load", help="Also play a short Poisson load at this many requests/s in every run (tfbench load's player): output tok/s and TTFT p99 judged, every reply compared.")] = None,
+    schedule_profile: Annotated[Optional[Path], typer.Option("--schedule-profile", help="Cost profile for the schedule layer's replay in virtual time (default: the CPU preset's in receipts/profiles/).")] = None,
+    no_schedule: Annotated[bool, typer.Option("--no-schedule", help="Skip the schedule layer (base's and new's scheduler replayed in virtual time).")] = False,
+    accept_schedule: Annotated[bool, typer.Option("--accept-schedule", help="A deliberate change of the schedule: worse simulated figures are shown, not failed. Or commit .ci/accept-schedule naming the base commit.")] = False,
     verbose: Verbose = False,
 ):
     """CI regression gate: base (HEAD~1) vs the working tree, base/new/new/base. Exit 0 pass, 1 regression, 2 error."""
@@ -357,7 +498,9 @@ def gate(
                                      accept_new_outputs=accept_new_outputs, out_dir=out_dir,
                                      new_env=gate_mod.parse_env(new_env), order=[x.strip() for x in order.split(",")],
                                      vocab=vocab, tokenizer=str(tokenizer) if tokenizer else None,
-                                     sampling=Sampling(temperature, seed), load_rate=load_rate)
+                                     sampling=Sampling(temperature, seed), load_rate=load_rate,
+                                     schedule=not no_schedule, schedule_profile=schedule_profile,
+                                     accept_schedule=accept_schedule)
     data, paths = execute(gate_mod.run_gate, settings, out_dir, verbose)
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")

@@ -57,6 +57,8 @@ def medians_table(figs: dict, base: str, *, label: str, runs_header: str, digits
 
 def environment_lines(data: dict) -> list[str]:
     """Device, model, server, variants and host, from the receipt's header."""
+    if data.get("simulated"):
+        return [*simulated_lines(data["simulated"]), host_line(data)]
     env = data.get("environment") or {}
     eng = env.get("engine") or {}
     desc = eng.get("engine") or {}
@@ -87,6 +89,14 @@ def environment_lines(data: dict) -> list[str]:
     bits.append(f"engine commit {short_commit(eng.get('commit'))}")
     lines = ["- Device: " + ", ".join(bits) + "."]
     return [*lines, *_model_lines(desc, cfg), *server_lines(data), host_line(data)]
+
+
+def simulated_lines(sim: dict) -> list[str]:
+    """A simulated receipt says so first: the profile it ran on, and what it cannot know."""
+    return [f"- **Simulated, not measured**: every run played in virtual time on the engine's lane host over the "
+            f"cost profile {sim['profile']} ({sim.get('device')}, {sim.get('model')}, engine commit "
+            f"{short_commit(sim.get('engine_commit'))}; {sim.get('source') or 'measured'}). No server ran.",
+            "- What a simulation cannot know: " + " ".join(sim.get("cannot_know") or [])]
 
 
 def _model_lines(desc: dict, cfg: dict) -> list[str]:

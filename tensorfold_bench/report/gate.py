@@ -12,6 +12,35 @@ def _side(v: dict) -> str:
     return Source(**v["source"]).label + (f" {json.dumps(v['env'])}" if v["env"] else "")
 
 
+def _detectable(d: dict | None) -> list[str]:
+    if not d:
+        return []
+    return ["", "**What the wall-clock layer could see.** The smallest slowdown each figure could have failed on "
+            "(its margin plus half its paired interval); a smaller one passes unseen: "
+            + ", ".join(f"{k} {v:.1f} %" for k, v in d.items()) + "."]
+
+
+def schedule_lines(sc: dict | None) -> list[str]:
+    """The schedule layer: simulated figures, base against new."""
+    if sc is None:
+        return ["**Schedule layer.** Skipped (--no-schedule).", ""]
+    head = (f"**Schedule layer (simulated, in virtual time on the profile `{sc['profile'].rsplit('/', 1)[-1]}`).** "
+            f"Base's and new's scheduler code on the same costs; deterministic, so any figure worse by "
+            f"{sc['threshold'] * 100:g} % or more fails.")
+    if sc["status"] != "run":
+        return [head, "", f"Not run: {sc['why']}.", ""]
+    lines = [head, "", "| scenario | figure | base | new | change |", "|---|---|---|---|---|"]
+    for r in sc["rows"]:
+        w = r["worse_by"]
+        ch = "–" if w is None else ("same" if w == 0 else f"{abs(w) * 100:.2f} % {'worse' if w > 0 else 'better'}")
+        lines.append(f"| {r['scenario']} | {r['figure']} | {_num(r['base'])} | {_num(r['new'])} | {ch} |")
+    return lines + [""]
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.4g}"
+
+
 def markdown(data: dict, png_name: str | None = None) -> str:
     st, p = data["settings"], data["settings"]["preset_values"]
     base, new = data["variants"]
@@ -29,7 +58,8 @@ def markdown(data: dict, png_name: str | None = None) -> str:
               f"{p['b_at']:g} s into A's decoding; C {p['c_after']:g} s later)"
               + (f", then {p['load_s']:g} s of Poisson load at {st['load_rate']:g} requests/s ({p['load_input']}-token "
                  f"prompts, {p['load_output']}-token replies)" if st.get("load_rate") else "") + ".", "",
-              *stats_table(data["stats"], "base", base_mark=""), "", "**Exactness.**"]
+              *stats_table(data["stats"], "base", base_mark=""), *_detectable(data.get("detectable")), "",
+              *(schedule_lines(data["schedule"]) if "schedule" in data else []), "**Exactness.**"]
     ex = data["exactness"]
     for label, hc in ex["sweep"].items():
         lines.append(f"- Sweep replies ({label}): {hc['equal']} of {hc['replies']} equal.")

@@ -103,6 +103,8 @@ def interference_table(data: dict, label: str) -> list[str]:
 
 def exactness_lines(data: dict) -> list[str]:
     e = data.get("exactness") or {}
+    if e.get("not_judged"):
+        return [f"- Not judged: {e['not_judged']}."]
     if not e.get("across_runs"):
         return []
     parts = []

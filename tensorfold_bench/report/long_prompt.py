@@ -123,6 +123,8 @@ def count_equal(data: dict, key: str) -> list[str]:
 
 def exactness_lines(data: dict) -> list[str]:
     ex = data.get("exactness") or {}
+    if ex.get("not_judged"):
+        return [f"- Not judged: {ex['not_judged']}."]
     lines = []
     refs = ex.get("refs") or {}
     across = count_equal(data, "across_runs")

@@ -154,6 +154,8 @@ def _counts(data: dict, key: str) -> list[str]:
 
 def exactness_lines(data: dict) -> list[str]:
     ex = data.get("exactness") or {}
+    if ex.get("not_judged"):
+        return [f"- Not judged: {ex['not_judged']}."]
     lines = []
     across = _counts(data, "across_runs")
     if across:

@@ -54,6 +54,8 @@ def latency_table(data: dict) -> list[str]:
 
 
 def exactness_line(data: dict) -> str:
+    if data.get("simulated"):
+        return "Token hashes: not judged (simulated: token identities come from the simulated backend)."
     h = data["hashes"]
     return (f"Token hashes: {h['equal']} of {h['replies']} replies equal ({h['prompts']} prompts)"
             + unknown_part(h) + ("." if h["ok"] else f"; {len(h['flagged'])} differ (see the receipt)."))

@@ -1,3 +1,4 @@
-"""The scenarios, side by side over the session: long-prompt (a cold prompt against a decoding
-stream and a short chat) and sweep (concurrent decode at several stream counts). Each plays runs
-the session gives it and returns raw records."""
+"""The scenarios, each a `session.driver.Scenario`: long-prompt (a cold prompt against a decoding
+stream and a short chat), script (a YAML timeline of streams), sweep (concurrent decode at
+several stream counts), load (a workload at each level); the gate composes them for CI. Each
+says what it plays on a run's server and what it measures; the driver does the rest."""

@@ -37,7 +37,19 @@ still be deterministic across fresh servers, and the engine must still serve; th
 checks nothing but the noise, and the receipt says so. The same holds when the base's engine
 will not start. A `--base REF` that names no commit is a usage error (exit 2), not a fallback.
 
-Exit codes: 0 pass, 1 regression (throughput, a long-prompt figure, or a token hash),
+**The schedule layer** (tensorfold_bench.scenarios.gate_schedule) replays, before the runs, the
+gate's sweep and long-prompt shapes and the shapes a scheduler is known to break on (eight short
+prompts arriving together, a long prompt behind decoding streams at p = 0.5 and 1, a Poisson load
+with a cold prompt) in virtual time on a committed cost profile (`--schedule-profile`; default the
+CPU preset's), once on base's engine and once on new's. It is deterministic: any figure worse by
+1 % or more fails. A deliberate change of the schedule is acknowledged as outputs are: by
+`--accept-schedule` or a committed `.ci/accept-schedule` naming the base commit (it lapses at the
+next commit). A base that predates the simulator, or none, leaves the layer "not run". The
+wall-clock layer's receipt states the smallest slowdown it could have caught on each figure (the
+margin plus half its paired interval), so a pass is not read as "no regression".
+
+Exit codes: 0 pass, 1 regression (throughput, a long-prompt figure, a token hash, a schedule
+figure, or a new side whose replay fails),
 2 usage or infrastructure error (bad flag, a server that would not start, git failure).
 """
 from __future__ import annotations
@@ -52,7 +64,7 @@ from tensorfold_bench.analysis.figures import num
 from tensorfold_bench.client import player, selfcheck
 from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.errors import FlagError, ServerError
-from tensorfold_bench.scenarios import load, long_prompt, sweep
+from tensorfold_bench.scenarios import gate_schedule, load, long_prompt, sweep
 from tensorfold_bench.servers import worktree
 from tensorfold_bench.session import defaults, driver
 from tensorfold_bench.session.driver import Reporter, Run, Session
@@ -60,6 +72,7 @@ from tensorfold_bench.session.variants import Variant
 
 DEFAULT_BASE = "HEAD~1"
 ACCEPT_FILE = ".ci/accept-new-outputs"
+ACCEPT_SCHEDULE_FILE = ".ci/accept-schedule"
 LONG_JUDGED = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_during")
 LOAD_JUDGED = {"out_tok_s": "margin", "ttft_p99": "long_margin"}  # --load's figures and the margin each gets
 # Figures set by where C lands inside one of B's cuts: C waits for the cut in progress (from
@@ -113,8 +126,13 @@ class GateSettings:
     vocab: int | None = None  # --vocab (default: the server's)
     tokenizer: str | None = None  # --tokenizer DIR
     load_rate: float | None = None  # --load RATE: a short Poisson load in every run
+    schedule: bool = True  # False: --no-schedule
+    schedule_profile: Path | None = None  # --schedule-profile (default: the CPU preset's)
+    accept_schedule: bool = False  # --accept-schedule
 
     def __post_init__(self):
+        if self.schedule_profile is not None and not Path(self.schedule_profile).is_file():
+            raise FlagError("--schedule-profile", f"{self.schedule_profile}: no such file")
         if self.preset not in PRESETS:
             raise FlagError("--preset", f"must be one of {', '.join(PRESETS)}, not {self.preset!r}")
         defaults.check_margin(self.margin)
@@ -145,8 +163,8 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
     return env
 
 
-def accepted_by_file(root: Path, base_commit: str | None) -> bool:
-    f = root / ACCEPT_FILE
+def accepted_by_file(root: Path, base_commit: str | None, name: str = ACCEPT_FILE) -> bool:
+    f = root / name
     if not base_commit or not f.exists():
         return False
     first = (f.read_text().strip().splitlines() or [""])[0].strip()
@@ -228,8 +246,31 @@ def finish(entry: dict) -> str:
     return line(entry)
 
 
+def schedule_shape(p: GatePreset, prefill_rows: int = 256, seed: int = 0) -> gate_schedule.Shape:
+    """The preset's values the schedule layer replays."""
+    return gate_schedule.Shape(levels=p.levels, tokens=p.tokens, prompt_tokens=p.prompt_tokens, b_at=p.b_at,
+                               c_after=p.c_after, b_tokens=p.b_tokens, max_model_len=p.max_model_len,
+                               load_input=p.load_input, load_output=p.load_output, prefill_rows=prefill_rows,
+                               seed=seed)
+
+
+def schedule_layer(settings: GateSettings, base_src: worktree.Source, new_src: worktree.Source,
+                   missing: str | None, prefill_rows: int) -> dict | None:
+    """The schedule layer's receipt section (gate_schedule.layer); None with --no-schedule."""
+    if not settings.schedule:
+        return None
+    p = PRESETS[settings.preset]
+    # the profiles are of the CPU preset's model: the layer judges the schedule, not the model
+    profile = Path(settings.schedule_profile or gate_schedule.default_profile("cpu", prefill_rows))
+    shape = schedule_shape(p, prefill_rows, settings.sampling.seed)
+    same = missing or base_src.path == new_src.path
+    accepted = settings.accept_schedule or (not same and accepted_by_file(
+        worktree.repo_root(settings.repo), base_src.commit, ACCEPT_SCHEDULE_FILE))
+    return gate_schedule.layer(None if same else Path(base_src.path), Path(new_src.path), shape, profile, accepted)
+
+
 def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None,
-             _fallback: str | None = None) -> dict:
+             _fallback: str | None = None, _schedule: dict | None = None) -> dict:
     """Run base and new in the order and judge; the returned data carries `passed` and `reasons`.
     A base whose engine will not serve (an old or broken commit) is reported, and the working
     tree is then compared with itself, as for a missing base; a new side that will not serve
@@ -254,6 +295,12 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
     data.update(missing_base=missing, accepted_outputs=accepted)
     if missing:
         rep.note(missing)
+    data["schedule"] = _schedule if _fallback else schedule_layer(settings, base_src, new_src, missing,
+                                                                   engine.prefill_rows)
+    if data["schedule"] is not None:
+        sc = data["schedule"]
+        rep.note(f"schedule layer: {sc['status']}" + (f" ({sc['why']})" if sc["why"] else
+                                                         f", {len(sc['reasons'])} figure(s) worse by 1 % or more"))
     rep.start(len(s.order))
     try:
         load_spec = settings.load_spec() if settings.load_rate is not None else None
@@ -269,7 +316,7 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
         return run_gate(replace(settings, base_ref=None, stamp=s.stamp + "-aa"), reporter, save,
                         f"base {base_src.label} would not serve ({why}; log {e.log}): the working tree "
                         "is compared with itself (A/A): outputs must still agree across fresh servers; "
-                        "throughput checks only the noise.")
+                        "throughput checks only the noise.", data["schedule"])
     data["partial"] = None
     return analyse(data)
 
@@ -304,6 +351,17 @@ def judge(order: list[str], run_figures: list[dict], *, levels: list[int], margi
     return figs, reasons, notes
 
 
+def detectable(figs: dict[str, stats.FigureStats]) -> dict[str, float]:
+    """The smallest slowdown, in percent, each judged figure could have failed on: its margin plus
+    half its paired interval (a "worse" needs the whole interval beyond the margin)."""
+    out = {}
+    for name, fs in figs.items():
+        c = fs.comparisons.get("new")
+        if c is not None and c.interval_pct is not None:
+            out[name] = round(c.margin_pct + (c.interval_pct[1] - c.interval_pct[0]) / 2, 2)
+    return out
+
+
 def analyse(data: dict) -> dict:
     """Statistics, hash checks, verdicts and notes from the runs alone."""
     st, p = data["settings"], data["settings"]["preset_values"]
@@ -316,6 +374,15 @@ def analyse(data: dict) -> dict:
     if not p["judge_long"]:
         notes.append(f"Preset {st['preset']}: long-prompt figures are shown, not judged (B fills in milliseconds).")
     data["stats"] = {k: fs.to_dict() for k, fs in figs.items()}
+    data["detectable"] = {k: v for k, v in detectable(figs).items() if p["judge_long"] or k not in LONG_JUDGED}
+    sc = data.get("schedule")
+    if sc is not None:
+        reasons += sc["reasons"]
+        if sc["status"] != "run":
+            notes.append(f"Schedule layer not run: {sc['why']}.")
+        if sc["acknowledged"]:
+            notes.append(f"Schedule layer: a change of the schedule was acknowledged (--accept-schedule or "
+                         f"{ACCEPT_SCHEDULE_FILE}); worse figures shown, not failed: " + "; ".join(sc["acknowledged"]))
     checks = exactness.gate(data["runs"], bool(data["accepted_outputs"]))
     data["exactness"] = {"sweep": checks["sweep"], "long_prompt": checks["long_prompt"]}
     reasons += checks["differ"]

@@ -22,7 +22,9 @@ from tensorfold_bench.client import selfcheck, workers
 from tensorfold_bench.client.play import play_alone
 from tensorfold_bench.client.player import DRAIN_S, Sent, play_level, request_for, sessions
 from tensorfold_bench.client.sampling import GREEDY, Sampling
-from tensorfold_bench.errors import FlagError
+from tensorfold_bench.client.virtual import SimError, SimRequest
+from tensorfold_bench.client.virtual import play as play_virtual
+from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.session import defaults, driver, targets
 from tensorfold_bench.session.driver import Reporter, Run, Session
 from tensorfold_bench.workload.ids import prompt_ids
@@ -204,6 +206,72 @@ def measure_levels(entry: dict, slo: Slo) -> None:
     entry["figures"], entry["valid"], entry["invalid_reasons"] = flat, not reasons, reasons
 
 
+def sim_prompt(prompt) -> list[int]:
+    return list(prompt.encode()) + [0] if isinstance(prompt, str) else list(prompt)
+
+
+def level_requests(items: tuple[Item, ...], closed: int | None) -> list[SimRequest]:
+    """One level's items as the virtual-time player's requests. Open loop: each at its offset.
+    Closed loop (`closed` workers): worker j plays items j, j + N, ... each sent when its last
+    reply ended; injected prompts keep their offsets. A session's later turn is sent `think`
+    seconds after the last turn's reply ended, its prompt the history with the reply's length in
+    placeholder ids (the simulation's reply ids are not the engine's)."""
+    groups = sessions(items)
+    timed = [g for g in groups if g[0].kind == "inject"] if closed else []
+    chained = [g for g in groups if g not in timed] if closed else []
+    out: list[SimRequest] = []
+
+    def turns(g: list[Item], first_at: float, first_after: tuple[str, str] | None) -> str:
+        prompt = sim_prompt(g[0].prompt)
+        out.append(SimRequest(g[0].id, prompt, g[0].output_len, at=first_at, after=first_after))
+        for prev, it in zip(g, g[1:]):
+            prompt = prompt + [1] * prev.output_len + sim_prompt(it.prompt)
+            out.append(SimRequest(it.id, prompt, it.output_len, at=it.think, after=(prev.id, "done")))
+        return g[-1].id
+
+    for g in (timed if closed else groups):
+        turns(g, g[0].offset or 0.0, None)
+    for j in range(closed or 0):
+        last = None
+        for g in chained[j::closed]:
+            last = turns(g, 0.0, (last, "done") if last else None)
+    return out
+
+
+def play_levels_simulated(settings: "LoadSettings", run: Run, vocab: int, closed: int | None = None) -> list[dict]:
+    """Every level in virtual time (run.sim): the records the receipt keeps, as play_levels'."""
+    sim, out = run.sim, []
+    for level in settings.spec.levels:
+        wl = settings.spec.build(level, vocab, "")
+        run.status(f"{run.variant.name}: {level.label} ({len(wl.items)} requests, simulated)")
+        conc = closed or (int(level.value) if level.kind == "concurrency" else None)
+        reqs = level_requests(wl.items, conc)
+        try:
+            res = play_virtual(reqs, sim.cfg, sim.costs, sim.caps, vocab_size=sim.vocab)
+        except SimError as e:
+            raise BenchError(f"--sim: {e}") from None
+        by_id = {r.name: r for r in reqs}
+        recs = []
+        for it in wl.items:
+            rec = res.records.get(it.id)
+            if rec is None:
+                recs.append(Req(it.id, kind=it.kind, warmup=it.warmup, error="not sent: its session's last turn "
+                                "got no reply", max_tokens=it.output_len, session=it.session, turn=it.turn))
+                continue
+            gaps, prev = [], rec.sent
+            for t in rec.token_times:
+                gaps.append(round((t - prev) * 1e6))
+                prev = t
+            recs.append(Req(it.id, kind=it.kind, warmup=it.warmup, scheduled=rec.scheduled, sent=rec.sent,
+                            gaps_us=gaps, ended=rec.ended, error=rec.error, prompt_len=rec.prompt_len,
+                            max_tokens=rec.max_tokens, tokens=len(rec.token_times), cached=rec.cached_tokens,
+                            sha=exactness.reply_sha(rec.token_ids, None) if rec.token_ids else None,
+                            pkey=request_key(by_id[it.id].prompt, it.output_len, 0.0, None),
+                            session=it.session, turn=it.turn))
+        out.append({**level_dict(level), "source": wl.source, "client": None, "records": [r.to_dict() for r in recs]})
+    return out
+
+
 class Load(driver.Scenario):
     """A workload at each level as the session driver plays it."""
 
@@ -219,13 +287,23 @@ class Load(driver.Scenario):
     def play(self, data: dict, run: Run) -> dict:
         """Every level's records, then an injected prompt alone (cold)."""
         settings = self.settings
-        levels, check = play_levels(settings, run, run.vocab, settings.max_concurrency)
+        if run.sim:
+            if settings.max_concurrency:
+                raise FlagError("--max-concurrency", "not with --sim: the simulated player sends open loop or "
+                                                     "closed loop (--concurrency) only")
+            levels, check = play_levels_simulated(settings, run, run.vocab), None
+        else:
+            levels, check = play_levels(settings, run, run.vocab, settings.max_concurrency)
         alone, inj = None, getattr(settings.spec, "inject", None)
         if inj is not None:  # the injected prompt's first token with nothing else running (its ids fresh: cold)
             ids = prompt_ids(settings.sampling.seed, f"load:alone:{run.index}{run.salt}", inj.length, run.vocab)
             req = request_for(Item("inject-alone", tuple(ids), inj.output_len, kind="inject"), ids, run.token_ids,
                               settings.sampling)
-            rec = asyncio.run(play_alone(run.url, req, run.model))
+            if run.sim:
+                rec = play_virtual([SimRequest("inject-alone", list(ids), inj.output_len)], run.sim.cfg, run.sim.costs,
+                                   run.sim.caps, vocab_size=run.sim.vocab).records["inject-alone"]
+            else:
+                rec = asyncio.run(play_alone(run.url, req, run.model))
             alone = {"ttft_ms": None if not rec.token_times else (rec.token_times[0] - rec.sent) * 1000,
                      "prompt_len": len(ids), "cached": rec.cached_tokens, "error": rec.error}
         return {"levels": levels, "client": check, "alone": alone}

@@ -23,7 +23,9 @@ from tensorfold_bench.client.play import play_alone
 from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.client.stream import Request, StreamRecord, fingerprint, weakest_count
 from tensorfold_bench.errors import FlagError
-from tensorfold_bench.scenarios.script import play_timeline
+from tensorfold_bench.client.virtual import SimRequest
+from tensorfold_bench.client.virtual import play as play_virtual
+from tensorfold_bench.scenarios.script import play_simulated, play_timeline
 from tensorfold_bench.servers.identity import fetch_trace, healthy, wait_idle
 from tensorfold_bench.session import defaults, driver, targets
 from tensorfold_bench.session.driver import Reporter, Run, Session
@@ -274,6 +276,8 @@ class LongPrompt(driver.Scenario):
         # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
         # the salt) prompts are fresh random ids, so none of them is a prefix of an earlier one
         prompts = make_prompts(s, vocab, f"-run{run.index}{run.salt}" if run.shared else "")
+        if run.sim:
+            return self.play_simulated(data, run, s, prompts)
         recs, check = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
         check_a_outlasts(recs, s, run.max_model_len)
         trace = fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
@@ -285,6 +289,30 @@ class LongPrompt(driver.Scenario):
         return {"records": records, "client": check, "hashes": exactness.reply_hashes(records), "trace": trace,
                 "cold": cold_check(recs["B"], run.shared), "counted_by": weakest_count(recs.values()),
                 "system_fingerprint": fingerprint(recs.values())}
+
+    def play_simulated(self, data: dict, run: Run, s: LongPromptScript, prompts: Prompts) -> dict:
+        """A/B/C in virtual time (run.sim) with the host's trace; B alone and A alone in virtual
+        time too, once per variant, as a real run measures them on its server."""
+        ra, rb, rc = requests(s, prompts, run.token_ids)
+        recs, res = play_simulated(run, timeline(s), {"A": ra, "B": rb, "C": rc}, trace=True)
+        if run.variant.name not in data["alone"]:
+            sim = run.sim
+            b_prompt = make_prompts(s, run.vocab, f"-alone{run.index}").b
+            alone = play_virtual([SimRequest("B", b_prompt, s.b_max_tokens)], sim.cfg, sim.costs, sim.caps,
+                                 vocab_size=sim.vocab, trace=True)
+            rec = alone.records["B"]
+            out = {"record": rec.to_dict(), "run": run.index, "idle": None, "error": rec.error,
+                   "b_first_token": figures.b_alone(rec.to_dict()), "trace": alone.trace}
+            a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
+            if a_tokens > 0:
+                a = play_virtual([SimRequest("A", prompts.a, a_tokens)], sim.cfg, sim.costs, sim.caps,
+                                 vocab_size=sim.vocab)
+                out["a_record"] = a.records["A"].to_dict()
+            data["alone"][run.variant.name] = out
+        records = records_dict(recs)
+        return {"records": records, "client": None, "hashes": exactness.reply_hashes(records), "trace": res.trace,
+                "cold": cold_check(recs["B"], False), "counted_by": weakest_count(recs.values()),
+                "system_fingerprint": None}
 
     def measure(self, entry: dict) -> None:
         f = figures.long_prompt_of(entry["records"])
@@ -312,7 +340,7 @@ class LongPrompt(driver.Scenario):
 
     def notes_before(self, data: dict) -> list[str]:
         out = [data["settings"]["scaled_down"]] if data["settings"].get("scaled_down") else []
-        if self.session.engine.device == "cpu" and not self.session.url:
+        if self.session.engine.device == "cpu" and not self.session.url and not self.session.sim:
             out.append("CUDA: this receipt ran on the host's cores. The same command with "
                        "--device cuda runs qwen3-8b in bf16 with a 32,000-token B at 5 s.")
         return out

@@ -26,7 +26,9 @@ from tensorfold_bench.client.play import http_client, play_alone, sleep_until
 from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
 from tensorfold_bench.client.stream import (Request, StreamRecord, clock, collector_held, fingerprint, new_record, stream,
                                              weakest_count)
-from tensorfold_bench.errors import BenchError
+from tensorfold_bench.client.virtual import SimError, SimRequest, SimResult
+from tensorfold_bench.client.virtual import play as play_virtual
+from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.session import defaults, driver, targets
 from tensorfold_bench.session.driver import Reporter, Run, Session
 from tensorfold_bench.workload.ids import prompt_ids
@@ -173,6 +175,52 @@ async def _play_timeline(url: str, script: Script, reqs: dict[str, Request], mod
     return tl.recs, tl.t0, check
 
 
+# ---- one run's timeline in virtual time (--sim) -----------------------------------------------
+
+def sim_prompt(prompt: list[int] | str) -> list[int]:
+    """A text prompt as the byte-level ids its length is bounded by (the simulation needs lengths only)."""
+    return list(prompt.encode()) + [0] if isinstance(prompt, str) else list(prompt)
+
+
+def sim_requests(script: Script, reqs: dict[str, Request]) -> list[SimRequest]:
+    """The script's streams as the virtual-time player's requests: the same send points, cancels and
+    `until`s. An `until` waits for streams to end; one on another event is refused (FlagError)."""
+    out = []
+    for s in script.streams:
+        r = reqs[s.name]
+        bad = [str(e) for e in s.until if e.kind not in ("done", "cancelled")]
+        if bad:
+            raise FlagError("--sim", f"stream {s.name}'s until on {', '.join(bad)}: the simulation ends a stream "
+                                     "once the streams it waits for end (done or cancelled) only")
+        out.append(SimRequest(s.name, sim_prompt(r.prompt if r.prompt is not None else ""), r.max_tokens,
+                              at=s.at.plus, after=(s.at.event.stream, s.at.event.kind) if s.at.event else None,
+                              ignore_eos=r.ignore_eos, background=s.priority == "background",
+                              cancel_after=s.cancel.after if s.cancel else None,
+                              cancel_tokens=s.cancel.tokens if s.cancel else None,
+                              until=tuple(dict.fromkeys(e.stream for e in s.until))))
+    return out
+
+
+def play_simulated(run: Run, script: Script, reqs: dict[str, Request], trace: bool = False
+                   ) -> tuple[dict[str, StreamRecord], SimResult]:
+    """Every stream on the script's timeline in virtual time (run.sim): the records a real run's
+    client makes, times in virtual seconds from 0. A stream whose event never happened is not sent."""
+    sim = run.sim
+    try:
+        res = play_virtual(sim_requests(script, reqs), sim.cfg, sim.costs, sim.caps, vocab_size=sim.vocab, trace=trace)
+    except SimError as e:
+        raise BenchError(f"--sim: {e}") from None
+    recs = {}
+    for s in script.streams:
+        rec = res.records.get(s.name)
+        if rec is None:
+            rec = new_record(reqs[s.name])
+            rec.error, rec.ended = f"not sent: {s.at.event} did not happen", res.end
+        rec.path = reqs[s.name].path
+        recs[s.name] = rec
+    return recs, res
+
+
 # ---- a session of runs ---------------------------------------------------------------------
 
 @dataclass
@@ -260,7 +308,10 @@ class ScriptScenario(driver.Scenario):
         prompts = make_prompts(settings.script, run.vocab, f"-run{run.index}{run.salt}" if run.shared else "",
                                settings.seed)
         reqs = requests_for(settings, prompts, run.token_ids, run.max_model_len)
-        recs, t0, check = asyncio.run(play_timeline(run.url, settings.script, reqs, run.model))
+        if run.sim:
+            (recs, _), t0, check = play_simulated(run, settings.script, reqs), 0.0, None
+        else:
+            recs, t0, check = asyncio.run(play_timeline(run.url, settings.script, reqs, run.model))
         records = {k: v.to_dict() for k, v in recs.items()}
         return {"records": records, "t0": t0, "client": check, "hashes": exactness.reply_hashes(records),
                 "counted_by": weakest_count(recs.values()), "system_fingerprint": fingerprint(recs.values())}

@@ -31,7 +31,9 @@ from tensorfold_bench.client import selfcheck, wire
 from tensorfold_bench.client.play import http_client
 from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
-from tensorfold_bench.errors import FlagError
+from tensorfold_bench.client.virtual import SimError, SimRequest
+from tensorfold_bench.client.virtual import play as play_virtual
+from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.session import defaults, driver, targets
 from tensorfold_bench.session.driver import Reporter, Run, Session
 from tensorfold_bench.workload.ids import prompt_ids
@@ -274,9 +276,34 @@ def check_server(run: Run, script: SweepScript) -> int:
     return run.vocab
 
 
+def play_levels_simulated(script: SweepScript, run: Run, vocab: int) -> list[dict]:
+    """Every level, cell and rep in virtual time (run.sim): each batch its own simulation, its
+    streams sent together at 0 (so a rep never finds an earlier rep's prompts cached)."""
+    sim, batches = run.sim, []
+    for level in script.levels:
+        for cell in range(script.cells):
+            prompts = cell_prompts(script, cell, level, vocab)
+            reqs = [SimRequest(f"s{i}", p, script.tokens) for i, p in enumerate(prompts)]
+            for rep in range(script.reps):
+                try:
+                    res = play_virtual(reqs, sim.cfg, sim.costs, sim.caps, vocab_size=sim.vocab)
+                except SimError as e:
+                    raise BenchError(f"--sim: {e}") from None
+                recs = [res.records[r.name] for r in reqs]
+                hashes = [exactness.reply_sha(r.token_ids, None) for r in recs]
+                b = sweep_figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
+                b.update(peak_open=level, server_open=None)
+                batches.append(b)
+            run.status(f"{run.variant.name}: {level} streams, cell {cell + 1}/{script.cells} (simulated)")
+    return batches
+
+
 def play(script: SweepScript, run: Run) -> dict:
     """One run on its server: every batch, raw times kept."""
     vocab = check_server(run, script)
+    if run.sim:
+        return {"batches": play_levels_simulated(script, run, vocab), "client": None,
+                "lanes": run.sim.cfg.parallel, "system_fingerprint": None}
     batches, check = asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.status,
                                              run.token_ids))
     return {"batches": batches, "client": check, "lanes": lanes(run),

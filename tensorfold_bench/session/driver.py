@@ -35,6 +35,7 @@ from tensorfold_bench.servers import worktree
 from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, model_facts, server_info, wait_idle
 from tensorfold_bench.servers.launcher import REPO_ROOT, check_engine_flags, engine_program, existing, launch, need_engine
 from tensorfold_bench.session.defaults import EngineSetup, check_margin, positive
+from tensorfold_bench.session.simulate import CANNOT_KNOW, SimRun, SimTarget
 from tensorfold_bench.session.targets import command_argv
 from tensorfold_bench.session.variants import Variant, plain
 
@@ -56,6 +57,7 @@ class Session:
     tokenizer: str | None = None  # --tokenizer DIR: where the vocabulary may be read
     token_ids: str = "ids"  # --token-ids: how replies' token ids are asked for (client.TOKEN_ID_ROUTES)
     salt: str = ""  # --url: a fresh key per session, so no earlier prompt is a prefix of this one's
+    sim: "SimTarget | None" = None  # --sim PROFILE: every run in virtual time on the profile's costs
 
     def __post_init__(self):
         names = [v.name for v in self.variants]
@@ -115,6 +117,7 @@ class Run:
     token_ids: str = "ids"
     salt: str = ""
     status: Callable[[str], None] = lambda text: None  # where the run is (progress display only)
+    sim: SimRun | None = None  # --sim: the run plays in virtual time on this (url is None)
 
 
 def harness_commit() -> str | None:
@@ -191,7 +194,8 @@ def header(session: Session, srcs: dict[str, worktree.Source], settings: dict) -
             "variants": [{**v.to_dict(), "source": srcs[v.name].to_dict() if v.name in srcs else None}
                          for v in session.variants],
             "predictions": session.predictions.to_dict() if session.predictions else None,
-            "runs": [], "environment": None, "not_run": [], "partial": None}
+            "runs": [], "environment": None, "not_run": [], "partial": None,
+            "simulated": session.sim.describe() if session.sim else None}
 
 
 def partial_mark(order: list[str], done: int, after: list[str] = (), why: str = "in progress") -> dict:
@@ -245,6 +249,8 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
     After each run data["partial"] says what is still missing (the runs left, then `after`) and
     `checkpoint()` writes the receipt so far: a stop or crash keeps every finished run."""
     by_name = {v.name: v for v in session.variants}
+    if session.sim:
+        return run_all_simulated(session, data, play, rep, finish, checkpoint, after)
     check_engines(session, srcs)
     session.run_dir.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(session.order, 1):
@@ -279,6 +285,36 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
                  "identity": identity_record(ident, entry.get("system_fingerprint")) if ident else None}
         if entry["identity"] and entry["identity"]["system_fingerprint"]:
             data["identities"][name]["system_fingerprint"] = entry["identity"]["system_fingerprint"]
+        data["runs"].append(entry)
+        rep.note(finish(entry))
+        data["partial"] = partial_mark(session.order, i, after) if i < len(session.order) or after else None
+        if checkpoint:
+            checkpoint()
+        rep.advance()
+
+
+def run_all_simulated(session: Session, data: dict, play: Callable[[Run], dict], rep: Reporter,
+                      finish: Callable[[dict], str], checkpoint: Callable[[], None] | None = None,
+                      after: list[str] = ()) -> None:
+    """`run_all` in virtual time: each run's `Run` carries its engine configuration on the
+    profile (`Run.sim`) instead of a server's URL; nothing is launched. Every variant is checked
+    against the profile before the first run, so a kind the profile lacks is one line."""
+    sim = session.sim
+    configs = {v.name: sim.config(v, session.engine.flags()) for v in session.variants}
+    data["environment"] = {"simulated": True, "device": sim.profile.device, "model": sim.profile.model,
+                           "engine": {"device_name": sim.profile.device.get("name"), "model": sim.model}}
+    for i, name in enumerate(session.order, 1):
+        data["partial"] = partial_mark(session.order, i - 1, after)
+        rep.step(f"run {i}/{len(session.order)}: {name} (simulated)")
+        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        sr = configs[name]
+        variant = next(v for v in session.variants if v.name == name)
+        entry = play(Run(i, variant, None, {}, sim.model, session.vocab or sr.vocab, sr.cfg.max_model_len, False,
+                         rep.note, None, session.token_ids, "", rep.status, sim=sr))
+        entry = {"index": i, "variant": name, "started": started, **entry, "log": None,
+                 "server": {"simulated": str(sim.path)},
+                 "engine": {"config": asdict(sr.cfg), "caps": asdict(sr.caps), "simulated": True},
+                 "identity": None}
         data["runs"].append(entry)
         rep.note(finish(entry))
         data["partial"] = partial_mark(session.order, i, after) if i < len(session.order) or after else None
@@ -418,6 +454,10 @@ def not_run(scenario: Scenario, data: dict) -> list[str]:
     """The receipt's "not run" lines: the scenario's, --url's, the plain reference's, each run's."""
     s = scenario.session
     out = scenario.notes_before(data)
+    if s.sim:
+        out.append(f"Simulated: every run played in virtual time on profile {s.sim.path} "
+                   f"({s.sim.profile.device.get('name')}, {s.sim.model}, engine {s.sim.profile.engine.get('commit')}); "
+                   "no server ran. " + " ".join(CANNOT_KNOW))
     if s.url:
         out.append(url_not_run(s.url, scenario.url_cache))
     if scenario.has_plain:
@@ -432,6 +472,8 @@ def analyse(scenario: Scenario, data: dict) -> dict:
     """Exactness, what was not run, statistics and predictions from the runs so far (idempotent:
     after every run for the partial receipt, and once at the end)."""
     scenario.check(data)
+    if scenario.session.sim:  # the simulated backend's ids say nothing of the engine's
+        data["exactness"] = {"not_judged": "simulated: token identities come from the simulated backend"}
     data["not_run"] = not_run(scenario, data)
     stats_ = scenario.stats(data)
     if stats_ is not None:
@@ -463,7 +505,8 @@ def run(scenario: Scenario, reporter: Reporter | None = None, save: Callable[[di
     srcs = sources(s)
     data = header(s, srcs, scenario.header())
     scenario.begin(data)
-    plain_ref = scenario.has_plain and scenario.plain_check and not s.url and s.variants[0].command is None
+    plain_ref = (scenario.has_plain and scenario.plain_check and not s.url and not s.sim
+                 and s.variants[0].command is None)
     rep.start(len(s.order) + (1 if plain_ref else 0))
 
     def play(run: Run) -> dict:
