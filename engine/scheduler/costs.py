@@ -41,6 +41,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.scheduler.forward_cost import solve
+
 SCHEMA = "tfbench.profile/1"
 KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
 HOST = ("turn", "token", "prompt_token")
@@ -130,26 +132,6 @@ def _check_row(name: str, kind: str, i: int, row: object) -> None:
 
 
 # ---- least squares on a few columns ------------------------------------------------------------
-
-def solve(m: list[list[float]], v: list[float]) -> list[float] | None:
-    """m x = v by Gaussian elimination with partial pivoting; None where m is singular."""
-    n = len(v)
-    a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    scale = max((abs(x) for row in m for x in row), default=0.0) or 1.0
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[piv][col]) <= 1e-12 * scale:
-            return None
-        a[col], a[piv] = a[piv], a[col]
-        for r in range(col + 1, n):
-            f = a[r][col] / a[col][col]
-            for c in range(col, n + 1):
-                a[r][c] -= f * a[col][c]
-    out = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        out[r] = (a[r][n] - sum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
-    return out
-
 
 def least_squares(xs: list[list[float]], ys: list[float], free: frozenset[int] = frozenset(),
                   scale: list[float] | None = None) -> list[float]:

@@ -92,7 +92,7 @@ class ForwardCost:
         yty = sum(y * y for y in ys)
         fits = []
         for terms in TERMS:
-            c = _solve_exact([[gram[i][j] for j in terms] for i in terms], [xty[i] for i in terms])
+            c = solve([[gram[i][j] for j in terms] for i in terms], [xty[i] for i in terms])
             if c is None or min(c) < 0:
                 continue
             full = [0.0, 0.0, 0.0]
@@ -153,9 +153,10 @@ class ForwardCost:
         return min(left, max(g, int(n) // g * g))
 
 
-def _solve_exact(m: list[list[float]], v: list[float]) -> list[float] | None:
+def solve(m: list[list[float]], v: list[float]) -> list[float] | None:
     """m c = v by Gaussian elimination with partial pivoting; None where m is singular (terms the
-    samples cannot tell apart: one cut size for the rows and the intercept)."""
+    samples cannot tell apart: one cut size for the rows and the intercept). The simulator's cost
+    fits (engine/scheduler/costs.py) solve with it too."""
     n = len(v)
     a = [row[:] + [v[i]] for i, row in enumerate(m)]
     scale = max(abs(x) for row in m for x in row) or 1.0
