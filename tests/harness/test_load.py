@@ -246,9 +246,12 @@ def test_poisson_whole_vs_stepped_with_injects_and_the_plain_reference(tmp_path,
     assert res.exit_code == 0 and next(tmp_path.glob("*-load.md")).read_text() == md
 
 
-def test_multi_turn_sessions_in_a_closed_loop_equal_the_plain_reference_turn_by_turn(tmp_path):
+def test_multi_turn_sessions_in_a_closed_loop_equal_the_plain_reference_turn_by_turn(tmp_path, monkeypatch):
     """Each later turn's prompt holds the run's own earlier replies; replayed turn by turn on the
     plain reference, every turn's reply is equal (so every later prompt met its plain twin)."""
+    # what is checked is the turns' exactness, not the client's timing on a loaded host (a 3.4 ms
+    # late send against a tiny model's 16 ms first token is over the relative bound)
+    monkeypatch.setattr(selfcheck, "BOUNDS", replace(selfcheck.BOUNDS, share=1.0, lag_p99_s=10.0))
     res = CliRunner().invoke(app, ["load", "--model", "tiny", "--prefill-rows", "16", "--concurrency", "2",
                                    "--requests", "3", "--turns", "3", "--think", "0.05", "--input-len", "12",
                                    "--output-len", "5", "--share", "0.5", "--order", "base,new", "--plain-check",
