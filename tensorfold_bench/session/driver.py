@@ -285,12 +285,18 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
                  "identity": identity_record(ident, entry.get("system_fingerprint")) if ident else None}
         if entry["identity"] and entry["identity"]["system_fingerprint"]:
             data["identities"][name]["system_fingerprint"] = entry["identity"]["system_fingerprint"]
-        data["runs"].append(entry)
-        rep.note(finish(entry))
-        data["partial"] = partial_mark(session.order, i, after) if i < len(session.order) or after else None
-        if checkpoint:
-            checkpoint()
-        rep.advance()
+        land(session, data, i, entry, rep, finish, checkpoint, after)
+
+
+def land(session: Session, data: dict, i: int, entry: dict, rep: Reporter, finish: Callable[[dict], str],
+         checkpoint: Callable[[], None] | None, after: list[str]) -> None:
+    """A played run into the receipt: its entry, its progress line, the partial mark, a checkpoint."""
+    data["runs"].append(entry)
+    rep.note(finish(entry))
+    data["partial"] = partial_mark(session.order, i, after) if i < len(session.order) or after else None
+    if checkpoint:
+        checkpoint()
+    rep.advance()
 
 
 def run_all_simulated(session: Session, data: dict, play: Callable[[Run], dict], rep: Reporter,
@@ -315,12 +321,7 @@ def run_all_simulated(session: Session, data: dict, play: Callable[[Run], dict],
                  "server": {"simulated": str(sim.path)},
                  "engine": {"config": asdict(sr.cfg), "caps": asdict(sr.caps), "simulated": True},
                  "identity": None}
-        data["runs"].append(entry)
-        rep.note(finish(entry))
-        data["partial"] = partial_mark(session.order, i, after) if i < len(session.order) or after else None
-        if checkpoint:
-            checkpoint()
-        rep.advance()
+        land(session, data, i, entry, rep, finish, checkpoint, after)
 
 
 def url_not_run(url: str, cache: str = "") -> str:
