@@ -5,7 +5,9 @@
 #       together, the host's own time, split cuts beside rounds at 24/32/40/56 decode SMs, mixed
 #       forwards if the budget leaves time (receipts/profiles/);
 #   (2) tfbench run long-prompt, B of 32,000 tokens: whole, the share at p = 1, 0.75, 0.5, 0.25,
-#       split at 24, 32, 40, 56 decode SMs, each once, the plain reference, the trace on.
+#       split at 24, 32, 40, 56 decode SMs, each once, the plain reference, the trace on; the five
+#       the simulator's check needs most come first, so a call cut short keeps them (the receipt
+#       is written after every run).
 # Predictions (written first): receipts/predictions/gpu-frontier.{md,yaml}. Installs nothing.
 # Usage: TFBENCH_COMMIT=<sha> bash scripts/gpu_profile_frontier.sh   (files under $OUT: profile JSON,
 #   lp.tgz with the receipt and the servers' logs, console.txt)
@@ -21,7 +23,7 @@ left=$((575 - $(date +%s) + start))
 echo "profile done at $(( $(date +%s) - start )) s; $left s left for the frontier"
 timeout "$left" python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b \
   --share 1,0.75,0.5,0.25 --split 24,32,40,56 \
-  --order "whole,stepped p=1,stepped p=0.75,stepped p=0.5,stepped p=0.25,split sms=24,split sms=32,split sms=40,split sms=56" \
+  --order "${ORDER:-whole,stepped p=1,stepped p=0.5,split sms=32,split sms=40,stepped p=0.75,stepped p=0.25,split sms=24,split sms=56}" \
   --predict receipts/predictions/gpu-frontier.yaml --plain-check --out /tmp/lp 2>&1 \
   | grep -E "^ *\| (whole|stepped|split)|in range|equal|rror|receipt|wrote" | head -60
 tar czf "$OUT/lp.tgz" -C /tmp lp 2>/dev/null

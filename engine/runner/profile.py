@@ -30,6 +30,7 @@ the sweep's 64 streams, short prompts together, the host), then the split and mi
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -215,7 +216,8 @@ class Profiler:
             self.runners.append({"purpose": purpose, "parallel": parallel, "max_model_len": max_len,
                                  "prefill_mode": mode, "flags": ["--parallel", str(parallel), "--max-model-len",
                                                                  str(max_len), "--prefill-mode", mode, *flags],
-                                 "decode_rows": list(r.buckets), "built_s": round(time.perf_counter() - t, 2)})
+                                 "decode_rows": list(r.buckets), "capabilities": capabilities_doc(r.caps),
+                                 "built_s": round(time.perf_counter() - t, 2)})
             if self.described is None:
                 self.described = r.describe()
             self.log(f"profile: {purpose}: runner built in {time.perf_counter() - t:.1f} s")
@@ -479,6 +481,13 @@ class Profiler:
             "notes": self.out.notes,
             "samples": self.out.samples,
         }
+
+
+def capabilities_doc(caps) -> dict:
+    """A runner's declared capabilities (backend.Capabilities) as the profile's JSON keeps them."""
+    d = dataclasses.asdict(caps)
+    d["cut_sizes"] = list(d["cut_sizes"]) if d["cut_sizes"] is not None else None
+    return d
 
 
 def host_fit(turns: list[tuple[float, int]]) -> tuple[float, float] | None:
