@@ -228,6 +228,8 @@ def line(d: dict) -> str:
                 if d.get("cpu_share") else "")
              + (f", event loop busy {100 * d['loop_busy']:.0f} %" if d.get("loop_busy") is not None else ""),
              f"send lateness p99 {d['late_p99_ms']:.1f} ms (max {d['late_max_ms']:.1f})"]
+    if d.get("workers"):
+        parts.append(d["workers"]["why"])
     fit = d.get("arrivals")
     if fit:
         parts.append(f"send gaps CV {fit['cv']:.2f} (scheduled {fit['cv_scheduled']:.2f})"
