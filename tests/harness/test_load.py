@@ -184,6 +184,8 @@ BAD = [
     (["--concurrency", "2,x", "--requests", "4"], "--concurrency"),
     (["--rate", "2", "--duration", "5", "--format", "csv"], "--format"),
     (["--rate", "2"], "--requests"),
+    (["--rate", "2", "--duration", "5", "--procs", "two"], "--procs"),
+    (["--concurrency", "2", "--requests", "4", "--procs", "2"], "--procs"),
 ]
 
 
