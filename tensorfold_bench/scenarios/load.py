@@ -171,6 +171,12 @@ def level_procs(settings: LoadSettings, items: tuple[Item, ...], closed: bool, m
         return workers.Procs(1, "closed loop" if closed else "--max-concurrency")
     if settings.procs != "auto":
         return workers.Procs(settings.procs, "--procs")
+    return auto_procs(items)
+
+
+def auto_procs(items: tuple[Item, ...]) -> workers.Procs:
+    """The automatic rule for an open loop's items: its rate (the first turns' offsets) against
+    the client's CPU a request of their mean lengths, measured here; one process on one core."""
     timed = [it for it in items if it.turn == 0 and it.offset is not None]
     rate = workers.asked_rate([it.offset for it in timed])
     n_cores = workers.cores()
