@@ -131,7 +131,7 @@ async def play_client(url: str, spec: str, settings: CalibrateSettings, progress
                 recs, watch = await pool.burst(url, burst_requests(prompts, settings.tokens), synthetic.MODEL, 600)
                 peak = workers.peak_open(recs)
             else:
-                async with selfcheck.Watch(lambda: client.open.now > 0) as watch:
+                async with selfcheck.Watch.over(client.open) as watch:
                     burst = await play_burst(client, url, prompts, settings.tokens, synthetic.MODEL, timeout_s=600)
                 recs, peak = burst.records, burst.peak_open
             log = (await asyncio.to_thread(httpx.get, url + "/v1/synthetic", timeout=60)).json()

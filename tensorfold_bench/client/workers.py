@@ -79,7 +79,7 @@ def _ready() -> bool:
 
 
 async def _play(url: str, reqs: list[Request], model: str, t0: float, timeout_s: float) -> dict:
-    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+    async with http_client() as client, selfcheck.Watch.over(client.open) as watch:
         ready = [client.prepare(url, q, model) for q in reqs]
         conns = await client.preopen(url, len(reqs))  # connected before the burst's start: then only writes
         with collector_held():
