@@ -52,6 +52,9 @@ class Procs:
     def text(self) -> str:
         if self.rule != "auto":
             return f"{self.procs} client process{'es' if self.procs > 1 else ''} ({self.rule})"
+        if self.rate is None or self.cpu_ms is None:  # nothing to divide: too few sends, or no core to spare
+            return (f"{self.procs} client process (auto: "
+                    + ("fewer than two timed sends" if self.rate is None else f"{self.cores} core") + ")")
         need = self.rate * self.cpu_ms / 1000
         return (f"{self.procs} client process{'es' if self.procs > 1 else ''} (auto: {self.rate:g} req/s at "
                 f"{self.cpu_ms:.3f} ms of client CPU each is {need:.2f} of a core, at most {self.busy:g} a process, "

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from tensorfold_bench.client import player
+from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.servers.launcher import launch
 from tensorfold_bench.workload.model import Item, Workload
 
@@ -51,11 +52,15 @@ def cpu_per_request(input_len: int, output_len: int) -> float:
     key = (max(input_len, 1), out)
     if key not in _measured:
         n = min(PROBE_MAX, PROBE_STREAMS * max(1, int(PROBE_S * 1000 / (out * EVERY_MS + 1))))
-        with synthetic_server(0.0, EVERY_MS) as srv:
-            played, _, check = asyncio.run(player.play_level(
-                srv.url, probe_workload(key[0], out, n), model=MODEL, concurrency=PROBE_STREAMS, drain_s=60))
+        try:
+            with synthetic_server(0.0, EVERY_MS) as srv:
+                played, _, check = asyncio.run(player.play_level(
+                    srv.url, probe_workload(key[0], out, n), model=MODEL, concurrency=PROBE_STREAMS, drain_s=60))
+        except BenchError as e:
+            raise FlagError("--procs", f"auto could not measure the client's CPU a request ({e}); give --procs N") from None
         done = sum(1 for s in played if s.rec.error is None and s.rec.tokens)
         if not done:
-            raise RuntimeError("the capacity probe got no reply from the synthetic server")
+            raise FlagError("--procs", "auto could not measure the client's CPU a request (the synthetic server "
+                                       "answered none of its requests); give --procs N")
         _measured[key] = check["cpu_s"] / done
     return _measured[key] * (output_len / out if output_len > out else 1.0)

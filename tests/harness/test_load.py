@@ -266,7 +266,9 @@ def test_procs_as_given_auto_from_the_measured_cost_and_one_for_a_closed_loop(mo
     assert load.level_procs(s, items, True, None).procs == 1
     assert load.level_procs(s, items, False, 8) == workers.Procs(1, "--max-concurrency")
     monkeypatch.setattr(workers, "cores", lambda: 1)  # no core to spare: nothing measured
-    assert load.level_procs(s, items, False, None).procs == 1 and len(asked) == 1
+    p = load.level_procs(s, items, False, None)
+    assert p.procs == 1 and len(asked) == 1 and p.text() == "1 client process (auto: 1 core)"
+    assert load.auto_procs(items[:1]).text() == "1 client process (auto: fewer than two timed sends)"
     for bad in ("0", "two", "1.5", 0):
         with pytest.raises(FlagError, match="^--procs: must be auto or a whole number"):
             load.parse_procs(bad)
