@@ -9,7 +9,7 @@ import pytest
 
 from engine.cpu.isa import apply_cap, cap_env, cpu_flags
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 has_avx512 = pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no AVX-512: there is nothing to cap")
 
 

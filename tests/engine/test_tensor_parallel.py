@@ -21,7 +21,7 @@ import pytest
 
 from tensorfold_bench.servers.launcher import free_port, launch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--model", "tiny", "--dtype", "float32", "--parallel", "4", "--max-model-len", "512",
          "--prefill-rows", "8", "--tensor-parallel", "2"]
 ENV = {"PYTHONPATH": str(ROOT)}
