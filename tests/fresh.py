@@ -7,6 +7,7 @@ with the traceback on stderr.
     python tests/fresh.py tests/engine/test_x.py helper_name [arg ...]
 """
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,9 @@ def run(fn, *args, cwd=ROOT, env=None, timeout=240) -> subprocess.CompletedProce
 
 if __name__ == "__main__":
     path, name, *argv = sys.argv[1:]
-    # appended, not first: an engine tree named in PYTHONPATH (a copy under test) is the one imported
+    # the working directory first, as for `python -c`: the tree a test runs in (a copy of the engine,
+    # say) is the one imported; this repository after everything else
+    sys.path[1:1] = [os.getcwd()]
     sys.path.append(str(ROOT))
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
