@@ -26,6 +26,15 @@ def run(fn, *args, cwd=ROOT, env=None, timeout=240) -> subprocess.CompletedProce
     return subprocess.run(command(fn, *args), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
+class NoTorch:
+    """A first import finder that refuses torch: put in a fresh process's sys.meta_path before
+    anything imports torch, it makes torch as absent as in an environment without it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
 if __name__ == "__main__":
     path, name, *argv = sys.argv[1:]
     # the working directory first, as for `python -c`: the tree a test runs in (a copy of the engine,

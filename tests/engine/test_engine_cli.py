@@ -26,17 +26,9 @@ def test_bad_flag_is_one_line_naming_the_flag(args, flag):
     assert flag in r.stderr and "Traceback" not in r.stderr
 
 
-class NoTorch:
-    """An import finder that finds no torch."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "torch":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-
 def serve_without_torch():
     """`tfengine serve` where torch cannot be imported (run by fresh.run: the pytest process has torch loaded)."""
-    sys.meta_path.insert(0, NoTorch())
+    sys.meta_path.insert(0, fresh.NoTorch())
     from engine.cli import main
     sys.argv = ["tfengine", "serve", "--model", "tiny", "--port", "1"]
     main()
