@@ -15,10 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def command(fn, *args) -> list[str]:
-    """The command line that runs fn(*args), each argument as a string, in a fresh interpreter."""
-    return [sys.executable, str(Path(__file__).resolve()), sys.modules[fn.__module__].__file__, fn.__name__,
-            *map(str, args)]
+def command(fn, *args, dash_m: bool = False) -> list[str]:
+    """The command line that runs fn(*args), each argument as a string, in a fresh interpreter;
+    with dash_m as `python -m fresh` (this folder on its PYTHONPATH), where `-m` behaves its own way."""
+    head = ["-m", "fresh"] if dash_m else [str(Path(__file__).resolve())]
+    return [sys.executable, *head, sys.modules[fn.__module__].__file__, fn.__name__, *map(str, args)]
 
 
 def run(fn, *args, cwd=ROOT, env=None, timeout=240) -> subprocess.CompletedProcess:

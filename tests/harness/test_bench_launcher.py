@@ -265,30 +265,32 @@ def test_launching_tfengine_without_the_engine_says_how_to_install_it(tmp_path):
     assert 'torch is not installed here: pip install "tfbench[engine]"' in errors[0], errors
 
 
-PROBE = """
-import os, runpy, signal, sys, threading
-from {pkg}.cli import app
+def sleep_in_exec_under(pkg):
+    """`python -m PKG sleep-in-exec`, a command that interrupts itself inside an exec() of source
+    text, as a dataclass's generated methods are. Run by fresh under -m."""
+    import importlib
+    import runpy
+    import signal
+    import threading
+    app = importlib.import_module(f"{pkg}.cli").app
 
-@app.command("sleep-in-exec")
-def sleep_in_exec():
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-    exec("while True: pass")  # source text, as a dataclass's generated methods are
+    @app.command("sleep-in-exec")
+    def sleep_in_exec():
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        exec("while True: pass")
 
-sys.argv = ["prog", "sleep-in-exec"]
-runpy.run_module("{pkg}", run_name="__main__")
-"""
+    sys.argv = ["prog", "sleep-in-exec"]
+    runpy.run_module(pkg, run_name="__main__")
 
 
 @pytest.mark.parametrize("pkg", ["tensorfold_bench", "engine"])
-def test_ctrl_c_inside_exec_still_exits_130_under_dash_m(tmp_path, pkg):
+def test_ctrl_c_inside_exec_still_exits_130_under_dash_m(pkg):
     """`python -m` exits by the signal (-2) rather than the code main chose when the interrupt
     escaped an exec() of source text first; the package's __main__ clears that."""
     import signal
-    import subprocess
 
-    (tmp_path / "ki_probe.py").write_text(PROBE.format(pkg=pkg))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(Path(__file__).parents[2])]))
-    p = subprocess.run([sys.executable, "-m", "ki_probe"], env=env, capture_output=True, text=True, timeout=120,
-                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(fresh.__file__).parent), str(REPO)]))
+    p = subprocess.run(fresh.command(sleep_in_exec_under, pkg, dash_m=True), env=env, capture_output=True,
+                       text=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.returncode == 130, p.stderr
     assert "Traceback" not in p.stderr
