@@ -70,8 +70,11 @@ def test_killing_tfbench_stops_the_server_group(tmp_path, kind, sig):
         line = p.stdout.readline()
         assert line, (tmp_path / "s.log").read_text() if (tmp_path / "s.log").exists() else "no log"
         facts = json.loads(line)
-        want = 4 if kind in ("command", "tfengine") else 2  # supervisor, server (+ its two children)
-        assert len(facts["pids"]) == want and listening_inodes(facts["port"])
+        # supervisor, server (+ its two children); tfengine may be building its C++ round beside them
+        # on a cold cache (the build's process goes down with the group too)
+        want = 4 if kind in ("command", "tfengine") else 2
+        assert (len(facts["pids"]) >= want if kind == "tfengine" else len(facts["pids"]) == want)
+        assert listening_inodes(facts["port"])
         p.send_signal(sig)
         p.wait(timeout=10)
         deadline = time.monotonic() + 10
