@@ -1,9 +1,11 @@
 """`tfbench`: each command turns its flags into settings (the scenario's `settings_from_flags`,
 which checks them), makes one library call under a progress display, writes the receipt
-(`report.write`) and prints its tables. Shared options are Annotated aliases defined once."""
+(`report.write`) and prints its tables. The scenario commands' shared options arrive as one
+`RunOptions` (cli/options.py)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -23,8 +25,10 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 from tensorfold_bench import report
-from tensorfold_bench.analysis import predictions, stats
+from tensorfold_bench.analysis import predictions
 from tensorfold_bench.cli import lifecycle, dry_run as plan, progress
+from tensorfold_bench.cli.options import (OutDir, Parallel, PrefillRows, RunOptions, Seed, Temperature, Tokenizer,
+                                          Verbose, Vocab, shared)
 from tensorfold_bench.client.sampling import Sampling
 from tensorfold_bench.errors import FAIL, PASS, BenchError, FlagError
 from tensorfold_bench.scenarios import gate as gate_mod
@@ -46,40 +50,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmarks and receipts for LLM inference schedulers.")
 run_app = typer.Typer(no_args_is_help=True, help="Run a scenario and write a receipt.")
 app.add_typer(run_app, name="run")
-
-# ---- shared options (engine and variants) ----------------------------------------------
-Model = Annotated[Optional[str], typer.Option("--model", help="Engine preset (tiny, cpu, qwen3-8b, ...) or a model directory. Default: cpu, or qwen3-8b with --device cuda.")]
-Device = Annotated[str, typer.Option("--device", help="cpu or cuda: picks the preset's default timings.")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32 or bfloat16 (default: the engine's; bfloat16 on cuda).")]
-Share = Annotated[Optional[str], typer.Option("--share", help="Prefill shares for the new side: each value is a variant 'stepped p=V' against the base 'whole'.")]
-Split = Annotated[Optional[str], typer.Option("--split", help="Split SMs for the new side (CUDA): each value a variant 'split sms=N' (tfengine --prefill-mode split --decode-sms N: a long prompt's cuts on the GPU's other SMs beside the decode rounds on N) against the base 'whole', after any --share and --mixed variants.")]
-Mixed = Annotated[Optional[str], typer.Option("--mixed", help="Mixed-forward budgets (ms) for the new side: each value a variant 'mixed budget=V' (tfengine --prefill-mode mixed --mixed-budget V) against the base 'whole', after any --share variants.")]
-Order = Annotated[Optional[str], typer.Option("--order", help="Comma sequence of variant names ('base'/'new' alias them). Default: base, news..., reversed news..., base.")]
-Url = Annotated[Optional[list[str]], typer.Option("--url", help="Measure a running OpenAI-compatible server (tfengine, vLLM, SGLang): nothing is launched, no verdicts. URL, or NAME=URL repeated to compare several, in the order given.")]
-TokenIds = Annotated[str, typer.Option("--token-ids", help="How replies' token ids are asked for: ids (return_token_ids), logprobs (a server started with --return-tokens-as-token-ids), or chunks (none: count text chunks; hashes unknown).")]
-Tokenizer = Annotated[Optional[Path], typer.Option("--tokenizer", help="A tokenizer or model directory (config.json / tokenizer.json) to read the vocabulary from, when the server reports none.")]
-OutDir = Annotated[Path, typer.Option("--out", help="Directory for the receipt (STEM.md, its data STEM.json.gz, STEM.png) and the run's logs.")]
-PlainCheck = Annotated[bool, typer.Option("--plain-check", help="Also run the plain reference (each request alone, whole prompt, no cache, no drafts, 1 stream) and count equal replies.")]
-Parallel = Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default 4).")]
-TensorParallel = Annotated[int, typer.Option("--tensor-parallel", help="Engine ranks: tfengine --tensor-parallel N (one GPU each; 1: not passed).")]
-PrefillRows = Annotated[Optional[int], typer.Option("--prefill-rows", help="Rows per prompt cut (default 256 on cpu, 1024 on cuda).")]
-MaxModelLen = Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin).")]
-Seed = Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights and the prompts; with --temperature, each request's sampling seed is derived from it and the request's role.")]
-Temperature = Annotated[float, typer.Option("--temperature", help="Sampling temperature of every request (0: greedy). Above 0, each request also sends a seed derived from --seed and its role, so replies still compare across runs and with the plain reference.")]
-Trace = Annotated[bool, typer.Option("--trace/--no-trace", help="Run the engine with --trace and draw its steps under the timeline.")]
-Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size for random prompt ids (default: the server's vocab_size, else --tokenizer DIR, else the --model directory).")]
-VariantsFile = Annotated[Optional[Path], typer.Option("--variants", help="YAML file of variants (name, ref, flags, env); the first is the base. Replaces --share/--base/--new.")]
-BaseRef = Annotated[Optional[str], typer.Option("--base", help="Git ref of this repository the base runs (checked out in .worktrees/<sha>). Without --share: 'base' at REF vs 'new', both with the engine's default flags.")]
-NewRef = Annotated[Optional[str], typer.Option("--new", help="Git ref the new side runs (default: the working tree).")]
-AA = Annotated[bool, typer.Option("--aa", help="Also run the base against a copy of itself ('<base> A/A', two runs before a last base run): the noise floor.")]
-Predict = Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure, read, hashed and stamped into the receipt before the first run; each result is marked in or out. sim:PROFILE computes the file first: the same scenario and variants simulated on that cost profile, ranges from its spread (written next to the receipt).")]
-Margin = Annotated[float, typer.Option("--margin", help="Verdict margin: a change must clear the paired interval and this fraction (0.02 = 2 %).")]
-EngineArg = Annotated[Optional[list[str]], typer.Option("--engine-arg", help="Extra engine flag for every variant (repeatable), e.g. --engine-arg=--no-drafts.")]
-
-
-Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also print a line per sweep cell and rep.")]
-Sim = Annotated[Optional[Path], typer.Option("--sim", help="Play every run in virtual time on this cost profile (receipts/profiles/*.json, `tfbench profile`): the engine's real lane host on the profile's costs, no server, a receipt marked simulated, in seconds. The profile's device and model stand for --device and --model (ignored); --token-ids, --tokenizer and --trace are ignored (no server to ask; the host's trace is always kept); --url, --plain-check, --base, --new, --aa and --tensor-parallel are refused.")]
-DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the variants, the run order, the engine command lines and the estimated time; launch nothing.")]
 
 
 def execute(run: Callable[..., dict], settings, out_dir: Path, verbose: bool) -> tuple[dict, dict[str, Path]]:
@@ -103,14 +73,14 @@ def execute(run: Callable[..., dict], settings, out_dir: Path, verbose: bool) ->
     return data, writer.final(data)
 
 
-def sim_target(sim: Path | None, *, url=None, plain_check=False, base_ref=None, new_ref=None, aa=False,
-               tensor_parallel=1) -> "simulate.SimTarget | None":
+def sim_target(opts: RunOptions) -> "simulate.SimTarget | None":
     """--sim's profile, read now; a flag a simulation refuses is one line naming it."""
-    if sim is None:
+    if opts.sim is None:
         return None
-    simulate.refuse_flags({"--url": bool(url), "--plain-check": plain_check, "--base": base_ref is not None,
-                           "--new": new_ref is not None, "--aa": aa, "--tensor-parallel": tensor_parallel != 1})
-    return simulate.SimTarget.load(sim)
+    simulate.refuse_flags({"--url": bool(opts.url), "--plain-check": opts.plain_check,
+                           "--base": opts.base_ref is not None, "--new": opts.new_ref is not None, "--aa": opts.aa,
+                           "--tensor-parallel": opts.tensor_parallel != 1})
+    return simulate.SimTarget.load(opts.sim)
 
 
 def computed_predictions(predict: Path | None, kw: dict, build: Callable, scenario: str,
@@ -176,190 +146,107 @@ def no_valid_run(data: dict, paths: dict[str, Path], valid: Callable[[dict], boo
         raise Exit(FAIL)
 
 
+def play_scenario(name: str, mod, opts: RunOptions, own: dict, known: Callable, plan_of: Callable | None = None,
+                  sim_vocab: bool = False) -> tuple[dict, dict[str, Path]] | None:
+    """The scenario `mod` with these options and the command's own flags: --sim read, predictions
+    computed or read, settings built (and checked) before anything runs, then played under one
+    progress display; (data, receipt paths), or None after a dry run's plan is printed.
+    `sim_vocab`: under --sim, the profile's vocabulary stands in for a missing --vocab."""
+    target = sim_target(opts)
+    if target:
+        vocab = (opts.vocab or target.vocab) if sim_vocab else opts.vocab
+        opts = dataclasses.replace(opts, model=target.model, device=target.device, vocab=vocab)
+    kw = {**opts.settings_kwargs(mod.settings_from_flags), **own}
+    kw["predict"], kw["stamp"] = computed_predictions(opts.predict, kw, mod.settings_from_flags, name, known)
+    settings = mod.settings_from_flags(**kw)
+    settings.session.sim = target
+    if opts.dry_run:
+        print(plan_of(settings) + plan_note(target))
+        return None
+    return execute(mod.run, settings, opts.out_dir, opts.verbose)
+
+
+def print_predictions(data: dict) -> None:
+    if data.get("predictions"):
+        out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
+
+
 @run_app.command("long-prompt")
+@shared(help={"max_model_len": "Engine context length (default: B's prompt plus a margin, or A's prompt and what one stream decodes in --b-at + --c-after + 1 s at 1,500 tokens/s, whichever is larger; rounded up to 256)."})
 def long_prompt(
-    model: Model = None,
-    device: Device = "cpu",
-    dtype: Dtype = None,
-    share: Share = None,
-    mixed: Mixed = None,
-    split: Split = None,
-    order: Order = None,
-    url: Url = None,
-    out_dir: OutDir = Path("receipts"),
-    plain_check: PlainCheck = False,
-    variants_file: VariantsFile = None,
-    base_ref: BaseRef = None,
-    new_ref: NewRef = None,
-    aa: AA = False,
-    predict: Predict = None,
-    margin: Margin = stats.DEFAULT_MARGIN,
-    parallel: Parallel = None,
-    tensor_parallel: TensorParallel = 1,
-    prefill_rows: PrefillRows = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: B's prompt plus a margin, or A's prompt and what one stream decodes in --b-at + --c-after + 1 s at 1,500 tokens/s, whichever is larger; rounded up to 256).")] = None,
-    seed: Seed = 0,
-    temperature: Temperature = 0.0,
-    trace: Trace = True,
-    engine_arg: EngineArg = None,
-    vocab: Vocab = None,
-    tokenizer: Tokenizer = None,
-    token_ids: TokenIds = "ids",
+    opts: RunOptions,
     b_at: Annotated[Optional[float], typer.Option("--b-at", help="Seconds after A's send that B sends (default 3 on cpu, 5 on cuda).")] = None,
     c_after: Annotated[float, typer.Option("--c-after", help="Seconds after B's send that C sends.")] = 0.5,
     b_tokens: Annotated[Optional[int], typer.Option("--b-tokens", help="B's cold prompt length (default 4096 on cpu, 32000 on cuda).")] = None,
     c_tokens: Annotated[int, typer.Option("--c-tokens", help="C's prompt length.")] = 34,
     a_tokens: Annotated[Optional[int], typer.Option("--a-tokens", help="A's max_tokens (default: as long as the context allows; A is cancelled when B and C are done).")] = None,
-    sim: Sim = None,
-    verbose: Verbose = False,
-    dry_run: DryRun = False,
 ):
     """A decodes; B sends a long cold prompt; C a short chat. Whole prompts vs stepped at each --share."""
-    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
-                        tensor_parallel=tensor_parallel)
-    if target:
-        model, device = target.model, target.device
-    kw = dict(
-        model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
-        plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
-        trace=trace, engine_args=engine_arg, b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens,
-        a_tokens=a_tokens, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
-        predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
-        temperature=temperature, tensor_parallel=tensor_parallel)
-    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, long_prompt_mod.settings_from_flags, "long-prompt",
-                                                      lambda st: figures_mod.predictable_long_prompt())
-    settings = long_prompt_mod.settings_from_flags(**kw)
-    settings.session.sim = target
-    if dry_run:
-        return print(plan.long_prompt(settings) + plan_note(target))
-    data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
+    played = play_scenario("long-prompt", long_prompt_mod, opts,
+                           dict(b_at=b_at, c_after=c_after, b_tokens=b_tokens, c_tokens=c_tokens, a_tokens=a_tokens),
+                           lambda st: figures_mod.predictable_long_prompt(), plan.long_prompt)
+    if played is None:
+        return
+    data, paths = played
     out.print(Markdown(report.long_prompt.summary_markdown(data)))
     print_paths(paths)
     no_valid_run(data, paths, lambda r: r["figures"]["valid"])
 
 
 @run_app.command("script")
+@shared(omit=("trace",), help={
+    "predict": "YAML ranges per variant and figure (the script's, e.g. first_token:R), read, hashed and stamped into the receipt before the first run; sim:PROFILE computes them from the simulation first.",
+    "max_model_len": "Engine context length (default: the longest stream's prompt and reply, rounded up to 256).",
+    "seed": "Seeds the engine's dummy weights; added to the script's seed for its random prompts; with --temperature, each stream's sampling seed is derived from it and the stream's name.",
+    "temperature": "Sampling temperature of every stream that sets none (0: greedy)."})
 def script(
+    opts: RunOptions,
     file: Annotated[Path, typer.Argument(help="The script: a YAML timeline of streams and figures (docs/scripts.md).")],
-    model: Model = None,
-    device: Device = "cpu",
-    dtype: Dtype = None,
-    share: Share = None,
-    mixed: Mixed = None,
-    split: Split = None,
-    order: Order = None,
-    url: Url = None,
-    out_dir: OutDir = Path("receipts"),
-    plain_check: PlainCheck = False,
-    variants_file: VariantsFile = None,
-    base_ref: BaseRef = None,
-    new_ref: NewRef = None,
-    aa: AA = False,
-    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (the script's, e.g. first_token:R), read, hashed and stamped into the receipt before the first run; sim:PROFILE computes them from the simulation first.")] = None,
-    margin: Margin = stats.DEFAULT_MARGIN,
-    parallel: Parallel = None,
-    tensor_parallel: TensorParallel = 1,
-    prefill_rows: PrefillRows = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: the longest stream's prompt and reply, rounded up to 256).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seeds the engine's dummy weights; added to the script's seed for its random prompts; with --temperature, each stream's sampling seed is derived from it and the stream's name.")] = 0,
-    temperature: Annotated[float, typer.Option("--temperature", help="Sampling temperature of every stream that sets none (0: greedy).")] = 0.0,
-    engine_arg: EngineArg = None,
-    vocab: Vocab = None,
-    tokenizer: Tokenizer = None,
-    token_ids: TokenIds = "ids",
-    sim: Sim = None,
-    verbose: Verbose = False,
-    dry_run: DryRun = False,
 ):
     """A scripted timeline of streams (sends at times or events, cancels, priorities) and its figures."""
-    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
-                        tensor_parallel=tensor_parallel)
-    if target:
-        model, device = target.model, target.device
-    kw = dict(
-        file=file, model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, order=order, url=url, out_dir=out_dir,
-        plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
-        engine_args=engine_arg, vocab=vocab, variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa,
-        predict=predict, margin=margin, tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids,
-        temperature=temperature, tensor_parallel=tensor_parallel)
-    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, script_mod.settings_from_flags, "script",
-                                                      lambda st: set(st.script.keys))
-    settings = script_mod.settings_from_flags(**kw)
-    settings.session.sim = target
-    if dry_run:
-        return print(plan.script(settings) + plan_note(target))
-    data, paths = execute(script_mod.run, settings, out_dir, verbose)
+    played = play_scenario("script", script_mod, opts, dict(file=file), lambda st: set(st.script.keys), plan.script)
+    if played is None:
+        return
+    data, paths = played
     out.print(Markdown(report.script.summary_markdown(data)))
-    if data.get("predictions"):
-        out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
+    print_predictions(data)
     print_paths(paths)
     no_valid_run(data, paths, lambda r: r["figures"]["valid"])
 
 
 @app.command("sweep")
+@shared(omit=("plain_check", "trace"), help={
+    "share": "Prefill shares: each value a variant 'stepped p=V' against the base 'whole' (default 0.5, none with --mixed alone).",
+    "parallel": "Engine lanes (default: the largest level). Fewer queue a level's streams beyond them in the server."})
 def sweep(
+    opts: RunOptions,
     levels: Annotated[str, typer.Option("--levels", help="Stream counts, each a level: that many streams start together.")] = "1,2,4,8",
     tokens: Annotated[Optional[int], typer.Option("--tokens", help="Tokens each stream generates (ignore_eos). Default 256; 64 on cpu.")] = None,
     cells: Annotated[Optional[int], typer.Option("--cells", help="Distinct prompt sets per level. Default 4; 2 on cpu.")] = None,
     reps: Annotated[Optional[int], typer.Option("--reps", help="Repetitions of each cell; the median is the cell's figure. Default 3; 2 on cpu.")] = None,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Each stream's prompt length (seeded token ids).")] = 200,
-    model: Model = None,
-    device: Device = "cpu",
-    dtype: Dtype = None,
-    share: Annotated[Optional[str], typer.Option("--share", help="Prefill shares: each value a variant 'stepped p=V' against the base 'whole' (default 0.5, none with --mixed alone).")] = None,
-    mixed: Mixed = None,
-    split: Split = None,
-    variants_file: VariantsFile = None,
-    base_ref: BaseRef = None,
-    new_ref: NewRef = None,
-    aa: AA = False,
-    order: Order = None,
-    predict: Predict = None,
-    margin: Margin = stats.DEFAULT_MARGIN,
-    url: Url = None,
-    out_dir: OutDir = Path("receipts"),
-    parallel: Annotated[Optional[int], typer.Option("--parallel", help="Engine lanes (default: the largest level). Fewer queue a level's streams beyond them in the server.")] = None,
-    tensor_parallel: TensorParallel = 1,
-    prefill_rows: PrefillRows = None,
-    max_model_len: MaxModelLen = None,
-    seed: Seed = 0,
-    temperature: Temperature = 0.0,
-    engine_arg: EngineArg = None,
-    vocab: Vocab = None,
-    tokenizer: Tokenizer = None,
-    token_ids: TokenIds = "ids",
-    sim: Sim = None,
-    verbose: Verbose = False,
-    dry_run: DryRun = False,
 ):
     """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
-    target = sim_target(sim, url=url, base_ref=base_ref, new_ref=new_ref, aa=aa, tensor_parallel=tensor_parallel)
-    if target:
-        model, device, vocab = target.model, target.device, vocab or target.vocab
-    kw = dict(
-        model=model, device=device, dtype=dtype, share=share, mixed=mixed, split=split, variants_file=variants_file, base_ref=base_ref,
-        new_ref=new_ref, aa=aa, order=order, url=url, out_dir=out_dir, parallel=parallel, prefill_rows=prefill_rows,
-        max_model_len=max_model_len, seed=seed, engine_args=engine_arg, levels=levels, tokens=tokens, cells=cells,
-        reps=reps, prompt_tokens=prompt_tokens, predict=predict, margin=margin, vocab=vocab,
-        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
-        tensor_parallel=tensor_parallel)
-    kw["predict"], kw["stamp"] = computed_predictions(predict, kw, sweep_mod.settings_from_flags, "sweep",
-                                                      lambda st: figures_mod.predictable_sweep(st.script.levels))
-    settings = sweep_mod.settings_from_flags(**kw)
-    settings.session.sim = target
-    if dry_run:
-        return print(plan.sweep(settings) + plan_note(target))
-    data, paths = execute(sweep_mod.run, settings, out_dir, verbose)
+    played = play_scenario("sweep", sweep_mod, opts,
+                           dict(levels=levels, tokens=tokens, cells=cells, reps=reps, prompt_tokens=prompt_tokens),
+                           lambda st: figures_mod.predictable_sweep(st.script.levels), plan.sweep, sim_vocab=True)
+    if played is None:
+        return
+    data, paths = played
     out.print(Markdown("\n".join(report.sweep.tok_s_table(data))))
     out.print(report.sweep.exactness_line(data))
-    if data.get("predictions"):
-        out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
+    print_predictions(data)
     print_paths(paths)
     no_valid_run(data, paths, lambda r: any(v is not None for v in r["figures"].values()))
 
 
 @app.command("load")
+@shared(omit=("mixed", "split", "trace", "dry_run"), help={
+    "predict": "YAML ranges per variant and figure (e.g. goodput@LEVEL, ttft_p99@LEVEL), read, hashed and stamped into the receipt before the first run; sim:PROFILE computes them from the simulation first.",
+    "max_model_len": "Engine context length (default: the longest request's prompt and reply, a session's whole history, rounded up to 256).",
+    "seed": "Seeds the workload (prompts, lengths, arrivals) and the engine's dummy weights; with --temperature, each request's sampling seed is derived from it and the request's id."})
 def load(
+    opts: RunOptions,
     rate: Annotated[Optional[str], typer.Option("--rate", help="Requests per second, each a level (open loop: requests go at their scheduled times whatever is in flight), e.g. 1,2,4.")] = None,
     arrival: Annotated[str, typer.Option("--arrival", help="Arrival process at each --rate: poisson, gamma (with --burstiness) or constant.")] = "poisson",
     burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma arrivals' shape (vLLM's meaning: 1 is Poisson, below 1 burstier, above 1 steadier).")] = 1.0,
@@ -380,61 +267,21 @@ def load(
     time_scale: Annotated[float, typer.Option("--time-scale", help="A trace's timestamps multiplied by this (0.5: twice as fast).")] = 1.0,
     inject: Annotated[Optional[str], typer.Option("--inject", help="Cold long prompts sent into the load: LEN@EVERY (seconds), LEN@T1,T2,... or LEN:OUT@...; the receipt gives the background's pauses and first tokens while they fill.")] = None,
     slo: Annotated[Optional[str], typer.Option("--slo", help="Service-level bounds for goodput, each with its unit: ttft=500ms,tpot=50ms,e2e=10s (DistServe: requests meeting every bound, per second).")] = None,
-    model: Model = None,
-    device: Device = "cpu",
-    dtype: Dtype = None,
-    share: Share = None,
-    order: Order = None,
-    url: Url = None,
-    out_dir: OutDir = Path("receipts"),
-    plain_check: PlainCheck = False,
-    variants_file: VariantsFile = None,
-    base_ref: BaseRef = None,
-    new_ref: NewRef = None,
-    aa: AA = False,
-    predict: Annotated[Optional[Path], typer.Option("--predict", help="YAML ranges per variant and figure (e.g. goodput@LEVEL, ttft_p99@LEVEL), read, hashed and stamped into the receipt before the first run; sim:PROFILE computes them from the simulation first.")] = None,
-    margin: Margin = stats.DEFAULT_MARGIN,
-    parallel: Parallel = None,
-    tensor_parallel: TensorParallel = 1,
-    prefill_rows: PrefillRows = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Engine context length (default: the longest request's prompt and reply, a session's whole history, rounded up to 256).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seeds the workload (prompts, lengths, arrivals) and the engine's dummy weights; with --temperature, each request's sampling seed is derived from it and the request's id.")] = 0,
-    temperature: Temperature = 0.0,
-    engine_arg: EngineArg = None,
-    vocab: Vocab = None,
-    tokenizer: Tokenizer = None,
-    token_ids: TokenIds = "ids",
-    sim: Sim = None,
-    verbose: Verbose = False,
 ):
     """Traffic: open-loop arrivals or a closed loop, datasets and traces, goodput under an SLO; whole vs stepped at each --share."""
+    if opts.sim is not None and max_concurrency:
+        sim_target(opts)  # a flag --sim refuses outright is named first
+        raise FlagError("--max-concurrency", "not with --sim: the simulated player sends open loop or closed "
+                                             "loop (--concurrency) only")
     workload = dict(dataset=dataset, fmt=fmt, input_len=input_len, output_len=output_len, prefix_groups=prefix_groups,
                     prefix_len=prefix_len, turns=turns, think=think, time_scale=time_scale, rates=rate,
                     arrival=arrival, burstiness=burstiness, concurrency=concurrency, requests=requests,
                     duration=duration, warmup=warmup, inject=inject)
-    target = sim_target(sim, url=url, plain_check=plain_check, base_ref=base_ref, new_ref=new_ref, aa=aa,
-                        tensor_parallel=tensor_parallel)
-    if target:
-        if max_concurrency:
-            raise FlagError("--max-concurrency", "not with --sim: the simulated player sends open loop or closed "
-                                                 "loop (--concurrency) only")
-        model, device, vocab = target.model, target.device, vocab or target.vocab
-    kw = dict(
-        model=model, device=device, dtype=dtype, share=share, order=order, url=url, out_dir=out_dir,
-        plain_check=plain_check, parallel=parallel, prefill_rows=prefill_rows, max_model_len=max_model_len, seed=seed,
-        engine_args=engine_arg, workload=workload, slo=slo, max_concurrency=max_concurrency, vocab=vocab,
-        variants_file=variants_file, base_ref=base_ref, new_ref=new_ref, aa=aa, predict=predict, margin=margin,
-        tokenizer=str(tokenizer) if tokenizer else None, token_ids=token_ids, temperature=temperature,
-        tensor_parallel=tensor_parallel, procs=procs)
-    kw["predict"], kw["stamp"] = computed_predictions(
-        predict, kw, load_mod.settings_from_flags, "load",
-        lambda st: load_figures.predictable([lv.label for lv in st.spec.levels]))
-    settings = load_mod.settings_from_flags(**kw)
-    settings.session.sim = target
-    data, paths = execute(load_mod.run, settings, out_dir, verbose)
+    data, paths = play_scenario(
+        "load", load_mod, opts, dict(workload=workload, slo=slo, max_concurrency=max_concurrency, procs=procs),
+        lambda st: load_figures.predictable([lv.label for lv in st.spec.levels]), sim_vocab=True)
     out.print(Markdown(report.load.summary_markdown(data)))
-    if data.get("predictions"):
-        out.print(predictions.Predictions.from_dict(data["predictions"]).summary())
+    print_predictions(data)
     print_paths(paths)
     no_valid_run(data, paths, lambda r: bool(r.get("valid")))
 
