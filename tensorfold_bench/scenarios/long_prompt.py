@@ -133,9 +133,8 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
     """`tfbench run long-prompt`'s flags -> settings, with the device preset's defaults; every bad
     value names its flag; predictions are read (and stamped) here, before any run."""
     pre = defaults.device_preset(device)
-    for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens),
-                    ("--vocab", vocab)):
-        defaults.positive(flag, v)
+    for flag, v in (("--b-at", b_at), ("--b-tokens", b_tokens), ("--c-tokens", c_tokens), ("--a-tokens", a_tokens)):
+        defaults.positive(flag, v)  # --vocab is the session's to check
     if not (math.isfinite(c_after) and c_after >= 0):
         raise FlagError("--c-after", f"must be a finite number of seconds, at least 0, not {c_after}")
     variants, names, url = targets.select(url, share, variants_file, base_ref, new_ref, order, aa, mixed, split)

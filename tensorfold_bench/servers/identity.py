@@ -2,14 +2,17 @@
 
 `identify(url)` reads what any OpenAI-compatible server offers: `/v1/models` (id, owned_by,
 root, max_model_len, vocab_size where given), `/version` when present (vLLM), and tfengine's
-`/v1/engine` when present. The result is a plain dataclass the receipt can print: the server's
-own name and version, the model, and the command line tfbench launched (None under --url).
+`/v1/engine` when present. It is the one place a server is asked about itself, and the one place
+each fact is decided where two answers could give it (the model's context and vocabulary: the
+models list first, tfengine's own account second). The result is a plain dataclass the receipt
+can print: the server's own name and version, the model, and the command line tfbench launched
+(None under --url).
 
 `discover_vocab(...)` finds how many token ids a random prompt may use: the server's vocab_size,
 else a tokenizer or model directory (config.json's vocab_size, capped by tokenizer.json's
 largest id, since a server with a tokenizer refuses ids beyond it).
 
-During a session: `server_info`/`model_facts` (/v1/engine and /v1/models), `healthy`, `wait_idle`
+During a session: `healthy`, `wait_idle`
 (/metrics: no stream running or waiting) and `fetch_trace` (the engine's /v1/trace).
 """
 from __future__ import annotations
@@ -40,6 +43,13 @@ class ServerIdentity:
     checked: list[str] = field(default_factory=list)  # how tfbench knows it launched this server
     engine: dict | None = None  # tfengine's /v1/engine payload
     models: list[dict] = field(default_factory=list)  # /v1/models data, as served
+    # the /v1/engine and /v1/models bodies as served (None: no answer): the receipt's environment
+    answers: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def request_model(self) -> str:
+        """The model name requests carry: the server's first model, else "default"."""
+        return self.model or "default"
 
     @property
     def label(self) -> str:
@@ -48,7 +58,10 @@ class ServerIdentity:
         return head + (f", model {self.model}" if self.model else "")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The identity as a receipt keeps it (the raw answers are kept once, as its environment)."""
+        d = asdict(self)
+        del d["answers"]
+        return d
 
 
 def _get(client: httpx.Client, url: str, must_answer: bool = False) -> dict | None:
@@ -77,23 +90,33 @@ def identify(url: str, server=None, timeout: float = 10.0) -> ServerIdentity:
     """Ask the server at `url` what it is. `server`: the launcher's Server when tfbench launched it."""
     base = url.rstrip("/")
     with httpx.Client(timeout=timeout) as c:
-        models = (_get(c, base + "/v1/models", must_answer=True) or {}).get("data") or []
+        listed = _get(c, base + "/v1/models", must_answer=True)
         version = _get(c, base + "/version")
         engine = _get(c, base + "/v1/engine")
-    first = models[0] if models and isinstance(models[0], dict) else {}
-    is_tfengine = engine is not None and isinstance(engine.get("engine"), dict)
-    ident = ServerIdentity(
-        url=base, name="tfengine" if is_tfengine else str(first.get("owned_by") or "unknown"),
-        version=(version or {}).get("version") or (engine or {}).get("commit"),
-        model=first.get("id"), owned_by=first.get("owned_by"), root=first.get("root"),
-        max_model_len=_int(first.get("max_model_len")), vocab_size=_int(first.get("vocab_size")),
-        engine=engine if is_tfengine else None, models=[m for m in models if isinstance(m, dict)])
-    if ident.vocab_size is None and is_tfengine:
-        shape = (engine.get("engine") or {}).get("shape") or {}
-        ident.vocab_size = _int(shape.get("vocab")) or _int(shape.get("vocab_size"))
+    ident = identity_of(base, listed, version, engine)
     if server is not None:
         ident.launched, ident.command, ident.checked = True, server.command_line, list(server.checked)
     return ident
+
+
+def identity_of(base: str, listed: dict | None, version: dict | None, engine: dict | None) -> ServerIdentity:
+    """The identity from the server's answers to /v1/models, /version and /v1/engine (None: no
+    answer). Where two answers could give a fact, the models list wins, then tfengine's account."""
+    models = (listed or {}).get("data") or []
+    first = models[0] if models and isinstance(models[0], dict) else {}
+    is_tfengine = engine is not None and isinstance(engine.get("engine"), dict)
+    desc = engine["engine"] if is_tfengine else {}
+    config = (engine.get("config") or {}) if is_tfengine else {}
+    shape = desc.get("shape") or {}
+    return ServerIdentity(
+        url=base, name="tfengine" if is_tfengine else str(first.get("owned_by") or "unknown"),
+        version=(version or {}).get("version") or (engine or {}).get("commit"),
+        model=first.get("id"), owned_by=first.get("owned_by"), root=first.get("root"),
+        max_model_len=(_int(first.get("max_model_len")) or _int(desc.get("max_model_len"))
+                       or _int(config.get("max_model_len"))),
+        vocab_size=_int(first.get("vocab_size")) or _int(shape.get("vocab")) or _int(shape.get("vocab_size")),
+        engine=engine if is_tfengine else None, models=[m for m in models if isinstance(m, dict)],
+        answers={"engine": engine, "models": listed})
 
 
 def vocab_from_dir(path: Path) -> int | None:
@@ -144,35 +167,6 @@ def discover_vocab(ident: ServerIdentity | None = None, tokenizer: str | Path | 
 
 
 # ---- during a session -----------------------------------------------------------------------
-
-def server_info(url: str) -> dict:
-    """GET /v1/engine and /v1/models (either may be missing on foreign servers)."""
-    out: dict = {}
-    with httpx.Client(timeout=10) as c:
-        for path, key in (("/v1/engine", "engine"), ("/v1/models", "models")):
-            try:
-                r = c.get(url + path)
-                out[key] = r.json() if r.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                out[key] = None
-    return out
-
-
-def model_facts(info: dict) -> tuple[str, int | None, int | None]:
-    """(model id, vocab size, max_model_len) from /v1/engine and /v1/models."""
-    model, vocab, mml = "default", None, None
-    models = (info.get("models") or {}).get("data") or []
-    if models:
-        model = models[0].get("id", model)
-        mml = models[0].get("max_model_len")
-        vocab = models[0].get("vocab_size")
-    eng = info.get("engine") or {}
-    desc = eng.get("engine") or {}
-    shape = desc.get("shape") or {}
-    vocab = vocab or shape.get("vocab") or shape.get("vocab_size")
-    mml = mml or desc.get("max_model_len") or (eng.get("config") or {}).get("max_model_len")
-    return model, vocab, mml
-
 
 def healthy(url: str, timeout: float = 5.0) -> bool:
     """Does the server still serve (GET /health, else /v1/models: 200)?"""

@@ -32,7 +32,7 @@ from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.client.stream import TOKEN_ID_ROUTES
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.servers import worktree
-from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, model_facts, server_info, wait_idle
+from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, wait_idle
 from tensorfold_bench.servers.launcher import REPO_ROOT, check_engine_flags, engine_program, existing, launch, need_engine
 from tensorfold_bench.session.defaults import EngineSetup, check_margin, positive
 from tensorfold_bench.session.simulate import CANNOT_KNOW, SimRun, SimTarget
@@ -107,7 +107,7 @@ class Run:
     index: int
     variant: Variant
     url: str
-    info: dict  # GET /v1/engine and /v1/models
+    info: dict  # the /v1/engine and /v1/models bodies (ServerIdentity.answers)
     model: str
     vocab: int | None
     max_model_len: int | None
@@ -264,16 +264,15 @@ def run_all(session: Session, data: dict, srcs: dict[str, worktree.Source], play
         variant = by_name[name]
         try:
             with serve(session, variant, srcs.get(name), log, server) as url:
-                info = server_info(url)
                 ident = run_identity(url, server)
+                info = ident.answers
                 data["identities"].setdefault(name, identity_record(ident))
                 if data["environment"] is None or (info.get("engine") and not data["environment"].get("engine")):
                     data["environment"] = info  # tfengine's account of the device, where one ran
                 if not variant.launched:
                     server["idle"] = wait_idle(url)  # the last run's streams are gone
-                model, _, mml = model_facts(info)
-                entry = play(Run(i, variant, url, info, ident.model or model, run_vocab(session, ident),
-                                 ident.max_model_len or mml, not variant.launched, rep.note, ident,
+                entry = play(Run(i, variant, url, info, ident.request_model, run_vocab(session, ident),
+                                 ident.max_model_len, not variant.launched, rep.note, ident,
                                  session.token_ids, session.salt, rep.status))
         except ServerError as e:
             e.variant = name
@@ -490,11 +489,10 @@ def run_plain(scenario: Scenario, data: dict, source: worktree.Source) -> dict:
     pv = plain(s.variants[0])
     log, facts = s.run_dir / "plain.log", {}
     with serve(s, pv, source, log, facts) as url:
-        info = server_info(url)
-        model, _, _ = model_facts(info)
-        answers = scenario.play_plain(data, url, model, data["vocab"])
+        ident = identify(url)
+        answers = scenario.play_plain(data, url, ident.request_model, data["vocab"])
     return {"variant": pv.to_dict(), **answers, "log": str(log),
-            "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": info.get("engine")}
+            "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": ident.answers["engine"]}
 
 
 def run(scenario: Scenario, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:

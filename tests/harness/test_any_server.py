@@ -186,6 +186,7 @@ def test_an_unreachable_url_exits_2_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("argv, flag", [
     (["sweep", "--vocab", "0"], "--vocab"), (["gate", "--vocab", "-3"], "--vocab"),
+    (["run", "long-prompt", "--vocab", "0"], "--vocab"),
     (["run", "long-prompt", "--token-ids", "bytes"], "--token-ids"),
     (["run", "long-prompt", "--tokenizer", "/nonexistent"], "--tokenizer"),
     (["sweep", "--url", "a=http://127.0.0.1:9", "--share", "0.5"], "--url")])

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tensorfold_bench.errors import BenchError
-from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, vocab_from_dir
+from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, identity_of, vocab_from_dir
 from tensorfold_bench.servers.launcher import free_port, launch
 
 import fakeserver
@@ -47,6 +47,21 @@ def test_a_tfengine_is_named_with_its_engine_facts(tmp_path):
     assert ident.name == "tfengine" and ident.model == "tiny" and ident.engine["nonce"] == srv.nonce
     assert ident.vocab_size == VOCAB and discover_vocab(ident) == VOCAB
     assert "--model tiny" in ident.command
+
+
+def test_each_fact_has_one_answer_the_models_list_first_then_tfengines_own():
+    engine = {"engine": {"max_model_len": 2048, "shape": {"vocab": 512}}, "config": {"max_model_len": 1024},
+              "commit": "abc"}
+    bare = identity_of("http://x", {"object": "list", "data": [{"id": "m"}]}, None, engine)
+    assert (bare.name, bare.model, bare.max_model_len, bare.vocab_size, bare.version) == ("tfengine", "m", 2048, 512,
+                                                                                           "abc")
+    listed = {"data": [{"id": "m", "max_model_len": 4096, "vocab_size": 1000}]}
+    told = identity_of("http://x", listed, None, engine)
+    assert (told.max_model_len, told.vocab_size) == (4096, 1000)
+    assert told.answers == {"engine": engine, "models": listed} and "answers" not in told.to_dict()
+    silent = identity_of("http://x", None, None, None)
+    assert (silent.name, silent.request_model, silent.max_model_len, silent.answers) == (
+        "unknown", "default", None, {"engine": None, "models": None})
 
 
 def test_identify_unreachable_is_one_line():
