@@ -209,43 +209,6 @@ def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY, load_spec=None) -
     return out
 
 
-def measure(entry: dict) -> None:
-    """The run's figures: the sweep's, and the long-prompt ones when that run is valid."""
-    sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
-    entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
-    lp = figures.long_prompt_of(entry["long_prompt"]["records"])
-    figures.client_bottleneck(lp, entry["long_prompt"].get("client"))
-    entry["long_prompt"]["figures"] = lp.to_dict()
-    sw_bad = (entry["sweep"].get("client") or {}).get("invalid")
-    entry["figures"] = {**({} if sw_bad else sw),
-                        **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}
-    if entry.get("load"):
-        ld = entry["load"]
-        f = load_figures.level_figures([load_figures.Req.from_dict(q) for q in ld["records"]], load_figures.Slo())
-        ld["figures"] = f
-        ld["invalid"] = f["invalid"] + selfcheck.bottleneck(ld.get("client"))
-        if not ld["invalid"]:
-            entry["figures"].update({k: v for k, v in load_figures.flat(ld["label"], f).items()
-                                     if load_figures.family(k) in LOAD_JUDGED})
-
-
-def line(entry: dict) -> str:
-    """The run's progress line: tok/s per level, B's and C's first token, the load's tok/s."""
-    sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
-    lp, sw_bad = entry["long_prompt"]["figures"], (entry["sweep"].get("client") or {}).get("invalid")
-    return (f"{entry['variant']}: " + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in sw.items() if k.startswith("tok_s"))
-            + f"; B first token {num(lp['b_first_token'], 2, '–')} s, C {num(lp['c_first_token'], 2, '–')} s"
-            + (f"; load {entry['load']['label']}: {num(entry['load']['figures']['out_tok_s'], 1, '–')} tok/s"
-               if entry.get("load") else "")
-            + ("" if lp["valid"] else f" (long-prompt run invalid: {'; '.join(lp['invalid_reasons'])})")
-            + (f" (sweep invalid: {'; '.join(sw_bad)})" if sw_bad else ""))
-
-
-def finish(entry: dict) -> str:
-    measure(entry)
-    return line(entry)
-
-
 def schedule_shape(p: GatePreset, prefill_rows: int = 256, seed: int = 0) -> gate_schedule.Shape:
     """The preset's values the schedule layer replays."""
     return gate_schedule.Shape(levels=p.levels, tokens=p.tokens, prompt_tokens=p.prompt_tokens, b_at=p.b_at,
@@ -269,6 +232,75 @@ def schedule_layer(settings: GateSettings, base_src: worktree.Source, new_src: w
     return gate_schedule.layer(None if same else Path(base_src.path), Path(new_src.path), shape, profile, accepted)
 
 
+class Gate(driver.Scenario):
+    """The gate's runs through the session driver: each plays a short sweep, a short long-prompt
+    run (and, with --load, a short load) on one server; the judgement comes from the runs alone."""
+
+    has_plain = False
+    keep_failed = False  # every run or none: a base that will not serve falls back to A/A
+
+    def __init__(self, settings: GateSettings, session: Session, srcs: dict[str, worktree.Source],
+                 missing: str | None, accepted: bool, schedule: dict | None):
+        # the session is built at run time, from the sources resolved then (a missing base falls back)
+        self.settings, self.session, self.plain_check = settings, session, False
+        self.srcs, self.missing, self.accepted, self.schedule = srcs, missing, accepted, schedule
+        self.load_spec = settings.load_spec() if settings.load_rate is not None else None
+
+    def header(self) -> dict:
+        g = self.settings
+        return {"preset": g.preset, "preset_values": asdict(PRESETS[g.preset]), "base_ref": g.base_ref,
+                "long_margin": g.long_margin, "new_env": g.new_env, "accept_new_outputs": g.accept_new_outputs,
+                "sampling": g.sampling.to_dict(), "load_rate": g.load_rate}
+
+    def sources(self) -> dict[str, worktree.Source]:
+        return self.srcs
+
+    def begin(self, data: dict) -> None:
+        data.update(missing_base=self.missing, accepted_outputs=self.accepted, schedule=self.schedule)
+
+    def play(self, data: dict, run: Run) -> dict:
+        return play(PRESETS[self.settings.preset], run, self.settings.sampling, self.load_spec)
+
+    def measure(self, entry: dict) -> None:
+        """The run's figures: the sweep's, and the long-prompt ones when that run is valid."""
+        sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
+        entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
+        lp = figures.long_prompt_of(entry["long_prompt"]["records"])
+        figures.client_bottleneck(lp, entry["long_prompt"].get("client"))
+        entry["long_prompt"]["figures"] = lp.to_dict()
+        sw_bad = (entry["sweep"].get("client") or {}).get("invalid")
+        entry["figures"] = {**({} if sw_bad else sw),
+                            **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}
+        if entry.get("load"):
+            ld = entry["load"]
+            f = load_figures.level_figures([load_figures.Req.from_dict(q) for q in ld["records"]], load_figures.Slo())
+            ld["figures"] = f
+            ld["invalid"] = f["invalid"] + selfcheck.bottleneck(ld.get("client"))
+            if not ld["invalid"]:
+                entry["figures"].update({k: v for k, v in load_figures.flat(ld["label"], f).items()
+                                         if load_figures.family(k) in LOAD_JUDGED})
+
+    def line(self, entry: dict) -> str:
+        """The run's progress line: tok/s per level, B's and C's first token, the load's tok/s."""
+        sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
+        lp, sw_bad = entry["long_prompt"]["figures"], (entry["sweep"].get("client") or {}).get("invalid")
+        return (f"{entry['variant']}: "
+                + ", ".join(f"{k} {num(v, 1, '–')}" for k, v in sw.items() if k.startswith("tok_s"))
+                + f"; B first token {num(lp['b_first_token'], 2, '–')} s, C {num(lp['c_first_token'], 2, '–')} s"
+                + (f"; load {entry['load']['label']}: {num(entry['load']['figures']['out_tok_s'], 1, '–')} tok/s"
+                   if entry.get("load") else "")
+                + ("" if lp["valid"] else f" (long-prompt run invalid: {'; '.join(lp['invalid_reasons'])})")
+                + (f" (sweep invalid: {'; '.join(sw_bad)})" if sw_bad else ""))
+
+    def validity(self, entry: dict) -> tuple[bool, list[str]]:
+        """A run's invalid parts are left out figure by figure, said in the gate's notes."""
+        return True, []
+
+    def check(self, data: dict) -> None:
+        """Hashes, statistics and verdicts together: the gate's pass or fail needs them all."""
+        analyse(data)
+
+
 def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None,
              _fallback: str | None = None, _schedule: dict | None = None) -> dict:
     """Run base and new in the order and judge; the returned data carries `passed` and `reasons`.
@@ -287,25 +319,16 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
     s = Session(engine, [base, Variant("new", [], dict(settings.new_env))], list(settings.order), settings.out_dir,
                 "gate", margin=settings.margin, stamp=settings.stamp, repo=settings.repo,
                 vocab=settings.vocab, tokenizer=settings.tokenizer)
-    srcs = {"base": base_src, "new": new_src}
-    data = driver.header(s, srcs, {"preset": settings.preset, "preset_values": asdict(p), "base_ref": settings.base_ref,
-                                    "long_margin": settings.long_margin, "new_env": settings.new_env,
-                                    "accept_new_outputs": settings.accept_new_outputs,
-                                    "sampling": settings.sampling.to_dict(), "load_rate": settings.load_rate})
-    data.update(missing_base=missing, accepted_outputs=accepted)
     if missing:
         rep.note(missing)
-    data["schedule"] = _schedule if _fallback else schedule_layer(settings, base_src, new_src, missing,
-                                                                   engine.prefill_rows)
-    if data["schedule"] is not None:
-        sc = data["schedule"]
-        rep.note(f"schedule layer: {sc['status']}" + (f" ({sc['why']})" if sc["why"] else
-                                                         f", {len(sc['reasons'])} figure(s) worse by 1 % or more"))
-    rep.start(len(s.order))
+    schedule = _schedule if _fallback else schedule_layer(settings, base_src, new_src, missing, engine.prefill_rows)
+    if schedule is not None:
+        rep.note(f"schedule layer: {schedule['status']}" + (
+            f" ({schedule['why']})" if schedule["why"] else
+            f", {len(schedule['reasons'])} figure(s) worse by 1 % or more"))
     try:
-        load_spec = settings.load_spec() if settings.load_rate is not None else None
-        driver.run_all(s, data, srcs, lambda r: play(p, r, settings.sampling, load_spec), rep, finish,
-                        checkpoint=(lambda: save(analyse(data))) if save else None)
+        return driver.run(Gate(settings, s, {"base": base_src, "new": new_src}, missing, accepted, schedule), rep,
+                          save)
     except ServerError as e:
         if e.variant != "base" or base_src.path == new_src.path:
             raise
@@ -316,9 +339,7 @@ def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Cal
         return run_gate(replace(settings, base_ref=None, stamp=s.stamp + "-aa"), reporter, save,
                         f"base {base_src.label} would not serve ({why}; log {e.log}): the working tree "
                         "is compared with itself (A/A): outputs must still agree across fresh servers; "
-                        "throughput checks only the noise.", data["schedule"])
-    data["partial"] = None
-    return analyse(data)
+                        "throughput checks only the noise.", schedule)
 
 
 def judge(order: list[str], run_figures: list[dict], *, levels: list[int], margin: float, long_margin: float,

@@ -365,6 +365,9 @@ class Scenario:
     analysis, the plain reference and "not run"."""
 
     has_plain = True  # a scenario without a plain reference (sweep) says no line about one
+    # a server that will not serve makes a failed run and the others go on; False: its
+    # ServerError goes up (the gate judges every run or none)
+    keep_failed = True
     url_cache = ""  # under --url: how the scenario's prompts meet a server's warm cache
     analysis: Analysis = Analysis()  # the receipt's analysis functions, where they serve as they are
 
@@ -377,6 +380,10 @@ class Scenario:
     def header(self) -> dict:
         """The receipt's settings beside the session's."""
         return {}
+
+    def sources(self) -> dict[str, worktree.Source]:
+        """Each launched variant's source, made before any run."""
+        return sources(self.session)
 
     def begin(self, data: dict) -> None:
         """The receipt's own fields, before the first run."""
@@ -498,10 +505,11 @@ def run_plain(scenario: Scenario, data: dict, source: worktree.Source) -> dict:
 def run(scenario: Scenario, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
     """Every run in order, a fresh server each (or the running servers, --url), then the plain
     reference; the receipt's data, analysed. A server that dies or never gets healthy makes that
-    run a failed one (kept, with its log's tail, left out of the medians). `save(data)` gets the
+    run a failed one (kept, with its log's tail, left out of the medians), or raises ServerError
+    where the scenario keeps no failed run. `save(data)` gets the
     receipt so far after every run (marked partial until the last)."""
     rep, s = reporter or QuietReporter(), scenario.session
-    srcs = sources(s)
+    srcs = scenario.sources()
     data = header(s, srcs, scenario.header())
     scenario.begin(data)
     plain_ref = (scenario.has_plain and scenario.plain_check and not s.url and not s.sim
@@ -519,7 +527,7 @@ def run(scenario: Scenario, reporter: Reporter | None = None, save: Callable[[di
         (scenario.failed if entry.get("error") else scenario.measure)(entry)
         return scenario.line(entry)
 
-    run_all(s, data, srcs, play, rep, finish, keep_failed=True,
+    run_all(s, data, srcs, play, rep, finish, keep_failed=scenario.keep_failed,
             checkpoint=(lambda: save(analyse(scenario, data))) if save else None,
             after=["the plain reference"] if plain_ref else [])
     if plain_ref:
