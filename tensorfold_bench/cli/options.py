@@ -127,7 +127,6 @@ def shared(*, omit: tuple[str, ...] = (), help: dict[str, str] | None = None) ->
 
         run.__signature__ = inspect.Signature(params)
         run.__annotations__ = {p.name: p.annotation for p in params}
-        del run.__wrapped__  # typer reads the signature above, not the command's
         return run
 
     return wrap
