@@ -34,6 +34,10 @@ class Node:
         node._keys = tuple(d)
         return node
 
+    def __bool__(self) -> bool:
+        """False for an object read from an empty dict (and holding nothing since), as that dict was."""
+        return bool(self._keys or self.extra) or any(getattr(self, k) is not None for k in _kinds(type(self)))
+
     def to_dict(self) -> dict:
         """The keys as read, in their order, then any field set since (to something but None)."""
         kinds = _kinds(type(self))
