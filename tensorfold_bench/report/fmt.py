@@ -61,6 +61,12 @@ def as_receipt(data: Receipt | dict) -> Receipt:
     return data if isinstance(data, Receipt) else Receipt.from_dict(data)
 
 
+def margin_pct(r: Receipt) -> str:
+    """The verdicts' margin in percent, as the statistics paragraph states it (2 % where the receipt
+    stored none)."""
+    return f"{(0.02 if r.settings.margin is None else r.settings.margin) * 100:g}"
+
+
 def environment_lines(data: Receipt | dict) -> list[str]:
     """Device, model, server, variants and host, from the receipt's header."""
     r = as_receipt(data)
