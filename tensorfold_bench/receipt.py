@@ -340,6 +340,14 @@ class Level(Node):
 
 
 @dataclass(kw_only=True)
+class Cold(Node):
+    """How a run's long prompt was held to be cold: by the server's cached_tokens, or by being fresh."""
+    by: str | None = None
+    cached_tokens: int | None = None
+    held: bool | None = None
+
+
+@dataclass(kw_only=True)
 class Run(Node):
     index: int | None = None
     variant: str | None = None
@@ -353,7 +361,7 @@ class Run(Node):
     started: Any = None
     batches: list[Batch] | None = None
     errors: Any = None
-    cold: Any = None
+    cold: Cold | None = None
     counted_by: str | None = None
     system_fingerprint: str | None = None
     identity: Identity | None = None
