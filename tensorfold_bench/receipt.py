@@ -55,10 +55,11 @@ def _kinds(cls: type) -> dict[str, Any]:
 
 
 def _node_kind(tp: Any) -> Any:
-    """`X | None` -> X; `list[X]` -> (list, X); `dict[str, X]` -> (dict, X); for a Node class X only."""
+    """`X | None` -> X; `list[X]` -> (list, X); `dict[str, X]` -> (dict, X), for a Node class X (else
+    Any: the value is kept as it is); a union of several -> ("any", kinds), told apart by the value's shape."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        tp = args[0] if len(args) == 1 else Any
+        kinds = [k for a in typing.get_args(tp) if (k := _node_kind(a)) is not Any]
+        return Any if not kinds else kinds[0] if len(kinds) == 1 else ("any", tuple(kinds))
     origin = typing.get_origin(tp)
     if origin in (list, dict):
         inner = _node_kind(typing.get_args(tp)[-1])
@@ -66,10 +67,16 @@ def _node_kind(tp: Any) -> Any:
     return tp if isinstance(tp, type) and issubclass(tp, Node) else Any
 
 
+def _fits(kind: Any, v: Any) -> bool:
+    return isinstance(v, kind[0]) if isinstance(kind, tuple) else isinstance(v, dict)
+
+
 def _load(kind: Any, v: Any) -> Any:
     # a value not of the declared shape (an older writer's None or string) is kept as it is
     if kind is Any:
         return v
+    if isinstance(kind, tuple) and kind[0] == "any":
+        return next((_load(k, v) for k in kind[1] if _fits(k, v)), v)
     if isinstance(kind, tuple):
         container, inner = kind
         if container is list and isinstance(v, list):
@@ -83,6 +90,8 @@ def _load(kind: Any, v: Any) -> Any:
 def _dump(kind: Any, v: Any) -> Any:
     if kind is Any:
         return v
+    if isinstance(kind, tuple) and kind[0] == "any":
+        return next((_dump(k, v) for k in kind[1] if _fits(k, v) or (not isinstance(k, tuple) and isinstance(v, k))), v)
     if isinstance(kind, tuple):
         container, inner = kind
         if container is list and isinstance(v, list):
@@ -144,7 +153,7 @@ class Settings(Node):
     figure_keys: list[str] | None = None
     seed: int | None = None
     workload: dict[str, Any] | None = None
-    levels: list[dict[str, Any]] | None = None
+    levels: list[Level] | None = None  # a load's levels, as set (a run's Level holds what each played)
     slo: dict[str, Any] | None = None
     max_concurrency: int | None = None
     late_p99_ms: float | None = None
@@ -329,7 +338,7 @@ class Request(Node):
 
 @dataclass(kw_only=True)
 class Level(Node):
-    """A load run's level: its requests and their figures."""
+    """A load level: its kind, value and label as set, and in a run its requests and their figures."""
     kind: str | None = None
     value: Any = None
     label: str | None = None
@@ -415,10 +424,21 @@ class Comparison(Node):
 
 
 @dataclass(kw_only=True)
+class ReplyCount(Node):
+    """A load receipt's replies of one variant: how many were equal (to the first base run's, or
+    to the plain reference's), of how many."""
+    equal: int | None = None
+    of: int | None = None
+    unknown: int | None = None
+    no_reference: int | None = None
+
+
+@dataclass(kw_only=True)
 class Exactness(Node):
-    across_runs: dict[str, list[Comparison]] | None = None  # run index (or variant) -> its streams
+    # run index (or variant) -> its streams compared; a load receipt's: variant -> its count
+    across_runs: dict[str, list[Comparison] | ReplyCount] | None = None
     refs: dict[str, Any] | None = None
-    vs_plain: dict[str, list[Comparison]] | None = None
+    vs_plain: dict[str, list[Comparison] | ReplyCount] | None = None
     server_sha: dict[str, Any] | None = None
     a_prefix: Any = None
     hashes: dict[str, dict[str, Any]] | None = None
