@@ -34,6 +34,11 @@ class Node:
         node._keys = tuple(d)
         return node
 
+    def holds(self, key: str) -> bool:
+        """Whether `key` is in the data (read, even as None, or set since): where a receipt tells a
+        None it wrote from a key an older writer never wrote."""
+        return key in (self._keys or ()) or key in self.extra or getattr(self, key, None) is not None
+
     def __bool__(self) -> bool:
         """False for an object read from an empty dict (and holding nothing since), as that dict was."""
         return bool(self._keys or self.extra) or any(getattr(self, k) is not None for k in _kinds(type(self)))
@@ -157,6 +162,14 @@ class Settings(Node):
     slo: dict[str, Any] | None = None
     max_concurrency: int | None = None
     late_p99_ms: float | None = None
+    # the gate's
+    preset: str | None = None
+    preset_values: dict[str, Any] | None = None  # the preset's sizes (scenarios.gate's Preset)
+    base_ref: str | None = None
+    long_margin: float | None = None
+    new_env: dict[str, str] | None = None
+    accept_new_outputs: bool | None = None
+    load_rate: float | None = None
 
 
 # ---- variants, servers and what they say of themselves ----------------------------------------
@@ -381,6 +394,10 @@ class Run(Node):
     valid: bool | None = None
     invalid_reasons: list[str] | None = None
     lanes: Any = None
+    # a gate run's parts, each as its scenario keeps a run (batches, records, figures, client)
+    sweep: dict[str, Any] | None = None
+    long_prompt: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
 
 
 @dataclass(kw_only=True)
@@ -446,6 +463,10 @@ class Exactness(Node):
     flagged: Any = None
     ok: bool | None = None
     not_judged: Any = None
+    # the gate's: per part, label -> its replies' count
+    sweep: dict[str, dict[str, Any]] | None = None
+    long_prompt: dict[str, dict[str, Any]] | None = None
+    load: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass(kw_only=True)
@@ -512,3 +533,11 @@ class Receipt(Node):
     vocab: int | None = None
     partial: Partial | None = None
     simulated: Simulated | None = None
+    # the gate's verdict, why, and what it could see
+    passed: bool | None = None
+    reasons: list[str] | None = None
+    notes: list[str] | None = None
+    detectable: dict[str, float] | None = None
+    schedule: dict[str, Any] | None = None  # the schedule layer's section (scenarios.gate_schedule)
+    missing_base: str | None = None
+    accepted_outputs: Any = None

@@ -50,10 +50,12 @@ def test_the_fields_are_typed_and_what_no_field_names_is_kept():
     assert r.runs[0].records["A"].token_times == [1.5, 2.0] and r.runs[0].trace[0].kind == "cut"
     assert r.runs[0].records["A"].extra == {"new": 3} and r.extra == {"future": {"x": 1}}
     assert r.partial is None and r.settings is None and r.runs[0].server == "not a dict"
+    assert r.holds("partial") and not r.holds("settings") and r.holds("future") and not r.holds("vocab")
     assert r.to_dict() == d and list(r.to_dict()) == list(d)  # partial present as None, settings absent
     r.runs[0].records["A"].error = "cut off"
     r.vocab = 7
     assert r.to_dict()["runs"][0]["records"]["A"]["error"] == "cut off" and r.to_dict()["vocab"] == 7
+    assert r.holds("vocab") and not receipt.Receipt.from_dict({}) and receipt.Receipt.from_dict({"partial": None})
     assert r.to_dict() != d
 
 
