@@ -541,3 +541,8 @@ class Receipt(Node):
     schedule: dict[str, Any] | None = None  # the schedule layer's section (scenarios.gate_schedule)
     missing_base: str | None = None
     accepted_outputs: Any = None
+
+
+def as_receipt(data: Receipt | dict) -> Receipt:
+    """The typed receipt, from a receipt's data as read (report.store.read) or already typed."""
+    return data if isinstance(data, Receipt) else Receipt.from_dict(data)

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from tensorfold_bench.analysis import stats
 from tensorfold_bench.client import selfcheck
 from tensorfold_bench.client.stream import StreamRecord
+from tensorfold_bench.receipt import Alone, Receipt, Record, Run, as_receipt
 from tensorfold_bench.servers.launcher import flag_value
 from tensorfold_bench.workload.script_file import Figure, Point, Script
 
@@ -253,23 +254,17 @@ def pace_alone(times: list[float], lo: float, hi: float, alone: list[float]) -> 
     return (i1 - i0) / (alone[i1 - 1] - alone[i0 - 1])
 
 
-def pace_pct(run: dict, a_alone: dict | None) -> float | None:
+def pace_pct(run: Run, a_alone: Record | None) -> float | None:
     """One run's A rate while B fills as a percentage of A's pace alone over the same tokens."""
-    f = LongPromptFigures.from_dict(run["figures"])
-    recs = run.get("records") or {}
+    f = LongPromptFigures.from_dict(run.figures)
+    recs = run.records or {}
     if not a_alone or not f.valid or f.a_rate_during is None or "A" not in recs or "B" not in recs:
         return None
-    b = StreamRecord.from_dict(recs["B"])
+    b = recs["B"]
     if b.sent is None or not b.token_times:
         return None
-    pace = pace_alone(StreamRecord.from_dict(recs["A"]).token_times, b.sent, b.token_times[0],
-                      StreamRecord.from_dict(a_alone).token_times)
+    pace = pace_alone(recs["A"].token_times or [], b.sent, b.token_times[0], a_alone.token_times or [])
     return 100 * f.a_rate_during / pace if pace else None
-
-
-def b_alone(record: dict) -> float | None:
-    """B's first token with nothing else running, from its saved record."""
-    return first_token_latency(StreamRecord.from_dict(record))
 
 
 def medians(figs: list[LongPromptFigures]) -> dict[str, float | None]:
@@ -278,48 +273,50 @@ def medians(figs: list[LongPromptFigures]) -> dict[str, float | None]:
     return {k: median([getattr(f, k) for f in ok]) for k in LONG_PROMPT}
 
 
-def long_prompt_summary(data: dict) -> dict[str, dict]:
+def long_prompt_summary(data: Receipt | dict) -> dict[str, dict]:
     """Per variant: its runs and their figures (in order), the medians over the valid ones, B
     alone, B's median against alone (`x_alone`) and A's rate during B as a percentage of before."""
-    out = {}
-    for v in data["variants"]:
-        runs = [r for r in data["runs"] if r["variant"] == v["name"]]
+    r, out = as_receipt(data), {}
+    for v in r.variants:
+        runs = [run for run in r.runs if run.variant == v.name]
         if not runs:
             continue
-        figs = [LongPromptFigures.from_dict(r["figures"]) for r in runs]
+        figs = [LongPromptFigures.from_dict(run.figures) for run in runs]
         med = medians(figs)
-        alones = (data.get("alone") or {}).get(v["name"], {})
-        alone = alones.get("b_first_token")
+        alones = (r.alone or {}).get(v.name) or Alone()
+        alone = alones.b_first_token
         x_alone = med["b_first_token"] / alone if alone and med["b_first_token"] else None
         pct = 100 * (med["a_rate_during"] or 0) / med["a_rate_before"] if med["a_rate_before"] else None
-        paces = [p for p in (pace_pct(r, alones.get("a_record")) for r in runs) if p is not None]
-        out[v["name"]] = {"runs": runs, "figures": figs, "median": med, "alone": alone, "x_alone": x_alone,
-                          "during_pct": pct, "pace_pct": median(paces) if paces else None}
+        paces = [p for p in (pace_pct(run, alones.a_record) for run in runs) if p is not None]
+        out[v.name] = {"runs": runs, "figures": figs, "median": med, "alone": alone, "x_alone": x_alone,
+                       "during_pct": pct, "pace_pct": median(paces) if paces else None}
     return out
 
 
-def frontier(data: dict) -> list[dict]:
+def frontier(data: Receipt | dict, summary: dict[str, dict] | None = None) -> list[dict]:
     """Each variant's trade, ordered by B's slowdown (its median first token over alone, `x_alone`):
     A's kept rate (during B over before, in percent), its distance in points above the line
     100 * (1 - 1/slowdown) that alternating whole steps between A and B sits on (B given a share
     f of the steps takes 1/f as long; A keeps 1 - f), the variants that dominate it (no slower
     for B and keeping no less of A, better in one), and its `--prefill-mode` (None: not given).
-    A variant missing either median is left out; [] when fewer than two remain (no trade to show)."""
-    rows, summary = [], long_prompt_summary(data)
-    for v in data["variants"]:
-        s = summary.get(v["name"])
+    A variant missing either median is left out; [] when fewer than two remain (no trade to show).
+    `summary`: long_prompt_summary's, where the caller has it already."""
+    r, rows = as_receipt(data), []
+    summary = long_prompt_summary(r) if summary is None else summary
+    for v in r.variants:
+        s = summary.get(v.name)
         if not s or s["x_alone"] is None or s["during_pct"] is None or s["median"]["a_rate_during"] is None:
             continue
-        mode = flag_value(list(v.get("args") or []), "--prefill-mode")
+        mode = flag_value(list(v.args or []), "--prefill-mode")
         x, kept = s["x_alone"], s["during_pct"]
-        rows.append({"variant": v["name"], "mode": mode, "slowdown": x, "kept": kept,
+        rows.append({"variant": v.name, "mode": mode, "slowdown": x, "kept": kept,
                      "vs_line": kept - 100 * (1 - 1 / x)})
     if len(rows) < 2:
         return []
-    for r in rows:
-        r["dominated_by"] = [o["variant"] for o in rows if o["slowdown"] <= r["slowdown"] and o["kept"] >= r["kept"]
-                             and (o["slowdown"] < r["slowdown"] or o["kept"] > r["kept"])]
-    return sorted(rows, key=lambda r: r["slowdown"])
+    for row in rows:
+        row["dominated_by"] = [o["variant"] for o in rows if o["slowdown"] <= row["slowdown"] and o["kept"] >= row["kept"]
+                               and (o["slowdown"] < row["slowdown"] or o["kept"] > row["kept"])]
+    return sorted(rows, key=lambda row: row["slowdown"])
 
 
 def long_prompt_stats(data: dict) -> dict:
@@ -331,7 +328,7 @@ def long_prompt_stats(data: dict) -> dict:
             stats_for(list(LONG_PROMPT), order, values, data["variants"][0]["name"], margin).items()}
 
 
-def long_prompt_predicted(data: dict) -> dict[str, dict[str, float | None]]:
+def long_prompt_predicted(data: Receipt | dict) -> dict[str, dict[str, float | None]]:
     """variant -> figure -> median, for predictions: the long-prompt figures (also as `_s`, and
     `a_rate_during_b_pct` = during / before in percent) and `b_alone`."""
     out: dict[str, dict] = {}

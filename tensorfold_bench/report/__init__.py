@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tensorfold_bench.receipt import Partial, Receipt
+from tensorfold_bench.receipt import Partial, Receipt, as_receipt
 from tensorfold_bench.report import compare, gate, load, long_prompt, pictures, script, store, sweep
-from tensorfold_bench.report.fmt import as_receipt
 from tensorfold_bench.report.store import read, sibling
 
 __all__ = ["compare", "load", "read", "more_pngs", "render_markdown", "render_png", "rerender", "sibling",

@@ -7,7 +7,7 @@ from typing import Callable
 from tensorfold_bench.analysis import stats
 from tensorfold_bench.client import selfcheck
 from tensorfold_bench.analysis.figures import num, spec  # noqa: F401 (num: every renderer formats with it)
-from tensorfold_bench.receipt import EngineInfo, Host, Identity, Receipt, Sampling, Simulated, Variant
+from tensorfold_bench.receipt import EngineInfo, Host, Identity, Receipt, Sampling, Simulated, Variant, as_receipt
 
 
 def short_commit(c: str | None) -> str:
@@ -54,11 +54,6 @@ def medians_table(figs: dict, base: str, *, label: str, runs_header: str, digits
             vals = " / ".join(num(x, n, none) for x in fs.runs.get(v, [])) or none
             lines.append(f"| {key(name)} | {v} | {vals} | **{num(fs.medians.get(v), n, none)}** |")
     return lines
-
-
-def as_receipt(data: Receipt | dict) -> Receipt:
-    """The typed receipt, from a receipt's data as read (report.store.read) or already typed."""
-    return data if isinstance(data, Receipt) else Receipt.from_dict(data)
 
 
 def margin_pct(r: Receipt) -> str:

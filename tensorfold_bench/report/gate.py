@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 from tensorfold_bench.errors import FAIL, PASS
-from tensorfold_bench.receipt import Receipt, Variant
-from tensorfold_bench.report.fmt import as_receipt, client_lines, environment_lines, stats_table
+from tensorfold_bench.receipt import Receipt, Variant, as_receipt
+from tensorfold_bench.report.fmt import client_lines, environment_lines, stats_table
 from tensorfold_bench.servers.worktree import Source
 
 

@@ -6,8 +6,8 @@ from tensorfold_bench.analysis import stats
 from tensorfold_bench.analysis.figures import median
 from tensorfold_bench.analysis.load import JUDGED, LABELS
 from tensorfold_bench.analysis.predictions import Predictions
-from tensorfold_bench.receipt import Exactness, Receipt
-from tensorfold_bench.report.fmt import as_receipt, client_lines, environment_lines, not_run_lines, num, stats_table
+from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
+from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
 from tensorfold_bench.servers.worktree import Source
 
 DASH = "–"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from tensorfold_bench.analysis.figures import LongPromptFigures, frontier, long_prompt_summary, spec
 from tensorfold_bench.analysis.predictions import Predictions
-from tensorfold_bench.receipt import Exactness, Receipt
-from tensorfold_bench.report.fmt import (as_receipt, client_lines, environment_lines, margin_pct, not_run_lines, num,
+from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
+from tensorfold_bench.report.fmt import (client_lines, environment_lines, margin_pct, not_run_lines, num,
                                          stats_table)
 
 
@@ -37,11 +37,12 @@ alone_pace = ("; and A alone on the same server, for as many tokens: \"its pace 
               "does not see.")
 
 
-def table(r: Receipt) -> list[str]:
-    """Per variant: each figure's runs and median; B against alone, A's rate during B against before."""
+def table(summary: dict[str, dict]) -> list[str]:
+    """Per variant (long_prompt_summary's): each figure's runs and median; B against alone, A's rate
+    during B against before."""
     rows = ["| variant | B first token | C first token | A longest pause | A during B (before), tok/s |",
             "|---|---|---|---|---|"]
-    for name, s in long_prompt_summary(r.to_dict()).items():
+    for name, s in summary.items():
         figs, med = s["figures"], s["median"]
         b = cell(figs, "b_first_token", med["b_first_token"])
         if s["x_alone"] is not None:
@@ -55,10 +56,11 @@ def table(r: Receipt) -> list[str]:
     return rows
 
 
-def frontier_lines(data: Receipt | dict, png_name: str | None = None) -> list[str]:
+def frontier_lines(data: Receipt | dict, png_name: str | None = None,
+                   summary: dict[str, dict] | None = None) -> list[str]:
     """The variants' trade of B's slowdown against A's kept rate, against plain time slicing; none
     when fewer than two variants have both figures."""
-    rows = frontier(data.to_dict() if isinstance(data, Receipt) else data)
+    rows = frontier(data, summary)
     if not rows:
         return []
     out = ["**Frontier.** Each variant's trade, ordered by B's slowdown (its first token against alone). A kept: A "
@@ -175,13 +177,14 @@ def cold_lines(r: Receipt) -> list[str]:
 def summary_markdown(data: Receipt | dict) -> str:
     """What the command prints: the table and the exactness lines."""
     r = as_receipt(data)
-    return "\n".join(table(r) + ["", "**Exactness.**", *exactness_lines(r)])
+    return "\n".join(table(long_prompt_summary(r)) + ["", "**Exactness.**", *exactness_lines(r)])
 
 
 def markdown(data: Receipt | dict, png_name: str | None = None, frontier_png: str | None = None) -> str:
     r = as_receipt(data)
+    summary = long_prompt_summary(r)  # once: the table and the frontier read it
     out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(r), "",
-           test_paragraph(r), "", *table(r), "", *frontier_lines(r, frontier_png),
+           test_paragraph(r), "", *table(summary), "", *frontier_lines(r, frontier_png, summary),
            "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "
            "started):", "", *runs_table(r), "", *cold_lines(r),
            *client_lines([(f"Run {run.index} ({run.variant})", run.client) for run in r.runs]),

@@ -12,8 +12,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 from tensorfold_bench.analysis import figures  # noqa: E402
 from tensorfold_bench.analysis.figures import LongPromptFigures, at, token_gaps  # noqa: E402
 from tensorfold_bench.analysis.stats import FigureStats  # noqa: E402
-from tensorfold_bench.receipt import Receipt, Record, Run  # noqa: E402
-from tensorfold_bench.report.fmt import as_receipt, num  # noqa: E402
+from tensorfold_bench.receipt import Receipt, Record, Run, as_receipt  # noqa: E402
+from tensorfold_bench.report.fmt import num  # noqa: E402
 
 GAP_FLOOR = 0.005  # two tokens read together (one TCP read) have a gap of ~0: drawn here
 
@@ -129,7 +129,7 @@ def frontier(data: Receipt | dict, path: Path) -> Path | None:
     """B's slowdown against A's kept rate, a labelled marker per variant (figures.frontier), the
     stepped (share), mixed and split variants each joined in order of slowdown, and the line 1 - 1/x that
     alternating whole steps sits on, dashed; None when the frontier has fewer than two variants."""
-    rows = figures.frontier(data.to_dict() if isinstance(data, Receipt) else data)
+    rows = figures.frontier(data)
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=90)

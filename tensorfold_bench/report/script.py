@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tensorfold_bench.analysis.figures import ScriptFigures, script_medians, spec
 from tensorfold_bench.analysis.predictions import Predictions
-from tensorfold_bench.receipt import Exactness, Receipt
-from tensorfold_bench.report.fmt import (as_receipt, client_lines, environment_lines, margin_pct, not_run_lines, num,
+from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
+from tensorfold_bench.report.fmt import (client_lines, environment_lines, margin_pct, not_run_lines, num,
                                          stats_table)
 
 

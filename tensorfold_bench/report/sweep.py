@@ -5,8 +5,8 @@ from tensorfold_bench.analysis import stats
 from tensorfold_bench.analysis.figures import LATENCY, at, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.analysis.sweep import sweep_latency
-from tensorfold_bench.receipt import Receipt, SweepHashes
-from tensorfold_bench.report.fmt import as_receipt, client_lines, environment_lines, not_run_lines, num, stats_table
+from tensorfold_bench.receipt import Receipt, SweepHashes, as_receipt
+from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
 from tensorfold_bench.servers.worktree import Source
 
 DASH = "–"  # a sweep table marks a missing value with an en dash, so each receipt re-renders as written
