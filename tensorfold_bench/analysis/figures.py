@@ -319,13 +319,17 @@ def frontier(data: Receipt | dict, summary: dict[str, dict] | None = None) -> li
     return sorted(rows, key=lambda row: row["slowdown"])
 
 
-def long_prompt_stats(data: dict) -> dict:
+def margin_of(r: Receipt) -> float:
+    return stats.DEFAULT_MARGIN if r.settings.margin is None else r.settings.margin
+
+
+def long_prompt_stats(data: Receipt | dict) -> dict:
     """Each long-prompt figure's statistics over the runs, invalid runs left out."""
-    order = [r["variant"] for r in data["runs"]]
-    values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
-    margin = data["settings"].get("margin", stats.DEFAULT_MARGIN)
+    r = as_receipt(data)
+    order = [run.variant for run in r.runs]
+    values = [run.figures if run.figures["valid"] else {} for run in r.runs]
     return {k: fs.to_dict() for k, fs in
-            stats_for(list(LONG_PROMPT), order, values, data["variants"][0]["name"], margin).items()}
+            stats_for(list(LONG_PROMPT), order, values, r.variants[0].name, margin_of(r)).items()}
 
 
 def long_prompt_predicted(data: Receipt | dict) -> dict[str, dict[str, float | None]]:
@@ -456,31 +460,32 @@ def failed_script(why: str) -> ScriptFigures:
     return ScriptFigures({}, {}, [], valid=False, invalid_reasons=[f"the server failed: {why}"])
 
 
-def script_values(data: dict) -> list[dict]:
+def script_values(r: Receipt) -> list[dict]:
     """Each run's figures, an invalid run's as none (left out of medians and verdicts)."""
-    return [r["figures"]["values"] if r["figures"]["valid"] else {} for r in data["runs"]]
+    return [run.figures["values"] if run.figures["valid"] else {} for run in r.runs]
 
 
-def script_keys(data: dict) -> list[str]:
-    return list(data["settings"]["figure_keys"])
+def script_keys(r: Receipt) -> list[str]:
+    return list(r.settings.figure_keys)
 
 
-def script_medians(data: dict) -> dict[str, dict[str, float | None]]:
+def script_medians(data: Receipt | dict) -> dict[str, dict[str, float | None]]:
     """variant -> figure -> the median over its valid runs (what predictions are checked against)."""
-    values, out = script_values(data), {}
-    for v in data["variants"]:
-        mine = [x for r, x in zip(data["runs"], values) if r["variant"] == v["name"]]
+    r = as_receipt(data)
+    values, out = script_values(r), {}
+    for v in r.variants:
+        mine = [x for run, x in zip(r.runs, values) if run.variant == v.name]
         if mine:
-            out[v["name"]] = {k: median([x.get(k) for x in mine]) for k in script_keys(data)}
+            out[v.name] = {k: median([x.get(k) for x in mine]) for k in script_keys(r)}
     return out
 
 
-def script_stats(data: dict) -> dict:
+def script_stats(data: Receipt | dict) -> dict:
     """Each script figure's statistics over the runs, invalid runs left out."""
-    order = [r["variant"] for r in data["runs"]]
-    margin = data["settings"].get("margin", stats.DEFAULT_MARGIN)
+    r = as_receipt(data)
+    order = [run.variant for run in r.runs]
     return {k: fs.to_dict() for k, fs in
-            stats_for(script_keys(data), order, script_values(data), data["variants"][0]["name"], margin).items()}
+            stats_for(script_keys(r), order, script_values(r), r.variants[0].name, margin_of(r)).items()}
 
 
 # ---- the gate and comparisons --------------------------------------------------------------
@@ -506,18 +511,19 @@ def across_sessions(xa: list[float], xb: list[float]) -> dict:
             "within": None if not xa or mb is None else min(xa) <= mb <= max(xa)}
 
 
-def figure_runs(data: dict) -> dict[str, dict[str, list[float]]]:
+def figure_runs(data: Receipt | dict) -> dict[str, dict[str, list[float]]]:
     """figure -> variant -> the valid runs' values, for any scenario's receipt."""
-    if data.get("scenario") == "long-prompt":
+    r = as_receipt(data)
+    if r.scenario == "long-prompt":
         names = list(LONG_PROMPT)
-        values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
-    elif data.get("scenario") == "script":
-        names, values = script_keys(data), script_values(data)
-    elif data.get("scenario") == "load":
-        names = list(dict.fromkeys(n for r in data["runs"] for n in r.get("figures") or {}))
-        values = [r["figures"] if r.get("valid") else {} for r in data["runs"]]
+        values = [run.figures if run.figures["valid"] else {} for run in r.runs]
+    elif r.scenario == "script":
+        names, values = script_keys(r), script_values(r)
+    elif r.scenario == "load":
+        names = list(dict.fromkeys(n for run in r.runs for n in run.figures or {}))
+        values = [run.figures if run.valid else {} for run in r.runs]
     else:
-        names = list(dict.fromkeys(n for r in data["runs"] for n in r["figures"]))
-        values = [{} if (r.get("client") or {}).get("invalid") else r["figures"] for r in data["runs"]]
-    order = [r["variant"] for r in data["runs"]]
+        names = list(dict.fromkeys(n for run in r.runs for n in run.figures))
+        values = [{} if (run.client or {}).get("invalid") else run.figures for run in r.runs]
+    order = [run.variant for run in r.runs]
     return {n: stats.by_variant(order, [v.get(n) for v in values]) for n in names}

@@ -6,7 +6,7 @@ from typing import Callable
 
 from tensorfold_bench.analysis import stats
 from tensorfold_bench.client import selfcheck
-from tensorfold_bench.analysis.figures import num, spec  # noqa: F401 (num: every renderer formats with it)
+from tensorfold_bench.analysis.figures import margin_of, num, spec  # noqa: F401 (num: every renderer formats with it)
 from tensorfold_bench.receipt import EngineInfo, Host, Identity, Receipt, Sampling, Simulated, Variant, as_receipt
 
 
@@ -57,9 +57,9 @@ def medians_table(figs: dict, base: str, *, label: str, runs_header: str, digits
 
 
 def margin_pct(r: Receipt) -> str:
-    """The verdicts' margin in percent, as the statistics paragraph states it (2 % where the receipt
-    stored none)."""
-    return f"{(0.02 if r.settings.margin is None else r.settings.margin) * 100:g}"
+    """The verdicts' margin in percent, as the statistics paragraph states it (the default where the
+    receipt stored none)."""
+    return f"{margin_of(r) * 100:g}"
 
 
 def environment_lines(data: Receipt | dict) -> list[str]:

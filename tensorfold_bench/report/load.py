@@ -2,12 +2,11 @@
 percentiles, goodput and lateness per variant, the interference table, exactness."""
 from __future__ import annotations
 
-from tensorfold_bench.analysis import stats
 from tensorfold_bench.analysis.figures import median
 from tensorfold_bench.analysis.load import JUDGED, LABELS
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
-from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
+from tensorfold_bench.report.fmt import client_lines, environment_lines, margin_pct, not_run_lines, num, stats_table
 from tensorfold_bench.servers.worktree import Source
 
 DASH = "–"
@@ -146,7 +145,7 @@ def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
               + f"A run whose send lateness p99 passes {st.late_p99_ms:g} ms is invalid. "
               + (f"Servers tfbench did not launch, in the order {order}; no verdicts." if st.url else
                  f"A fresh server per run, in the order {order}; verdicts pair each run with its adjacent base runs "
-                 f"(margin {(stats.DEFAULT_MARGIN if st.margin is None else st.margin) * 100:g} %)."), ""]
+                 f"(margin {margin_pct(r)} %)."), ""]
     if r.predictions:
         p = r.predictions
         first = r.runs[0].started if r.runs else DASH

@@ -3,7 +3,7 @@ per variant (runs and median), every run, expectations, exactness per stream, st
 predictions and what was not run."""
 from __future__ import annotations
 
-from tensorfold_bench.analysis.figures import ScriptFigures, script_medians, spec
+from tensorfold_bench.analysis.figures import ScriptFigures, script_keys, script_medians, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
 from tensorfold_bench.report.fmt import (client_lines, environment_lines, margin_pct, not_run_lines, num,
@@ -95,10 +95,10 @@ def _cell(values: list[float | None], valid: list[bool], key: str, med: float | 
 
 
 def table(r: Receipt) -> list[str]:
-    keys = list(r.settings.figure_keys)
+    keys = script_keys(r)
     if not keys:
         return ["The script asks for no figures."]
-    meds = script_medians(r.to_dict())
+    meds = script_medians(r)
     head = [f"{k} ({spec(k).unit})" for k in keys]
     rows = ["| variant | " + " | ".join(head) + " |", "|---|" + "---|" * len(keys)]
     for v in r.variants:
@@ -112,7 +112,7 @@ def table(r: Receipt) -> list[str]:
 
 
 def runs_table(r: Receipt) -> list[str]:
-    keys = list(r.settings.figure_keys)
+    keys = script_keys(r)
     rows = ["| run | variant | " + "".join(f"{k} | " for k in keys) + "latest send (ms) | expects | load | valid |",
             "|---|---|" + "---|" * len(keys) + "---|---|---|---|"]
     for run in r.runs:

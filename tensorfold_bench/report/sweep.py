@@ -1,12 +1,11 @@
 """The sweep receipt's Markdown and picture, from its JSON alone."""
 from __future__ import annotations
 
-from tensorfold_bench.analysis import stats
 from tensorfold_bench.analysis.figures import LATENCY, at, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.analysis.sweep import sweep_latency
 from tensorfold_bench.receipt import Receipt, SweepHashes, as_receipt
-from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
+from tensorfold_bench.report.fmt import client_lines, environment_lines, margin_pct, not_run_lines, num, stats_table
 from tensorfold_bench.servers.worktree import Source
 
 DASH = "–"  # a sweep table marks a missing value with an en dash, so each receipt re-renders as written
@@ -92,9 +91,8 @@ def runs_sentence(r: Receipt) -> str:
     st, order = r.settings, "/".join(r.settings.order)
     if st.url:
         return f"Servers tfbench did not launch, in the order {order}; no verdicts."
-    margin = stats.DEFAULT_MARGIN if st.margin is None else st.margin
     return (f"A fresh server per run, in the order {order}. Verdicts pair each run with its adjacent base runs "
-            f"(a bootstrap interval of the median log-ratio, margin {margin * 100:g} %).")
+            f"(a bootstrap interval of the median log-ratio, margin {margin_pct(r)} %).")
 
 
 def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
