@@ -8,6 +8,7 @@ from tensorfold_bench.analysis import stats
 from tensorfold_bench.client import selfcheck
 from tensorfold_bench.analysis.figures import margin_of, num, spec  # noqa: F401 (num: every renderer formats with it)
 from tensorfold_bench.receipt import EngineInfo, Host, Identity, Receipt, Sampling, Simulated, Variant, as_receipt
+from tensorfold_bench.servers.worktree import Source
 
 
 def short_commit(c: str | None) -> str:
@@ -95,6 +96,21 @@ def environment_lines(data: Receipt | dict) -> list[str]:
     bits.append(f"engine commit {short_commit(eng.commit)}")
     lines = ["- Device: " + ", ".join(bits) + "."]
     return [*lines, *_model_lines(desc, cfg), *server_lines(r), host_line(r)]
+
+
+def header_lines(r: Receipt, scenario: str) -> list[str]:
+    """The title naming the variants, the environment, and where each variant's engine came from."""
+    lines = [f"## tfbench {scenario}: {' vs '.join(v.name for v in r.variants)}", "", "**Environment.**",
+             *environment_lines(r)]
+    srcs = [f"{v.name}: {source_label(v)}" for v in r.variants if v.source]
+    if srcs:
+        lines.append("- Engine sources: " + "; ".join(srcs) + ".")
+    return lines
+
+
+def source_label(v: Variant) -> str:
+    """The engine source a variant ran (a worktree of this repository at a commit)."""
+    return Source(**v.source.to_dict()).label
 
 
 def simulated_lines(sim: Simulated) -> list[str]:

@@ -5,12 +5,11 @@ import json
 
 from tensorfold_bench.errors import FAIL, PASS
 from tensorfold_bench.receipt import Receipt, Variant, as_receipt
-from tensorfold_bench.report.fmt import client_lines, environment_lines, stats_table
-from tensorfold_bench.servers.worktree import Source
+from tensorfold_bench.report.fmt import client_lines, environment_lines, source_label, stats_table
 
 
 def _side(v: Variant) -> str:
-    return Source(**v.source.to_dict()).label + (f" {json.dumps(v.env)}" if v.env else "")
+    return source_label(v) + (f" {json.dumps(v.env)}" if v.env else "")
 
 
 def _detectable(d: dict | None) -> list[str]:

@@ -6,8 +6,7 @@ from tensorfold_bench.analysis.figures import median
 from tensorfold_bench.analysis.load import JUDGED, LABELS
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
-from tensorfold_bench.report.fmt import client_lines, environment_lines, margin_pct, not_run_lines, num, stats_table
-from tensorfold_bench.servers.worktree import Source
+from tensorfold_bench.report.fmt import client_lines, header_lines, margin_pct, not_run_lines, num, stats_table
 
 DASH = "–"
 
@@ -127,11 +126,7 @@ def exactness_lines(r: Receipt) -> list[str]:
 def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
     r = as_receipt(data)
     st = r.settings
-    names = [v.name for v in r.variants]
-    lines = [f"## tfbench load: {' vs '.join(names)}", "", "**Environment.**", *environment_lines(r)]
-    srcs = [f"{v.name}: {Source(**v.source.to_dict()).label}" for v in r.variants if v.source]
-    if srcs:
-        lines.append("- Engine sources: " + "; ".join(srcs) + ".")
+    lines = header_lines(r, "load")
     order = "/".join(st.order)
     slo = _slo_text(st.slo)
     lines += ["", f"**The test.** {st.workload}. Levels: {', '.join(lv.label for lv in st.levels)}, played "

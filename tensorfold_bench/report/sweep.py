@@ -5,8 +5,7 @@ from tensorfold_bench.analysis.figures import LATENCY, at, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.analysis.sweep import sweep_latency
 from tensorfold_bench.receipt import Receipt, SweepHashes, as_receipt
-from tensorfold_bench.report.fmt import client_lines, environment_lines, margin_pct, not_run_lines, num, stats_table
-from tensorfold_bench.servers.worktree import Source
+from tensorfold_bench.report.fmt import client_lines, header_lines, margin_pct, not_run_lines, num, stats_table
 
 DASH = "–"  # a sweep table marks a missing value with an en dash, so each receipt re-renders as written
 
@@ -98,11 +97,7 @@ def runs_sentence(r: Receipt) -> str:
 def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
     r = as_receipt(data)
     st = r.settings
-    names = [v.name for v in r.variants]
-    lines = [f"## tfbench sweep: {' vs '.join(names)}", "", "**Environment.**", *environment_lines(r)]
-    srcs = [f"{v.name}: {Source(**v.source.to_dict()).label}" for v in r.variants if v.source]
-    if srcs:
-        lines.append("- Engine sources: " + "; ".join(srcs) + ".")
+    lines = header_lines(r, "sweep")
     lines += ["", test_paragraph(r) + queued_sentence(r), ""]
     if r.predictions:
         p = r.predictions
