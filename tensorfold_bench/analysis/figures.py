@@ -273,9 +273,22 @@ def medians(figs: list[LongPromptFigures]) -> dict[str, float | None]:
     return {k: median([getattr(f, k) for f in ok]) for k in LONG_PROMPT}
 
 
-def long_prompt_summary(data: Receipt | dict) -> dict[str, dict]:
-    """Per variant: its runs and their figures (in order), the medians over the valid ones, B
-    alone, B's median against alone (`x_alone`) and A's rate during B as a percentage of before."""
+@dataclass
+class VariantSummary:
+    """One variant's long-prompt runs: their figures (in run order), the medians over the valid
+    ones, B alone, B's median against alone (`x_alone`), A's rate during B as a percentage of
+    before (`during_pct`) and of its pace alone over the same tokens (`pace_pct`)."""
+    runs: list[Run]
+    figures: list[LongPromptFigures]
+    median: dict[str, float | None]
+    alone: float | None
+    x_alone: float | None
+    during_pct: float | None
+    pace_pct: float | None
+
+
+def long_prompt_summary(data: Receipt | dict) -> dict[str, VariantSummary]:
+    """variant -> its summary, for the variants that ran."""
     r, out = as_receipt(data), {}
     for v in r.variants:
         runs = [run for run in r.runs if run.variant == v.name]
@@ -288,12 +301,11 @@ def long_prompt_summary(data: Receipt | dict) -> dict[str, dict]:
         x_alone = med["b_first_token"] / alone if alone and med["b_first_token"] else None
         pct = 100 * (med["a_rate_during"] or 0) / med["a_rate_before"] if med["a_rate_before"] else None
         paces = [p for p in (pace_pct(run, alones.a_record) for run in runs) if p is not None]
-        out[v.name] = {"runs": runs, "figures": figs, "median": med, "alone": alone, "x_alone": x_alone,
-                       "during_pct": pct, "pace_pct": median(paces) if paces else None}
+        out[v.name] = VariantSummary(runs, figs, med, alone, x_alone, pct, median(paces) if paces else None)
     return out
 
 
-def frontier(data: Receipt | dict, summary: dict[str, dict] | None = None) -> list[dict]:
+def frontier(data: Receipt | dict, summary: dict[str, VariantSummary] | None = None) -> list[dict]:
     """Each variant's trade, ordered by B's slowdown (its median first token over alone, `x_alone`):
     A's kept rate (during B over before, in percent), its distance in points above the line
     100 * (1 - 1/slowdown) that alternating whole steps between A and B sits on (B given a share
@@ -305,10 +317,10 @@ def frontier(data: Receipt | dict, summary: dict[str, dict] | None = None) -> li
     summary = long_prompt_summary(r) if summary is None else summary
     for v in r.variants:
         s = summary.get(v.name)
-        if not s or s["x_alone"] is None or s["during_pct"] is None or s["median"]["a_rate_during"] is None:
+        if not s or s.x_alone is None or s.during_pct is None or s.median["a_rate_during"] is None:
             continue
         mode = flag_value(list(v.args or []), "--prefill-mode")
-        x, kept = s["x_alone"], s["during_pct"]
+        x, kept = s.x_alone, s.during_pct
         rows.append({"variant": v.name, "mode": mode, "slowdown": x, "kept": kept,
                      "vs_line": kept - 100 * (1 - 1 / x)})
     if len(rows) < 2:
@@ -337,12 +349,12 @@ def long_prompt_predicted(data: Receipt | dict) -> dict[str, dict[str, float | N
     `a_rate_during_b_pct` = during / before in percent) and `b_alone`."""
     out: dict[str, dict] = {}
     for name, s in long_prompt_summary(data).items():
-        m = dict(s["median"])
+        m = dict(s.median)
         for k in ("b_first_token", "c_first_token", "a_longest_pause"):
             m[k + "_s"] = m.get(k)
         if m.get("a_rate_during") is not None and m.get("a_rate_before"):
             m["a_rate_during_b_pct"] = m["a_rate_during"] / m["a_rate_before"] * 100
-        m["b_alone"] = m["b_alone_s"] = s.get("alone")
+        m["b_alone"] = m["b_alone_s"] = s.alone
         out[name] = m
     return out
 

@@ -1,7 +1,7 @@
 """The long-prompt receipt's Markdown, from its JSON alone."""
 from __future__ import annotations
 
-from tensorfold_bench.analysis.figures import LongPromptFigures, frontier, long_prompt_summary, spec
+from tensorfold_bench.analysis.figures import LongPromptFigures, VariantSummary, frontier, long_prompt_summary, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
 from tensorfold_bench.report.fmt import (client_lines, environment_lines, margin_pct, not_run_lines, num,
@@ -37,27 +37,27 @@ alone_pace = ("; and A alone on the same server, for as many tokens: \"its pace 
               "does not see.")
 
 
-def table(summary: dict[str, dict]) -> list[str]:
+def table(summary: dict[str, VariantSummary]) -> list[str]:
     """Per variant (long_prompt_summary's): each figure's runs and median; B against alone, A's rate
     during B against before."""
     rows = ["| variant | B first token | C first token | A longest pause | A during B (before), tok/s |",
             "|---|---|---|---|---|"]
     for name, s in summary.items():
-        figs, med = s["figures"], s["median"]
+        figs, med = s.figures, s.median
         b = cell(figs, "b_first_token", med["b_first_token"])
-        if s["x_alone"] is not None:
-            b += f" ({s['x_alone']:.1f}x alone: {num(s['alone'])} s)"
+        if s.x_alone is not None:
+            b += f" ({s.x_alone:.1f}x alone: {num(s.alone)} s)"
         during = cell(figs, "a_rate_during", med["a_rate_during"])
-        if s["during_pct"] is not None:
-            during += f" ({s['during_pct']:.0f} % of {num(med['a_rate_before'], 1)}"
-            during += f"; {s['pace_pct']:.0f} % of its pace alone)" if s["pace_pct"] is not None else ")"
+        if s.during_pct is not None:
+            during += f" ({s.during_pct:.0f} % of {num(med['a_rate_before'], 1)}"
+            during += f"; {s.pace_pct:.0f} % of its pace alone)" if s.pace_pct is not None else ")"
         rows.append(f"| {name} | {b} | {cell(figs, 'c_first_token', med['c_first_token'])} | "
                     f"{cell(figs, 'a_longest_pause', med['a_longest_pause'])} | {during} |")
     return rows
 
 
 def frontier_lines(data: Receipt | dict, png_name: str | None = None,
-                   summary: dict[str, dict] | None = None) -> list[str]:
+                   summary: dict[str, VariantSummary] | None = None) -> list[str]:
     """The variants' trade of B's slowdown against A's kept rate, against plain time slicing; none
     when fewer than two variants have both figures."""
     rows = frontier(data, summary)
