@@ -14,6 +14,7 @@ from tensorfold_bench.analysis.figures import LongPromptFigures, at, token_gaps 
 from tensorfold_bench.analysis.stats import FigureStats  # noqa: E402
 from tensorfold_bench.receipt import Receipt, Record, Run, as_receipt  # noqa: E402
 from tensorfold_bench.report.fmt import num  # noqa: E402
+from tensorfold_bench.report.script import script_of  # noqa: E402
 
 GAP_FLOOR = 0.005  # two tokens read together (one TCP read) have a gap of ~0: drawn here
 
@@ -224,7 +225,7 @@ def script(data: Receipt | dict, path: Path) -> Path | None:
     its end, a tick per token, its first token and its cancel marked; each window figure's
     window shaded on its stream's lane."""
     rcpt = as_receipt(data)
-    keys, sc = rcpt.settings.figure_keys or [], rcpt.settings.script  # the script as parsed
+    keys, sc = rcpt.settings.figure_keys or [], script_of(rcpt)
     panels = []
     for v in rcpt.variants:
         rep = _script_run([r for r in rcpt.runs if r.variant == v.name and r.records], keys[0] if keys else None)
@@ -232,7 +233,7 @@ def script(data: Receipt | dict, path: Path) -> Path | None:
             panels.append((v.name, rep))
     if not panels:
         return None
-    names = [s["name"] for s in sc["streams"]]
+    names = [s.name for s in sc.streams]
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 0.45 * len(names) * len(panels) + 1.2 * len(panels) + 0.4),
                              squeeze=False, sharex=True)
     for ax, (name, run) in zip(axes[:, 0], panels):
@@ -250,15 +251,15 @@ def script(data: Receipt | dict, path: Path) -> Path | None:
                 ax.plot([r.token_times[0] - t0], [y], "o", ms=4, color="tab:blue")
             if r.cancelled:
                 ax.plot([end - t0], [y], "x", ms=6, color="tab:red")
-        for f in sc["figures"]:
-            if not f["window"]:
+        for f in sc.figures:
+            if not f.window:
                 continue
             ts = []
-            for p in f["window"]:
-                t = t0 if p["event"] is None else _event_t(recs[p["event"]["stream"]], p["event"]["kind"])
-                ts.append(None if t is None else t + p["plus"] - t0)
+            for p in f.window:
+                t = t0 if p.event is None else _event_t(recs[p.event.stream], p.event.kind)
+                ts.append(None if t is None else t + p.plus - t0)
             if None not in ts:
-                y = names.index(f["stream"])
+                y = names.index(f.stream)
                 ax.broken_barh([(ts[0], ts[1] - ts[0])], (y - 0.45, 0.9), color="tab:orange", alpha=0.15)
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.set_ylim(len(names) - 0.5, -0.5)
@@ -266,7 +267,7 @@ def script(data: Receipt | dict, path: Path) -> Path | None:
         ax.set_title(f"{name} (run {run.index})" + ("" if run.figures["valid"] else "  [INVALID]"), fontsize=9,
                      loc="left")
     axes[-1, 0].set_xlabel("seconds since the run's start")
-    fig.suptitle(f"script {sc['name']}: each stream from its send to its end; ticks: tokens, "
+    fig.suptitle(f"script {sc.name}: each stream from its send to its end; ticks: tokens, "
                  "dot: first token, x: cancelled; shaded: a figure's window", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -8,80 +8,79 @@ from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
 from tensorfold_bench.report.fmt import (client_lines, environment_lines, margin_pct, not_run_lines, num,
                                          stats_table)
+from tensorfold_bench.workload.script_file import Point, Prompt, Script, Stream
 
 
-def _point(p: dict) -> str:
-    if p["event"] is None:
-        return f"{p['plus']:g} s"
-    e = f"{p['event']['stream']}.{p['event']['kind']}"
-    return e + (f" + {p['plus']:g} s" if p["plus"] else "")
+def _point(p: Point) -> str:
+    if p.event is None:
+        return f"{p.plus:g} s"
+    return str(p.event) + (f" + {p.plus:g} s" if p.plus else "")
 
 
-def _prompt(p: dict) -> str:
-    if p["random"] is not None:
-        return f"{p['random']:,} random ids"
-    if p["same_as"]:
-        return f"same as {p['same_as']}"
-    if p["prefix_of"]:
-        return f"{p['prefix_of']}'s + {p['plus']:,} random ids"
-    return f"text, {len(p['text'])} characters"
+def _prompt(p: Prompt) -> str:
+    if p.random is not None:
+        return f"{p.random:,} random ids"
+    if p.same_as:
+        return f"same as {p.same_as}"
+    if p.prefix_of:
+        return f"{p.prefix_of}'s + {p.plus:,} random ids"
+    return f"text, {len(p.text)} characters"
 
 
-def _options(s: dict) -> str:
+def _options(s: Stream) -> str:
     bits = []
-    if s["priority"] != "foreground":
-        bits.append(f"priority {s['priority']}")
-    if s["temperature"] is not None:
-        bits.append(f"temperature {s['temperature']:g}" + (f", seed {s['seed']}" if s["seed"] is not None else ""))
-    if not s["draft"]:
+    if s.priority != "foreground":
+        bits.append(f"priority {s.priority}")
+    if s.temperature is not None:
+        bits.append(f"temperature {s.temperature:g}" + (f", seed {s.seed}" if s.seed is not None else ""))
+    if not s.draft:
         bits.append("draft: false")
-    if not s["ignore_eos"]:
+    if not s.ignore_eos:
         bits.append("stops at EOS")
     return ", ".join(bits) or "-"
 
 
-def _cancel(s: dict) -> str:
-    bits = []
-    if s["cancel"]:
-        c = s["cancel"]
-        bits.append(f"{c['after']:g} s after its send" if c["after"] is not None else f"after {c['tokens']} tokens")
-    if s["until"]:
-        bits.append("once " + " and ".join(f"{e['stream']}.{e['kind']}" for e in s["until"]) + " happened")
+def _cancel(s: Stream) -> str:
+    bits = [str(s.cancel)] if s.cancel else []
+    if s.until:
+        bits.append("once " + " and ".join(map(str, s.until)) + " happened")
     return "; ".join(bits) or "-"
 
 
-def streams_table(r: Receipt) -> list[str]:
+def script_of(r: Receipt) -> Script:
+    """The script as the receipt keeps it: parsed, in settings.script, and its text beside it."""
+    return Script.from_dict(r.settings.script, r.settings.script_text or "")
+
+
+def streams_table(sc: Script) -> list[str]:
     rows = ["| stream | sent at | prompt | max tokens | options | cancelled | expects |", "|---|---|---|---|---|---|---|"]
-    for s in r.settings.script["streams"]:
-        exp = ", ".join(f"{e['what']} {e['op']} {e['value']}" for e in s["expect"]) or "-"
-        rows.append(f"| {s['name']} | {_point(s['at'])} | {_prompt(s['prompt'])} | {s['max_tokens']:,} | "
+    for s in sc.streams:
+        exp = ", ".join(map(str, s.expect)) or "-"
+        rows.append(f"| {s.name} | {_point(s.at)} | {_prompt(s.prompt)} | {s.max_tokens:,} | "
                     f"{_options(s)} | {_cancel(s)} | {exp} |")
     return rows
 
 
-def figure_lines(r: Receipt) -> list[str]:
+def figure_lines(sc: Script) -> list[str]:
     out = []
-    for f in r.settings.script["figures"]:
-        label = f["label"] or f["stream"]
-        key = f"{f['kind']}:{label}"
-        if f["kind"] == "first_token":
-            what = f"{f['stream']}'s first token, from its own send"
-        elif f["kind"] == "cached_tokens":
-            what = f"the prompt tokens the server reports cached for {f['stream']}"
+    for f in sc.figures:
+        if f.kind == "first_token":
+            what = f"{f.stream}'s first token, from its own send"
+        elif f.kind == "cached_tokens":
+            what = f"the prompt tokens the server reports cached for {f.stream}"
         else:
-            w = f"[{_point(f['window'][0])}, {_point(f['window'][1])}]"
-            what = (f"{f['stream']}'s longest gap between two tokens overlapping {w}" if f["kind"] == "longest_pause"
-                    else f"{f['stream']}'s tokens per second in {w}"
-                    + (f"; `rate_before:{label}` the same length of time just before it" if f["versus"] else ""))
-        out.append(f"- `{key}`: {what}.")
+            w = f"[{_point(f.window[0])}, {_point(f.window[1])}]"
+            before = f"; `rate_before:{f.label or f.stream}` the same length of time just before it" if f.versus else ""
+            what = (f"{f.stream}'s longest gap between two tokens overlapping {w}" if f.kind == "longest_pause"
+                    else f"{f.stream}'s tokens per second in {w}" + before)
+        out.append(f"- `{f.key}`: {what}.")
     return out
 
 
-def test_paragraph(r: Receipt) -> str:
-    sc = r.settings.script  # the script as parsed (workload.script_file.Script.to_dict)
+def test_paragraph(r: Receipt, sc: Script) -> str:
     order = "/".join(r.settings.order)
-    return (f"**The test.** The script `{sc['name']}` (`{sc['path']}`, sha256 `{sc['sha256'][:16]}`, below): "
-            f"{len(sc['streams'])} streams on one timeline, each sent at its time (seconds from the run's start, or "
+    return (f"**The test.** The script `{sc.name}` (`{sc.path}`, sha256 `{sc.sha256[:16]}`, below): "
+            f"{len(sc.streams)} streams on one timeline, each sent at its time (seconds from the run's start, or "
             "an event of another stream plus seconds) and cancelled (its stream closed) as the script says. "
             f"Runs in the order {order}; each cell lists every run, then the median of the valid ones († marks an "
             "invalid run, left out).")
@@ -191,8 +190,9 @@ def summary_markdown(data: Receipt | dict) -> str:
 
 def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
     r = as_receipt(data)
-    out = [f"# tfbench receipt: script {r.settings.script['name']}", "", "**Environment.**", *environment_lines(r), "",
-           test_paragraph(r), "", *streams_table(r), "", "**Figures.**", *figure_lines(r), "",
+    sc = script_of(r)
+    out = [f"# tfbench receipt: script {sc.name}", "", "**Environment.**", *environment_lines(r), "",
+           test_paragraph(r, sc), "", *streams_table(sc), "", "**Figures.**", *figure_lines(sc), "",
            *table(r), "",
            "Every run (latest send: the latest of the sends against their script times; load: the host's 1-minute "
            "load average as the run started):", "", *runs_table(r), "", "**Exactness.**", *exactness_lines(r), "",
@@ -206,5 +206,5 @@ def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
     if r.predictions:
         out += [*Predictions.from_dict(r.predictions.to_dict()).markdown(), ""]
     out += not_run_lines(r.not_run or []) + ["", "**The script.**", "", "```yaml",
-                                             r.settings.script_text.rstrip("\n"), "```"]
+                                             sc.text.rstrip("\n"), "```"]
     return "\n".join(out) + "\n"

@@ -7,6 +7,7 @@ import pytest
 
 from tensorfold_bench import receipt
 from tensorfold_bench.report import store
+from tensorfold_bench.workload.script_file import Script
 
 DIR = Path(__file__).resolve().parents[2] / "receipts"
 
@@ -40,6 +41,17 @@ def test_a_committed_receipt_round_trips_through_the_typed_receipt(path):
         assert isinstance(run, receipt.Run)
         assert all(isinstance(r, receipt.Record) for r in (run.records or {}).values())
         assert all(isinstance(e, receipt.TraceEvent) for e in (run.trace or []))
+
+
+def test_a_script_receipts_script_reads_back_as_the_script():
+    """A script receipt keeps its script parsed (settings.script) and as written (script_text)."""
+    paths = [p for p in PATHS if p.name.endswith("-script" + store.SUFFIX)]
+    assert paths
+    for path in paths:
+        st = receipt.Receipt.from_dict(store.read(path)).settings
+        sc = Script.from_dict(st.script, st.script_text)
+        assert json.loads(json.dumps(sc.to_dict())) == st.script and sc.text == st.script_text
+        assert sc.streams[0].at.plus == st.script["streams"][0]["at"]["plus"] and sc.keys == st.figure_keys
 
 
 def test_the_fields_are_typed_and_what_no_field_names_is_kept():
