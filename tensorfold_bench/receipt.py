@@ -451,12 +451,22 @@ class ReplyCount(Node):
 
 
 @dataclass(kw_only=True)
+class ServerSha(Node):
+    """The servers' token_sha against ours: how many matched, differed, were absent, and which
+    runs' server sent none."""
+    match: int | None = None
+    mismatch: int | None = None
+    absent: int | None = None
+    none_from_runs: list[int] | None = None
+
+
+@dataclass(kw_only=True)
 class Exactness(Node):
     # run index (or variant) -> its streams compared; a load receipt's: variant -> its count
     across_runs: dict[str, list[Comparison] | ReplyCount] | None = None
     refs: dict[str, Any] | None = None
     vs_plain: dict[str, list[Comparison] | ReplyCount] | None = None
-    server_sha: dict[str, Any] | None = None
+    server_sha: ServerSha | None = None
     a_prefix: Any = None
     hashes: dict[str, dict[str, Any]] | None = None
     no_reply: dict[str, Any] | None = None

@@ -139,15 +139,15 @@ def exactness_lines(r: Receipt) -> list[str]:
     if vs_plain:
         lines.append("- Against the plain reference (each request alone, one stream, whole prompt, no prompt cache, "
                      "no drafts): " + vs_plain[0])
-    ss = ex.server_sha or {}
-    if ss and not ss.get("match") and not ss.get("mismatch") and ss.get("absent"):
+    ss = ex.server_sha
+    if ss and not ss.match and not ss.mismatch and ss.absent:
         lines.append("- The server sends no token_sha: the hashes below are ours, of the ids received.")
     elif ss:
-        none = ss.get("none_from_runs")
+        none = ss.none_from_runs
         why = "A is cancelled, so it ends without one" + (
             f"; runs {', '.join(map(str, none))}: the server sends none" if none else "")
-        lines.append(f"- The servers' token_sha against our sha256 of the ids received: {ss.get('match', 0)} match, "
-                     f"{ss.get('mismatch', 0)} differ, {ss.get('absent', 0)} absent ({why}).")
+        lines.append(f"- The servers' token_sha against our sha256 of the ids received: {ss.match or 0} match, "
+                     f"{ss.mismatch or 0} differ, {ss.absent or 0} absent ({why}).")
     hashes = ex.hashes or {}  # run -> stream -> its reply's hash (and A's length)
     if hashes:
         distinct = {k: sorted({h[k] for h in hashes.values() if h.get(k)}) for k in "ABC"}

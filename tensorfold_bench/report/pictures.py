@@ -21,11 +21,12 @@ GAP_FLOOR = 0.005  # two tokens read together (one TCP read) have a gap of ~0: d
 
 def representative(runs: list[Run]) -> Run | None:
     """The valid run whose B first token is the median (the lower middle of an even count)."""
-    ok = [r for r in runs if r.figures["valid"] and r.figures["b_first_token"] is not None] or runs
+    figs = [(LongPromptFigures.from_dict(r.figures), r) for r in runs]
+    ok = [(f, r) for f, r in figs if f.valid and f.b_first_token is not None] or figs
     if not ok:
         return None
-    ok = sorted(ok, key=lambda r: r.figures["b_first_token"] or 0.0)
-    return ok[(len(ok) - 1) // 2]
+    ok = sorted(ok, key=lambda fr: fr[0].b_first_token or 0.0)
+    return ok[(len(ok) - 1) // 2][1]
 
 
 def _axes(fig, n: int, has_trace: bool) -> tuple[list, list]:
