@@ -18,13 +18,8 @@ def _point(p: Point) -> str:
 
 
 def _prompt(p: Prompt) -> str:
-    if p.random is not None:
-        return f"{p.random:,} random ids"
-    if p.same_as:
-        return f"same as {p.same_as}"
-    if p.prefix_of:
-        return f"{p.prefix_of}'s + {p.plus:,} random ids"
-    return f"text, {len(p.text)} characters"
+    # a text prompt as the committed receipts word it; the others as Prompt says them
+    return str(p) if p.random is not None or p.source else f"text, {len(p.text)} characters"
 
 
 def _options(s: Stream) -> str:
