@@ -1,5 +1,6 @@
-"""The receipt's data as typed objects, the one vocabulary of what a session writes and the report
-reads: `Receipt.from_dict(store.read(path))` and back with `to_dict()`.
+"""The receipt's data as typed objects: `Receipt.from_dict(store.read(path))`, and back with
+`to_dict()`. The session builds the receipt's data as the dict report.store writes; the report and
+the analysis read it through these classes (`as_receipt` takes either).
 
 Every class is a `Node`: its fields are the keys a receipt of any schema version may hold, each
 None where the receipt lacks it. A receipt is a record of what happened, written over many
@@ -23,6 +24,7 @@ N = TypeVar("N", bound="Node")
 
 @dataclass(kw_only=True)
 class Node:
+    """One object of a receipt: typed fields, with what it read kept to give back (see above)."""
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # keys no field names
     _keys: tuple[str, ...] | None = field(default=None, repr=False, compare=False)  # as read, in order
 
@@ -35,8 +37,8 @@ class Node:
         return node
 
     def holds(self, key: str) -> bool:
-        """Whether `key` is in the data (read, even as None, or set since): where a receipt tells a
-        None it wrote from a key an older writer never wrote."""
+        """Whether `key` was read (even as None) or set since: a None a writer stored is not a key
+        an older writer never wrote."""
         return key in (self._keys or ()) or key in self.extra or getattr(self, key, None) is not None
 
     def __bool__(self) -> bool:
