@@ -476,9 +476,9 @@ class Exactness(Node):
     ok: bool | None = None
     not_judged: Any = None
     # the gate's: per part, label -> its replies' count
-    sweep: dict[str, dict[str, Any]] | None = None
-    long_prompt: dict[str, dict[str, Any]] | None = None
-    load: dict[str, dict[str, Any]] | None = None
+    sweep: dict[str, SweepHashes] | None = None
+    long_prompt: dict[str, ReplyCount] | None = None
+    load: dict[str, ReplyCount] | None = None
 
 
 @dataclass(kw_only=True)

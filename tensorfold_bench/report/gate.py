@@ -63,11 +63,11 @@ def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
               *(schedule_lines(r.schedule) if r.holds("schedule") else []), "**Exactness.**"]
     ex = r.exactness
     for label, hc in ex.sweep.items():
-        lines.append(f"- Sweep replies ({label}): {hc['equal']} of {hc['replies']} equal.")
-    lines.append("- Long-prompt replies: " + ", ".join(f"{k} {v['equal']} of {v['of']}"
+        lines.append(f"- Sweep replies ({label}): {hc.equal} of {hc.replies} equal.")
+    lines.append("- Long-prompt replies: " + ", ".join(f"{k} {v.equal} of {v.of}"
                                                        for k, v in ex.long_prompt.items()) + ".")
     for label, v in (ex.load or {}).items():
-        lines.append(f"- Load replies ({label}): {v['equal']} of {v['of']} equal.")
+        lines.append(f"- Load replies ({label}): {v.equal} of {v.of} equal.")
     checks = client_lines([(f"Run {run.index} ({run.variant}) {part}", getattr(run, part).get("client"))
                            for run in r.runs for part in ("sweep", "long_prompt")])
     if checks:
