@@ -145,7 +145,7 @@ def test_the_scheduler_loads_no_torch():
 # driver, the driver on the client, the servers and the analysis; the report renders a receipt's
 # data beside the driver and runs nothing.
 LAYERS = {"__main__": 8, "cli": 7, "calibrate": 6, "scenarios": 5, "session": 4, "report": 4, "analysis": 3,
-          "client": 2, "servers": 1, "workload": 1, "errors": 0, "tensorfold_bench": 0}
+          "client": 2, "servers": 1, "workload": 1, "errors": 0, "receipt": 0, "tensorfold_bench": 0}
 # what sends a request, starts a server or plays a run: never imported by the report
 RUNS = ("tensorfold_bench.client.stream", "tensorfold_bench.client.play", "tensorfold_bench.client.wire",
         "tensorfold_bench.client.workers", "tensorfold_bench.servers.launcher", "tensorfold_bench.servers.lifeline",

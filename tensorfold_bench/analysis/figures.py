@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from tensorfold_bench.analysis import stats
 from tensorfold_bench.client import selfcheck
 from tensorfold_bench.client.stream import StreamRecord
+from tensorfold_bench.receipt import Alone, Receipt, Record, Run, as_receipt
 from tensorfold_bench.servers.launcher import flag_value
 from tensorfold_bench.workload.script_file import Figure, Point, Script
 
@@ -253,23 +254,17 @@ def pace_alone(times: list[float], lo: float, hi: float, alone: list[float]) -> 
     return (i1 - i0) / (alone[i1 - 1] - alone[i0 - 1])
 
 
-def pace_pct(run: dict, a_alone: dict | None) -> float | None:
+def pace_pct(run: Run, a_alone: Record | None) -> float | None:
     """One run's A rate while B fills as a percentage of A's pace alone over the same tokens."""
-    f = LongPromptFigures.from_dict(run["figures"])
-    recs = run.get("records") or {}
+    f = LongPromptFigures.from_dict(run.figures)
+    recs = run.records or {}
     if not a_alone or not f.valid or f.a_rate_during is None or "A" not in recs or "B" not in recs:
         return None
-    b = StreamRecord.from_dict(recs["B"])
+    b = recs["B"]
     if b.sent is None or not b.token_times:
         return None
-    pace = pace_alone(StreamRecord.from_dict(recs["A"]).token_times, b.sent, b.token_times[0],
-                      StreamRecord.from_dict(a_alone).token_times)
+    pace = pace_alone(recs["A"].token_times or [], b.sent, b.token_times[0], a_alone.token_times or [])
     return 100 * f.a_rate_during / pace if pace else None
-
-
-def b_alone(record: dict) -> float | None:
-    """B's first token with nothing else running, from its saved record."""
-    return first_token_latency(StreamRecord.from_dict(record))
 
 
 def medians(figs: list[LongPromptFigures]) -> dict[str, float | None]:
@@ -278,23 +273,35 @@ def medians(figs: list[LongPromptFigures]) -> dict[str, float | None]:
     return {k: median([getattr(f, k) for f in ok]) for k in LONG_PROMPT}
 
 
-def long_prompt_summary(data: dict) -> dict[str, dict]:
-    """Per variant: its runs and their figures (in order), the medians over the valid ones, B
-    alone, B's median against alone (`x_alone`) and A's rate during B as a percentage of before."""
-    out = {}
-    for v in data["variants"]:
-        runs = [r for r in data["runs"] if r["variant"] == v["name"]]
+@dataclass
+class VariantSummary:
+    """One variant's long-prompt runs: their figures (in run order), the medians over the valid
+    ones, B alone, B's median against alone (`x_alone`), A's rate during B as a percentage of
+    before (`during_pct`) and of its pace alone over the same tokens (`pace_pct`)."""
+    runs: list[Run]
+    figures: list[LongPromptFigures]
+    median: dict[str, float | None]
+    alone: float | None
+    x_alone: float | None
+    during_pct: float | None
+    pace_pct: float | None
+
+
+def long_prompt_summary(data: Receipt | dict) -> dict[str, VariantSummary]:
+    """variant -> its summary, for the variants that ran."""
+    r, out = as_receipt(data), {}
+    for v in r.variants:
+        runs = [run for run in r.runs if run.variant == v.name]
         if not runs:
             continue
-        figs = [LongPromptFigures.from_dict(r["figures"]) for r in runs]
+        figs = [LongPromptFigures.from_dict(run.figures) for run in runs]
         med = medians(figs)
-        alones = (data.get("alone") or {}).get(v["name"], {})
-        alone = alones.get("b_first_token")
+        alones = (r.alone or {}).get(v.name) or Alone()
+        alone = alones.b_first_token
         x_alone = med["b_first_token"] / alone if alone and med["b_first_token"] else None
         pct = 100 * (med["a_rate_during"] or 0) / med["a_rate_before"] if med["a_rate_before"] else None
-        paces = [p for p in (pace_pct(r, alones.get("a_record")) for r in runs) if p is not None]
-        out[v["name"]] = {"runs": runs, "figures": figs, "median": med, "alone": alone, "x_alone": x_alone,
-                          "during_pct": pct, "pace_pct": median(paces) if paces else None}
+        paces = [p for p in (pace_pct(run, alones.a_record) for run in runs) if p is not None]
+        out[v.name] = VariantSummary(runs, figs, med, alone, x_alone, pct, median(paces) if paces else None)
     return out
 
 
@@ -309,50 +316,56 @@ def targets_met(rows: list[dict], targets=FRONTIER_TARGETS) -> list[tuple[float,
             for x, kept in targets]
 
 
-def frontier(data: dict) -> list[dict]:
+def frontier(data: Receipt | dict, summary: dict[str, VariantSummary] | None = None) -> list[dict]:
     """Each variant's trade, ordered by B's slowdown (its median first token over alone, `x_alone`):
     A's kept rate (during B over before, in percent), its distance in points above the line
     100 * (1 - 1/slowdown) that alternating whole steps between A and B sits on (B given a share
     f of the steps takes 1/f as long; A keeps 1 - f), the variants that dominate it (no slower
     for B and keeping no less of A, better in one), and its `--prefill-mode` (None: not given).
-    A variant missing either median is left out; [] when fewer than two remain (no trade to show)."""
-    rows, summary = [], long_prompt_summary(data)
-    for v in data["variants"]:
-        s = summary.get(v["name"])
-        if not s or s["x_alone"] is None or s["during_pct"] is None or s["median"]["a_rate_during"] is None:
+    A variant missing either median is left out; [] when fewer than two remain (no trade to show).
+    `summary`: long_prompt_summary's, where the caller has it already."""
+    r, rows = as_receipt(data), []
+    summary = long_prompt_summary(r) if summary is None else summary
+    for v in r.variants:
+        s = summary.get(v.name)
+        if not s or s.x_alone is None or s.during_pct is None or s.median["a_rate_during"] is None:
             continue
-        mode = flag_value(list(v.get("args") or []), "--prefill-mode")
-        x, kept = s["x_alone"], s["during_pct"]
-        rows.append({"variant": v["name"], "mode": mode, "slowdown": x, "kept": kept,
+        mode = flag_value(list(v.args or []), "--prefill-mode")
+        x, kept = s.x_alone, s.during_pct
+        rows.append({"variant": v.name, "mode": mode, "slowdown": x, "kept": kept,
                      "vs_line": kept - 100 * (1 - 1 / x)})
     if len(rows) < 2:
         return []
-    for r in rows:
-        r["dominated_by"] = [o["variant"] for o in rows if o["slowdown"] <= r["slowdown"] and o["kept"] >= r["kept"]
-                             and (o["slowdown"] < r["slowdown"] or o["kept"] > r["kept"])]
-    return sorted(rows, key=lambda r: r["slowdown"])
+    for row in rows:
+        row["dominated_by"] = [o["variant"] for o in rows if o["slowdown"] <= row["slowdown"] and o["kept"] >= row["kept"]
+                               and (o["slowdown"] < row["slowdown"] or o["kept"] > row["kept"])]
+    return sorted(rows, key=lambda row: row["slowdown"])
 
 
-def long_prompt_stats(data: dict) -> dict:
+def margin_of(r: Receipt) -> float:
+    return stats.DEFAULT_MARGIN if r.settings.margin is None else r.settings.margin
+
+
+def long_prompt_stats(data: Receipt | dict) -> dict:
     """Each long-prompt figure's statistics over the runs, invalid runs left out."""
-    order = [r["variant"] for r in data["runs"]]
-    values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
-    margin = data["settings"].get("margin", stats.DEFAULT_MARGIN)
+    r = as_receipt(data)
+    order = [run.variant for run in r.runs]
+    values = [run.figures if run.figures["valid"] else {} for run in r.runs]
     return {k: fs.to_dict() for k, fs in
-            stats_for(list(LONG_PROMPT), order, values, data["variants"][0]["name"], margin).items()}
+            stats_for(list(LONG_PROMPT), order, values, r.variants[0].name, margin_of(r)).items()}
 
 
-def long_prompt_predicted(data: dict) -> dict[str, dict[str, float | None]]:
+def long_prompt_predicted(data: Receipt | dict) -> dict[str, dict[str, float | None]]:
     """variant -> figure -> median, for predictions: the long-prompt figures (also as `_s`, and
     `a_rate_during_b_pct` = during / before in percent) and `b_alone`."""
     out: dict[str, dict] = {}
     for name, s in long_prompt_summary(data).items():
-        m = dict(s["median"])
+        m = dict(s.median)
         for k in ("b_first_token", "c_first_token", "a_longest_pause"):
             m[k + "_s"] = m.get(k)
         if m.get("a_rate_during") is not None and m.get("a_rate_before"):
             m["a_rate_during_b_pct"] = m["a_rate_during"] / m["a_rate_before"] * 100
-        m["b_alone"] = m["b_alone_s"] = s.get("alone")
+        m["b_alone"] = m["b_alone_s"] = s.alone
         out[name] = m
     return out
 
@@ -470,31 +483,32 @@ def failed_script(why: str) -> ScriptFigures:
     return ScriptFigures({}, {}, [], valid=False, invalid_reasons=[f"the server failed: {why}"])
 
 
-def script_values(data: dict) -> list[dict]:
+def script_values(r: Receipt) -> list[dict]:
     """Each run's figures, an invalid run's as none (left out of medians and verdicts)."""
-    return [r["figures"]["values"] if r["figures"]["valid"] else {} for r in data["runs"]]
+    return [run.figures["values"] if run.figures["valid"] else {} for run in r.runs]
 
 
-def script_keys(data: dict) -> list[str]:
-    return list(data["settings"]["figure_keys"])
+def script_keys(r: Receipt) -> list[str]:
+    return list(r.settings.figure_keys)
 
 
-def script_medians(data: dict) -> dict[str, dict[str, float | None]]:
+def script_medians(data: Receipt | dict) -> dict[str, dict[str, float | None]]:
     """variant -> figure -> the median over its valid runs (what predictions are checked against)."""
-    values, out = script_values(data), {}
-    for v in data["variants"]:
-        mine = [x for r, x in zip(data["runs"], values) if r["variant"] == v["name"]]
+    r = as_receipt(data)
+    values, out = script_values(r), {}
+    for v in r.variants:
+        mine = [x for run, x in zip(r.runs, values) if run.variant == v.name]
         if mine:
-            out[v["name"]] = {k: median([x.get(k) for x in mine]) for k in script_keys(data)}
+            out[v.name] = {k: median([x.get(k) for x in mine]) for k in script_keys(r)}
     return out
 
 
-def script_stats(data: dict) -> dict:
+def script_stats(data: Receipt | dict) -> dict:
     """Each script figure's statistics over the runs, invalid runs left out."""
-    order = [r["variant"] for r in data["runs"]]
-    margin = data["settings"].get("margin", stats.DEFAULT_MARGIN)
+    r = as_receipt(data)
+    order = [run.variant for run in r.runs]
     return {k: fs.to_dict() for k, fs in
-            stats_for(script_keys(data), order, script_values(data), data["variants"][0]["name"], margin).items()}
+            stats_for(script_keys(r), order, script_values(r), r.variants[0].name, margin_of(r)).items()}
 
 
 # ---- the gate and comparisons --------------------------------------------------------------
@@ -520,18 +534,19 @@ def across_sessions(xa: list[float], xb: list[float]) -> dict:
             "within": None if not xa or mb is None else min(xa) <= mb <= max(xa)}
 
 
-def figure_runs(data: dict) -> dict[str, dict[str, list[float]]]:
+def figure_runs(data: Receipt | dict) -> dict[str, dict[str, list[float]]]:
     """figure -> variant -> the valid runs' values, for any scenario's receipt."""
-    if data.get("scenario") == "long-prompt":
+    r = as_receipt(data)
+    if r.scenario == "long-prompt":
         names = list(LONG_PROMPT)
-        values = [r["figures"] if r["figures"]["valid"] else {} for r in data["runs"]]
-    elif data.get("scenario") == "script":
-        names, values = script_keys(data), script_values(data)
-    elif data.get("scenario") == "load":
-        names = list(dict.fromkeys(n for r in data["runs"] for n in r.get("figures") or {}))
-        values = [r["figures"] if r.get("valid") else {} for r in data["runs"]]
+        values = [run.figures if run.figures["valid"] else {} for run in r.runs]
+    elif r.scenario == "script":
+        names, values = script_keys(r), script_values(r)
+    elif r.scenario == "load":
+        names = list(dict.fromkeys(n for run in r.runs for n in run.figures or {}))
+        values = [run.figures if run.valid else {} for run in r.runs]
     else:
-        names = list(dict.fromkeys(n for r in data["runs"] for n in r["figures"]))
-        values = [{} if (r.get("client") or {}).get("invalid") else r["figures"] for r in data["runs"]]
-    order = [r["variant"] for r in data["runs"]]
+        names = list(dict.fromkeys(n for run in r.runs for n in run.figures))
+        values = [{} if (run.client or {}).get("invalid") else run.figures for run in r.runs]
+    order = [run.variant for run in r.runs]
     return {n: stats.by_variant(order, [v.get(n) for v in values]) for n in names}

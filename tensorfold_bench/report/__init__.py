@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tensorfold_bench.receipt import Partial, Receipt, as_receipt
 from tensorfold_bench.report import compare, gate, load, long_prompt, pictures, script, store, sweep
 from tensorfold_bench.report.store import read, sibling
 
@@ -20,37 +21,43 @@ PICTURE = {"long-prompt": pictures.timeline, "sweep": pictures.sweep, "script": 
 MORE_PICTURES = {"long-prompt": {"frontier": pictures.frontier}}
 
 
-def partial_banner(partial: dict) -> str:
+def partial_banner(partial: Partial) -> str:
     """What a partial receipt lacks, said first: it was stopped (or is still running)."""
-    miss = ", ".join(partial.get("missing") or []) or "nothing"
-    return (f"**Partial receipt ({partial.get('why', 'in progress')}).** {partial['done']} of {partial['total']} "
+    miss = ", ".join(partial.missing or []) or "nothing"
+    return (f"**Partial receipt ({partial.why or 'in progress'}).** {partial.done} of {partial.total} "
             f"runs finished; missing: {miss}. Medians, verdicts and checks below use the finished runs only.")
 
 
-def render_markdown(data: dict, png_name: str | None = None, more_png: dict[str, str] | None = None) -> str:
+def scenario(r: Receipt) -> str:
+    return r.scenario or "long-prompt"  # receipts from before scenarios name none
+
+
+def render_markdown(data: Receipt | dict, png_name: str | None = None, more_png: dict[str, str] | None = None) -> str:
     """The Markdown; `more_png`: the further pictures beside it (name -> file name, see more_pngs)."""
+    r = as_receipt(data)
     more = {f"{k}_png": v for k, v in (more_png or {}).items()}
-    md = MARKDOWN[data.get("scenario", "long-prompt")](data, png_name, **more)
-    if not data.get("partial"):
+    md = MARKDOWN[scenario(r)](r, png_name, **more)
+    if not r.partial:
         return md
     title, sep, rest = md.partition("\n")
     if not title.startswith("#"):
         title, sep, rest = "", "", md
-    return f"{title}{sep}\n{partial_banner(data['partial'])}\n\n{rest.lstrip(chr(10))}"
+    return f"{title}{sep}\n{partial_banner(r.partial)}\n\n{rest.lstrip(chr(10))}"
 
 
-def render_png(data: dict, path: Path) -> Path | None:
-    draw = PICTURE.get(data.get("scenario", "long-prompt"))
-    return draw(data, path) if draw else None
+def render_png(data: Receipt | dict, path: Path) -> Path | None:
+    r = as_receipt(data)
+    draw = PICTURE.get(scenario(r))
+    return draw(r, path) if draw else None
 
 
-def more_pngs(data: dict, png: Path, draw: bool) -> dict[str, str]:
+def more_pngs(data: Receipt | dict, png: Path, draw: bool) -> dict[str, str]:
     """The scenario's further pictures beside `png` (STEM-NAME.png for STEM.png), name -> file
     name: those drawn when `draw` (one with nothing to draw is not), else those already there."""
-    out = {}
-    for name, draw_one in MORE_PICTURES.get(data.get("scenario", "long-prompt"), {}).items():
+    r, out = as_receipt(data), {}
+    for name, draw_one in MORE_PICTURES.get(scenario(r), {}).items():
         path = png.with_name(f"{png.stem}-{name}.png")
-        got = draw_one(data, path) if draw else (path if path.exists() else None)
+        got = draw_one(r, path) if draw else (path if path.exists() else None)
         if got is not None:
             out[name] = got.name
     return out
@@ -63,12 +70,13 @@ def write(data: dict, out_dir: Path, stem: str, png: bool = True) -> dict[str, P
     half a receipt."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": store.write(data, out_dir, stem), "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
-    more = more_pngs(data, paths["png"], draw=True) if png else {}
-    png = render_png(data, paths["png"]) if png else None
+    r = Receipt.from_dict(data)
+    more = more_pngs(r, paths["png"], draw=True) if png else {}
+    png = render_png(r, paths["png"]) if png else None
     if png is None:
         del paths["png"]
     paths.update({f"png-{k}": out_dir / v for k, v in more.items()})
-    store.atomic(paths["md"], render_markdown(data, png.name if png else None, more).encode())
+    store.atomic(paths["md"], render_markdown(r, png.name if png else None, more).encode())
     return paths
 
 
@@ -76,9 +84,9 @@ def rerender(path: Path, png: bool = True) -> str:
     """`tfbench report`: the Markdown again from the receipt's data, new form or old (and the
     pictures, unless png=False; an existing picture beside it is still linked), written beside
     it and returned."""
-    data = read(path)
-    png_path = render_png(data, sibling(path, ".png")) if png else sibling(path, ".png")
+    r = Receipt.from_dict(read(path))
+    png_path = render_png(r, sibling(path, ".png")) if png else sibling(path, ".png")
     png_path = png_path if png_path is not None and png_path.exists() else None
-    md = render_markdown(data, png_path.name if png_path else None, more_pngs(data, sibling(path, ".png"), png))
+    md = render_markdown(r, png_path.name if png_path else None, more_pngs(r, sibling(path, ".png"), png))
     sibling(path, ".md").write_text(md)
     return md

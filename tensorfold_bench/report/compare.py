@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 from tensorfold_bench.analysis.figures import across_sessions, figure_runs
+from tensorfold_bench.receipt import Receipt, as_receipt
 from tensorfold_bench.report.fmt import num
 
 
-def _label(d: dict, name: str, side: str) -> str:
-    commit = ((d.get("environment") or {}).get("engine") or {}).get("commit") or "unknown"
-    return f"- {side}: `{name}` ({d.get('scenario')}, {d.get('created')}, engine commit {commit})"
+def _label(r: Receipt, name: str, side: str) -> str:
+    commit = (r.environment and r.environment.engine and r.environment.engine.commit) or "unknown"
+    return f"- {side}: `{name}` ({r.scenario}, {r.created}, engine commit {commit})"
 
 
 def markdown(a: dict, b: dict, name_a: str, name_b: str) -> str:
     """Different sessions are not drift-paired, so the call is only whether B's median lies
     inside A's span of runs."""
     ra, rb = figure_runs(a), figure_runs(b)
-    lines = ["## tfbench compare", "", _label(a, name_a, "A"), _label(b, name_b, "B"), "",
+    lines = ["## tfbench compare", "", _label(as_receipt(a), name_a, "A"), _label(as_receipt(b), name_b, "B"), "",
              "Two sessions, so no drift pairing: B's median is called within A's span or outside it.", "",
              "| figure | variant | A runs | A median (span) | B runs | B median | B vs A | |",
              "|---|---|---|---|---|---|---|---|"]

@@ -6,7 +6,9 @@ from typing import Callable
 
 from tensorfold_bench.analysis import stats
 from tensorfold_bench.client import selfcheck
-from tensorfold_bench.analysis.figures import num, spec  # noqa: F401 (num: every renderer formats with it)
+from tensorfold_bench.analysis.figures import margin_of, num, spec  # noqa: F401 (num: every renderer formats with it)
+from tensorfold_bench.receipt import EngineInfo, Host, Identity, Receipt, Sampling, Simulated, Variant, as_receipt
+from tensorfold_bench.servers.worktree import Source
 
 
 def short_commit(c: str | None) -> str:
@@ -55,16 +57,21 @@ def medians_table(figs: dict, base: str, *, label: str, runs_header: str, digits
     return lines
 
 
-def environment_lines(data: dict) -> list[str]:
+def margin_pct(r: Receipt) -> str:
+    """The verdicts' margin in percent, as the statistics paragraph states it (the default where the
+    receipt stored none)."""
+    return f"{margin_of(r) * 100:g}"
+
+
+def environment_lines(data: Receipt | dict) -> list[str]:
     """Device, model, server, variants and host, from the receipt's header."""
-    if data.get("simulated"):
-        return [*simulated_lines(data["simulated"]), host_line(data)]
-    env = data.get("environment") or {}
-    eng = env.get("engine") or {}
-    desc = eng.get("engine") or {}
-    cfg = eng.get("config") or {}
-    if not eng and "identities" in data:  # no tfengine ran: the servers' own accounts, below
-        return [*server_lines(data), host_line(data)]
+    r = as_receipt(data)
+    if r.simulated:
+        return [*simulated_lines(r.simulated), host_line(r)]
+    eng = (r.environment.engine if r.environment else None) or EngineInfo()
+    desc, cfg = eng.engine or {}, eng.config or {}
+    if not eng and r.identities is not None:  # no tfengine ran: the servers' own accounts, below
+        return [*server_lines(r), host_line(r)]
     dev = desc.get("device_name") or desc.get("device") or "unknown device"
     devices, tp = desc.get("devices") or [], desc.get("tensor_parallel") or 1
     if tp > 1 and devices:  # every rank's device, by name
@@ -78,28 +85,44 @@ def environment_lines(data: dict) -> list[str]:
                     if desc.get("cpu_matmuls") and desc.get("cpu_weights") else "")
         lines = [f"- Device: CPU, {cpu['model']} ({cpu['arch']}), {cpu['cores']} cores for the engine, "
                  f"{cpu['threads']} compute threads, {cpu['isa']}{products}; torch {desc.get('torch') or '-'}, "
-                 f"engine commit {short_commit(eng.get('commit'))}."]
-        return [*lines, *_model_lines(desc, cfg), *server_lines(data), host_line(data)]
+                 f"engine commit {short_commit(eng.commit)}."]
+        return [*lines, *_model_lines(desc, cfg), *server_lines(r), host_line(r)]
     bits = [f"{dev}"]
     if desc.get("compute_capability"):
         bits.append(f"sm {desc['compute_capability']}")
     bits.append(f"CUDA {desc.get('cuda_version') or desc.get('cuda') or '-'}")
     bits.append(f"driver {desc.get('driver') or '-'}")
     bits.append(f"torch {desc.get('torch') or '-'}")
-    bits.append(f"engine commit {short_commit(eng.get('commit'))}")
+    bits.append(f"engine commit {short_commit(eng.commit)}")
     lines = ["- Device: " + ", ".join(bits) + "."]
-    return [*lines, *_model_lines(desc, cfg), *server_lines(data), host_line(data)]
+    return [*lines, *_model_lines(desc, cfg), *server_lines(r), host_line(r)]
 
 
-def simulated_lines(sim: dict) -> list[str]:
+def header_lines(r: Receipt, scenario: str) -> list[str]:
+    """The title naming the variants, the environment, and where each variant's engine came from."""
+    lines = [f"## tfbench {scenario}: {' vs '.join(v.name for v in r.variants)}", "", "**Environment.**",
+             *environment_lines(r)]
+    srcs = [f"{v.name}: {source_label(v)}" for v in r.variants if v.source]
+    if srcs:
+        lines.append("- Engine sources: " + "; ".join(srcs) + ".")
+    return lines
+
+
+def source_label(v: Variant) -> str:
+    """The engine source a variant ran (a worktree of this repository at a commit)."""
+    return Source(**v.source.to_dict()).label
+
+
+def simulated_lines(sim: Simulated) -> list[str]:
     """A simulated receipt says so first: the profile it ran on, and what it cannot know."""
     return [f"- **Simulated, not measured**: every run played in virtual time on the engine's lane host over the "
-            f"cost profile {sim['profile']} ({sim.get('device')}, {sim.get('model')}, engine commit "
-            f"{short_commit(sim.get('engine_commit'))}; {sim.get('source') or 'measured'}). No server ran.",
-            "- What a simulation cannot know: " + " ".join(sim.get("cannot_know") or [])]
+            f"cost profile {sim.profile} ({sim.device}, {sim.model}, engine commit "
+            f"{short_commit(sim.engine_commit)}; {sim.source or 'measured'}). No server ran.",
+            "- What a simulation cannot know: " + " ".join(sim.cannot_know or [])]
 
 
 def _model_lines(desc: dict, cfg: dict) -> list[str]:
+    """From the engine's own description of itself and its config (free-form dicts: the engine's keys)."""
     shape = desc.get("shape") or {}
     shape_s = ", ".join(f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
                         for k, v in shape.items())
@@ -109,22 +132,22 @@ def _model_lines(desc: dict, cfg: dict) -> list[str]:
             + (f"; shape: {shape_s}." if shape_s else ".")]
 
 
-def server_lines(data: dict) -> list[str]:
+def server_lines(r: Receipt) -> list[str]:
     """Where the servers came from, each variant, and each server's account of itself."""
-    lines, st = [], data["settings"]
-    if "identities" in data and not (data.get("environment") or {}).get("engine"):
+    lines, st = [], r.settings
+    if r.identities is not None and not (r.environment and r.environment.engine):
         lines.append("- Device: not reported (only tfengine's /v1/engine reports it; this session ran none).")
-    if st.get("url"):
-        lines.append(f"- Servers: {st['url']}: not launched by tfbench, so a fresh server per run and a cold "
+    if st.url:
+        lines.append(f"- Servers: {st.url}: not launched by tfbench, so a fresh server per run and a cold "
                      "cache are not guaranteed.")
-    if any(v.get("url") is None and v.get("command") is None for v in data["variants"]):
-        lines.append(f"- Shared engine flags: `{' '.join(st['engine_flags'])}`; a fresh server per run.")
-    idents = data.get("identities") or {}
-    if st.get("sampling"):  # receipts from before sampling have none
-        lines.append(sampling_line(st["sampling"]))
-    lines.append("- Variants: " + "; ".join(variant_label(v, idents.get(v["name"])) for v in data["variants"]) + ".")
+    if any(v.url is None and v.command is None for v in r.variants):
+        lines.append(f"- Shared engine flags: `{' '.join(st.engine_flags)}`; a fresh server per run.")
+    idents = r.identities or {}
+    if st.sampling:  # receipts from before sampling have none
+        lines.append(sampling_line(st.sampling))
+    lines.append("- Variants: " + "; ".join(variant_label(v, idents.get(v.name)) for v in r.variants) + ".")
     lines += [f"- {name}: {identity_line(i)}." for name, i in idents.items()]
-    counted = sorted({r.get("counted_by") for r in data["runs"] if r.get("counted_by") not in (None, "ids")})
+    counted = sorted({run.counted_by for run in r.runs if run.counted_by not in (None, "ids")})
     if counted:
         lines.append(f"- Tokens counted by {' and '.join(counted)}: the server sent no token ids "
                      "(`--token-ids`), so replies' hashes are unknown, never \"differ\"; counts use the "
@@ -132,44 +155,44 @@ def server_lines(data: dict) -> list[str]:
     return lines
 
 
-def sampling_line(d: dict) -> str:
+def sampling_line(s: Sampling) -> str:
     """`--temperature` and `--seed` as the receipt stored them (tensorfold_bench.client.sampling)."""
-    if not d["temperature"]:
+    if not s.temperature:
         return "- Sampling: greedy (temperature 0)."
-    return (f"- Sampling: temperature {d['temperature']:g}, seed {d['seed']}; each request's seed is derived from "
-            f"it and the request's role ({d['request_seed']}), so a prompt gets the same seed on every server, "
+    return (f"- Sampling: temperature {s.temperature:g}, seed {s.seed}; each request's seed is derived from "
+            f"it and the request's role ({s.request_seed}), so a prompt gets the same seed on every server, "
             "run and variant and in the plain reference.")
 
 
-def host_line(data: dict) -> str:
-    host = data.get("host") or {}
-    return (f"- Host: Python {host.get('python')}, {host.get('platform')}; tfbench {host.get('tfbench')}"
-            + f" @ {short_commit(host.get('harness_commit'))}; {data.get('created')}.")
+def host_line(r: Receipt) -> str:
+    host = r.host or Host()
+    return (f"- Host: Python {host.python}, {host.platform}; tfbench {host.tfbench}"
+            + f" @ {short_commit(host.harness_commit)}; {r.created}.")
 
 
-def variant_label(v: dict, ident: dict | None) -> str:
+def variant_label(v: Variant, ident: Identity | None) -> str:
     """What a variant ran: a --url server, a command as launched, or tfengine's flags applied."""
-    if v.get("url"):
-        return f"{v['name']} = {v['url']} (not launched by tfbench)"
-    env = f" env {v['env']}" if v.get("env") else ""
-    if v.get("command") is not None:
-        if (ident or {}).get("command"):
-            return f"{v['name']} (a command, as launched below){env}"
-        return f"{v['name']} `{' '.join(v['command'] + v['args'])}` (never launched){env}"
-    return (f"{v['name']} `{' '.join(v['args']) or '(no flags)'}`" + env + (f" @ {v['ref']}" if v.get("ref") else ""))
+    if v.url:
+        return f"{v.name} = {v.url} (not launched by tfbench)"
+    env = f" env {v.env}" if v.env else ""
+    if v.command is not None:
+        if ident and ident.command:
+            return f"{v.name} (a command, as launched below){env}"
+        return f"{v.name} `{' '.join(v.command + v.args)}` (never launched){env}"
+    return (f"{v.name} `{' '.join(v.args) or '(no flags)'}`" + env + (f" @ {v.ref}" if v.ref else ""))
 
 
-def identity_line(i: dict) -> str:
+def identity_line(i: Identity) -> str:
     """The server's own account of itself: /v1/models, /version, system_fingerprint, how launched."""
-    bits = [i.get("name") or "unknown"]
-    if i.get("version"):
-        bits[0] += f" {i['version']}"
-    facts = [f"{k} {i[k]}" for k in ("owned_by", "root", "max_model_len") if i.get(k) is not None]
-    bits.append(f"model `{i.get('model') or '?'}`" + (f" ({', '.join(facts)})" if facts else ""))
-    if i.get("system_fingerprint"):
-        bits.append(f"system_fingerprint `{i['system_fingerprint']}`")
-    bits.append(f"launched as `{i['command']}`" if i.get("launched") and i.get("command")
-                else "not launched by tfbench" if not i.get("launched") else "launched by tfbench")
+    bits = [i.name or "unknown"]
+    if i.version:
+        bits[0] += f" {i.version}"
+    facts = [f"{k} {getattr(i, k)}" for k in ("owned_by", "root", "max_model_len") if getattr(i, k) is not None]
+    bits.append(f"model `{i.model or '?'}`" + (f" ({', '.join(facts)})" if facts else ""))
+    if i.system_fingerprint:
+        bits.append(f"system_fingerprint `{i.system_fingerprint}`")
+    bits.append(f"launched as `{i.command}`" if i.launched and i.command
+                else "not launched by tfbench" if not i.launched else "launched by tfbench")
     return ", ".join(bits)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 import json
 
 from tensorfold_bench.errors import FAIL, PASS
-from tensorfold_bench.report.fmt import client_lines, environment_lines, stats_table
-from tensorfold_bench.servers.worktree import Source
+from tensorfold_bench.receipt import Receipt, Variant, as_receipt
+from tensorfold_bench.report.fmt import client_lines, environment_lines, source_label, stats_table
 
 
-def _side(v: dict) -> str:
-    return Source(**v["source"]).label + (f" {json.dumps(v['env'])}" if v["env"] else "")
+def _side(v: Variant) -> str:
+    return source_label(v) + (f" {json.dumps(v.env)}" if v.env else "")
 
 
 def _detectable(d: dict | None) -> list[str]:
@@ -41,37 +41,38 @@ def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:.4g}"
 
 
-def markdown(data: dict, png_name: str | None = None) -> str:
-    st, p = data["settings"], data["settings"]["preset_values"]
-    base, new = data["variants"]
-    order = [r["variant"] for r in data["runs"]] or st["order"]
-    verdict = "PARTIAL" if data.get("partial") else "PASS" if data["passed"] else "FAIL"
+def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
+    r = as_receipt(data)
+    st, p = r.settings, r.settings.preset_values
+    base, new = r.variants
+    order = [run.variant for run in r.runs] or st.order
+    verdict = "PARTIAL" if r.partial else "PASS" if r.passed else "FAIL"
     lines = [f"## tfbench gate: {verdict}", "",
-             f"base = {_side(base)}; new = {_side(new)}; order {'/'.join(order)}, preset `{st['preset']}`, margins "
-             f"{st['margin'] * 100:g} % (throughput) and {st['long_margin'] * 100:g} % (long-prompt figures).", ""]
-    if data["reasons"]:
-        lines += ["**Why it failed.**", *[f"- {r}" for r in data["reasons"]], ""]
-    lines += ["**Environment.**", *environment_lines(data), "",
+             f"base = {_side(base)}; new = {_side(new)}; order {'/'.join(order)}, preset `{st.preset}`, margins "
+             f"{st.margin * 100:g} % (throughput) and {st.long_margin * 100:g} % (long-prompt figures).", ""]
+    if r.reasons:
+        lines += ["**Why it failed.**", *[f"- {why}" for why in r.reasons], ""]
+    lines += ["**Environment.**", *environment_lines(r), "",
               f"**The test.** Each run starts a fresh server and plays a sweep (levels "
               f"{', '.join(map(str, p['levels']))}, {p['tokens']} tokens a stream, {p['prompt_tokens']}-token "
               f"prompts, {p['reps']} reps) and then a long-prompt run (B: {p['b_tokens']} tokens sent "
               f"{p['b_at']:g} s into A's decoding; C {p['c_after']:g} s later)"
-              + (f", then {p['load_s']:g} s of Poisson load at {st['load_rate']:g} requests/s ({p['load_input']}-token "
-                 f"prompts, {p['load_output']}-token replies)" if st.get("load_rate") else "") + ".", "",
-              *stats_table(data["stats"], "base", base_mark=""), *_detectable(data.get("detectable")), "",
-              *(schedule_lines(data["schedule"]) if "schedule" in data else []), "**Exactness.**"]
-    ex = data["exactness"]
-    for label, hc in ex["sweep"].items():
-        lines.append(f"- Sweep replies ({label}): {hc['equal']} of {hc['replies']} equal.")
-    lines.append("- Long-prompt replies: " + ", ".join(f"{k} {v['equal']} of {v['of']}"
-                                                       for k, v in ex["long_prompt"].items()) + ".")
-    for label, v in (ex.get("load") or {}).items():
-        lines.append(f"- Load replies ({label}): {v['equal']} of {v['of']} equal.")
-    checks = client_lines([(f"Run {r['index']} ({r['variant']}) {part}", r[part].get("client"))
-                           for r in data["runs"] for part in ("sweep", "long_prompt")])
+              + (f", then {p['load_s']:g} s of Poisson load at {st.load_rate:g} requests/s ({p['load_input']}-token "
+                 f"prompts, {p['load_output']}-token replies)" if st.load_rate else "") + ".", "",
+              *stats_table(r.stats, "base", base_mark=""), *_detectable(r.detectable), "",
+              *(schedule_lines(r.schedule) if r.holds("schedule") else []), "**Exactness.**"]
+    ex = r.exactness
+    for label, hc in ex.sweep.items():
+        lines.append(f"- Sweep replies ({label}): {hc.equal} of {hc.replies} equal.")
+    lines.append("- Long-prompt replies: " + ", ".join(f"{k} {v.equal} of {v.of}"
+                                                       for k, v in ex.long_prompt.items()) + ".")
+    for label, v in (ex.load or {}).items():
+        lines.append(f"- Load replies ({label}): {v.equal} of {v.of} equal.")
+    checks = client_lines([(f"Run {run.index} ({run.variant}) {part}", getattr(run, part).get("client"))
+                           for run in r.runs for part in ("sweep", "long_prompt")])
     if checks:
         lines += ["", *checks[:-1]]
-    if data["notes"]:
-        lines += ["", "**Notes.**", *[f"- {n}" for n in data["notes"]]]
-    lines += ["", f"Exit code {PASS if data['passed'] else FAIL} (0 pass, 1 regression, 2 usage or infrastructure error)."]
+    if r.notes:
+        lines += ["", "**Notes.**", *[f"- {n}" for n in r.notes]]
+    lines += ["", f"Exit code {PASS if r.passed else FAIL} (0 pass, 1 regression, 2 usage or infrastructure error)."]
     return "\n".join(lines) + "\n"

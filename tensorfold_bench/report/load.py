@@ -2,12 +2,11 @@
 percentiles, goodput and lateness per variant, the interference table, exactness."""
 from __future__ import annotations
 
-from tensorfold_bench.analysis import stats
 from tensorfold_bench.analysis.figures import median
 from tensorfold_bench.analysis.load import JUDGED, LABELS
 from tensorfold_bench.analysis.predictions import Predictions
-from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
-from tensorfold_bench.servers.worktree import Source
+from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
+from tensorfold_bench.report.fmt import client_lines, header_lines, margin_pct, not_run_lines, num, stats_table
 
 DASH = "–"
 
@@ -17,13 +16,13 @@ def _slo_text(slo: dict) -> str:
     return ", ".join(parts)
 
 
-def level_runs(data: dict, label: str, variant: str) -> list[dict]:
-    """The figures of one level in each valid run of a variant."""
+def level_runs(r: Receipt, label: str, variant: str) -> list[dict]:
+    """The figures of one level in each valid run of a variant (analysis.load's, by name)."""
     out = []
-    for r in data["runs"]:
-        if r["variant"] != variant or not r.get("valid"):
+    for run in r.runs:
+        if run.variant != variant or not run.valid:
             continue
-        out += [lv["figures"] for lv in r["levels"] if lv["label"] == label and lv.get("figures")]
+        out += [lv.figures for lv in run.levels if lv.label == label and lv.figures]
     return out
 
 
@@ -37,20 +36,20 @@ def med(figs: list[dict], path: tuple) -> float | None:
     return median(vals)
 
 
-def verdict_table(data: dict, label: str) -> list[str]:
-    figs = {f"{k}@{label}": data["stats"][f"{k}@{label}"] for k in JUDGED if f"{k}@{label}" in data["stats"]}
+def verdict_table(r: Receipt, label: str) -> list[str]:
+    figs = {f"{k}@{label}": r.stats[f"{k}@{label}"] for k in JUDGED if f"{k}@{label}" in r.stats}
     if not figs:
         return []
-    return stats_table(figs, data["settings"]["base"], label="figure", none=DASH,
-                       key=lambda n: n.split("@", 1)[0], verdicts=not data["settings"].get("url"))
+    return stats_table(figs, r.settings.base, label="figure", none=DASH,
+                       key=lambda n: n.split("@", 1)[0], verdicts=not r.settings.url)
 
 
-def latency_table(data: dict, label: str) -> list[str]:
+def latency_table(r: Receipt, label: str) -> list[str]:
     """Per variant: the median over its valid runs of each percentile."""
-    names = [v["name"] for v in data["variants"]]
+    names = [v.name for v in r.variants]
     lines = ["| variant | latency (ms) | p50 | p90 | p99 | max |", "|---|---|---|---|---|---|"]
     for v in names:
-        figs = level_runs(data, label, v)
+        figs = level_runs(r, label, v)
         if not figs:
             continue
         for k, lab in LABELS.items():
@@ -64,11 +63,11 @@ def latency_table(data: dict, label: str) -> list[str]:
     return lines
 
 
-def throughput_table(data: dict, label: str) -> list[str]:
+def throughput_table(r: Receipt, label: str) -> list[str]:
     lines = ["| variant | requests (completed) | req/s | output tok/s | goodput (req/s) | SLO attainment | "
              "cached prompt tokens (requests hit) |", "|---|---|---|---|---|---|---|"]
-    for v in [x["name"] for x in data["variants"]]:
-        figs = level_runs(data, label, v)
+    for v in [x.name for x in r.variants]:
+        figs = level_runs(r, label, v)
         if not figs:
             continue
         cached = med(figs, ("cached_tokens",))
@@ -82,14 +81,13 @@ def throughput_table(data: dict, label: str) -> list[str]:
     return lines
 
 
-def interference_table(data: dict, label: str) -> list[str]:
+def interference_table(r: Receipt, label: str) -> list[str]:
     rows = []
-    for v in [x["name"] for x in data["variants"]]:
-        figs = [f["interference"] for f in level_runs(data, label, v) if f.get("interference")]
+    for v in [x.name for x in r.variants]:
+        figs = [f["interference"] for f in level_runs(r, label, v) if f.get("interference")]
         if not figs:
             continue
-        alone = median([(r.get("alone") or {}).get("ttft_ms") for r in data["runs"]
-                        if r["variant"] == v and r.get("valid")])
+        alone = median([(run.alone or {}).get("ttft_ms") for run in r.runs if run.variant == v and run.valid])
         m = lambda k, d=1: num(median([f.get(k) for f in figs]), d, DASH)  # noqa: E731
         rows.append(f"| {v} | {m('injected', 0)} ({m('filled', 0)}) | {m('inject_ttft_p50_ms')} | {num(alone, 1, DASH)} | "
                     f"{m('pause_in_ms')} / {m('pause_out_ms')} | {m('itl_p99_in_ms')} / {m('itl_p99_out_ms')} | "
@@ -101,84 +99,81 @@ def interference_table(data: dict, label: str) -> list[str]:
             "|---|---|---|---|---|---|---|", *rows]
 
 
-def exactness_lines(data: dict) -> list[str]:
-    e = data.get("exactness") or {}
-    if e.get("not_judged"):
-        return [f"- Not judged: {e['not_judged']}."]
-    if not e.get("across_runs"):
+def exactness_lines(r: Receipt) -> list[str]:
+    e = r.exactness or Exactness()
+    if e.not_judged:
+        return [f"- Not judged: {e.not_judged}."]
+    if not e.across_runs:
         return []
     parts = []
-    for v, x in e["across_runs"].items():
-        s = f"{v}: {x['equal']} of {x['of']} replies equal across runs"
-        if x.get("unknown"):
-            s += f", {x['unknown']} unknown (no token ids)"
-        p = (e.get("vs_plain") or {}).get(v)
+    for v, x in e.across_runs.items():
+        s = f"{v}: {x.equal} of {x.of} replies equal across runs"
+        if x.unknown:
+            s += f", {x.unknown} unknown (no token ids)"
+        p = (e.vs_plain or {}).get(v)
         if p:
-            s += f"; {p['equal']} of {p['of']} equal to the plain reference"
-            if p.get("no_reference"):
-                s += f" ({p['no_reference']} later turns whose history differs, not compared)"
+            s += f"; {p.equal} of {p.of} equal to the plain reference"
+            if p.no_reference:
+                s += f" ({p.no_reference} later turns whose history differs, not compared)"
         parts.append(s)
     lines = ["**Exactness.** Each reply's token hash (per level and request id) against its reply in the first "
              "base run, and with the plain reference against the plain reply to the same prompt.", ""]
     lines += [f"- {p}." for p in parts]
-    lines += [f"- differs: {f}" for f in e.get("flagged") or []]
+    lines += [f"- differs: {f}" for f in e.flagged or []]
     return lines + [""]
 
 
-def markdown(data: dict, png_name: str | None = None) -> str:
-    st = data["settings"]
-    names = [v["name"] for v in data["variants"]]
-    lines = [f"## tfbench load: {' vs '.join(names)}", "", "**Environment.**", *environment_lines(data)]
-    srcs = [f"{v['name']}: {Source(**v['source']).label}" for v in data["variants"] if v.get("source")]
-    if srcs:
-        lines.append("- Engine sources: " + "; ".join(srcs) + ".")
-    order = "/".join(st["order"])
-    slo = _slo_text(st["slo"])
-    lines += ["", f"**The test.** {st['workload']}. Levels: {', '.join(lv['label'] for lv in st['levels'])}, played "
+def markdown(data: Receipt | dict, png_name: str | None = None) -> str:
+    r = as_receipt(data)
+    st = r.settings
+    lines = header_lines(r, "load")
+    order = "/".join(st.order)
+    slo = _slo_text(st.slo)
+    lines += ["", f"**The test.** {st.workload}. Levels: {', '.join(lv.label for lv in st.levels)}, played "
               "one after another on each run's server"
-              + (f", at most {st['max_concurrency']} requests in flight (a wait for a slot is queueing)"
-                 if st.get("max_concurrency") else "")
+              + (f", at most {st.max_concurrency} requests in flight (a wait for a slot is queueing)"
+                 if st.max_concurrency else "")
               + ". Latencies from each request's send, and from its scheduled send (coordinated omission); "
               "TPOT per request, inter-token gaps pooled; warm-up and injected requests left out. "
               + (f"Goodput: requests meeting every bound of the SLO ({slo}; TTFT and end-to-end from the scheduled "
                  "send) per second. " if slo else "No SLO given: no goodput. ")
-              + f"A run whose send lateness p99 passes {st['late_p99_ms']:g} ms is invalid. "
-              + (f"Servers tfbench did not launch, in the order {order}; no verdicts." if st.get("url") else
+              + f"A run whose send lateness p99 passes {st.late_p99_ms:g} ms is invalid. "
+              + (f"Servers tfbench did not launch, in the order {order}; no verdicts." if st.url else
                  f"A fresh server per run, in the order {order}; verdicts pair each run with its adjacent base runs "
-                 f"(margin {st.get('margin', stats.DEFAULT_MARGIN) * 100:g} %)."), ""]
-    if data.get("predictions"):
-        p = data["predictions"]
-        first = data["runs"][0]["started"] if data["runs"] else DASH
-        lines += [f"Predictions read {p['read_at']} (sha256 `{p['sha256'][:16]}`); the first run started {first}.", ""]
+                 f"(margin {margin_pct(r)} %)."), ""]
+    if r.predictions:
+        p = r.predictions
+        first = r.runs[0].started if r.runs else DASH
+        lines += [f"Predictions read {p.read_at} (sha256 `{p.sha256[:16]}`); the first run started {first}.", ""]
     if png_name:
         lines += [f"![latency and goodput by level]({png_name})", ""]
-    for lv in st["levels"]:
-        label = lv["label"]
+    for lv in st.levels:
+        label = lv.label
         lines += [f"### {label}", ""]
-        vt = verdict_table(data, label)
+        vt = verdict_table(r, label)
         if vt:
             lines += [*vt, ""]
-        tt = throughput_table(data, label)
+        tt = throughput_table(r, label)
         if len(tt) > 2:
-            lines += [*tt, "", *latency_table(data, label), ""]
-        it = interference_table(data, label)
+            lines += [*tt, "", *latency_table(r, label), ""]
+        it = interference_table(r, label)
         if it:
             lines += ["**Interference** (windows: each injected prompt's send to its first token; in / out: "
                       "background gaps overlapping a window, or requests sent inside one, against the rest).", "",
                       *it, ""]
-    lines += exactness_lines(data)
-    lines += client_lines([(f"Run {r['index']} ({r['variant']}) {lv['label']}", lv.get("client"))
-                           for r in data["runs"] for lv in r.get("levels") or []])
-    if data.get("predictions"):
-        lines += Predictions.from_dict(data["predictions"]).markdown() + [""]
-    lines += not_run_lines(data["not_run"])
+    lines += exactness_lines(r)
+    lines += client_lines([(f"Run {run.index} ({run.variant}) {lv.label}", lv.client)
+                           for run in r.runs for lv in run.levels or []])
+    if r.predictions:
+        lines += Predictions.from_dict(r.predictions.to_dict()).markdown() + [""]
+    lines += not_run_lines(r.not_run)
     return "\n".join(lines) + "\n"
 
 
-def summary_markdown(data: dict) -> str:
+def summary_markdown(data: Receipt | dict) -> str:
     """What the command prints: each level's goodput and TTFT p99 rows, and exactness."""
-    st = data["settings"]
+    r = as_receipt(data)
     lines = []
-    for lv in st["levels"]:
-        lines += [f"**{lv['label']}**", "", *throughput_table(data, lv["label"]), ""]
-    return "\n".join(lines + exactness_lines(data))
+    for lv in r.settings.levels:
+        lines += [f"**{lv.label}**", "", *throughput_table(r, lv.label), ""]
+    return "\n".join(lines + exactness_lines(r))

@@ -1,9 +1,11 @@
 """The long-prompt receipt's Markdown, from its JSON alone."""
 from __future__ import annotations
 
-from tensorfold_bench.analysis.figures import LongPromptFigures, frontier, long_prompt_summary, spec
+from tensorfold_bench.analysis.figures import LongPromptFigures, VariantSummary, frontier, long_prompt_summary, spec
 from tensorfold_bench.analysis.predictions import Predictions
-from tensorfold_bench.report.fmt import client_lines, environment_lines, not_run_lines, num, stats_table
+from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
+from tensorfold_bench.report.fmt import (client_lines, environment_lines, margin_pct, not_run_lines, num,
+                                         stats_table)
 
 
 def cell(figs: list[LongPromptFigures], key: str, med: float | None, digits: int | None = None) -> str:
@@ -15,9 +17,9 @@ def cell(figs: list[LongPromptFigures], key: str, med: float | None, digits: int
     return f"{' / '.join(vals)} → **{num(med, n)}{unit}**"
 
 
-def test_paragraph(data: dict) -> str:
-    s = data["settings"]["script"]
-    order = "/".join(data["settings"]["order"])
+def test_paragraph(r: Receipt) -> str:
+    s = r.settings.script  # the scenario's own settings
+    order = "/".join(r.settings.order)
     return (f"**The test.** Stream A is decoding a long reply (a {s['a_prompt_tokens']}-token prompt, ignore_eos). "
             f"{s['b_at']:g} s in, B sends a cold prompt of {s['b_tokens']:,} random token ids; "
             f"{s['c_after']:g} s later, C sends a {s['c_tokens']}-token prompt for a {s['c_max_tokens']}-token reply. "
@@ -26,7 +28,7 @@ def test_paragraph(data: dict) -> str:
             "while B fills (before: the same length of time just before B's send). "
             f"Runs in the order {order}; each cell lists every run, then the median of the valid ones "
             "(† marks an invalid run, left out). \"alone\": B's first token with nothing else running, once per variant"
-            + (alone_pace if any("a_record" in a for a in (data.get("alone") or {}).values()) else "."))
+            + (alone_pace if any(a.a_record is not None for a in (r.alone or {}).values()) else "."))
 
 
 alone_pace = ("; and A alone on the same server, for as many tokens: \"its pace alone\" is A's rate over the "
@@ -35,28 +37,30 @@ alone_pace = ("; and A alone on the same server, for as many tokens: \"its pace 
               "does not see.")
 
 
-def table(data: dict) -> list[str]:
-    """Per variant: each figure's runs and median; B against alone, A's rate during B against before."""
+def table(summary: dict[str, VariantSummary]) -> list[str]:
+    """Per variant (long_prompt_summary's): each figure's runs and median; B against alone, A's rate
+    during B against before."""
     rows = ["| variant | B first token | C first token | A longest pause | A during B (before), tok/s |",
             "|---|---|---|---|---|"]
-    for name, s in long_prompt_summary(data).items():
-        figs, med = s["figures"], s["median"]
+    for name, s in summary.items():
+        figs, med = s.figures, s.median
         b = cell(figs, "b_first_token", med["b_first_token"])
-        if s["x_alone"] is not None:
-            b += f" ({s['x_alone']:.1f}x alone: {num(s['alone'])} s)"
+        if s.x_alone is not None:
+            b += f" ({s.x_alone:.1f}x alone: {num(s.alone)} s)"
         during = cell(figs, "a_rate_during", med["a_rate_during"])
-        if s["during_pct"] is not None:
-            during += f" ({s['during_pct']:.0f} % of {num(med['a_rate_before'], 1)}"
-            during += f"; {s['pace_pct']:.0f} % of its pace alone)" if s["pace_pct"] is not None else ")"
+        if s.during_pct is not None:
+            during += f" ({s.during_pct:.0f} % of {num(med['a_rate_before'], 1)}"
+            during += f"; {s.pace_pct:.0f} % of its pace alone)" if s.pace_pct is not None else ")"
         rows.append(f"| {name} | {b} | {cell(figs, 'c_first_token', med['c_first_token'])} | "
                     f"{cell(figs, 'a_longest_pause', med['a_longest_pause'])} | {during} |")
     return rows
 
 
-def frontier_lines(data: dict, png_name: str | None = None) -> list[str]:
+def frontier_lines(data: Receipt | dict, png_name: str | None = None,
+                   summary: dict[str, VariantSummary] | None = None) -> list[str]:
     """The variants' trade of B's slowdown against A's kept rate, against plain time slicing; none
     when fewer than two variants have both figures."""
-    rows = frontier(data)
+    rows = frontier(data, summary)
     if not rows:
         return []
     out = ["**Frontier.** Each variant's trade, ordered by B's slowdown (its first token against alone). A kept: A "
@@ -78,117 +82,120 @@ def frontier_lines(data: dict, png_name: str | None = None) -> list[str]:
     return out + [""]
 
 
-def runs_table(data: dict) -> list[str]:
+def runs_table(r: Receipt) -> list[str]:
     rows = ["| run | variant | B first token | C first token | A longest pause | A during B | A before | "
             "late A / B / C (ms) | B cached | load | valid |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data["runs"]:
-        f = LongPromptFigures.from_dict(r["figures"])
+    for run in r.runs:
+        f = LongPromptFigures.from_dict(run.figures)
         late = " / ".join("-" if f.lateness.get(k) is None else f"{1000 * f.lateness[k]:.0f}" for k in "ABC")
-        b_usage = (r["records"]["B"].get("usage") if r.get("records") else None) or {}
+        b_usage = (run.records["B"].usage if run.records else None) or {}  # the server's own usage object
         cached = (b_usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         cached = "-" if cached is None else cached
-        if cached == "-" and (r.get("cold") or {}).get("by") == "fresh random prompt":
+        if cached == "-" and run.cold and run.cold.by == "fresh random prompt":
             cached = "- (fresh prompt)"
-        load = (r.get("server") or {}).get("load_before")
-        rows.append(f"| {r['index']} | {r['variant']} | {num(f.b_first_token)} s | {num(f.c_first_token)} s | "
+        load = run.server.load_before if run.server else None
+        rows.append(f"| {run.index} | {run.variant} | {num(f.b_first_token)} s | {num(f.c_first_token)} s | "
                     f"{num(f.a_longest_pause)} s | {num(f.a_rate_during, 1)} | {num(f.a_rate_before, 1)} | {late} | "
                     f"{cached} | {num(load, 1)} | "
                     f"{'yes' if f.valid else 'no: ' + '; '.join(f.invalid_reasons)} |")
     return rows
 
 
-def count_equal(data: dict, key: str) -> list[str]:
-    ex = (data.get("exactness") or {}).get(key) or {}
+def count_equal(r: Receipt, key: str) -> list[str]:
+    ex = (getattr(r.exactness, key) if r.exactness else None) or {}
     if not ex:
         return []
     per: dict[str, list[int]] = {}
     diffs = []
-    for r in data["runs"]:
-        cmp = ex.get(str(r["index"]))
+    for run in r.runs:
+        cmp = ex.get(str(run.index))
         if cmp is None:
             continue
-        k_n = per.setdefault(r["variant"], [0, 0, 0])
+        k_n = per.setdefault(run.variant, [0, 0, 0])
         for c in cmp:
             k_n[1] += 1
-            if c["equal"]:
+            if c.equal:
                 k_n[0] += 1
-            elif c["equal"] is None:
+            elif c.equal is None:
                 k_n[2] += 1
             else:
-                diffs.append(f"run {r['index']} {c['stream']}"
-                             + (f" (from token {c['diverge_at']})" if c.get("diverge_at") is not None else ""))
+                diffs.append(f"run {run.index} {c.stream}"
+                             + (f" (from token {c.diverge_at})" if c.diverge_at is not None else ""))
     parts = [f"{name} {k} of {n} equal" + (f" ({u} unknown)" if u else "") for name, (k, n, u) in per.items()]
     return ["; ".join(parts) + "." + (f" Differ: {', '.join(diffs)}." if diffs else "")]
 
 
-def exactness_lines(data: dict) -> list[str]:
-    ex = data.get("exactness") or {}
-    if ex.get("not_judged"):
-        return [f"- Not judged: {ex['not_judged']}."]
+def exactness_lines(r: Receipt) -> list[str]:
+    ex = r.exactness or Exactness()
+    if ex.not_judged:
+        return [f"- Not judged: {ex.not_judged}."]
     lines = []
-    refs = ex.get("refs") or {}
-    across = count_equal(data, "across_runs")
+    refs = ex.refs or {}
+    across = count_equal(r, "across_runs")
     if across and refs:
         lines.append(f"- Across runs (B and C against run {refs['BC']}; A against the longest A, run {refs['A']}, "
                      "on each A's own length), replies A, B and C per run: " + across[0])
-    vs_plain = count_equal(data, "vs_plain")
+    vs_plain = count_equal(r, "vs_plain")
     if vs_plain:
         lines.append("- Against the plain reference (each request alone, one stream, whole prompt, no prompt cache, "
                      "no drafts): " + vs_plain[0])
-    ss = ex.get("server_sha") or {}
-    if ss and not ss.get("match") and not ss.get("mismatch") and ss.get("absent"):
+    ss = ex.server_sha
+    if ss and not ss.match and not ss.mismatch and ss.absent:
         lines.append("- The server sends no token_sha: the hashes below are ours, of the ids received.")
     elif ss:
-        none = ss.get("none_from_runs")
+        none = ss.none_from_runs
         why = "A is cancelled, so it ends without one" + (
             f"; runs {', '.join(map(str, none))}: the server sends none" if none else "")
-        lines.append(f"- The servers' token_sha against our sha256 of the ids received: {ss.get('match', 0)} match, "
-                     f"{ss.get('mismatch', 0)} differ, {ss.get('absent', 0)} absent ({why}).")
-    hashes = ex.get("hashes") or {}
+        lines.append(f"- The servers' token_sha against our sha256 of the ids received: {ss.match or 0} match, "
+                     f"{ss.mismatch or 0} differ, {ss.absent or 0} absent ({why}).")
+    hashes = ex.hashes or {}  # run -> stream -> its reply's hash (and A's length)
     if hashes:
         distinct = {k: sorted({h[k] for h in hashes.values() if h.get(k)}) for k in "ABC"}
-        lines.append(f"- Hashes (sha256 of the comma-joined ids, first 12 hex; A over its first {ex.get('a_prefix')} "
+        lines.append(f"- Hashes (sha256 of the comma-joined ids, first 12 hex; A over its first {ex.a_prefix} "
                      "tokens, the shortest A): " + "; ".join(f"{k} {', '.join('`' + h + '`' for h in v) or '-'}"
                                                   for k, v in distinct.items()) + ".")
     lens = [h.get("A_tokens") for h in hashes.values() if h.get("A_tokens") is not None]
     lines.append("- A is cancelled, so its length varies" + (f" ({min(lens)} to {max(lens)} tokens)" if lens else "")
                  + ": each run's A is compared on its own length with the reference's prefix"
-                 + (" (the plain reference's A is generated as long as the longest A)." if data.get("plain") else "."))
+                 + (" (the plain reference's A is generated as long as the longest A)." if r.plain else "."))
     return lines
 
 
-def cold_lines(data: dict) -> list[str]:
+def cold_lines(r: Receipt) -> list[str]:
     """Which check held that each run's B was cold (receipts from before it: none)."""
     by: dict[str, list[str]] = {}
-    for r in data["runs"]:
-        c = r.get("cold")
+    for run in r.runs:
+        c = run.cold
         if c:
-            what = c["by"] if c["cached_tokens"] is None else f"the server's cached_tokens = {c['cached_tokens']}"
-            by.setdefault(what + ("" if c["held"] else " (NOT cold)"), []).append(str(r["index"]))
+            what = c.by if c.cached_tokens is None else f"the server's cached_tokens = {c.cached_tokens}"
+            by.setdefault(what + ("" if c.held else " (NOT cold)"), []).append(str(run.index))
     if not by:
         return []
     return ["B's cold prompt, checked by: " + "; ".join(f"{k} (run {', '.join(v)})" for k, v in by.items()) + ".", ""]
 
 
-def summary_markdown(data: dict) -> str:
+def summary_markdown(data: Receipt | dict) -> str:
     """What the command prints: the table and the exactness lines."""
-    return "\n".join(table(data) + ["", "**Exactness.**", *exactness_lines(data)])
+    r = as_receipt(data)
+    return "\n".join(table(long_prompt_summary(r)) + ["", "**Exactness.**", *exactness_lines(r)])
 
 
-def markdown(data: dict, png_name: str | None = None, frontier_png: str | None = None) -> str:
-    out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(data), "",
-           test_paragraph(data), "", *table(data), "", *frontier_lines(data, frontier_png),
+def markdown(data: Receipt | dict, png_name: str | None = None, frontier_png: str | None = None) -> str:
+    r = as_receipt(data)
+    summary = long_prompt_summary(r)  # once: the table and the frontier read it
+    out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(r), "",
+           test_paragraph(r), "", *table(summary), "", *frontier_lines(r, frontier_png, summary),
            "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "
-           "started):", "", *runs_table(data), "", *cold_lines(data),
-           *client_lines([(f"Run {r['index']} ({r['variant']})", r.get("client")) for r in data["runs"]]),
-           "**Exactness.**", *exactness_lines(data), ""]
+           "started):", "", *runs_table(r), "", *cold_lines(r),
+           *client_lines([(f"Run {run.index} ({run.variant})", run.client) for run in r.runs]),
+           "**Exactness.**", *exactness_lines(r), ""]
     if png_name:
         out += [f"![timeline: A's inter-token gaps, B and C marked]({png_name})", ""]
-    if data.get("stats"):  # receipts from before verdicts (no margin) have none
+    if r.stats:  # receipts from before verdicts (no margin) have none
         out += ["**Statistics.** Each run paired with its adjacent base runs; a verdict needs the paired 95 % "
-                f"interval beyond a {data['settings'].get('margin', 0.02) * 100:g} % margin (invalid runs left out).", "",
-                *stats_table(data["stats"], data["variants"][0]["name"], digits=2), ""]
-    if data.get("predictions"):
-        out += [*Predictions.from_dict(data["predictions"]).markdown(), ""]
-    out += not_run_lines(data.get("not_run") or [])
+                f"interval beyond a {margin_pct(r)} % margin (invalid runs left out).", "",
+                *stats_table(r.stats, r.variants[0].name, digits=2), ""]
+    if r.predictions:
+        out += [*Predictions.from_dict(r.predictions.to_dict()).markdown(), ""]
+    out += not_run_lines(r.not_run or [])
     return "\n".join(out) + "\n"

@@ -9,20 +9,24 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from tensorfold_bench.analysis import figures# noqa: E402
-from tensorfold_bench.analysis.figures import at, token_gaps  # noqa: E402
+from tensorfold_bench.analysis import figures  # noqa: E402
+from tensorfold_bench.analysis.figures import LongPromptFigures, at, token_gaps  # noqa: E402
+from tensorfold_bench.analysis.stats import FigureStats  # noqa: E402
+from tensorfold_bench.receipt import Receipt, Record, Run, as_receipt  # noqa: E402
 from tensorfold_bench.report.fmt import num  # noqa: E402
+from tensorfold_bench.report.script import script_of  # noqa: E402
 
 GAP_FLOOR = 0.005  # two tokens read together (one TCP read) have a gap of ~0: drawn here
 
 
-def representative(runs: list[dict]) -> dict | None:
+def representative(runs: list[Run]) -> Run | None:
     """The valid run whose B first token is the median (the lower middle of an even count)."""
-    ok = [r for r in runs if r["figures"]["valid"] and r["figures"]["b_first_token"] is not None] or runs
+    figs = [(LongPromptFigures.from_dict(r.figures), r) for r in runs]
+    ok = [(f, r) for f, r in figs if f.valid and f.b_first_token is not None] or figs
     if not ok:
         return None
-    ok = sorted(ok, key=lambda r: r["figures"]["b_first_token"] or 0.0)
-    return ok[(len(ok) - 1) // 2]
+    ok = sorted(ok, key=lambda fr: fr[0].b_first_token or 0.0)
+    return ok[(len(ok) - 1) // 2][1]
 
 
 def _axes(fig, n: int, has_trace: bool) -> tuple[list, list]:
@@ -40,10 +44,10 @@ def _axes(fig, n: int, has_trace: bool) -> tuple[list, list]:
     return axes, strips
 
 
-def _gaps_panel(ax, name: str, run: dict) -> None:
-    recs = run["records"]
-    t0 = recs["A"]["sent"]
-    gaps = token_gaps(recs["A"]["token_times"])
+def _gaps_panel(ax, name: str, run: Run) -> None:
+    recs = run.records
+    t0 = recs["A"].sent
+    gaps = token_gaps(recs["A"].token_times)
     gaps_x = [t - t0 for t, _ in gaps]
     gaps_y = [max(g, GAP_FLOOR) for _, g in gaps]
     ax.plot(gaps_x, gaps_y, ".", ms=2.5, color="0.25",
@@ -53,32 +57,32 @@ def _gaps_panel(ax, name: str, run: dict) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylabel("A gap (s)")
-    f = run["figures"]
+    f = LongPromptFigures.from_dict(run.figures)
     b, c = recs["B"], recs["C"]
-    marks = [(b["sent"], "tab:blue", "--", "B send"),
-             (b["token_times"][0] if b["token_times"] else None, "tab:blue", "-", "B first token"),
-             (c["sent"], "tab:orange", "--", "C send"),
-             (c["token_times"][0] if c["token_times"] else None, "tab:orange", "-", "C first token")]
+    marks = [(b.sent, "tab:blue", "--", "B send"),
+             (b.token_times[0] if b.token_times else None, "tab:blue", "-", "B first token"),
+             (c.sent, "tab:orange", "--", "C send"),
+             (c.token_times[0] if c.token_times else None, "tab:orange", "-", "C first token")]
     for t, col, ls, lab in marks:
         if t is not None:
             ax.axvline(t - t0, color=col, ls=ls, lw=1.2, label=lab)
-    if b["sent"] is not None and b["token_times"]:
-        ax.axvspan(b["sent"] - t0, b["token_times"][0] - t0, color="tab:blue", alpha=0.07)
+    if b.sent is not None and b.token_times:
+        ax.axvspan(b.sent - t0, b.token_times[0] - t0, color="tab:blue", alpha=0.07)
     s, r = (lambda v: f"{num(v, 2)} s"), (lambda v: f"{num(v, 1)} tok/s")
-    title = (f"{name} (run {run['index']}): B first token {s(f['b_first_token'])}, C {s(f['c_first_token'])}, "
-             f"A longest pause {s(f['a_longest_pause'])}, A {r(f['a_rate_during'])} during B "
-             f"({r(f['a_rate_before'])} before)")
-    ax.set_title(title + ("" if f["valid"] else "  [INVALID]"), fontsize=9, loc="left")
+    title = (f"{name} (run {run.index}): B first token {s(f.b_first_token)}, C {s(f.c_first_token)}, "
+             f"A longest pause {s(f.a_longest_pause)}, A {r(f.a_rate_during)} during B "
+             f"({r(f.a_rate_before)} before)")
+    ax.set_title(title + ("" if f.valid else "  [INVALID]"), fontsize=9, loc="left")
     ax.grid(True, which="major", alpha=0.3)
     ax.set_ylim(GAP_FLOOR * 0.8, max(gaps_y + [1.0]) * 2)
 
 
-def _trace_strip(sx, run: dict) -> None:
-    t0 = run["records"]["A"]["sent"]
-    steps = run.get("trace") or []
+def _trace_strip(sx, run: Run) -> None:
+    t0 = run.records["A"].sent
+    steps = run.trace or []
     # a mixed forward (the engine's --prefill-mode mixed) carries both: it shows on both strips
-    pre = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] in ("prefill", "mixed") and s["t"] + s["dur"] >= t0]
-    dec = [(s["t"] - t0, s["dur"]) for s in steps if s["kind"] != "prefill" and s["t"] + s["dur"] >= t0]
+    pre = [(s.t - t0, s.dur) for s in steps if s.kind in ("prefill", "mixed") and s.t + s.dur >= t0]
+    dec = [(s.t - t0, s.dur) for s in steps if s.kind != "prefill" and s.t + s.dur >= t0]
     sx.broken_barh(dec, (0, 1), color="0.6")
     sx.broken_barh(pre, (1.1, 1), color="tab:red")
     sx.set_yticks([0.5, 1.6], ["decode", "prompt"], fontsize=7)
@@ -88,18 +92,18 @@ def _trace_strip(sx, run: dict) -> None:
         sx.text(0.5, 0.5, "no trace", transform=sx.transAxes, ha="center", va="center", fontsize=7)
 
 
-def timeline(data: dict, path: Path) -> Path | None:
+def timeline(data: Receipt | dict, path: Path) -> Path | None:
     """Per variant (its representative run), A's inter-token gaps over time with B's and C's send
     and first token marked; under it, when the engine kept a trace, its prompt steps and decode
     rounds as a strip."""
-    panels = []
-    for v in data["variants"]:
-        rep = representative([r for r in data["runs"] if r["variant"] == v["name"] and r.get("records")])
+    rcpt, panels = as_receipt(data), []
+    for v in rcpt.variants:
+        rep = representative([r for r in rcpt.runs if r.variant == v.name and r.records])
         if rep is not None:
-            panels.append((v["name"], rep))
+            panels.append((v.name, rep))
     if not panels:
         return None
-    has_trace = any(r.get("trace") for _, r in panels)
+    has_trace = any(r.trace for _, r in panels)
     fig = plt.figure(figsize=(11, 3.1 * len(panels) + 0.4))
     axes, strips = _axes(fig, len(panels), has_trace)
     for k, (name, run) in enumerate(panels):
@@ -109,7 +113,7 @@ def timeline(data: dict, path: Path) -> Path | None:
                        bbox_to_anchor=(0.5, 0.955))
         if has_trace:
             _trace_strip(strips[k], run)
-    end = max((r["records"]["A"]["ended"] or 0) - r["records"]["A"]["sent"] for _, r in panels)
+    end = max((r.records["A"].ended or 0) - r.records["A"].sent for _, r in panels)
     last = strips[-1] if strips else axes[-1]
     last.set_xlim(0, end * 1.02 if end > 0 else None)
     for a in axes + strips:
@@ -123,7 +127,7 @@ def timeline(data: dict, path: Path) -> Path | None:
     return path
 
 
-def frontier(data: dict, path: Path) -> Path | None:
+def frontier(data: Receipt | dict, path: Path) -> Path | None:
     """B's slowdown against A's kept rate, a labelled marker per variant (figures.frontier), the
     stepped (share), mixed and split variants each joined in order of slowdown, and the line 1 - 1/x that
     alternating whole steps sits on, dashed; the targets (figures.FRONTIER_TARGETS) as stars at the
@@ -175,21 +179,23 @@ def frontier(data: dict, path: Path) -> Path | None:
     return path
 
 
-def sweep(data: dict, path: Path) -> Path | None:
+def sweep(data: Receipt | dict, path: Path) -> Path | None:
     """Aggregate tok/s against streams: each run a dot, each variant's medians a line."""
-    levels = data["settings"]["script"]["levels"]
-    if not any(m is not None for lv in levels for m in data["stats"][at("tok_s", lv)]["medians"].values()):
+    r = as_receipt(data)
+    levels = r.settings.script["levels"]
+    stats = {lv: FigureStats.from_dict(r.stats[at("tok_s", lv)]) for lv in levels}
+    if not any(m is not None for lv in levels for m in stats[lv].medians.values()):
         return None  # every run failed: nothing to draw
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
-    for k, v in enumerate(data["variants"]):
-        name = v["name"]
-        med = [data["stats"][at("tok_s", lv)]["medians"].get(name) for lv in levels]
+    for k, v in enumerate(r.variants):
+        name = v.name
+        med = [stats[lv].medians.get(name) for lv in levels]
         if all(m is None for m in med):
             continue
         color = f"C{k}"
         ax.plot(levels, [m if m is not None else float("nan") for m in med], "-", color=color, label=name)
         for lv in levels:
-            ys = data["stats"][at("tok_s", lv)]["runs"].get(name, [])
+            ys = stats[lv].runs.get(name, [])
             ax.plot([lv * (1 + 0.03 * (k - 0.5))] * len(ys), ys, "o", color=color, alpha=0.6, ms=4)
     ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [str(lv) for lv in levels])
@@ -204,73 +210,73 @@ def sweep(data: dict, path: Path) -> Path | None:
     return path
 
 
-def _script_run(runs: list[dict], key: str | None) -> dict | None:
+def _script_run(runs: list[Run], key: str | None) -> Run | None:
     """The valid run whose first figure is the median (the lower middle), else the first run."""
-    ok = [r for r in runs if r["figures"]["valid"] and key and r["figures"]["values"].get(key) is not None]
+    ok = [r for r in runs if r.figures["valid"] and key and r.figures["values"].get(key) is not None]
     if not ok:
         return runs[0] if runs else None
-    ok = sorted(ok, key=lambda r: r["figures"]["values"][key])
+    ok = sorted(ok, key=lambda r: r.figures["values"][key])
     return ok[(len(ok) - 1) // 2]
 
 
-def _event_t(rec: dict, kind: str) -> float | None:
+def _event_t(rec: Record, kind: str) -> float | None:
     if kind == "sent":
-        return rec["sent"]
+        return rec.sent
     if kind == "first_token":
-        return rec["token_times"][0] if rec["token_times"] else None
+        return rec.token_times[0] if rec.token_times else None
     if kind == "cancelled":
-        return rec["ended"] if rec["cancelled"] else None
-    return rec["ended"] if rec["ended"] is not None and not rec["cancelled"] and not rec["error"] else None
+        return rec.ended if rec.cancelled else None
+    return rec.ended if rec.ended is not None and not rec.cancelled and not rec.error else None
 
 
-def script(data: dict, path: Path) -> Path | None:
+def script(data: Receipt | dict, path: Path) -> Path | None:
     """Per variant (its representative run), every stream as a lane over time: from its send to
     its end, a tick per token, its first token and its cancel marked; each window figure's
     window shaded on its stream's lane."""
-    keys = data["settings"].get("figure_keys") or []
+    rcpt = as_receipt(data)
+    keys, sc = rcpt.settings.figure_keys or [], script_of(rcpt)
     panels = []
-    for v in data["variants"]:
-        rep = _script_run([r for r in data["runs"] if r["variant"] == v["name"] and r.get("records")],
-                          keys[0] if keys else None)
+    for v in rcpt.variants:
+        rep = _script_run([r for r in rcpt.runs if r.variant == v.name and r.records], keys[0] if keys else None)
         if rep is not None:
-            panels.append((v["name"], rep))
+            panels.append((v.name, rep))
     if not panels:
         return None
-    names = [s["name"] for s in data["settings"]["script"]["streams"]]
+    names = [s.name for s in sc.streams]
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 0.45 * len(names) * len(panels) + 1.2 * len(panels) + 0.4),
                              squeeze=False, sharex=True)
     for ax, (name, run) in zip(axes[:, 0], panels):
-        recs, t0 = run["records"], run["t0"]
+        recs, t0 = run.records, run.t0
         for y, n in enumerate(names):
             r = recs[n]
-            if r["sent"] is None:
+            if r.sent is None:
                 ax.text(0, y, "  not sent", va="center", fontsize=7, color="0.4")
                 continue
-            end = r["ended"] if r["ended"] is not None else (r["token_times"][-1] if r["token_times"] else r["sent"])
-            ax.broken_barh([(r["sent"] - t0, max(end - r["sent"], 1e-3))], (y - 0.3, 0.6), color="0.9")
-            if r["token_times"]:
-                ax.plot([t - t0 for t in r["token_times"]], [y] * len(r["token_times"]), "|", ms=7, color="0.3",
+            end = r.ended if r.ended is not None else (r.token_times[-1] if r.token_times else r.sent)
+            ax.broken_barh([(r.sent - t0, max(end - r.sent, 1e-3))], (y - 0.3, 0.6), color="0.9")
+            if r.token_times:
+                ax.plot([t - t0 for t in r.token_times], [y] * len(r.token_times), "|", ms=7, color="0.3",
                         mew=0.6)
-                ax.plot([r["token_times"][0] - t0], [y], "o", ms=4, color="tab:blue")
-            if r["cancelled"]:
+                ax.plot([r.token_times[0] - t0], [y], "o", ms=4, color="tab:blue")
+            if r.cancelled:
                 ax.plot([end - t0], [y], "x", ms=6, color="tab:red")
-        for f in data["settings"]["script"]["figures"]:
-            if not f["window"]:
+        for f in sc.figures:
+            if not f.window:
                 continue
             ts = []
-            for p in f["window"]:
-                t = t0 if p["event"] is None else _event_t(recs[p["event"]["stream"]], p["event"]["kind"])
-                ts.append(None if t is None else t + p["plus"] - t0)
+            for p in f.window:
+                t = t0 if p.event is None else _event_t(recs[p.event.stream], p.event.kind)
+                ts.append(None if t is None else t + p.plus - t0)
             if None not in ts:
-                y = names.index(f["stream"])
+                y = names.index(f.stream)
                 ax.broken_barh([(ts[0], ts[1] - ts[0])], (y - 0.45, 0.9), color="tab:orange", alpha=0.15)
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.set_ylim(len(names) - 0.5, -0.5)
         ax.grid(True, axis="x", alpha=0.3)
-        ax.set_title(f"{name} (run {run['index']})" + ("" if run["figures"]["valid"] else "  [INVALID]"), fontsize=9,
+        ax.set_title(f"{name} (run {run.index})" + ("" if run.figures["valid"] else "  [INVALID]"), fontsize=9,
                      loc="left")
     axes[-1, 0].set_xlabel("seconds since the run's start")
-    fig.suptitle(f"script {data['settings']['script']['name']}: each stream from its send to its end; ticks: tokens, "
+    fig.suptitle(f"script {sc.name}: each stream from its send to its end; ticks: tokens, "
                  "dot: first token, x: cancelled; shaded: a figure's window", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -278,19 +284,20 @@ def script(data: dict, path: Path) -> Path | None:
     return path
 
 
-def load(data: dict, path: Path) -> Path | None:
+def load(data: Receipt | dict, path: Path) -> Path | None:
     """tfbench load: latency percentiles (TTFT p50 and p99, TPOT p99, from each variant's medians)
     against the level, and goodput (or output tok/s without an SLO) against the level."""
-    levels = data["settings"]["levels"]
+    r = as_receipt(data)
+    levels = r.settings.levels
     if len(levels) < 2:
         return None  # one level (a trace, one rate) is a point, not a curve: the tables say it all
-    xs = [float(lv["value"]) if isinstance(lv["value"], (int, float)) else float(i) for i, lv in enumerate(levels)]
-    stats_ = data.get("stats") or {}
+    xs = [float(lv.value) if isinstance(lv.value, (int, float)) else float(i) for i, lv in enumerate(levels)]
+    stats_ = r.stats or {}
 
     def series(fam: str, name: str) -> list[float]:
-        return [(stats_.get(f"{fam}@{lv['label']}") or {}).get("medians", {}).get(name) for lv in levels]
+        return [(stats_.get(f"{fam}@{lv.label}") or {}).get("medians", {}).get(name) for lv in levels]
 
-    names = [v["name"] for v in data["variants"]]
+    names = [v.name for v in r.variants]
     if not any(m is not None for n in names for m in series("ttft_p99", n)):
         return None  # no valid run: nothing to draw
     good = "goodput" if any(v is not None for n in names for v in series("goodput", n)) else "out_tok_s"
@@ -305,13 +312,13 @@ def load(data: dict, path: Path) -> Path | None:
         ys = series(good, name)
         gx.plot(xs, [y if y is not None else float("nan") for y in ys], "-", marker="o", ms=4, color=color, label=name)
         for lv, x in zip(levels, xs):  # each run a dot
-            runs = (stats_.get(f"{good}@{lv['label']}") or {}).get("runs", {}).get(name, [])
+            runs = (stats_.get(f"{good}@{lv.label}") or {}).get("runs", {}).get(name, [])
             gx.plot([x] * len(runs), runs, ".", color=color, alpha=0.5)
-    kind = levels[0]["kind"] if levels else "rate"
+    kind = levels[0].kind if levels else "rate"
     xlabel = {"rate": "offered load (requests/s)", "concurrency": "concurrent requests"}.get(kind, "level")
     if kind == "trace":
         for a in (ax, gx):
-            a.set_xticks(xs, [lv["label"] for lv in levels])
+            a.set_xticks(xs, [lv.label for lv in levels])
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("ms")

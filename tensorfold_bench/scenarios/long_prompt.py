@@ -216,7 +216,7 @@ def play_alone_pair(run: Run, s: LongPromptScript, vocab: int, traced: bool, a_p
     rec = asyncio.run(play_alone(run.url, req, run.model))
     tr = fetch_trace(run.url) if traced else None
     out = {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
-           "b_first_token": figures.b_alone(rec.to_dict()),
+           "b_first_token": figures.first_token_latency(rec),
            "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
     if a_tokens > 0:
         wait_idle(run.url)
@@ -301,7 +301,7 @@ class LongPrompt(driver.Scenario):
                                  vocab_size=sim.vocab, trace=True)
             rec = alone.records["B"]
             out = {"record": rec.to_dict(), "run": run.index, "idle": None, "error": rec.error,
-                   "b_first_token": figures.b_alone(rec.to_dict()), "trace": alone.trace}
+                   "b_first_token": figures.first_token_latency(rec), "trace": alone.trace}
             a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
             if a_tokens > 0:
                 a = play_virtual([SimRequest("A", prompts.a, a_tokens)], sim.cfg, sim.costs, sim.caps,

@@ -213,6 +213,32 @@ class Script:
         del d["text"]
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict, text: str = "") -> "Script":
+        """to_dict's inverse (a receipt keeps the script's text beside it, as `text`)."""
+        return cls(name=d["name"], streams=tuple(_stream_of(x) for x in d["streams"]),
+                   figures=tuple(_figure_of(x) for x in d["figures"]), seed=d["seed"], timeout_s=d["timeout_s"],
+                   path=d["path"], text=text, sha256=d["sha256"])
+
+
+def _event_of(d: dict | None) -> Event | None:
+    return None if d is None else Event(d["stream"], d["kind"])
+
+
+def _point_of(d: dict) -> Point:
+    return Point(_event_of(d["event"]), d["plus"])
+
+
+def _stream_of(d: dict) -> Stream:
+    return Stream(**{**d, "at": _point_of(d["at"]), "prompt": Prompt(**d["prompt"]),
+                     "until": tuple(_event_of(e) for e in d["until"]),
+                     "cancel": None if d["cancel"] is None else Cancel(**d["cancel"]),
+                     "expect": tuple(Expect(**e) for e in d["expect"])})
+
+
+def _figure_of(d: dict) -> Figure:
+    return Figure(**{**d, "window": None if d["window"] is None else tuple(_point_of(p) for p in d["window"])})
+
 
 # ---- reading -------------------------------------------------------------------------------
 
