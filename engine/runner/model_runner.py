@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from engine.config import SHORT_ROWS, ConfigError, EngineConfig, ModelConfig
+from engine.config import SHORT_ROWS, EngineConfig, ModelConfig
 from engine.cpu.cut_attention import tile_for
 from engine.runner.kv_cache import KVCache
 from engine.scheduler.backend import Capabilities
