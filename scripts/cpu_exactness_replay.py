@@ -9,14 +9,14 @@ Engine 9799600 (the receipt's): --parallel 1 equals the reference; --parallel 4 
 267 with 235, run 3's token (its logits differ from the first round, by up to 2e-6), so B's cuts
 played no part: runs 1, 2 and 4 ended before token 267. Engine 1ce9b89 (8-row tiles): --parallel
 1 and 4 give the same bits, both part from the old reference at token 267 with 235: the reference
-itself came from 1-row rounds, whose MKL kernel rounds differently (tests/test_cpu_exactness.py).
+itself came from 1-row rounds, whose MKL kernel rounds differently (tests/engine/test_cpu_exactness.py).
 """
 from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.scheduler.sampling import SamplingParams
 from tensorfold_bench import report
 from tensorfold_bench.client.sampling import request_seed

@@ -51,21 +51,6 @@ def pytest_pyfunc_call(pyfuncitem):
     return True
 
 
-@pytest.fixture
-def interpret():
-    """Run a code string in a fresh interpreter with TRITON_INTERPRET=1 (Triton kernels on the
-    CPU; the variable must be set before triton is imported); it must print "ok". Older tests'
-    form: new ones are ordinary functions marked `interpreted` (pytest_pyfunc_call above says why
-    those still run in a process of their own)."""
-    pytest.importorskip("triton", reason="the Triton kernels: triton is not installed (the engine extra brings it on Linux x86_64 and aarch64)")
-    def run(code: str) -> None:
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
-                             env={**os.environ, **INTERPRET_ENV},
-                             cwd=str(pathlib.Path(__file__).resolve().parents[1]))
-        assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
-    return run
-
-
 @pytest.fixture(scope="module")
 def c_kernel():
     """The CPU round's C library (engine/cpu/decode_attention.py: the decode attention, engine/cpu/elem.c);

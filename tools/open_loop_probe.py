@@ -1,9 +1,10 @@
 """The client's open loop held against the synthetic server's own log: at each rate and number
-of client processes, what the server received (its reads: rate, the gaps' CV and Kolmogorov-
-Smirnov distance to the exponential), the first token as measured against the truth (the
-server's first send minus its read), the send lateness and the self-check's verdict.
+of client processes (a number, or auto: `tfbench load`'s rule), what the server received (its
+reads: rate, the gaps' CV and Kolmogorov-Smirnov distance to the exponential), the first token as
+measured against the truth (the server's first send minus its read), the send lateness and the
+self-check's verdict.
 
-    python -m tools.open_loop_probe --rates 1000,2000,4000 --procs 1,2 [--duration 6]
+    python -m tools.open_loop_probe --rates 1000,2000,4000 --procs 1,2,auto [--duration 6]
         [--first-ms 5 --every-ms 2] [--input-len 32 --output-len 16] [--out FILE]
 """
 from __future__ import annotations
@@ -19,18 +20,21 @@ from scipy import stats
 
 from tensorfold_bench.analysis import load as load_figures
 from tensorfold_bench.calibrate import synthetic
-from tensorfold_bench.calibrate.client_error import synthetic_server
 from tensorfold_bench.client import player, selfcheck, workers
-from tensorfold_bench.scenarios import load
+from tensorfold_bench.scenarios import capacity, load
 from tensorfold_bench.workload import spec as spec_mod
 from tools.results import write_results
 
 
-def one(url: str, rate: float, procs: int, a) -> dict:
+def one(url: str, rate: float, procs: int | str, a) -> dict:
+    """One open loop at `rate` over `procs` processes (or "auto"); `a`: duration, input_len and
+    output_len. The server's log (`url`: the synthetic server) is reset first."""
     spec = spec_mod.from_flags(rates=[rate], duration=a.duration, input_len=str(a.input_len),
                                output_len=str(a.output_len), seed=0)
     (level,) = spec.levels
     wl = spec.build(level, synthetic.VOCAB)
+    chosen = load.auto_procs(wl.items) if procs == "auto" else workers.Procs(int(procs), "--procs")
+    procs = chosen.procs
     httpx.post(url + "/v1/synthetic/reset")
     load_before = os.getloadavg()[0]
 
@@ -50,7 +54,8 @@ def one(url: str, rate: float, procs: int, a) -> dict:
     gaps = np.diff(reads)
     truth = np.asarray([s["sends"][0] - s["read"] for s in log["streams"] if s["sends"]]) * 1000
     span = reads[-1] - reads[0]
-    return {"rate": rate, "procs": procs, "requests": len(played), "received_per_s": round((len(reads) - 1) / span, 1),
+    return {"rate": rate, "procs": procs, "procs_why": chosen.text(), "requests": len(played),
+            "received_per_s": round((len(reads) - 1) / span, 1),
             "server_cv": round(float(gaps.std() / gaps.mean()), 3),
             "server_ks": round(float(stats.kstest(gaps * rate, "expon").statistic), 4),
             "ttft_p50": f["latency"]["ttft"]["p50"], "ttft_p99": f["latency"]["ttft"]["p99"],
@@ -73,12 +78,12 @@ def main() -> None:
     a = p.parse_args()
     t0 = time.perf_counter()
     rows = []
-    with synthetic_server(synthetic.Schedule(a.first_ms, a.every_ms, stall_every=0)) as srv:
+    with capacity.synthetic_server(a.first_ms, a.every_ms) as srv:
         for rate in [float(r) for r in a.rates.split(",")]:
-            for procs in [int(n) for n in a.procs.split(",")]:
+            for procs in [n.strip() for n in a.procs.split(",")]:
                 r = one(srv.url, rate, procs, a)
                 rows.append(r)
-                print(f"rate {rate:g}/s, {procs} proc: received {r['received_per_s']:g}/s, server gaps CV "
+                print(f"rate {rate:g}/s, {r['procs_why']}: received {r['received_per_s']:g}/s, server gaps CV "
                       f"{r['server_cv']:.2f} KS {r['server_ks']:.3f}; TTFT p50/p99 {r['ttft_p50']:.2f}/{r['ttft_p99']:.2f}"
                       f" (truth {r['truth_p50']:.2f}/{r['truth_p99']:.2f}); late p99 {r['late_p99_ms']:.2f} ms; "
                       f"send KS {r['send_ks']}; loop busy {r['loop_busy']}; "

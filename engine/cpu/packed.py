@@ -142,7 +142,7 @@ class PackedLinears:
         row counts (1 and 4 rows parted at token 22 of 64), as do float32's (MKL: one kernel for 1
         to 3 rows, another for 4 or more; a sampled reply parted at token 267), so every round
         multiplies tiles of one shape and a row's bits do not depend on --parallel: the plain
-        reference (1 lane) equals any server (tests/test_cpu_exactness.py). The wide kernel's
+        reference (1 lane) equals any server (tests/engine/test_cpu_exactness.py). The wide kernel's
         rows are each their own at any count: it multiplies only `live` (the others zero)."""
         if self.wide is not None:
             return self.wide(x, self.packed[key], live)

@@ -3,7 +3,7 @@
 // with engine.cpu.packed.decode_attention_buckets), so the same kernels run and every bit of the
 // logits is the same; only the ~700 Python-side calls a round go, and the GIL is released for the
 // whole round, so the HTTP thread runs beside it. Mirror any change to those two functions here
-// (tests/test_cpu_round.py compares the two paths bit for bit).
+// (tests/engine/test_cpu_round.py compares the two paths bit for bit).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -15,7 +15,7 @@ where its kernel does not split K: `adopt_buckets` checks that bitwise for a mod
 start-up (on the H200 every multiple of 128 from 384 to 2,048 passed) and returns the Buckets the
 runner keeps; a shape in them runs cuBLAS at the smallest checked count >= M (ModelRunner.prefill_many
 pads the forward's rows once, `Buckets.padded_rows`), in chunks of the largest.
-Runs under TRITON_INTERPRET=1 on the CPU (tests/test_prefill_many.py, tests/test_batch_buckets.py).
+Runs under TRITON_INTERPRET=1 on the CPU (tests/engine/test_prefill_many.py, tests/engine/test_batch_buckets.py).
 """
 from __future__ import annotations
 

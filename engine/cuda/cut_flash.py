@@ -27,7 +27,7 @@ The cut's start, row count and lane are read from the device (`cut_attention_at`
 compiled kernel serves every cut and a CUDA graph can carry it; `cut_attention` writes them there
 for an eager call. GQA: query head h reads KV head h // (H / KVH). The cache layout is the one
 `prefill.cut_attention` reads: k, v [L, KVH, d] views of one lane and layer.
-Under TRITON_INTERPRET=1 it runs on the CPU (tests/test_cut_flash.py).
+Under TRITON_INTERPRET=1 it runs on the CPU (tests/engine/test_cut_flash.py).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ once. One program serves all query heads of one KV head (GQA).
 The split's key walk is engine/cuda/walk.py; the merge of a row's splits, folded into the split
 kernel or in the combine kernel, engine/cuda/merge.py.
 
-Runs under TRITON_INTERPRET=1 on the CPU too (tests/test_runner.py checks it against the loop).
+Runs under TRITON_INTERPRET=1 on the CPU too (tests/engine/test_runner.py checks it against the loop).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@
 Each row is computed by its own program from its own data only, so these are row-invariant.
 Arithmetic in float32, rounded once to the model dtype (HF rounds a few more times in between;
 the difference is rounding-level and checked against a float32 reference on the device).
-Runs under TRITON_INTERPRET=1 on the CPU (tests/test_runner.py).
+Runs under TRITON_INTERPRET=1 on the CPU (tests/engine/test_runner.py).
 """
 from __future__ import annotations
 

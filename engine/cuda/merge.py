@@ -1,7 +1,7 @@
 """Split partials of the decode attention (engine/cuda/decode_attention.py) merged by their log-sum-exp, split 0,
 1, 2, ... in order: inside the split kernel by each (row, KV head)'s last-arriving program
 (`fold_tail`, LaunchMode.fold_combine), or by the combine kernel a (row, head) at a time (`merge_split`). The
-same operations in the same order either way, so both give the same bits (tests/test_kernels_fold.py).
+same operations in the same order either way, so both give the same bits (tests/engine/test_kernels_fold.py).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ float32 chain a K range (then the ranges summed in order), as engine/cuda/skinny
 with the same config's split_k, and the gated form rounds as its gated kernel does. Whether the
 tensor cores' wgmma and mma.sync round the same is the device's to say (tools/ring_probe.py).
 
-Not interpretable (Gluon); tests/test_kernels_ring.py compiles it for sm_90 on the CPU and checks the
+Not interpretable (Gluon); tests/engine/test_kernels_ring.py compiles it for sm_90 on the CPU and checks the
 PTX (staged copies before the wait, x after it, wgmma, no spills), and the host-side choices.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ Shapes are taken only where they were measured faster than cuBLAS (the device's 
 goes to F.linear, and so does every shape on a device no tables were measured on. Folding silu*up
 into the down projection's load was tried and measured 6x slower than silu_mul + cuBLAS on the
 H200, so it is not here.
-Runs under TRITON_INTERPRET=1 on the CPU (tests/test_skinny.py).
+Runs under TRITON_INTERPRET=1 on the CPU (tests/engine/test_skinny.py).
 """
 from __future__ import annotations
 

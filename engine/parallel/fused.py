@@ -27,7 +27,7 @@ touching memory), and that kernel is the only reader of A's buffer k % 2 for sum
 what it needs before A writes there again. Symmetric for B. With ONE buffer, A's product k + 1
 could overwrite p_A while B's sum-k programs are still reading it (nothing orders them).
 
-Runs under TRITON_INTERPRET=1 without the barrier (tests/test_tensor_parallel_fused.py).
+Runs under TRITON_INTERPRET=1 without the barrier (tests/engine/test_tensor_parallel_fused.py).
 """
 from __future__ import annotations
 

@@ -41,6 +41,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.scheduler.backend import Capabilities
 from engine.scheduler.forward_cost import solve
 
 SCHEMA = "tfbench.profile/1"
@@ -309,6 +310,23 @@ class Costs:
 
     def has(self, kind: str) -> bool:
         return bool(self.profile.samples.get(kind))
+
+    def capabilities(self, mode: str) -> Capabilities:
+        """What the profiled runner of this prefill mode declared (`engine.runners[].capabilities`:
+        the cut sizes its graphs take, whether its cuts are free, ...), so the simulated backend offers
+        the host what the real one did. A profile without declarations (fitted from receipt traces)
+        gets what its samples show: short prompts together where prefill_many was measured, rounds
+        ahead where decode_ahead was, free cuts in mixed mode."""
+        runners = [r for r in self.profile.engine.get("runners") or [] if isinstance(r.get("capabilities"), dict)]
+        declared = [r["capabilities"] for r in runners if r.get("prefill_mode") == mode] or \
+                   [r["capabilities"] for r in runners if r.get("prefill_mode") == "stepped"]
+        if declared:
+            d = {k: v for k, v in declared[0].items() if k in Capabilities.__dataclass_fields__}
+            if d.get("cut_sizes") is not None:
+                d["cut_sizes"] = tuple(d["cut_sizes"])
+            return Capabilities(**d)
+        return Capabilities(batch_cuts=self.has("prefill_many"), runs_ahead=self.has("decode_ahead"),
+                            mixed=mode == "mixed", cut_free=mode == "mixed", split=mode == "split")
 
     def _rows(self, kind: str) -> list:
         rows = self.profile.samples.get(kind) or []

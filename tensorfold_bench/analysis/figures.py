@@ -298,6 +298,17 @@ def long_prompt_summary(data: dict) -> dict[str, dict]:
     return out
 
 
+# The trade the engine's scheduler aims past on the long-prompt test: A keeps at least 45 % of its
+# rate with B at most 1.25x alone, and at least 75 % with B at most 1.7x (slowdown, kept %).
+FRONTIER_TARGETS = ((1.25, 45.0), (1.7, 75.0))
+
+
+def targets_met(rows: list[dict], targets=FRONTIER_TARGETS) -> list[tuple[float, float, list[str]]]:
+    """Each target (B's slowdown at most, A kept at least) with the frontier's variants that meet it."""
+    return [(x, kept, [r["variant"] for r in rows if r["slowdown"] <= x and r["kept"] >= kept])
+            for x, kept in targets]
+
+
 def frontier(data: dict) -> list[dict]:
     """Each variant's trade, ordered by B's slowdown (its median first token over alone, `x_alone`):
     A's kept rate (during B over before, in percent), its distance in points above the line

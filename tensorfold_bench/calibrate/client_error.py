@@ -22,12 +22,8 @@ token p50 within 5 ms.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -36,8 +32,8 @@ from tensorfold_bench.calibrate import synthetic
 from tensorfold_bench.client import selfcheck, workers
 from tensorfold_bench.client.stream import CLIENT_KINDS, StreamClient, StreamRecord
 from tensorfold_bench.errors import FlagError
+from tensorfold_bench.scenarios import capacity
 from tensorfold_bench.scenarios.sweep import burst_requests, parse_levels, play_burst
-from tensorfold_bench.servers.launcher import launch
 from tensorfold_bench.workload.ids import prompt_ids
 
 ITL_BOUND_MS = 1.0
@@ -135,7 +131,7 @@ async def play_client(url: str, spec: str, settings: CalibrateSettings, progress
                 recs, watch = await pool.burst(url, burst_requests(prompts, settings.tokens), synthetic.MODEL, 600)
                 peak = workers.peak_open(recs)
             else:
-                async with selfcheck.Watch(lambda: client.open.now > 0) as watch:
+                async with selfcheck.Watch.over(client.open) as watch:
                     burst = await play_burst(client, url, prompts, settings.tokens, synthetic.MODEL, timeout_s=600)
                 recs, peak = burst.records, burst.peak_open
             log = (await asyncio.to_thread(httpx.get, url + "/v1/synthetic", timeout=60)).json()
@@ -164,14 +160,9 @@ def run(settings: CalibrateSettings, progress=lambda text: None) -> dict:
             "cpus": os.cpu_count(), "rows": rows}
 
 
-@contextlib.contextmanager
 def synthetic_server(sc: synthetic.Schedule):
-    """The synthetic server in a process of its own, on a free port, stopped on exit."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "tensorfold_bench.calibrate.synthetic", "--port", "{port}", "--first-ms", str(sc.first_ms),
-               "--every-ms", str(sc.every_ms), "--stall-every", str(sc.stall_every), "--stall-ms", str(sc.stall_ms)]
-        with launch(command=cmd, log=Path(tmp) / "synthetic.log", health="/health") as srv:
-            yield srv
+    """The synthetic server on `sc`'s schedule, in a process of its own, stopped on exit."""
+    return capacity.synthetic_server(sc.first_ms, sc.every_ms, sc.stall_every, sc.stall_ms)
 
 
 def _n(v, d=1) -> str:

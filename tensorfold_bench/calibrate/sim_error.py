@@ -8,6 +8,8 @@ and the harness's own long-prompt figures (tensorfold_bench.analysis.figures.lon
 both. So no run is predicted from its own trace.
 
     python -m tensorfold_bench.calibrate.sim_error [RECEIPT.json.gz ...]    (default: every long-prompt receipt)
+    python -m tensorfold_bench.calibrate.sim_error --profile PROFILE.json RECEIPT.json.gz ...
+        (each run's twin on a profile measured once, as the simulator is meant to run)
 
 Every twin plays today's scheduler code (engine/scheduler): a receipt of an older engine commit ran
 that commit's scheduler, so its error includes any change of schedule since. Every figure on the
@@ -67,7 +69,13 @@ def engine_config(d: dict) -> EngineConfig:
 
 
 def capabilities(cfg: EngineConfig, eng: dict) -> Capabilities:
-    """What the run's runner declared, read back from the engine description the receipt keeps."""
+    """What the run's runner declared: its `capabilities` where the engine description the receipt
+    keeps has them, else read back from that description's words (engines that did not list them)."""
+    if isinstance(eng.get("capabilities"), dict):
+        d = {k: v for k, v in eng["capabilities"].items() if k in Capabilities.__dataclass_fields__}
+        if d.get("cut_sizes") is not None:
+            d["cut_sizes"] = tuple(d["cut_sizes"])
+        return Capabilities(**d)
     mixed_text = str(eng.get("cuda_mixed") or eng.get("cpu_mixed") or "")
     granule = re.search(r"multiples of (\d+)", mixed_text)
     sizes = re.search(r"graphs at cuts of ([\d, ]+) rows", mixed_text)
@@ -167,6 +175,21 @@ def one_tree(commit: str) -> bool:
     return bool(commit) and commit != "None" and "dirty" not in commit and not commit.startswith("HEAD")
 
 
+def simulated(r: RealRun, costs: Costs) -> Row:
+    """One run against its twin on `costs`."""
+    real = values(r.figures)
+    try:
+        recs = twin(r, costs)
+    except (ProfileError, SimError) as exc:
+        return Row(r, real, {}, str(exc))
+    return Row(r, real, values(figures.long_prompt(recs["A"], recs["B"], recs["C"]).to_dict()))
+
+
+def check_on(runs: list[RealRun], costs: Costs) -> list[Row]:
+    """Each run against its twin on one measured profile (the profile taken once, the runs after)."""
+    return [simulated(r, costs) for r in runs]
+
+
 def check(runs: list[RealRun]) -> list[Row]:
     """Each run against its twin on a profile fitted from the rest of its group."""
     groups: dict[tuple, list[RealRun]] = {}
@@ -192,13 +215,7 @@ def check(runs: list[RealRun]) -> list[Row]:
             if not traced:
                 rows.append(Row(r, real, {}, "no other run of its card and commit to fit from"))
                 continue
-            try:
-                recs = twin(r, Costs(profile))
-                sim = values(figures.long_prompt(recs["A"], recs["B"], recs["C"]).to_dict())
-            except (ProfileError, SimError) as exc:
-                rows.append(Row(r, real, {}, str(exc)))
-                continue
-            rows.append(Row(r, real, sim))
+            rows.append(simulated(r, Costs(profile)))
     return rows
 
 
@@ -298,7 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-profile", metavar="FILE", default=None,
                     help="instead: fit one profile from every run of the receipts given (one card, model and "
                          "commit) and write it")
+    ap.add_argument("--profile", metavar="FILE", default=None,
+                    help="play every run's twin on this measured profile (tfengine profile) instead of "
+                         "profiles fitted from the other runs' traces")
     args = ap.parse_args(argv)
+    if args.profile and args.write_profile:
+        print("--profile and --write-profile: give one", file=sys.stderr)
+        return 2
     paths = [Path(p) for p in args.receipts] or sorted(Path("receipts").glob("*long-prompt.json.gz"))
     if not paths:
         print("no long-prompt receipts given or found under receipts/", file=sys.stderr)
@@ -321,9 +344,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {prof.write(Path(args.write_profile))}: " + ", ".join(
             f"{k} {len(v)}" for k, v in prof.samples.items() if v))
         return 0
-    rows = check(runs)
-    print("Simulated (virtual time, profiles fitted from the other runs' traces) against real, per run: "
-          "real / simulated (error).\n")
+    if args.profile:
+        try:
+            costs = Costs.load(Path(args.profile))
+        except ProfileError as exc:
+            print(f"--profile: {exc}", file=sys.stderr)
+            return 2
+        rows, how = check_on(runs, costs), f"on the measured profile {args.profile}"
+    else:
+        rows, how = check(runs), "profiles fitted from the other runs' traces"
+    print(f"Simulated (virtual time, {how}) against real, per run: real / simulated (error).\n")
     print(table(rows))
     print("\nMedian |error| per card and model (largest in brackets):\n")
     print(summary(rows))

@@ -365,7 +365,7 @@ def load(
     burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma arrivals' shape (vLLM's meaning: 1 is Poisson, below 1 burstier, above 1 steadier).")] = 1.0,
     concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Closed loop instead of --rate: that many requests in flight, each level (e.g. 1,4,8).")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Open loop: at most this many in flight; a request past it waits for a slot, and the wait counts as queueing in the latency from its scheduled send.")] = None,
-    procs: Annotated[int, typer.Option("--procs", help="Client processes for an open loop, each with its own event loop: the schedule's sessions dealt round robin, each sent at its own offset from one start, so the server still sees the arrival process asked for.")] = 1,
+    procs: Annotated[str, typer.Option("--procs", help="Client processes for an open loop, each with its own event loop: the schedule's sessions dealt round robin, each sent at its own offset from one start, so the server still sees the arrival process asked for. auto (the default): as many as the level's rate needs at the client's CPU a request, measured on this host first, up to its cores.")] = "auto",
     requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per level.")] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of arrivals per level (instead of --requests).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up requests first at each level, played and left out of the figures.")] = 0,

@@ -130,14 +130,16 @@ class Player:
 async def play_level(url: str, workload: Workload, *, model: str = "default", token_ids: str = "ids",
                      sampling: Sampling = GREEDY, concurrency: int | None = None, max_concurrency: int | None = None,
                      duration: float | None = None, drain_s: float = DRAIN_S, level: dict | None = None,
-                     pool: workers.Workers | None = None) -> tuple[list[Sent], float, dict]:
+                     pool: workers.Workers | None = None, procs: int | None = None) -> tuple[list[Sent], float, dict]:
     """Every item of one level; (what was played, the level's start time, the client's self-check,
     naming `level` ({label, value}) when given). `concurrency`: a closed loop of that many; else
-    open loop on the items' offsets, over `pool`'s worker processes when given (see play_shares)."""
+    open loop on the items' offsets, over `procs` of `pool`'s worker processes (all by default;
+    see play_shares)."""
     kw = dict(model=model, token_ids=token_ids, sampling=sampling, concurrency=concurrency,
               max_concurrency=max_concurrency, duration=duration, drain_s=drain_s)
-    if pool is not None and pool.procs > 1 and not concurrency and not max_concurrency:
-        played, t0, watch, peak = await play_shares(pool, url, workload, kw)
+    procs = min(procs or (pool.procs if pool else 1), pool.procs if pool else 1)
+    if procs > 1 and not concurrency and not max_concurrency:
+        played, t0, watch, peak = await play_shares(pool, url, workload, kw, procs)
     else:
         played, t0, watch, peak = await _play(url, workload, **kw)
     check = selfcheck.summary(watch, [s.lateness(t0) for s in played], open_peak=peak,
@@ -201,16 +203,22 @@ def _play_share(url: str, workload: Workload, kw: dict, start: float) -> dict:
             "open_s": watch.open_s, "open_idle_s": watch.open_idle_s}
 
 
-async def play_shares(pool: workers.Workers, url: str, workload: Workload, kw: dict
-                      ) -> tuple[list[Sent], float, selfcheck.Watch, int]:
-    """An open loop over the pool's processes: its sessions, in order of their first offset, dealt
-    round robin, each sent at its own offset from one start (a CLOCK_MONOTONIC time all processes
-    share), so the union of the sends is the schedule itself (Poisson, gamma or a trace, exactly)
-    while each process keeps only 1/procs of it. One Watch holds every process's lag and CPU; the
-    streams open at once are counted over all records."""
+def deal(workload: Workload, procs: int) -> list[Workload]:
+    """The workload's sessions, in order of their first offset, dealt round robin into `procs`
+    parts (none empty), each item keeping its own offset: the parts' union is the workload itself,
+    so sent from one start the server sees the schedule's own arrival process (Poisson, gamma or a
+    trace, exactly) while each part holds about 1/procs of it."""
     groups = sorted(sessions(workload.items), key=lambda g: g[0].offset or 0.0)
-    shares = [groups[i::pool.procs] for i in range(pool.procs)]
-    parts = [replace(workload, items=tuple(it for g in share for it in g)) for share in shares if share]
+    shares = [groups[i::procs] for i in range(procs)]
+    return [replace(workload, items=tuple(it for g in share for it in g)) for share in shares if share]
+
+
+async def play_shares(pool: workers.Workers, url: str, workload: Workload, kw: dict, procs: int | None = None
+                      ) -> tuple[list[Sent], float, selfcheck.Watch, int]:
+    """An open loop over `procs` of the pool's processes (all by default): its parts (`deal`), each
+    sent at its own offsets from one start (a CLOCK_MONOTONIC time all processes share). One Watch
+    holds every process's lag and CPU; the streams open at once are counted over all records."""
+    parts = deal(workload, procs or pool.procs)
     start = clock() + workers.START_AHEAD_S
     outs = await pool.each(_play_share, [(url, w, kw, start) for w in parts])
     watch = selfcheck.Watch()

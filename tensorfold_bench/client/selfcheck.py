@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 from scipy import stats
 
-from tensorfold_bench.client.stream import clock
+from tensorfold_bench.client.stream import OpenStreams, clock
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,13 @@ BOUNDS = Bounds()
 class Watch:
     """Measures the running event loop's lag, the share of its time it was busy (not waiting in
     its selector for I/O) and the process's CPU between start and stop. Lag and the busy share
-    count only ticks that began and ended with `busy()` true (streams open): work between bursts,
-    such as decoding the last one, delays no token."""
+    count only ticks that began and ended with `busy()` true (streams open) and saw no quiet moment
+    between (`quiet()` unchanged, see `over`): work between bursts, such as decoding the last one
+    or collecting garbage before the next, delays no token."""
 
-    def __init__(self, busy: Callable[[], bool] = lambda: True, tick_s: float = 0.005):
-        self.busy, self.tick_s = busy, tick_s
+    def __init__(self, busy: Callable[[], bool] = lambda: True, tick_s: float = 0.005,
+                 quiet: Callable[[], int] = lambda: 0):
+        self.busy, self.tick_s, self.quiet = busy, tick_s, quiet
         self.procs = 1  # processes whose CPU `cpu_s` sums (tensorfold_bench.client.workers)
         self.lags: list[float] = []
         self._task: asyncio.Task | None = None
@@ -71,13 +73,21 @@ class Watch:
         self.open_s, self.open_idle_s = 0.0, 0.0
         self._idle = 0.0
 
+    @classmethod
+    def over(cls, streams: OpenStreams) -> "Watch":
+        """Busy while `streams` has any open. A wake-up during which they all ended and the next
+        burst's opened is not counted: back-to-back bursts leave less than a tick between them,
+        and the pause there (a full garbage collection before the next burst, hundreds of ms on a
+        loaded host) stamped no token, since none was open."""
+        return cls(lambda: streams.now > 0, quiet=lambda: streams.quiet)
+
     async def _tick(self) -> None:
         t, idle = clock(), self._idle
         while True:
-            due, was = clock() + self.tick_s, self.busy()
+            due, was, quiet = clock() + self.tick_s, self.busy(), self.quiet()
             await asyncio.sleep(self.tick_s)
             now = clock()
-            if was and self.busy():
+            if was and self.busy() and self.quiet() == quiet:
                 self.lags.append(max(now - due, 0.0))
                 self.open_s += now - t
                 self.open_idle_s += self._idle - idle
@@ -228,6 +238,8 @@ def line(d: dict) -> str:
                 if d.get("cpu_share") else "")
              + (f", event loop busy {100 * d['loop_busy']:.0f} %" if d.get("loop_busy") is not None else ""),
              f"send lateness p99 {d['late_p99_ms']:.1f} ms (max {d['late_max_ms']:.1f})"]
+    if d.get("workers"):
+        parts.append(d["workers"]["why"])
     fit = d.get("arrivals")
     if fit:
         parts.append(f"send gaps CV {fit['cv']:.2f} (scheduled {fit['cv_scheduled']:.2f})"

@@ -209,6 +209,7 @@ class OpenStreams:
 
     now: int = 0
     peak: int = 0
+    quiet: int = 0  # how many times the count fell to none (selfcheck.Watch skips a wake-up spanning one)
 
     def opened(self) -> None:
         self.now += 1
@@ -216,6 +217,8 @@ class OpenStreams:
 
     def closed(self) -> None:
         self.now -= 1
+        if self.now == 0:
+            self.quiet += 1
 
     def restart(self) -> int:
         """The peak so far; the next peak counts from the streams open now."""

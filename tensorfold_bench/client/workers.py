@@ -11,14 +11,70 @@ times together, so the count is the burst's, not one worker's.
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 from tensorfold_bench.client import selfcheck
 from tensorfold_bench.client.play import http_client, sleep_until
 from tensorfold_bench.client.stream import Request, StreamRecord, clock, collector_held, new_record, stream
 
 START_AHEAD_S = 1.0  # the burst starts this long after its requests are handed to the workers (each opens its connections first)
+# the share of one core a process's loop may spend on the client's work: past about half, sends
+# bunch behind reads (on 2 cores one loop at 82 % of a core sent Poisson arrivals with a gap CV of
+# 1.27 at the server, at 56 % 1.08), long before the self-check's saturation bound
+BUSY_TARGET = 0.5
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Procs:
+    """How many client processes play a level, and why: `--procs N` as given, or (auto) enough
+    that each carries at most BUSY_TARGET of a core at the level's rate, from the client's
+    measured CPU a request, never more than the host's cores."""
+
+    procs: int
+    rule: str  # "--procs" (as given), "auto" or "closed loop" (one process keeps a closed loop's slots)
+    rate: float | None = None  # requests per second asked
+    cpu_ms: float | None = None  # the client's measured CPU a request (ms), the workload's lengths
+    cores: int | None = None
+    busy: float | None = None  # BUSY_TARGET
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    def text(self) -> str:
+        if self.rule != "auto":
+            return f"{self.procs} client process{'es' if self.procs > 1 else ''} ({self.rule})"
+        if self.rate is None or self.cpu_ms is None:  # nothing to divide: too few sends, or no core to spare
+            return (f"{self.procs} client process (auto: "
+                    + ("fewer than two timed sends" if self.rate is None else f"{self.cores} core") + ")")
+        need = self.rate * self.cpu_ms / 1000
+        return (f"{self.procs} client process{'es' if self.procs > 1 else ''} (auto: {self.rate:g} req/s at "
+                f"{self.cpu_ms:.3f} ms of client CPU each is {need:.2f} of a core, at most {self.busy:g} a process, "
+                f"{self.cores} cores)")
+
+
+def choose(rate: float, cpu_s: float, n_cores: int, busy: float = BUSY_TARGET) -> Procs:
+    """The automatic rule: ceil(rate x CPU a request / busy) processes, 1 to `n_cores`."""
+    need = rate * cpu_s / busy
+    n = n_cores if math.isinf(need) else max(1, min(n_cores, math.ceil(need - 1e-9)))
+    return Procs(n, "auto", round(rate, 3), round(cpu_s * 1000, 4), n_cores, busy)
+
+
+def asked_rate(offsets: list[float]) -> float | None:
+    """An open loop's rate from its send offsets (a seeded draw or a trace): sends per second over
+    their span; None with fewer than two."""
+    if len(offsets) < 2:
+        return None
+    span = max(offsets) - min(offsets)
+    return (len(offsets) - 1) / span if span > 0 else float("inf")
 
 
 def _ready() -> bool:
@@ -26,7 +82,7 @@ def _ready() -> bool:
 
 
 async def _play(url: str, reqs: list[Request], model: str, t0: float, timeout_s: float) -> dict:
-    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+    async with http_client() as client, selfcheck.Watch.over(client.open) as watch:
         ready = [client.prepare(url, q, model) for q in reqs]
         conns = await client.preopen(url, len(reqs))  # connected before the burst's start: then only writes
         with collector_held():

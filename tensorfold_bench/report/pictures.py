@@ -126,13 +126,16 @@ def timeline(data: dict, path: Path) -> Path | None:
 def frontier(data: dict, path: Path) -> Path | None:
     """B's slowdown against A's kept rate, a labelled marker per variant (figures.frontier), the
     stepped (share), mixed and split variants each joined in order of slowdown, and the line 1 - 1/x that
-    alternating whole steps sits on, dashed; None when the frontier has fewer than two variants."""
+    alternating whole steps sits on, dashed; the targets (figures.FRONTIER_TARGETS) as stars at the
+    corner of the region that meets each, gold where a variant is in it; None when the frontier has
+    fewer than two variants."""
     rows = figures.frontier(data)
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=90)
     xs = [r["slowdown"] for r in rows]
-    lo, hi = min(min(xs), 1.0), max(xs) * 1.3  # room on the right for the last label
+    # room on the right for the last label and the targets
+    lo, hi = min(min(xs), 1.0), max(max(xs) * 1.3, max(x for x, _ in figures.FRONTIER_TARGETS) * 1.1)
     line_x = [lo * (hi / lo) ** (i / 99) for i in range(100)]
     ax.plot(line_x, [100 * (1 - 1 / x) for x in line_x], "--", color="0.5", lw=1,
             label="alternating whole steps: 1 - 1/x")
@@ -142,6 +145,11 @@ def frontier(data: dict, path: Path) -> Path | None:
         if mine:
             ax.plot([r["slowdown"] for r in mine], [r["kept"] for r in mine], "-o", color=colors[mode], lw=1.2, ms=5,
                     label=label)
+    for k, (x, kept, met) in enumerate(figures.targets_met(rows)):
+        # a target is the corner of the region that meets it: up and left of the star
+        ax.plot([x], [kept], "*", color="goldenrod" if met else "0.55", ms=11, zorder=3,
+                label="targets (met: gold)" if k == 0 else None)
+        ax.plot([lo / 1.05, x, x], [kept, kept, 105], ":", color="goldenrod" if met else "0.6", lw=0.9)
     others = [r for r in rows if r["mode"] not in colors]
     if others:
         ax.plot([r["slowdown"] for r in others], [r["kept"] for r in others], "o", color="0.2", ms=5,

@@ -1,8 +1,11 @@
 """`tfbench load`: a workload (tensorfold_bench.workload) played at each level by the arrival
 player (tensorfold_bench.client.player), on the session driver (variants whole vs stepped,
 command variants, --url; a fresh server per run in the order base/new/new/base; the plain
-reference; predictions), figures from tensorfold_bench.analysis.load. With `--procs N` an open
-loop is dealt over N worker processes (tensorfold_bench.client.player.play_shares).
+reference; predictions), figures from tensorfold_bench.analysis.load. An open loop is dealt over
+worker processes (tensorfold_bench.client.player.play_shares): `--procs N` of them, or by default
+(`auto`) as many as the level's rate needs at the client's measured CPU a request
+(tensorfold_bench.scenarios.capacity), up to the host's cores; each level's self-check says how
+many ran and why.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.client.virtual import SimError, SimRequest
 from tensorfold_bench.client.virtual import play as play_virtual
 from tensorfold_bench.errors import BenchError, FlagError
+from tensorfold_bench.scenarios import capacity
 from tensorfold_bench.session import defaults, driver, targets
 from tensorfold_bench.session.driver import Reporter, Run, Session
 from tensorfold_bench.workload.ids import prompt_ids
@@ -69,7 +73,7 @@ class LoadSettings:
     plain_check: bool = False
     sampling: Sampling = GREEDY
     drain_s: float = DRAIN_S
-    procs: int = 1  # client processes for an open loop (play_shares)
+    procs: int | str = "auto"  # client processes for an open loop (play_shares); "auto": level_procs decides
 
 
 def context_for(spec, vocab: int) -> int:
@@ -112,7 +116,7 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                         max_model_len, seed, engine_args, workload: dict, slo=None, max_concurrency=None, vocab=None,
                         stamp="", variants_file=None, base_ref=None, new_ref=None, aa=False, predict=None,
                         margin=0.02, tokenizer=None, token_ids="ids", temperature=0.0, tensor_parallel=1,
-                        procs=1) -> LoadSettings:
+                        procs="auto") -> LoadSettings:
     """`tfbench load`'s flags -> settings. The workload's flags and files are checked first
     (tensorfold_bench.workload.spec.from_flags), then the SLO and the rest, before any server
     starts. `workload`: from_flags's keyword arguments."""
@@ -124,9 +128,8 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                                **w)
     slo_v = load_figures.parse_slo(slo)
     mc = parse_max_concurrency(max_concurrency)
-    if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
-        raise FlagError("--procs", f"must be a whole number, at least 1, not {procs!r}")
-    if procs > 1 and (mc or w.get("concurrency")):
+    procs = parse_procs(procs)
+    if procs != "auto" and procs > 1 and (mc or w.get("concurrency")):
         raise FlagError("--procs", "spreads an open loop (--rate or a trace) over processes; not --concurrency or "
                                    "--max-concurrency, whose slots one process keeps")
     defaults.positive("--parallel", parallel)
@@ -144,6 +147,44 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                                 predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
                                 token_ids=token_ids), spec, slo_v, mc, plain_check, Sampling(temperature, seed),
                         procs=procs)
+
+
+def parse_procs(v) -> int | str:
+    """`--procs`: "auto" or a whole number, at least 1."""
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(v) if not isinstance(v, (bool, float)) else None
+    except ValueError:
+        n = None
+    if n is None or n < 1:
+        raise FlagError("--procs", f"must be auto or a whole number, at least 1, not {v!r}")
+    return n
+
+
+def level_procs(settings: LoadSettings, items: tuple[Item, ...], closed: bool, max_concurrency: int | None
+                ) -> workers.Procs:
+    """How many client processes play a level: one for a closed loop or --max-concurrency (one
+    process keeps their slots), `--procs N` as given, else the automatic rule on the level's
+    rate (its first turns' offsets) and the client's CPU a request of its mean lengths."""
+    if closed or max_concurrency:
+        return workers.Procs(1, "closed loop" if closed else "--max-concurrency")
+    if settings.procs != "auto":
+        return workers.Procs(settings.procs, "--procs")
+    return auto_procs(items)
+
+
+def auto_procs(items: tuple[Item, ...]) -> workers.Procs:
+    """The automatic rule for an open loop's items: its rate (the first turns' offsets) against
+    the client's CPU a request of their mean lengths, measured here; one process on one core."""
+    timed = [it for it in items if it.turn == 0 and it.offset is not None]
+    rate = workers.asked_rate([it.offset for it in timed])
+    n_cores = workers.cores()
+    if rate is None or n_cores < 2:
+        return workers.Procs(1, "auto", rate, None, n_cores, workers.BUSY_TARGET)
+    lens = [it.prompt_len or len(str(it.prompt).encode()) for it in timed]
+    cost = capacity.cpu_per_request(round(sum(lens) / len(lens)), round(sum(it.output_len for it in timed) / len(timed)))
+    return workers.choose(rate, cost, n_cores)
 
 
 def text_counter(url, model: str | None, device: str, variants_file) -> object | None:
@@ -167,23 +208,27 @@ def play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: i
                 closed: int | None = None) -> tuple[list[dict], dict]:
     """Every level on the run's server; per level its records and figures, and the self-check of
     the worst level (every level's is kept)."""
+    # a server tfbench did not start may hold earlier runs' prompts: each run's are fresh there
+    wls = [settings.spec.build(level, vocab, f"run{run.index}{run.salt}" if run.shared else "")
+           for level in settings.spec.levels]
+    concs = [closed or (int(level.value) if level.kind == "concurrency" else None) for level in settings.spec.levels]
+    procs = [level_procs(settings, wl.items, bool(conc), max_concurrency) for wl, conc in zip(wls, concs)]
     with contextlib.ExitStack() as stack:
-        pool = stack.enter_context(workers.Workers(settings.procs)) if settings.procs > 1 and not closed else None
-        return _play_levels(settings, run, vocab, max_concurrency, closed, pool)
+        most = max((p.procs for p in procs), default=1)
+        pool = stack.enter_context(workers.Workers(most)) if most > 1 else None
+        return _play_levels(settings, run, list(zip(settings.spec.levels, wls, concs, procs)), max_concurrency, pool)
 
 
-def _play_levels(settings: LoadSettings, run: Run, vocab: int, max_concurrency: int | None, closed: int | None,
+def _play_levels(settings: LoadSettings, run: Run, levels: list, max_concurrency: int | None,
                  pool: workers.Workers | None) -> tuple[list[dict], dict]:
     out, checks = [], []
-    for level in settings.spec.levels:
-        # a server tfbench did not start may hold earlier runs' prompts: each run's are fresh there
-        wl = settings.spec.build(level, vocab, f"run{run.index}{run.salt}" if run.shared else "")
-        run.status(f"{run.variant.name}: {level.label} ({len(wl.items)} requests)")
-        conc = closed or (int(level.value) if level.kind == "concurrency" else None)
+    for level, wl, conc, procs in levels:
+        run.status(f"{run.variant.name}: {level.label} ({len(wl.items)} requests, {procs.text()})")
         played, t0, check = asyncio.run(play_level(
             run.url, wl, model=run.model, token_ids=run.token_ids, sampling=settings.sampling, concurrency=conc,
             max_concurrency=max_concurrency, duration=getattr(settings.spec, "duration", None) if conc else None,
-            drain_s=settings.drain_s, level=level_dict(level), pool=pool))
+            drain_s=settings.drain_s, level=level_dict(level), pool=pool, procs=procs.procs))
+        check["workers"] = {**procs.to_dict(), "why": procs.text()}
         reqs = [to_req(s, t0) for s in played]
         out.append({**level_dict(level), "source": wl.source, "client": check,
                     "records": [r.to_dict() for r in reqs]})

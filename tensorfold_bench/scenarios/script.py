@@ -157,7 +157,7 @@ async def play_timeline(url: str, script: Script, reqs: dict[str, Request], mode
 async def _play_timeline(url: str, script: Script, reqs: dict[str, Request], model: str
                          ) -> tuple[dict[str, StreamRecord], float, dict]:
     tl = Timeline(script, reqs)
-    async with live_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+    async with live_client() as client, selfcheck.Watch.over(client.open) as watch:
         tl.t0 = clock()
         tasks = {s.name: asyncio.create_task(tl.play(client, url, s, model)) for s in script.streams}
         done, pending = await asyncio.wait(tasks.values(), timeout=script.timeout_s)

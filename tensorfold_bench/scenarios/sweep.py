@@ -199,7 +199,7 @@ async def play_levels(url: str, script: SweepScript, vocab: int, label: str, mod
     """Every level, cell and rep on one server: each batch's records, reduced (sweep_figures.sweep_batch),
     and the client's self-check over them all (tensorfold_bench.client.selfcheck)."""
     batches, late, peaks, srv, split, spread = [], [], {}, {}, {}, {}
-    async with http_client() as client, selfcheck.Watch(lambda: client.open.now > 0) as watch:
+    async with http_client() as client, selfcheck.Watch.over(client.open) as watch:
         for level in script.levels:
             for cell in range(script.cells):
                 prompts = cell_prompts(script, cell, level, vocab)

@@ -156,11 +156,9 @@ class SimTarget:
         except ConfigError as e:
             raise FlagError("--sim", f"{where}: {e}") from None
         c = self.costs
-        caps = Capabilities(batch_cuts=c.has("prefill_many"), runs_ahead=c.has("decode_ahead"),
-                            mixed=cfg.prefill_mode == "mixed", cut_free=cfg.prefill_mode == "mixed",
-                            split=cfg.prefill_mode == "split")
-        for kind, on in (("mixed", caps.mixed), ("split", caps.split)):
-            if on and not c.has(kind):
+        caps = c.capabilities(cfg.prefill_mode)
+        for kind in ("mixed", "split"):
+            if cfg.prefill_mode == kind and not c.has(kind):
                 raise FlagError("--sim", f"profile {self.path} has no {kind} samples, so {where} "
                                          f"({kind} forwards) cannot be simulated on it")
         try:

@@ -5,7 +5,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from tensorfold_bench.servers.launcher import check_reachable, existing, free_po
 
 import fakeserver
 import foreignserver
+import fresh
 
 FOREIGN = [*foreignserver.CMD, "serve", "--port", "{port}"]
 
@@ -129,17 +129,16 @@ def test_a_foreign_server_on_the_chosen_port_is_never_measured(tmp_path, foreign
     assert "not the one launched" in str(e.value) and f"pid {pid}" in str(e.value)
 
 
+def port_file_liar(port, *argv):
+    """A tfengine that reports `port` (another server's) as its own, then sleeps. Run by fresh."""
+    Path(argv[argv.index("--port-file") + 1]).write_text(port)
+    time.sleep(60)
+
+
 def test_a_tfengine_whose_port_points_elsewhere_fails_the_nonce(tmp_path, foreign_on_a_port):
     port, _ = foreign_on_a_port
-    liar = tmp_path / "liar.py"  # reports the foreign server's port as its own
-    liar.write_text(textwrap.dedent(f"""\
-        import sys, time
-        from pathlib import Path
-        Path(sys.argv[sys.argv.index("--port-file") + 1]).write_text("{port}")
-        time.sleep(60)
-    """))
     with pytest.raises(ServerError) as e:
-        with launch([], tmp_path / "liar.log", engine_cmd=[sys.executable, str(liar)], start_timeout=30):
+        with launch([], tmp_path / "liar.log", engine_cmd=fresh.command(port_file_liar, port), start_timeout=30):
             pytest.fail("measured a server tfbench did not launch")
     assert "nonce" in str(e.value) and "not the one launched" in str(e.value)
 
@@ -221,6 +220,13 @@ def test_a_string_command_must_say_where_to_listen(tmp_path):
 REPO = Path(__file__).resolve().parents[2]
 
 
+def launch_from_here(there):
+    """tfbench launching `server_here` with `there` as the server's root. Run by fresh."""
+    with launch([], Path("s.log"), root=Path(there), engine_cmd=[sys.executable, "-m", "server_here"],
+                start_timeout=60) as srv:
+        print("served", srv.port)
+
+
 def test_a_relative_pythonpath_means_tfbenchs_directory_to_the_server(tmp_path):
     """The README's `PYTHONPATH=.`, with tfbench in one directory and the server launched in
     another (its source root, as a git-ref variant's worktree is): the server must find what `.`
@@ -229,70 +235,62 @@ def test_a_relative_pythonpath_means_tfbenchs_directory_to_the_server(tmp_path):
     here.mkdir()
     there.mkdir()
     (here / "server_here.py").write_text(fakeserver.IMPORT + "fakeserver.main(sys.argv[1:])\n")
-    parent = textwrap.dedent(f"""\
-        import sys
-        from pathlib import Path
-        from tensorfold_bench.servers.launcher import launch
-        with launch([], Path("s.log"), root=Path({str(there)!r}),
-                    engine_cmd=[sys.executable, "-m", "server_here"], start_timeout=60) as srv:
-            print("served", srv.port)
-        """)
     # `.` first, as the README has it; this repository after it, so that the harness under test
     # is this checkout's whatever else is installed
     env = {k: v for k, v in os.environ.items() if k != "TFBENCH_SERVER_CMD"}
     env["PYTHONPATH"] = "." + os.pathsep + str(REPO)
-    p = subprocess.run([sys.executable, "-c", parent], cwd=here, env=env, capture_output=True, text=True,
-                       timeout=120)
+    p = fresh.run(launch_from_here, there, cwd=here, env=env, timeout=120)
     log = (here / "s.log").read_text() if (here / "s.log").exists() else "(no log)"
     assert p.returncode == 0 and "served" in p.stdout, p.stderr[-2000:] + log
     assert "No module named" not in log
+
+
+def tfbench_without_torch(out):
+    """`tfbench run long-prompt` on the engine where torch cannot be imported. Run by fresh."""
+    sys.meta_path.insert(0, fresh.NoTorch())
+    from tensorfold_bench.cli.commands import main
+    sys.argv = ["tfbench", "run", "long-prompt", "--model", "tiny", "--out", out]
+    main()
 
 
 def test_launching_tfengine_without_the_engine_says_how_to_install_it(tmp_path):
     """A harness-only install (`pip install tfbench`, no torch) asked to launch tfengine: one line
     naming the extra, no traceback, exit 2 as for any bad setting. The interpreter here has torch:
     a first import finder that refuses it makes it as absent as in an environment without it."""
-    code = ("import sys\n"
-            "class NoTorch:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.partition('.')[0] == 'torch':\n"
-            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-            "sys.meta_path.insert(0, NoTorch())\n"
-            "from tensorfold_bench.cli.commands import main\n"
-            f"sys.argv = ['tfbench', 'run', 'long-prompt', '--model', 'tiny', '--out', {str(tmp_path)!r}]\n"
-            "main()\n")
     env = {k: v for k, v in os.environ.items() if k != "TFBENCH_SERVER_CMD"}
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    p = fresh.run(tfbench_without_torch, tmp_path, cwd=REPO, env=env, timeout=120)
     errors = [ln for ln in (p.stdout + p.stderr).splitlines() if "error" in ln]
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert len(errors) == 1 and errors[0].startswith("error: launching tfengine needs the engine"), errors
     assert 'torch is not installed here: pip install "tfbench[engine]"' in errors[0], errors
 
 
-PROBE = """
-import os, runpy, signal, sys, threading
-from {pkg}.cli import app
+def sleep_in_exec_under(pkg):
+    """`python -m PKG sleep-in-exec`, a command that interrupts itself inside an exec() of source
+    text, as a dataclass's generated methods are. Run by fresh under -m."""
+    import importlib
+    import runpy
+    import signal
+    import threading
+    app = importlib.import_module(f"{pkg}.cli").app
 
-@app.command("sleep-in-exec")
-def sleep_in_exec():
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-    exec("while True: pass")  # source text, as a dataclass's generated methods are
+    @app.command("sleep-in-exec")
+    def sleep_in_exec():
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        exec("while True: pass")
 
-sys.argv = ["prog", "sleep-in-exec"]
-runpy.run_module("{pkg}", run_name="__main__")
-"""
+    sys.argv = ["prog", "sleep-in-exec"]
+    runpy.run_module(pkg, run_name="__main__")
 
 
 @pytest.mark.parametrize("pkg", ["tensorfold_bench", "engine"])
-def test_ctrl_c_inside_exec_still_exits_130_under_dash_m(tmp_path, pkg):
+def test_ctrl_c_inside_exec_still_exits_130_under_dash_m(pkg):
     """`python -m` exits by the signal (-2) rather than the code main chose when the interrupt
     escaped an exec() of source text first; the package's __main__ clears that."""
     import signal
-    import subprocess
 
-    (tmp_path / "ki_probe.py").write_text(PROBE.format(pkg=pkg))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(Path(__file__).parents[2])]))
-    p = subprocess.run([sys.executable, "-m", "ki_probe"], env=env, capture_output=True, text=True, timeout=120,
-                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(fresh.__file__).parent), str(REPO)]))
+    p = subprocess.run(fresh.command(sleep_in_exec_under, pkg, dash_m=True), env=env, capture_output=True,
+                       text=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.returncode == 130, p.stderr
     assert "Traceback" not in p.stderr

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from tensorfold_bench import report
+from tensorfold_bench.analysis import figures
 from tensorfold_bench.analysis.figures import LongPromptFigures, frontier
 from tensorfold_bench.report import long_prompt, pictures
 
@@ -125,3 +126,12 @@ def test_the_picture_draws_share_and_mixed_variants(tmp_path):
                     "mixed budget=20": (19.0, 8.0, ["--prefill-mode", "mixed"])})
     out = pictures.frontier(data, tmp_path / "f.png")
     assert out == tmp_path / "f.png" and out.stat().st_size > 5000
+
+
+def test_the_targets_name_the_variants_that_meet_them_and_the_picture_marks_them(tmp_path):
+    data = receipt({"whole": (1.0, 2.0), "split sms=32": (1.2, 50.0), "stepped p=0.5": (2.0, 48.0),
+                    "split sms=40": (1.6, 76.0)})
+    met = {(x, kept): names for x, kept, names in figures.targets_met(frontier(data))}
+    assert met == {(1.25, 45.0): ["split sms=32"], (1.7, 75.0): ["split sms=40"]}
+    assert [names for *_, names in figures.targets_met(frontier(data), ((1.1, 60.0),))] == [[]]
+    assert pictures.frontier(data, tmp_path / "f.png").stat().st_size > 0

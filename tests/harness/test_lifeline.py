@@ -4,39 +4,35 @@ import json
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+import fresh
 from tensorfold_bench.servers.lifeline import members
 from tensorfold_bench.servers.ports import listening_inodes
 
-HERE = Path(__file__).resolve().parents[1]  # the stand-in servers' folder
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
 
-# A `command:` server with children of its own, as vLLM has: one stays in the group, one
-# calls setsid() (it is still the server's descendant, so the subreaper finds it).
-SERVER = textwrap.dedent("""\
-    import os, subprocess, sys
+
+def command_server(port):
+    """A `command:` server with children of its own, as vLLM has: one stays in the group, one
+    calls setsid() (it is still the server's descendant, so the subreaper finds it). Run by fresh."""
     nap = [sys.executable, "-c", "import time; time.sleep(600)"]
     subprocess.Popen(nap)
     subprocess.Popen(nap, start_new_session=True)
     from foreignserver import main
-    main(["serve", "--port", sys.argv[1]])
-""")
+    main(["serve", "--port", port])
 
-# tfbench as far as the launcher goes: launch, report, then wait to be killed.
-PARENT = textwrap.dedent("""\
-    import json, sys, time
-    from pathlib import Path
+
+def tfbench_parent(kind, log):
+    """tfbench as far as the launcher goes: launch, report, then wait to be killed. Run by fresh."""
     import fakeserver
     from tensorfold_bench.servers.launcher import launch
-    from tensorfold_bench.servers.lifeline import members
-    kind, log, server = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    log = Path(log)
     if kind == "command":
-        ctx = launch(log=log, command=[sys.executable, server, "{port}"])
+        ctx = launch(log=log, command=fresh.command(command_server, "{port}"))
     elif kind == "stand-in":
         ctx = launch([], log, engine_cmd=fakeserver.CMD)
     else:
@@ -50,11 +46,9 @@ PARENT = textwrap.dedent("""\
         time.sleep(0.2)
         print(json.dumps({"port": srv.port, "pids": members(srv.pgid, srv.pgid)}), flush=True)
         time.sleep(600)
-""")
 
 
 def alive(pids):
-
     out = []
     for pid in pids:
         try:
@@ -71,17 +65,16 @@ def alive(pids):
                                        ("tfengine", signal.SIGKILL)],
                          ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
 def test_killing_tfbench_stops_the_server_group(tmp_path, kind, sig):
-    # both import the stand-ins, which live in this folder
-    (tmp_path / "server.py").write_text(f"import sys; sys.path.insert(0, {str(HERE)!r})\n" + SERVER)
-    (tmp_path / "parent.py").write_text(f"import sys; sys.path.insert(0, {str(HERE)!r})\n" + PARENT)
-    p = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), kind, str(tmp_path / "s.log"),
-                          str(tmp_path / "server.py")], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(fresh.command(tfbench_parent, kind, tmp_path / "s.log"), stdout=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()
         assert line, (tmp_path / "s.log").read_text() if (tmp_path / "s.log").exists() else "no log"
         facts = json.loads(line)
-        want = 4 if kind in ("command", "tfengine") else 2  # supervisor, server (+ its two children)
-        assert len(facts["pids"]) == want and listening_inodes(facts["port"])
+        # supervisor, server (+ its two children); tfengine may be building its C++ round beside them
+        # on a cold cache (the build's process goes down with the group too)
+        want = 4 if kind in ("command", "tfengine") else 2
+        assert (len(facts["pids"]) >= want if kind == "tfengine" else len(facts["pids"]) == want)
+        assert listening_inodes(facts["port"])
         p.send_signal(sig)
         p.wait(timeout=10)
         deadline = time.monotonic() + 10

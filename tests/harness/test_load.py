@@ -184,6 +184,8 @@ BAD = [
     (["--concurrency", "2,x", "--requests", "4"], "--concurrency"),
     (["--rate", "2", "--duration", "5", "--format", "csv"], "--format"),
     (["--rate", "2"], "--requests"),
+    (["--rate", "2", "--duration", "5", "--procs", "two"], "--procs"),
+    (["--concurrency", "2", "--requests", "4", "--procs", "2"], "--procs"),
 ]
 
 
@@ -205,6 +207,79 @@ def test_each_bad_input_names_its_flag_before_any_server(flags, flag, tmp_path, 
     res = CliRunner().invoke(app, ["load", "--model", "tiny", *flags, "--out", str(tmp_path)])
     assert isinstance(res.exception, BenchError) and str(res.exception).startswith(flag), (res.output, res.exception)
     assert not list(tmp_path.iterdir())
+
+
+# ---- client processes: how many, and the arrivals they send ------------------------------------
+
+def test_the_automatic_rule_gives_each_process_at_most_half_a_core_up_to_the_cores():
+    from tensorfold_bench.client import workers
+    assert workers.choose(1000, 0.0003, 16).procs == 1  # 0.3 of a core
+    assert workers.choose(2000, 0.0003, 16).procs == 2  # 0.6: two of 0.3
+    assert workers.choose(4000, 0.0003, 16).procs == 3  # 1.2
+    assert workers.choose(4000, 0.0003, 2).procs == 2  # no more than the cores
+    assert workers.choose(float("inf"), 0.0003, 4).procs == 4  # a trace's sends all at once
+    p = workers.choose(2000, 0.0003, 16)
+    assert p.to_dict() == {"procs": 2, "rule": "auto", "rate": 2000, "cpu_ms": 0.3, "cores": 16, "busy": 0.5}
+    assert p.text() == ("2 client processes (auto: 2000 req/s at 0.300 ms of client CPU each is 0.60 of a core, "
+                        "at most 0.5 a process, 16 cores)")
+    assert workers.asked_rate([0.0, 0.5, 1.0, 2.0]) == 1.5 and workers.asked_rate([1.0]) is None
+
+
+@pytest.mark.parametrize("arrival,burstiness", [("poisson", 1.0), ("gamma", 0.5), ("constant", 1.0)])
+def test_the_processes_parts_together_are_the_schedule_itself(arrival, burstiness):
+    """Dealt over processes, every item keeps its own offset and lands in exactly one part: the
+    union of the sends is the seeded draw of the process asked for, not N draws at rate/N."""
+    from scipy import stats
+    from tensorfold_bench.workload import spec as spec_mod
+    spec = spec_mod.from_flags(rates=[500.0], duration=4.0, input_len="8", output_len="4", seed=3, arrival=arrival,
+                               burstiness=burstiness)
+    (level,) = spec.levels
+    wl = spec.build(level, 1000)
+    for n in (2, 3):
+        parts = player.deal(wl, n)
+        assert len(parts) == n and all(abs(len(p.items) - len(wl.items) / n) <= 1 for p in parts)
+        assert sorted((it.id, it.offset) for p in parts for it in p.items) == sorted((it.id, it.offset) for it in wl.items)
+    offsets = sorted(it.offset for p in player.deal(wl, 2) for it in p.items)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    if arrival == "poisson":  # the union's gaps are exponential at the rate asked
+        assert stats.kstest([g * 500 for g in gaps], "expon").statistic < 0.05
+    multi = spec_mod.from_flags(rates=[50.0], duration=2.0, input_len="8", output_len="4", seed=3, turns=3)
+    wl = multi.build(multi.levels[0], 1000)
+    for p in player.deal(wl, 2):  # a session's turns stay in one process (each waits for the last's reply)
+        sess = {it.session for it in p.items}
+        assert all(sum(1 for it in p.items if it.session == s) == 3 for s in sess)
+
+
+def test_procs_as_given_auto_from_the_measured_cost_and_one_for_a_closed_loop(monkeypatch):
+    from tensorfold_bench.client import workers
+    from tensorfold_bench.scenarios import capacity
+    from tensorfold_bench.workload import spec as spec_mod
+    spec = spec_mod.from_flags(rates=[2000.0], duration=1.0, input_len="32", output_len="16", seed=0)
+    items = spec.build(spec.levels[0], 1000).items
+    asked = []
+    monkeypatch.setattr(capacity, "cpu_per_request", lambda i, o: asked.append((i, o)) or 0.0004)
+    monkeypatch.setattr(workers, "cores", lambda: 4)
+    s = load.LoadSettings(None, spec, lf.Slo(), procs="auto")
+    p = load.level_procs(s, items, False, None)
+    assert p.procs == 2 and p.rule == "auto" and asked == [(32, 16)] and 1900 < p.rate < 2100  # 0.8 of a core
+    assert load.level_procs(replace(s, procs=3), items, False, None) == workers.Procs(3, "--procs")
+    assert load.level_procs(s, items, True, None).procs == 1
+    assert load.level_procs(s, items, False, 8) == workers.Procs(1, "--max-concurrency")
+    monkeypatch.setattr(workers, "cores", lambda: 1)  # no core to spare: nothing measured
+    p = load.level_procs(s, items, False, None)
+    assert p.procs == 1 and len(asked) == 1 and p.text() == "1 client process (auto: 1 core)"
+    assert load.auto_procs(items[:1]).text() == "1 client process (auto: fewer than two timed sends)"
+    for bad in ("0", "two", "1.5", 0):
+        with pytest.raises(FlagError, match="^--procs: must be auto or a whole number"):
+            load.parse_procs(bad)
+    assert load.parse_procs("AUTO") == "auto" and load.parse_procs("2") == 2
+
+
+def test_the_measured_cost_a_request_is_positive_and_grows_with_the_reply():
+    from tensorfold_bench.scenarios import capacity
+    short, long = capacity.cpu_per_request(32, 4), capacity.cpu_per_request(32, 64)
+    assert 0 < short < long < 0.05
+    assert capacity.cpu_per_request(32, 4) == short  # measured once per shape
 
 
 # ---- the CLI end to end on the tiny preset ---------------------------------------------------
@@ -241,6 +316,10 @@ def test_poisson_whole_vs_stepped_with_injects_and_the_plain_reference(tmp_path,
     n = e["across_runs"]["whole"]["of"]
     assert f"whole: {n} of {n} replies equal across runs; {n} of {n} equal to the plain reference" in md
     assert "### rate 6/s" in md and "**Interference**" in md
+    # --procs auto: the rule's inputs in every level's check (6/s needs far less than half a core)
+    w = data["runs"][0]["levels"][0]["client"]["workers"]
+    assert w["rule"] == "auto" and w["procs"] == 1 and w["rate"] > 0 and w["cpu_ms"] > 0 and w["cores"] >= 1
+    assert "1 client process (auto: " in md
     assert not (tmp_path / js.name.replace(".json.gz", ".png")).exists()  # one level: a point, no curve to draw
     res = CliRunner().invoke(app, ["report", str(js), "--no-png"])  # the Markdown from the JSON alone
     assert res.exit_code == 0 and next(tmp_path.glob("*-load.md")).read_text() == md

@@ -402,6 +402,33 @@ def test_the_accuracy_check_reads_a_receipt_and_predicts_each_run_from_the_other
     out = tmp_path / "p.json"
     assert accuracy.main(["--write-profile", str(out), str(path)]) == 0
     assert Costs.load(out).decode(1, 100) == pytest.approx(round_s(1, 100), rel=0.01)
+    # on the profile the runs were made on, measured once: every twin is its run again
+    measured = profile().profile.write(tmp_path / "measured.json")
+    rows = accuracy.check_on(got, Costs.load(measured))
+    assert all(abs(accuracy.error(n, r.real[n], r.sim[n])) < 0.01 for r in rows for n in accuracy.FIGURES)
+    capsys.readouterr()
+    assert accuracy.main(["--profile", str(measured), str(path)]) == 0
+    assert "on the measured profile" in capsys.readouterr().out
+    assert accuracy.main(["--profile", str(tmp_path / "none.json"), str(path)]) == 2
+    assert "--profile: cannot read profile" in capsys.readouterr().err
+
+
+def test_the_simulated_backend_offers_what_the_profiled_runner_declared():
+    """A measured profile's runners declare their capabilities; the simulation offers the host those
+    (a mixed runner's graph sizes), and a profile without declarations what its samples show."""
+    doc = {"schema": "tfbench.profile/1", "device": {"type": "cuda"}, "model": {}, "samples": samples(),
+           "engine": {"runners": [
+               {"prefill_mode": "stepped", "capabilities": {"batch_cuts": True, "runs_ahead": True, "mixed": True}},
+               {"prefill_mode": "mixed", "capabilities": {"cut_granule": 64, "cut_sizes": [256, 512, 1024],
+                                                          "cut_free": True, "batch_cuts": True, "mixed": True}}]}}
+    declared = Costs(Profile.from_dict(doc, "declared.json"))
+    assert declared.capabilities("mixed") == Capabilities(cut_granule=64, cut_sizes=(256, 512, 1024), cut_free=True,
+                                                          batch_cuts=True, mixed=True)
+    assert declared.capabilities("stepped").runs_ahead and not declared.capabilities("stepped").cut_free
+    assert declared.capabilities("whole") == declared.capabilities("stepped")  # no runner of its own: stepped's
+    inferred = profile(prefill_many=MANY)
+    assert inferred.capabilities("stepped") == Capabilities(batch_cuts=True)
+    assert inferred.capabilities("mixed") == Capabilities(batch_cuts=True, mixed=True, cut_free=True)
 
 
 def test_requests_follow_each_others_events_and_cancel_after_seconds_or_tokens():

@@ -66,10 +66,9 @@ def test_sweep_cli_variants_file_aa_predictions_report_and_compare(tmp_path, mon
     servers, so the harness's fake server stands in (seconds, not a torch start each); the
     sweep on the real engine runs in the gate's end-to-end test."""
     monkeypatch.setenv("TFBENCH_SERVER_CMD", shlex.join(fakeserver.CMD))
-    # what is checked is the command's plumbing, not the client's timing: beside another test
-    # worker's engine on a 2-core host its loop lagged 200-275 ms at p99, which would leave every
-    # prediction "not measured"
-    monkeypatch.setattr(selfcheck, "BOUNDS", replace(selfcheck.BOUNDS, lag_p99_s=10.0, share=1.0, busy=1.0))
+    # what is checked is the command's plumbing: the client's lag is held to its absolute bound, not
+    # to a tenth of the fake server's 10 ms rounds, which a loaded 2-core host's wake-ups pass
+    monkeypatch.setattr(selfcheck, "BOUNDS", replace(selfcheck.BOUNDS, share=1.0))
     (tmp_path / "v.yaml").write_text("- {name: whole, flags: --prefill-mode whole}\n"
                                      "- {name: stepped, flags: [--prefill-mode, stepped, --prefill-share, '0.5']}\n")
     (tmp_path / "p.yaml").write_text("stepped:\n  tok_s@1 vs whole: [0.01, 100]\n  tok_s@2: [1.0e+9, null]\n"

@@ -1,4 +1,4 @@
-"""Model pieces: HF names, presets, resolve_model (tokenizers: tests/test_tokenizer.py)."""
+"""Model pieces: HF names, presets, resolve_model (tokenizers: tests/engine/test_tokenizer.py)."""
 import json
 
 import pytest

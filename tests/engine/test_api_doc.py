@@ -8,7 +8,7 @@ import pytest
 
 from tensorfold_bench.servers.launcher import launch
 
-DOC = (Path(__file__).resolve().parents[1] / "docs" / "API.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "API.md").read_text()
 
 
 def documented_metrics() -> dict[str, str]:

@@ -7,7 +7,7 @@ from engine.config import EngineConfig
 from engine.scheduler.host import LaneHost
 from engine.scheduler.sequence import Sequence
 
-from tests.test_host_policy import Clock, FakeBackend
+from tests.engine.test_host_policy import Clock, FakeBackend
 
 
 class CountingLoop:

@@ -6,6 +6,8 @@ import sys
 import pytest
 
 from engine.runner.profile import KINDS, SCHEMA, ProfileConfig, TimedBackend, host_fit, profile
+from engine.scheduler.backend import Capabilities
+from engine.scheduler.costs import Costs, Profile
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -25,6 +27,10 @@ def test_the_profile_holds_the_contracts_fields(tiny):
     e = tiny["engine"]
     assert e["commit"] == "abc123" and e["prefill_rows"] == 256 and e["parallel"] == 4 and "--prefill-rows" in e["flags"]
     assert set(tiny["samples"]) == set(KINDS)
+    # each runner's declared capabilities, as the lane host reads them: the mixed runner's cuts free
+    caps = {r["prefill_mode"]: r["capabilities"] for r in e["runners"]}
+    assert set(caps["stepped"]) == set(Capabilities.__dataclass_fields__) and not caps["stepped"]["split"]
+    assert caps["mixed"]["cut_free"] and Costs(Profile.from_dict(tiny, "tiny")).capabilities("mixed").cut_free
     s = tiny["samples"]
     # the CPU runs no round ahead: rounds as decode's, and the notes say so
     assert s["decode_ahead"] == [] and any(n.startswith("decode_ahead:") for n in tiny["notes"])

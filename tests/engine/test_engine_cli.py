@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+import fresh
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("args,flag", [
@@ -24,20 +26,25 @@ def test_bad_flag_is_one_line_naming_the_flag(args, flag):
     assert flag in r.stderr and "Traceback" not in r.stderr
 
 
+def serve_without_torch():
+    """`tfengine serve` where torch cannot be imported (run by fresh.run: the pytest process has torch loaded)."""
+    sys.meta_path.insert(0, fresh.NoTorch())
+    from engine.cli import main
+    sys.argv = ["tfengine", "serve", "--model", "tiny", "--port", "1"]
+    main()
+
+
+def print_engine_commit():
+    """The commit the engine imported here reports (run by fresh.run in a copy of the engine)."""
+    from engine.cli import engine_commit
+    print(engine_commit())
+
+
 def test_serve_without_torch_is_one_line_naming_the_extra():
     """`pip install tfbench` (the harness alone) still installs the tfengine script: serving must
     say what to install, not end in a traceback. A first import finder refusing torch makes it
     as absent here as there."""
-    code = ("import sys\n"
-            "class NoTorch:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.partition('.')[0] == 'torch':\n"
-            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-            "sys.meta_path.insert(0, NoTorch())\n"
-            "from engine.cli import main\n"
-            "sys.argv = ['tfengine', 'serve', '--model', 'tiny', '--port', '1']\n"
-            "main()\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = fresh.run(serve_without_torch, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip() == 'error: tfengine needs torch, which is not installed here: pip install "tfbench[engine]"'
 
@@ -48,9 +55,7 @@ def test_engine_commit_from_git_env_or_none(tmp_path, monkeypatch):
     assert engine_commit().split("+")[0] == sha
     copy = tmp_path / "copy"
     shutil.copytree(ROOT / "engine", copy / "engine")  # a copy without git history
-    code = "from engine.cli import engine_commit; print(engine_commit())"
-    out = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(copy)}).stdout.strip()
+    out = fresh.run(print_engine_commit, cwd=copy, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(copy)}).stdout.strip()
     assert out == "None"
     monkeypatch.setenv("TFENGINE_COMMIT", "abc123")
     assert engine_commit() == "abc123"

@@ -19,9 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+import fresh
 from tensorfold_bench.servers.launcher import free_port, launch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--model", "tiny", "--dtype", "float32", "--parallel", "4", "--max-model-len", "512",
          "--prefill-rows", "8", "--tensor-parallel", "2"]
 ENV = {"PYTHONPATH": str(ROOT)}
@@ -86,123 +87,119 @@ def test_seeded_sampling_alone_equals_beside_others(stepped, whole):
     assert got[0] == alone
 
 
-LOGITS = r"""
-import torch
-from engine.config import EngineConfig
-from engine.runner.build import build_runner
-from engine.parallel.launch import start_tensor_parallel
-cfg = EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=512, prefill_rows=8)
-one = build_runner(cfg)
-two = start_tensor_parallel(EngineConfig(**{**cfg.__dict__, "tensor_parallel": 2}), 1)
-worst = 0.0
-for n in (7, 40):
-    p = [(i * 37) % 256 for i in range(n)]
-    two.workers.send(("prefill_step", (1, p, 0, n), {}))  # the worker's half of the same forward
-    a = one._forward_cut(torch.tensor(p), 1, 0)
-    b = two.runner._forward_cut(torch.tensor(p), 1, 0)
-    assert a.shape == b.shape == (512,), (a.shape, b.shape)
-    worst = max(worst, (a - b).abs().max().item() / a.abs().max().item())
-    assert torch.equal(a.argmax(), b.argmax())
-g1 = one.generate(list(range(30)), 24, lane=2)
-tok = [two.prefill_step(2, list(range(30)), s, min(s + 8, 30)) for s in range(0, 30, 8)][-1]
-g2 = [tok]
-for q in range(30, 30 + 23):
-    g2.append(two.decode([2], [g2[-1]], [q])[0])
-two.close()
-assert g1 == g2, (g1, g2)
-assert worst < 1e-5, worst
-print("ok", worst)
-"""
+def one_rank_against_two():
+    """N = 2 logits within rounding of N = 1's, the same argmax and greedy ids (run by fresh.run:
+    the ranks of a tensor-parallel runner are processes of their own, joined in a process group)."""
+    import torch
+    from engine.config import EngineConfig
+    from engine.runner.build import build_runner
+    from engine.parallel.launch import start_tensor_parallel
+    cfg = EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=512, prefill_rows=8)
+    one = build_runner(cfg)
+    two = start_tensor_parallel(EngineConfig(**{**cfg.__dict__, "tensor_parallel": 2}), 1)
+    worst = 0.0
+    for n in (7, 40):
+        p = [(i * 37) % 256 for i in range(n)]
+        two.workers.send(("prefill_step", (1, p, 0, n), {}))  # the worker's half of the same forward
+        a = one._forward_cut(torch.tensor(p), 1, 0)
+        b = two.runner._forward_cut(torch.tensor(p), 1, 0)
+        assert a.shape == b.shape == (512,), (a.shape, b.shape)
+        worst = max(worst, (a - b).abs().max().item() / a.abs().max().item())
+        assert torch.equal(a.argmax(), b.argmax())
+    g1 = one.generate(list(range(30)), 24, lane=2)
+    tok = [two.prefill_step(2, list(range(30)), s, min(s + 8, 30)) for s in range(0, 30, 8)][-1]
+    g2 = [tok]
+    for q in range(30, 30 + 23):
+        g2.append(two.decode([2], [g2[-1]], [q])[0])
+    two.close()
+    assert g1 == g2, (g1, g2)
+    assert worst < 1e-5, worst
 
 
 def test_logits_within_rounding_of_one_rank():
-    r = subprocess.run([sys.executable, "-c", LOGITS], capture_output=True, text=True, timeout=240,
-                       cwd=ROOT, env={**os.environ, **ENV})
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    r = fresh.run(one_rank_against_two, env={**os.environ, **ENV})
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
-SUM = r"""
-import sys, torch, torch.distributed as dist
-from engine.parallel.group import TensorParallel, join
-rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-join("cpu", rank, world, dist.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False))
-tp = TensorParallel(rank, world, vocab=10)
-g = torch.Generator().manual_seed(0)
-parts = [torch.randn(6, 33, generator=g) * 10 ** torch.randint(-3, 4, (6, 33), generator=g) for _ in range(world)]
-got = tp.reduce(parts[rank].clone())
-want = parts[0] + parts[1]
-for p in parts[2:]:
-    want = want + p
-assert torch.equal(got, want), "not the rank-order sum"
-assert torch.equal(tp.reduce(parts[rank][2:5].clone()), want[2:5]), "a row changed with its neighbours"
-mine = torch.arange(4.0) + 4 * rank  # a vocabulary shard of 4 a rank, cut to 10
-assert torch.equal(tp.gather_vocab(mine[None]), torch.arange(10.0)[None])
-dist.barrier()
-print("ok", flush=True)
-import os; os._exit(0)  # rank 0's store must outlive the others' teardown: none
-"""
+def sum_rank(rank, world, port):
+    """One rank of `world` summing partials over gloo, in a process of its own (run by fresh.run)."""
+    import torch
+    import torch.distributed as dist
+    from engine.parallel.group import TensorParallel, join
+    rank, world, port = int(rank), int(world), int(port)
+    join("cpu", rank, world, dist.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False))
+    tp = TensorParallel(rank, world, vocab=10)
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(6, 33, generator=g) * 10 ** torch.randint(-3, 4, (6, 33), generator=g) for _ in range(world)]
+    got = tp.reduce(parts[rank].clone())
+    want = parts[0] + parts[1]
+    for p in parts[2:]:
+        want = want + p
+    assert torch.equal(got, want), "not the rank-order sum"
+    assert torch.equal(tp.reduce(parts[rank][2:5].clone()), want[2:5]), "a row changed with its neighbours"
+    mine = torch.arange(4.0) + 4 * rank  # a vocabulary shard of 4 a rank, cut to 10
+    assert torch.equal(tp.gather_vocab(mine[None]), torch.arange(10.0)[None])
+    dist.barrier()
+    os._exit(0)  # rank 0's store must outlive the others' teardown: none
 
 
 def test_three_ranks_sum_in_rank_order():
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", SUM, str(r), "3", str(port)], cwd=ROOT,
+    procs = [subprocess.Popen(fresh.command(sum_rank, r, 3, port), cwd=ROOT,
                               env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0 and "ok" in out, err[-2000:]
+        assert p.returncode == 0, err[-2000:]
 
 
-ROUTE = r"""
-import sys, torch, torch.distributed as dist
-from engine.parallel.group import TensorParallel, join
-from engine.parallel.symm import symm_reduce
-rank, port = int(sys.argv[1]), int(sys.argv[2])
-join("cpu", rank, 2, dist.TCPStore("127.0.0.1", port, 2, rank == 0, wait_for_workers=False))
-assert symm_reduce(None, torch.device("cpu"), torch.float32, 2) is None  # CPU: gloo sums, no collective
+def route_rank(rank, port):
+    """One of two ranks routing its sums, in a process of its own (run by fresh.run)."""
+    import torch
+    import torch.distributed as dist
+    from engine.parallel.group import TensorParallel, join
+    from engine.parallel.symm import symm_reduce
+    rank, port = int(rank), int(port)
+    join("cpu", rank, 2, dist.TCPStore("127.0.0.1", port, 2, rank == 0, wait_for_workers=False))
+    assert symm_reduce(None, torch.device("cpu"), torch.float32, 2) is None  # CPU: gloo sums, no collective
 
+    class PeerSum:  # what the one-shot kernel computes, through gloo: p0 + p1, for tensors up to 8 values
+        calls = 0
+        def fits(self, y):
+            return y.numel() <= 8
+        def __call__(self, y):
+            PeerSum.calls += 1
+            parts = [torch.empty_like(y) for _ in range(2)]
+            dist.all_gather(parts, y)
+            return parts[0] + parts[1]
 
-class PeerSum:  # what the one-shot kernel computes, through gloo: p0 + p1, for tensors up to 8 values
-    calls = 0
-    def fits(self, y):
-        return y.numel() <= 8
-    def __call__(self, y):
-        PeerSum.calls += 1
-        parts = [torch.empty_like(y) for _ in range(2)]
-        dist.all_gather(parts, y)
-        return parts[0] + parts[1]
+    class OffByOne(PeerSum):
+        def __call__(self, y):
+            return super().__call__(y) + 1
 
-
-class OffByOne(PeerSum):
-    def __call__(self, y):
-        return super().__call__(y) + 1
-
-
-tp = TensorParallel(rank, 2, vocab=10, symm=PeerSum())
-small, big = torch.arange(8.0) + rank, torch.arange(16.0) + rank
-want_small, want_big = 2 * torch.arange(8.0) + 1, 2 * torch.arange(16.0) + 1
-assert torch.equal(tp.reduce(small.clone()), want_small) and PeerSum.calls == 1, "small: not the peer sum"
-assert torch.equal(tp.reduce(big.clone()), want_big) and PeerSum.calls == 1, "big: not the collective's sum"
-assert tp.symm_agrees(small)
-tp.symm = OffByOne()
-assert not tp.symm_agrees(small), "a wrong sum passed the bit check"
-tp.skip_sums = True
-assert tp.reduce(small) is small  # timing only: no sum
-dist.barrier()
-print("ok", flush=True)
-import os; os._exit(0)
-"""
+    tp = TensorParallel(rank, 2, vocab=10, symm=PeerSum())
+    small, big = torch.arange(8.0) + rank, torch.arange(16.0) + rank
+    want_small, want_big = 2 * torch.arange(8.0) + 1, 2 * torch.arange(16.0) + 1
+    assert torch.equal(tp.reduce(small.clone()), want_small) and PeerSum.calls == 1, "small: not the peer sum"
+    assert torch.equal(tp.reduce(big.clone()), want_big) and PeerSum.calls == 1, "big: not the collective's sum"
+    assert tp.symm_agrees(small)
+    tp.symm = OffByOne()
+    assert not tp.symm_agrees(small), "a wrong sum passed the bit check"
+    tp.skip_sums = True
+    assert tp.reduce(small) is small  # timing only: no sum
+    dist.barrier()
+    os._exit(0)
 
 
 def test_small_sums_go_to_the_peer_sum_and_the_bit_check_catches_a_wrong_one():
     """TensorParallel's routing at two ranks (the one-shot kernel itself needs two GPUs)."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", ROUTE, str(r), str(port)], cwd=ROOT,
+    procs = [subprocess.Popen(fresh.command(route_rank, r, port), cwd=ROOT,
                               env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0 and "ok" in out, err[-2000:]
+        assert p.returncode == 0, err[-2000:]
 
 
 def test_a_killed_rank_ends_the_server_within_seconds(tmp_path):

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import fresh
 from engine.cpu.isa import apply_cap, cap_env, cpu_flags
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 has_avx512 = pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no AVX-512: there is nothing to cap")
 
 
@@ -42,14 +43,22 @@ def test_an_unknown_isa_is_a_flag_error():
     assert "--cpu-isa" in r.stderr and "Traceback" not in r.stderr
 
 
+def print_isa_and_wide_build():
+    """The ISA the engine names and its wide kernel's build, one a line (run by fresh.run: the cap's
+    environment must be there before torch loads)."""
+    from engine.config import Toolchain
+    from engine.cpu.decode_attention import kernel
+    from engine.cpu.wide import WideKernel
+    from engine.runner.device_info import cpu_isa
+    k = kernel(Toolchain())
+    print(cpu_isa())
+    print(WideKernel(k.lib).isa if k else "no compiler")
+
+
 @has_avx512
 def test_the_capped_engine_takes_the_avx2_path():
     assert "float32" in engine("serve", "--model", "tiny", "--cpu-isa", "avx2", "--check").stdout
-    probe = ("from engine.cpu.decode_attention import kernel; from engine.cpu.wide import WideKernel; "
-             "from engine.runner.device_info import cpu_isa; from engine.config import Toolchain; k = kernel(Toolchain()); "
-             "print(cpu_isa()); print(WideKernel(k.lib).isa if k else 'no compiler')")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), **cap_env("avx2")})
+    r = fresh.run(print_isa_and_wide_build, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), **cap_env("avx2")})
     isa, wide = r.stdout.split("\n")[:2]
     assert isa == "AVX2 (capped; the CPU has AVX-512)", r.stderr
     assert wide in ("avx2+fma", "no compiler")  # the build's own name: no AVX-512 in it

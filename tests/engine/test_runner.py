@@ -166,55 +166,48 @@ def test_dummy_outputs_vary(runner):
     assert len(seen) >= 16
 
 
-def test_fused_kernels_in_interpreter(interpret):
+@pytest.mark.interpreted
+def test_fused_kernels_in_interpreter():
     """The fused CUDA trunk (add+RMSNorm, q/k norm + RoPE + cache write, silu*up), run by Triton's
     interpreter on the CPU in float32, matches the plain trunk: logits, cache rows and tokens."""
-    pytest.importorskip("triton", reason="the Triton kernels: triton is not installed (the engine extra brings it on Linux x86_64 and aarch64)")
-    interpret(r'''
-import torch
-from engine.config import EngineConfig
-from engine.runner.cuda_runner import CudaRunner
-r = CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
-toks = [(i * 13 + 1) % 256 for i in range(12)]
-with torch.inference_mode():
-    a = r.cut_logits(torch.tensor(toks), 0, 0)
-    b = r.cut_logits(torch.tensor(toks), 1, 0, fused=True)
-    assert (a - b).abs().max() < 1e-5
-    assert (r.kv.k[:, 0, :12] - r.kv.k[:, 1, :12]).abs().max() < 1e-5
-    assert (r.kv.v[:, 0, :12] - r.kv.v[:, 1, :12]).abs().max() < 1e-5
-plain = r.generate(toks, 4, lane=0)
-r.fused = True
-assert r.generate(toks, 4, lane=1) == plain
-print("ok")
-''')
+    import torch
+    from engine.config import EngineConfig
+    from engine.runner.cuda_runner import CudaRunner
+    r = CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
+    toks = [(i * 13 + 1) % 256 for i in range(12)]
+    with torch.inference_mode():
+        a = r.cut_logits(torch.tensor(toks), 0, 0)
+        b = r.cut_logits(torch.tensor(toks), 1, 0, fused=True)
+        assert (a - b).abs().max() < 1e-5
+        assert (r.kv.k[:, 0, :12] - r.kv.k[:, 1, :12]).abs().max() < 1e-5
+        assert (r.kv.v[:, 0, :12] - r.kv.v[:, 1, :12]).abs().max() < 1e-5
+    plain = r.generate(toks, 4, lane=0)
+    r.fused = True
+    assert r.generate(toks, 4, lane=1) == plain
 
 
-def test_triton_decode_kernel_in_interpreter(interpret):
+@pytest.mark.interpreted
+def test_triton_decode_kernel_in_interpreter(monkeypatch):
     """The CUDA decode-attention kernel, run by Triton's interpreter on the CPU: it agrees with
     the per-row loop and a row's result is bitwise independent of its neighbours."""
-    pytest.importorskip("triton", reason="the Triton kernels: triton is not installed (the engine extra brings it on Linux x86_64 and aarch64)")
-    code = r'''
-import os, torch
-os.environ["TRITON_INTERPRET"] = "1"
-import engine.cuda.decode_attention as K
-from engine.config import EngineConfig
-from engine.runner.build import build_runner
-from engine.models.qwen3 import decode_attention_loop
-K.SPLIT, K.BLOCK = 32, 16
-r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=96, prefill_rows=16))
-for lane, n in enumerate([5, 70, 33]):
-    r.prefill(lane, [(i * 7 + lane) % 256 for i in range(n)])
-q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0))
-lanes, pos = torch.tensor([0, 1, 3]), torch.tensor([4, 69, 0])
-a = K.decode_attention(r.kv, 1, q, lanes, pos)
-b = decode_attention_loop(r.kv, 1, q, lanes, pos)
-assert (a[:2] - b[:2]).abs().max() < 1e-5, (a - b).abs().max()
-q2 = q.clone(); q2[0] = 1.0
-c = K.decode_attention(r.kv, 1, q2, torch.tensor([3, 1, 2]), torch.tensor([0, 69, 32]))
-assert torch.equal(a[1], c[1])
-print("ok")
-'''
-    interpret(code)
+    import torch
+    import engine.cuda.decode_attention as K
+    from engine.config import EngineConfig
+    from engine.runner.build import build_runner
+    from engine.models.qwen3 import decode_attention_loop
+    monkeypatch.setattr(K, "SPLIT", 32)
+    monkeypatch.setattr(K, "BLOCK", 16)
+    r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=96, prefill_rows=16))
+    for lane, n in enumerate([5, 70, 33]):
+        r.prefill(lane, [(i * 7 + lane) % 256 for i in range(n)])
+    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0))
+    lanes, pos = torch.tensor([0, 1, 3]), torch.tensor([4, 69, 0])
+    a = K.decode_attention(r.kv, 1, q, lanes, pos)
+    b = decode_attention_loop(r.kv, 1, q, lanes, pos)
+    assert (a[:2] - b[:2]).abs().max() < 1e-5, (a - b).abs().max()
+    q2 = q.clone(); q2[0] = 1.0
+    c = K.decode_attention(r.kv, 1, q2, torch.tensor([3, 1, 2]), torch.tensor([0, 69, 32]))
+    assert torch.equal(a[1], c[1])
 
 
 @pytest.mark.parametrize("rows,max_len,split", [(1024, 32256, 2048), (512, 32256, 2048), (2048, 32256, 2048),

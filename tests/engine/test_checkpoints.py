@@ -17,7 +17,7 @@ from engine.models.presets import PRESETS, resolve_model
 from engine.runner.build import build_runner
 
 transformers = pytest.importorskip("transformers")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "the engine streams tokens 🙂 to every client"}]
 
 
