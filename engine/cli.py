@@ -206,7 +206,7 @@ def serve(
         typer.echo(check_config(cfg))
         return
     from engine.scheduler.host import LaneHost
-    from engine.runner.model_runner import build_runner
+    from engine.runner.build import build_runner
 
     check_config(cfg)  # before any worker rank starts
     if cfg.tensor_parallel > 1:

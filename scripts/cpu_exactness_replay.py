@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.scheduler.sampling import SamplingParams
 from tensorfold_bench import report
 from tensorfold_bench.client.sampling import request_seed

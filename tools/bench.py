@@ -24,7 +24,8 @@ import torch
 import typer
 
 from engine.config import EngineConfig
-from engine.runner.model_runner import ModelRunner, build_runner
+from engine.runner.build import build_runner
+from engine.runner.model_runner import ModelRunner
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -170,7 +171,7 @@ def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
                       f"ahead gains {gain:+.1%}")
         print(f"decode 1 stream not run ahead | {s0 * 1e3:.2f} ms", flush=True)
     if len(r.buckets) > 1:  # one stream at the padded shape, as before row buckets
-        r1 = ModelRunner(replace(cfg, max_model_len=ctx + rounds + 64,
+        r1 = build_runner(replace(cfg, max_model_len=ctx + rounds + 64,
                                  kernels=replace(cfg.kernels, row_buckets=False)), model=r.model)
         s1 = bench_decode(r1, 1, rounds, reps, ctx)
         gain = s1 / out["decode"][1]["round_s"] - 1
@@ -179,7 +180,7 @@ def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
                       f"{1 / s1:,.1f}", "", f"row buckets gain {gain:+.1%}")
         print(f"decode 1 stream {r1.round_rows} rows | {s1 * 1e3:.2f} ms", flush=True)
         del r1
-    r3 = ModelRunner(replace(cfg, parallel=parallel, max_model_len=ctx + rounds + 64,
+    r3 = build_runner(replace(cfg, parallel=parallel, max_model_len=ctx + rounds + 64,
                              kernels=replace(cfg.kernels, skinny=not r.skinny)), model=r.model)
     s4 = bench_decode(r3, 1, rounds, reps, ctx)
     matmuls = r3.describe()["decode_matmuls"]
@@ -188,7 +189,7 @@ def _compare(r, cfg, out, table, plens, levels, rounds, reps, ctx, parallel):
     table.add_row(label, f"{s4 * 1e3:.2f} ms", f"{1 / s4:,.1f}", "", f"default vs this {out['decode'][1]['round_s'] / s4 - 1:+.1%}")
     print(f"{label} | {s4 * 1e3:.2f} ms", flush=True)
     del r3
-    r2 = ModelRunner(replace(cfg, parallel=parallel, max_model_len=max(min(plens), ctx + rounds) + 64,
+    r2 = build_runner(replace(cfg, parallel=parallel, max_model_len=max(min(plens), ctx + rounds) + 64,
                              kernels=replace(cfg.kernels, fused=False)), model=r.model)
     s2 = bench_decode(r2, 1, rounds, reps, ctx)
     out["decode_plain_ops_1"] = {"round_s": s2, "tok_s": 1 / s2}

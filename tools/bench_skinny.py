@@ -243,11 +243,11 @@ def adopted_tables(dev, adopt: dict, default: S.SkinnyConfig | None = None) -> S
 def bench_round(model: str, device: str, dtype: str, rows: int, out: dict, say, rounds: int, reps: int,
                 tables: S.SkinnyTables) -> None:
     from tools.bench import bench_decode, prompt
-    from engine.runner.model_runner import ModelRunner
+    from engine.runner.build import build_runner
     cfg = EngineConfig(model=model, device=device, dtype=dtype, parallel=rows, max_model_len=512,
                        prefill_rows=4096 if device.startswith("cuda") else 64, seed=0)
-    base = ModelRunner(replace(cfg, kernels=KernelConfig(skinny=False)))
-    sk = ModelRunner(replace(cfg, kernels=KernelConfig(skinny=True)), model=base.model)
+    base = build_runner(replace(cfg, kernels=KernelConfig(skinny=False)))
+    sk = build_runner(replace(cfg, kernels=KernelConfig(skinny=True)), model=base.model)
     if device == "cpu":  # the dry run: Triton's interpreter in place of CUDA
         sk.fused = sk.skinny = True
     sk.kernels.skinny = tables  # the adopted entries; the graph captured again with them

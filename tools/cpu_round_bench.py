@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 
 class CountOps(TorchDispatchMode):

@@ -21,7 +21,7 @@ import torch
 from engine.scheduler.backend import cuts
 from engine.config import EngineConfig, KernelConfig
 from engine.models.qwen3 import decode_attention_loop
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 
 def rel(a, b) -> float:
@@ -125,10 +125,9 @@ def check_exactness(res, model):
     # the decode graph's TMA ring and PDL (the defaults) against the Triton products without PDL
     from dataclasses import replace
 
-    from engine.runner.model_runner import ModelRunner
     d = r.describe()
     res["decode_ring"], res["decode_pdl"] = d.get("decode_ring"), d.get("decode_pdl")
-    plain = ModelRunner(replace(r.cfg, kernels=KernelConfig(ring=False, pdl=0, overlap=False)), model=r.model)
+    plain = build_runner(replace(r.cfg, kernels=KernelConfig(ring=False, pdl=0, overlap=False)), model=r.model)
     res["exact_ring_pdl_equals_plain_kernels"] = plain.generate(target, 24, lane=0) == alone
     # rounds run ahead (generate asks for them): four streams, two of them ending early, then the
     # same rounds without; ids equal, and the rounds in flight served the next call

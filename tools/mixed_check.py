@@ -21,7 +21,7 @@ import time
 import torch
 
 from engine.config import EngineConfig, KernelConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from tools.results import write_results
 
 SIZES = (200, 77, 640, 513, 1000, 64, 384, 128, 1024, 300)  # budget-like cut sizes, in turn

@@ -20,7 +20,7 @@ import torch
 
 from engine.config import EngineConfig, KernelConfig
 from engine.runner.mixed_graph import TILES, MixedGraphs
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from tools.results import write_results
 
 # the graphs before the chunked products (one F.linear a product), before the cut attention's lower tiles,

@@ -19,7 +19,7 @@ import torch
 
 from engine.cli import device_defaults
 from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 
 def main(argv=None) -> None:

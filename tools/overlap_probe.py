@@ -24,7 +24,7 @@ import torch
 
 from engine.config import EngineConfig, KernelConfig
 from engine.cuda import cut_flash
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from tools.results import write_results
 
 ROWS = 128

@@ -22,7 +22,7 @@ import torch
 from dataclasses import replace
 
 from engine.config import EngineConfig, KernelConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 
 def main(argv=None) -> None:

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine.config import EngineConfig
 from tools.bench import bench_prefill, matmul_rate, prompt, prompt_flops, side_by_side
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 
 def product_rate(rows: int, n: int, k: int, reps: int = 20) -> float:

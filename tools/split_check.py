@@ -1,5 +1,5 @@
 """Split mode in process: a stream decoding on the decode partition while a long prompt's cuts run
-on the prompt partition (`ModelRunner.start_step`), against each alone on the whole device.
+on the prompt partition (`CudaRunner.start_step`), against each alone on the whole device.
 
     PYTHONPATH=. python3 -m tools.split_check --model qwen3-0.6b [--decode-sms 32] [--prompt 6000]
 
@@ -18,7 +18,7 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.scheduler.backend import cuts
 
 

@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 
 def main(argv):

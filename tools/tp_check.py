@@ -4,7 +4,7 @@ process (scripts/h200_tp.sh runs them in turn).
     PYTHONPATH=. python3 -m tools.tp_check --phase one --model qwen3-32b --out $OUT
     PYTHONPATH=. python3 -m tools.tp_check --phase tp --world 2 --model qwen3-32b --out $OUT
 
-- phase one: the plain ModelRunner: greedy tokens of two prompts (alone), decode ms a round at
+- phase one: the plain one-rank runner: greedy tokens of two prompts (alone), decode ms a round at
   one stream, and a long prompt's fill time; written to $OUT/tp_one.json.
 - phase tp, world >= 2: `start_tensor_parallel` (rank 0 here, the workers started by it), the same
   figures, the tokens against phase one's, and exactness within the TP size: two prompts decoded
@@ -83,7 +83,7 @@ def decode_ms(be, tok: int, pos: int, rounds: int) -> float:
 
 
 def sums_split(be, cfg: EngineConfig, vocab: int, rounds: int, order: list[str]) -> dict:
-    """The decode round with its o/down sums through each way in `order` (TPRunner.set_sums, on
+    """The decode round with its o/down sums through each way in `order` (TPRank.set_sums, on
     every rank), in turn: ms a round, and (but "skip", whose logits are wrong) the exactness
     checks. Also whether the symmetric-memory sum has NCCL's bits at a few row counts, and the
     fused sum + add + RMSNorm the bits of the sum then add_rmsnorm."""
@@ -171,11 +171,11 @@ def phase_tp(cfg: EngineConfig, world: int):
         return start_tensor_parallel(EngineConfig(**{**cfg.__dict__, "tensor_parallel": world}),
                                      torch.get_num_threads())
     from engine.parallel.group import TensorParallel, join, tcp_store
-    from engine.parallel.runner import TPRunner
+    from engine.parallel.runner import build_tp_runner
     dev = "cuda:0" if cfg.device.startswith("cuda") else "cpu"
     join(dev, 0, 1, tcp_store(1))
     tp = TensorParallel(0, 1, resolve_model(cfg.model)[0].vocab_size, collectives=True)
-    return TPRunner(cfg, tp)
+    return build_tp_runner(cfg, tp)
 
 
 def main() -> None:
@@ -205,8 +205,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if a.phase == "one":
-        from engine.runner.model_runner import ModelRunner
-        be = ModelRunner(cfg)
+        from engine.runner.build import build_runner
+        be = build_runner(cfg)
     else:
         be = phase_tp(cfg, a.world)
     runner = getattr(be, "runner", be)

@@ -22,7 +22,7 @@ from engine.config import EngineConfig, Toolchain
 from engine.cpu.decode_attention import kernel
 from engine.cpu.packed import ROW_TILE, PackedLinears
 from engine.cpu.wide import WideKernel
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 
 def rounds(a) -> None:

@@ -1,6 +1,6 @@
 """The CPU decode round in C++ (engine/cpu/round.cpp), built once with the machine's C++ compiler.
 
-The Python round (ModelRunner._decode_cpu: the model's forward on engine/cpu/forward.py's ops) makes ~700 torch calls, each paying Python's
+The Python round (CpuRunner._decode_cpu: the model's forward on engine/cpu/forward.py's ops) makes ~700 torch calls, each paying Python's
 argument parsing and a GIL hand-off. The C++ round makes the same ATen calls on the same shapes
 and layouts, in the same order, so the same kernels run and the logits are the same bits; it is
 one call a round, with the GIL released: measured in-process on two AMD EPYC cores, 1.3-1.5x less
@@ -158,7 +158,7 @@ class CppRound:
 
     def rows(self, rows: list[list[int]], spare: int, kv) -> tuple[torch.Tensor, torch.Tensor]:
         """ModelRunner.padded_round's [tokens, positions, lanes] -> (logits [rows, vocab], greedy ids [rows]):
-        the Python round's logits (ModelRunner._decode_cpu) with decode_attention_buckets' plan, bit for bit."""
+        the Python round's logits (CpuRunner._decode_cpu) with decode_attention_buckets' plan, bit for bit."""
         m = self.model
         h, kvh, d = self.shape
         return torch.ops.tfengine_cpu.decode_rows(

@@ -1,6 +1,6 @@
 """A matmul whose row results do not depend on the batch: y [M, N] = x [M, K] @ W [N, K]^T.
 
-For filling several short prompts in one forward (ModelRunner._forward_many: one ForwardPlan of several cuts):
+For filling several short prompts in one forward (CudaRunner._forward_many: one ForwardPlan of several cuts):
 a row's bits must be the same whether its prompt runs alone or beside others. cuBLAS picks its
 kernel (tile shape, split-K) by M, so a row's sum order changes with the batch. Here every
 output tile is BLOCK_M x BLOCK_N summed over K in BLOCK_K steps from 0 up, never split; the

@@ -18,7 +18,6 @@ SLOTS = tl.constexpr(10)
 # slots: 0 entry, 1 after the PDL wait, 2 the positions read, 3 q ready (its norm, RoPE and K/V write),
 # 4 the keys walked, 5 the output stored (cycles); 6 / 7 the global timer at 1 / 5 (ns); 8 the global
 # timer at entry; 9 the SM the program ran on
-PHASES = ("wait", "positions", "q/k", "walk", "tail")
 
 _CYCLES = tl.constexpr("mov.u64 $0, %clock64;")
 _NS = tl.constexpr("mov.u64 $0, %globaltimer;")

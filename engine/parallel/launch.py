@@ -2,7 +2,7 @@
 end the server when one dies.
 
 Rank 0 is the server process (HTTP, the lane host, runner rank 0). Ranks 1..N-1 are processes
-it starts (`python -m engine.parallel.worker`), each with a TPRunner on its shard. Before every forward
+it starts (`python -m engine.parallel.worker`), each with a rank runner on its shard. Before every forward
 rank 0 writes the call the lane host made (prefill_step / prefill_many / decode, with its lanes,
 tokens, positions, cut and sampling parameters) to each worker's stdin as one pickle frame; every
 rank then runs the same forward, meeting at the same collectives. The scheduler never sees any
@@ -147,7 +147,7 @@ class TPBackend:
 
 def start_tensor_parallel(cfg: EngineConfig, threads: int) -> TPBackend:
     """Start ranks 1..N-1, join the group as rank 0 and build rank 0's runner."""
-    from engine.parallel.runner import TPRunner
+    from engine.parallel.runner import build_tp_runner
 
     n = cfg.tensor_parallel
     mcfg = resolve_model(cfg.model)[0]
@@ -155,7 +155,7 @@ def start_tensor_parallel(cfg: EngineConfig, threads: int) -> TPBackend:
     workers = Workers(cfg, store.port, threads)
     try:
         join(rank_device(cfg.device, 0), 0, n, store)
-        runner = TPRunner(cfg, TensorParallel(0, n, mcfg.vocab_size), device_names(cfg.device, n))
+        runner = build_tp_runner(cfg, TensorParallel(0, n, mcfg.vocab_size), device_names(cfg.device, n))
     except BaseException:
         workers.close(grace_s=1.0)
         raise

@@ -1,4 +1,4 @@
-"""A tensor-parallel rank's model runner: the ModelRunner on the rank's shard (engine/parallel/weights.py)
+"""A tensor-parallel rank's model runner: its device's runner on the rank's shard (engine/parallel/weights.py)
 with the model's sums across ranks (engine/parallel/group.py) and the logits gathered whole after every
 forward, so everything after the forward (argmax, sampler, logprobs) is the one-rank code on the
 same bits on every rank. On CUDA the decode round's graph captures the collectives inside it."""
@@ -9,12 +9,16 @@ import torch
 from engine.config import EngineConfig
 from engine.parallel.group import TensorParallel
 from engine.models.presets import resolve_model
-from engine.runner.model_runner import ModelRunner
+from engine.runner.cpu_runner import CpuRunner
+from engine.runner.cuda_runner import CudaRunner
+from engine.runner.build import runner_class
 from engine.parallel.weights import load_shard
 from engine.models.weights import DTYPES
 
 
-class TPRunner(ModelRunner):
+class TPRank:
+    """What a rank adds to its device's runner (CpuTPRunner, CudaTPRunner: build_tp_runner picks one)."""
+
     def __init__(self, cfg: EngineConfig, tp: TensorParallel, devices: list[str] | None = None):
         """cfg.device: this rank's device (cuda:r, or cpu). `devices`: every rank's, for describe()."""
         mcfg, _, model_dir = resolve_model(cfg.model)
@@ -85,8 +89,8 @@ class TPRunner(ModelRunner):
             ok = ok and all(torch.equal(p, q) for p, q in zip(got, want))
         return ok
 
-    def _decode_body(self, inp: torch.Tensor, rows=None, mode=None) -> torch.Tensor:
-        return self.tp.gather_vocab(super()._decode_body(inp, rows, mode))
+    def _decode_body(self, inp: torch.Tensor, *args, **kw) -> torch.Tensor:
+        return self.tp.gather_vocab(super()._decode_body(inp, *args, **kw))
 
     def _forward_cut(self, ids: torch.Tensor, lane: int, start: int) -> torch.Tensor:
         return self.tp.gather_vocab(super()._forward_cut(ids, lane, start))
@@ -99,3 +103,17 @@ class TPRunner(ModelRunner):
         d["tensor_parallel"] = self.tp.world
         d["devices"] = list(self.devices or [d["device_name"]] * self.tp.world)
         return d
+
+
+class CpuTPRunner(TPRank, CpuRunner):
+    pass
+
+
+class CudaTPRunner(TPRank, CudaRunner):
+    pass
+
+
+def build_tp_runner(cfg: EngineConfig, tp: TensorParallel, devices: list[str] | None = None) -> TPRank:
+    """This rank's runner on cfg.device (`devices`: every rank's, for describe())."""
+    cls = CpuTPRunner if runner_class(cfg.device) is CpuRunner else CudaTPRunner
+    return cls(cfg, tp, devices)

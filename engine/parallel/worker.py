@@ -1,6 +1,6 @@
 """A tensor-parallel worker rank (1..N-1): `python -m engine.parallel.worker`, started by rank 0
 (engine/parallel/launch.py). It reads a Start frame and then one plan frame per forward from its stdin,
-and runs each plan on its TPRunner exactly as rank 0 runs it, so both meet at the same collectives.
+and runs each plan on its rank runner exactly as rank 0 runs it, so both meet at the same collectives.
 
 It ends itself when rank 0 goes: its stdin closes (EOF), or, should it be blocked inside a
 collective at the time, a thread sees its parent change and exits the process.
@@ -57,7 +57,7 @@ def main() -> None:
 
     from engine.parallel.group import TensorParallel, join, tcp_store
     from engine.models.presets import resolve_model
-    from engine.parallel.runner import TPRunner
+    from engine.parallel.runner import build_tp_runner
 
     code = 0
     try:
@@ -68,7 +68,7 @@ def main() -> None:
         store = tcp_store(start.world, start.port)
         join(start.cfg.device, start.rank, start.world, store)
         vocab = resolve_model(start.cfg.model)[0].vocab_size
-        runner = TPRunner(start.cfg, TensorParallel(start.rank, start.world, vocab))
+        runner = build_tp_runner(start.cfg, TensorParallel(start.rank, start.world, vocab))
         serve_plans(runner, stream)
     except Exception as exc:  # one line; rank 0 ends the server naming this rank
         logging.getLogger("engine.parallel.worker").error("rank %d: %s: %s", start.rank, type(exc).__name__,

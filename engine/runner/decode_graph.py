@@ -1,4 +1,4 @@
-"""The decode round as CUDA graphs, captured for a ModelRunner at each of its row counts.
+"""The decode round as CUDA graphs, captured for a CudaRunner at each of its row counts.
 
 - Row counts (`buckets`): the padded shape (--parallel), and below it 1, 2, 4, ... rows where every
   product takes the same kernel and tiles as at the padded shape (engine/cuda/skinny.py route), so a
@@ -104,7 +104,7 @@ def overlaps(r) -> bool:
 class DecodeGraphs:
     """A runner's decode graphs (module doc): set up by `capture`, then `fresh` / `chain` launch them.
     fold_combine / qk_fold / pdl: what the capture chose (the q/k fold decides which rounds may
-    replay: ModelRunner._graph_takes; pdl is /v1/engine's decode_pdl)."""
+    replay: CudaRunner._graph_takes; pdl is /v1/engine's decode_pdl)."""
 
     def __init__(self, runner, stream: torch.cuda.Stream | None = None):
         """`stream`: capture there (a green context's stream confines the graphs to its SMs:

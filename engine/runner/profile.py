@@ -203,10 +203,10 @@ class Profiler:
     def stage(self, purpose: str, parallel: int, max_len: int, measure, mode: str = "stepped", flags=(), **kw) -> None:
         """Build a runner (the weights shared), `measure(runner)`, and free it before the next: two
         runners' KV caches need not fit together. Nothing outside holds the runner once this returns."""
-        from engine.runner.model_runner import ModelRunner
+        from engine.runner.build import build_runner
         ecfg = self.engine_config(parallel, max_len, mode, **kw)
         t = time.perf_counter()
-        r = ModelRunner(ecfg, model=self.model)
+        r = build_runner(ecfg, model=self.model)
         try:
             if getattr(r, "cuts_warmed", None) is not None:
                 r.cuts_warmed.result()

@@ -1,4 +1,4 @@
-"""What a ModelRunner reports of itself (/v1/engine, receipts, benches): its model, device,
+"""What a runner reports of itself (/v1/engine, receipts, benches): its model, device,
 kernels and shapes. Read at start-up and by benches; nothing here is on a hot path."""
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def cuda_split(r) -> str:
 
 
 def cuda_mixed(r) -> str:
-    """How a CUDA runner's mixed forwards run (ModelRunner._mixed_fused)."""
+    """How a CUDA runner's mixed forwards run (CudaRunner._mixed_fused)."""
     if r.cfg.prefill_mode != "mixed":
         return "off"
     g = getattr(r, "mixed_graphs", None)

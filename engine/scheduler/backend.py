@@ -1,5 +1,5 @@
 """What the lane host asks of a backend. The host speaks lanes and token ids; only the backend
-touches tensors. `ModelRunner` is the real one; tests drive the host with a fake."""
+touches tensors. the runners (engine/runner/build.py) are the real ones; tests drive the host with a fake."""
 from __future__ import annotations
 
 from dataclasses import dataclass

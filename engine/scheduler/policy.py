@@ -124,9 +124,9 @@ class LanePolicy:
                                               s.rows_left, s.arrival, s.id))
 
     def goes_whole(self, seq: Sequence) -> bool:
-        """Short by what it had to fill when admitted, not by what is left: a long prompt's last
-        SHORT_ROWS rows ran uncharged and back to back once, so at p = 0.5 the decoders got 44 % of
-        B's fill on the cpu preset and A its longest pause (two ~0.8 s cuts) at the fill's end."""
+        """Short by what it had to fill when admitted, not by what is left: otherwise a long prompt's
+        last SHORT_ROWS rows would run uncharged and back to back, taking the decoders' share at the
+        end of its fill and leaving them a pause of several cuts there."""
         return self.whole or len(seq.prompt) - seq.cached <= SHORT_ROWS
 
     def long_step(self, long_: list[Sequence], prompts_waiting: bool,

@@ -6,7 +6,7 @@ import torch
 from engine.runner.ahead import advance
 from engine.config import SHORT_ROWS, EngineConfig, KernelConfig
 from engine.scheduler.host import LaneHost
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.scheduler.sampling import SamplingParams
 from engine.scheduler.sequence import Sequence
 

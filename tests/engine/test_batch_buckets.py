@@ -74,9 +74,9 @@ def test_cuts_together_equal_alone_through_adopted_counts(monkeypatch):
     import torch.nn.functional as F
     import engine.cuda.batch as B
     from engine.config import EngineConfig
-    from engine.runner.model_runner import build_runner
+    from engine.runner.cuda_runner import CudaRunner
     monkeypatch.setattr(F, "linear", lambda x, w: (x[:, None, :] * w[None, :, :]).sum(-1))  # each row alone
-    r = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
+    r = CudaRunner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
     r.fused = r.batch_cuts = True
     layer = r.model.model.layers[0]
     r.kernels.batch = B.adopt_buckets([layer.self_attn.wqkv, layer.self_attn.o_proj.weight, layer.mlp.w_gate_up,

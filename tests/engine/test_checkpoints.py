@@ -14,7 +14,7 @@ from engine.config import ConfigError, EngineConfig, KernelConfig, ModelConfig
 from tools.make_model_dir import make_model_dir
 from engine.models.hf_config import from_hf_dict
 from engine.models.presets import PRESETS, resolve_model
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]

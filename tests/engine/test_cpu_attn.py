@@ -8,7 +8,7 @@ import torch
 
 import engine.cpu.decode_attention as ca
 from engine.config import EngineConfig, KernelConfig, Toolchain
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from marks import bf16, needs_cpu_bf16  # noqa: F401
 
 SPARE = 8

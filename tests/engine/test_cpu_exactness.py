@@ -14,7 +14,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.cpu.packed import ROW_TILE
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.runner.sampler import choose, draw
 from engine.scheduler.sampling import SamplingParams
 from marks import bf16, needs_cpu_bf16  # noqa: F401

@@ -1,5 +1,5 @@
 """Short prompt cuts on the CPU (bf16) filled together in one forward (ModelRunner.prefill_many,
-ModelRunner._forward_many on the CPU kernels), and a tile's attention over the cut's rows only: where the
+CpuRunner._forward_many), and a tile's attention over the cut's rows only: where the
 start-up check finds the products row-invariant (engine.cpu.packed.rows_invariant), every cut
 keeps the bits it has alone, and alone the bits of the old path (padded tiles, one cut a forward),
 so no greedy id moves."""
@@ -10,7 +10,7 @@ from engine.config import EngineConfig, KernelConfig
 from engine.cpu.cut_attention import cut_attention_cpu
 from engine.cpu.packed import packs_bf16, rows_invariant
 from engine.scheduler.host import LaneHost
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.scheduler.sequence import Sequence
 
 R = 64

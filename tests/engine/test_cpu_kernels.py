@@ -8,7 +8,7 @@ import engine.cpu.packed as ck
 from engine.scheduler.backend import cuts
 from engine.config import ConfigError, EngineConfig, KernelConfig, Toolchain
 from engine.models.qwen3 import decode_attention_loop
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from marks import bf16, needs_cpu_bf16  # noqa: F401
 
 R = 16

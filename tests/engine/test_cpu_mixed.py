@@ -9,7 +9,7 @@ from engine.config import EngineConfig, KernelConfig
 from engine.cpu.forward import CpuOps, mixed_products
 from engine.cpu.packed import invariant_floor
 from engine.models.qwen3 import ForwardPlan
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from marks import bf16
 from tiny_run import LONG_PROMPT
 

@@ -11,7 +11,7 @@ import engine.cpu.decode_attention as cattn
 import engine.cpu.round as cr
 from engine.config import EngineConfig, KernelConfig, Toolchain
 from engine.cpu.packed import BucketPlan
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from marks import bf16, needs_cpu_bf16  # noqa: F401
 
 # (lanes, tokens, positions): one row; spans apart; a drafter's second entry; lanes apart in one
@@ -130,9 +130,9 @@ def test_python_round_when_the_build_fails(monkeypatch):
 def test_a_runner_that_wraps_the_round_keeps_the_python_round():
     """A tensor-parallel rank wraps _decode_body (sums across ranks, the vocabulary gathered):
     the C++ round, which would skip both, stays off there."""
-    from engine.runner.model_runner import ModelRunner
+    from engine.runner.cpu_runner import CpuRunner
 
-    class Wrapped(ModelRunner):
+    class Wrapped(CpuRunner):
         def _decode_body(self, inp, rows=None):
             return super()._decode_body(inp, rows)
 

@@ -13,7 +13,7 @@ import torch
 from engine.config import EngineConfig, KernelConfig, Toolchain
 from engine.cpu.decode_attention import SOURCE, kernel
 from engine.cpu.wide import WideKernel, wide_fits, wide_wanted
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.scheduler.backend import cuts
 
 WIDE = WideKernel(kernel(Toolchain()).lib) if kernel(Toolchain()) is not None else None

@@ -1,4 +1,4 @@
-"""The CUDA mixed forward (ModelRunner._mixed_fused) under Triton's interpreter, on the tiny preset:
+"""The CUDA mixed forward (CudaRunner._mixed_fused) under Triton's interpreter, on the tiny preset:
 a prompt's cuts off the grid, each beside a decode round, leave the KV rows and the first token a
 whole prefill gives (cut_flash's tiles, the cuts' row-invariant product), and the round's rows the
 ids a plain round gives. And the flags: mixed on cuda only with --cut-attention tiles."""
@@ -26,8 +26,8 @@ def _cuda_path(r):
 
 @pytest.mark.interpreted
 def test_cuts_off_the_grid_beside_rounds_keep_every_rows_bits():
-    from engine.runner.model_runner import build_runner
-    r = _cuda_path(build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
+    from engine.runner.cuda_runner import CudaRunner
+    r = _cuda_path(CudaRunner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
                                              seed=3, kernels=KernelConfig(cpu_fast=False, cut_tiles=True))))
     first_a = r.prefill(2, A)
     first_b = r.prefill(1, B)  # the reference: whole, on the grid
@@ -56,7 +56,7 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits(monkeypatch):
     from dataclasses import replace
     from engine.cuda import cut_flash
     from engine.runner import mixed_graph
-    from engine.runner.model_runner import build_runner
+    from engine.runner.cuda_runner import CudaRunner
     planned, used = [], []
     # the plan's answer at 8 rows: a config of the same bits (the interpreter runs any warp count alike)
     monkeypatch.setattr(cut_flash, "plan_tiles", lambda base, cands, n, *a, **k: planned.append((n, cands))
@@ -64,7 +64,7 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits(monkeypatch):
     real_at = cut_flash.cut_attention_at
     monkeypatch.setattr(cut_flash, "cut_attention_at", lambda q, k, v, meta, ml, c: used.append((q.shape[0], c.warps, c.tma))
                         or real_at(q, k, v, meta, ml, c))
-    r = _cuda_path(build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
+    r = _cuda_path(CudaRunner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
                                              seed=3, kernels=KernelConfig(cpu_fast=False, cut_tiles=True))))
     first_a = r.prefill(2, A)
     first_b = r.prefill(1, B)
@@ -94,7 +94,7 @@ def test_the_graphs_body_at_fixed_sizes_keeps_every_rows_bits(monkeypatch):
     assert mixed_graph.sizes_for(600, 40960) == (128, 256, 384, 512, 600)
     # the sizes and the host's granule in whole tiles of the cut attention
     from engine.cuda.cut_flash import CutFlashConfig
-    from engine.runner.model_runner import MIXED_GRANULE
+    from engine.runner.cuda_runner import MIXED_GRANULE
     assert MIXED_GRANULE == CutFlashConfig().block_m and all(s % MIXED_GRANULE == 0 for s in mixed_graph.SIZES)
 
 
@@ -109,7 +109,7 @@ def test_padded_launches_keep_every_rows_bits(monkeypatch, hold_down, chunks):
     round's ids a plain round's, every way."""
     import torch.nn.functional as F
     from engine.runner import mixed_graph
-    from engine.runner.model_runner import build_runner
+    from engine.runner.cuda_runner import CudaRunner
     real, padded = F.linear, []
 
     def library(x, w, b=None):  # row by row (row-invariant), another last bit at 9-23 rows
@@ -124,7 +124,7 @@ def test_padded_launches_keep_every_rows_bits(monkeypatch, hold_down, chunks):
     real_pad = mixed_graph.pad
     monkeypatch.setattr(mixed_graph, "pad", lambda x, m: padded.append((x.shape[1], m)) or real_pad(x, m)
                         if m != x.shape[0] else x)
-    r = _cuda_path(build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
+    r = _cuda_path(CudaRunner(EngineConfig(model="tiny", parallel=4, max_model_len=64, prefill_rows=16,
                                              seed=3, kernels=KernelConfig(cpu_fast=False, cut_tiles=True))))
     r.skinny = False  # the round's products through the library too, at its own (unmoved) 4 rows
     first_a = r.prefill(2, A)

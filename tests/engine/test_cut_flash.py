@@ -94,10 +94,10 @@ def test_runner_with_cut_tiles_runs_every_cut_through_them(monkeypatch):
     import torch
     from engine.config import EngineConfig, KernelConfig
     from engine.cuda import cut_flash
-    from engine.runner.model_runner import build_runner
+    from engine.runner.cuda_runner import CudaRunner
     from engine.runner.report import _prefill_attention_name
-    assert build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=48, prefill_rows=16)).kernels.cut_flash is None
-    r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16,
+    assert CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=48, prefill_rows=16)).kernels.cut_flash is None
+    r = CudaRunner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16,
                                   kernels=KernelConfig(cut_tiles=True)))
     r.fused = True
     assert r.kernels.cut_flash == cut_flash.CutFlashConfig()

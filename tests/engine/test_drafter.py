@@ -5,7 +5,7 @@ from engine.config import EngineConfig
 from engine.scheduler.drafter import NgramDrafter, make_drafter
 from engine.config import ConfigError
 from engine.scheduler.host import LaneHost
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.scheduler.sequence import Sequence, Status
 
 

@@ -9,7 +9,7 @@ import pytest
 import engine.faults as faults_mod
 from engine.config import ConfigError, EngineConfig
 from engine.faults import Faults, FaultyBackend, with_faults
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from tensorfold_bench.servers.launcher import launch
 from test_server_e2e import FLAGS, ids_of, prompt_ids, stream, wait_idle
 

@@ -192,7 +192,7 @@ def test_runner_folds_and_draft_rounds():
     from types import SimpleNamespace as NS
     from engine.runner import decode_graph
     from engine.config import EngineConfig, KernelConfig
-    from engine.runner.model_runner import ModelRunner
+    from engine.runner.cuda_runner import CudaRunner
     attn = NS(n_heads=32, n_kv=8, head_dim=128)
     model = NS(model=NS(layers=[NS(self_attn=attn)]))
     cfg = EngineConfig(device="cuda")
@@ -207,10 +207,10 @@ def test_runner_folds_and_draft_rounds():
     attn.head_dim = 64  # not a shape the q/k fold takes
     assert decode_graph.folds(r) == (True, False)
     g = NS(graph=object(), graphs=NS(qk_fold=True))
-    assert ModelRunner._graph_takes(g, [0, 1, 2]) and not ModelRunner._graph_takes(g, [0, 1, 1])
+    assert CudaRunner._graph_takes(g, [0, 1, 2]) and not CudaRunner._graph_takes(g, [0, 1, 1])
     g.graphs.qk_fold = False
-    assert ModelRunner._graph_takes(g, [0, 1, 1])
-    assert not ModelRunner._graph_takes(NS(graph=None, graphs=NS(qk_fold=False)), [0])
+    assert CudaRunner._graph_takes(g, [0, 1, 1])
+    assert not CudaRunner._graph_takes(NS(graph=None, graphs=NS(qk_fold=False)), [0])
 
 
 @pytest.mark.interpreted

@@ -30,8 +30,8 @@ def test_cuts_equal_across_schedules():
     resumed from a cached prefix, bit for bit (logits and KV rows), and close to the plain trunk."""
     import torch
     from engine.config import EngineConfig
-    from engine.runner.model_runner import build_runner
-    r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16))
+    from engine.runner.cuda_runner import CudaRunner
+    r = CudaRunner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16))
     r.fused = True
     toks = [(i * 13 + 1) % 256 for i in range(40)]
     ids = torch.tensor(toks)
@@ -60,8 +60,8 @@ def test_kv_cache_size_and_clear_error(monkeypatch):
     from engine.config import ConfigError, EngineConfig
     from engine.runner.kv_cache import KVCache
     from engine.models.presets import PRESETS
-    from engine.runner.model_runner import KV_HEADROOM, build_runner
-    r = build_runner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16))
+    from engine.runner.cuda_runner import KV_HEADROOM, CudaRunner
+    r = CudaRunner(EngineConfig(model="tiny", parallel=3, max_model_len=48, prefill_rows=16))
     assert KVCache.bytes_for(r.model_config, 3, 48, torch.float32) == r.kv.nbytes()
     # qwen3-8b, 64 lanes of 4,096 rows in bf16: 65 x 4096 x 147,456 bytes = 39.3 GB
     assert KVCache.bytes_for(PRESETS["qwen3-8b"], 64, 4096, torch.bfloat16) == 65 * 4096 * 147_456
@@ -80,12 +80,12 @@ def test_cut_backend_rule_and_cut_thread():
     from concurrent.futures import ThreadPoolExecutor
     import engine.cuda.prefill as KP
     from engine.config import EngineConfig
-    from engine.runner.model_runner import build_runner
+    from engine.runner.cuda_runner import CudaRunner
     assert KP.backend_for(4096) == KP.CutBackend().name == "cudnn" and KP.backend_for(1024) == "cudnn"
     assert {KP.backend_for(n) for n in (1, 512, 1000, 3328, 4095, 6144)} == {"flash"}
     gone = KP.CutBackend("flash")  # a runner whose build refused cuDNN attention: flash for every cut
     assert gone.for_rows(4096) == "flash" and KP.backend_for(4096) == "cudnn"
-    r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=48, prefill_rows=16))
+    r = CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=48, prefill_rows=16))
     toks = [(i * 11 + 2) % 256 for i in range(37)]
     here = r.generate(toks, 4, lane=0)
     r._cut_thread = ThreadPoolExecutor(1)

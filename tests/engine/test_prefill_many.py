@@ -1,4 +1,4 @@
-"""Short prompt cuts filled together in one forward (ModelRunner.prefill_many, the CUDA path),
+"""Short prompt cuts filled together in one forward (CudaRunner.prefill_many),
 run by Triton's interpreter on the CPU: the row-invariant matmul gives a row the same bits
 whatever the rows beside it, and a cut filled beside others equals the same cut filled alone,
 bit for bit (first token and KV rows)."""
@@ -29,8 +29,8 @@ def test_batch_matmul_rows_do_not_depend_on_the_batch(monkeypatch):
 def test_cuts_together_equal_cuts_alone():
     import torch
     from engine.config import EngineConfig
-    from engine.runner.model_runner import build_runner
-    r = build_runner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
+    from engine.runner.cuda_runner import CudaRunner
+    r = CudaRunner(EngineConfig(model="tiny", parallel=4, max_model_len=48, prefill_rows=16))
     plain_a = r.generate([(i * 13 + 1) % 256 for i in range(12)], 3, lane=0)
     r.fused = r.batch_cuts = True
     a, b, c = ([(i * 13 + 1) % 256 for i in range(12)], [(i * 5 + 3) % 256 for i in range(7)],

@@ -118,10 +118,10 @@ def test_rounds_run_ahead_are_timed_where_the_runner_runs_them():
     """decode_ahead: a chain of rounds, each fed the last one's ids at the next positions, as the
     host asks with no prompt waiting; a runner that runs no round ahead gives none."""
     from engine.config import EngineConfig, KernelConfig
-    from engine.runner.model_runner import ModelRunner
+    from engine.runner.build import build_runner
     from engine.runner.profile import Profiler
     p = Profiler(ProfileConfig(model="tiny", device="cpu", dtype="float32", repeats=3, budget_s=60), log=lambda m: None)
-    ahead = ModelRunner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
+    ahead = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
                                      kernels=KernelConfig(overlap=True, cpu_cpp=False)))
     assert ahead.runs_ahead
     p.decode_ahead(ahead, [(1, 16), (4, 100), (4, 250)])  # (250: no room for the chain, left out)
@@ -129,7 +129,7 @@ def test_rounds_run_ahead_are_timed_where_the_runner_runs_them():
     assert [r[0] for r in rows] == [1] * 3 + [4] * 3
     assert [r[1] for r in rows[3:]] == [sum(100 + j + 1 + k for j in range(4)) for k in (1, 2, 3)]
     assert all(r[2] > 0 for r in rows)
-    plain = ModelRunner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
+    plain = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
                                      kernels=KernelConfig(overlap=False, cpu_cpp=False)))
     p.out.samples["decode_ahead"] = []
     p.decode_ahead(plain, [(1, 16)])

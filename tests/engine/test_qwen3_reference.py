@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.models.weights import save_pretrained
 
 transformers = pytest.importorskip("transformers")

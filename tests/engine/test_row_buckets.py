@@ -13,7 +13,7 @@ pytest.importorskip("triton", reason="the Triton kernels: triton is not installe
 import engine.cuda.skinny as S
 from engine.runner import decode_graph
 from engine.config import EngineConfig, KernelConfig
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 
 QWEN3_8B = {"wqkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
             "lm_head": (151936, 4096)}

@@ -1,10 +1,11 @@
-"""ModelRunner on CPU: exactness of cuts, lanes and padded rounds; graph fallback."""
+"""The CPU runner: exactness of cuts, lanes and padded rounds; graph fallback."""
 import pytest
 import torch
 
 from engine.scheduler.backend import cuts
 from engine.config import ConfigError, EngineConfig, KernelConfig
-from engine.runner.model_runner import ModelRunner, build_runner
+from engine.runner.build import build_runner
+from engine.runner.model_runner import ModelRunner
 
 R = 16
 
@@ -108,10 +109,21 @@ def test_graph_path_falls_back_on_cpu():
     r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=64, prefill_rows=8,
                                   kernels=KernelConfig(cuda_graph=True)))
     assert r.graph is None and "no CUDA graphs" in r.graph_fallback_reason
-    assert r.capture_graph() is False
+    from engine.runner.cuda_runner import CudaRunner  # the CUDA runner built on the CPU (tests) falls back too
+    assert CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=64, prefill_rows=8)).capture_graph() is False
     plain = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=64, prefill_rows=8))
     assert r.generate(prompt(12), 6) == plain.generate(prompt(12), 6)
     assert r.describe()["cuda_graph"] is False
+
+
+def test_the_shared_core_never_asks_which_device():
+    """Each device's paths live in its runner (cpu_runner, cuda_runner); the core branches on none."""
+    import inspect
+    import engine.runner.model_runner as core
+    body = inspect.getsource(core)
+    assert not [w for w in ("device.type", "self.cpu", "on_gpu", "torch.cuda") if w in body]
+    with pytest.raises(ConfigError, match="--device must be cpu or cuda"):
+        build_runner(EngineConfig(model="tiny", device="tpu"))
 
 
 def test_cuda_unavailable_is_a_config_error(monkeypatch):
@@ -121,7 +133,8 @@ def test_cuda_unavailable_is_a_config_error(monkeypatch):
 
 
 def test_backend_surface_and_describe(runner):
-    assert isinstance(runner, ModelRunner)
+    from engine.runner.cpu_runner import CpuRunner
+    assert isinstance(runner, CpuRunner) and isinstance(runner, ModelRunner)
     assert (runner.parallel, runner.max_model_len, runner.vocab_size, runner.eos_token_ids) == (4, 256, 512, (256,))
     d = runner.describe()
     for key in ("device", "device_name", "compute_capability", "cuda_version", "driver", "torch", "dtype",
@@ -159,8 +172,8 @@ def test_fused_kernels_in_interpreter():
     interpreter on the CPU in float32, matches the plain trunk: logits, cache rows and tokens."""
     import torch
     from engine.config import EngineConfig
-    from engine.runner.model_runner import build_runner
-    r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
+    from engine.runner.cuda_runner import CudaRunner
+    r = CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
     toks = [(i * 13 + 1) % 256 for i in range(12)]
     with torch.inference_mode():
         a = r.cut_logits(torch.tensor(toks), 0, 0)
@@ -180,7 +193,7 @@ def test_triton_decode_kernel_in_interpreter(monkeypatch):
     import torch
     import engine.cuda.decode_attention as K
     from engine.config import EngineConfig
-    from engine.runner.model_runner import build_runner
+    from engine.runner.build import build_runner
     from engine.models.qwen3 import decode_attention_loop
     monkeypatch.setattr(K, "SPLIT", 32)
     monkeypatch.setattr(K, "BLOCK", 16)
@@ -203,7 +216,7 @@ def test_warm_cuts_cover_every_cut_kernel_a_prompt_meets(rows, max_len, split):
     """Each (row-count kind, one split or several) a grid prompt's cuts launch with is warmed at
     start-up, so no request pays Triton's compile: a 32k prompt's first deep cut is the first to
     merge splits, and its 0.6 s compile landed in the first server's first long prompt."""
-    from engine.runner.model_runner import warm_cuts
+    from engine.runner.cuda_runner import warm_cuts
 
     def rows_kind(n):  # the trunk's kernels: Triton specializes an int at 1, a multiple of 16 or neither
         return 1 if n == 1 else 16 if n % 16 == 0 else 0

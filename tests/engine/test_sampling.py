@@ -10,7 +10,7 @@ from engine.scheduler.backend import cuts
 from engine.config import EngineConfig
 from engine.scheduler.drafter import make_drafter
 from engine.scheduler.host import LaneHost
-from engine.runner.model_runner import build_runner
+from engine.runner.build import build_runner
 from engine.runner.sampler import choose, draw
 from engine.scheduler.sampling import SamplingParams, TokenLogprob, uniform
 from engine.scheduler.sequence import Sequence, Status

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import engine.runner.model_runner
+import engine.runner.build
 import engine.server.http
 
 
@@ -25,7 +25,7 @@ class _Warm:
 
 def test_serve_waits_for_the_warm_up_before_it_serves(monkeypatch, tmp_path, caplog):
     warm, seen = _Warm(), {}
-    real_build = engine.runner.model_runner.build_runner
+    real_build = engine.runner.build.build_runner
 
     def build(cfg):
         r = real_build(cfg)
@@ -36,7 +36,7 @@ def test_serve_waits_for_the_warm_up_before_it_serves(monkeypatch, tmp_path, cap
         seen["waited"] = warm.waited  # the moment the engine would accept its first request
         sock.close()
 
-    monkeypatch.setattr(engine.runner.model_runner, "build_runner", build)
+    monkeypatch.setattr(engine.runner.build, "build_runner", build)
     monkeypatch.setattr(engine.server.http, "serve", serve_probe)
     monkeypatch.setattr(sys, "argv", ["tfengine", "serve", "--model", "tiny", "--port", "0", "--parallel", "2",
                                       "--max-model-len", "64", "--prefill-rows", "16"])
@@ -53,8 +53,8 @@ def test_the_warm_up_runs_the_prompt_paths_in_the_spare_lane_only():
     the spare lane: the lanes requests own keep their bits, and replies after it are unchanged."""
     import torch
     from engine.config import EngineConfig
-    from engine.runner.model_runner import build_runner
-    r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=96, prefill_rows=16))
+    from engine.runner.cuda_runner import CudaRunner
+    r = CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=96, prefill_rows=16))
     r.fused = r.batch_cuts = True  # the CUDA path's kernels, under the interpreter
     a = [(i * 13 + 1) % 256 for i in range(20)]
     before = r.generate(a, 4, lane=0)

@@ -50,8 +50,8 @@ def test_engine_tokens_equal_with_skinny_matmuls(monkeypatch):
     import torch
     import engine.cuda.skinny as S
     from engine.config import EngineConfig
-    from engine.runner.model_runner import build_runner
-    r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=40, prefill_rows=16))
+    from engine.runner.cuda_runner import CudaRunner
+    r = CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=40, prefill_rows=16))
     r.kernels.skinny = S.SkinnyTables(smem=S.H200_SMEM, default=S.SkinnyConfig(block_n=16, block_k=32))
     toks = [(i * 13 + 1) % 256 for i in range(12)]
     other = [(i * 5 + 3) % 256 for i in range(7)]

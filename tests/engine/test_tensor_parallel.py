@@ -92,10 +92,10 @@ def one_rank_against_two():
     the ranks of a tensor-parallel runner are processes of their own, joined in a process group)."""
     import torch
     from engine.config import EngineConfig
-    from engine.runner.model_runner import ModelRunner
+    from engine.runner.build import build_runner
     from engine.parallel.launch import start_tensor_parallel
     cfg = EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=512, prefill_rows=8)
-    one = ModelRunner(cfg)
+    one = build_runner(cfg)
     two = start_tensor_parallel(EngineConfig(**{**cfg.__dict__, "tensor_parallel": 2}), 1)
     worst = 0.0
     for n in (7, 40):

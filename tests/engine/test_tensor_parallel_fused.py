@@ -80,9 +80,9 @@ def test_the_fused_trunk_routes_both_sums_of_every_layer_through_it():
     import torch
     from engine.config import EngineConfig
     from engine.parallel.group import TensorParallel
-    from engine.runner.model_runner import build_runner
+    from engine.runner.cuda_runner import CudaRunner
     from engine.parallel.fused import FusedSums
-    r = build_runner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
+    r = CudaRunner(EngineConfig(model="tiny", parallel=2, max_model_len=32, prefill_rows=16))
     m, toks = r.model, torch.tensor([(i * 13 + 1) % 256 for i in range(12)])
     with torch.inference_mode():
         plain = r.cut_logits(toks, 0, 0, fused=True)
