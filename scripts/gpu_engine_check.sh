@@ -10,17 +10,19 @@
 # Prediction (written first): every hash equal; every new/old median ratio in 0.98-1.02 (the
 # refactor moves no kernel; Python around the forward changes, which graphs hide in decode).
 # Usage: BASE=.devcarry/base TFBENCH_COMMIT=<sha> bash scripts/gpu_engine_check.sh   (files under $OUT)
+#   PARTS="bits" or "bench" runs one of the two (default both), for calls shared with other work.
 set -u
 export PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BASE=$(cd "${BASE:-.devcarry/base}" && pwd); NEW=$PWD
-exec > >(tee "$OUT/console.txt") 2>&1
+exec > >(tee -a "$OUT/console-engine.txt") 2>&1
+PARTS=${PARTS:-bits bench}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version --format=csv
-PYTHONPATH=$NEW timeout 300 python3 -m tools.tree_tokens --root "$BASE" --root "$NEW" --model qwen3-8b --device cuda \
+[[ $PARTS == *bits* ]] && PYTHONPATH=$NEW timeout 300 python3 -m tools.tree_tokens --root "$BASE" --root "$NEW" --model qwen3-8b --device cuda \
   --flags "--prefill-mode whole" --flags "--prefill-mode stepped" --flags "--prefill-mode split --decode-sms 32" \
   --flags "--prefill-mode mixed --cut-attention tiles" --out "$OUT/tree_tokens.json" 2>&1 | grep -vE "Warning|warn\("
 i=0
-for side in old new new old; do
+[[ $PARTS == *bench* ]] && for side in old new new old; do
   i=$((i + 1)); root=$([ "$side" = old ] && echo "$BASE" || echo "$NEW")
   (cd "$root" && PYTHONPATH="$root" timeout 100 python3 -m tools.bench --model qwen3-8b --device cuda --streams 1,8 \
     --prompts 4096,32768 --json "$OUT/bench-$i-$side.json" 2>&1 | grep -vE "Warning|warn\(" | tail -8)

@@ -10,16 +10,18 @@
 #       is written after every run).
 # Predictions (written first): receipts/predictions/gpu-frontier.{md,yaml}. Installs nothing.
 # Usage: TFBENCH_COMMIT=<sha> bash scripts/gpu_profile_frontier.sh   (files under $OUT: profile JSON,
-#   lp.tgz with the receipt and the servers' logs, console.txt)
+#   lp.tgz with the receipt and the servers' logs, console-frontier.txt)
+#   DEADLINE (s, default 575): the whole script's time; PROFILE_BUDGET (s, default 140) and SPLIT_SMS
+#   (default 24,32,40,56): the profile's, for a call that shares its ten minutes with other work.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 TFENGINE_COMMIT=${TFBENCH_COMMIT:-unknown}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 start=$(date +%s)
-exec > >(tee "$OUT/console.txt") 2>&1
+exec > >(tee "$OUT/console-frontier.txt") 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,driver_version --format=csv
-timeout 260 python3 -m engine profile --model qwen3-8b --device cuda --quick --budget ${PROFILE_BUDGET:-140} \
-  --split-sms 24,32,40,56 --out "$OUT/qwen3-8b-cuda.json" 2>&1 | grep -vE "Warning|warn\(" | tail -25
-left=$((575 - $(date +%s) + start))
+timeout $(( ${PROFILE_BUDGET:-140} + 120 )) python3 -m engine profile --model qwen3-8b --device cuda --quick \
+  --budget ${PROFILE_BUDGET:-140} --split-sms ${SPLIT_SMS:-24,32,40,56} --out "$OUT/qwen3-8b-cuda.json" 2>&1 | grep -vE "Warning|warn\(" | tail -25
+left=$((${DEADLINE:-575} - $(date +%s) + start))
 echo "profile done at $(( $(date +%s) - start )) s; $left s left for the frontier"
 timeout "$left" python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b \
   --share 1,0.75,0.5,0.25 --split 24,32,40,56 \
