@@ -104,7 +104,10 @@ def compare_run(run: dict, ref: dict, ref_a: dict | None = None) -> list[dict]:
     run's A is compared on its whole length)."""
     out = []
     for k in ("A", "B", "C"):
-        r, f = run["records"][k], (ref_a if k == "A" and ref_a is not None else ref)["records"][k]
+        r, f = run["records"][k], (ref_a if k == "A" and ref_a is not None else ref)["records"].get(k)
+        if f is None:  # the plain reference plays no stream that got no token in any run
+            out.append({"stream": k, "equal": None, "detail": "no reference reply", "diverge_at": None})
+            continue
         c = compare_reply(k, r["token_ids"], f["token_ids"], prefix=(k == "A"), server_sha=r["server_sha"],
                           ref_sha=f["server_sha"])
         out.append({"stream": k, "equal": c.equal, "detail": c.detail, "diverge_at": c.diverge_at})
@@ -137,7 +140,7 @@ def long_prompt(data: dict) -> dict:
         if not any(h["server_sha"] for h in r["hashes"].values()):  # a server that sends none
             out["server_sha"].setdefault("none_from_runs", []).append(r["index"])
     a_lens = [len(r["records"]["A"]["token_ids"]) for r in runs]
-    if data.get("plain"):
+    if data.get("plain") and "A" in data["plain"]["records"]:
         a_lens.append(len(data["plain"]["records"]["A"]["token_ids"]))
     n = min(a_lens)
     out["a_prefix"] = n
