@@ -240,6 +240,43 @@ def test_run_long_prompt_is_the_short_form_of_the_shipped_timeline():
     assert [figures.LONG_PROMPT_KEYS[k] for k in figures.LONG_PROMPT] == flags.keys
 
 
+def _without_diverge_at(ex: dict) -> dict:
+    """Exactness as receipts kept it before the first differing token was recorded."""
+    return {k: {i: [{f: x for f, x in c.items() if f != "diverge_at"} for c in cs] for i, cs in v.items()}
+            if k in ("across_runs", "vs_plain") else v for k, v in ex.items()}
+
+
+def test_committed_long_prompt_receipts_recompute_the_same_through_the_script():
+    """Every committed long-prompt receipt: each run's figures and validity, by the A/B/C script's
+    figure definitions, and the exactness, by the script plan, are what the receipt holds."""
+    import dataclasses
+
+    from tensorfold_bench import report
+    from tensorfold_bench.analysis import exactness
+    from tensorfold_bench.scenarios.long_prompt import LongPromptScript, timeline
+
+    fields = {f.name for f in dataclasses.fields(LongPromptScript)} - {"sampling"}
+    paths = sorted((ROOT / "receipts").glob("*-long-prompt.json.gz"))
+    assert len(paths) > 10
+    runs = 0
+    for p in paths:
+        d = report.read(p)
+        abc = timeline(LongPromptScript(**{k: v for k, v in d["settings"]["script"].items() if k in fields}))
+        for r in d["runs"]:
+            if not r.get("records"):
+                continue
+            f = figures.long_prompt(abc, {k: StreamRecord.from_dict(v) for k, v in r["records"].items()})
+            figures.client_bottleneck(f, r.get("client"))
+            got, want = f.to_dict(), r["figures"]
+            assert {k: v for k, v in got.items() if k != "invalid_reasons"} == \
+                {k: want[k] for k in got if k != "invalid_reasons"}, (p.name, r["index"])
+            runs += 1
+        if (d.get("exactness") or {}).get("across_runs") is not None:
+            got, want = _without_diverge_at(exactness.long_prompt(d)), _without_diverge_at(d["exactness"])
+            assert got == {k: want.get(k) for k in got}, p.name
+    assert runs > 100
+
+
 def test_a_streams_options_become_its_request():
     """priority and draft are sent only when the script sets them; a sampled stream sends its own
     seed, or one derived from --seed and its name."""
