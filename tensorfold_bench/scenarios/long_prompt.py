@@ -272,7 +272,7 @@ class LongPrompt(ScriptScenario):
     analysis = driver.Analysis(exactness.long_prompt, figures.long_prompt_stats, figures.long_prompt_predicted)
 
     def __init__(self, settings: LongPromptSettings):
-        driver.Scenario.__init__(self, settings)
+        driver.Scenario.__init__(self, settings)  # its script is built from the flags, not read from a file
         self.script, self.sampling, self.seed = timeline(settings.script), settings.script.sampling, 0
 
     def header(self) -> dict:
