@@ -186,13 +186,6 @@ def check_script(script: LongPromptScript, mml: int | None) -> None:
                                       f"max_model_len {mml}")
 
 
-def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
-    """A's reply as long as the server's context allows (it is cancelled anyway)."""
-    if mml is None or script.a_prompt_tokens + script.a_max_tokens <= mml:
-        return script
-    return replace(script, a_max_tokens=max(1, mml - script.a_prompt_tokens - 1))
-
-
 def a_alone_tokens(a: StreamRecord, b: StreamRecord, most: int) -> int:
     """How long A alone runs: past the token A had reached at B's first token, with a margin for
     the variant's later runs, at most A's own max_tokens."""
@@ -287,9 +280,10 @@ class LongPrompt(ScriptScenario):
         """A/B/C on the script, the engine's trace, and B alone once per variant; raw records only."""
         settings = self.settings
         check_script(settings.script, run.max_model_len)
-        s = fit_script(settings.script, run.max_model_len)
-        data["settings"]["script"] = s.to_dict()
         prompts = self.prompts(run, self.run_key(run))
+        # A's reply as long as the server's context allows (it is cancelled anyway), as the script fits it
+        s = replace(settings.script, a_max_tokens=script_scenario.fit(self.script, prompts, run.max_model_len)["A"])
+        data["settings"]["script"] = s.to_dict()
         recs, _, check, sim_trace = self.play_streams(run, prompts, trace=True)
         if not run.sim:
             check_a_outlasts(recs, s, run.max_model_len)
