@@ -308,12 +308,9 @@ class LongPrompt(ScriptScenario):
         entry.update(records=None, hashes=None, trace=None,
                      figures=figures.failed_long_prompt(entry["failure"]).to_dict())
 
-    def line(self, entry: dict) -> str:
-        f = entry["figures"]
+    def shown(self, f: dict) -> str:
         s = lambda v: "-" if v is None else f"{num(v)} s"  # noqa: E731
-        return (f"{entry['variant']}: B first token {s(f['b_first_token'])}, C {s(f['c_first_token'])}, "
-                f"A pause {s(f['a_longest_pause'])}"
-                + ("" if f["valid"] else f"  INVALID: {'; '.join(f['invalid_reasons'])}"))
+        return f"B first token {s(f['b_first_token'])}, C {s(f['c_first_token'])}, A pause {s(f['a_longest_pause'])}"
 
     def notes_before(self, data: dict) -> list[str]:
         out = [data["settings"]["scaled_down"]] if data["settings"].get("scaled_down") else []

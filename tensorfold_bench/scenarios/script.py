@@ -348,10 +348,13 @@ class ScriptScenario(driver.Scenario):
     def failed(self, entry: dict) -> None:
         entry.update(records=None, hashes=None, t0=None, figures=figures.failed_script(entry["failure"]).to_dict())
 
+    def shown(self, f: dict) -> str:
+        """A run's figures as its progress line shows them: the first four."""
+        return ", ".join(f"{k} {num(v)}" for k, v in list(f["values"].items())[:4]) or "no figures"
+
     def line(self, entry: dict) -> str:
         f = entry["figures"]
-        shown = ", ".join(f"{k} {num(v)}" for k, v in list(f["values"].items())[:4])
-        return (f"{entry['variant']}: {shown or 'no figures'}"
+        return (f"{entry['variant']}: {self.shown(f)}"
                 + ("" if f["valid"] else f"  INVALID: {'; '.join(f['invalid_reasons'])}"))
 
     def play_plain(self, data: dict, url: str, model: str, vocab: int) -> dict:
