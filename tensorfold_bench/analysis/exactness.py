@@ -5,11 +5,11 @@ Hash convention (TensorFold's): sha256 over the comma-joined decimal token ids o
 ("12,7,900"), as hex. Servers report the first 12 hex characters (`token_sha`); we keep the
 full hash and compare at 12 characters with a server's. `token_sha(ids)` is that one rule.
 
-A (the long-prompt decoding stream) is cancelled once B and C are done, so its length varies
-from run to run. A's reply is therefore compared on a prefix: a run's A equals the reference
-when its ids equal the reference's first len(A) ids (the plain reference's A is generated long
-enough to cover the longest A); A's hash in the tables is over the first `a_prefix` ids, the
-shortest A among the runs compared.
+A stream that is cancelled (long-prompt's A, once B and C are done) varies in length from run to
+run, so its reply is compared on a prefix: it equals the reference when its ids equal the
+reference's first len(reply) ids (the plain reference's reply is generated as long as the
+longest); long-prompt's A hash in the tables is over the first `a_prefix` ids, the shortest A
+among the runs compared.
 """
 from __future__ import annotations
 
@@ -99,22 +99,11 @@ def reply_hashes(records: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def compare_run(run: dict, ref: dict, ref_a: dict | None = None) -> list[dict]:
-    """A, B and C of `run` against `ref` (A against `ref_a` if given: the longest A, so that each
-    run's A is compared on its whole length)."""
-    out = []
-    for k in ("A", "B", "C"):
-        r, f = run["records"][k], (ref_a if k == "A" and ref_a is not None else ref)["records"][k]
-        c = compare_reply(k, r["token_ids"], f["token_ids"], prefix=(k == "A"), server_sha=r["server_sha"],
-                          ref_sha=f["server_sha"])
-        out.append({"stream": k, "equal": c.equal, "detail": c.detail, "diverge_at": c.diverge_at})
-    return out
-
-
 def long_prompt(data: dict) -> dict:
-    """Each run's replies against the other runs (B and C against the first complete run, A against
-    the longest A) and against the plain reference (if run); the servers' token_sha against our
-    own hashes; A's table hash over the common prefix."""
+    """The A/B/C script's plan (`script`) with long-prompt's references: B and C against the first
+    run where every stream is complete, A against the longest A among those runs (so each run's
+    A is compared on its whole length); beside it the servers' token_sha against our own hashes
+    and A's table hash over the common prefix."""
     runs = [r for r in data["runs"] if r["records"] and not any(rec["error"] for rec in r["records"].values())]
     out: dict = {"across_runs": {}, "refs": None, "vs_plain": {}, "server_sha": {"match": 0, "mismatch": 0, "absent": 0},
                  "a_prefix": None, "hashes": {}}
@@ -122,23 +111,21 @@ def long_prompt(data: dict) -> dict:
         return out
     first = runs[0]
     longest = max(runs, key=lambda r: len(r["records"]["A"]["token_ids"]))
-    out["refs"] = {"BC": first["index"], "A": longest["index"]}
-    same_prompts = not data["settings"].get("url")
+    plan = script(data, {"A": longest["index"], "B": first["index"], "C": first["index"]})
+    out.update(across_runs=plan["across_runs"], vs_plain=plan["vs_plain"],
+               refs={"BC": first["index"], "A": longest["index"]})
     for r in data["runs"]:
         if not r["records"]:
             continue
-        if same_prompts:
-            out["across_runs"][str(r["index"])] = compare_run(r, first, longest)
-        if data.get("plain"):
-            out["vs_plain"][str(r["index"])] = compare_run(r, data["plain"])
         for h in r["hashes"].values():
             m = h["server_sha_matches"]
             out["server_sha"]["absent" if m is None else ("match" if m else "mismatch")] += 1
         if not any(h["server_sha"] for h in r["hashes"].values()):  # a server that sends none
             out["server_sha"].setdefault("none_from_runs", []).append(r["index"])
     a_lens = [len(r["records"]["A"]["token_ids"]) for r in runs]
-    if data.get("plain"):
-        a_lens.append(len(data["plain"]["records"]["A"]["token_ids"]))
+    plain = (data.get("plain") or {}).get("records") or {}
+    if "A" in plain:
+        a_lens.append(len(plain["A"]["token_ids"]))
     n = min(a_lens)
     out["a_prefix"] = n
     for r in runs:
@@ -152,11 +139,11 @@ def long_prompt(data: dict) -> dict:
 
 # ---- scripts -------------------------------------------------------------------------------
 
-def script(data: dict) -> dict:
+def script(data: dict, refs: dict[str, int] | None = None) -> dict:
     """Each stream's reply in each run against its reference, and against the plain reference.
 
     A stream's reference is its reply in the first run where it finished (else the longest
-    reply, when it was cancelled in every run). A cancelled reply is compared on its own length
+    reply, when it was cancelled in every run), or the run `refs` names. A cancelled reply is compared on its own length
     with the reference's prefix, as long-prompt's A is; a reply that never got a token (cancelled
     during its prompt, failed, not sent) has nothing to compare and is counted apart. Across
     runs only when the prompts were the same (fresh servers, not --url)."""
@@ -173,7 +160,7 @@ def script(data: dict) -> dict:
         got = [r for r in runs if replied(r["records"].get(n))]
         whole = [r for r in got if not r["records"][n]["cancelled"]]
         ref = whole[0] if whole else max(got, key=lambda r: len(r["records"][n]["token_ids"]), default=None)
-        out["refs"][n] = ref["index"] if ref else None
+        out["refs"][n] = (refs or {}).get(n, ref["index"] if ref else None)
     same_prompts = not data["settings"].get("url")
     plain = (data.get("plain") or {}).get("records") or {}
     for r in runs:

@@ -1,7 +1,8 @@
 """Every figure a receipt shows, as pure functions of raw records (no I/O, no clock), and the
 one registry of their names, units, directions, digits and labels that renderers read.
 
-Long-prompt figures, with W = (B send, B first token]:
+Long-prompt figures (a script's, by the A/B/C timeline's figure definitions), with
+W = (B send, B first token]:
 - B first token: B's first token time - B's send time; C likewise from C's send.
 - A's longest pause: the largest gap t[i+1] - t[i] between consecutive A tokens such that the
   gap overlaps W: t[i] < B first token and t[i+1] > B send. A gap that spans B's send (or B's
@@ -76,7 +77,11 @@ REGISTRY = {s.name: s for s in (
     FigureSpec("ttft_p99_in", "ms", False, 1, "first token p99 of requests sent during fills"),
     FigureSpec("inject_ttft", "ms", False, 1, "injected prompt's first token"),
 )}
-LONG_PROMPT = ("b_first_token", "c_first_token", "a_longest_pause", "a_rate_during", "a_rate_before")
+# the long-prompt receipt's figure names and the A/B/C script's figures they are (the script's
+# figure definitions: tensorfold_bench.scenarios.long_prompt.FIGURES)
+LONG_PROMPT_KEYS = {"b_first_token": "first_token:B", "c_first_token": "first_token:C",
+                    "a_longest_pause": "longest_pause:A", "a_rate_during": "rate:A", "a_rate_before": "rate_before:A"}
+LONG_PROMPT = tuple(LONG_PROMPT_KEYS)
 LATENCY = ("ttft_p50", "itl_p50", "itl_p99")
 
 
@@ -191,52 +196,18 @@ def lateness(rec: StreamRecord) -> float | None:
     return rec.sent - rec.scheduled
 
 
-def _validity(a: StreamRecord, b: StreamRecord, c: StreamRecord, late: dict, late_limit: float) -> list[str]:
-    reasons = [f"{rec.name} failed: {rec.error}" for rec in (a, b, c) if rec.error]
-    reasons += [f"{name} was sent {v:.3f} s late (limit {late_limit} s)" for name, v in late.items()
-                if v is not None and v > late_limit]
-    if first_token_latency(b) is None:
-        reasons.append("B got no token")
-    if first_token_latency(c) is None:
-        reasons.append("C got no token")
-    cached = ((b.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-    if cached:
-        reasons.append(f"B's prompt hit the prompt cache ({cached} tokens): not cold")
-    return reasons
-
-
-def long_prompt(a: StreamRecord, b: StreamRecord, c: StreamRecord,
+def long_prompt(script: Script, records: dict[str, StreamRecord], t0: float = 0.0,
                 late_limit: float = LATE_LIMIT_S) -> LongPromptFigures:
-    """One run's figures from A's, B's and C's raw records (see the module docstring)."""
-    late = {r.name: lateness(r) for r in (a, b, c)}
-    reasons = _validity(a, b, c, late, late_limit)
-    b_ft, c_ft = first_token_latency(b), first_token_latency(c)
-    pause = during = before = None
-    n_during, window = 0, None
-    times = a.token_times
-    if b_ft is not None and b.sent is not None:
-        lo, hi = b.sent, b.token_times[0]
-        window = hi - lo
-        if not times or times[0] >= lo:
-            reasons.append("A had no token before B's send: B did not overlap A's decoding")
-        a_end = a.ended if a.ended is not None else (times[-1] if times else None)
-        a_done_early = (not a.cancelled) and (a_end is not None and a_end < hi)
-        if a_done_early or not times or times[-1] < lo:
-            reasons.append("A stopped decoding before B's first token: B did not overlap A's decoding")
-        pause = longest_pause(times, lo, hi)
-        if pause is None and times and times[0] < lo:
-            pause = window  # A's last token came before the window and none after it
-        n_during = count_in(times, lo, hi)
-        during = n_during / window if window > 0 else None
-        before = rate_before(times, lo, window)
-    return LongPromptFigures(b_ft, c_ft, pause, during, before, n_during, window, late,
-                             valid=not reasons, invalid_reasons=reasons)
-
-
-def long_prompt_of(records: dict[str, dict]) -> LongPromptFigures:
-    """The figures of a run as saved (records as dicts)."""
-    a, b, c = (StreamRecord.from_dict(records[k]) for k in "ABC")
-    return long_prompt(a, b, c)
+    """One A/B/C run's figures: the script's own (script_run, validity included) under the
+    long-prompt receipt's names, with what its `rate` figure's window W counts (A's tokens in W,
+    W's length)."""
+    sf = script_run(script, records, t0, late_limit)
+    rate = next(f for f in script.figures if f.key == LONG_PROMPT_KEYS["a_rate_during"])
+    lo, hi = (point_time(p, records, t0) for p in rate.window)
+    window = None if lo is None or hi is None else hi - lo
+    during = 0 if window is None else count_in(records[rate.stream].token_times, lo, hi)
+    return LongPromptFigures(*(sf.values.get(LONG_PROMPT_KEYS[k]) for k in LONG_PROMPT), during, window, sf.lateness,
+                             valid=sf.valid, invalid_reasons=sf.invalid_reasons)
 
 
 def failed_long_prompt(why: str) -> LongPromptFigures:

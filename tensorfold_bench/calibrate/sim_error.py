@@ -37,7 +37,7 @@ from tensorfold_bench.analysis import figures
 from tensorfold_bench.client.stream import StreamRecord
 from tensorfold_bench.errors import BenchError
 from tensorfold_bench.report import store
-from tensorfold_bench.scenarios.long_prompt import LongPromptScript, make_prompts
+from tensorfold_bench.scenarios.long_prompt import LongPromptScript, make_prompts, timeline
 from tensorfold_bench.client.virtual import SimError, SimRequest, play
 
 FIGURES = ("b_first_token", "c_first_token", "a_longest_pause", "a_kept")
@@ -135,9 +135,9 @@ def twin(run: RealRun, costs: Costs) -> dict[str, StreamRecord]:
     prompts = make_prompts(run.script, run.vocab)
     a, b, c = (run.records[k] for k in "ABC")
     t0 = a.sent
-    reqs = [SimRequest("A", prompts.a, a.max_tokens, 0.0, until=("B", "C")),
-            SimRequest("B", prompts.b, b.max_tokens, b.sent - t0),
-            SimRequest("C", prompts.c, c.max_tokens, c.sent - t0)]
+    reqs = [SimRequest("A", prompts["A"], a.max_tokens, 0.0, until=("B", "C")),
+            SimRequest("B", prompts["B"], b.max_tokens, b.sent - t0),
+            SimRequest("C", prompts["C"], c.max_tokens, c.sent - t0)]
     return play(reqs, run.cfg, costs, run.caps, vocab_size=run.vocab).records
 
 
@@ -182,7 +182,7 @@ def simulated(r: RealRun, costs: Costs) -> Row:
         recs = twin(r, costs)
     except (ProfileError, SimError) as exc:
         return Row(r, real, {}, str(exc))
-    return Row(r, real, values(figures.long_prompt(recs["A"], recs["B"], recs["C"]).to_dict()))
+    return Row(r, real, values(figures.long_prompt(timeline(r.script), recs).to_dict()))
 
 
 def check_on(runs: list[RealRun], costs: Costs) -> list[Row]:

@@ -62,6 +62,7 @@ from typing import Callable
 from tensorfold_bench.analysis import exactness, figures, load as load_figures, stats, sweep as sweep_figures
 from tensorfold_bench.analysis.figures import num
 from tensorfold_bench.client import player, selfcheck
+from tensorfold_bench.client.stream import StreamRecord
 from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.scenarios import gate_schedule, load, long_prompt, sweep
@@ -188,16 +189,19 @@ def sources(settings: GateSettings) -> tuple[worktree.Source, worktree.Source, s
     return worktree.checkout(settings.base_ref, root), new, None
 
 
+def long_script(p: GatePreset, sampling: Sampling = GREEDY) -> long_prompt.LongPromptScript:
+    """The preset's short long-prompt run."""
+    return long_prompt.LongPromptScript(b_at=p.b_at, c_after=p.c_after, b_tokens=p.b_tokens,
+                                        a_max_tokens=p.max_model_len - 32, seed=sampling.seed, sampling=sampling)
+
+
 def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY, load_spec=None) -> dict:
     """One run: a short sweep, then a short long-prompt run (then, with --load, a short Poisson
     load), on one server; raw records."""
     sw = sweep.SweepScript(levels=p.levels, tokens=p.tokens, cells=1, reps=p.reps, prompt_tokens=p.prompt_tokens,
                            seed=sampling.seed, sampling=sampling)
     batches, sw_check = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
-    script = long_prompt.LongPromptScript(b_at=p.b_at, c_after=p.c_after, b_tokens=p.b_tokens,
-                                          a_max_tokens=p.max_model_len - 32, seed=sampling.seed, sampling=sampling)
-    prompts = long_prompt.make_prompts(script, run.vocab)
-    recs, lp_check = asyncio.run(long_prompt.play_script(run.url, script, prompts, run.model))
+    recs, lp_check = asyncio.run(long_prompt.play_script(run.url, long_script(p, sampling), run.vocab, run.model))
     out = {"sweep": {"batches": batches, "client": sw_check},
            "long_prompt": {"records": long_prompt.records_dict(recs), "client": lp_check}}
     if load_spec is not None:
@@ -265,7 +269,8 @@ class Gate(driver.Scenario):
         """The run's figures: the sweep's, and the long-prompt ones when that run is valid."""
         sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
         entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
-        lp = figures.long_prompt_of(entry["long_prompt"]["records"])
+        recs = {k: StreamRecord.from_dict(v) for k, v in entry["long_prompt"]["records"].items()}
+        lp = figures.long_prompt(long_prompt.timeline(long_script(PRESETS[self.settings.preset])), recs)
         figures.client_bottleneck(lp, entry["long_prompt"].get("client"))
         entry["long_prompt"]["figures"] = lp.to_dict()
         sw_bad = (entry["sweep"].get("client") or {}).get("invalid")

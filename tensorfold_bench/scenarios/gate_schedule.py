@@ -92,6 +92,7 @@ def replay(shape: Shape, profile: Path) -> dict[str, dict[str, float | None]]:
     from engine.scheduler.backend import Capabilities
     from engine.scheduler.costs import Costs
     from tensorfold_bench.analysis.figures import long_prompt
+    from tensorfold_bench.scenarios.long_prompt import LongPromptScript, timeline
     from tensorfold_bench.client.virtual import SimRequest, play
     from tensorfold_bench.workload.ids import prompt_ids
 
@@ -123,6 +124,7 @@ def replay(shape: Shape, profile: Path) -> dict[str, dict[str, float | None]]:
                      "tok_s": _tok_s([recs[r.name] for r in shorts])}
 
     a_max = s.max_model_len - s.prompt_tokens - 1
+    abc = timeline(LongPromptScript(b_at=s.b_at, c_after=s.c_after, b_tokens=s.b_tokens))  # its figure definitions
     modes = [(f"long_prompt p={share:g}", share, "stepped") for share in (1.0, 0.5)]
     modes += [(f"long_prompt mixed budget={MIXED_BUDGET_MS:g}", 1.0, "mixed")] if caps.mixed else []
     for name, share, mode in modes:
@@ -130,7 +132,7 @@ def replay(shape: Shape, profile: Path) -> dict[str, dict[str, float | None]]:
                 SimRequest("B", ids("B", s.b_tokens), 8, s.b_at),
                 SimRequest("C", ids("C", 34), 16, s.b_at + s.c_after)]
         recs = play(reqs, cfg(4, share, mode), costs, caps, vocab_size=vocab).records
-        f = long_prompt(recs["A"], recs["B"], recs["C"])
+        f = long_prompt(abc, recs)
         kept = (f.a_rate_during / f.a_rate_before if f.a_rate_during is not None and f.a_rate_before else None)
         out[name] = {"b_first_token": f.b_first_token, "c_first_token": f.c_first_token,
                      "a_longest_pause": f.a_longest_pause, "a_kept": kept}

@@ -1,4 +1,6 @@
-"""The long-prompt scenario: pacing (when each request goes out) apart from sending (client.py).
+"""The long-prompt scenario: `tfbench run long-prompt`'s flags as a script (`timeline`), which
+the script scenario plays, measures by its figure definitions (`FIGURES`) and checks for
+exactness; what is long-prompt's alone stays here (B and A alone, A outlasting B).
 
 Stream A decodes a long reply (ignore_eos). `b_at` seconds after A's send, B sends a cold
 prompt of `b_tokens` random token ids; `c_after` seconds later, C sends a short prompt of
@@ -25,12 +27,12 @@ from tensorfold_bench.client.stream import Request, StreamRecord, fingerprint, w
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.client.virtual import SimRequest
 from tensorfold_bench.client.virtual import play as play_virtual
-from tensorfold_bench.scenarios.script import play_simulated, play_timeline
+from tensorfold_bench.scenarios import script as script_scenario
+from tensorfold_bench.scenarios.script import ScriptScenario
 from tensorfold_bench.servers.identity import fetch_trace, healthy, wait_idle
 from tensorfold_bench.session import defaults, driver, targets
 from tensorfold_bench.session.driver import Reporter, Run, Session
-from tensorfold_bench.workload.ids import prompt_ids
-from tensorfold_bench.workload.script_file import Event, Point, Prompt, Script, Stream, check
+from tensorfold_bench.workload.script_file import Event, Expect, Figure, Point, Prompt, Script, Stream, check
 
 A_PROMPT_TOKENS = 16
 # A's reply must outlast B's send and C's: the context holds what one stream decodes in b_at +
@@ -60,55 +62,50 @@ class LongPromptScript:
         return d
 
 
-@dataclass(frozen=True)
-class Prompts:
-    a: list[int]
-    b: list[int]
-    c: list[int]
-
-
-def make_prompts(script: LongPromptScript, vocab: int, key: str = "") -> Prompts:
-    """A's, B's and C's prompts. `key` distinguishes runs that share one server (--url), so each
-    run's B is cold; fresh servers use one key, so every run's replies compare."""
-    return Prompts(prompt_ids(script.seed, f"A{key}", script.a_prompt_tokens, vocab),
-                   prompt_ids(script.seed, f"B{key}", script.b_tokens, vocab),
-                   prompt_ids(script.seed, f"C{key}", script.c_tokens, vocab))
-
-
-def requests(script: LongPromptScript, prompts: Prompts, token_ids: str = "ids") -> tuple[Request, Request, Request]:
-    """A, B and C; `token_ids`: how reply ids are asked for (client.TOKEN_ID_ROUTES)."""
-    sample = script.sampling.apply
-    return (sample(Request("A", prompts.a, max_tokens=script.a_max_tokens, ignore_eos=True, token_ids=token_ids), "A"),
-            sample(Request("B", prompts.b, max_tokens=script.b_max_tokens, ignore_eos=True, token_ids=token_ids), "B"),
-            sample(Request("C", prompts.c, max_tokens=script.c_max_tokens, ignore_eos=True, token_ids=token_ids), "C"))
+# W, B's fill: the window of A's figures
+FILL = (Point(Event("B", "sent")), Point(Event("B", "first_token")))
+# the long-prompt figures as the script's figure definitions (their receipt names:
+# tensorfold_bench.analysis.figures.LONG_PROMPT_KEYS); examples/scripts/long-prompt.yaml ships the same
+FIGURES = (Figure("first_token", "B"), Figure("first_token", "C"), Figure("longest_pause", "A", FILL),
+           Figure("rate", "A", FILL, "before"))
 
 
 def timeline(script: LongPromptScript) -> Script:
-    """The A/B/C test as a script (tensorfold_bench.workload.script_file; examples/scripts/long-prompt.yaml is
-    its cpu defaults): `run long-prompt` is its short form, played by the script player. B and C
-    must be done `timeout_s` after C's send, as they always had to be."""
+    """The A/B/C test as a script (tensorfold_bench.workload.script_file), played, measured and
+    checked by the script scenario's machinery: `run long-prompt` is its short form. B must be
+    cold (its cached tokens, where the server reports them); B and C must be done `timeout_s`
+    after C's send."""
     sc = Script("long-prompt", (
         Stream("A", Point(None, 0.0), Prompt(random=script.a_prompt_tokens), script.a_max_tokens,
                until=(Event("B", "done"), Event("C", "done"))),
-        Stream("B", Point(None, script.b_at), Prompt(random=script.b_tokens), script.b_max_tokens),
+        Stream("B", Point(None, script.b_at), Prompt(random=script.b_tokens), script.b_max_tokens,
+               expect=(Expect("cached_tokens", "==", 0),)),
         Stream("C", Point(None, script.b_at + script.c_after), Prompt(random=script.c_tokens), script.c_max_tokens)),
-        timeout_s=script.b_at + script.c_after + script.timeout_s)
+        FIGURES, seed=script.seed, timeout_s=script.b_at + script.c_after + script.timeout_s)
     check(sc)
     return sc
 
 
-async def play_script(url: str, script: LongPromptScript, prompts: Prompts, model: str = "default",
+def make_prompts(script: LongPromptScript, vocab: int, key: str = "") -> dict[str, list[int]]:
+    """A's, B's and C's prompts, as the script scenario draws them. `key` distinguishes runs that
+    share one server (--url), so each run's B is cold; fresh servers use one key, so every run's
+    replies compare."""
+    return script_scenario.make_prompts(timeline(script), vocab, key)
+
+
+def requests(script: LongPromptScript, prompts: dict[str, list[int]], token_ids: str = "ids") -> dict[str, Request]:
+    """A, B and C as the script scenario sends them; `token_ids`: how reply ids are asked for
+    (client.TOKEN_ID_ROUTES)."""
+    return script_scenario.requests_for(timeline(script), script.sampling, prompts, token_ids, None)
+
+
+async def play_script(url: str, script: LongPromptScript, vocab: int, model: str = "default",
                       token_ids: str = "ids") -> tuple[dict[str, StreamRecord], dict]:
     """Play A, B and C on the script's timeline; their raw records and the client's self-check.
     A is cancelled once B and C are done (or failed)."""
-    ra, rb, rc = requests(script, prompts, token_ids)
-    recs, _, check = await play_timeline(url, timeline(script), {"A": ra, "B": rb, "C": rc}, model)
+    reqs = requests(script, make_prompts(script, vocab), token_ids)
+    recs, _, check = await script_scenario.play_timeline(url, timeline(script), reqs, model)
     return recs, check
-
-
-async def play_sequence(url: str, reqs: list[Request], model: str = "default") -> dict[str, StreamRecord]:
-    """Each request alone, one after another (the plain reference)."""
-    return {r.name: await play_alone(url, r, model) for r in reqs}
 
 
 def records_dict(recs: dict[str, StreamRecord]) -> dict[str, dict]:
@@ -189,13 +186,6 @@ def check_script(script: LongPromptScript, mml: int | None) -> None:
                                       f"max_model_len {mml}")
 
 
-def fit_script(script: LongPromptScript, mml: int | None) -> LongPromptScript:
-    """A's reply as long as the server's context allows (it is cancelled anyway)."""
-    if mml is None or script.a_prompt_tokens + script.a_max_tokens <= mml:
-        return script
-    return replace(script, a_max_tokens=max(1, mml - script.a_prompt_tokens - 1))
-
-
 def a_alone_tokens(a: StreamRecord, b: StreamRecord, most: int) -> int:
     """How long A alone runs: past the token A had reached at B's first token, with a margin for
     the variant's later runs, at most A's own max_tokens."""
@@ -205,14 +195,13 @@ def a_alone_tokens(a: StreamRecord, b: StreamRecord, most: int) -> int:
     return min(most, int(reached * 1.5) + 32)
 
 
-def play_alone_pair(run: Run, s: LongPromptScript, vocab: int, traced: bool, a_prompt: list[int],
+def play_alone_pair(run: Run, s: LongPromptScript, b_prompt: list[int], traced: bool, a_prompt: list[int],
                     a_tokens: int) -> dict:
     """B's first token with nothing else running (checked on /metrics), on a prompt of its own;
     then A alone for `a_tokens` tokens of its own prompt: its pace at each context length, the
     yardstick for its rate while B fills (a stream slows as its context grows, B or no B)."""
     idle = wait_idle(run.url)
-    req = s.sampling.apply(Request("B", make_prompts(s, vocab, f"-alone{run.index}{run.salt}").b,
-                                   max_tokens=s.b_max_tokens, token_ids=run.token_ids), "B")
+    req = s.sampling.apply(Request("B", b_prompt, max_tokens=s.b_max_tokens, token_ids=run.token_ids), "B")
     rec = asyncio.run(play_alone(run.url, req, run.model))
     tr = fetch_trace(run.url) if traced else None
     out = {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
@@ -222,6 +211,21 @@ def play_alone_pair(run: Run, s: LongPromptScript, vocab: int, traced: bool, a_p
         wait_idle(run.url)
         a = s.sampling.apply(Request("A", a_prompt, max_tokens=a_tokens, ignore_eos=True, token_ids=run.token_ids), "A")
         out["a_record"] = asyncio.run(play_alone(run.url, a, run.model)).to_dict()
+    return out
+
+
+def play_alone_simulated(run: Run, s: LongPromptScript, b_prompt: list[int], a_prompt: list[int],
+                         a_tokens: int) -> dict:
+    """B alone and A alone in virtual time (run.sim), as a real run measures them on its server."""
+    sim = run.sim
+    alone = play_virtual([SimRequest("B", b_prompt, s.b_max_tokens)], sim.cfg, sim.costs, sim.caps,
+                         vocab_size=sim.vocab, trace=True)
+    rec = alone.records["B"]
+    out = {"record": rec.to_dict(), "run": run.index, "idle": None, "error": rec.error,
+           "b_first_token": figures.first_token_latency(rec), "trace": alone.trace}
+    if a_tokens > 0:
+        a = play_virtual([SimRequest("A", a_prompt, a_tokens)], sim.cfg, sim.costs, sim.caps, vocab_size=sim.vocab)
+        out["a_record"] = a.records["A"].to_dict()
     return out
 
 
@@ -252,11 +256,17 @@ def cold_check(b: StreamRecord, shared: bool) -> dict:
     return {"by": "fresh random prompt" if shared else "fresh server", "cached_tokens": None, "held": True}
 
 
-class LongPrompt(driver.Scenario):
-    """The A/B/C test as the session driver plays it."""
+class LongPrompt(ScriptScenario):
+    """The A/B/C test as a script (`timeline`) the script scenario plays, measures and checks;
+    its own: the receipt's long-prompt names and fields, B and A alone once per variant, the
+    refusal of a run where A ended before B overlapped it."""
 
     url_cache = "B's cold check: cached_tokens where reported, else a fresh random prompt per run"
     analysis = driver.Analysis(exactness.long_prompt, figures.long_prompt_stats, figures.long_prompt_predicted)
+
+    def __init__(self, settings: LongPromptSettings):
+        driver.Scenario.__init__(self, settings)  # its script is built from the flags, not read from a file
+        self.script, self.sampling, self.seed = timeline(settings.script), settings.script.sampling, 0
 
     def header(self) -> dict:
         s = self.settings
@@ -268,74 +278,39 @@ class LongPrompt(driver.Scenario):
 
     def play(self, data: dict, run: Run) -> dict:
         """A/B/C on the script, the engine's trace, and B alone once per variant; raw records only."""
-        settings, vocab = self.settings, run.vocab
+        settings = self.settings
         check_script(settings.script, run.max_model_len)
-        s = fit_script(settings.script, run.max_model_len)
+        prompts = self.prompts(run, self.run_key(run))
+        # A's reply as long as the server's context allows (it is cancelled anyway), as the script fits it
+        s = replace(settings.script, a_max_tokens=script_scenario.fit(self.script, prompts, run.max_model_len)["A"])
         data["settings"]["script"] = s.to_dict()
-        # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
-        # the salt) prompts are fresh random ids, so none of them is a prefix of an earlier one
-        prompts = make_prompts(s, vocab, f"-run{run.index}{run.salt}" if run.shared else "")
-        if run.sim:
-            return self.play_simulated(data, run, s, prompts)
-        recs, check = asyncio.run(play_script(run.url, s, prompts, run.model, run.token_ids))
-        check_a_outlasts(recs, s, run.max_model_len)
-        trace = fetch_trace(run.url) if (settings.session.engine.trace or run.shared) else None
+        recs, _, check, sim_trace = self.play_streams(run, prompts, trace=True)
+        if not run.sim:
+            check_a_outlasts(recs, s, run.max_model_len)
+        trace = sim_trace if run.sim else (fetch_trace(run.url) if settings.session.engine.trace or run.shared else None)
         if run.variant.name not in data["alone"]:
             a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
-            alone_or_defer(settings, data, run, lambda: play_alone_pair(run, s, vocab, trace is not None, prompts.a,
-                                                                        a_tokens))
+            b_prompt = self.prompts(run, f"-alone{run.index}{run.salt}")["B"]
+            if run.sim:
+                data["alone"][run.variant.name] = play_alone_simulated(run, s, b_prompt, prompts["A"], a_tokens)
+            else:
+                alone_or_defer(settings, data, run, lambda: play_alone_pair(run, s, b_prompt, trace is not None,
+                                                                            prompts["A"], a_tokens))
         records = records_dict(recs)
         return {"records": records, "client": check, "hashes": exactness.reply_hashes(records), "trace": trace,
                 "cold": cold_check(recs["B"], run.shared), "counted_by": weakest_count(recs.values()),
-                "system_fingerprint": fingerprint(recs.values())}
+                "system_fingerprint": None if run.sim else fingerprint(recs.values())}
 
-    def play_simulated(self, data: dict, run: Run, s: LongPromptScript, prompts: Prompts) -> dict:
-        """A/B/C in virtual time (run.sim) with the host's trace; B alone and A alone in virtual
-        time too, once per variant, as a real run measures them on its server."""
-        ra, rb, rc = requests(s, prompts, run.token_ids)
-        recs, res = play_simulated(run, timeline(s), {"A": ra, "B": rb, "C": rc}, trace=True)
-        if run.variant.name not in data["alone"]:
-            sim = run.sim
-            b_prompt = make_prompts(s, run.vocab, f"-alone{run.index}").b
-            alone = play_virtual([SimRequest("B", b_prompt, s.b_max_tokens)], sim.cfg, sim.costs, sim.caps,
-                                 vocab_size=sim.vocab, trace=True)
-            rec = alone.records["B"]
-            out = {"record": rec.to_dict(), "run": run.index, "idle": None, "error": rec.error,
-                   "b_first_token": figures.first_token_latency(rec), "trace": alone.trace}
-            a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
-            if a_tokens > 0:
-                a = play_virtual([SimRequest("A", prompts.a, a_tokens)], sim.cfg, sim.costs, sim.caps,
-                                 vocab_size=sim.vocab)
-                out["a_record"] = a.records["A"].to_dict()
-            data["alone"][run.variant.name] = out
-        records = records_dict(recs)
-        return {"records": records, "client": None, "hashes": exactness.reply_hashes(records), "trace": res.trace,
-                "cold": cold_check(recs["B"], False), "counted_by": weakest_count(recs.values()),
-                "system_fingerprint": None}
-
-    def measure(self, entry: dict) -> None:
-        f = figures.long_prompt_of(entry["records"])
-        figures.client_bottleneck(f, entry.get("client"))
-        entry["figures"] = f.to_dict()
+    def run_figures(self, recs: dict[str, StreamRecord], entry: dict) -> figures.LongPromptFigures:
+        return figures.long_prompt(self.script, recs)
 
     def failed(self, entry: dict) -> None:
         entry.update(records=None, hashes=None, trace=None,
                      figures=figures.failed_long_prompt(entry["failure"]).to_dict())
 
-    def line(self, entry: dict) -> str:
-        f = entry["figures"]
+    def shown(self, f: dict) -> str:
         s = lambda v: "-" if v is None else f"{num(v)} s"  # noqa: E731
-        return (f"{entry['variant']}: B first token {s(f['b_first_token'])}, C {s(f['c_first_token'])}, "
-                f"A pause {s(f['a_longest_pause'])}"
-                + ("" if f["valid"] else f"  INVALID: {'; '.join(f['invalid_reasons'])}"))
-
-    def play_plain(self, data: dict, url: str, model: str, vocab: int) -> dict:
-        """Each request alone; A as long as its longest reply in any run."""
-        a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"] if r["records"]] + [1])
-        script = self.settings.script
-        ra, rb, rc = requests(script, make_prompts(script, vocab, ""), self.session.token_ids)
-        ra.max_tokens = a_len
-        return driver.replies(records_dict(asyncio.run(play_sequence(url, [ra, rb, rc], model))))
+        return f"B first token {s(f['b_first_token'])}, C {s(f['c_first_token'])}, A pause {s(f['a_longest_pause'])}"
 
     def notes_before(self, data: dict) -> list[str]:
         out = [data["settings"]["scaled_down"]] if data["settings"].get("scaled_down") else []

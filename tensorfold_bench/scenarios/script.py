@@ -283,10 +283,11 @@ def fit(script: Script, prompts: dict, mml: int | None) -> dict[str, int]:
     return out
 
 
-def requests_for(settings: ScriptSettings, prompts: dict, token_ids: str, mml: int | None) -> dict[str, Request]:
-    sizes = fit(settings.script, prompts, mml)
-    return {s.name: replace(request(s, prompts[s.name], token_ids, settings.sampling), max_tokens=sizes[s.name])
-            for s in settings.script.streams}
+def requests_for(script: Script, sampling: Sampling, prompts: dict, token_ids: str, mml: int | None
+                 ) -> dict[str, Request]:
+    sizes = fit(script, prompts, mml)
+    return {s.name: replace(request(s, prompts[s.name], token_ids, sampling), max_tokens=sizes[s.name])
+            for s in script.streams}
 
 
 class ScriptScenario(driver.Scenario):
@@ -295,54 +296,79 @@ class ScriptScenario(driver.Scenario):
     url_cache = "each run's random prompts are fresh"
     analysis = driver.Analysis(exactness.script, figures.script_stats, figures.script_medians)
 
+    def __init__(self, settings):
+        super().__init__(settings)
+        # what the shared play, measure and plain reference read: a scenario that is a script of its
+        # own (long-prompt) sets them from its flags
+        self.script: Script = settings.script
+        self.sampling: Sampling = settings.sampling
+        self.seed: int = settings.seed
+
     def header(self) -> dict:
         s, sc = self.settings, self.settings.script
         return {"script": sc.to_dict(), "script_text": sc.text, "figure_keys": sc.keys, "plain_check": s.plain_check,
                 "sampling": s.sampling.to_dict(), "seed": s.seed}
 
+    def prompts(self, run: Run, key: str) -> dict[str, list[int] | str]:
+        return make_prompts(self.script, run.vocab, key, self.seed)
+
+    @staticmethod
+    def run_key(run: Run) -> str:
+        """A server tfbench did not start may hold earlier prompts: each run's (and each session's,
+        by the salt) random prompts are fresh, so none is a prefix of an earlier one."""
+        return f"-run{run.index}{run.salt}" if run.shared else ""
+
+    def play_streams(self, run: Run, prompts: dict, trace: bool = False
+                     ) -> tuple[dict[str, StreamRecord], float, dict | None, list | None]:
+        """The timeline's raw records, the run's start, the client's self-check and (in virtual
+        time, with `trace`) the simulated host's trace."""
+        reqs = requests_for(self.script, self.sampling, prompts, run.token_ids, run.max_model_len)
+        if run.sim:
+            recs, res = play_simulated(run, self.script, reqs, trace=trace)
+            return recs, 0.0, None, res.trace
+        recs, t0, check = asyncio.run(play_timeline(run.url, self.script, reqs, run.model))
+        return recs, t0, check, None
+
     def play(self, data: dict, run: Run) -> dict:
         """The timeline's raw records."""
-        settings = self.settings
-        # a server tfbench did not start may hold earlier prompts: each run's (and each session's, by
-        # the salt) random prompts are fresh, so none is a prefix of an earlier one
-        prompts = make_prompts(settings.script, run.vocab, f"-run{run.index}{run.salt}" if run.shared else "",
-                               settings.seed)
-        reqs = requests_for(settings, prompts, run.token_ids, run.max_model_len)
-        if run.sim:
-            (recs, _), t0, check = play_simulated(run, settings.script, reqs), 0.0, None
-        else:
-            recs, t0, check = asyncio.run(play_timeline(run.url, settings.script, reqs, run.model))
+        recs, t0, check, _ = self.play_streams(run, self.prompts(run, self.run_key(run)))
         records = {k: v.to_dict() for k, v in recs.items()}
         return {"records": records, "t0": t0, "client": check, "hashes": exactness.reply_hashes(records),
                 "counted_by": weakest_count(recs.values()), "system_fingerprint": fingerprint(recs.values())}
 
+    def run_figures(self, recs: dict[str, StreamRecord], entry: dict):
+        """One run's figures from its records, by the script's figure definitions."""
+        return figures.script_run(self.script, recs, entry["t0"])
+
     def measure(self, entry: dict) -> None:
-        recs = {k: StreamRecord.from_dict(v) for k, v in entry["records"].items()}
-        f = figures.script_run(self.settings.script, recs, entry["t0"])
+        f = self.run_figures({k: StreamRecord.from_dict(v) for k, v in entry["records"].items()}, entry)
         figures.client_bottleneck(f, entry.get("client"))
         entry["figures"] = f.to_dict()
 
     def failed(self, entry: dict) -> None:
         entry.update(records=None, hashes=None, t0=None, figures=figures.failed_script(entry["failure"]).to_dict())
 
+    def shown(self, f: dict) -> str:
+        """A run's figures as its progress line shows them: the first four."""
+        return ", ".join(f"{k} {num(v)}" for k, v in list(f["values"].items())[:4]) or "no figures"
+
     def line(self, entry: dict) -> str:
         f = entry["figures"]
-        shown = ", ".join(f"{k} {num(v)}" for k, v in list(f["values"].items())[:4])
-        return (f"{entry['variant']}: {shown or 'no figures'}"
+        return (f"{entry['variant']}: {self.shown(f)}"
                 + ("" if f["valid"] else f"  INVALID: {'; '.join(f['invalid_reasons'])}"))
 
     def play_plain(self, data: dict, url: str, model: str, vocab: int) -> dict:
         """Each stream alone. A stream cancelled in some run generates as many tokens as its
         longest reply; one that got no token in any run is not played (nothing to compare)."""
-        script = self.settings.script
-        prompts = make_prompts(script, vocab, "", self.settings.seed)
+        script = self.script
+        prompts = make_prompts(script, vocab, "", self.seed)
         runs = [r for r in data["runs"] if r.get("records")]
         reqs = []
         for s in script.streams:
             lens = [len(r["records"][s.name]["token_ids"]) for r in runs]
             if not any(lens):
                 continue
-            req = request(s, prompts[s.name], self.session.token_ids, self.settings.sampling)
+            req = request(s, prompts[s.name], self.session.token_ids, self.sampling)
             reqs.append(replace(req, max_tokens=max(lens) if s.cancellable else s.max_tokens))
         return driver.replies({r.name: asyncio.run(play_alone(url, r, model)).to_dict() for r in reqs})
 

@@ -3,8 +3,15 @@ import pytest
 
 from tensorfold_bench.analysis import figures, sweep as sweep_figures
 from tensorfold_bench.analysis.figures import count_in, longest_pause, medians, rate_before
-from tensorfold_bench.analysis.figures import long_prompt as long_prompt_figures
 from tensorfold_bench.client.stream import StreamRecord, _apply_event, event_tokens
+from tensorfold_bench.scenarios.long_prompt import LongPromptScript, timeline
+
+ABC = timeline(LongPromptScript(b_at=3.0, c_after=0.5, b_tokens=64))
+
+
+def long_prompt_figures(a, b, c):
+    """The long-prompt figures of one A/B/C run, by the A/B/C script's figure definitions."""
+    return figures.long_prompt(ABC, {"A": a, "B": b, "C": c})
 
 
 def rec(name, sent, times, scheduled=None, cancelled=False, ended=None, ids=None, **kw):
@@ -100,7 +107,7 @@ def test_invalid_when_a_finished_before_b_first_token():
     times = [0.1 * i for i in range(1, 40)]  # A ends at 3.9, B's first token at 5
     f = long_prompt_figures(*abc(times, a_cancelled=False, a_ended=3.9))
     assert not f.valid
-    assert any("did not overlap" in r for r in f.invalid_reasons)
+    assert any("A stopped decoding before B.first_token" in r for r in f.invalid_reasons)
 
 
 def test_invalid_when_a_started_after_b():
@@ -112,6 +119,7 @@ def test_invalid_when_late_or_cached_or_failed():
     a, b, c = abc([0.1 * i for i in range(1, 80)])
     b.scheduled = b.sent - 0.5
     b.usage = {"prompt_tokens_details": {"cached_tokens": 256}}
+    b.cached_tokens = 256  # as the client reads it off the usage
     c.error = "HTTP 500: boom"
     f = long_prompt_figures(a, b, c)
     assert f.lateness["B"] == pytest.approx(0.5)

@@ -113,7 +113,7 @@ def test_the_seed_and_the_temperature_change_the_replies_and_nothing_else_does(t
         prompts = long_prompt.make_prompts(script, 512)
 
         def c_reply(sampling):
-            _, _, rc = long_prompt.requests(replace(script, sampling=sampling), prompts)
+            rc = long_prompt.requests(replace(script, sampling=sampling), prompts)["C"]
             rec = asyncio.run(play_alone(srv.url, rc, "tiny"))
             assert rec.error is None and len(rec.token_ids) == script.c_max_tokens, rec.error
             return rec.token_ids

@@ -159,8 +159,9 @@ def test_the_long_prompt_script_gives_long_prompts_figures():
     a = rec("A", 100.0, [100.1 + 0.05 * i for i in range(200)], ended=110.2, cancelled=True)
     b = rec("B", 103.0, [105.0, 105.01], scheduled=103.0, cached=0)
     c = rec("C", 103.5, [105.2, 105.3], scheduled=103.5, cached=0)
-    lp = figures.long_prompt(a, b, c)
-    s = figures.script_run(load(ROOT / "examples/scripts/long-prompt.yaml"), {"A": a, "B": b, "C": c}, t0=100.0)
+    shipped = load(ROOT / "examples/scripts/long-prompt.yaml")
+    lp = figures.long_prompt(shipped, {"A": a, "B": b, "C": c})
+    s = figures.script_run(shipped, {"A": a, "B": b, "C": c}, t0=100.0)
     assert s.valid and lp.valid, (s.invalid_reasons, lp.invalid_reasons)
     assert s.values == {"first_token:B": lp.b_first_token, "first_token:C": lp.c_first_token,
                         "longest_pause:A": lp.a_longest_pause, "rate:A": lp.a_rate_during,
@@ -207,33 +208,73 @@ def test_a_stream_not_sent_says_why_and_its_windows_are_empty():
 
 
 def test_the_long_prompt_script_sends_long_prompts_own_prompts_and_requests():
-    """Streams A, B and C of the shipped timeline draw long-prompt's seeded ids and ask for what
+    """Streams A, B and C of the shipped timeline draw long-prompt's seeded ids (each role's own,
+    as every long-prompt receipt drew them, so replies compare across receipts) and ask for what
     long-prompt's A, B and C ask for (with --temperature, the same per-role seeds too)."""
     from tensorfold_bench.client.sampling import Sampling
     from tensorfold_bench.scenarios import long_prompt as lp
     from tensorfold_bench.scenarios import script as sc
+    from tensorfold_bench.workload.ids import prompt_ids
 
     script = load(ROOT / "examples/scripts/long-prompt.yaml")
     mine = sc.make_prompts(script, 512)
     theirs = lp.make_prompts(lp.LongPromptScript(b_at=3.0, c_after=0.5, b_tokens=4096), 512)
-    assert (mine["A"], mine["B"], mine["C"]) == (theirs.a, theirs.b, theirs.c)
+    assert mine == theirs
+    assert theirs["B"] == prompt_ids(0, "B", 4096, 512) and theirs["C"] == prompt_ids(0, "C", 34, 512)
     sampling = Sampling(0.7, 3)
     ref = lp.requests(lp.LongPromptScript(b_at=3.0, c_after=0.5, b_tokens=4096, sampling=sampling), theirs)
-    for r in ref:
+    for r in ref.values():
         got = sc.request(script.stream(r.name), mine[r.name], "ids", sampling)
         assert (got.body("m") | {"max_tokens": 0}) == (r.body("m") | {"max_tokens": 0}), r.name
+        assert r.seed == sampling.apply(r, r.name).seed
 
 
 def test_run_long_prompt_is_the_short_form_of_the_shipped_timeline():
-    """`run long-prompt`'s flags at the cpu defaults make the shipped long-prompt script's
-    streams (its cold check is the scenario's own, not an expectation)."""
-    from dataclasses import replace
-
+    """`run long-prompt`'s flags at the cpu defaults make the shipped long-prompt script: its
+    streams (B's cold check included) and its figure definitions."""
     from tensorfold_bench.scenarios import long_prompt as lp
 
     flags = lp.timeline(lp.LongPromptScript(b_at=3.0, c_after=0.5, b_tokens=4096))
     shipped = load(ROOT / "examples/scripts/long-prompt.yaml")
-    assert flags.streams == tuple(replace(s, expect=()) for s in shipped.streams)
+    assert flags.streams == shipped.streams and flags.figures == shipped.figures
+    assert [figures.LONG_PROMPT_KEYS[k] for k in figures.LONG_PROMPT] == flags.keys
+
+
+def _without_diverge_at(ex: dict) -> dict:
+    """Exactness as receipts kept it before the first differing token was recorded."""
+    return {k: {i: [{f: x for f, x in c.items() if f != "diverge_at"} for c in cs] for i, cs in v.items()}
+            if k in ("across_runs", "vs_plain") else v for k, v in ex.items()}
+
+
+def test_committed_long_prompt_receipts_recompute_the_same_through_the_script():
+    """Every committed long-prompt receipt: each run's figures and validity, by the A/B/C script's
+    figure definitions, and the exactness, by the script plan, are what the receipt holds."""
+    import dataclasses
+
+    from tensorfold_bench import report
+    from tensorfold_bench.analysis import exactness
+    from tensorfold_bench.scenarios.long_prompt import LongPromptScript, timeline
+
+    fields = {f.name for f in dataclasses.fields(LongPromptScript)} - {"sampling"}
+    paths = sorted((ROOT / "receipts").glob("*-long-prompt.json.gz"))
+    assert len(paths) > 10
+    runs = 0
+    for p in paths:
+        d = report.read(p)
+        abc = timeline(LongPromptScript(**{k: v for k, v in d["settings"]["script"].items() if k in fields}))
+        for r in d["runs"]:
+            if not r.get("records"):
+                continue
+            f = figures.long_prompt(abc, {k: StreamRecord.from_dict(v) for k, v in r["records"].items()})
+            figures.client_bottleneck(f, r.get("client"))
+            got, want = f.to_dict(), r["figures"]
+            assert {k: v for k, v in got.items() if k != "invalid_reasons"} == \
+                {k: want[k] for k in got if k != "invalid_reasons"}, (p.name, r["index"])
+            runs += 1
+        if (d.get("exactness") or {}).get("across_runs") is not None:
+            got, want = _without_diverge_at(exactness.long_prompt(d)), _without_diverge_at(d["exactness"])
+            assert got == {k: want.get(k) for k in got}, p.name
+    assert runs > 100
 
 
 def test_a_streams_options_become_its_request():

@@ -13,8 +13,17 @@ from engine.scheduler.costs import Costs, Profile, ProfileError
 from engine.scheduler.host import LaneHost
 from engine.scheduler.simulated import SimulatedBackend, VirtualClock
 from engine.scheduler.trace_profile import TracedRun, TracedStream, profile_of, samples_of
-from tensorfold_bench.analysis.figures import long_prompt
+from tensorfold_bench.analysis import figures
 from tensorfold_bench.client.virtual import SimError, SimRequest, play
+from tensorfold_bench.scenarios.long_prompt import LongPromptScript, timeline
+
+ABC = timeline(LongPromptScript(b_at=1.0, c_after=0.5, b_tokens=32000))  # the figures read events only
+
+
+def long_prompt(a, b, c):
+    """The long-prompt figures of one A/B/C run, by the A/B/C script's figure definitions."""
+    return figures.long_prompt(ABC, {"A": a, "B": b, "C": c})
+
 
 PA, PB, PC = 0.002, 2e-5, 1e-9  # a cut: PA + PB rows + PC rows (start + rows / 2)
 DA, DB = {1: 0.006, 2: 0.0065, 4: 0.007, 8: 0.008}, 2e-8  # a round: DA[streams] + DB keys
@@ -380,8 +389,8 @@ def test_the_accuracy_check_reads_a_receipt_and_predicts_each_run_from_the_other
     for i, (name, share) in enumerate((("p=1", 1.0), ("p=0.5", 0.5), ("p=0.5", 0.5), ("p=1", 1.0))):
         cfg = EngineConfig(device="cuda", parallel=4, prefill_rows=1024, max_model_len=20000, prefill_share=share,
                            trace=True)
-        res = play([SimRequest("A", prompts.a, 5000, 0.0, until=("B", "C")), SimRequest("B", prompts.b, 8, 1.0),
-                    SimRequest("C", prompts.c, 16, 1.5)], cfg, profile(), vocab_size=1000, trace=True)
+        res = play([SimRequest("A", prompts["A"], 5000, 0.0, until=("B", "C")), SimRequest("B", prompts["B"], 8, 1.0),
+                    SimRequest("C", prompts["C"], 16, 1.5)], cfg, profile(), vocab_size=1000, trace=True)
         recs = {k: v.to_dict() for k, v in res.records.items()}
         eng = {"device_name": "Test GPU", "model": "m", "shape": {"vocab": 1000}, "decode_ahead": False}
         runs.append({"index": i + 1, "variant": name, "records": recs, "trace": res.trace,
