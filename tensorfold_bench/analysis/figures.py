@@ -233,12 +233,6 @@ def long_prompt(a: StreamRecord, b: StreamRecord, c: StreamRecord,
                              valid=not reasons, invalid_reasons=reasons)
 
 
-def long_prompt_of(records: dict[str, dict]) -> LongPromptFigures:
-    """The figures of a run as saved (records as dicts)."""
-    a, b, c = (StreamRecord.from_dict(records[k]) for k in "ABC")
-    return long_prompt(a, b, c)
-
-
 def failed_long_prompt(why: str) -> LongPromptFigures:
     """A run whose server failed: no figure, invalid."""
     return LongPromptFigures(None, None, None, None, None, 0, None, {}, valid=False,

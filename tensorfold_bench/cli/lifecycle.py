@@ -72,7 +72,7 @@ class ReceiptWriter:
 
     def save(self, data: dict) -> None:
         """The receipt so far (partial while data["partial"] is set): JSON and Markdown."""
-        self.last = json.loads(json.dumps(data))
+        self.last = json.loads(json.dumps(report.store.plain(data)))
         self.paths = report.write(self.last, self.out_dir, self._stem(self.last), png=False)
 
     def final(self, data: dict) -> dict[str, Path]:

@@ -199,13 +199,13 @@ def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY, load_spec=None) -
     prompts = long_prompt.make_prompts(script, run.vocab)
     recs, lp_check = asyncio.run(long_prompt.play_script(run.url, script, prompts, run.model))
     out = {"sweep": {"batches": batches, "client": sw_check},
-           "long_prompt": {"records": long_prompt.records_dict(recs), "client": lp_check}}
+           "long_prompt": {"records": recs, "client": lp_check}}
     if load_spec is not None:
         level = load_spec.levels[0]
         played, t0, check = asyncio.run(player.play_level(run.url, load_spec.build(level, run.vocab), model=run.model,
                                                         sampling=sampling))
         out["load"] = {"label": level.label, "client": check,
-                       "records": [load.to_req(s, t0).to_dict() for s in played]}
+                       "records": [load.to_req(s, t0) for s in played]}
     return out
 
 
@@ -265,7 +265,7 @@ class Gate(driver.Scenario):
         """The run's figures: the sweep's, and the long-prompt ones when that run is valid."""
         sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
         entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
-        lp = figures.long_prompt_of(entry["long_prompt"]["records"])
+        lp = figures.long_prompt(*map(entry["long_prompt"]["records"].get, "ABC"))
         figures.client_bottleneck(lp, entry["long_prompt"].get("client"))
         entry["long_prompt"]["figures"] = lp.to_dict()
         sw_bad = (entry["sweep"].get("client") or {}).get("invalid")
@@ -273,7 +273,7 @@ class Gate(driver.Scenario):
                             **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}
         if entry.get("load"):
             ld = entry["load"]
-            f = load_figures.level_figures([load_figures.Req.from_dict(q) for q in ld["records"]], load_figures.Slo())
+            f = load_figures.level_figures(ld["records"], load_figures.Slo())
             ld["figures"] = f
             ld["invalid"] = f["invalid"] + selfcheck.bottleneck(ld.get("client"))
             if not ld["invalid"]:

@@ -111,10 +111,6 @@ async def play_sequence(url: str, reqs: list[Request], model: str = "default") -
     return {r.name: await play_alone(url, r, model) for r in reqs}
 
 
-def records_dict(recs: dict[str, StreamRecord]) -> dict[str, dict]:
-    return {k: v.to_dict() for k, v in recs.items()}
-
-
 # ---- a session of runs ---------------------------------------------------------------------
 
 @dataclass
@@ -215,13 +211,13 @@ def play_alone_pair(run: Run, s: LongPromptScript, vocab: int, traced: bool, a_p
                                    max_tokens=s.b_max_tokens, token_ids=run.token_ids), "B")
     rec = asyncio.run(play_alone(run.url, req, run.model))
     tr = fetch_trace(run.url) if traced else None
-    out = {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
+    out = {"record": rec, "run": run.index, "idle": idle, "error": rec.error,
            "b_first_token": figures.first_token_latency(rec),
            "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
     if a_tokens > 0:
         wait_idle(run.url)
         a = s.sampling.apply(Request("A", a_prompt, max_tokens=a_tokens, ignore_eos=True, token_ids=run.token_ids), "A")
-        out["a_record"] = asyncio.run(play_alone(run.url, a, run.model)).to_dict()
+        out["a_record"] = asyncio.run(play_alone(run.url, a, run.model))
     return out
 
 
@@ -284,8 +280,7 @@ class LongPrompt(driver.Scenario):
             a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
             alone_or_defer(settings, data, run, lambda: play_alone_pair(run, s, vocab, trace is not None, prompts.a,
                                                                         a_tokens))
-        records = records_dict(recs)
-        return {"records": records, "client": check, "hashes": exactness.reply_hashes(records), "trace": trace,
+        return {"records": recs, "client": check, "hashes": exactness.reply_hashes(recs), "trace": trace,
                 "cold": cold_check(recs["B"], run.shared), "counted_by": weakest_count(recs.values()),
                 "system_fingerprint": fingerprint(recs.values())}
 
@@ -300,21 +295,20 @@ class LongPrompt(driver.Scenario):
             alone = play_virtual([SimRequest("B", b_prompt, s.b_max_tokens)], sim.cfg, sim.costs, sim.caps,
                                  vocab_size=sim.vocab, trace=True)
             rec = alone.records["B"]
-            out = {"record": rec.to_dict(), "run": run.index, "idle": None, "error": rec.error,
+            out = {"record": rec, "run": run.index, "idle": None, "error": rec.error,
                    "b_first_token": figures.first_token_latency(rec), "trace": alone.trace}
             a_tokens = a_alone_tokens(recs["A"], recs["B"], s.a_max_tokens)
             if a_tokens > 0:
                 a = play_virtual([SimRequest("A", prompts.a, a_tokens)], sim.cfg, sim.costs, sim.caps,
                                  vocab_size=sim.vocab)
-                out["a_record"] = a.records["A"].to_dict()
+                out["a_record"] = a.records["A"]
             data["alone"][run.variant.name] = out
-        records = records_dict(recs)
-        return {"records": records, "client": None, "hashes": exactness.reply_hashes(records), "trace": res.trace,
+        return {"records": recs, "client": None, "hashes": exactness.reply_hashes(recs), "trace": res.trace,
                 "cold": cold_check(recs["B"], False), "counted_by": weakest_count(recs.values()),
                 "system_fingerprint": None}
 
     def measure(self, entry: dict) -> None:
-        f = figures.long_prompt_of(entry["records"])
+        f = figures.long_prompt(*map(entry["records"].get, "ABC"))
         figures.client_bottleneck(f, entry.get("client"))
         entry["figures"] = f.to_dict()
 
@@ -331,11 +325,11 @@ class LongPrompt(driver.Scenario):
 
     def play_plain(self, data: dict, url: str, model: str, vocab: int) -> dict:
         """Each request alone; A as long as its longest reply in any run."""
-        a_len = max([len(r["records"]["A"]["token_ids"]) for r in data["runs"] if r["records"]] + [1])
+        a_len = max([len(r["records"]["A"].token_ids) for r in data["runs"] if r["records"]] + [1])
         script = self.settings.script
         ra, rb, rc = requests(script, make_prompts(script, vocab, ""), self.session.token_ids)
         ra.max_tokens = a_len
-        return driver.replies(records_dict(asyncio.run(play_sequence(url, [ra, rb, rc], model))))
+        return driver.replies(asyncio.run(play_sequence(url, [ra, rb, rc], model)))
 
     def notes_before(self, data: dict) -> list[str]:
         out = [data["settings"]["scaled_down"]] if data["settings"].get("scaled_down") else []

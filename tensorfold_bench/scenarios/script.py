@@ -312,13 +312,11 @@ class ScriptScenario(driver.Scenario):
             (recs, _), t0, check = play_simulated(run, settings.script, reqs), 0.0, None
         else:
             recs, t0, check = asyncio.run(play_timeline(run.url, settings.script, reqs, run.model))
-        records = {k: v.to_dict() for k, v in recs.items()}
-        return {"records": records, "t0": t0, "client": check, "hashes": exactness.reply_hashes(records),
+        return {"records": recs, "t0": t0, "client": check, "hashes": exactness.reply_hashes(recs),
                 "counted_by": weakest_count(recs.values()), "system_fingerprint": fingerprint(recs.values())}
 
     def measure(self, entry: dict) -> None:
-        recs = {k: StreamRecord.from_dict(v) for k, v in entry["records"].items()}
-        f = figures.script_run(self.settings.script, recs, entry["t0"])
+        f = figures.script_run(self.settings.script, entry["records"], entry["t0"])
         figures.client_bottleneck(f, entry.get("client"))
         entry["figures"] = f.to_dict()
 
@@ -339,12 +337,12 @@ class ScriptScenario(driver.Scenario):
         runs = [r for r in data["runs"] if r.get("records")]
         reqs = []
         for s in script.streams:
-            lens = [len(r["records"][s.name]["token_ids"]) for r in runs]
+            lens = [len(r["records"][s.name].token_ids) for r in runs]
             if not any(lens):
                 continue
             req = request(s, prompts[s.name], self.session.token_ids, self.settings.sampling)
             reqs.append(replace(req, max_tokens=max(lens) if s.cancellable else s.max_tokens))
-        return driver.replies({r.name: asyncio.run(play_alone(url, r, model)).to_dict() for r in reqs})
+        return driver.replies({r.name: asyncio.run(play_alone(url, r, model)) for r in reqs})
 
     def notes_after(self, data: dict) -> list[str]:
         unknown = sorted({e["stream"] for r in data["runs"] for e in r["figures"]["expects"] if e.get("unknown")})

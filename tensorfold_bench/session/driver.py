@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Protocol
 from tensorfold_bench import SCHEMA, __version__
 from tensorfold_bench.analysis import exactness, stats
 from tensorfold_bench.analysis.predictions import Predictions
-from tensorfold_bench.client.stream import TOKEN_ID_ROUTES
+from tensorfold_bench.client.stream import TOKEN_ID_ROUTES, StreamRecord
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.servers import worktree
 from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, wait_idle
@@ -447,7 +447,7 @@ class Scenario:
                 + "; ".join(why) + (f" (log: {entry['log']})" if entry.get("error") else "")]
 
 
-def replies(records: dict[str, dict]) -> dict:
+def replies(records: dict[str, StreamRecord]) -> dict:
     """The plain reference's answers: each reply's record and hash."""
     return {"records": records, "hashes": exactness.reply_hashes(records)}
 

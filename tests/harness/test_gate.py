@@ -9,6 +9,8 @@ import pytest
 
 from tensorfold_bench import report
 from tensorfold_bench.analysis import exactness, figures, stats
+from tensorfold_bench.analysis.load import Req
+from tensorfold_bench.client.stream import StreamRecord
 from tensorfold_bench.scenarios import gate
 
 import fakeserver
@@ -53,7 +55,7 @@ def test_c_landing_late_in_a_cut_is_luck_but_waiting_for_the_whole_prompt_fails(
 
 
 def rec(ids):
-    return {"token_ids": list(ids)}
+    return StreamRecord("A", "/v1/completions", 4, 8, token_ids=list(ids))
 
 
 def hash_run(i, variant, sweep_hashes=("aaa", "bbb"), a=(1, 2, 3), b=(4, 5), c=(6, 7)):
@@ -203,7 +205,7 @@ def test_the_load_check_judges_output_tok_s_and_ttft_p99_and_compares_every_repl
     assert any(r.startswith("ttft_p99@rate 2/s: new is worse") for r in reasons)
 
     def run(i, side, shas):
-        return {"index": i, "variant": side, "load": {"records": [{"id": f"r{k}", "sha": s} for k, s in enumerate(shas)]}}
+        return {"index": i, "variant": side, "load": {"records": [Req(f"r{k}", sha=s) for k, s in enumerate(shas)]}}
     runs = [run(1, "base", ["a", "b"]), run(2, "new", ["a", "X"]), run(3, "new", ["a", "X"]), run(4, "base", ["a", "b"])]
     checks, differ = exactness.gate_load(runs, accepted=False)
     assert checks["all runs"] == {"equal": 6, "of": 8} and differ[0].startswith("load reply differs (all runs): r1")
