@@ -122,10 +122,6 @@ class Req:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Req":
-        return cls(**d)
-
     @property
     def times(self) -> list[float]:
         """Each token's time (seconds from the level's start)."""
