@@ -57,7 +57,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from tensorfold_bench.analysis import exactness, figures, load as load_figures, stats, sweep as sweep_figures
 from tensorfold_bench.analysis.figures import num
@@ -301,8 +300,8 @@ class Gate(driver.Scenario):
         analyse(data)
 
 
-def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None,
-             _fallback: str | None = None, _schedule: dict | None = None) -> dict:
+def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: driver.Save | None = None,
+             _fallback: str | None = None, _schedule: dict | None = None) -> tuple[dict, object]:
     """Run base and new in the order and judge; the returned data carries `passed` and `reasons`.
     A base whose engine will not serve (an old or broken commit) is reported, and the working
     tree is then compared with itself, as for a missing base; a new side that will not serve

@@ -15,7 +15,6 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from tensorfold_bench.analysis import exactness, figures, load as load_figures
 from tensorfold_bench.analysis.figures import num
@@ -376,7 +375,7 @@ class Load(driver.Scenario):
     def stats(self, data: dict) -> dict | None:
         return load_stats(data)
 
-    def predicted(self, data: dict) -> dict:
+    def predicted(self, data: dict, summary=None) -> dict:
         return medians(data)
 
 
@@ -432,7 +431,8 @@ def medians(data: dict) -> dict[str, dict[str, float | None]]:
     return out
 
 
-def run(settings: LoadSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
+def run(settings: LoadSettings, reporter: Reporter | None = None,
+        save: driver.Save | None = None) -> tuple[dict, object]:
     """Every run in order, a fresh server each (or the running servers), then the plain
     reference (driver.run)."""
     return driver.run(Load(settings), reporter, save)

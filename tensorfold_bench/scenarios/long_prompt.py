@@ -252,7 +252,8 @@ class LongPrompt(driver.Scenario):
     """The A/B/C test as the session driver plays it."""
 
     url_cache = "B's cold check: cached_tokens where reported, else a fresh random prompt per run"
-    analysis = driver.Analysis(exactness.long_prompt, figures.long_prompt_stats, figures.long_prompt_predicted)
+    analysis = driver.Analysis(exactness.long_prompt, figures.long_prompt_stats, figures.long_prompt_predicted,
+                               figures.long_prompt_summary)
 
     def header(self) -> dict:
         s = self.settings
@@ -343,6 +344,6 @@ class LongPrompt(driver.Scenario):
 
 
 def run(settings: LongPromptSettings, reporter: Reporter | None = None,
-        save: Callable[[dict], None] | None = None) -> dict:
+        save: driver.Save | None = None) -> tuple[dict, object]:
     """Every run in order, a fresh server each, then the plain reference (driver.run)."""
     return driver.run(LongPrompt(settings), reporter, save)

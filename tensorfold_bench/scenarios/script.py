@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from tensorfold_bench.analysis import exactness, figures
 from tensorfold_bench.analysis.figures import num
@@ -353,7 +352,7 @@ class ScriptScenario(driver.Scenario):
 
 
 def run(settings: ScriptSettings, reporter: Reporter | None = None,
-        save: Callable[[dict], None] | None = None) -> dict:
+        save: driver.Save | None = None) -> tuple[dict, object]:
     """Every run in order, a fresh server each (or the running servers), then the plain
     reference (driver.run)."""
     return driver.run(ScriptScenario(settings), reporter, save)

@@ -135,7 +135,7 @@ def test_a_slowed_decode_round_fails(tmp_path):
     # a neighbour test's load slows the base runs (at 20 ms and the 75 % margin it once passed so)
     s = gate.GateSettings(base_ref=None, preset="tiny", margin=0.5, long_margin=0.9, out_dir=tmp_path,
                           order=["base", "new", "base"], new_env={"TFENGINE_DECODE_SLEEP_MS": "100"}, load_rate=6.0)
-    d = gate.run_gate(s)
+    d, _ = gate.run_gate(s)
     assert not d["passed"]
     # the short load played in every run: its figures judged, its replies compared, all equal
     assert all(r["load"]["figures"]["completed"] > 0 for r in d["runs"]) and "out_tok_s@rate 6/s" in d["stats"]
@@ -167,7 +167,7 @@ def test_a_base_that_will_not_serve_falls_back_to_a_a(tmp_path, monkeypatch):
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} serve.py")  # run in each source's folder
     s = gate.GateSettings(repo=r, preset="tiny", margin=MARGIN, long_margin=0.9, out_dir=tmp_path / "o",
                           order=["base", "new"])
-    d = gate.run_gate(s)
+    d, _ = gate.run_gate(s)
     assert "would not serve" in d["missing_base"] and "this engine is broken" in d["missing_base"]
     log = d["missing_base"].split("; log ", 1)[1].split(")", 1)[0]
     assert "this engine is broken" in Path(log).read_text()  # the A/A runs went to a folder of their own
