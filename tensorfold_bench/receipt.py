@@ -1,6 +1,7 @@
 """The receipt's data as typed objects: `Receipt.from_dict(store.read(path))`, and back with
-`to_dict()`. The session builds the receipt's data as the dict report.store writes; the report and
-the analysis read it through these classes (`as_receipt` takes either).
+`to_dict()`. The session builds the receipt's data as a dict, its streams' records the client's
+objects (client.stream.StreamRecord, same fields as `Record`), which report.store writes as JSON;
+the report and the analysis read it through these classes (`as_receipt` takes either).
 
 Every class is a `Node`: its fields are the keys a receipt of any schema version may hold, each
 None where the receipt lacks it. A receipt is a record of what happened, written over many

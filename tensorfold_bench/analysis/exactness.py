@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass
 
+from tensorfold_bench.client.stream import StreamRecord
+
 SHORT = 12
 
 
@@ -89,13 +91,13 @@ def compare_reply(name: str, ids: list[int | None], ref: list[int | None], prefi
 
 # ---- long-prompt ---------------------------------------------------------------------------
 
-def reply_hashes(records: dict[str, dict]) -> dict[str, dict]:
+def reply_hashes(records: dict[str, StreamRecord]) -> dict[str, dict]:
     """Per stream: its length, our full hash, the server's token_sha and whether they agree."""
     out = {}
     for k, r in records.items():
-        ids = known_ids(r["token_ids"])
-        out[k] = {"tokens": len(r["token_ids"]), "sha256": token_hash(ids) if ids is not None else None,
-                  "server_sha": r["server_sha"], "server_sha_matches": server_sha_matches(r["token_ids"], r["server_sha"])}
+        ids = known_ids(r.token_ids)
+        out[k] = {"tokens": len(r.token_ids), "sha256": token_hash(ids) if ids is not None else None,
+                  "server_sha": r.server_sha, "server_sha_matches": server_sha_matches(r.token_ids, r.server_sha)}
     return out
 
 
@@ -104,13 +106,13 @@ def long_prompt(data: dict) -> dict:
     run where every stream is complete, A against the longest A among those runs (so each run's
     A is compared on its whole length); beside it the servers' token_sha against our own hashes
     and A's table hash over the common prefix."""
-    runs = [r for r in data["runs"] if r["records"] and not any(rec["error"] for rec in r["records"].values())]
+    runs = [r for r in data["runs"] if r["records"] and not any(rec.error for rec in r["records"].values())]
     out: dict = {"across_runs": {}, "refs": None, "vs_plain": {}, "server_sha": {"match": 0, "mismatch": 0, "absent": 0},
                  "a_prefix": None, "hashes": {}}
     if not runs:
         return out
     first = runs[0]
-    longest = max(runs, key=lambda r: len(r["records"]["A"]["token_ids"]))
+    longest = max(runs, key=lambda r: len(r["records"]["A"].token_ids))
     plan = script(data, {"A": longest["index"], "B": first["index"], "C": first["index"]})
     out.update(across_runs=plan["across_runs"], vs_plain=plan["vs_plain"],
                refs={"BC": first["index"], "A": longest["index"]})
@@ -122,17 +124,17 @@ def long_prompt(data: dict) -> dict:
             out["server_sha"]["absent" if m is None else ("match" if m else "mismatch")] += 1
         if not any(h["server_sha"] for h in r["hashes"].values()):  # a server that sends none
             out["server_sha"].setdefault("none_from_runs", []).append(r["index"])
-    a_lens = [len(r["records"]["A"]["token_ids"]) for r in runs]
+    a_lens = [len(r["records"]["A"].token_ids) for r in runs]
     plain = (data.get("plain") or {}).get("records") or {}
     if "A" in plain:
-        a_lens.append(len(plain["A"]["token_ids"]))
+        a_lens.append(len(plain["A"].token_ids))
     n = min(a_lens)
     out["a_prefix"] = n
     for r in runs:
-        ids = known_ids(r["records"]["A"]["token_ids"])
+        ids = known_ids(r["records"]["A"].token_ids)
         out["hashes"][str(r["index"])] = {
             "A": short(token_hash(ids[:n])) if ids is not None and len(ids) >= n else None,
-            "A_tokens": len(r["records"]["A"]["token_ids"]),
+            "A_tokens": len(r["records"]["A"].token_ids),
             "B": short(r["hashes"]["B"]["sha256"]), "C": short(r["hashes"]["C"]["sha256"])}
     return out
 
@@ -153,13 +155,13 @@ def script(data: dict, refs: dict[str, int] | None = None) -> dict:
         return out
     names = list(runs[0]["records"])
 
-    def replied(rec: dict | None) -> bool:
-        return bool(rec) and not rec["error"] and bool(rec["token_ids"])
+    def replied(rec: StreamRecord | None) -> bool:
+        return rec is not None and not rec.error and bool(rec.token_ids)
 
     for n in names:
         got = [r for r in runs if replied(r["records"].get(n))]
-        whole = [r for r in got if not r["records"][n]["cancelled"]]
-        ref = whole[0] if whole else max(got, key=lambda r: len(r["records"][n]["token_ids"]), default=None)
+        whole = [r for r in got if not r["records"][n].cancelled]
+        ref = whole[0] if whole else max(got, key=lambda r: len(r["records"][n].token_ids), default=None)
         out["refs"][n] = (refs or {}).get(n, ref["index"] if ref else None)
     same_prompts = not data["settings"].get("url")
     plain = (data.get("plain") or {}).get("records") or {}
@@ -173,19 +175,19 @@ def script(data: dict, refs: dict[str, int] | None = None) -> dict:
             ref = next((x for x in runs if x["index"] == out["refs"][n]), None)
             if same_prompts and ref is not None:
                 f = ref["records"][n]
-                c = compare_reply(n, rec["token_ids"], f["token_ids"], prefix=rec["cancelled"],
-                                  server_sha=rec["server_sha"], ref_sha=f["server_sha"])
+                c = compare_reply(n, rec.token_ids, f.token_ids, prefix=rec.cancelled,
+                                  server_sha=rec.server_sha, ref_sha=f.server_sha)
                 across.append(asdict(c))
-            if n in plain and plain[n]["token_ids"]:
-                c = compare_reply(n, rec["token_ids"], plain[n]["token_ids"], prefix=rec["cancelled"],
-                                  server_sha=rec["server_sha"], ref_sha=plain[n]["server_sha"])
+            if n in plain and plain[n].token_ids:
+                c = compare_reply(n, rec.token_ids, plain[n].token_ids, prefix=rec.cancelled,
+                                  server_sha=rec.server_sha, ref_sha=plain[n].server_sha)
                 vs_plain.append(asdict(c))
         if same_prompts:
             out["across_runs"][key] = across
         if plain:
             out["vs_plain"][key] = vs_plain
-        out["hashes"][key] = {n: {"sha": reply_sha(rec["token_ids"], rec["server_sha"]), "tokens": len(rec["token_ids"]),
-                                  "cancelled": rec["cancelled"]}
+        out["hashes"][key] = {n: {"sha": reply_sha(rec.token_ids, rec.server_sha), "tokens": len(rec.token_ids),
+                                  "cancelled": rec.cancelled}
                               for n, rec in r["records"].items() if replied(rec)}
     return out
 
@@ -268,7 +270,7 @@ def gate(runs: list[dict], accepted: bool) -> dict:
         differ += [f"token hash differs ({label}): {f}" for f in hc.flagged[:5]]
         if len(hc.flagged) > 5:
             differ.append(f"token hash differs ({label}): … {len(hc.flagged) - 5} more")
-        ids = {r["index"]: {k: known_ids(rec["token_ids"]) or [] for k, rec in r["long_prompt"]["records"].items()}
+        ids = {r["index"]: {k: known_ids(rec.token_ids) or [] for k, rec in r["long_prompt"]["records"].items()}
                for r in group}
         n_a = min((len(i["A"]) for i in ids.values()), default=0)
         for k in ("A", "B", "C"):
@@ -299,8 +301,8 @@ def load(data: dict) -> dict:
     for r in sorted(runs, key=lambda r: (r["variant"] != base, r["index"])):
         for lv in r["levels"]:
             for q in lv["records"]:
-                if q["sha"] and (lv["label"], q["id"]) not in ref:
-                    ref[(lv["label"], q["id"])] = q["sha"]
+                if q.sha and (lv["label"], q.id) not in ref:
+                    ref[(lv["label"], q.id)] = q.sha
     plain = (data.get("plain") or {}).get("hashes") or {}
     across: dict[str, dict] = {}
     vs_plain: dict[str, dict] = {}
@@ -310,28 +312,28 @@ def load(data: dict) -> dict:
         p = vs_plain.setdefault(r["variant"], {"equal": 0, "of": 0, "unknown": 0, "no_reference": 0})
         for lv in r["levels"]:
             for q in lv["records"]:
-                if q["error"] and not q["gaps_us"]:
+                if q.error and not q.gaps_us:
                     continue  # no reply: nothing to compare (the figures count it as failed)
-                if q["sha"] is None:
+                if q.sha is None:
                     a["unknown"] += 1
                     p["unknown"] += 1 if plain else 0
                     continue
                 a["of"] += 1
-                want = ref.get((lv["label"], q["id"]))
-                if q["sha"] == want:
+                want = ref.get((lv["label"], q.id))
+                if q.sha == want:
                     a["equal"] += 1
                 elif len(flagged) < 20:
-                    flagged.append(f"{lv['label']} {q['id']}: run {r['index']} ({r['variant']}) {q['sha']} != {want}")
+                    flagged.append(f"{lv['label']} {q.id}: run {r['index']} ({r['variant']}) {q.sha} != {want}")
                 if plain:
-                    got = plain.get(q["pkey"])
+                    got = plain.get(q.pkey)
                     if got is None:
                         p["no_reference"] += 1
                         continue
                     p["of"] += 1
-                    if got == q["sha"]:
+                    if got == q.sha:
                         p["equal"] += 1
                     elif len(flagged) < 20:
-                        flagged.append(f"{lv['label']} {q['id']}: run {r['index']} ({r['variant']}) {q['sha']} != "
+                        flagged.append(f"{lv['label']} {q.id}: run {r['index']} ({r['variant']}) {q.sha} != "
                                        f"plain {got}")
     return {"across_runs": across, "vs_plain": vs_plain if plain else {}, "flagged": flagged,
             "ok": all(x["equal"] == x["of"] for x in across.values())
@@ -347,13 +349,13 @@ def gate_load(runs: list[dict], accepted: bool) -> tuple[dict, list[str]]:
         eq = of = 0
         for r in group:
             for q in r["load"]["records"]:
-                if q["sha"] is None:
+                if q.sha is None:
                     continue
-                want = ref.setdefault(q["id"], q["sha"])
+                want = ref.setdefault(q.id, q.sha)
                 of += 1
-                if q["sha"] == want:
+                if q.sha == want:
                     eq += 1
                 elif len(differ) < 5:
-                    differ.append(f"load reply differs ({label}): {q['id']} in run {r['index']}: {q['sha']} != {want}")
+                    differ.append(f"load reply differs ({label}): {q.id} in run {r['index']}: {q.sha} != {want}")
         out[label] = {"equal": eq, "of": of}
     return out, differ

@@ -259,7 +259,9 @@ class VariantSummary:
 
 
 def long_prompt_summary(data: Receipt | dict) -> dict[str, VariantSummary]:
-    """variant -> its summary, for the variants that ran."""
+    """variant -> its summary, for the variants that ran: the long-prompt receipt's analysis,
+    computed once per checkpoint and read by the predictions, the table, the frontier (its lines
+    and picture) and the command's printed summary."""
     r, out = as_receipt(data), {}
     for v in r.variants:
         runs = [run for run in r.runs if run.variant == v.name]
@@ -326,11 +328,11 @@ def long_prompt_stats(data: Receipt | dict) -> dict:
             stats_for(list(LONG_PROMPT), order, values, r.variants[0].name, margin_of(r)).items()}
 
 
-def long_prompt_predicted(data: Receipt | dict) -> dict[str, dict[str, float | None]]:
-    """variant -> figure -> median, for predictions: the long-prompt figures (also as `_s`, and
-    `a_rate_during_b_pct` = during / before in percent) and `b_alone`."""
+def long_prompt_predicted(summary: dict[str, VariantSummary]) -> dict[str, dict[str, float | None]]:
+    """variant -> figure -> median, for predictions, from long_prompt_summary's: the long-prompt
+    figures (also as `_s`, and `a_rate_during_b_pct` = during / before in percent) and `b_alone`."""
     out: dict[str, dict] = {}
-    for name, s in long_prompt_summary(data).items():
+    for name, s in summary.items():
         m = dict(s.median)
         for k in ("b_first_token", "c_first_token", "a_longest_pause"):
             m[k + "_s"] = m.get(k)

@@ -112,16 +112,15 @@ class Req:
     session: str | None = None
     turn: int = 0
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
+    def __post_init__(self):
+        # times to the microsecond, as the receipt keeps them: figures read the same values in
+        # memory as from the receipt
         for k in ("scheduled", "released", "sent", "ended"):
-            if d[k] is not None:
-                d[k] = round(d[k], 6)
-        return d
+            if getattr(self, k) is not None:
+                setattr(self, k, round(getattr(self, k), 6))
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Req":
-        return cls(**d)
+    def to_dict(self) -> dict:
+        return asdict(self)
 
     @property
     def times(self) -> list[float]:

@@ -52,14 +52,16 @@ run_app = typer.Typer(no_args_is_help=True, help="Run a scenario and write a rec
 app.add_typer(run_app, name="run")
 
 
-def execute(run: Callable[..., dict], settings, out_dir: Path, verbose: bool) -> tuple[dict, dict[str, Path]]:
+def execute(run: Callable[..., tuple[dict, object]], settings, out_dir: Path,
+            verbose: bool) -> tuple[dict, dict[str, Path], object]:
     """`run(settings, reporter, save)` under one progress display, the receipt written after every
-    run (partial until the last). A signal marks the last receipt interrupted and exits 128 + its
-    number; an error marks it stopped and goes on up (exit 2)."""
+    run (partial until the last); (data, receipt paths, the receipt's summary as the session
+    computed it, which the command prints from). A signal marks the last receipt interrupted and
+    exits 128 + its number; an error marks it stopped and goes on up (exit 2)."""
     writer = lifecycle.ReceiptWriter(out_dir)
     try:
         with progress.display(console, verbose) as rep:
-            data = run(settings, rep, writer.save)
+            data, summary = run(settings, rep, writer.save)
     except KeyboardInterrupt as e:
         sig = lifecycle.signum_of(e)
         console.print(f"[red]{writer.stopped('interrupted by ' + signal.Signals(sig).name)}[/red]", highlight=False,
@@ -70,7 +72,7 @@ def execute(run: Callable[..., dict], settings, out_dir: Path, verbose: bool) ->
             console.print(writer.stopped("stopped: " + str(e).splitlines()[0]), highlight=False, soft_wrap=True,
                           style="dim")
         raise
-    return data, writer.final(data)
+    return data, writer.final(data, summary), summary
 
 
 def sim_target(opts: RunOptions) -> "simulate.SimTarget | None":
@@ -111,7 +113,7 @@ def computed_predictions(predict: Path | None, kw: dict, build: Callable, scenar
             settings.session.sim = simulate.SimTarget(target.path, costs)
             holder["settings"] = settings
             scen = SCENARIOS[scenario](settings)
-            return scen.predicted(driver.run(scen))
+            return scen.predicted(*driver.run(scen))
 
     run_sim(target.costs)  # the settings the known figures come from
     session = holder["settings"].session
@@ -147,10 +149,10 @@ def no_valid_run(data: dict, paths: dict[str, Path], valid: Callable[[dict], boo
 
 
 def play_scenario(name: str, mod, opts: RunOptions, own: dict, known: Callable, plan_of: Callable | None = None,
-                  sim_vocab: bool = False) -> tuple[dict, dict[str, Path]] | None:
+                  sim_vocab: bool = False) -> tuple[dict, dict[str, Path], object] | None:
     """The scenario `mod` with these options and the command's own flags: --sim read, predictions
     computed or read, settings built (and checked) before anything runs, then played under one
-    progress display; (data, receipt paths), or None after a dry run's plan is printed.
+    progress display; execute's (data, receipt paths, summary), or None after a dry run's plan is printed.
     `sim_vocab`: under --sim, the profile's vocabulary stands in for a missing --vocab."""
     target = sim_target(opts)
     if target:
@@ -187,8 +189,8 @@ def long_prompt(
                            lambda st: figures_mod.predictable_long_prompt(), plan.long_prompt)
     if played is None:
         return
-    data, paths = played
-    out.print(Markdown(report.long_prompt.summary_markdown(data)))
+    data, paths, summary = played
+    out.print(Markdown(report.long_prompt.summary_markdown(data, summary)))
     print_paths(paths)
     no_valid_run(data, paths, lambda r: r["figures"]["valid"])
 
@@ -207,7 +209,7 @@ def script(
     played = play_scenario("script", script_mod, opts, dict(file=file), lambda st: set(st.script.keys), plan.script)
     if played is None:
         return
-    data, paths = played
+    data, paths, _ = played
     out.print(Markdown(report.script.summary_markdown(data)))
     print_predictions(data)
     print_paths(paths)
@@ -232,7 +234,7 @@ def sweep(
                            lambda st: figures_mod.predictable_sweep(st.script.levels), plan.sweep, sim_vocab=True)
     if played is None:
         return
-    data, paths = played
+    data, paths, _ = played
     out.print(Markdown("\n".join(report.sweep.tok_s_table(data))))
     out.print(report.sweep.exactness_line(data))
     print_predictions(data)
@@ -277,7 +279,7 @@ def load(
                     prefix_len=prefix_len, turns=turns, think=think, time_scale=time_scale, rates=rate,
                     arrival=arrival, burstiness=burstiness, concurrency=concurrency, requests=requests,
                     duration=duration, warmup=warmup, inject=inject)
-    data, paths = play_scenario(
+    data, paths, _ = play_scenario(
         "load", load_mod, opts, dict(workload=workload, slo=slo, max_concurrency=max_concurrency, procs=procs),
         lambda st: load_figures.predictable([lv.label for lv in st.spec.levels]), sim_vocab=True)
     out.print(Markdown(report.load.summary_markdown(data)))
@@ -314,8 +316,8 @@ def frontier(
         c_tokens=34, a_tokens=None, vocab=target.vocab)
     settings.session.order = [v.name for v in settings.session.variants]
     settings.session.sim = target
-    data, paths = execute(long_prompt_mod.run, settings, out_dir, verbose)
-    rows = report.long_prompt.frontier_lines(data)
+    data, paths, summary = execute(long_prompt_mod.run, settings, out_dir, verbose)
+    rows = report.long_prompt.frontier_lines(data, summary=summary)
     out.print(Markdown("\n".join(rows or ["No frontier: fewer than two variants have both figures."])))
     print_paths(paths)
 
@@ -348,7 +350,7 @@ def gate(
                                      sampling=Sampling(temperature, seed), load_rate=load_rate,
                                      schedule=not no_schedule, schedule_profile=schedule_profile,
                                      accept_schedule=accept_schedule)
-    data, paths = execute(gate_mod.run_gate, settings, out_dir, verbose)
+    data, paths, _ = execute(gate_mod.run_gate, settings, out_dir, verbose)
     sys.stdout.write(paths["md"].read_text())
     out.print(f"receipt md: {paths['md']}\nreceipt json: {paths['json']}")
     raise Exit(PASS if data["passed"] else FAIL)

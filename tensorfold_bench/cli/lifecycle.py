@@ -1,8 +1,9 @@
 """A command's life: its receipt written after every finished run, and how it ends.
 
-- `ReceiptWriter.save(data)` writes the receipt so far (JSON and Markdown, no picture) after each
-  run, marked partial (`data["partial"]`: how many runs are done, which are missing) until the
-  last; `final(data)` writes the whole receipt. A crash or a signal therefore keeps every
+- `ReceiptWriter.save(data, summary)` writes the receipt so far (JSON and Markdown, no picture)
+  after each run, marked partial (`data["partial"]`: how many runs are done, which are missing)
+  until the last; `final(data, summary)` writes the whole receipt. The summary is the session's
+  analysis of that receipt (driver.Scenario.summarise), rendered as it is, not computed again. A crash or a signal therefore keeps every
   finished run on disk.
 - `install_signals()` turns SIGTERM and SIGHUP into `Interrupted` (a KeyboardInterrupt, so asyncio
   and the launchers' `finally` clean up as for Ctrl-C); `stopped(why)` marks the last saved
@@ -70,15 +71,15 @@ class ReceiptWriter:
     def _stem(self, data: dict) -> str:
         return Path(data["settings"]["run_dir"]).name
 
-    def save(self, data: dict) -> None:
+    def save(self, data: dict, summary: object = None) -> None:
         """The receipt so far (partial while data["partial"] is set): JSON and Markdown."""
-        self.last = json.loads(json.dumps(data))
-        self.paths = report.write(self.last, self.out_dir, self._stem(self.last), png=False)
+        self.last = json.loads(json.dumps(report.store.plain(data)))
+        self.paths = report.write(self.last, self.out_dir, self._stem(self.last), png=False, summary=summary)
 
-    def final(self, data: dict) -> dict[str, Path]:
+    def final(self, data: dict, summary: object = None) -> dict[str, Path]:
         data["partial"] = None
         self.last = data
-        self.paths = report.write(data, self.out_dir, self._stem(data))
+        self.paths = report.write(data, self.out_dir, self._stem(data), summary=summary)
         return self.paths
 
     def stopped(self, why: str) -> str:

@@ -77,7 +77,12 @@ class Request:
 
 @dataclass
 class StreamRecord:
-    """The raw facts of one streamed request. Times are time.monotonic() seconds."""
+    """The raw facts of one streamed request. Times are time.monotonic() seconds.
+
+    A stream's record in memory, from the client through the scenario's measure and the analysis
+    to report.store, which writes `to_dict()`: it is what the client fills and the figures read,
+    with `tokens` and `known_ids`. The typed receipt's `Record` (the same fields) is what reading a
+    written receipt gives."""
 
     name: str
     path: str

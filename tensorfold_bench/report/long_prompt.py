@@ -174,15 +174,19 @@ def cold_lines(r: Receipt) -> list[str]:
     return ["B's cold prompt, checked by: " + "; ".join(f"{k} (run {', '.join(v)})" for k, v in by.items()) + ".", ""]
 
 
-def summary_markdown(data: Receipt | dict) -> str:
-    """What the command prints: the table and the exactness lines."""
+def summary_markdown(data: Receipt | dict, summary: dict[str, VariantSummary] | None = None) -> str:
+    """What the command prints: the table and the exactness lines (`summary`: long_prompt_summary's,
+    where the caller has it already)."""
     r = as_receipt(data)
-    return "\n".join(table(long_prompt_summary(r)) + ["", "**Exactness.**", *exactness_lines(r)])
+    summary = long_prompt_summary(r) if summary is None else summary
+    return "\n".join(table(summary) + ["", "**Exactness.**", *exactness_lines(r)])
 
 
-def markdown(data: Receipt | dict, png_name: str | None = None, frontier_png: str | None = None) -> str:
+def markdown(data: Receipt | dict, png_name: str | None = None, frontier_png: str | None = None,
+             summary: dict[str, VariantSummary] | None = None) -> str:
+    """The receipt's Markdown (`summary`: long_prompt_summary's, where the caller has it already)."""
     r = as_receipt(data)
-    summary = long_prompt_summary(r)  # once: the table and the frontier read it
+    summary = long_prompt_summary(r) if summary is None else summary  # the table and the frontier read it
     out = ["# tfbench receipt: long-prompt", "", "**Environment.**", *environment_lines(r), "",
            test_paragraph(r), "", *table(summary), "", *frontier_lines(r, frontier_png, summary),
            "Every run (late: each send against its script time; load: the host's 1-minute load average as the run "

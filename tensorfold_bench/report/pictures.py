@@ -127,13 +127,14 @@ def timeline(data: Receipt | dict, path: Path) -> Path | None:
     return path
 
 
-def frontier(data: Receipt | dict, path: Path) -> Path | None:
+def frontier(data: Receipt | dict, path: Path,
+             summary: dict[str, figures.VariantSummary] | None = None) -> Path | None:
     """B's slowdown against A's kept rate, a labelled marker per variant (figures.frontier), the
     stepped (share), mixed and split variants each joined in order of slowdown, and the line 1 - 1/x that
     alternating whole steps sits on, dashed; the targets (figures.FRONTIER_TARGETS) as stars at the
     corner of the region that meets each, gold where a variant is in it; None when the frontier has
-    fewer than two variants."""
-    rows = figures.frontier(data)
+    fewer than two variants. `summary`: figures.long_prompt_summary's, where the caller has it."""
+    rows = figures.frontier(data, summary)
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=90)

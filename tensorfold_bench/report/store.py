@@ -70,8 +70,19 @@ def sibling(path: Path, suffix: str) -> Path:
     return Path(path).with_name(stem(path) + suffix)
 
 
+def plain(o: object) -> object:
+    """The receipt's data as JSON values. The session keeps each stream's and request's record as
+    its object until here: an object is written as its `to_dict()`."""
+    if isinstance(o, dict):
+        return {k: plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [plain(v) for v in o]
+    to_dict = getattr(o, "to_dict", None)
+    return plain(to_dict()) if callable(to_dict) else o
+
+
 def encode(data: dict) -> bytes:
-    return gzip.compress((json.dumps(pack(data), separators=(",", ":")) + "\n").encode(), 9, mtime=0)
+    return gzip.compress((json.dumps(pack(plain(data)), separators=(",", ":")) + "\n").encode(), 9, mtime=0)
 
 
 def decode(raw: bytes) -> object:

@@ -57,12 +57,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from tensorfold_bench.analysis import exactness, figures, load as load_figures, stats, sweep as sweep_figures
 from tensorfold_bench.analysis.figures import num
 from tensorfold_bench.client import player, selfcheck
-from tensorfold_bench.client.stream import StreamRecord
 from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.errors import FlagError, ServerError
 from tensorfold_bench.scenarios import gate_schedule, load, long_prompt, sweep
@@ -203,13 +201,13 @@ def play(p: GatePreset, run: Run, sampling: Sampling = GREEDY, load_spec=None) -
     batches, sw_check = asyncio.run(sweep.play_levels(run.url, sw, run.vocab, run.variant.name, run.model))
     recs, lp_check = asyncio.run(long_prompt.play_script(run.url, long_script(p, sampling), run.vocab, run.model))
     out = {"sweep": {"batches": batches, "client": sw_check},
-           "long_prompt": {"records": long_prompt.records_dict(recs), "client": lp_check}}
+           "long_prompt": {"records": recs, "client": lp_check}}
     if load_spec is not None:
         level = load_spec.levels[0]
         played, t0, check = asyncio.run(player.play_level(run.url, load_spec.build(level, run.vocab), model=run.model,
                                                         sampling=sampling))
         out["load"] = {"label": level.label, "client": check,
-                       "records": [load.to_req(s, t0).to_dict() for s in played]}
+                       "records": [load.to_req(s, t0) for s in played]}
     return out
 
 
@@ -269,8 +267,8 @@ class Gate(driver.Scenario):
         """The run's figures: the sweep's, and the long-prompt ones when that run is valid."""
         sw = sweep_figures.sweep_run(entry["sweep"]["batches"])
         entry["sweep"]["errors"] = sweep_figures.batch_errors(entry["sweep"]["batches"])
-        recs = {k: StreamRecord.from_dict(v) for k, v in entry["long_prompt"]["records"].items()}
-        lp = figures.long_prompt(long_prompt.timeline(long_script(PRESETS[self.settings.preset])), recs)
+        lp = figures.long_prompt(long_prompt.timeline(long_script(PRESETS[self.settings.preset])),
+                                 entry["long_prompt"]["records"])
         figures.client_bottleneck(lp, entry["long_prompt"].get("client"))
         entry["long_prompt"]["figures"] = lp.to_dict()
         sw_bad = (entry["sweep"].get("client") or {}).get("invalid")
@@ -278,7 +276,7 @@ class Gate(driver.Scenario):
                             **({k: getattr(lp, k) for k in figures.LONG_PROMPT} if lp.valid else {})}
         if entry.get("load"):
             ld = entry["load"]
-            f = load_figures.level_figures([load_figures.Req.from_dict(q) for q in ld["records"]], load_figures.Slo())
+            f = load_figures.level_figures(ld["records"], load_figures.Slo())
             ld["figures"] = f
             ld["invalid"] = f["invalid"] + selfcheck.bottleneck(ld.get("client"))
             if not ld["invalid"]:
@@ -306,8 +304,8 @@ class Gate(driver.Scenario):
         analyse(data)
 
 
-def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None,
-             _fallback: str | None = None, _schedule: dict | None = None) -> dict:
+def run_gate(settings: GateSettings, reporter: Reporter | None = None, save: driver.Save | None = None,
+             _fallback: str | None = None, _schedule: dict | None = None) -> tuple[dict, object]:
     """Run base and new in the order and judge; the returned data carries `passed` and `reasons`.
     A base whose engine will not serve (an old or broken commit) is reported, and the working
     tree is then compared with itself, as for a missing base; a new side that will not serve

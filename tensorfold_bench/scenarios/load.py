@@ -15,7 +15,6 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from tensorfold_bench.analysis import exactness, figures, load as load_figures
 from tensorfold_bench.analysis.figures import num
@@ -231,7 +230,7 @@ def _play_levels(settings: LoadSettings, run: Run, levels: list, max_concurrency
         check["workers"] = {**procs.to_dict(), "why": procs.text()}
         reqs = [to_req(s, t0) for s in played]
         out.append({**level_dict(level), "source": wl.source, "client": check,
-                    "records": [r.to_dict() for r in reqs]})
+                    "records": reqs})
         checks.append(check)
     return out, (max(checks, key=lambda c: c["loop_lag_p99_ms"]) if checks else {})
 
@@ -241,7 +240,7 @@ def measure_levels(entry: dict, slo: Slo) -> None:
     self-check judged against the first tokens each level reports."""
     reasons, flat = [], {}
     for lv in entry["levels"]:
-        f = load_figures.level_figures([Req.from_dict(r) for r in lv["records"]], slo)
+        f = load_figures.level_figures(lv["records"], slo)
         lv["figures"] = f
         if lv.get("client"):  # the client's own delays against the first token it times
             selfcheck.judge(lv["client"], {f"TTFT {q}": f["latency"]["ttft"][q] for q in ("p50", "p99")})
@@ -313,7 +312,7 @@ def play_levels_simulated(settings: "LoadSettings", run: Run, vocab: int, closed
                             sha=exactness.reply_sha(rec.token_ids, None) if rec.token_ids else None,
                             pkey=request_key(by_id[it.id].prompt, it.output_len, 0.0, None),
                             session=it.session, turn=it.turn))
-        out.append({**level_dict(level), "source": wl.source, "client": None, "records": [r.to_dict() for r in recs]})
+        out.append({**level_dict(level), "source": wl.source, "client": None, "records": recs})
     return out
 
 
@@ -376,7 +375,7 @@ class Load(driver.Scenario):
     def stats(self, data: dict) -> dict | None:
         return load_stats(data)
 
-    def predicted(self, data: dict) -> dict:
+    def predicted(self, data: dict, summary=None) -> dict:
         return medians(data)
 
 
@@ -432,7 +431,8 @@ def medians(data: dict) -> dict[str, dict[str, float | None]]:
     return out
 
 
-def run(settings: LoadSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
+def run(settings: LoadSettings, reporter: Reporter | None = None,
+        save: driver.Save | None = None) -> tuple[dict, object]:
     """Every run in order, a fresh server each (or the running servers), then the plain
     reference (driver.run)."""
     return driver.run(Load(settings), reporter, save)

@@ -108,10 +108,6 @@ async def play_script(url: str, script: LongPromptScript, vocab: int, model: str
     return recs, check
 
 
-def records_dict(recs: dict[str, StreamRecord]) -> dict[str, dict]:
-    return {k: v.to_dict() for k, v in recs.items()}
-
-
 # ---- a session of runs ---------------------------------------------------------------------
 
 @dataclass
@@ -204,13 +200,13 @@ def play_alone_pair(run: Run, s: LongPromptScript, b_prompt: list[int], traced: 
     req = s.sampling.apply(Request("B", b_prompt, max_tokens=s.b_max_tokens, token_ids=run.token_ids), "B")
     rec = asyncio.run(play_alone(run.url, req, run.model))
     tr = fetch_trace(run.url) if traced else None
-    out = {"record": rec.to_dict(), "run": run.index, "idle": idle, "error": rec.error,
+    out = {"record": rec, "run": run.index, "idle": idle, "error": rec.error,
            "b_first_token": figures.first_token_latency(rec),
            "trace": [st for st in tr if st["t"] >= rec.sent] if tr else None}
     if a_tokens > 0:
         wait_idle(run.url)
         a = s.sampling.apply(Request("A", a_prompt, max_tokens=a_tokens, ignore_eos=True, token_ids=run.token_ids), "A")
-        out["a_record"] = asyncio.run(play_alone(run.url, a, run.model)).to_dict()
+        out["a_record"] = asyncio.run(play_alone(run.url, a, run.model))
     return out
 
 
@@ -221,11 +217,11 @@ def play_alone_simulated(run: Run, s: LongPromptScript, b_prompt: list[int], a_p
     alone = play_virtual([SimRequest("B", b_prompt, s.b_max_tokens)], sim.cfg, sim.costs, sim.caps,
                          vocab_size=sim.vocab, trace=True)
     rec = alone.records["B"]
-    out = {"record": rec.to_dict(), "run": run.index, "idle": None, "error": rec.error,
+    out = {"record": rec, "run": run.index, "idle": None, "error": rec.error,
            "b_first_token": figures.first_token_latency(rec), "trace": alone.trace}
     if a_tokens > 0:
         a = play_virtual([SimRequest("A", a_prompt, a_tokens)], sim.cfg, sim.costs, sim.caps, vocab_size=sim.vocab)
-        out["a_record"] = a.records["A"].to_dict()
+        out["a_record"] = a.records["A"]
     return out
 
 
@@ -262,7 +258,8 @@ class LongPrompt(ScriptScenario):
     refusal of a run where A ended before B overlapped it."""
 
     url_cache = "B's cold check: cached_tokens where reported, else a fresh random prompt per run"
-    analysis = driver.Analysis(exactness.long_prompt, figures.long_prompt_stats, figures.long_prompt_predicted)
+    analysis = driver.Analysis(exactness.long_prompt, figures.long_prompt_stats, figures.long_prompt_predicted,
+                               figures.long_prompt_summary)
 
     def __init__(self, settings: LongPromptSettings):
         driver.Scenario.__init__(self, settings)  # its script is built from the flags, not read from a file
@@ -296,8 +293,7 @@ class LongPrompt(ScriptScenario):
             else:
                 alone_or_defer(settings, data, run, lambda: play_alone_pair(run, s, b_prompt, trace is not None,
                                                                             prompts["A"], a_tokens))
-        records = records_dict(recs)
-        return {"records": records, "client": check, "hashes": exactness.reply_hashes(records), "trace": trace,
+        return {"records": recs, "client": check, "hashes": exactness.reply_hashes(recs), "trace": trace,
                 "cold": cold_check(recs["B"], run.shared), "counted_by": weakest_count(recs.values()),
                 "system_fingerprint": None if run.sim else fingerprint(recs.values())}
 
@@ -324,6 +320,6 @@ class LongPrompt(ScriptScenario):
 
 
 def run(settings: LongPromptSettings, reporter: Reporter | None = None,
-        save: Callable[[dict], None] | None = None) -> dict:
+        save: driver.Save | None = None) -> tuple[dict, object]:
     """Every run in order, a fresh server each, then the plain reference (driver.run)."""
     return driver.run(LongPrompt(settings), reporter, save)

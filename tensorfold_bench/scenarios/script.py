@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from tensorfold_bench.analysis import exactness, figures
 from tensorfold_bench.analysis.figures import num
@@ -332,8 +331,7 @@ class ScriptScenario(driver.Scenario):
     def play(self, data: dict, run: Run) -> dict:
         """The timeline's raw records."""
         recs, t0, check, _ = self.play_streams(run, self.prompts(run, self.run_key(run)))
-        records = {k: v.to_dict() for k, v in recs.items()}
-        return {"records": records, "t0": t0, "client": check, "hashes": exactness.reply_hashes(records),
+        return {"records": recs, "t0": t0, "client": check, "hashes": exactness.reply_hashes(recs),
                 "counted_by": weakest_count(recs.values()), "system_fingerprint": fingerprint(recs.values())}
 
     def run_figures(self, recs: dict[str, StreamRecord], entry: dict):
@@ -341,7 +339,7 @@ class ScriptScenario(driver.Scenario):
         return figures.script_run(self.script, recs, entry["t0"])
 
     def measure(self, entry: dict) -> None:
-        f = self.run_figures({k: StreamRecord.from_dict(v) for k, v in entry["records"].items()}, entry)
+        f = self.run_figures(entry["records"], entry)
         figures.client_bottleneck(f, entry.get("client"))
         entry["figures"] = f.to_dict()
 
@@ -365,12 +363,12 @@ class ScriptScenario(driver.Scenario):
         runs = [r for r in data["runs"] if r.get("records")]
         reqs = []
         for s in script.streams:
-            lens = [len(r["records"][s.name]["token_ids"]) for r in runs]
+            lens = [len(r["records"][s.name].token_ids) for r in runs]
             if not any(lens):
                 continue
             req = request(s, prompts[s.name], self.session.token_ids, self.sampling)
             reqs.append(replace(req, max_tokens=max(lens) if s.cancellable else s.max_tokens))
-        return driver.replies({r.name: asyncio.run(play_alone(url, r, model)).to_dict() for r in reqs})
+        return driver.replies({r.name: asyncio.run(play_alone(url, r, model)) for r in reqs})
 
     def notes_after(self, data: dict) -> list[str]:
         unknown = sorted({e["stream"] for r in data["runs"] for e in r["figures"]["expects"] if e.get("unknown")})
@@ -381,7 +379,7 @@ class ScriptScenario(driver.Scenario):
 
 
 def run(settings: ScriptSettings, reporter: Reporter | None = None,
-        save: Callable[[dict], None] | None = None) -> dict:
+        save: driver.Save | None = None) -> tuple[dict, object]:
     """Every run in order, a fresh server each (or the running servers), then the plain
     reference (driver.run)."""
     return driver.run(ScriptScenario(settings), reporter, save)

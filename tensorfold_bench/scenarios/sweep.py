@@ -361,7 +361,7 @@ class Sweep(driver.Scenario):
         ref = next((i for i, r in enumerate(data["runs"]) if r["variant"] == data["settings"]["base"]), 0)
         data["hashes"] = exactness.sweep([(r["variant"], r["batches"]) for r in data["runs"]], ref).to_dict()
 
-    def predicted(self, data: dict) -> dict:
+    def predicted(self, data: dict, summary=None) -> dict:
         return sweep_figures.sweep_predicted(data)
 
     def notes_before(self, data: dict) -> list[str]:
@@ -380,6 +380,7 @@ class Sweep(driver.Scenario):
         return out
 
 
-def run(settings: SweepSettings, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
+def run(settings: SweepSettings, reporter: Reporter | None = None,
+        save: driver.Save | None = None) -> tuple[dict, object]:
     """Every run in order, a fresh server each (unless --url); the receipt's data (driver.run)."""
     return driver.run(Sweep(settings), reporter, save)

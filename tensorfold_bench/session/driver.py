@@ -24,12 +24,12 @@ import secrets
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from tensorfold_bench import SCHEMA, __version__
 from tensorfold_bench.analysis import exactness, stats
 from tensorfold_bench.analysis.predictions import Predictions
-from tensorfold_bench.client.stream import TOKEN_ID_ROUTES
+from tensorfold_bench.client.stream import TOKEN_ID_ROUTES, StreamRecord
 from tensorfold_bench.errors import BenchError, FlagError, ServerError
 from tensorfold_bench.servers import worktree
 from tensorfold_bench.servers.identity import ServerIdentity, discover_vocab, identify, wait_idle
@@ -82,6 +82,10 @@ class Session:
     @property
     def run_dir(self) -> Path:
         return self.out_dir / f"{self.stamp}-{self.scenario}"
+
+
+# the writer's checkpoint: the receipt's data so far and its summary (Scenario.summarise's)
+Save = Callable[[dict, Any], None]
 
 
 class Reporter(Protocol):
@@ -350,11 +354,14 @@ def plain_not_run(session: "Session", plain_check: bool, plain_error: str | None
 class Analysis:
     """A scenario's functions of its receipt's data (tensorfold_bench.analysis): which replies are
     equal, the verdicts' statistics (only where there are verdicts), the figures predictions are
-    checked against."""
+    checked against, and the summary computed once per checkpoint (`summary`: the predictions,
+    the receipt's tables and pictures and the command's printed summary all read that one
+    object; `predicted` then reads it instead of the data)."""
 
     exactness: Callable[[dict], dict] | None = None
     stats: Callable[[dict], dict] | None = None
-    predicted: Callable[[dict], dict] | None = None
+    predicted: Callable[[Any], dict] | None = None
+    summary: Callable[[dict], Any] | None = None
 
 
 class Scenario:
@@ -426,9 +433,15 @@ class Scenario:
         """Whether the runs so far can be judged: two variants or more, on servers tfbench launched."""
         return len(self.session.variants) > 1 and bool(data["runs"]) and not self.session.url
 
-    def predicted(self, data: dict) -> dict[str, dict[str, float | None]]:
-        """variant -> figure -> the value predictions are checked against."""
-        return self.analysis.predicted(data) if self.analysis.predicted else {}
+    def summarise(self, data: dict) -> Any:
+        """The receipt's summary (Analysis.summary's), computed once per checkpoint; None: none."""
+        return self.analysis.summary(data) if self.analysis.summary else None
+
+    def predicted(self, data: dict, summary: Any = None) -> dict[str, dict[str, float | None]]:
+        """variant -> figure -> the value predictions are checked against (`summary`: summarise's)."""
+        if not self.analysis.predicted:
+            return {}
+        return self.analysis.predicted(summary if self.analysis.summary else data)
 
     def notes_before(self, data: dict) -> list[str]:
         """"Not run" lines ahead of the session's own."""
@@ -447,7 +460,7 @@ class Scenario:
                 + "; ".join(why) + (f" (log: {entry['log']})" if entry.get("error") else "")]
 
 
-def replies(records: dict[str, dict]) -> dict:
+def replies(records: dict[str, StreamRecord]) -> dict:
     """The plain reference's answers: each reply's record and hash."""
     return {"records": records, "hashes": exactness.reply_hashes(records)}
 
@@ -475,9 +488,10 @@ def not_run(scenario: Scenario, data: dict) -> list[str]:
     return out
 
 
-def analyse(scenario: Scenario, data: dict) -> dict:
-    """Exactness, what was not run, statistics and predictions from the runs so far (idempotent:
-    after every run for the partial receipt, and once at the end)."""
+def analyse(scenario: Scenario, data: dict) -> Any:
+    """Exactness, what was not run, statistics and predictions from the runs so far, into `data`
+    (idempotent: after every run for the partial receipt, and once at the end); the scenario's
+    summary, computed once here, is returned for the writer and the command to render."""
     scenario.check(data)
     if scenario.session.sim:  # the simulated backend's ids say nothing of the engine's
         data["exactness"] = {"not_judged": "simulated: token identities come from the simulated backend"}
@@ -485,9 +499,10 @@ def analyse(scenario: Scenario, data: dict) -> dict:
     stats_ = scenario.stats(data)
     if stats_ is not None:
         data["stats"] = stats_
+    summary = scenario.summarise(data)
     if scenario.session.predictions:
-        data["predictions"] = scenario.session.predictions.check(scenario.predicted(data)).to_dict()
-    return data
+        data["predictions"] = scenario.session.predictions.check(scenario.predicted(data, summary)).to_dict()
+    return summary
 
 
 def run_plain(scenario: Scenario, data: dict, source: worktree.Source) -> dict:
@@ -502,12 +517,13 @@ def run_plain(scenario: Scenario, data: dict, source: worktree.Source) -> dict:
             "server": {"pgid": facts["pgid"], "argv": facts["argv"]}, "engine": ident.answers["engine"]}
 
 
-def run(scenario: Scenario, reporter: Reporter | None = None, save: Callable[[dict], None] | None = None) -> dict:
+def run(scenario: Scenario, reporter: Reporter | None = None,
+        save: Save | None = None) -> tuple[dict, Any]:
     """Every run in order, a fresh server each (or the running servers, --url), then the plain
-    reference; the receipt's data, analysed. A server that dies or never gets healthy makes that
-    run a failed one (kept, with its log's tail, left out of the medians), or raises ServerError
-    where the scenario keeps no failed run. `save(data)` gets the
-    receipt so far after every run (marked partial until the last)."""
+    reference; the receipt's data, analysed, and its summary (Scenario.summarise's). A server that
+    dies or never gets healthy makes that run a failed one (kept, with its log's tail, left out of
+    the medians), or raises ServerError where the scenario keeps no failed run. `save(data,
+    summary)` gets the receipt so far after every run (marked partial until the last)."""
     rep, s = reporter or QuietReporter(), scenario.session
     srcs = scenario.sources()
     data = header(s, srcs, scenario.header())
@@ -528,7 +544,7 @@ def run(scenario: Scenario, reporter: Reporter | None = None, save: Callable[[di
         return scenario.line(entry)
 
     run_all(s, data, srcs, play, rep, finish, keep_failed=scenario.keep_failed,
-            checkpoint=(lambda: save(analyse(scenario, data))) if save else None,
+            checkpoint=(lambda: save(data, analyse(scenario, data))) if save else None,
             after=["the plain reference"] if plain_ref else [])
     if plain_ref:
         rep.step("plain reference")
@@ -538,4 +554,4 @@ def run(scenario: Scenario, reporter: Reporter | None = None, save: Callable[[di
             data["plain_error"] = failure_line(e, log=True)
         rep.advance()
     data["partial"] = None
-    return analyse(scenario, data)
+    return data, analyse(scenario, data)

@@ -260,7 +260,7 @@ def test_a_saturated_client_under_open_loop_load_is_invalid_with_the_reason(sim)
 
     played, t0, check = asyncio.run(starved())
     entry = {"variant": "sim", "levels": [{**load.level_dict(level), "client": check,
-                                           "records": [load.to_req(s, t0).to_dict() for s in played]}]}
+                                           "records": [load.to_req(s, t0) for s in played]}]}
     load.measure_levels(entry, load.Slo())
     assert not entry["valid"]
     why = entry["invalid_reasons"]

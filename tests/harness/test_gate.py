@@ -9,6 +9,8 @@ import pytest
 
 from tensorfold_bench import report
 from tensorfold_bench.analysis import exactness, figures, stats
+from tensorfold_bench.analysis.load import Req
+from tensorfold_bench.client.stream import StreamRecord
 from tensorfold_bench.scenarios import gate
 
 import fakeserver
@@ -53,7 +55,7 @@ def test_c_landing_late_in_a_cut_is_luck_but_waiting_for_the_whole_prompt_fails(
 
 
 def rec(ids):
-    return {"token_ids": list(ids)}
+    return StreamRecord("A", "/v1/completions", 4, 8, token_ids=list(ids))
 
 
 def hash_run(i, variant, sweep_hashes=("aaa", "bbb"), a=(1, 2, 3), b=(4, 5), c=(6, 7)):
@@ -133,7 +135,7 @@ def test_a_slowed_decode_round_fails(tmp_path):
     # a neighbour test's load slows the base runs (at 20 ms and the 75 % margin it once passed so)
     s = gate.GateSettings(base_ref=None, preset="tiny", margin=0.5, long_margin=0.9, out_dir=tmp_path,
                           order=["base", "new", "base"], new_env={"TFENGINE_DECODE_SLEEP_MS": "100"}, load_rate=6.0)
-    d = gate.run_gate(s)
+    d, _ = gate.run_gate(s)
     assert not d["passed"]
     # the short load played in every run: its figures judged, its replies compared, all equal
     assert all(r["load"]["figures"]["completed"] > 0 for r in d["runs"]) and "out_tok_s@rate 6/s" in d["stats"]
@@ -165,7 +167,7 @@ def test_a_base_that_will_not_serve_falls_back_to_a_a(tmp_path, monkeypatch):
     monkeypatch.setenv("TFBENCH_SERVER_CMD", f"{sys.executable} serve.py")  # run in each source's folder
     s = gate.GateSettings(repo=r, preset="tiny", margin=MARGIN, long_margin=0.9, out_dir=tmp_path / "o",
                           order=["base", "new"])
-    d = gate.run_gate(s)
+    d, _ = gate.run_gate(s)
     assert "would not serve" in d["missing_base"] and "this engine is broken" in d["missing_base"]
     log = d["missing_base"].split("; log ", 1)[1].split(")", 1)[0]
     assert "this engine is broken" in Path(log).read_text()  # the A/A runs went to a folder of their own
@@ -203,7 +205,7 @@ def test_the_load_check_judges_output_tok_s_and_ttft_p99_and_compares_every_repl
     assert any(r.startswith("ttft_p99@rate 2/s: new is worse") for r in reasons)
 
     def run(i, side, shas):
-        return {"index": i, "variant": side, "load": {"records": [{"id": f"r{k}", "sha": s} for k, s in enumerate(shas)]}}
+        return {"index": i, "variant": side, "load": {"records": [Req(f"r{k}", sha=s) for k, s in enumerate(shas)]}}
     runs = [run(1, "base", ["a", "b"]), run(2, "new", ["a", "X"]), run(3, "new", ["a", "X"]), run(4, "base", ["a", "b"])]
     checks, differ = exactness.gate_load(runs, accepted=False)
     assert checks["all runs"] == {"equal": 6, "of": 8} and differ[0].startswith("load reply differs (all runs): r1")

@@ -158,13 +158,13 @@ def test_the_gate_fails_a_commit_that_plants_the_regression_and_passes_one_that_
     monkeypatch.setattr(gate.driver, "run_all", lambda *a, **k: None)
     settings = gate.GateSettings(repo=r, preset="tiny", margin=0.75, long_margin=0.9, out_dir=tmp_path / "o",
                                  order=["base", "new"])
-    d = gate.run_gate(settings)
+    d, _ = gate.run_gate(settings)
     assert d["schedule"]["status"] == "run" and not d["passed"]
     assert any(x.startswith("schedule layer, sweep@4: tok_s worse by") for x in d["reasons"]), d["reasons"]
     (r / "notes.txt").write_text("nothing the engine reads\n")
     git("add", "-A")
     git("commit", "-qm", "a note")
-    d = gate.run_gate(settings)
+    d, _ = gate.run_gate(settings)
     assert d["schedule"]["status"] == "run" and d["schedule"]["reasons"] == [], d["schedule"]["reasons"]
     assert {row["worse_by"] for row in d["schedule"]["rows"]} == {0.0}
     assert not any(x.startswith("schedule layer") for x in d["reasons"])

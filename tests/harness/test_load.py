@@ -102,7 +102,7 @@ def test_interference_inside_the_fill_windows_against_outside():
 def test_replies_compare_per_level_and_id_across_runs_and_with_the_plain_reference():
     def run(i, variant, shas):
         return {"index": i, "variant": variant, "levels": [{"label": "rate 1/s", "records": [
-            {"id": f"r{k}", "sha": s, "pkey": f"p{k}", "error": None, "gaps_us": [1]} for k, s in enumerate(shas)]}]}
+            lf.Req(f"r{k}", sha=s, pkey=f"p{k}", gaps_us=[1]) for k, s in enumerate(shas)]}]}
     data = {"settings": {"base": "whole"}, "runs": [run(1, "whole", ["a", "b"]), run(2, "new", ["a", "X"]),
                                                     run(3, "whole", ["a", "b"])],
             "plain": {"hashes": {"p0": "a", "p1": "b"}}}

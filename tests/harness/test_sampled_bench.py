@@ -134,7 +134,7 @@ def test_the_seed_and_the_temperature_change_the_replies_and_nothing_else_does(t
 def test_the_gates_hash_checks_cover_sampled_replies(tmp_path):
     s = gate.GateSettings(base_ref=None, preset="tiny", margin=0.9, long_margin=0.9, out_dir=tmp_path,
                           order=["base", "new"], sampling=Sampling(1.0, 7))
-    d = gate.run_gate(s)
+    d, _ = gate.run_gate(s)
     assert d["settings"]["sampling"]["temperature"] == 1.0
     hc = d["exactness"]["sweep"]["all runs"]
     assert hc["equal"] == hc["replies"] == 2 * (1 + 4) * 2

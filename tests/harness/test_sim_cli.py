@@ -209,3 +209,23 @@ def test_a_variants_file_becomes_engine_configurations_and_an_unknown_flag_is_re
     bad.write_text("- {name: base, flags: [--prefill-mode, whole]}\n- {name: odd, flags: [--warp-speed, '9']}\n")
     r = tfbench("run", "long-prompt", "--sim", prof, "--variants", bad, "--out", tmp_path / "x")
     assert isinstance(r.exception, FlagError) and "--warp-speed" in str(r.exception) and "'odd'" in str(r.exception)
+
+
+def test_the_long_prompt_summary_is_computed_once_per_checkpoint(prof, tmp_path, monkeypatch):
+    """The session computes each variant's summary once at each checkpoint (after each run, and at
+    the end); the Markdown, the frontier picture and the command's printed frontier read that one."""
+    from tensorfold_bench.analysis import figures
+    calls = []
+
+    def counted(figs):
+        calls.append(len(figs))
+        return real(figs)
+    real = figures.medians
+    monkeypatch.setattr(figures, "medians", counted)  # once per variant with runs, per summary
+    out = tmp_path / "r"
+    r = tfbench("frontier", "--sim", prof, "--shares", "0.5", "--mixed-budgets", "none", "--b-tokens", "1024",
+                "--b-at", "0.5", "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "Frontier" in r.output and list(out.glob("*-long-prompt-frontier.png"))
+    # after run 1 (one variant has runs), after run 2 (two), at the end (two)
+    assert len(calls) == 1 + 2 + 2
