@@ -14,8 +14,10 @@ import asyncio
 import math
 import multiprocessing
 import os
+import socket
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from tensorfold_bench.client import selfcheck
 from tensorfold_bench.client.play import http_client, sleep_until
@@ -33,6 +35,14 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def on_this_host(url: str | None) -> bool:
+    """Whether the server at `url` shares this host's cores (a loopback address, or one launched here)."""
+    if not url:
+        return True
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.") or host == socket.gethostname().lower()
+
+
 @dataclass(frozen=True)
 class Procs:
     """How many client processes play a level, and why: `--procs N` as given, or (auto) enough
@@ -43,8 +53,9 @@ class Procs:
     rule: str  # "--procs" (as given), "auto" or "closed loop" (one process keeps a closed loop's slots)
     rate: float | None = None  # requests per second asked
     cpu_ms: float | None = None  # the client's measured CPU a request (ms), the workload's lengths
-    cores: int | None = None
+    cores: int | None = None  # the cores the client may use: the host's, less one for a server on it
     busy: float | None = None  # BUSY_TARGET
+    server_here: bool | None = None  # the server shares this host (it keeps a core of its own)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -54,18 +65,21 @@ class Procs:
             return f"{self.procs} client process{'es' if self.procs > 1 else ''} ({self.rule})"
         if self.rate is None or self.cpu_ms is None:  # nothing to divide: too few sends, or no core to spare
             return (f"{self.procs} client process (auto: "
-                    + ("fewer than two timed sends" if self.rate is None else f"{self.cores} core") + ")")
+                    + ("fewer than two timed sends" if self.rate is None else f"{self.cores} core{self._beside()}") + ")")
         need = self.rate * self.cpu_ms / 1000
         return (f"{self.procs} client process{'es' if self.procs > 1 else ''} (auto: {self.rate:g} req/s at "
                 f"{self.cpu_ms:.3f} ms of client CPU each is {need:.2f} of a core, at most {self.busy:g} a process, "
-                f"{self.cores} cores)")
+                f"{self.cores} cores{self._beside()})")
+
+    def _beside(self) -> str:
+        return " beside the server's" if self.server_here else ""
 
 
-def choose(rate: float, cpu_s: float, n_cores: int, busy: float = BUSY_TARGET) -> Procs:
+def choose(rate: float, cpu_s: float, n_cores: int, busy: float = BUSY_TARGET, server_here: bool | None = None) -> Procs:
     """The automatic rule: ceil(rate x CPU a request / busy) processes, 1 to `n_cores`."""
     need = rate * cpu_s / busy
     n = n_cores if math.isinf(need) else max(1, min(n_cores, math.ceil(need - 1e-9)))
-    return Procs(n, "auto", round(rate, 3), round(cpu_s * 1000, 4), n_cores, busy)
+    return Procs(n, "auto", round(rate, 3), round(cpu_s * 1000, 4), n_cores, busy, server_here)
 
 
 def asked_rate(offsets: list[float]) -> float | None:

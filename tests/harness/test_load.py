@@ -265,9 +265,16 @@ def test_procs_as_given_auto_from_the_measured_cost_and_one_for_a_closed_loop(mo
     assert load.level_procs(replace(s, procs=3), items, False, None) == workers.Procs(3, "--procs")
     assert load.level_procs(s, items, True, None).procs == 1
     assert load.level_procs(s, items, False, 8) == workers.Procs(1, "--max-concurrency")
-    monkeypatch.setattr(workers, "cores", lambda: 1)  # no core to spare: nothing measured
+    # a server on this host keeps a core: 2 cores leave the client one, and nothing is measured
+    monkeypatch.setattr(workers, "cores", lambda: 2)
     p = load.level_procs(s, items, False, None)
-    assert p.procs == 1 and len(asked) == 1 and p.text() == "1 client process (auto: 1 core)"
+    assert p.procs == 1 and len(asked) == 1 and p.text() == "1 client process (auto: 1 core beside the server's)"
+    assert load.level_procs(s, items, False, None, server_here=False).procs == 2  # a remote server: both cores
+    assert workers.on_this_host("http://127.0.0.1:8000") and workers.on_this_host("http://localhost:1/v1")
+    assert not workers.on_this_host("http://10.1.2.3:8000")
+    monkeypatch.setattr(workers, "cores", lambda: 1)  # no core to spare: nothing measured
+    p = load.level_procs(s, items, False, None, server_here=False)
+    assert p.procs == 1 and len(asked) == 2 and p.text() == "1 client process (auto: 1 core)"
     assert load.auto_procs(items[:1]).text() == "1 client process (auto: fewer than two timed sends)"
     for bad in ("0", "two", "1.5", 0):
         with pytest.raises(FlagError, match="^--procs: must be auto or a whole number"):
