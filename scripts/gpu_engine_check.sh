@@ -18,9 +18,11 @@ BASE=$(cd "${BASE:-.devcarry/base}" && pwd); NEW=$PWD
 exec > >(tee -a "$OUT/console-engine.txt") 2>&1
 PARTS=${PARTS:-bits bench}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version --format=csv
-[[ $PARTS == *bits* ]] && PYTHONPATH=$NEW timeout 300 python3 -m tools.tree_tokens --root "$BASE" --root "$NEW" --model qwen3-8b --device cuda \
-  --flags "--prefill-mode whole" --flags "--prefill-mode stepped" --flags "--prefill-mode split --decode-sms 32" \
-  --flags "--prefill-mode mixed --cut-attention tiles" --out "$OUT/tree_tokens.json" 2>&1 | grep -vE "Warning|warn\("
+# BITS_MODES: the flag sets, ';' between them
+IFS=';' read -ra modes <<< "${BITS_MODES:---prefill-mode whole;--prefill-mode stepped;--prefill-mode split --decode-sms 32;--prefill-mode mixed --cut-attention tiles}"
+flags=(); for m in "${modes[@]}"; do flags+=(--flags "$m"); done
+[[ $PARTS == *bits* ]] && PYTHONPATH=$NEW timeout 300 python3 -m tools.tree_tokens --root "$BASE" --root "$NEW" --model qwen3-8b \
+  --device cuda "${flags[@]}" --out "$OUT/tree_tokens.json" 2>&1 | grep -vE "Warning|warn\("
 i=0
 [[ $PARTS == *bench* ]] && for side in old new new old; do
   i=$((i + 1)); root=$([ "$side" = old ] && echo "$BASE" || echo "$NEW")
