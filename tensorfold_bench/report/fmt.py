@@ -217,3 +217,29 @@ def client_lines(runs: list[tuple[str, dict | None]]) -> list[str]:
     if (h := selfcheck.held([c for _, c in have])) and "share" in b:
         out += ["", h]
     return out + [""]
+
+
+def equal_counts(r: Receipt, key: str, by_variant: bool = False) -> list[str]:
+    """One line: how many replies were equal, unknown and different (and where) in the exactness
+    comparison `key` (across_runs, vs_plain), per stream, or per variant (a variant's replies all
+    counted together)."""
+    ex = (getattr(r.exactness, key) if r.exactness else None) or {}
+    if not ex:
+        return []
+    per: dict[str, list[int]] = {}
+    diffs: list[str] = []
+    for run in r.runs:
+        for c in ex.get(str(run.index)) or []:
+            k = per.setdefault(run.variant if by_variant else c.stream, [0, 0, 0])
+            k[1] += 1
+            if c.equal:
+                k[0] += 1
+            elif c.equal is None:
+                k[2] += 1
+            else:
+                diffs.append(f"run {run.index} {c.stream}"
+                             + (f" (from token {c.diverge_at})" if c.diverge_at is not None else ""))
+    if not per and not by_variant:
+        return []
+    parts = [f"{n} {k} of {t} equal" + (f" ({u} unknown)" if u else "") for n, (k, t, u) in per.items()]
+    return ["; ".join(parts) + "." + (f" Differ: {', '.join(diffs)}." if diffs else "")]

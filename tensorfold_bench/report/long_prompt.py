@@ -4,7 +4,7 @@ from __future__ import annotations
 from tensorfold_bench.analysis.figures import LongPromptFigures, VariantSummary, frontier, long_prompt_summary, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
-from tensorfold_bench.report.fmt import (client_lines, environment_lines, margin_pct, not_run_lines, num,
+from tensorfold_bench.report.fmt import (client_lines, equal_counts, environment_lines, margin_pct, not_run_lines, num,
                                          stats_table)
 
 
@@ -101,41 +101,17 @@ def runs_table(r: Receipt) -> list[str]:
     return rows
 
 
-def count_equal(r: Receipt, key: str) -> list[str]:
-    ex = (getattr(r.exactness, key) if r.exactness else None) or {}
-    if not ex:
-        return []
-    per: dict[str, list[int]] = {}
-    diffs = []
-    for run in r.runs:
-        cmp = ex.get(str(run.index))
-        if cmp is None:
-            continue
-        k_n = per.setdefault(run.variant, [0, 0, 0])
-        for c in cmp:
-            k_n[1] += 1
-            if c.equal:
-                k_n[0] += 1
-            elif c.equal is None:
-                k_n[2] += 1
-            else:
-                diffs.append(f"run {run.index} {c.stream}"
-                             + (f" (from token {c.diverge_at})" if c.diverge_at is not None else ""))
-    parts = [f"{name} {k} of {n} equal" + (f" ({u} unknown)" if u else "") for name, (k, n, u) in per.items()]
-    return ["; ".join(parts) + "." + (f" Differ: {', '.join(diffs)}." if diffs else "")]
-
-
 def exactness_lines(r: Receipt) -> list[str]:
     ex = r.exactness or Exactness()
     if ex.not_judged:
         return [f"- Not judged: {ex.not_judged}."]
     lines = []
     refs = ex.refs or {}
-    across = count_equal(r, "across_runs")
+    across = equal_counts(r, "across_runs", by_variant=True)
     if across and refs:
         lines.append(f"- Across runs (B and C against run {refs['BC']}; A against the longest A, run {refs['A']}, "
                      "on each A's own length), replies A, B and C per run: " + across[0])
-    vs_plain = count_equal(r, "vs_plain")
+    vs_plain = equal_counts(r, "vs_plain", by_variant=True)
     if vs_plain:
         lines.append("- Against the plain reference (each request alone, one stream, whole prompt, no prompt cache, "
                      "no drafts): " + vs_plain[0])

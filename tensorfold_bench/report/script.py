@@ -6,7 +6,7 @@ from __future__ import annotations
 from tensorfold_bench.analysis.figures import ScriptFigures, script_keys, script_medians, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
-from tensorfold_bench.report.fmt import (client_lines, environment_lines, margin_pct, not_run_lines, num,
+from tensorfold_bench.report.fmt import (client_lines, equal_counts, environment_lines, margin_pct, not_run_lines, num,
                                          stats_table)
 from tensorfold_bench.workload.script_file import Point, Prompt, Script, Stream
 
@@ -125,38 +125,16 @@ def runs_table(r: Receipt) -> list[str]:
     return rows
 
 
-def _counts(r: Receipt, key: str) -> list[str]:
-    """Per stream: how many of its replies were equal, unknown, different (and where)."""
-    ex = (getattr(r.exactness, key) if r.exactness else None) or {}
-    per: dict[str, list[int]] = {}
-    diffs: list[str] = []
-    for run in r.runs:
-        for c in ex.get(str(run.index), []):
-            k = per.setdefault(c.stream, [0, 0, 0])
-            k[1] += 1
-            if c.equal:
-                k[0] += 1
-            elif c.equal is None:
-                k[2] += 1
-            else:
-                diffs.append(f"run {run.index} {c.stream}"
-                             + (f" (from token {c.diverge_at})" if c.diverge_at is not None else ""))
-    if not per:
-        return []
-    parts = [f"{n} {k} of {t} equal" + (f" ({u} unknown)" if u else "") for n, (k, t, u) in per.items()]
-    return ["; ".join(parts) + "." + (f" Differ: {', '.join(diffs)}." if diffs else "")]
-
-
 def exactness_lines(r: Receipt) -> list[str]:
     ex = r.exactness or Exactness()
     if ex.not_judged:
         return [f"- Not judged: {ex.not_judged}."]
     lines = []
-    across = _counts(r, "across_runs")
+    across = equal_counts(r, "across_runs")
     if across:
         refs = ", ".join(f"{n} run {i}" for n, i in (ex.refs or {}).items() if i is not None)
         lines.append(f"- Across runs (each stream against its reference: {refs}), per stream: {across[0]}")
-    vs_plain = _counts(r, "vs_plain")
+    vs_plain = equal_counts(r, "vs_plain")
     if vs_plain:
         lines.append("- Against the plain reference (each stream alone, one stream, whole prompt, no prompt cache, "
                      "no drafts): " + vs_plain[0])
