@@ -325,7 +325,9 @@ def test_poisson_whole_vs_stepped_with_injects_and_the_plain_reference(tmp_path,
     assert "### rate 6/s" in md and "**Interference**" in md
     # --procs auto: the rule's inputs in every level's check (6/s needs far less than half a core)
     w = data["runs"][0]["levels"][0]["client"]["workers"]
-    assert w["rule"] == "auto" and w["procs"] == 1 and w["rate"] > 0 and w["cpu_ms"] > 0 and w["cores"] >= 1
+    assert w["rule"] == "auto" and w["procs"] == 1 and w["rate"] > 0 and w["cores"] >= 1 and w["server_here"]
+    # the client's CPU a request is measured where a core is left beside the server (not on 2 cores)
+    assert (w.get("cpu_ms", 0) > 0) == (w["cores"] >= 2)
     assert "1 client process (auto: " in md
     assert not (tmp_path / js.name.replace(".json.gz", ".png")).exists()  # one level: a point, no curve to draw
     res = CliRunner().invoke(app, ["report", str(js), "--no-png"])  # the Markdown from the JSON alone
@@ -360,8 +362,9 @@ def test_the_picture_draws_latency_and_goodput_against_the_rate(tmp_path):
 def test_a_sharegpt_text_file_runs_without_a_tokenizer_counted_by_the_presets_own(tmp_path, monkeypatch):
     """No --tokenizer: the launched preset's own tokenizer makes the prompts' ids and counts the
     replies, and the receipt names it."""
-    # what is checked is the counting, not the client's timing on a loaded host
-    monkeypatch.setattr(selfcheck, "BOUNDS", replace(selfcheck.BOUNDS, share=1.0, lag_p99_s=10.0))
+    # what is checked is the counting, not the client's timing on a loaded host (three sends: the
+    # first one's lateness is the p99, tens of ms on a CI box running two workers)
+    monkeypatch.setattr(selfcheck, "BOUNDS", replace(selfcheck.BOUNDS, share=100.0, lag_p99_s=10.0))
     data_file = ROOT / "examples" / "workloads" / "sharegpt-5.json"
     res = CliRunner().invoke(app, ["load", "--model", "tiny", "--dataset", str(data_file), "--rate", "4",
                                    "--requests", "3", "--order", "base", "--out", str(tmp_path)])
