@@ -30,7 +30,6 @@ the sweep's 64 streams, short prompts together, the host), then the split and mi
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import os
@@ -204,6 +203,7 @@ class Profiler:
         """Build a runner (the weights shared), `measure(runner)`, and free it before the next: two
         runners' KV caches need not fit together. Nothing outside holds the runner once this returns."""
         from engine.runner.build import build_runner
+        from engine.runner.report import capabilities_doc
         ecfg = self.engine_config(parallel, max_len, mode, **kw)
         t = time.perf_counter()
         r = build_runner(ecfg, model=self.model)
@@ -481,13 +481,6 @@ class Profiler:
             "notes": self.out.notes,
             "samples": self.out.samples,
         }
-
-
-def capabilities_doc(caps) -> dict:
-    """A runner's declared capabilities (backend.Capabilities) as the profile's JSON keeps them."""
-    d = dataclasses.asdict(caps)
-    d["cut_sizes"] = list(d["cut_sizes"]) if d["cut_sizes"] is not None else None
-    return d
 
 
 def host_fit(turns: list[tuple[float, int]]) -> tuple[float, float] | None:

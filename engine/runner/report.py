@@ -2,6 +2,8 @@
 kernels and shapes. Read at start-up and by benches; nothing here is on a hot path."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from engine.runner import device_info
@@ -33,11 +35,20 @@ def describe(r) -> dict:
         "cuda_graph": r.graph is not None,
         "decode_ahead": r.ahead is not None,  # rounds run one ahead (engine/runner/ahead.py)
         "decode_rows": list(r.buckets),  # the row counts decode rounds run at (engine/runner/decode_graph.py)
+        "capabilities": capabilities_doc(r.caps),  # what the lane host may ask of it (backend.Capabilities)
         **(_describe_cuda(r) if r.device.type == "cuda" else {}),
         "prefill_attention": _prefill_attention_name(r),
         "threads": torch.get_num_threads(),
         **(_describe_cpu(r) if r.device.type == "cpu" else {}),
     }
+
+
+def capabilities_doc(caps) -> dict:
+    """Declared capabilities (backend.Capabilities) as JSON keeps them: a profile's runners and
+    /v1/engine, so a simulation offers the host what the real runner did."""
+    d = dataclasses.asdict(caps)
+    d["cut_sizes"] = list(d["cut_sizes"]) if d["cut_sizes"] is not None else None
+    return d
 
 
 def _describe_cuda(r) -> dict:

@@ -435,6 +435,12 @@ def test_the_simulated_backend_offers_what_the_profiled_runner_declared():
                                                           batch_cuts=True, mixed=True)
     assert declared.capabilities("stepped").runs_ahead and not declared.capabilities("stepped").cut_free
     assert declared.capabilities("whole") == declared.capabilities("stepped")  # no runner of its own: stepped's
+    # a receipt's engine description that lists them is read as is, not guessed from its words
+    from tensorfold_bench.calibrate.sim_error import capabilities
+    eng = {"capabilities": {"cut_granule": 64, "cut_sizes": [256, 512], "cut_free": True, "mixed": True},
+           "cuda_mixed": "graphs at cuts of 128 rows"}
+    assert capabilities(EngineConfig(prefill_mode="mixed"), eng) == Capabilities(cut_granule=64, cut_sizes=(256, 512),
+                                                                                 cut_free=True, mixed=True)
     inferred = profile(prefill_many=MANY)
     assert inferred.capabilities("stepped") == Capabilities(batch_cuts=True)
     assert inferred.capabilities("mixed") == Capabilities(batch_cuts=True, mixed=True, cut_free=True)
