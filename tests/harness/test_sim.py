@@ -137,13 +137,19 @@ def test_each_call_advances_the_clock_by_its_cost():
     assert clock() - t == pytest.approx(profile().decode(2, 301 + 100))  # keys: positions + 1, summed
 
 
-def test_split_cuts_queue_on_their_partition_and_rounds_beside_them_cost_the_split_round():
+def split_backend_with_two_cuts():
+    """A split backend on a virtual clock with a 2,048-token prompt's two cuts queued on its partition."""
     c = profile(split=SPLIT)
     clock = VirtualClock()
     b = SimulatedBackend(c, 4, 40000, 1000, Capabilities(split=True), clock=clock, decode_sms=32)
     prompt = list(range(2048))
     b.start_step(0, prompt, 0, 1024)
     b.start_step(0, prompt, 1024, 2048)
+    return c, clock, b
+
+
+def test_split_cuts_queue_on_their_partition_and_rounds_beside_them_cost_the_split_round():
+    c, clock, b = split_backend_with_two_cuts()
     one, two = c.split(32, 1024, 0), c.split(32, 1024, 1024)
     assert clock() == 0.0 and not b.step_done()
     b.decode([1], [7], [10])
@@ -155,12 +161,7 @@ def test_split_cuts_queue_on_their_partition_and_rounds_beside_them_cost_the_spl
 
 
 def test_a_whole_device_forward_beside_a_running_cut_starts_when_the_cut_ends():
-    c = profile(split=SPLIT)
-    clock = VirtualClock()
-    b = SimulatedBackend(c, 4, 40000, 1000, Capabilities(split=True), clock=clock, decode_sms=32)
-    prompt = list(range(2048))
-    b.start_step(0, prompt, 0, 1024)
-    b.start_step(0, prompt, 1024, 2048)
+    c, clock, b = split_backend_with_two_cuts()
     one, two, short = c.split(32, 1024, 0), c.split(32, 1024, 1024), c.prefill(34, 0)
     clock.to(one / 2)
     b.prefill_step(1, list(range(34)), 0, 34)
