@@ -24,8 +24,8 @@ timeout $(( ${PROFILE_BUDGET:-140} + 120 )) python3 -m engine profile --model qw
 left=$((${DEADLINE:-575} - $(date +%s) + start))
 echo "profile done at $(( $(date +%s) - start )) s; $left s left for the frontier"
 timeout "$left" python3 -m tensorfold_bench run long-prompt --device cuda --model qwen3-8b \
-  --share 1,0.75,0.5,0.25 --split 24,32,40,56 \
-  --order "${ORDER:-whole,stepped p=1,stepped p=0.5,split sms=32,split sms=40,stepped p=0.75,stepped p=0.25,split sms=24,split sms=56}" \
+  --share 1,0.75,0.5,0.25 --mixed ${MIXED:-40} --split 24,32,40,56 \
+  --order "${ORDER:-whole,stepped p=1,stepped p=0.5,split sms=32,mixed budget=${MIXED:-40},split sms=40,stepped p=0.75,stepped p=0.25,split sms=24,split sms=56}" \
   --predict receipts/predictions/gpu-frontier.yaml --plain-check --out /tmp/lp 2>&1 \
   | grep -E "^ *\| (whole|stepped|split)|in range|equal|rror|receipt|wrote" | head -60
 tar czf "$OUT/lp.tgz" -C /tmp lp 2>/dev/null
