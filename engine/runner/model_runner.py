@@ -32,7 +32,7 @@ import torch
 from engine.config import SHORT_ROWS, EngineConfig, ModelConfig
 from engine.cpu.cut_attention import tile_for
 from engine.runner.kv_cache import KVCache
-from engine.scheduler.backend import Capabilities
+from engine.scheduler.backend import Capabilities, round_rows
 from engine.models.qwen3 import ForwardPlan, TorchOps
 from engine.models.presets import resolve_model
 from engine.runner.sampler import choose
@@ -196,8 +196,7 @@ class ModelRunner:
         exactly as a later plain round would."""
         if len(lanes) > self.round_rows:
             raise ValueError(f"{len(lanes)} rows in one decode round; the round has {self.round_rows}")
-        need = max(len(lanes), max(lanes) + 1)
-        p = next((n for n in self.buckets if n >= need), self.round_rows)
+        p = round_rows(self.buckets, lanes)
         tok, pos, ln = [0] * p, [0] * p, [self.spare] * p
         owned = set(lanes)
         spare_rows = (r for r in range(p) if r not in owned)
@@ -254,7 +253,7 @@ class ModelRunner:
         """What the lane host may ask of this runner (backend.Capabilities), from what it set up."""
         return Capabilities(cut_granule=self.cut_granule, cut_sizes=self.cut_sizes, cut_free=self.cut_free,
                             batch_cuts=self.batch_cuts, runs_ahead=self.runs_ahead, mixed=True,
-                            split=self.sm_split is not None)
+                            split=self.sm_split is not None, round_sizes=tuple(self.buckets))
 
     # ---- helpers -----------------------------------------------------------------------------
     def generate(self, tokens: Sequence[int], max_tokens: int, lane: int = 0, stop_at_eos: bool = False,

@@ -4,19 +4,21 @@
 
 Builds the runner(s) a device serves with (dummy weights, loaded once and shared), times each kind
 of call the lane host makes over a grid sized for the device, and writes one small JSON file of
-raw samples (schema `tfbench.profile/1`; fitting is the simulator's job when it loads one):
+raw samples (schema `tfbench.profile/2`, rounds counted by the rows they ran at; fitting is the
+simulator's job when it loads one). A round's `n` is the rows its forward ran at (the runner's
+padded shape, backend.Capabilities.round_sizes), which is what its products cost, however few
+streams it carried; `keys` the sum of each stream's position + 1, `longest` the longest stream's:
 - `prefill`   [rows, start, s]: one `prefill_step` cut of `rows` rows whose first is at `start`;
-- `decode`    [streams, keys, s]: one `decode` round, one row a stream, `keys` the sum of each row's
-  position + 1;
-- `decode_ahead` [streams, keys, s]: one round of a chain the host asks to run ahead (no prompt
+- `decode`    [n, keys, longest, s]: one `decode` round;
+- `decode_ahead` [n, keys, longest, s]: one round of a chain the host asks to run ahead (no prompt
   waiting: `decode(..., ahead=True)`, each fed the last one's ids), where the runner runs rounds
   ahead (CUDA's graphs): the host's part of a round hides under the next one;
 - `prefill_many` [prompts, rows, s]: short prompts from position 0 filled in one forward;
-- `mixed`     [rows, start, streams, keys, s]: one `mixed` forward, a cut beside a round;
-- `split`     [decode_sms, rows, start, streams, keys, cut_s, round_s]: a cut launched with
+- `mixed`     [rows, start, n, keys, longest, s]: one `mixed` forward, a cut beside a round;
+- `split`     [decode_sms, rows, start, n, keys, longest, cut_s, round_s]: a cut launched with
   `start_step` while rounds run back to back on the decode partition (cut: launch to the first
   `step_done` after a round, as the host sees it; round: the median round beside it);
-- `split_round` [decode_sms, streams, keys, s]: a round on the decode partition with no cut;
+- `split_round` [decode_sms, n, keys, longest, s]: a round on the decode partition with no cut;
 - `host`      [["turn", s], ["token", s]]: the real LaneHost's own time a turn outside backend
   calls, and the extra per token it emits (a least-squares line over its turns, per chunk).
 Every `s` is one call's wall time with the device synchronized, as the host sees it; each point
@@ -44,7 +46,7 @@ from pathlib import Path
 from engine.config import Toolchain
 from engine.scheduler.host import BATCH_ROWS
 
-SCHEMA = "tfbench.profile/1"
+SCHEMA = "tfbench.profile/2"
 KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
 
 
@@ -166,8 +168,10 @@ def ids(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]
 
 
-def keys_of(positions) -> int:
-    return sum(p + 1 for p in positions)
+def round_of(r, lanes, positions) -> list[int]:
+    """A round's [n, keys, longest]: the rows the runner runs these lanes at, the keys its streams
+    attend to, the longest stream's."""
+    return [r.caps.round_rows(lanes), sum(p + 1 for p in positions), max(positions) + 1]
 
 
 class Profiler:
@@ -278,7 +282,7 @@ class Profiler:
             pos = [min(r.max_model_len - 1, ctx + j) for j in range(streams)]  # (contexts a little apart)
             r.decode(lanes, toks, pos)
             for _ in range(reps):
-                self.out.samples["decode"].append([streams, keys_of(pos), timer(r.decode, lanes, toks, pos)])
+                self.out.samples["decode"].append([*round_of(r, lanes, pos), timer(r.decode, lanes, toks, pos)])
 
     def decode_ahead(self, r, points) -> None:
         """Rounds as the host asks for them with no prompt waiting: each fed the last one's ids at the
@@ -297,7 +301,7 @@ class Profiler:
                 pos = [p + 1 for p in pos]
                 t = time.perf_counter()
                 out = r.decode(lanes, out, pos, ahead=True)  # (its ids read: the round is done)
-                self.out.samples["decode_ahead"].append([streams, keys_of(pos), time.perf_counter() - t])
+                self.out.samples["decode_ahead"].append([*round_of(r, lanes, pos), time.perf_counter() - t])
 
     def prefill_many(self, r) -> None:
         if not r.caps.batch_cuts:
@@ -358,7 +362,7 @@ class Profiler:
             cut = [(lane, toks, start, start + rows)]
             r.mixed(cut, lanes, dtoks, pos)
             for _ in range(reps):
-                self.out.samples["mixed"].append([rows, start, streams, keys_of(pos),
+                self.out.samples["mixed"].append([rows, start, *round_of(r, lanes, pos),
                                                   timer(r.mixed, cut, lanes, dtoks, pos)])
 
     def split(self, r, sms: int) -> None:
@@ -391,7 +395,7 @@ class Profiler:
                 r.finish_step()
                 cut = time.perf_counter() - t
                 if rep:
-                    self.out.samples["split"].append([sms, rows, start, streams, keys_of(pos), cut,
+                    self.out.samples["split"].append([sms, rows, start, *round_of(r, lanes, pos), cut,
                                                       statistics.median(rounds)])
         pts = [(k, x) for k, x in self.grid.split_round if k < r.parallel and x < r.max_model_len]
         for streams, ctx in pts:
@@ -399,7 +403,7 @@ class Profiler:
             pos = [ctx + j for j in range(streams)]
             alone(lanes, toks, pos)
             for _ in range(reps):
-                self.out.samples["split_round"].append([sms, streams, keys_of(pos), timer(alone, lanes, toks, pos)])
+                self.out.samples["split_round"].append([sms, *round_of(r, lanes, pos), timer(alone, lanes, toks, pos)])
 
     # ---- the sitting --------------------------------------------------------------------------
     def run(self) -> dict:
@@ -464,6 +468,7 @@ class Profiler:
                        isa_cap=self.cfg.cpu_isa)
         return {
             "schema": SCHEMA,
+            "rounds": "rows",
             "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "source": "measured",
             "device": dev,

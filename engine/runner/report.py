@@ -47,7 +47,8 @@ def capabilities_doc(caps) -> dict:
     """Declared capabilities (backend.Capabilities) as JSON keeps them: a profile's runners and
     /v1/engine, so a simulation offers the host what the real runner did."""
     d = dataclasses.asdict(caps)
-    d["cut_sizes"] = list(d["cut_sizes"]) if d["cut_sizes"] is not None else None
+    for k in ("cut_sizes", "round_sizes"):
+        d[k] = list(d[k]) if d[k] is not None else None
     return d
 
 

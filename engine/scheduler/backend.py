@@ -43,6 +43,21 @@ class Capabilities:
     mixed: bool = False
     # `start_step`/`step_done`/`finish_step`: cuts on SMs of their own beside the rounds (SplitBackend)
     split: bool = False
+    # the row counts a decode round runs at, ascending (a round's forward has fixed shapes: CUDA
+    # graphs, CPU row tiles); a round runs at the fewest holding its highest lane, since row r
+    # carries lane r. None: at its number of streams. What a round costs follows these rows.
+    round_sizes: tuple[int, ...] | None = None
+
+    def round_rows(self, lanes: Sequence[int]) -> int:
+        """The rows a round of these lanes runs at."""
+        return len(lanes) if self.round_sizes is None else round_rows(self.round_sizes, lanes)
+
+
+def round_rows(sizes: Sequence[int], lanes: Sequence[int]) -> int:
+    """The fewest of `sizes` (ascending) holding a round of these lanes: row r carries lane r, so
+    its highest lane and every entry; the largest where none does."""
+    need = max(len(lanes), max(lanes, default=-1) + 1)
+    return next((n for n in sizes if n >= need), sizes[-1])
 
 
 class Backend(Protocol):

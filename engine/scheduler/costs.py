@@ -1,14 +1,20 @@
 """A cost profile: what each kind of forward the lane host asks for costs on one device and model,
 measured once, and the fits the simulator (engine/scheduler/simulated.py) charges from (no torch).
 
-A profile is one JSON file (`schema: tfbench.profile/1`) of raw samples, one row a measured call:
+A profile is one JSON file (`schema: tfbench.profile/2`) of raw samples, one row a measured call:
     prefill       [rows, start, s]        one cut of `rows` rows whose first row is at `start`
-    decode        [streams, keys, s]      one round; keys: the keys its rows attend to, summed
-    decode_ahead  [streams, keys, s]      a round the host asked to run ahead (optional: else decode's)
+    decode        [n, keys, longest, s]   one round; keys: the keys its streams attend to, summed;
+                                          longest: its longest stream's
+    decode_ahead  [n, keys, longest, s]   a round the host asked to run ahead (optional: else decode's)
     prefill_many  [prompts, rows, s]      short prompts filled together in one forward
-    mixed         [rows, start, streams, keys, s]
-    split         [decode_sms, rows, start, streams, keys, cut_s, round_s]
-    split_round   [decode_sms, streams, keys, s]
+    mixed         [rows, start, n, keys, longest, s]
+    split         [decode_sms, rows, start, n, keys, longest, cut_s, round_s]
+    split_round   [decode_sms, n, keys, longest, s]
+A round's `n` is what `rounds` says: "rows", the rows it ran at (a round's forward runs at its
+runner's fixed row counts, the padded shape of its graphs or tiles, however few streams it carries:
+backend.Capabilities.round_sizes), or "streams", how many streams it held (profiles fitted from
+receipt traces, whose rounds say only that). A `tfbench.profile/1` file (no `longest`, `n` its
+streams) is read with `longest` from keys and streams, as if the streams' contexts were equal.
     host          [["turn", s] | ["token", s] | ["prompt_token", s], ...]
                   prompt_token (optional): the server reading a request before the host sees it
 Fitting happens here, at load time, so the file keeps what was measured and a better fit needs no
@@ -21,12 +27,14 @@ percentile of |relative residual|, the width a prediction's range takes.
   a factor per measured row count (the median of its samples over the smooth fit), interpolated in
   log rows between measured counts: kernels change at some counts (flash below 1,024 rows, cuDNN at
   it on the H100), which no three terms follow.
-- decode (and decode_ahead): t = a[streams] + b keys: an intercept per row count measured (CUDA
-  graphs run at fixed sizes), one slope. A count between two measured ones costs the next one up
-  on CUDA (it runs at that graph's size), the line between them elsewhere; past the largest, the
-  line through the two largest.
+- decode (and decode_ahead): t = a[n] + b keys + c longest: an intercept per count measured, a
+  slope over all keys (the products and the attention of many streams spread over the SMs), and
+  one over the longest stream's (one stream's attention occupies few SMs, so a lone long stream
+  costs more per key than many short ones). A count between two measured ones: the line between
+  them where n is the rows run at; counted by streams on CUDA, the next one up (the round ran at a
+  graph's size); past the largest, the line through the two largest.
 - prefill_many: t = a + b rows + c prompts.
-- mixed: t = decode(streams, keys) + a + u rows + k rows (start + rows / 2), as the host's own
+- mixed: t = decode(n, keys, longest) + a + u rows + k rows (start + rows / 2), as the host's own
   cost model (engine/scheduler/forward_cost.py) has it.
 - split: per decode_sms, the cut as prefill's terms, and the round beside it as decode's;
   split_round (a round on the decode partition, no cut running) as decode's.
@@ -44,11 +52,26 @@ from pathlib import Path
 from engine.scheduler.backend import Capabilities
 from engine.scheduler.forward_cost import solve
 
-SCHEMA = "tfbench.profile/1"
+SCHEMA = "tfbench.profile/2"
+SCHEMA_V1 = "tfbench.profile/1"
+ROUNDS = ("rows", "streams")  # what a round's `n` counts
 KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
 HOST = ("turn", "token", "prompt_token")
-WIDTHS = {"prefill": 3, "decode": 3, "decode_ahead": 3, "prefill_many": 3, "mixed": 5, "split": 7, "split_round": 4,
+WIDTHS = {"prefill": 3, "decode": 4, "decode_ahead": 4, "prefill_many": 3, "mixed": 6, "split": 8, "split_round": 5,
           "host": 2}
+# where a /1 row's round is (its streams' column; keys follow it), for `widened`
+_V1_ROUND = {"decode": 0, "decode_ahead": 0, "mixed": 2, "split": 3, "split_round": 1}
+WIDTHS_V1 = {k: w - (k in _V1_ROUND) for k, w in WIDTHS.items()}
+
+
+def widened(kind: str, row: list) -> list:
+    """A /1 row (a round's streams and keys, no longest) as /2 has it: the longest stream's keys as if
+    the streams' contexts were equal and a position apart, as the profiler placed them."""
+    if kind not in _V1_ROUND:
+        return row
+    i = _V1_ROUND[kind]
+    streams, keys = max(1, row[i]), row[i + 1]
+    return [*row[:i + 2], keys / streams + (streams - 1) / 2, *row[i + 2:]]
 TRIM = 4.0  # a sample beyond this many times the median relative residual (and beyond 20 %) is dropped
 TRIM_FLOOR = 0.20
 
@@ -66,10 +89,12 @@ class Profile:
     model: dict
     engine: dict
     samples: dict[str, list]
+    rounds: str = "streams"  # what a round's n counts (ROUNDS): the rows it ran at, or its streams
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "created": self.created, "source": self.source, "device": self.device,
-                "model": self.model, "engine": self.engine, "samples": {k: self.samples.get(k, []) for k in KINDS}}
+        return {"schema": SCHEMA, "created": self.created, "source": self.source, "rounds": self.rounds,
+                "device": self.device, "model": self.model, "engine": self.engine,
+                "samples": {k: self.samples.get(k, []) for k in KINDS}}
 
     def write(self, path: Path) -> Path:
         """Indented JSON, one sample a line (a profile is read by people and diffed in review)."""
@@ -86,8 +111,12 @@ class Profile:
     def from_dict(cls, d: object, name: str = "profile") -> "Profile":
         if not isinstance(d, dict):
             raise ProfileError(f"{name}: a profile is a JSON object, not {type(d).__name__}")
-        if d.get("schema") != SCHEMA:
-            raise ProfileError(f"{name}: schema is {d.get('schema')!r}, not {SCHEMA!r}")
+        if d.get("schema") not in (SCHEMA, SCHEMA_V1):
+            raise ProfileError(f"{name}: schema is {d.get('schema')!r}, not {SCHEMA!r} (or {SCHEMA_V1!r})")
+        v1 = d["schema"] == SCHEMA_V1
+        rounds = "streams" if v1 else d.get("rounds", "rows")
+        if rounds not in ROUNDS:
+            raise ProfileError(f"{name}: rounds is {rounds!r}, not one of {', '.join(ROUNDS)}")
         for key in ("device", "model", "engine", "samples"):
             if not isinstance(d.get(key), dict):
                 raise ProfileError(f"{name}: field {key!r} must be an object")
@@ -101,10 +130,10 @@ class Profile:
             if not isinstance(rows, list):
                 raise ProfileError(f"{name}: samples.{kind} must be a list")
             for i, row in enumerate(rows):
-                _check_row(name, kind, i, row)
-            out[kind] = rows
+                _check_row(name, kind, i, row, WIDTHS_V1 if v1 else WIDTHS)
+            out[kind] = [widened(kind, r) for r in rows] if v1 else rows
         return cls(name, str(d.get("created", "")), str(d.get("source", "")), d["device"], d["model"],
-                   d["engine"], out)
+                   d["engine"], out, rounds)
 
     @classmethod
     def load(cls, path: Path) -> "Profile":
@@ -118,10 +147,10 @@ class Profile:
         return cls.from_dict(raw, str(path))
 
 
-def _check_row(name: str, kind: str, i: int, row: object) -> None:
+def _check_row(name: str, kind: str, i: int, row: object, widths: dict = WIDTHS) -> None:
     where = f"{name}: samples.{kind}[{i}]"
-    if not isinstance(row, list) or len(row) != WIDTHS[kind]:
-        raise ProfileError(f"{where} must be a list of {WIDTHS[kind]} values, not {row!r}")
+    if not isinstance(row, list) or len(row) != widths[kind]:
+        raise ProfileError(f"{where} must be a list of {widths[kind]} values, not {row!r}")
     values = row[1:] if kind == "host" else row
     if kind == "host" and row[0] not in HOST:
         raise ProfileError(f"{where}: the host's sample is one of {', '.join(HOST)}, not {row[0]!r}")
@@ -254,22 +283,23 @@ class CutFit:
 
 @dataclass
 class RoundFit:
-    """A round's time over (streams, keys): an intercept per measured row count, one slope."""
+    """A round's time over (n, keys, longest): an intercept per measured count, two slopes."""
     fit: Fit
     counts: list[int]
     base: list[float]
-    slope: float
+    slope: float  # per key, all streams'
+    slope_longest: float  # per key of the longest stream
     next_up: bool  # a count between two measured ones costs the next (CUDA graphs); else interpolated
 
     @classmethod
-    def of(cls, samples: list[tuple[float, float, float]], next_up: bool) -> "RoundFit":
-        counts = sorted({int(n) for n, _, _ in samples})
+    def of(cls, samples: list[tuple[float, float, float, float]], next_up: bool) -> "RoundFit":
+        counts = sorted({int(n) for n, *_ in samples})
         col = {n: i for i, n in enumerate(counts)}
         k = len(counts)
-        xs = [[1.0 if col[int(n)] == i else 0.0 for i in range(k)] + [keys] for n, keys, _ in samples]
-        ys = [t for _, _, t in samples]
+        xs = [[1.0 if col[int(n)] == i else 0.0 for i in range(k)] + [keys, longest] for n, keys, longest, _ in samples]
+        ys = [t for *_, t in samples]
         fit = fitted(xs, ys, free=frozenset(range(k)))
-        return cls(fit, counts, fit.coef[:k], fit.coef[k], next_up)
+        return cls(fit, counts, fit.coef[:k], fit.coef[k], fit.coef[k + 1], next_up)
 
     def intercept(self, n: int) -> float:
         c, b = self.counts, self.base
@@ -285,8 +315,8 @@ class RoundFit:
         w = (n - c[i - 1]) / (c[i] - c[i - 1])
         return b[i - 1] * (1 - w) + b[i] * w
 
-    def __call__(self, streams: int, keys: int) -> float:
-        return max(0.0, self.intercept(streams) + self.slope * keys)
+    def __call__(self, n: int, keys: int, longest: int) -> float:
+        return max(0.0, self.intercept(n) + self.slope * keys + self.slope_longest * longest)
 
 
 @dataclass
@@ -304,19 +334,45 @@ class Costs:
         return self.profile.name
 
     @property
+    def rows_run_at(self) -> bool:
+        """Whether a round's n is the rows it ran at (else its streams)."""
+        return self.profile.rounds == "rows"
+
+    @property
     def next_up(self) -> bool:
-        """Rounds run at fixed sizes (CUDA graphs): a count between two measured ones costs the next."""
-        return self.profile.device.get("type") == "cuda"
+        """A count between two measured ones costs the next: rounds counted by streams on CUDA (each
+        ran at a graph's size). Counted by the rows they ran at, the line between is the guess."""
+        return not self.rows_run_at and self.profile.device.get("type") == "cuda"
+
+    def round_sizes(self, parallel: int) -> tuple[int, ...] | None:
+        """The row counts an engine of `parallel` lanes runs rounds at (None: rounds counted by
+        streams): a profiled runner's of the same lanes; else `parallel` rounded up to the tile the
+        runners padded to (the CPU's round multiplies whole tiles of rows: 4 lanes run at 8), after
+        the smaller counts some runner ran below its own padded shape."""
+        if not self.rows_run_at:
+            return None
+        runners = [r for r in self.profile.engine.get("runners") or [] if r.get("decode_rows")]
+        same = [r for r in runners if int(r.get("parallel") or 0) == parallel]
+        if same:
+            return tuple(sorted(int(n) for n in same[0]["decode_rows"]))
+        tops = [max(int(n) for n in r["decode_rows"]) for r in runners]
+        padded = [t for t, r in zip(tops, runners) if t != int(r.get("parallel") or 0)]
+        tile = math.gcd(*padded) if padded else 1
+        shape = -(-parallel // tile) * tile
+        below = {int(n) for t, r in zip(tops, runners) for n in r["decode_rows"] if int(n) < min(t, shape)}
+        return (*sorted(below), shape)
 
     def has(self, kind: str) -> bool:
         return bool(self.profile.samples.get(kind))
 
-    def capabilities(self, mode: str) -> Capabilities:
+    def capabilities(self, mode: str, parallel: int | None = None) -> Capabilities:
         """What the profiled runner of this prefill mode declared (`engine.runners[].capabilities`:
         the cut sizes its graphs take, whether its cuts are free, ...), so the simulated backend offers
         the host what the real one did. A profile without declarations (fitted from receipt traces)
         gets what its samples show: short prompts together where prefill_many was measured, rounds
-        ahead where decode_ahead was, free cuts in mixed mode."""
+        ahead where decode_ahead was, free cuts in mixed mode. `parallel`: the simulated engine's
+        lanes, whose padded shape its rounds run at (round_sizes)."""
+        sizes = self.round_sizes(parallel) if parallel else None
         runners = [r for r in self.profile.engine.get("runners") or [] if isinstance(r.get("capabilities"), dict)]
         declared = [r["capabilities"] for r in runners if r.get("prefill_mode") == mode] or \
                    [r["capabilities"] for r in runners if r.get("prefill_mode") == "stepped"]
@@ -324,9 +380,11 @@ class Costs:
             d = {k: v for k, v in declared[0].items() if k in Capabilities.__dataclass_fields__}
             if d.get("cut_sizes") is not None:
                 d["cut_sizes"] = tuple(d["cut_sizes"])
+            d["round_sizes"] = sizes
             return Capabilities(**d)
         return Capabilities(batch_cuts=self.has("prefill_many"), runs_ahead=self.has("decode_ahead"),
-                            mixed=mode == "mixed", cut_free=mode == "mixed", split=mode == "split")
+                            mixed=mode == "mixed", cut_free=mode == "mixed", split=mode == "split",
+                            round_sizes=sizes)
 
     def _rows(self, kind: str) -> list:
         rows = self.profile.samples.get(kind) or []
@@ -346,13 +404,13 @@ class Costs:
         if kind == "prefill":
             return CutFit.of([(r, s, t) for r, s, t in rows])
         if kind in ("decode", "decode_ahead"):
-            return RoundFit.of([(n, k, t) for n, k, t in rows], self.next_up)
+            return RoundFit.of(rows, self.next_up)
         if kind == "prefill_many":
             return fitted([[1.0, r, p] for p, r, _ in rows], [t for *_, t in rows])
         if kind == "mixed":
             xs, ys = [], []
-            for r, s, n, k, t in rows:
-                above = t - self.decode(int(n), int(k))
+            for r, s, n, k, longest, t in rows:
+                above = t - self.decode(int(n), k, longest)
                 if above > 0:
                     xs.append(cut_terms(r, s))
                     ys.append(above)
@@ -362,7 +420,7 @@ class Costs:
         if kind.startswith("split:"):  # split:SMS:cut | split:SMS:round | split:SMS:alone
             _, sms, part = kind.split(":")
             if part == "alone":
-                src = [(n, k, t) for d, n, k, t in self._rows("split_round") if int(d) == int(sms)]
+                src = [(n, k, lg, t) for d, n, k, lg, t in self._rows("split_round") if int(d) == int(sms)]
                 if not src:
                     raise ProfileError(f"profile {self.name} has no split_round samples at decode_sms={sms} "
                                        f"(it has {sorted({int(r[0]) for r in self._rows('split_round')})})")
@@ -372,38 +430,38 @@ class Costs:
                 raise ProfileError(f"profile {self.name} has no split samples at decode_sms={sms} "
                                    f"(it has {sorted({int(r[0]) for r in rows})})")
             if part == "cut":
-                return CutFit.of([(r, s, c) for _, r, s, _, _, c, _ in mine])
-            return RoundFit.of([(n, k, rt) for _, _, _, n, k, _, rt in mine], self.next_up)
+                return CutFit.of([(r, s, c) for _, r, s, _, _, _, c, _ in mine])
+            return RoundFit.of([(n, k, lg, rt) for _, _, _, n, k, lg, _, rt in mine], self.next_up)
         raise KeyError(kind)
 
     # ---- what the simulated backend asks --------------------------------------------------------
     def prefill(self, rows: int, start: int) -> float:
         return self._fit("prefill")(rows, start)
 
-    def decode(self, streams: int, keys: int, ahead: bool = False) -> float:
-        """A round; `ahead`: one the host asked to run ahead. Each kind stands for the other where the
+    def decode(self, n: int, keys: int, longest: int, ahead: bool = False) -> float:
+        """A round (n: Profile.rounds); `ahead`: one the host asked to run ahead. Each kind stands for the other where the
         profile measured only one (a trace of whole prompts has no round beside a waiting one)."""
         want, other = ("decode_ahead", "decode") if ahead else ("decode", "decode_ahead")
-        return self._fit(want if self.has(want) or not self.has(other) else other)(streams, keys)
+        return self._fit(want if self.has(want) or not self.has(other) else other)(n, keys, longest)
 
     def prefill_many(self, prompts: int, rows: int) -> float:
         a, b, c = self._fit("prefill_many").coef
         return max(0.0, a + b * rows + c * prompts)
 
-    def mixed(self, rows: int, start: int, streams: int, keys: int) -> float:
+    def mixed(self, rows: int, start: int, n: int, keys: int, longest: int) -> float:
         a, u, k = self._fit("mixed").coef
-        return self.decode(streams, keys) + max(0.0, a + u * rows + k * rows * (start + rows / 2))
+        return self.decode(n, keys, longest) + max(0.0, a + u * rows + k * rows * (start + rows / 2))
 
     def split(self, decode_sms: int, rows: int, start: int) -> float:
         """A cut on the prompt partition, beside rounds on `decode_sms` SMs."""
         return self._fit(f"split:{decode_sms}:cut")(rows, start)
 
-    def split_round(self, decode_sms: int, streams: int, keys: int, beside_cut: bool) -> float:
+    def split_round(self, decode_sms: int, n: int, keys: int, longest: int, beside_cut: bool) -> float:
         """A round on the decode partition: beside a running cut, or alone (split_round's samples,
         or where the profile has none, the round beside a cut: the partition is the same)."""
         if not beside_cut and self.has("split_round"):
-            return self._fit(f"split_round:{decode_sms}:alone")(streams, keys)
-        return self._fit(f"split:{decode_sms}:round")(streams, keys)
+            return self._fit(f"split_round:{decode_sms}:alone")(n, keys, longest)
+        return self._fit(f"split:{decode_sms}:round")(n, keys, longest)
 
     def _host(self, what: str) -> float:
         xs = [s for k, s in self.profile.samples.get("host") or [] if k == what]

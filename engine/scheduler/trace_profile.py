@@ -32,7 +32,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from engine.scheduler.costs import KINDS, Profile
+from engine.scheduler.costs import KINDS, Profile, widened
 
 IDLE_GAP_S = 0.005  # a gap between rounds longer than this is the host waiting, not working
 INTAKE_ROWS = 2048  # prompts long enough that the server's reading them shows against the host's turn
@@ -213,4 +213,5 @@ def profile_of(runs: list[TracedRun], device: dict, model: dict, engine: dict, s
     for run in runs:
         for k, rows in (run.samples or samples_of(run)).items():
             samples[k].extend(rows)
-    return Profile("fitted from traces", created, source, device, model, engine, samples)
+    return Profile("fitted from traces", created, source, device, model, engine,
+                   {k: [widened(k, r) for r in rows] for k, rows in samples.items()}, "streams")

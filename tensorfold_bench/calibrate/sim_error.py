@@ -70,11 +70,16 @@ def engine_config(d: dict) -> EngineConfig:
 
 def capabilities(cfg: EngineConfig, eng: dict) -> Capabilities:
     """What the run's runner declared: its `capabilities` where the engine description the receipt
-    keeps has them, else read back from that description's words (engines that did not list them)."""
+    keeps has them, else read back from that description's words (engines that did not list them).
+    The rows its rounds ran at: declared, else the description's `decode_rows`."""
+    rows = eng.get("decode_rows")
+    round_sizes = tuple(int(n) for n in rows) if isinstance(rows, list) and rows else None
     if isinstance(eng.get("capabilities"), dict):
         d = {k: v for k, v in eng["capabilities"].items() if k in Capabilities.__dataclass_fields__}
-        if d.get("cut_sizes") is not None:
-            d["cut_sizes"] = tuple(d["cut_sizes"])
+        for k in ("cut_sizes", "round_sizes"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        d.setdefault("round_sizes", round_sizes)
         return Capabilities(**d)
     mixed_text = str(eng.get("cuda_mixed") or eng.get("cpu_mixed") or "")
     granule = re.search(r"multiples of (\d+)", mixed_text)
@@ -86,7 +91,7 @@ def capabilities(cfg: EngineConfig, eng: dict) -> Capabilities:
         cut_free=mixed and ("row-invariant" in mixed_text or "cut_flash" in mixed_text),
         batch_cuts=cfg.device == "cuda" and cfg.kernels.batch_cuts and cfg.kernels.fused,
         runs_ahead=bool(eng.get("decode_ahead")), mixed=True,
-        split=cfg.prefill_mode == "split" and str(eng.get("cuda_split", "off")) != "off")
+        split=cfg.prefill_mode == "split" and str(eng.get("cuda_split", "off")) != "off", round_sizes=round_sizes)
 
 
 def _streams(recs: list[dict | None]) -> list[TracedStream]:

@@ -75,9 +75,9 @@ def needs(costs: Costs, cfg: EngineConfig, caps: Capabilities) -> None:
     """Refuse, before the first turn, a configuration whose forwards the profile has no costs for
     (ProfileError naming the profile and the kind)."""
     costs.prefill(1, 0)
-    costs.decode(1, 1)
+    costs.decode(1, 1, 1)
     if cfg.prefill_mode == "mixed" and caps.mixed:
-        costs.mixed(caps.cut_granule, 0, 1, 1)
+        costs.mixed(caps.cut_granule, 0, 1, 1, 1)
     if cfg.prefill_mode == "split" and caps.split:
         costs.split(cfg.decode_sms, cfg.prefill_rows, 0)
 

@@ -156,7 +156,7 @@ class SimTarget:
         except ConfigError as e:
             raise FlagError("--sim", f"{where}: {e}") from None
         c = self.costs
-        caps = c.capabilities(cfg.prefill_mode)
+        caps = c.capabilities(cfg.prefill_mode, cfg.parallel)
         for kind in ("mixed", "split"):
             if cfg.prefill_mode == kind and not c.has(kind):
                 raise FlagError("--sim", f"profile {self.path} has no {kind} samples, so {where} "

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from engine.runner.profile import KINDS, SCHEMA, ProfileConfig, TimedBackend, host_fit, profile
-from engine.scheduler.backend import Capabilities
+from engine.scheduler.backend import Capabilities, round_rows
 from engine.scheduler.costs import Costs, Profile
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,8 @@ def tiny(tmp_path_factory):
 
 
 def test_the_profile_holds_the_contracts_fields(tiny):
-    assert tiny["schema"] == SCHEMA and tiny["source"] == "measured"
+    assert tiny["schema"] == SCHEMA == "tfbench.profile/2" and tiny["source"] == "measured"
+    assert tiny["rounds"] == "rows"  # a round's n: the rows the runner ran it at
     assert tiny["device"]["type"] == "cpu" and tiny["device"]["cpu_isa"] and len(tiny["device"]["load"]) == 3
     assert tiny["model"] == {"name": "tiny", "dtype": "float32", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2,
                              "head_dim": 16, "intermediate": 128, "vocab": 512}
@@ -29,12 +30,14 @@ def test_the_profile_holds_the_contracts_fields(tiny):
     assert set(tiny["samples"]) == set(KINDS)
     # each runner's declared capabilities, as the lane host reads them: the mixed runner's cuts free
     caps = {r["prefill_mode"]: r["capabilities"] for r in e["runners"]}
+    # the rows each runner's rounds run at, declared as its capabilities too (what a simulation offers)
+    assert all(r["capabilities"]["round_sizes"] == r["decode_rows"] for r in e["runners"])
     assert set(caps["stepped"]) == set(Capabilities.__dataclass_fields__) and not caps["stepped"]["split"]
     assert caps["mixed"]["cut_free"] and Costs(Profile.from_dict(tiny, "tiny")).capabilities("mixed").cut_free
     s = tiny["samples"]
     # the CPU runs no round ahead: rounds as decode's, and the notes say so
     assert s["decode_ahead"] == [] and any(n.startswith("decode_ahead:") for n in tiny["notes"])
-    for kind, width in (("prefill", 3), ("decode", 3), ("prefill_many", 3), ("mixed", 5)):
+    for kind, width in (("prefill", 3), ("decode", 4), ("prefill_many", 3), ("mixed", 6)):
         if kind == "prefill_many" and not s[kind]:  # float32 here fills short prompts one at a time
             assert any(n.startswith("prefill_many:") for n in tiny["notes"])
             continue
@@ -63,6 +66,12 @@ def test_the_profiles_costs_are_sensible(tiny):
         cost([r for r in s["prefill_many"] if r[1] == min(x[1] for x in s["prefill_many"])])
     # a mixed forward's rows: a cut and the decode rows it carries
     assert all(r[2] >= 1 and r[3] >= r[2] for r in s["mixed"])
+    # a round's n: one of the rows its runner declared it runs rounds at; its longest stream's keys
+    # at most all its keys, and at least their share a stream
+    sizes = {n for r in tiny["engine"]["runners"] for n in r["decode_rows"]}
+    for kind, at in (("decode", 0), ("mixed", 2)):
+        assert all(r[at] in sizes for r in s[kind]), kind
+        assert all(r[at + 1] / r[at] <= r[at + 2] <= r[at + 1] for r in s[kind]), kind
 
 
 def test_the_host_fit_takes_medians_and_the_rise_per_token():
@@ -126,9 +135,12 @@ def test_rounds_run_ahead_are_timed_where_the_runner_runs_them():
     assert ahead.runs_ahead
     p.decode_ahead(ahead, [(1, 16), (4, 100), (4, 250)])  # (250: no room for the chain, left out)
     rows = p.out.samples["decode_ahead"]
-    assert [r[0] for r in rows] == [1] * 3 + [4] * 3
+    # n: the rows each round ran at (the runner's padded shape, however few streams), not its streams
+    assert [r[0] for r in rows] == [round_rows(ahead.buckets, [0])] * 3 + [round_rows(ahead.buckets, range(4))] * 3
+    assert all(r[0] in ahead.buckets for r in rows)
     assert [r[1] for r in rows[3:]] == [sum(100 + j + 1 + k for j in range(4)) for k in (1, 2, 3)]
-    assert all(r[2] > 0 for r in rows)
+    assert [r[2] for r in rows] == [16 + 1 + k for k in (1, 2, 3)] + [100 + 3 + 1 + k for k in (1, 2, 3)]
+    assert all(r[3] > 0 for r in rows)
     plain = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=4, max_model_len=256,
                                      kernels=KernelConfig(overlap=False, cpu_cpp=False)))
     p.out.samples["decode_ahead"] = []
@@ -161,3 +173,23 @@ def test_each_stage_is_written_as_it_ends(tmp_path):
     doc = p.run()
     assert seen[0]["partial"].startswith("measured through: long") and seen[0]["samples"]["prefill"]
     assert not seen[0]["samples"]["prefill_many"] and "partial" not in doc
+
+
+@pytest.mark.parametrize("parallel, row_buckets", [(4, None), (3, False), (16, True)])
+def test_a_runner_declares_the_rows_its_rounds_run_at(parallel, row_buckets):
+    """A runner's caps.round_sizes are its buckets (the row counts its decode rounds run at), and a
+    round of a few lanes runs at the fewest holding its highest lane, as the runner pads it."""
+    from engine.config import EngineConfig, KernelConfig
+    from engine.runner.build import build_runner
+    r = build_runner(EngineConfig(model="tiny", dtype="float32", parallel=parallel, max_model_len=128,
+                                  kernels=KernelConfig(row_buckets=row_buckets)))
+    caps = r.caps
+    assert caps.round_sizes == tuple(r.buckets) and caps.round_sizes[-1] == r.round_rows >= parallel
+    if row_buckets:
+        assert len(caps.round_sizes) > 1  # rounds of a few streams at fewer rows than the padded shape
+    for lanes in ([0], [parallel - 1], list(range(parallel))):
+        n = caps.round_rows(lanes)
+        assert n in r.buckets and n >= max(lanes) + 1
+        assert all(b < max(lanes) + 1 for b in r.buckets if b < n)  # the fewest that hold it
+        (tok, _, _), _ = r.padded_round(lanes, [1] * len(lanes), [0] * len(lanes))
+        assert len(tok) == n  # the rows the runner builds that round at

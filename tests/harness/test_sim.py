@@ -9,7 +9,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.scheduler.backend import Capabilities
-from engine.scheduler.costs import Costs, Profile, ProfileError
+from engine.scheduler.costs import Costs, Profile, ProfileError, RoundFit
 from engine.scheduler.host import LaneHost
 from engine.scheduler.simulated import SimulatedBackend, VirtualClock
 from engine.scheduler.trace_profile import TracedRun, TracedStream, profile_of, samples_of
@@ -26,7 +26,7 @@ def long_prompt(a, b, c):
 
 
 PA, PB, PC = 0.002, 2e-5, 1e-9  # a cut: PA + PB rows + PC rows (start + rows / 2)
-DA, DB = {1: 0.006, 2: 0.0065, 4: 0.007, 8: 0.008}, 2e-8  # a round: DA[streams] + DB keys
+DA, DB = {1: 0.006, 2: 0.0065, 4: 0.007, 8: 0.008}, 2e-8  # a round: DA[n] + DB keys
 
 
 def cut_s(rows, start):
@@ -37,22 +37,29 @@ def round_s(n, keys):
     return DA[n] + DB * keys
 
 
+def longest(n, keys):
+    """The longest of n streams whose contexts are equal and a position apart, holding `keys` in all."""
+    return keys / n + (n - 1) / 2
+
+
 def samples(**extra):
+    """/2 rows: a round's [n, keys, longest, s] (these rounds' cost follows all keys, not the longest)."""
     s = {"prefill": [[r, st, cut_s(r, st)] for r in (16, 34, 64, 256, 512, 1024) for st in (0, 4096, 16384, 31744)],
-         "decode": [[n, k, round_s(n, k)] for n in DA for k in (n * 20, n * 5000, n * 30000)],
+         "decode": [[n, k, longest(n, k), round_s(n, k)] for n in DA for k in (n * 20, n * 5000, n * 30000)],
          "host": [["turn", 5e-5], ["token", 1e-5]]}
     s.update(extra)
     return s
 
 
-def profile(device="cuda", **extra) -> Costs:
-    return Costs(Profile.from_dict({"schema": "tfbench.profile/1", "device": {"type": device}, "model": {},
-                                    "engine": {}, "samples": samples(**extra)}, "test.json"))
+def profile(device="cuda", rounds="streams", engine=None, **extra) -> Costs:
+    return Costs(Profile.from_dict({"schema": "tfbench.profile/2", "rounds": rounds, "device": {"type": device},
+                                    "model": {}, "engine": engine or {}, "samples": samples(**extra)}, "test.json"))
 
 
 MANY = [[p, p * 200, 0.004 + 1.5e-5 * p * 200] for p in (2, 3, 5, 8) for _ in range(2)]
-SPLIT = [[32, 1024, st, 1, 100 + st, 1.6 * cut_s(1024, st), 1.3 * round_s(1, 100 + st)] for st in range(0, 32768, 1024)]
-MIXED = [[r, st, 1, 500, round_s(1, 500) + 0.001 + 1.8e-5 * r + PC * r * (st + r / 2)]
+SPLIT = [[32, 1024, st, 1, 100 + st, 100 + st, 1.6 * cut_s(1024, st), 1.3 * round_s(1, 100 + st)]
+         for st in range(0, 32768, 1024)]
+MIXED = [[r, st, 1, 500, 500, round_s(1, 500) + 0.001 + 1.8e-5 * r + PC * r * (st + r / 2)]
          for r in (128, 256, 512, 1024) for st in (0, 8192, 24576)]
 
 
@@ -63,23 +70,25 @@ def test_fits_recover_the_costs_they_were_measured_from():
     for rows, start in ((1024, 0), (1024, 30000), (100, 5000), (34, 0)):
         assert c.prefill(rows, start) == pytest.approx(cut_s(rows, start), rel=0.02)
     for n in DA:
-        assert c.decode(n, n * 1000) == pytest.approx(round_s(n, n * 1000), rel=0.01)
+        assert c.decode(n, n * 1000, longest(n, n * 1000)) == pytest.approx(round_s(n, n * 1000), rel=0.01)
     assert c.spread("prefill") < 0.02 and c.spread("decode") < 0.01
     assert c.host_turn == 5e-5 and c.host_token == 1e-5
 
 
 def test_a_round_between_measured_counts_costs_the_next_graph_on_cuda_and_the_line_elsewhere():
-    assert profile("cuda").decode(3, 0) == pytest.approx(DA[4], rel=0.01)
-    assert profile("cpu").decode(3, 0) == pytest.approx((DA[2] + DA[4]) / 2, rel=0.01)
-    assert profile("cuda").decode(16, 0) > DA[8]  # past the largest: the line through the two largest
+    assert profile("cuda").decode(3, 0, 0) == pytest.approx(DA[4], rel=0.01)
+    assert profile("cpu").decode(3, 0, 0) == pytest.approx((DA[2] + DA[4]) / 2, rel=0.01)
+    assert profile("cuda").decode(16, 0, 0) > DA[8]  # past the largest: the line through the two largest
+    # counted by the rows they ran at, a count between two measured ones is the line between, on CUDA too
+    assert profile("cuda", rounds="rows").decode(3, 0, 0) == pytest.approx((DA[2] + DA[4]) / 2, rel=0.01)
 
 
 def test_a_fit_drops_a_disturbed_sample_and_says_how_far_calls_land():
     rng = random.Random(1)
-    noisy = [[n, k, round_s(n, k) * (1 + rng.uniform(-0.05, 0.05))] for n, k, _ in samples()["decode"] * 4]
-    noisy.append([1, 20, 0.0001])  # a round that returned a result computed ahead
+    noisy = [[n, k, lg, round_s(n, k) * (1 + rng.uniform(-0.05, 0.05))] for n, k, lg, _ in samples()["decode"] * 4]
+    noisy.append([1, 20, 20, 0.0001])  # a round that returned a result computed ahead
     c = profile(decode=noisy)
-    assert c.decode(1, 20) == pytest.approx(round_s(1, 20), rel=0.03)
+    assert c.decode(1, 20, 20) == pytest.approx(round_s(1, 20), rel=0.03)
     assert 0.02 < c.spread("decode") <= 0.06
     assert c.summary()["decode"]["dropped"] >= 1
 
@@ -87,7 +96,7 @@ def test_a_fit_drops_a_disturbed_sample_and_says_how_far_calls_land():
 def test_a_kind_the_profile_lacks_is_refused_by_name():
     c = profile()
     with pytest.raises(ProfileError, match="test.json has no 'mixed' samples"):
-        c.mixed(256, 0, 1, 100)
+        c.mixed(256, 0, 1, 100, 100)
     with pytest.raises(ProfileError, match="no 'split' samples"):
         c.split(32, 1024, 0)
     with pytest.raises(ProfileError, match="decode_sms=48"):
@@ -114,10 +123,12 @@ def test_a_bad_profile_is_one_clear_error_naming_file_and_field(tmp_path, doc, m
 
 
 def test_a_profile_reads_back_what_it_wrote(tmp_path):
-    prof = Profile.from_dict({"schema": "tfbench.profile/1", "created": "x", "source": "measured",
-                              "device": {"type": "cpu"}, "model": {"name": "cpu"}, "engine": {}, "samples": samples()})
-    again = Profile.load(prof.write(tmp_path / "p.json"))
-    assert again.to_dict() == prof.to_dict()
+    for rounds in ("rows", "streams"):
+        prof = Profile.from_dict({"schema": "tfbench.profile/2", "rounds": rounds, "created": "x", "source": "measured",
+                                  "device": {"type": "cpu"}, "model": {"name": "cpu"}, "engine": {},
+                                  "samples": samples(mixed=MIXED, split=SPLIT)})
+        again = Profile.load(prof.write(tmp_path / "p.json"))
+        assert again.to_dict() == prof.to_dict() and again.rounds == rounds
     with pytest.raises(ProfileError, match="cannot read profile"):
         Profile.load(tmp_path / "missing.json")
 
@@ -134,7 +145,7 @@ def test_each_call_advances_the_clock_by_its_cost():
     assert isinstance(first, int) and 0 <= first < 1000
     t = clock()
     b.decode([0, 1], [first, 5], [300, 99])
-    assert clock() - t == pytest.approx(profile().decode(2, 301 + 100))  # keys: positions + 1, summed
+    assert clock() - t == pytest.approx(profile().decode(2, 301 + 100, 301))  # keys: positions + 1, summed
 
 
 def split_backend_with_two_cuts():
@@ -153,32 +164,33 @@ def test_split_cuts_queue_on_their_partition_and_rounds_beside_them_cost_the_spl
     one, two = c.split(32, 1024, 0), c.split(32, 1024, 1024)
     assert clock() == 0.0 and not b.step_done()
     b.decode([1], [7], [10])
-    assert clock() == pytest.approx(c.split_round(32, 1, 11, True))
+    assert clock() == pytest.approx(c.split_round(32, 1, 11, 11, True))
     clock.to(one)
     assert b.step_done()
     assert b.finish_step() is None and clock() == pytest.approx(one)
     assert b.finish_step() is not None and clock() == pytest.approx(one + two)  # waited for: the clock moved
 
 
-def test_a_whole_device_forward_beside_a_running_cut_starts_when_the_cut_ends():
+def test_a_whole_device_forward_beside_a_running_cut_starts_at_once_and_pushes_the_cuts_back():
     c, clock, b = split_backend_with_two_cuts()
     one, two, short = c.split(32, 1024, 0), c.split(32, 1024, 1024), c.prefill(34, 0)
     clock.to(one / 2)
     b.prefill_step(1, list(range(34)), 0, 34)
-    assert clock() == pytest.approx(one + short)
+    assert clock() == pytest.approx(one / 2 + short)  # it did not wait for the running cut
     b.finish_step()
+    assert clock() == pytest.approx(one + short)  # the running cut ends its time later
     b.finish_step()
-    assert clock() == pytest.approx(one + short + two)  # the cut queued behind waited for it
+    assert clock() == pytest.approx(one + short + two)  # and the cut queued behind it too
 
 
 def test_rounds_asked_to_run_ahead_cost_what_the_profile_measured_of_them():
-    ahead = [[n, k, 0.9 * t] for n, k, t in samples()["decode"]]
+    ahead = [[n, k, lg, 0.9 * t] for n, k, lg, t in samples()["decode"]]
     c = profile(decode_ahead=ahead)
-    assert c.decode(1, 500, ahead=True) == pytest.approx(0.9 * c.decode(1, 500), rel=0.01)
-    assert profile().decode(1, 500, ahead=True) == profile().decode(1, 500)  # none measured: a plain round's
+    assert c.decode(1, 500, 500, ahead=True) == pytest.approx(0.9 * c.decode(1, 500, 500), rel=0.01)
+    assert profile().decode(1, 500, 500, ahead=True) == profile().decode(1, 500, 500)  # none measured: a plain round's
     clock = VirtualClock()
     SimulatedBackend(c, 4, 4000, 100, Capabilities(runs_ahead=True), clock=clock).decode([0], [1], [499], ahead=True)
-    assert clock() == pytest.approx(c.decode(1, 500, ahead=True))
+    assert clock() == pytest.approx(c.decode(1, 500, 500, ahead=True))
 
 
 def test_a_long_prompt_reaches_the_host_once_the_server_has_read_it():
@@ -335,8 +347,8 @@ def test_a_trace_gives_cuts_at_their_starts_and_rounds_at_their_keys():
     assert starts == list(range(0, 31 * 1024, 1024))
     for rows, start, t in s["prefill"]:
         assert t == pytest.approx(profile().prefill(rows, start), rel=1e-6)
-    for n, keys, t in s["decode"]:
-        assert t == pytest.approx(profile().decode(n, keys), rel=0.01)  # keys within a token a stream
+    for n, keys, t in s["decode"]:  # a trace's rounds say streams and keys, no longest (/1's widths)
+        assert t == pytest.approx(profile().decode(n, keys, longest(n, keys)), rel=0.01)  # keys within a token a stream
     assert [k for k, _ in s["host"]].count("turn") > 100
 
 
@@ -347,7 +359,7 @@ def test_a_split_trace_gives_each_cut_its_own_time():
     assert len(s["split"]) >= 25
     ratios = []
     for sms, rows, start, n, keys, cut, rnd in s["split"]:
-        assert rnd == pytest.approx(c.split_round(32, n, keys, True), rel=0.05)
+        assert rnd == pytest.approx(c.split_round(32, n, keys, longest(n, keys), True), rel=0.05)
         assert abs(cut - c.split(32, rows, start)) <= 1.5 * rnd  # a landing waits at most a round
         ratios.append(cut / c.split(32, rows, start))
     assert statistics.mean(ratios) == pytest.approx(1.0, abs=0.03)  # and the waits cancel
@@ -411,7 +423,7 @@ def test_the_accuracy_check_reads_a_receipt_and_predicts_each_run_from_the_other
     assert "| Test GPU, m | 4 |" in capsys.readouterr().out
     out = tmp_path / "p.json"
     assert accuracy.main(["--write-profile", str(out), str(path)]) == 0
-    assert Costs.load(out).decode(1, 100) == pytest.approx(round_s(1, 100), rel=0.01)
+    assert Costs.load(out).decode(1, 100, 100) == pytest.approx(round_s(1, 100), rel=0.01)
     # on the profile the runs were made on, measured once: every twin is its run again
     measured = profile().profile.write(tmp_path / "measured.json")
     rows = accuracy.check_on(got, Costs.load(measured))
@@ -426,7 +438,7 @@ def test_the_accuracy_check_reads_a_receipt_and_predicts_each_run_from_the_other
 def test_the_simulated_backend_offers_what_the_profiled_runner_declared():
     """A measured profile's runners declare their capabilities; the simulation offers the host those
     (a mixed runner's graph sizes), and a profile without declarations what its samples show."""
-    doc = {"schema": "tfbench.profile/1", "device": {"type": "cuda"}, "model": {}, "samples": samples(),
+    doc = {"schema": "tfbench.profile/2", "device": {"type": "cuda"}, "model": {}, "samples": samples(),
            "engine": {"runners": [
                {"prefill_mode": "stepped", "capabilities": {"batch_cuts": True, "runs_ahead": True, "mixed": True}},
                {"prefill_mode": "mixed", "capabilities": {"cut_granule": 64, "cut_sizes": [256, 512, 1024],
@@ -442,9 +454,22 @@ def test_the_simulated_backend_offers_what_the_profiled_runner_declared():
            "cuda_mixed": "graphs at cuts of 128 rows"}
     assert capabilities(EngineConfig(prefill_mode="mixed"), eng) == Capabilities(cut_granule=64, cut_sizes=(256, 512),
                                                                                  cut_free=True, mixed=True)
+    # and the rows its rounds ran at: declared, else the description's decode_rows
+    assert capabilities(EngineConfig(), {"capabilities": {"round_sizes": [4, 8]}, "decode_rows": [8]}).round_sizes == (4, 8)
+    assert capabilities(EngineConfig(), {"capabilities": {"mixed": True}, "decode_rows": [8, 16]}).round_sizes == (8, 16)
+    assert capabilities(EngineConfig(), {"capabilities": {"mixed": True}}).round_sizes is None
     inferred = profile(prefill_many=MANY)
     assert inferred.capabilities("stepped") == Capabilities(batch_cuts=True)
     assert inferred.capabilities("mixed") == Capabilities(batch_cuts=True, mixed=True, cut_free=True)
+
+
+def test_an_engine_description_without_capabilities_gives_its_decode_rows_as_round_sizes():
+    from tensorfold_bench.calibrate.sim_error import capabilities
+    assert capabilities(EngineConfig(), {"decode_rows": [8, 16]}).round_sizes == (8, 16)
+    eng = {"decode_rows": [8], "cuda_mixed": "graphs at cuts of 128, 256 rows"}
+    caps = capabilities(EngineConfig(prefill_mode="mixed"), eng)
+    assert caps.cut_sizes == (128, 256) and caps.round_sizes == (8,)
+    assert capabilities(EngineConfig(), {}).round_sizes is None
 
 
 def test_requests_follow_each_others_events_and_cancel_after_seconds_or_tokens():
@@ -472,3 +497,146 @@ def test_a_scenario_whose_forwards_the_profile_lacks_is_refused_not_failed():
     with pytest.raises(ProfileError, match="has no 'prefill_many' samples"):  # asked for mid-run
         play(shorts, EngineConfig(parallel=4, prefill_rows=256, max_model_len=8000), profile(),
              Capabilities(batch_cuts=True))
+
+
+# ---- profile /2: rounds at the rows they ran at, and the longest stream ---------------------------
+
+ROWS_AT = {4: 0.005, 64: 0.012}  # a round's fixed cost at the rows it ran at: the padded shape's
+
+
+def rows_profile(**extra) -> Costs:
+    """A /2 profile counted by rows: runners of 4 and 64 lanes, each running every round at its
+    padded shape, so a one-stream round was measured at 4 rows on one and at 64 on the other."""
+    dec = [[n, k, lg, ROWS_AT[n] + DB * k] for n in ROWS_AT for s in (1, 4) for k, lg in
+           ((s * 100, 100), (s * 8000, 8000), (s * 30000, 30000))]
+    engine = {"runners": [{"prefill_mode": "stepped", "parallel": p, "decode_rows": [p],
+                           "capabilities": {"runs_ahead": False}} for p in ROWS_AT]}
+    return profile("cuda", rounds="rows", engine=engine, decode=dec, **extra)
+
+
+def test_a_round_costs_the_rows_its_engine_runs_it_at_not_its_streams():
+    """On a profile counted by rows, an engine of 4 lanes charges a one-stream round the 4-row cost,
+    one of 64 lanes the 64-row cost: the padded shape is what the forward runs at."""
+    c = rows_profile()
+    assert c.capabilities("stepped", 4).round_sizes == (4,) and c.capabilities("stepped", 64).round_sizes == (64,)
+    spent = {}
+    for parallel in ROWS_AT:
+        clock = VirtualClock()
+        b = SimulatedBackend(c, parallel, 40000, 1000, c.capabilities("stepped", parallel), clock=clock)
+        b.decode([0], [1], [99])
+        spent[parallel] = clock()
+        assert spent[parallel] == pytest.approx(ROWS_AT[parallel] + DB * 100, rel=0.01)
+    assert spent[64] - spent[4] == pytest.approx(ROWS_AT[64] - ROWS_AT[4], rel=0.02)
+    # the player, on the capabilities the simulated engine is given: one stream's tokens a round apart
+    gaps = {}
+    for parallel in ROWS_AT:
+        cfg = EngineConfig(parallel=parallel, prefill_rows=256, max_model_len=4000)
+        res = play([SimRequest("A", [1] * 16, 40, 0.0)], cfg, c, c.capabilities("stepped", parallel), vocab_size=100)
+        t = res.records["A"].token_times
+        gaps[parallel] = statistics.median(b - a for a, b in zip(t, t[1:]))
+    assert gaps[4] == pytest.approx(ROWS_AT[4], rel=0.05) and gaps[64] == pytest.approx(ROWS_AT[64], rel=0.05)
+    # counted by streams (no round sizes), the same round costs the one-stream count on either engine
+    streams = profile("cuda")
+    assert streams.capabilities("stepped", 64).round_sizes is None
+    clock = VirtualClock()
+    SimulatedBackend(streams, 64, 40000, 1000, streams.capabilities("stepped", 64), clock=clock).decode([0], [1], [99])
+    assert clock() == pytest.approx(round_s(1, 100), rel=0.01)
+
+
+def test_a_round_runs_at_the_fewest_declared_rows_that_hold_its_highest_lane():
+    """Declared round sizes below the padded shape: a round of lanes 0-1 runs at 2 rows, one whose
+    stream sits in lane 5 at 8 (row r carries lane r), and the simulated round costs that count."""
+    dec = [[n, k, lg, 0.004 + 0.001 * n + DB * k] for n in (1, 2, 4, 8, 16) for k, lg in ((100, 100), (9000, 9000))]
+    c = profile("cpu", rounds="rows", decode=dec,
+                engine={"runners": [{"prefill_mode": "stepped", "parallel": 16, "decode_rows": [1, 2, 4, 8, 16]}]})
+    caps = c.capabilities("stepped", 16)
+    assert caps.round_sizes == (1, 2, 4, 8, 16)
+    for lanes, rows in (([0, 1], 2), ([5], 8), ([0, 15], 16)):
+        clock = VirtualClock()
+        SimulatedBackend(c, 16, 4000, 100, caps, clock=clock).decode(lanes, [1] * len(lanes), [99] * len(lanes))
+        assert clock() == pytest.approx(c.decode(rows, 100 * len(lanes), 100)), lanes
+        assert clock() == pytest.approx(0.004 + 0.001 * rows + DB * 100 * len(lanes), rel=0.01), lanes
+
+
+def test_a_profile_of_schema_1_still_loads_with_its_rounds_widened(tmp_path):
+    """A /1 file (a round's streams and keys, no longest) is read as /2 counted by streams, the
+    longest stream's keys as if the streams' contexts were equal and a position apart."""
+    v1 = {"prefill": [[r, st, cut_s(r, st)] for r in (16, 256, 1024) for st in (0, 4096, 16384)],
+          "decode": [[n, k, round_s(n, k)] for n in DA for k in (n * 20, n * 5000, n * 30000)],
+          "mixed": [[256, 0, 4, 4000, 0.02]],
+          "split": [[32, 1024, 0, 2, 600, 0.03, 0.008]],
+          "split_round": [[32, 4, 2000, 0.007]],
+          "host": [["turn", 5e-5]]}
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps({"schema": "tfbench.profile/1", "device": {"type": "cuda"}, "model": {}, "engine": {},
+                             "samples": v1}))
+    c = Costs.load(p)
+    s = c.profile.samples
+    assert c.profile.rounds == "streams" and not c.rows_run_at
+    assert s["decode"][0] == [1, 20, 20, round_s(1, 20)]
+    assert s["decode"][-1] == [8, 240000, 240000 / 8 + 3.5, round_s(8, 240000)]
+    assert s["mixed"] == [[256, 0, 4, 4000, 1001.5, 0.02]]
+    assert s["split"] == [[32, 1024, 0, 2, 600, 300.5, 0.03, 0.008]]
+    assert s["split_round"] == [[32, 4, 2000, 501.5, 0.007]]
+    assert s["prefill"] == v1["prefill"] and s["host"] == v1["host"]
+    # its costs are the ones it measured; counted by streams on CUDA, a count between is the next graph's
+    assert c.decode(2, 2000, 1000.5) == pytest.approx(round_s(2, 2000), rel=0.01)
+    assert c.decode(3, 0, 0) == pytest.approx(DA[4], rel=0.01)
+    assert c.capabilities("stepped", 4).round_sizes is None
+    # written again, it is a /2 file counted by streams that reads back the same
+    again = Profile.load(c.profile.write(tmp_path / "new.json"))
+    assert json.loads((tmp_path / "new.json").read_text())["schema"] == "tfbench.profile/2"
+    assert again.rounds == "streams" and again.samples == s
+    # a /1 row is 3 wide, a /2 row 4: each schema's widths are its own
+    bad = {"schema": "tfbench.profile/1", "device": {}, "model": {}, "engine": {},
+           "samples": {"decode": [[1, 20, 20, 0.006]]}}
+    with pytest.raises(ProfileError, match=r"samples.decode\[0\] must be a list of 3 values"):
+        Profile.from_dict(bad, "old.json")
+
+
+@pytest.mark.parametrize("doc, msg", [
+    ({"schema": "tfbench.profile/2", "device": {}, "model": {}, "engine": {}, "samples": {"decode": [[1, 2, 0.1]]}},
+     r"samples.decode\[0\] must be a list of 4 values"),
+    ({"schema": "tfbench.profile/2", "device": {}, "model": {}, "engine": {},
+      "samples": {"mixed": [[256, 0, 1, 100, 0.1]]}}, r"samples.mixed\[0\] must be a list of 6 values"),
+    ({"schema": "tfbench.profile/2", "rounds": "lanes", "device": {}, "model": {}, "engine": {}, "samples": {}},
+     "rounds is 'lanes', not one of rows, streams"),
+])
+def test_a_bad_profile_2_is_one_clear_error(tmp_path, doc, msg):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=msg) as e:
+        Costs.load(p)
+    assert str(p) in str(e.value)
+
+
+LA, LB, LL = {1: 0.006, 4: 0.0065}, 1e-8, 2e-7  # a round: LA[n] + LB keys + LL longest
+
+
+def lone_s(n, keys, longest):
+    return LA[n] + LB * keys + LL * longest
+
+
+def test_a_lone_long_stream_costs_more_than_many_short_ones_of_the_same_keys():
+    """The decode fit's slope over the longest stream: measured rounds where one stream's attention
+    (on few SMs) costs more per key than the same keys spread over four streams."""
+    dec = []
+    for ctx in (64, 4096, 16384, 32768):
+        dec.append([1, ctx, ctx, lone_s(1, ctx, ctx)])
+        for ks in ((ctx, ctx, ctx, ctx), (ctx, 64, 64, 64), (ctx, ctx // 2, 64, 64)):  # equal and uneven
+            dec.append([4, sum(ks), max(ks), lone_s(4, sum(ks), max(ks))])
+    c = profile("cuda", decode=dec)
+    fit = RoundFit.of(dec, next_up=True)
+    assert fit.slope == pytest.approx(LB, rel=0.02) and fit.slope_longest == pytest.approx(LL, rel=0.02)
+    lone, four = c.decode(1, 32768, 32768), c.decode(4, 32768, 8192 + 1.5)
+    assert lone == pytest.approx(lone_s(1, 32768, 32768), rel=0.01)
+    assert four == pytest.approx(lone_s(4, 32768, 8193.5), rel=0.01)
+    assert lone > 1.5 * four  # though four streams' round has the larger fixed cost
+    # the simulated backend charges a round its longest stream: one lane at 32,768 keys, then four at 8,192
+    clock = VirtualClock()
+    b = SimulatedBackend(c, 4, 40000, 1000, clock=clock)
+    b.decode([0], [1], [32767])
+    t = clock()
+    b.decode([0, 1, 2, 3], [1] * 4, [8191] * 4)
+    assert t == pytest.approx(lone) and clock() - t == pytest.approx(c.decode(4, 32768, 8192))
+    assert t > 1.5 * (clock() - t)
