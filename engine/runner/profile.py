@@ -19,6 +19,10 @@ streams it carried; `keys` the sum of each stream's position + 1, `longest` the 
   `start_step` while rounds run back to back on the decode partition (cut: launch to the first
   `step_done` after a round, as the host sees it; round: the median round beside it);
 - `split_round` [decode_sms, n, keys, longest, s]: a round on the decode partition with no cut;
+- `fill`      [rows, start, since, s]: the longest prompt filled cut by cut, back to back, as a
+  whole fill runs (`since`: seconds from the fill's first cut to this one's start), after a second
+  idle; twice. A device slows under a sustained fill (its clocks follow its power), which the
+  prefill grid's short bursts do not see;
 - `host`      [["turn", s], ["token", s]]: the real LaneHost's own time a turn outside backend
   calls, and the extra per token it emits (a least-squares line over its turns, per chunk).
 Every `s` is one call's wall time with the device synchronized, as the host sees it; each point
@@ -47,7 +51,7 @@ from engine.config import Toolchain
 from engine.scheduler.host import BATCH_ROWS
 
 SCHEMA = "tfbench.profile/2"
-KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
+KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host", "fill")
 
 
 @dataclass(frozen=True)
@@ -271,6 +275,21 @@ class Profiler:
             for _ in range(reps):
                 self.out.samples["prefill"].append([rows, start, timer(r.prefill_step, lane, toks, start, start + rows)])
 
+    def fill(self, r) -> None:
+        """The longest prompt the runner holds, cut by cut with nothing between, twice, each after a
+        second idle (the device cooled as between a real run's prompts)."""
+        timer, lane, rows = Timer(r), r.parallel - 1, self.cfg.prefill_rows
+        longest = min(self.cfg.longest, r.max_model_len - 1)
+        toks = ids(self.rng, longest + 1, r.vocab_size)
+        for rep in range(2):
+            if self.over("fill", rep, 2):
+                return
+            time.sleep(1.0 if self.cuda else 0.2)
+            t0 = time.perf_counter()
+            for start in range(0, longest - rows + 1, rows):
+                since = time.perf_counter() - t0
+                self.out.samples["fill"].append([rows, start, since, timer(r.prefill_step, lane, toks, start, start + rows)])
+
     def decode(self, r, points) -> None:
         timer, reps = Timer(r), self.cfg.repeats
         points = [(k, x) for k, x in points if k <= r.parallel and x < r.max_model_len]
@@ -415,6 +434,7 @@ class Profiler:
 
         def long_(r):
             self.attempt("prefill", self.prefill, r)
+            self.attempt("fill", self.fill, r)
             self.attempt("decode", self.decode, r, g.decode_long)
             self.attempt("decode_ahead", self.decode_ahead, r, g.decode_long)
 

@@ -10,6 +10,8 @@ A profile is one JSON file (`schema: tfbench.profile/2`) of raw samples, one row
     mixed         [rows, start, n, keys, longest, s]
     split         [decode_sms, rows, start, n, keys, longest, cut_s, round_s]
     split_round   [decode_sms, n, keys, longest, s]
+    fill          [rows, start, since, s] the longest prompt cut by cut, back to back (optional);
+                                          since: seconds from the fill's first cut to this one's
 A round's `n` is what `rounds` says: "rows", the rows it ran at (a round's forward runs at its
 runner's fixed row counts, the padded shape of its graphs or tiles, however few streams it carries:
 backend.Capabilities.round_sizes), or "streams", how many streams it held (profiles fitted from
@@ -39,6 +41,11 @@ percentile of |relative residual|, the width a prediction's range takes.
 - split: per decode_sms, the cut as prefill's terms, and the round beside it as decode's;
   split_round (a round on the decode partition, no cut running) as decode's.
 - host: the median of each.
+- fill: a device under a sustained fill slows (its clocks follow its power draw): a cut costs
+  prefill's fit times 1 + k h, where h, the device's heat, rises toward 1 while cuts run back to
+  back and falls toward 0 otherwise, with time constant tau: in a fill from cold, h = 1 - exp(-since
+  / tau). k and tau are fitted to the fill's cuts over prefill's fit (tau from a grid, k by least
+  squares); a profile without fill samples has k = 0.
 """
 from __future__ import annotations
 
@@ -55,10 +62,11 @@ from engine.scheduler.forward_cost import solve
 SCHEMA = "tfbench.profile/2"
 SCHEMA_V1 = "tfbench.profile/1"
 ROUNDS = ("rows", "streams")  # what a round's `n` counts
-KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host")
+KINDS = ("prefill", "decode", "decode_ahead", "prefill_many", "mixed", "split", "split_round", "host", "fill")
 HOST = ("turn", "token", "prompt_token")
 WIDTHS = {"prefill": 3, "decode": 4, "decode_ahead": 4, "prefill_many": 3, "mixed": 6, "split": 8, "split_round": 5,
-          "host": 2}
+          "host": 2, "fill": 4}
+TAUS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)  # the heat's time constants tried, seconds
 # where a /1 row's round is (its streams' column; keys follow it), for `widened`
 _V1_ROUND = {"decode": 0, "decode_ahead": 0, "mixed": 2, "split": 3, "split_round": 1}
 WIDTHS_V1 = {k: w - (k in _V1_ROUND) for k, w in WIDTHS.items()}
@@ -433,6 +441,28 @@ class Costs:
                 return CutFit.of([(r, s, c) for _, r, s, _, _, _, c, _ in mine])
             return RoundFit.of([(n, k, lg, rt) for _, _, _, n, k, lg, _, rt in mine], self.next_up)
         raise KeyError(kind)
+
+    @property
+    def heat(self) -> tuple[float, float]:
+        """(k, tau): a cut under heat h costs 1 + k h times prefill's fit (k = 0: no fill measured)."""
+        if "heat" not in self._fits:
+            self._fits["heat"] = self._heat_fit()
+        return self._fits["heat"]
+
+    def _heat_fit(self) -> tuple[float, float]:
+        rows = self.profile.samples.get("fill") or []
+        if not rows or not self.has("prefill"):
+            return 0.0, 1.0
+        over = [(since, t / self.prefill(int(r), int(s)) - 1.0) for r, s, since, t in rows]
+        best = (math.inf, 0.0, 1.0)
+        for tau in TAUS:
+            xs = [1.0 - math.exp(-since / tau) for since, _ in over]
+            sxx = sum(x * x for x in xs)
+            k = max(0.0, sum(x * y for x, (_, y) in zip(xs, over)) / sxx) if sxx else 0.0
+            err = sum((y - k * x) ** 2 for x, (_, y) in zip(xs, over))
+            if err < best[0]:
+                best = (err, k, tau)
+        return best[1], best[2]
 
     # ---- what the simulated backend asks --------------------------------------------------------
     def prefill(self, rows: int, start: int) -> float:

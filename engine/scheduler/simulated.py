@@ -8,10 +8,12 @@ position and the token fed, so a reply's ids do not depend on the schedule (as t
 but are not the model's; it never gives an EOS unless `eos_every` asks for one. Split mode: a
 launched cut runs on the prompt partition from when the cut before it ends (or its launch, if
 later) for the profile's split cut time; a round while a cut runs costs the round beside a cut;
-a whole-device forward meanwhile pushes the cuts back by its own time.
+a whole-device forward meanwhile pushes the cuts back by its own time. A whole-device cut costs
+more as the device heats under cuts run back to back (Costs.heat, from the profile's fill).
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Sequence
 
@@ -77,6 +79,7 @@ class SimulatedBackend:
         # the profile's refusal of a call it has no costs for: the host ends the call's streams as
         # failed, as for any backend failure, and the player stops the simulation with this message
         self.refused: ProfileError | None = None
+        self._heat, self._heat_at = 0.0, self.clock.now  # the device's heat (Costs.heat), and when it was
 
     # ---- tokens -------------------------------------------------------------------------------
     def _fill(self, lane: int, tokens: Sequence[int], start: int, end: int) -> int | None:
@@ -122,9 +125,22 @@ class SimulatedBackend:
         self._busy_until += seconds
 
     # ---- the protocol ----------------------------------------------------------------------------
+    def _heated(self, seconds: float) -> float:
+        """A cut of `seconds` cold, as the device's heat makes it: cooled since the last cut, the heat
+        at the cut's middle (it rises while the cut runs) prices it; the heat then at its end."""
+        k, tau = self.costs.heat
+        if not k:
+            return seconds
+        h = self._heat * math.exp(-max(0.0, self.clock.now - self._heat_at) / tau)
+        mid = 1.0 - (1.0 - h) * math.exp(-seconds / (2 * tau))
+        cost = seconds * (1.0 + k * mid)
+        self._heat = 1.0 - (1.0 - h) * math.exp(-cost / tau)
+        self._heat_at = self.clock.now + cost
+        return cost
+
     def prefill_step(self, lane: int, tokens: Sequence[int], start: int, end: int, *,
                      sampling=None, logprobs: list | None = None) -> int | None:
-        self._whole_device(self._cost(self.costs.prefill, end - start, start))
+        self._whole_device(self._heated(self._cost(self.costs.prefill, end - start, start)))
         tok = self._fill(lane, tokens, start, end)
         if tok is not None and logprobs is not None:
             logprobs.append(TokenLogprob(0.0))
