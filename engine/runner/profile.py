@@ -20,8 +20,8 @@ streams it carried; `keys` the sum of each stream's position + 1, `longest` the 
   `step_done` after a round, as the host sees it; round: the median round beside it);
 - `split_round` [decode_sms, n, keys, longest, s]: a round on the decode partition with no cut;
 - `fill`      [rows, start, since, s]: the longest prompt filled cut by cut, back to back, as a
-  whole fill runs (`since`: seconds from the fill's first cut to this one's start), after a second
-  idle; twice. A device slows under a sustained fill (its clocks follow its power), which the
+  whole fill runs (`since`: seconds from the fill's first cut to this one's start), after an idle
+  second; twice. A device slows under a sustained fill (its clocks follow its power), which the
   prefill grid's short bursts do not see;
 - `host`      [["turn", s], ["token", s]]: the real LaneHost's own time a turn outside backend
   calls, and the extra per token it emits (a least-squares line over its turns, per chunk).
@@ -276,8 +276,8 @@ class Profiler:
                 self.out.samples["prefill"].append([rows, start, timer(r.prefill_step, lane, toks, start, start + rows)])
 
     def fill(self, r) -> None:
-        """The longest prompt the runner holds, cut by cut with nothing between, twice, each after a
-        second idle (the device cooled as between a real run's prompts)."""
+        """The longest prompt the runner holds, cut by cut with nothing between, twice, each after an
+        idle second (a fifth on the CPU): the device cooled as between a real run's prompts."""
         timer, lane, rows = Timer(r), r.parallel - 1, self.cfg.prefill_rows
         longest = min(self.cfg.longest, r.max_model_len - 1)
         toks = ids(self.rng, longest + 1, r.vocab_size)

@@ -45,7 +45,8 @@ percentile of |relative residual|, the width a prediction's range takes.
   prefill's fit times 1 + k h, where h, the device's heat, rises toward 1 while cuts run back to
   back and falls toward 0 otherwise, with time constant tau: in a fill from cold, h = 1 - exp(-since
   / tau). k and tau are fitted to the fill's cuts over prefill's fit (tau from a grid, k by least
-  squares); a profile without fill samples has k = 0.
+  squares, nothing dropped: the fill is two sequences, not repeats); a profile without fill
+  samples has k = 0. Rounds between cuts count as cooling (a round draws a fraction of a cut's power).
 """
 from __future__ import annotations
 
@@ -453,7 +454,7 @@ class Costs:
         rows = self.profile.samples.get("fill") or []
         if not rows or not self.has("prefill"):
             return 0.0, 1.0
-        over = [(since, t / self.prefill(int(r), int(s)) - 1.0) for r, s, since, t in rows]
+        over = [(since, t / p - 1.0) for r, s, since, t in rows if (p := self.prefill(int(r), int(s))) > 0]
         best = (math.inf, 0.0, 1.0)
         for tau in TAUS:
             xs = [1.0 - math.exp(-since / tau) for since, _ in over]

@@ -7,7 +7,7 @@ import pytest
 
 from engine.runner.profile import KINDS, SCHEMA, ProfileConfig, TimedBackend, host_fit, profile
 from engine.scheduler.backend import Capabilities, round_rows
-from engine.scheduler.costs import Costs, Profile
+from engine.scheduler.costs import TAUS, Costs, Profile
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -72,6 +72,31 @@ def test_the_profiles_costs_are_sensible(tiny):
     for kind, at in (("decode", 0), ("mixed", 2)):
         assert all(r[at] in sizes for r in s[kind]), kind
         assert all(r[at + 1] / r[at] <= r[at + 2] <= r[at + 1] for r in s[kind]), kind
+
+
+def test_the_profile_measures_two_fills_of_the_longest_prompt_cut_by_cut(tiny):
+    """fill: [rows, start, since, s], the longest prompt cut back to back, twice (each from an idle
+    device): since runs from ~0 at each fill's first cut and never goes back within a fill."""
+    rows = tiny["samples"]["fill"]
+    assert rows and all(len(r) == 4 and r[-1] > 0 for r in rows)
+    cut = tiny["engine"]["prefill_rows"]
+    assert all(r[0] == cut for r in rows)
+    fills, this = [], None
+    for r in rows:
+        if r[1] == 0:  # a fill starts at the prompt's first cut
+            this = []
+            fills.append(this)
+        assert this is not None, rows
+        this.append(r)
+    assert len(fills) == 2 and len(fills[0]) == len(fills[1]) >= 2
+    for f in fills:
+        assert [r[1] for r in f] == [i * cut for i in range(len(f))]  # successive cuts of one prompt
+        assert 0 <= f[0][2] < 0.05  # its first cut starts the fill
+        assert all(a[2] <= b[2] for a, b in zip(f, f[1:]))
+        # back to back: each cut starts no earlier than the cut before it ended
+        assert all(b[2] >= a[2] + a[3] * 0.999 for a, b in zip(f, f[1:]))
+    k, tau = Costs(Profile.from_dict(tiny, "tiny")).heat
+    assert k >= 0 and tau in TAUS
 
 
 def test_the_host_fit_takes_medians_and_the_rise_per_token():

@@ -2,6 +2,7 @@
 host on it (the schedule facts it must reproduce), the virtual-time player, and profiles fitted back
 from traces. No GPU, no torch, no server."""
 import json
+import math
 import random
 import statistics
 
@@ -191,6 +192,70 @@ def test_rounds_asked_to_run_ahead_cost_what_the_profile_measured_of_them():
     clock = VirtualClock()
     SimulatedBackend(c, 4, 4000, 100, Capabilities(runs_ahead=True), clock=clock).decode([0], [1], [499], ahead=True)
     assert clock() == pytest.approx(c.decode(1, 500, 500, ahead=True))
+
+
+K_HEAT, TAU_HEAT = 0.15, 0.75  # a fill's cut: prefill's fit times 1 + K (1 - exp(-since / TAU))
+
+
+def fill_rows(cuts=32, rows=1024, fills=2):
+    """Fill samples as a device that heats would give them: `fills` fills from cold of the longest
+    prompt, `cuts` cuts of `rows` back to back, each cut prefill's fit times 1 + K h(since)."""
+    base = profile()
+    out = []
+    for _ in range(fills):
+        since = 0.0
+        for i in range(cuts):
+            t = base.prefill(rows, i * rows) * (1 + K_HEAT * (1 - math.exp(-since / TAU_HEAT)))
+            out.append([rows, i * rows, since, t])
+            since += t
+    return out
+
+
+def test_the_heat_is_fitted_from_the_fill_over_prefills_fit():
+    k, tau = profile(fill=fill_rows()).heat
+    assert k == pytest.approx(K_HEAT, rel=0.10) and tau == TAU_HEAT
+    assert profile().heat == (0.0, 1.0)  # no fill measured: no heat
+    # a fill no slower than prefill's fit: k at its bound, never negative
+    cool = [[r, st, since, profile().prefill(r, st) * 0.97] for r, st, since, _ in fill_rows()]
+    assert profile(fill=cool).heat[0] == 0.0
+
+
+def fill_on(c, gap=0.0, cuts=32, rows=1024):
+    """A backend's clock after `cuts` whole-device cuts of `rows` (successive starts), `gap` idle
+    seconds before each; returns (the time the cuts were charged, the plain sum of their costs)."""
+    clock = VirtualClock()
+    b = SimulatedBackend(c, 4, 40000, 1000, clock=clock)
+    prompt = list(range(cuts * rows + 1))
+    charged = 0.0
+    for i in range(cuts):
+        clock.advance(gap)
+        t = clock()
+        assert b.prefill_step(0, prompt, i * rows, (i + 1) * rows) is None
+        charged += clock() - t
+    return charged, sum(c.prefill(rows, i * rows) for i in range(cuts))
+
+
+def test_cuts_back_to_back_heat_the_device_and_cuts_apart_do_not():
+    c = profile(fill=fill_rows())
+    charged, plain = fill_on(c)
+    assert charged > 1.05 * plain  # the fill heats the device: later than the cuts' plain costs
+    assert charged < (1 + K_HEAT) * plain  # never more than fully hot all along
+    apart, plain_apart = fill_on(c, gap=20.0)  # the device cools between cuts
+    assert plain_apart == plain and apart == pytest.approx(plain, rel=0.01)
+    cold, plain_cold = fill_on(profile())  # no fill samples: the plain costs exactly
+    assert cold == pytest.approx(plain_cold)
+
+
+def test_only_whole_device_prompt_cuts_are_heated():
+    c = profile(fill=fill_rows())
+    clock = VirtualClock()
+    b = SimulatedBackend(c, 4, 40000, 1000, clock=clock)
+    prompt = list(range(8 * 1024 + 1))
+    for i in range(8):  # heat the device
+        b.prefill_step(0, prompt, i * 1024, (i + 1) * 1024)
+    t = clock()
+    b.decode([1], [7], [10])  # a round right after the fill costs what the profile says, hot or not
+    assert clock() - t == pytest.approx(c.decode(1, 11, 11))
 
 
 def test_a_long_prompt_reaches_the_host_once_the_server_has_read_it():
