@@ -359,3 +359,46 @@ def gate_load(runs: list[dict], accepted: bool) -> tuple[dict, list[str]]:
                     differ.append(f"load reply differs ({label}): {q.id} in run {r['index']}: {q.sha} != {want}")
         out[label] = {"equal": eq, "of": of}
     return out, differ
+
+
+# ---- variants that run other kernels -------------------------------------------------------
+
+# tfengine flags that change a forward's arithmetic (its kernels, weights, precision or ranks): a
+# reply may differ across them by a kernel's bits, not the schedule's. The others (--prefill-mode,
+# --prefill-share, --parallel, ...) only schedule, and the engine keeps a reply's ids across them.
+ARITHMETIC_FLAGS = ("--model", "--load-format", "--device", "--dtype", "--tensor-parallel", "--cpu-isa", "--threads",
+                    "--cut-attention", "--mixed-low-tiles", "--seed")
+
+
+def arithmetic_flags(args: list[str] | None) -> list[str]:
+    """The arithmetic flags in an engine argv, each with its value ('--cut-attention tiles')."""
+    out, args = [], list(args or [])
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name in ARITHMETIC_FLAGS:
+            if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value = args[i + 1]
+            out.append(f"{name} {value}".strip())
+    return out
+
+
+def other_kernels(variants: list, base: str | None) -> dict[str, list[str]]:
+    """Each launched variant's arithmetic flags that the base's (and so the plain reference's) lack."""
+    launched = [v for v in variants or [] if v.url is None and v.command is None]
+    ref = next((v for v in launched if v.name == base), launched[0] if launched else None)
+    if ref is None:
+        return {}
+    mine = set(arithmetic_flags(ref.args))
+    return {v.name: extra for v in launched if (extra := [f for f in arithmetic_flags(v.args) if f not in mine])}
+
+
+def other_kernels_line(variants: list, base: str | None) -> str | None:
+    """A receipt's line naming variants whose replies may differ from the base's and the plain
+    reference's by their kernels' bits (None: every variant runs the base's arithmetic)."""
+    diff = other_kernels(variants, base)
+    if not diff:
+        return None
+    named = "; ".join(f"{name} runs `{' '.join(flags)}`" for name, flags in diff.items())
+    return (f"- Other arithmetic: {named}, which the base ({base}) and the plain reference do not, so a reply of "
+            "theirs may differ by those kernels' bits, not by the schedule. To compare schedules alone, give "
+            "every server the flags (`--engine-arg`).")

@@ -2,6 +2,7 @@
 percentiles, goodput and lateness per variant, the interference table, exactness."""
 from __future__ import annotations
 
+from tensorfold_bench.analysis.exactness import other_kernels_line
 from tensorfold_bench.analysis.figures import median
 from tensorfold_bench.analysis.load import JUDGED, LABELS
 from tensorfold_bench.analysis.predictions import Predictions
@@ -119,6 +120,8 @@ def exactness_lines(r: Receipt) -> list[str]:
     lines = ["**Exactness.** Each reply's token hash (per level and request id) against its reply in the first "
              "base run, and with the plain reference against the plain reply to the same prompt.", ""]
     lines += [f"- {p}." for p in parts]
+    if (other := other_kernels_line(r.variants, r.settings.base)) is not None:
+        lines.append(other)
     lines += [f"- differs: {f}" for f in e.flagged or []]
     return lines + [""]
 

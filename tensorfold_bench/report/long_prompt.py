@@ -1,6 +1,7 @@
 """The long-prompt receipt's Markdown, from its JSON alone."""
 from __future__ import annotations
 
+from tensorfold_bench.analysis.exactness import other_kernels_line
 from tensorfold_bench.analysis.figures import LongPromptFigures, VariantSummary, frontier, long_prompt_summary, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
@@ -115,6 +116,8 @@ def exactness_lines(r: Receipt) -> list[str]:
     if vs_plain:
         lines.append("- Against the plain reference (each request alone, one stream, whole prompt, no prompt cache, "
                      "no drafts): " + vs_plain[0])
+    if (other := other_kernels_line(r.variants, r.settings.base)) is not None:
+        lines.append(other)
     ss = ex.server_sha
     if ss and not ss.match and not ss.mismatch and ss.absent:
         lines.append("- The server sends no token_sha: the hashes below are ours, of the ids received.")

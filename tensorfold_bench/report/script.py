@@ -3,6 +3,7 @@ per variant (runs and median), every run, expectations, exactness per stream, st
 predictions and what was not run."""
 from __future__ import annotations
 
+from tensorfold_bench.analysis.exactness import other_kernels_line
 from tensorfold_bench.analysis.figures import ScriptFigures, script_keys, script_medians, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.receipt import Exactness, Receipt, as_receipt
@@ -138,6 +139,8 @@ def exactness_lines(r: Receipt) -> list[str]:
     if vs_plain:
         lines.append("- Against the plain reference (each stream alone, one stream, whole prompt, no prompt cache, "
                      "no drafts): " + vs_plain[0])
+    if (other := other_kernels_line(r.variants, r.settings.base)) is not None:
+        lines.append(other)
     lines.append("- A cancelled reply is compared on its own length with the reference's prefix.")
     none = ex.no_reply or {}
     if none:

@@ -1,6 +1,7 @@
 """The sweep receipt's Markdown and picture, from its JSON alone."""
 from __future__ import annotations
 
+from tensorfold_bench.analysis.exactness import other_kernels_line
 from tensorfold_bench.analysis.figures import LATENCY, at, spec
 from tensorfold_bench.analysis.predictions import Predictions
 from tensorfold_bench.analysis.sweep import sweep_latency
@@ -58,8 +59,10 @@ def exactness_line(data: Receipt | dict) -> str:
     if r.simulated:
         return "Token hashes: not judged (simulated: token identities come from the simulated backend)."
     h = r.hashes
+    other = other_kernels_line(r.variants, r.settings.base)
     return (f"Token hashes: {h.equal} of {h.replies} replies equal ({h.prompts} prompts)"
-            + unknown_part(h) + ("." if h.ok else f"; {len(h.flagged)} differ (see the receipt)."))
+            + unknown_part(h) + ("." if h.ok else f"; {len(h.flagged)} differ (see the receipt).")
+            + (f" {other[2:]}" if other else ""))
 
 
 def unknown_part(h: SweepHashes) -> str:
