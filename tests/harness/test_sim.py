@@ -114,6 +114,12 @@ def test_a_kind_the_profile_lacks_is_refused_by_name():
      "unknown kinds"),
     ({"schema": "tfbench.profile/1", "device": {}, "model": {}, "engine": {}, "samples": {"host": [["nap", 1]]}},
      "one of turn, token, prompt_token, not 'nap'"),
+    ({"schema": "tfbench.profile/2", "device": {}, "model": {}, "engine": {}, "samples": {"decode": [[1, 2, 0.1]]}},
+     r"samples.decode\[0\] must be a list of 4 values"),
+    ({"schema": "tfbench.profile/2", "device": {}, "model": {}, "engine": {},
+      "samples": {"mixed": [[256, 0, 1, 100, 0.1]]}}, r"samples.mixed\[0\] must be a list of 6 values"),
+    ({"schema": "tfbench.profile/2", "rounds": "lanes", "device": {}, "model": {}, "engine": {}, "samples": {}},
+     "rounds is 'lanes', not one of rows, streams"),
 ])
 def test_a_bad_profile_is_one_clear_error_naming_file_and_field(tmp_path, doc, msg):
     p = tmp_path / "bad.json"
@@ -657,22 +663,6 @@ def test_a_profile_of_schema_1_still_loads_with_its_rounds_widened(tmp_path):
            "samples": {"decode": [[1, 20, 20, 0.006]]}}
     with pytest.raises(ProfileError, match=r"samples.decode\[0\] must be a list of 3 values"):
         Profile.from_dict(bad, "old.json")
-
-
-@pytest.mark.parametrize("doc, msg", [
-    ({"schema": "tfbench.profile/2", "device": {}, "model": {}, "engine": {}, "samples": {"decode": [[1, 2, 0.1]]}},
-     r"samples.decode\[0\] must be a list of 4 values"),
-    ({"schema": "tfbench.profile/2", "device": {}, "model": {}, "engine": {},
-      "samples": {"mixed": [[256, 0, 1, 100, 0.1]]}}, r"samples.mixed\[0\] must be a list of 6 values"),
-    ({"schema": "tfbench.profile/2", "rounds": "lanes", "device": {}, "model": {}, "engine": {}, "samples": {}},
-     "rounds is 'lanes', not one of rows, streams"),
-])
-def test_a_bad_profile_2_is_one_clear_error(tmp_path, doc, msg):
-    p = tmp_path / "bad.json"
-    p.write_text(json.dumps(doc))
-    with pytest.raises(ProfileError, match=msg) as e:
-        Costs.load(p)
-    assert str(p) in str(e.value)
 
 
 LA, LB, LL = {1: 0.006, 4: 0.0065}, 1e-8, 2e-7  # a round: LA[n] + LB keys + LL longest
