@@ -9,7 +9,8 @@ against the truth, and the spread of the burst's sends. Open loop: `--duration` 
 first token `--load-first-ms` (5) after the read, then one every `--load-every-ms` (2), input
 `--input-len` (32) and output `--output-len` (16) tokens: the rate the server received, its
 inter-arrival CV and Kolmogorov-Smirnov distance to the exponential, TTFT p50/p99 measured
-against the truth, send lateness p99, client CPU, the processes used and the self-check's verdict.
+against the truth, the client's own send gaps against the exponential, send lateness p99, client
+CPU, the processes used and the self-check's verdict.
 
     python3 -m tools.client_edges --levels 8,64,256 --rates 1000,2000,4000 [--out FILE]
 """
@@ -29,7 +30,7 @@ from tools.results import write_results
 BURST_COLUMNS = ("streams", "first token p50 ms, measured (truth)", "inter-token p99 ms, measured (truth)",
                  "send spread ms", "self-check")
 LOAD_COLUMNS = ("rate req/s", "received at the server /s", "server inter-arrival CV (Poisson 1.0)",
-                "server KS to the exponential", "TTFT p50 ms, measured (truth)", "TTFT p99 ms, measured (truth)",
+                "server KS to the exponential", "client's send gaps KS (CV)", "TTFT p50 ms, measured (truth)", "TTFT p99 ms, measured (truth)",
                 "send lateness p99 ms", "client CPU", "processes", "self-check")
 
 
@@ -44,6 +45,13 @@ def loads(rates: list[float], a) -> list[dict]:
     """One open loop per rate, its processes chosen by `tfbench load`'s automatic rule."""
     with capacity.synthetic_server(a.load_first_ms, a.load_every_ms) as srv:
         return [open_loop(srv.url, rate, "auto", a) for rate in rates]
+
+
+def sends(r: dict) -> str:
+    """The client's own send gaps against the exponential: where they hold and the server's reads do
+    not, the arrivals bunched after the client (the server's loop), not in it."""
+    ks, cv = r.get("send_ks"), r.get("send_cv")
+    return "-" if ks is None else f"{ks:.3f} ({cv:.2f})"
 
 
 def verdict(invalid: list[str]) -> str:
@@ -71,13 +79,14 @@ def table(res: dict) -> str:
                 f"the server's read, then every {a['load_every_ms']:g} ms; input {a['input_len']}, output "
                 f"{a['output_len']}.", "", _row(LOAD_COLUMNS), _row(["---"] * len(LOAD_COLUMNS))]
         out += [_row([f"{r['rate']:,.0f}", f"{r['received_per_s']:,.0f}", f"{r['server_cv']:.2f}",
-                      f"{r['server_ks']:.3f}", f"{r['ttft_p50']:.2f} ({r['truth_p50']:.2f})",
+                      f"{r['server_ks']:.3f}", sends(r), f"{r['ttft_p50']:.2f} ({r['truth_p50']:.2f})",
                       f"{r['ttft_p99']:.2f} ({r['truth_p99']:.2f})", f"{r['late_p99_ms']:.2f}",
                       f"{100 * (r['cpu_share'] or 0):.0f} %", r["procs_why"], verdict(r["invalid"])])
                 for r in res["loads"]]
         out.append("")
     out.append("Truth: the server's own log (first token: its first send minus its read of the request, so the "
-               "request's way to the server is the client's error; gaps: its sends). Client CPU: per process.")
+               "request's way to the server is the client's error; gaps: its sends). Client CPU: per process. "
+               "Send gaps: the client's sends against the schedule's exponential, all processes together.")
     return "\n".join(out) + "\n"
 
 

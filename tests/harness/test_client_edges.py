@@ -39,6 +39,8 @@ def test_the_tables_at_tiny_sizes_hold_the_truth_near_the_schedule(tmp_path):
     assert 0 < r["cpu_share"] and isinstance(r["invalid"], list)
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("| 50 |"))
     assert line.endswith("valid |") or "**invalid**: " in line
+    # the client's own send gaps, beside the server's reads: where the bunching came from
+    assert 0 <= r["send_ks"] <= 1 and f"| {r['send_ks']:.3f} ({r['send_cv']:.2f}) |" in line
 
 
 def test_bad_input_is_one_line_naming_the_flag():
