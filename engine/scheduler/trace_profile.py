@@ -16,7 +16,8 @@ What a trace does not say, and what is assumed instead:
   a round where it was not;
 - prompts filled together (`prefill_many`) share one forward's t and dur in the trace; a mixed
   forward is traced twice (the forward, and its prompt's step), and counted once;
-- a forward on the whole device while a split cut runs waits for that cut, so its time is left out;
+- a forward on the whole device while a split cut runs shares the GPU with it (on older engines it
+  waited for the cut), so its time is neither alone's nor the cut's, and is left out;
 - rounds the host asked to run ahead (no prompt in a lane, on a runner that runs ahead) are
   `decode_ahead` samples: the host sees less of them (the next round is under way as it reads one);
 - a prompt's intake (`host` "prompt_token": the server reading a request before the host sees it):
