@@ -10,9 +10,11 @@ first token `--load-first-ms` (5) after the read, then one every `--load-every-m
 `--input-len` (32) and output `--output-len` (16) tokens: the rate the server received, its
 inter-arrival CV and Kolmogorov-Smirnov distance to the exponential, TTFT p50/p99 measured
 against the truth, the client's own send gaps against the exponential, send lateness p99, client
-CPU, the processes used and the self-check's verdict.
+CPU, the processes used and the self-check's verdict. `--server-workers N` (1) serves the open
+loops from N synthetic server processes on one port (its `--workers`), so that one server loop
+reading every request does not bunch the reads at high rates.
 
-    python3 -m tools.client_edges --levels 8,64,256 --rates 1000,2000,4000 [--out FILE]
+    python3 -m tools.client_edges --levels 8,64,256 --rates 1000,2000,4000 [--server-workers N] [--out FILE]
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def bursts(levels: tuple[int, ...], tokens: int, first_ms: float, every_ms: floa
 
 def loads(rates: list[float], a) -> list[dict]:
     """One open loop per rate, its processes chosen by `tfbench load`'s automatic rule."""
-    with capacity.synthetic_server(a.load_first_ms, a.load_every_ms) as srv:
+    with capacity.synthetic_server(a.load_first_ms, a.load_every_ms, workers=a.server_workers) as srv:
         return [open_loop(srv.url, rate, "auto", a) for rate in rates]
 
 
@@ -56,6 +58,10 @@ def sends(r: dict) -> str:
 
 def verdict(invalid: list[str]) -> str:
     return "valid" if not invalid else "**invalid**: " + "; ".join(invalid)
+
+
+def server_workers(n: int) -> str:
+    return f"served by {n} synthetic server process{'es' if n != 1 else ''} (--server-workers)"
 
 
 def _row(cells) -> str:
@@ -77,7 +83,8 @@ def table(res: dict) -> str:
     if res["loads"]:
         out += [f"**Open loop**: {a['duration']:g} s a rate, Poisson; first token {a['load_first_ms']:g} ms after "
                 f"the server's read, then every {a['load_every_ms']:g} ms; input {a['input_len']}, output "
-                f"{a['output_len']}.", "", _row(LOAD_COLUMNS), _row(["---"] * len(LOAD_COLUMNS))]
+                f"{a['output_len']}; {server_workers(a.get('server_workers', 1))}.", "", _row(LOAD_COLUMNS),
+                _row(["---"] * len(LOAD_COLUMNS))]
         out += [_row([f"{r['rate']:,.0f}", f"{r['received_per_s']:,.0f}", f"{r['server_cv']:.2f}",
                       f"{r['server_ks']:.3f}", sends(r), f"{r['ttft_p50']:.2f} ({r['truth_p50']:.2f})",
                       f"{r['ttft_p99']:.2f} ({r['truth_p99']:.2f})", f"{r['late_p99_ms']:.2f}",
@@ -102,6 +109,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--load-every-ms", type=float, default=2.0)
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--server-workers", type=int, default=1,
+                   help="synthetic server processes for the open loops (one port, SO_REUSEPORT)")
     p.add_argument("--out", default=None, help="the rows as JSON")
     return p
 
@@ -124,6 +133,8 @@ def main(argv=None) -> None:
                     ("--load-every-ms", a.load_every_ms)):
         if not v > 0:
             p.error(f"{flag}: must be above {1 if flag == '--tokens' else 0}")
+    if a.server_workers < 1:
+        p.error(f"--server-workers: must be at least 1, not {a.server_workers}")
     t0, load_before = time.perf_counter(), os.getloadavg()[0]
     res = {"settings": vars(a), "cpus": os.cpu_count(), "load_before": load_before,
            "bursts": bursts(levels, a.tokens, a.burst_first_ms, a.burst_every_ms) if levels else [],

@@ -5,7 +5,10 @@ measured against the truth (the server's first send minus its read), the send la
 self-check's verdict.
 
     python -m tools.open_loop_probe --rates 1000,2000,4000 --procs 1,2,auto [--duration 6]
-        [--first-ms 5 --every-ms 2] [--input-len 32 --output-len 16] [--out FILE]
+        [--first-ms 5 --every-ms 2] [--input-len 32 --output-len 16] [--server-workers N] [--out FILE]
+
+`--server-workers N` (1): the synthetic server as N processes on one port (its `--workers`), its
+log merged, so that its reads are not bunched by one loop reading every request.
 """
 from __future__ import annotations
 
@@ -74,11 +77,16 @@ def main() -> None:
     p.add_argument("--every-ms", type=float, default=2.0)
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--server-workers", type=int, default=1)
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    if a.server_workers < 1:
+        p.error("--server-workers: must be at least 1")
     t0 = time.perf_counter()
     rows = []
-    with capacity.synthetic_server(a.first_ms, a.every_ms) as srv:
+    print(f"the synthetic server: {a.server_workers} worker process{'es' if a.server_workers != 1 else ''}",
+          flush=True)
+    with capacity.synthetic_server(a.first_ms, a.every_ms, workers=a.server_workers) as srv:
         for rate in [float(r) for r in a.rates.split(",")]:
             for procs in [n.strip() for n in a.procs.split(",")]:
                 r = one(srv.url, rate, procs, a)
@@ -89,7 +97,7 @@ def main() -> None:
                       f"send KS {r['send_ks']}; loop busy {r['loop_busy']}; "
                       f"{'valid' if not r['invalid'] else 'INVALID: ' + '; '.join(r['invalid'])}; "
                       f"load {r['load_before']:.2f}->{r['load_after']:.2f}", flush=True)
-    write_results({"cpus": os.cpu_count(), "rows": rows}, t0, a.out)
+    write_results({"cpus": os.cpu_count(), "server_workers": a.server_workers, "rows": rows}, t0, a.out)
 
 
 if __name__ == "__main__":

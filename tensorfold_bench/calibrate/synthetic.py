@@ -16,7 +16,23 @@ write), so that it is not the bottleneck; its own lateness against the schedule 
     POST /v1/synthetic/reset  empty the log
     GET /metrics              tfengine's gauges (running_streams, waiting_streams) and the peak
 
+`--workers N` (default 1: one process, as above) serves one port from N processes, so that no
+one loop reads every request of a fast open loop (at thousands of requests/s one loop bunches its
+reads). Each binds its own listening socket with SO_REUSEPORT (worker 0, the process started,
+binds the port first; it starts workers 1..N-1 as subprocesses of this module on the port it got,
+and stops them when it stops; they die with it), and the kernel spreads the connections over
+them. Worker i numbers its arrivals i, i+N, i+2N, ... (unique across workers), and each stalls
+every `stall_every`-th stream it reads, so about one in `stall_every` stalls in all. Every worker
+answers every route, and each also listens on a unix socket in a shared control dir
+(`D/worker-i.sock`, one JSON line in, one JSON reply): the worker that gets a control request asks
+the others there, so `GET /v1/synthetic` is the merged log (every worker's streams, ordered by
+read time, and "workers": N; `open` is the workers' sum, and `peak_open` the sum of their peaks,
+which can exceed the true peak of the union), the reset resets them all, and /metrics sums. All
+share CLOCK_MONOTONIC, so the merged read and send times are one clock. /health answers 503 and
+the port file is written only once every worker listens.
+
     python -m tensorfold_bench.calibrate.synthetic --port 8000 [--first-ms 20 --every-ms 10 ...]
+        [--workers N [--control-dir D]]
 """
 from __future__ import annotations
 
@@ -27,7 +43,13 @@ import hashlib
 import heapq
 import itertools
 import json
+import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +57,9 @@ from pathlib import Path
 clock = time.monotonic
 VOCAB = 50000
 MODEL = "synthetic"
+MODULE = "tensorfold_bench.calibrate.synthetic"
+ROOT = Path(__file__).resolve().parents[2]  # the package's root, on the workers' PYTHONPATH
+START_TIMEOUT_S = 60.0  # the workers must all answer within this
 
 
 @dataclass(frozen=True)
@@ -69,8 +94,12 @@ class Stream:
 
 
 class Synthetic:
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, worker: int = 0, workers: int = 1):
         self.schedule = schedule
+        self.worker, self.workers = worker, workers
+        self.control: Control | None = None  # the other workers, when there are any
+        self.ready = workers == 1  # every worker listens (/health says 503 until then)
+        self.tasks: set[asyncio.Task] = set()
         self.heap: list[tuple[float, int, Stream, int]] = []
         self.seq = itertools.count()
         self.wake = asyncio.Event()
@@ -84,7 +113,8 @@ class Synthetic:
         n = int(body.get("max_tokens") or 16)
         key = key_of(prompt)
         read = clock()
-        s = Stream(conn, key, n, self.arrivals, read, self.schedule.stalls(self.arrivals))
+        k = self.arrivals  # this worker's count; the arrival number is unique across workers
+        s = Stream(conn, key, n, self.worker + self.workers * k, read, self.schedule.stalls(k))
         self.arrivals += 1
         self.open += 1
         self.peak = max(self.peak, self.open)
@@ -166,6 +196,81 @@ class Synthetic:
         self.peak = self.open
         self.arrivals = 0
 
+    def local(self, op: str):
+        """This worker's answer to a control request."""
+        if op == "report":
+            return self.report()
+        if op == "reset":
+            self.reset()
+            return {"ok": True}
+        if op == "metrics":
+            return {"open": self.open, "peak": self.peak}
+        if op == "ping":
+            return {"worker": self.worker, "pid": os.getpid()}
+        raise ValueError(f"no control op {op!r}")
+
+    def is_ready(self) -> bool:
+        if not self.ready and self.control is not None and self.control.ready_file().exists():
+            self.ready = True
+        return self.ready
+
+
+def merge(reports: list[dict]) -> dict:
+    """The workers' logs as one: every stream, by read time; open summed, peak_open the sum of peaks."""
+    streams = sorted((s for r in reports for s in r["streams"]), key=lambda s: (s["read"], s["arrival"]))
+    return {"schedule": reports[0]["schedule"], "peak_open": sum(r["peak_open"] for r in reports),
+            "open": sum(r["open"] for r in reports), "workers": len(reports), "streams": streams}
+
+
+class Control:
+    """The workers' control plane: each listens on `dir/worker-i.sock`; a request is one JSON line
+    ({"op": "report" | "reset" | "metrics" | "ping"}), the reply its JSON, then EOF."""
+
+    def __init__(self, sim: Synthetic, directory: Path):
+        self.sim, self.dir = sim, Path(directory)
+        self.server = None
+
+    def path(self, i: int) -> Path:
+        return self.dir / f"worker-{i}.sock"
+
+    def ready_file(self) -> Path:
+        return self.dir / "ready"
+
+    async def start(self) -> None:
+        self.path(self.sim.worker).unlink(missing_ok=True)
+        self.server = await asyncio.start_unix_server(self.handle, path=str(self.path(self.sim.worker)))
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                out = {"ok": self.sim.local(json.loads(await reader.readline())["op"])}
+            except (ValueError, KeyError, TypeError) as e:
+                out = {"error": str(e)}
+            writer.write(json.dumps(out).encode())
+            await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def ask(self, i: int, op: str):
+        reader, writer = await asyncio.open_unix_connection(str(self.path(i)))
+        try:
+            writer.write(json.dumps({"op": op}).encode() + b"\n")
+            await writer.drain()
+            got = json.loads(await reader.read())
+        finally:
+            writer.close()
+        if "error" in got:
+            raise RuntimeError(f"worker {i}: {got['error']}")
+        return got["ok"]
+
+    async def everyone(self, op: str) -> list:
+        """Every worker's answer, this one's first."""
+        mine = self.sim.local(op)
+        others = await asyncio.gather(*(self.ask(i, op) for i in range(self.sim.workers) if i != self.sim.worker))
+        return [mine, *others]
+
 
 class Conn(asyncio.Protocol):
     """One HTTP/1.1 connection: a request, then (for a completion) the stream, then close."""
@@ -225,12 +330,21 @@ class Conn(asyncio.Protocol):
             except ValueError:
                 return self.reply(400, {"error": {"message": "the body is not JSON", "code": 400}})
             return srv.start(self, req)
+        if srv.control is not None and (path == "/metrics" or path == "/v1/synthetic"
+                                        or (method == "POST" and path == "/v1/synthetic/reset")):
+            task = asyncio.ensure_future(self.all_workers(method, path))
+            srv.tasks.add(task)
+            task.add_done_callback(srv.tasks.discard)
+            return None
         if method == "POST" and path == "/v1/synthetic/reset":
             srv.reset()
             return self.reply(200, {"ok": True})
         if path == "/v1/synthetic":
             return self.reply(200, srv.report())
         if path == "/health":
+            if not srv.is_ready():
+                return self.reply(503, {"status": "starting", "error": {"message": "not every worker listens yet",
+                                                                        "code": 503}})
             return self.reply(200, {"status": "ok"})
         if path == "/v1/models":
             return self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "synthetic",
@@ -241,20 +355,157 @@ class Conn(asyncio.Protocol):
             return self.reply(200, text.encode(), "text/plain")
         return self.reply(404, {"error": {"message": f"no route {method} {path}", "code": 404}})
 
+    async def all_workers(self, method: str, path: str) -> None:
+        """A control route answered for every worker (asked over their unix sockets)."""
+        try:
+            if path == "/v1/synthetic/reset":
+                await self.server.control.everyone("reset")
+                return self.reply(200, {"ok": True})
+            if path == "/v1/synthetic":
+                return self.reply(200, merge(await self.server.control.everyone("report")))
+            got = await self.server.control.everyone("metrics")
+            text = (f"tfengine_running_streams {sum(g['open'] for g in got)}\ntfengine_waiting_streams 0\n"
+                    f"synthetic_peak_open_streams {sum(g['peak'] for g in got)}\n")
+            return self.reply(200, text.encode(), "text/plain")
+        except (OSError, ValueError, RuntimeError) as e:
+            return self.reply(500, {"error": {"message": f"a worker did not answer: {e}", "code": 500}})
 
-async def serve(schedule: Schedule, host: str = "127.0.0.1", port: int = 0, port_file: str | None = None) -> None:
-    sim = Synthetic(schedule)
+
+async def serve(schedule: Schedule, host: str = "127.0.0.1", port: int = 0, port_file: str | None = None,
+                workers: int = 1, worker: int = 0, control_dir: str | None = None) -> None:
+    sim = Synthetic(schedule, worker, workers)
     loop = asyncio.get_running_loop()
-    sock = socket.create_server((host, port))
+    # more than one worker: each its own listening socket on the port (SO_REUSEPORT), the kernel
+    # spreading the connections over them
+    sock = socket.create_server((host, port), reuse_port=workers > 1)
     # the backlog given here: asyncio listens again with its own (100 unless told), and a burst of
     # more connections than the backlog has its SYNs dropped and resent after 1 s
     server = await loop.create_server(lambda: Conn(sim), sock=sock, backlog=4096)
+    port = sock.getsockname()[1]
+    if workers == 1:
+        write_port(port_file, port)
+        async with server:
+            await sim.drive()
+        return
+    own_dir = control_dir is None
+    directory = Path(control_dir or tempfile.mkdtemp(prefix="tfsynth-"))
+    sim.control = control = Control(sim, directory)
+    await control.start()  # after the TCP socket listens: a worker that answers here is up
+    if worker != 0:
+        async with server:
+            await sim.drive()
+        return
+    children: list[subprocess.Popen] = []
+    me = asyncio.current_task()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # stopped: the workers are stopped first
+        loop.add_signal_handler(sig, me.cancel)
+    try:
+        control.ready_file().unlink(missing_ok=True)
+        children = start_workers(schedule, host, port, workers, directory)
+        await wait_workers(control, children)
+        control.ready_file().touch()
+        sim.ready = True
+        write_port(port_file, port)
+        async with server:
+            tasks = [asyncio.ensure_future(sim.drive()), asyncio.ensure_future(watch_workers(children))]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    t.result()  # a worker that died says so
+            finally:
+                for t in tasks:
+                    t.cancel()
+    finally:
+        stop_workers(children)
+        if own_dir:
+            shutil.rmtree(directory, ignore_errors=True)
+        else:
+            for i in range(workers):
+                control.path(i).unlink(missing_ok=True)
+            control.ready_file().unlink(missing_ok=True)
+
+
+class WorkerError(Exception):
+    """A worker did not start, or died."""
+
+
+def write_port(port_file: str | None, port: int) -> None:
     if port_file:
         tmp = Path(port_file + ".tmp")
-        tmp.write_text(f"{sock.getsockname()[1]}\n")
+        tmp.write_text(f"{port}\n")
         tmp.replace(port_file)
-    async with server:
-        await sim.drive()
+
+
+def start_workers(schedule: Schedule, host: str, port: int, workers: int, directory: Path) -> list[subprocess.Popen]:
+    """Workers 1..N-1, this module in processes of their own on `port`, in this process group."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    sc = schedule
+    return [subprocess.Popen([sys.executable, "-m", MODULE, "--host", host, "--port", str(port), "--workers",
+                              str(workers), "--worker", str(i), "--control-dir", str(directory), "--parent-pid",
+                              str(os.getpid()), "--first-ms", repr(sc.first_ms), "--every-ms", repr(sc.every_ms),
+                              "--stall-every", str(sc.stall_every), "--stall-ms", repr(sc.stall_ms)],
+                             env=env, stdin=subprocess.DEVNULL)
+            for i in range(1, workers)]
+
+
+async def wait_workers(control: Control, children: list[subprocess.Popen]) -> None:
+    """Until every worker answers on its control socket (it listens on the port before that)."""
+    deadline = clock() + START_TIMEOUT_S
+    for i, p in enumerate(children, 1):
+        while True:
+            if p.poll() is not None:
+                raise WorkerError(f"synthetic worker {i} exited with code {p.returncode} before it served")
+            try:
+                await control.ask(i, "ping")
+                break
+            except (OSError, ValueError, RuntimeError):
+                if clock() > deadline:
+                    raise WorkerError(f"synthetic worker {i} did not answer in {START_TIMEOUT_S:g} s") from None
+                await asyncio.sleep(0.02)
+
+
+async def watch_workers(children: list[subprocess.Popen]) -> None:
+    """Returns (raising) when a worker exits: the server is then not what it says."""
+    while True:
+        for i, p in enumerate(children, 1):
+            if p.poll() is not None:
+                raise WorkerError(f"synthetic worker {i} exited with code {p.returncode}")
+        await asyncio.sleep(0.2)
+
+
+def stop_workers(children: list[subprocess.Popen], grace_s: float = 2.0) -> None:
+    for p in children:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in children:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def die_with_parent(parent: int) -> None:
+    """A worker: killed when worker 0 dies, however it dies (Linux); gone already if it has."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        raise SystemExit(0)
+
+
+def at_least_one(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
 
 
 def parser() -> argparse.ArgumentParser:
@@ -268,17 +519,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--every-ms", type=float, default=d.every_ms)
     p.add_argument("--stall-every", type=int, default=d.stall_every)
     p.add_argument("--stall-ms", type=float, default=d.stall_ms)
+    p.add_argument("--workers", type=at_least_one, default=1,
+                   help="processes serving the port (SO_REUSEPORT), their logs merged (default 1)")
+    p.add_argument("--control-dir", default=None,
+                   help="where the workers' control sockets go (default: a temporary dir)")
+    p.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)  # set for the workers started
+    p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv=None) -> None:
-    a, _unknown = parser().parse_known_args(argv)
+    p = parser()
+    a, _unknown = p.parse_known_args(argv)
+    if not 0 <= a.worker < a.workers or (a.worker and (a.control_dir is None or a.parent_pid is None)):
+        p.error("--worker: only for the workers this server starts itself")
+    if a.worker:
+        die_with_parent(a.parent_pid)
     try:
         sc = Schedule(a.first_ms, a.every_ms, a.stall_every, a.stall_ms)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(sc, a.host, a.port, a.port_file))
+    try:
+        with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):  # worker 0 is cancelled by a signal
+            asyncio.run(serve(sc, a.host, a.port, a.port_file, a.workers, a.worker, a.control_dir))
+    except WorkerError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -29,11 +29,14 @@ _measured: dict[tuple[int, int], float] = {}
 
 
 @contextlib.contextmanager
-def synthetic_server(first_ms: float, every_ms: float, stall_every: int = 0, stall_ms: float = 0.0):
-    """The synthetic server in a process of its own, on a free port, stopped on exit."""
+def synthetic_server(first_ms: float, every_ms: float, stall_every: int = 0, stall_ms: float = 0.0,
+                     workers: int = 1):
+    """The synthetic server in a process of its own (`workers` processes on one port), on a free
+    port, stopped on exit."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", SYNTHETIC, "--port", "{port}", "--first-ms", str(first_ms),
-               "--every-ms", str(every_ms), "--stall-every", str(stall_every), "--stall-ms", str(stall_ms)]
+               "--every-ms", str(every_ms), "--stall-every", str(stall_every), "--stall-ms", str(stall_ms),
+               "--workers", str(workers)]
         with launch(command=cmd, log=Path(tmp) / "synthetic.log", health="/health") as srv:
             yield srv
 

@@ -3,7 +3,11 @@ run carries the client's self-check, a starved client makes its run invalid, and
 calibrate` holds the client against the synthetic server's own send times."""
 import asyncio
 import json
+import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,7 +17,7 @@ from tensorfold_bench.calibrate import client_error as calibrate, synthetic
 from tensorfold_bench.cli.commands import app
 from tensorfold_bench.client import player, selfcheck, wire
 from tensorfold_bench.client.stream import OpenStreams, Request, StreamClient, StreamRecord, clock, new_record, stream
-from tensorfold_bench.scenarios import sweep
+from tensorfold_bench.scenarios import capacity, sweep
 from tensorfold_bench.servers.launcher import launch
 from tensorfold_bench.servers.launcher import free_port
 
@@ -179,6 +183,142 @@ def test_the_synthetic_servers_first_token_names_its_arrival(sim):
             texts = [json.loads(ln[6:])["choices"][0]["text"] for ln in r.iter_lines()
                      if ln.startswith("data: {") and '"choices":[{' in ln]
         assert texts == [f" s{n}", " t", " t"]
+
+
+# ---- the synthetic server over several worker processes (--workers N) ------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def ask_worker(sock: Path, op: str):
+    """A worker's own answer over its control socket (one JSON line in, its JSON out)."""
+    reader, writer = await asyncio.open_unix_connection(str(sock))
+    writer.write(json.dumps({"op": op}).encode() + b"\n")
+    await writer.drain()
+    got = json.loads(await reader.read())
+    writer.close()
+    return got["ok"]
+
+
+@pytest.fixture
+def sim3(tmp_path):
+    """The synthetic server as 3 workers, started directly (so its parent's pid is known): the
+    process, its URL and its control dir."""
+    port_file, control = tmp_path / "port", tmp_path / "ctl"
+    control.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "tensorfold_bench.calibrate.synthetic", "--port", "0",
+                             "--port-file", str(port_file), "--workers", "3", "--control-dir", str(control),
+                             "--first-ms", "20", "--every-ms", "10", "--stall-every", "0"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        yield proc, f"http://127.0.0.1:{int(port_file.read_text())}", control
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def complete(port: int, prompt: list[int], n: int) -> list[str]:
+    """One completion over a fresh connection, read to the server's close: the tokens' texts."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = json.dumps({"prompt": prompt, "max_tokens": n, "stream": True}).encode()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    return [json.loads(ln[6:])["choices"][0]["text"] for ln in raw.decode().split("\n")
+            if ln.startswith("data: {") and '"choices":[{' in ln]
+
+
+def test_three_workers_serve_one_port_and_their_logs_merge(sim3):
+    """60 completions over fresh connections, spread by the kernel over 3 worker processes: every
+    one gets its tokens, and the merged log holds 60 streams, their arrival numbers unique (worker
+    i numbers i, i+3, ...; the first token names it), each sent on the schedule."""
+    proc, url, control = sim3
+    port = int(url.rsplit(":", 1)[1])
+    assert httpx.get(url + "/health").status_code == 200
+    httpx.post(url + "/v1/synthetic/reset")
+
+    async def all60():
+        return await asyncio.gather(*(complete(port, [7, i], 5) for i in range(60)))
+    texts = asyncio.run(all60())
+    assert all(len(t) == 5 and t[0].startswith(" s") and t[1:] == [" t"] * 4 for t in texts)
+    log = httpx.get(url + "/v1/synthetic").json()
+    assert log["workers"] == 3 and log["open"] == 0 and 1 <= log["peak_open"]
+    streams = log["streams"]
+    arrivals = [s["arrival"] for s in streams]
+    assert len(streams) == 60 and len(set(arrivals)) == 60
+    assert sorted(int(t[0][2:]) for t in texts) == sorted(arrivals)  # each client's first token names its stream
+    assert len({a % 3 for a in arrivals}) > 1  # more than one worker read them
+    assert [s["read"] for s in streams] == sorted(s["read"] for s in streams)  # merged by read time
+    for s in streams:
+        assert len(s["sends"]) == 5 and s["sends"][0] >= s["read"] + 0.020
+        # the schedule from the read (20 ms, then every 10), and no send before its time
+        assert s["due"] == pytest.approx([s["read"] + 0.020 + j * 0.010 for j in range(5)], abs=1e-9)
+        assert all(d >= w for w, d in zip(s["due"], s["sends"]))
+    gaps = sorted(b - a for s in streams for a, b in zip(s["sends"], s["sends"][1:]))
+    assert gaps[len(gaps) // 2] < 0.030  # about every 10 ms (the host may be loaded)
+    metrics = httpx.get(url + "/metrics").text
+    assert "tfengine_running_streams 0\n" in metrics and f"synthetic_peak_open_streams {log['peak_open']}" in metrics
+
+
+def test_one_reset_clears_every_worker():
+    """Launched as the harness launches it (capacity.synthetic_server, the listeners checked to be
+    its own): a reset through one request empties every worker's log."""
+    with capacity.synthetic_server(20.0, 10.0, workers=2) as srv:
+        for i in range(8):
+            with httpx.Client() as c:  # a fresh connection each
+                assert c.post(srv.url + "/v1/completions", json={"prompt": [i], "max_tokens": 2}).status_code == 200
+        assert len(httpx.get(srv.url + "/v1/synthetic").json()["streams"]) == 8
+        assert httpx.post(srv.url + "/v1/synthetic/reset").json() == {"ok": True}
+        log = httpx.get(srv.url + "/v1/synthetic").json()
+        assert log["workers"] == 2 and log["streams"] == [] and log["peak_open"] == 0
+
+
+def test_one_reset_clears_every_workers_own_log(sim3):
+    proc, url, control = sim3
+    for i in range(12):
+        with httpx.Client() as c:
+            c.post(url + "/v1/completions", json={"prompt": [i], "max_tokens": 2})
+    socks = [control / f"worker-{i}.sock" for i in range(3)]
+    assert sum(len(asyncio.run(ask_worker(s, "report"))["streams"]) for s in socks) == 12
+    httpx.post(url + "/v1/synthetic/reset")
+    assert [asyncio.run(ask_worker(s, "report"))["streams"] for s in socks] == [[], [], []]
+    assert httpx.get(url + "/v1/synthetic").json()["streams"] == []
+
+
+@pytest.mark.parametrize("how", ["terminate", "kill"])
+def test_the_workers_stop_with_the_first(sim3, how):
+    """The parent stopped (SIGTERM: it stops its workers; SIGKILL: they die with it): no worker
+    process is left."""
+    proc, url, control = sim3
+    pids = [asyncio.run(ask_worker(control / f"worker-{i}.sock", "ping"))["pid"] for i in range(3)]
+    assert pids[0] == proc.pid and len(set(pids)) == 3 and all(alive(p) for p in pids)
+    getattr(proc, how)()
+    proc.wait(timeout=20)
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids[1:]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids[1:] if alive(p)]
+
+
+def test_a_bad_workers_value_is_one_line_naming_the_flag():
+    res = subprocess.run([sys.executable, "-m", "tensorfold_bench.calibrate.synthetic", "--workers", "0"], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "error: argument --workers: must be at least 1" in res.stderr.strip().splitlines()[-1]
 
 
 # ---- the self-check held against what the run measures ---------------------------------------

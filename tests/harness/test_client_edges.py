@@ -20,8 +20,10 @@ def run(*args, tmp_path=None):
 
 def test_the_tables_at_tiny_sizes_hold_the_truth_near_the_schedule(tmp_path):
     out = tmp_path / "edges.json"
-    res = run("--levels", "2", "--rates", "50", "--duration", "1", "--tokens", "20", "--out", str(out))
+    res = run("--levels", "2", "--rates", "50", "--duration", "1", "--tokens", "20", "--server-workers", "2",
+              "--out", str(out))
     assert res.returncode == 0, res.stderr
+    assert "served by 2 synthetic server processes (--server-workers)." in res.stdout
     for col in client_edges.BURST_COLUMNS + client_edges.LOAD_COLUMNS:
         assert f" {col} |" in res.stdout, col
     data = json.loads(out.read_text())
@@ -45,7 +47,7 @@ def test_the_tables_at_tiny_sizes_hold_the_truth_near_the_schedule(tmp_path):
 
 def test_bad_input_is_one_line_naming_the_flag():
     for args, flag in ((["--rates", "fast"], "--rates"), (["--rates", "0"], "--rates"), (["--levels", "0"], "--levels"),
-                       (["--duration", "0"], "--duration")):
+                       (["--duration", "0"], "--duration"), (["--server-workers", "0"], "--server-workers")):
         res = run(*args)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert res.stderr.strip().splitlines()[-1].startswith(f"client_edges.py: error: {flag}"), res.stderr
