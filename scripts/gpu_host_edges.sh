@@ -4,7 +4,7 @@
 # same session.
 # Predictions (written before the call): with 1 server process the server's reads bunch as on
 # 7 Dec 08:35 (CV 1.2, KS 0.2, the client's own sends KS under 0.1); with 4 the reads follow the
-# client's sends: CV within 1 +- 0.15 and KS under 0.1 (the Poisson target, met on a host
+# client's sends: CV within 1 +- 0.15 and KS under 0.1 (the Poisson target, met on a host
 # with cores to spare), TTFT p50 within 1 ms of the truth.
 # Usage: bash scripts/gpu_host_edges.sh   (files under $OUT: edges-w1.json, edges-w4.json, console.txt)
 set -u
