@@ -29,7 +29,10 @@ CANNOT_KNOW = (
     "The client's own latency (HTTP, its event loop): not in the profile; every time is the token's emission.",
     "The server's HTTP thread taking the host's time while it parses a request: only the profile's "
     "per-prompt-token intake is charged.",
-    "Clocks that change with load, and other processes on the machine.",
+    "Clocks that change with load beyond the power cap a sustained fill meets (the profile's fill, where "
+    "it has one), and other processes on the machine.",
+    "Two forwards sharing the SMs: a whole-device forward beside a split cut takes its own time and "
+    "holds the cut back by all of it.",
 )
 
 # tfengine flags that change nothing in the schedule: taken and ignored under --sim
