@@ -61,3 +61,16 @@ def c_kernel():
     if k is None:
         pytest.skip("no C kernel here (no compiler, or TFENGINE_NO_CC=1)")
     return k
+
+
+@pytest.fixture
+def no_tokenizers(monkeypatch):
+    """The `tokenizers` package as if not installed: importing it raises ImportError."""
+    import builtins
+    real = builtins.__import__
+
+    def blocked(name, *a, **k):
+        if name == "tokenizers":
+            raise ImportError(name)
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", blocked)

@@ -3,6 +3,8 @@ prompt's rows get the same bits however it is cut, close to plain causal attenti
 result does not move with the rows beside it or the cut's end."""
 import pytest
 
+from tests.cuts import cut_in_turn, resumed
+
 pytest.importorskip("triton", reason="the Triton kernels: triton is not installed (the engine extra brings it on Linux x86_64 and aarch64)")
 
 H, KVH, D = 4, 2, 16
@@ -106,16 +108,12 @@ def test_runner_with_cut_tiles_runs_every_cut_through_them(monkeypatch):
     monkeypatch.setattr(cut_flash, "cut_attention", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
     ids = torch.tensor([(i * 13 + 1) % 256 for i in range(40)])
     with torch.inference_mode():
-        whole = torch.cat([r.cut_logits(ids[s:e], 0, s, fused=True)
-                           for s, e in [(0, 16), (16, 32), (32, 40)]])
+        whole = cut_in_turn(r, ids, 0, [(0, 16), (16, 32), (32, 40)])
         layers = r.model_config.num_hidden_layers
         assert calls == [0] * layers + [16] * layers + [32] * layers
         plain = r.cut_logits(ids, 1, 0)
         assert (whole - plain).abs().max() < 1e-4
-        r.kv.k[:, 2, :16], r.kv.v[:, 2, :16] = r.kv.k[:, 0, :16], r.kv.v[:, 0, :16]
-        resumed = torch.cat([r.cut_logits(ids[s:e], 2, s, fused=True)
-                             for s, e in [(16, 32), (32, 40)]])
-        assert torch.equal(resumed, whole[16:])
+        assert torch.equal(resumed(r, ids), whole[16:])
     r.device = torch.device("cuda")  # what /v1/engine says (no GPU needed to describe it)
     assert _prefill_attention_name(r).startswith("tiles at absolute positions")
 

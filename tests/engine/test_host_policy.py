@@ -78,6 +78,14 @@ def start_decoder(host, backend):
     return a
 
 
+def fill_beside(host, a, b):
+    """Submit b and turn until it decodes, a draining as it goes."""
+    host.submit(b)
+    while b.status != Status.DECODE:
+        host.turn()
+        drain(a, b)
+
+
 def kinds(calls):
     return "".join("P" if c[0] == "prefill" else "D" for c in calls)
 
@@ -118,10 +126,7 @@ def test_a_long_prompts_last_rows_are_charged_like_its_other_cuts(share, rounds)
     host, backend, _ = make(share=share)
     a = start_decoder(host, backend)
     b = seq(LONG, tag=2)
-    host.submit(b)
-    while b.status != Status.DECODE:
-        host.turn()
-        drain(a, b)
+    fill_beside(host, a, b)
     cuts = kinds(backend.calls).rstrip("D").split("P")[1:]
     assert len(cuts) == LONG // R
     assert cuts[:-1] == ["D" * rounds] * (LONG // R - 1)
@@ -132,10 +137,7 @@ def test_a_resumed_prompt_with_little_left_goes_in_whole():
     host, backend, _ = make(share=0.5)
     a = start_decoder(host, backend)
     b = seq(LONG, tag=2)
-    host.submit(b)
-    while b.status != Status.DECODE:
-        host.turn()
-        drain(a, b)
+    fill_beside(host, a, b)
     host.turn()
     drain(a, b)
     b.cancel_requested = True

@@ -4,6 +4,8 @@ causal attention over the lane's rows, and a prompt's cuts give the same bits wh
 filled whole, stepped or resumed from a prompt cache."""
 import pytest
 
+from tests.cuts import cut_in_turn, resumed
+
 pytest.importorskip("triton", reason="the Triton kernels: triton is not installed (the engine extra brings it on Linux x86_64 and aarch64)")
 
 
@@ -36,15 +38,11 @@ def test_cuts_equal_across_schedules():
     toks = [(i * 13 + 1) % 256 for i in range(40)]
     ids = torch.tensor(toks)
     with torch.inference_mode():
-        whole = torch.cat([r.cut_logits(ids[s:e], 0, s, fused=True)
-                           for s, e in [(0, 16), (16, 32), (32, 40)]])
+        whole = cut_in_turn(r, ids, 0, [(0, 16), (16, 32), (32, 40)])
         plain = r.cut_logits(ids, 1, 0)
         assert (whole - plain).abs().max() < 1e-4
         # resumed: lane 2 gets lane 0's first 16 rows (a cached prefix), then runs the later cuts
-        r.kv.k[:, 2, :16], r.kv.v[:, 2, :16] = r.kv.k[:, 0, :16], r.kv.v[:, 0, :16]
-        resumed = torch.cat([r.cut_logits(ids[s:e], 2, s, fused=True)
-                             for s, e in [(16, 32), (32, 40)]])
-        assert torch.equal(resumed, whole[16:])
+        assert torch.equal(resumed(r, ids), whole[16:])
         assert torch.equal(r.kv.k[:, 2, :40], r.kv.k[:, 0, :40]) and torch.equal(r.kv.v[:, 2, :40], r.kv.v[:, 0, :40])
     # the runner's own schedules: whole (prefill) and stepped (prefill_step per cut) in other lanes
     first = r.prefill(1, toks)

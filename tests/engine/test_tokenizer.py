@@ -156,15 +156,7 @@ def test_hf_stream_pieces_join_to_the_reply_and_never_split_a_character(tok_dir)
     assert not any("\ufffd" in p for p in pieces)
 
 
-def test_missing_tokenizers_package_is_a_config_error(tok_dir, monkeypatch):
-    import builtins
-    real = builtins.__import__
-
-    def no_tokenizers(name, *a, **k):
-        if name == "tokenizers":
-            raise ImportError(name)
-        return real(name, *a, **k)
-    monkeypatch.setattr(builtins, "__import__", no_tokenizers)
+def test_missing_tokenizers_package_is_a_config_error(tok_dir, no_tokenizers):
     with pytest.raises(ConfigError, match="pip install tokenizers"):
         load_tokenizer(tok_dir, 600, 2)
 

@@ -281,15 +281,7 @@ def test_a_file_that_matches_no_format_or_is_missing_is_one_line(tmp_path):
         from_flags(dataset=str(tmp_path / "empty.jsonl"), rates=[1.0])
 
 
-def test_a_missing_tokenizers_package_names_the_extra(tok, monkeypatch):
-    import builtins
-    real = builtins.__import__
-
-    def no_tokenizers(name, *a, **k):
-        if name == "tokenizers":
-            raise ImportError(name)
-        return real(name, *a, **k)
-    monkeypatch.setattr(builtins, "__import__", no_tokenizers)
+def test_a_missing_tokenizers_package_names_the_extra(tok, no_tokenizers):
     with pytest.raises(FlagError, match=r"^--tokenizer: .*'tokenizers' package.*\[engine\] extra"):
         from_flags(dataset=str(EXAMPLES / "sharegpt-5.json"), rates=[1.0], tokenizer=tok)
 
