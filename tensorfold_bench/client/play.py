@@ -2,20 +2,13 @@
 played alone."""
 from __future__ import annotations
 
-import asyncio
-
-from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, new_record, stream
+from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, new_record, stream
+from tensorfold_bench.client.timer import sleep_until  # noqa: F401 (the scenarios' send times, to the microsecond)
 
 
 def http_client(kind: str = "wire") -> StreamClient:
     """One connection per stream and no cap: a level of N streams is N open at once."""
     return StreamClient(kind)
-
-
-async def sleep_until(t: float) -> None:
-    d = t - clock()
-    if d > 0:
-        await asyncio.sleep(d)
 
 
 async def play_alone(url: str, req: Request, model: str = "default") -> StreamRecord:

@@ -22,6 +22,10 @@ from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
 from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
 from tensorfold_bench.workload.model import Item, Workload
 
+# an open loop's request is given to its task this long before its send time: the connection is
+# open by then and the write alone is on time (connecting on a loop busy with 2,000 requests a
+# second took up to a few milliseconds)
+AHEAD_S = 0.01
 DRAIN_S = 600.0  # after a level's last scheduled send, how long its replies may take before they are closed
 
 
@@ -94,25 +98,32 @@ class Player:
     def __post_init__(self):
         self.slots = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
 
-    async def send(self, item: Item, prompt, scheduled: float, prepared=None) -> Sent:
+    async def send(self, item: Item, prompt, scheduled: float, prepared=None, ahead: bool = False) -> Sent:
+        """`ahead`: called before `scheduled` (by up to AHEAD_S), to connect first and write at
+        that time; with no slots to wait for only (a slot's release, not the clock, sends then)."""
         req = request_for(item, prompt, self.token_ids, self.sampling)
         s = Sent(item, req, new_record(req, scheduled))
         self.played.append(s)
+        conn = None
+        if ahead and self.slots is None:
+            conn = await self.client.send_at(self.url, prepared, scheduled)
+        elif ahead:
+            await sleep_until(scheduled)
         if self.slots is not None:  # released: when a full set of slots let it go (None: it never waited)
             waited = self.slots.locked()
             await self.slots.acquire()
             s.released = clock() if waited else None
         try:
-            await stream(self.client, self.url, req, s.rec, self.model, prepared)
+            await stream(self.client, self.url, req, s.rec, self.model, prepared, conn)
         finally:
             if self.slots is not None:
                 self.slots.release()
         return s
 
-    async def turns(self, turns: list[Item], scheduled: float, prepared=None) -> None:
-        """A single request, or a session's turns one after another."""
+    async def turns(self, turns: list[Item], scheduled: float, prepared=None, ahead: bool = False) -> None:
+        """A single request, or a session's turns one after another (`ahead`: see send)."""
         prompt = turns[0].prompt
-        s = await self.send(turns[0], prompt, scheduled, prepared)
+        s = await self.send(turns[0], prompt, scheduled, prepared, ahead)
         for it in turns[1:]:
             self.client.settle()  # the reply's ids, for the next prompt (decoded once, as at the end)
             if s.rec.error or s.rec.cancelled or not s.rec.token_ids:
@@ -125,6 +136,35 @@ class Player:
             at = (s.rec.ended or clock()) + it.think
             await sleep_until(at)
             s = await self.send(it, prompt, at)
+
+
+class Tasks:
+    """A level's tasks, and a wait for them all that costs nothing when it starts: asyncio.wait
+    over 12,000 tasks adds a callback to each at once, 10-16 ms during which the level's last
+    sends waited; here each task gets its callback as it is created."""
+
+    def __init__(self):
+        self.all: list[asyncio.Task] = []
+        self.left = 0
+        self.done: asyncio.Future | None = None
+
+    def start(self, coro) -> None:
+        t = asyncio.create_task(coro)
+        self.all.append(t)
+        self.left += 1
+        t.add_done_callback(self._ended)
+
+    def _ended(self, _t) -> None:
+        self.left -= 1
+        if self.left == 0 and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    async def wait(self, timeout: float) -> list[asyncio.Task]:
+        """Until every task started has ended, or `timeout` seconds; the tasks still running."""
+        if self.left:
+            self.done = asyncio.get_running_loop().create_future()
+            await asyncio.wait([self.done], timeout=timeout)
+        return [t for t in self.all if not t.done()]
 
 
 async def play_level(url: str, workload: Workload, *, model: str = "default", token_ids: str = "ids",
@@ -163,11 +203,11 @@ async def _play(url: str, workload: Workload, *, model: str, token_ids: str, sam
                            for g in gs]
         ready, timed_ready = prep(groups), prep(timed)
         with collector_held():
-            if start is not None:
-                await sleep_until(start)
-            t0 = clock() if start is None else start
+            # every timed send is handed to its task AHEAD_S early (it connects, then writes on time)
+            t0 = clock() + AHEAD_S if start is None else start
+            await sleep_until(t0 - AHEAD_S)
             playing[0] = True
-            tasks, last = [], 0.0
+            tasks, last = Tasks(), 0.0
             if concurrency:
                 queue = list(zip(groups, ready))
 
@@ -175,20 +215,21 @@ async def _play(url: str, workload: Workload, *, model: str, token_ids: str, sam
                     while queue and (duration is None or clock() - t0 < duration):
                         g, w = queue.pop(0)
                         await p.turns(g, clock(), w)
-                tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+                for _ in range(concurrency):
+                    tasks.start(worker())
                 last = duration or 0.0
                 groups, ready = timed, timed_ready  # what the dispatcher below sends on time
             for g, w in sorted(zip(groups, ready), key=lambda x: x[0][0].offset or 0.0):
                 at = t0 + (g[0].offset or 0.0)
                 last = max(last, g[0].offset or 0.0)
-                await sleep_until(at)
-                tasks.append(asyncio.create_task(p.turns(g, at, w)))
-            timeout = max(last - (clock() - t0), 0.0) + drain_s
-            done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
+                if at - AHEAD_S > clock():  # the loop's own timer: a millisecond late here is still ahead
+                    await asyncio.sleep(at - AHEAD_S - clock())
+                tasks.start(p.turns(g, at, w, ahead=True))
+            pending = await tasks.wait(max(last - (clock() - t0), 0.0) + drain_s)
             playing[0] = False
             for t in pending:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks.all, return_exceptions=True)
         client.settle()
     for s in p.played:
         if s.rec.cancelled and not s.rec.error:

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 from scipy import stats
 
+from tensorfold_bench.client import timer
 from tensorfold_bench.client.stream import OpenStreams, clock
 
 
@@ -85,7 +86,7 @@ class Watch:
         t, idle = clock(), self._idle
         while True:
             due, was, quiet = clock() + self.tick_s, self.busy(), self.quiet()
-            await asyncio.sleep(self.tick_s)
+            await timer.sleep_until(due)  # the loop's own timers would add up to 1 ms of their rounding
             now = clock()
             if was and self.busy() and self.quiet() == quiet:
                 self.lags.append(max(now - due, 0.0))

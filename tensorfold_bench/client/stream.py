@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import httpx
 
-from tensorfold_bench.client import wire
+from tensorfold_bench.client import timer, wire
 
 clock = time.monotonic
 
@@ -303,6 +303,23 @@ class StreamClient:
         protos = [wire.new_stream(None, clock, lambda payload, t: None, defer=self.kind == "wire") for _ in range(n)]
         got = await asyncio.gather(*(wire.connect(target, p) for p in protos), return_exceptions=True)
         return [p if not isinstance(g, BaseException) else None for p, g in zip(protos, got)]
+
+    async def send_at(self, base_url: str, prepared: tuple[wire.Target, bytes] | None, at: float
+                      ) -> wire.StreamProtocol | None:
+        """A connection opened now, its request written at monotonic time `at` by the timer's own
+        wake-up (tensorfold_bench.client.timer.call_at): no connect and no task step between an
+        open loop's send time and its write, which on a busy loop each wait behind a batch of
+        reads. Give it to `stream` as `conn`. None (httpx, or no connection): `stream` connects
+        and sends itself; a connection the server closed before `at` is not written to."""
+        if self.kind == "httpx" or prepared is None:
+            return None
+        conn = wire.new_stream(None, clock, lambda payload, t: None, defer=self.kind == "wire")
+        try:
+            await wire.connect(wire.Target.parse(base_url), conn)
+        except wire.WireError:
+            return None
+        await timer.call_at(at, lambda: conn.idle and conn.send(prepared[1]))
+        return conn
 
     @staticmethod
     def write_all(conns: list[wire.StreamProtocol | None], ready: list[tuple[wire.Target, bytes] | None]) -> None:

@@ -15,6 +15,7 @@ request says `Connection: close`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import ssl
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ class Target:
     prefix: str  # the base URL's path, prepended to each request's path
 
     @classmethod
+    @functools.lru_cache(maxsize=64)  # asked once per request: a run talks to a few servers
     def parse(cls, base_url: str) -> "Target":
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -245,15 +247,22 @@ async def connect(target: Target, proto: StreamProtocol) -> None:
     """Open proto's connection (its request, if any, is written once connected)."""
     loop = asyncio.get_running_loop()
     ctx = ssl.create_default_context() if target.tls else None
+    # the timeout as a timer that cancels this task, not asyncio.wait_for's task of its own: an
+    # open loop connects thousands of times a second on this loop
+    task, late = asyncio.current_task(), []
+    timeout = loop.call_later(CONNECT_TIMEOUT_S, lambda: (late.append(True), task.cancel()))
     try:
-        await asyncio.wait_for(loop.create_connection(lambda: proto, target.host, target.port, ssl=ctx,
-                                                      server_hostname=target.host if ctx else None),
-                               CONNECT_TIMEOUT_S)
-    except asyncio.TimeoutError:
+        await loop.create_connection(lambda: proto, target.host, target.port, ssl=ctx,
+                                     server_hostname=target.host if ctx else None)
+    except asyncio.CancelledError:
+        if not late:
+            raise
         raise WireError(f"ConnectTimeout: no connection to {target.host}:{target.port} "
                         f"in {CONNECT_TIMEOUT_S:g} s") from None
     except OSError as e:
         raise WireError(f"ConnectError: {e.strerror or e}") from None
+    finally:
+        timeout.cancel()
 
 
 async def exchange(target: Target, proto: StreamProtocol, on_open: Callable[[], None] | None = None,

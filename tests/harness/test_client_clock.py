@@ -476,3 +476,28 @@ def test_an_open_loop_over_two_processes_sends_the_whole_schedule_once(sim):
         load.settings_from_flags(model="tiny", device="cpu", dtype=None, share=None, order=None, url=None, out_dir="r",
                                  plain_check=False, parallel=None, prefill_rows=None, max_model_len=None, seed=0,
                                  engine_args=None, workload={"concurrency": "2", "requests": 4}, procs=2)
+
+
+def test_an_open_loops_connections_open_ahead_and_its_writes_go_on_time_never_early(sim, monkeypatch):
+    """Each open-loop request connects up to AHEAD_S before its send time and is written at that
+    time by the timer's wake-up: no connect lies between the schedule and the write."""
+    from tensorfold_bench.workload import spec as spec_mod
+    reset(sim)
+    connected: list[float] = []
+    real = wire.connect
+
+    async def spy(target, proto):
+        await real(target, proto)
+        if proto.request is None:  # a connection opened ahead, nothing written yet
+            connected.append(clock())
+    monkeypatch.setattr(wire, "connect", spy)
+    spec = spec_mod.from_flags(rates=[100.0], duration=1.0, input_len="8", output_len="3", seed=2)
+    (level,) = spec.levels
+    wl = spec.build(level, synthetic.VOCAB)
+    played, t0, check = asyncio.run(player.play_level(sim, wl, model=synthetic.MODEL, drain_s=30))
+    assert played and all(s.rec.error is None and s.rec.tokens == 3 for s in played)
+    assert len(connected) == len(played)  # every one connected ahead, none at its send
+    sends = sorted(s.rec.sent for s in played)
+    assert all(s.rec.sent >= s.rec.scheduled for s in played)  # never early
+    # each connection was open before its send: the i-th connect precedes the i-th send
+    assert all(c < s for c, s in zip(sorted(connected), sends))
