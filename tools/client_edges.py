@@ -12,9 +12,13 @@ inter-arrival CV and Kolmogorov-Smirnov distance to the exponential, TTFT p50/p9
 against the truth, the client's own send gaps against the exponential, send lateness p99, client
 CPU, the processes used and the self-check's verdict. `--server-workers N` (1) serves the open
 loops from N synthetic server processes on one port (its `--workers`), so that one server loop
-reading every request does not bunch the reads at high rates.
+reading every request does not bunch the reads at high rates; `--burst-server-workers N` (1) does
+the same for the bursts, where one loop cannot send 1,024 streams' tokens on time. A burst is played
+by `--burst-procs` client processes: auto (default) is the sweep's rule, one per 256 streams, up
+to the cores beside the server's.
 
-    python3 -m tools.client_edges --levels 8,64,256 --rates 1000,2000,4000 [--server-workers N] [--out FILE]
+    python3 -m tools.client_edges --levels 8,64,256 --rates 1000,2000,4000 [--server-workers N]
+        [--burst-server-workers N] [--burst-procs auto|N] [--out FILE]
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import os
 import time
 
 from tensorfold_bench.calibrate import client_error, synthetic
+from tensorfold_bench.client import workers
 from tensorfold_bench.errors import FlagError
 from tensorfold_bench.scenarios import capacity
 from tensorfold_bench.scenarios.sweep import parse_levels
@@ -30,17 +35,24 @@ from tools.open_loop_probe import one as open_loop
 from tools.results import write_results
 
 BURST_COLUMNS = ("streams", "first token p50 ms, measured (truth)", "inter-token p99 ms, measured (truth)",
-                 "send spread ms", "self-check")
+                 "send spread ms", "client processes", "self-check")
 LOAD_COLUMNS = ("rate req/s", "received at the server /s", "server inter-arrival CV (Poisson 1.0)",
                 "server KS to the exponential", "client's send gaps KS (CV)", "TTFT p50 ms, measured (truth)", "TTFT p99 ms, measured (truth)",
                 "send lateness p99 ms", "client CPU", "processes", "self-check")
 
 
-def bursts(levels: tuple[int, ...], tokens: int, first_ms: float, every_ms: float) -> list[dict]:
-    """One burst per level on one wire client (the sweep's), its errors against the server's log."""
-    settings = client_error.CalibrateSettings(levels, tokens, synthetic.Schedule(first_ms, every_ms, stall_every=0),
-                                              ("wire",))
-    return client_error.run(settings)["rows"]
+def bursts(levels: tuple[int, ...], tokens: int, first_ms: float, every_ms: float, server_workers: int = 1,
+           procs: int | str = "auto") -> list[dict]:
+    """One burst per level on the wire client over `procs` processes (auto: the sweep's rule, on the
+    cores beside the server's), its errors against the server's log; each level a fresh server."""
+    rows, schedule = [], synthetic.Schedule(first_ms, every_ms, stall_every=0)
+    for level in levels:
+        n = (workers.burst_procs(level, max(1, workers.cores() - server_workers), True) if procs == "auto"
+             else workers.Procs(int(procs), "--burst-procs"))
+        settings = client_error.CalibrateSettings((level,), tokens, schedule, ("wire",), n.procs, server_workers)
+        rows += [{**r, "procs": n.procs, "procs_why": n.text(), "server_workers": server_workers}
+                 for r in client_error.run(settings)["rows"]]
+    return rows
 
 
 def loads(rates: list[float], a) -> list[dict]:
@@ -74,11 +86,12 @@ def table(res: dict) -> str:
     out = [f"{res['cpus']} CPUs, load average before {res['load_before']:.2f}, after {res['load_after']:.2f}.", ""]
     if res["bursts"]:
         out += [f"**Bursts**: first token {a['burst_first_ms']:g} ms after the server's read, then every "
-                f"{a['burst_every_ms']:g} ms, {a['tokens']} tokens; one process.", "",
+                f"{a['burst_every_ms']:g} ms, {a['tokens']} tokens; "
+                f"{server_workers(a.get('burst_server_workers', 1))}.", "",
                 _row(BURST_COLUMNS), _row(["---"] * len(BURST_COLUMNS))]
         out += [_row([r["level"], f"{r['first_p50']:.1f} ({r['first_truth_p50']:.1f})",
                       f"{r['itl_p99']:.2f} ({r['itl_truth_p99']:.2f})", f"{r['send_spread']:.2f}",
-                      verdict(r["invalid"])]) for r in res["bursts"]]
+                      r.get("procs_why", "1 client process"), verdict(r["invalid"])]) for r in res["bursts"]]
         out.append("")
     if res["loads"]:
         out += [f"**Open loop**: {a['duration']:g} s a rate, Poisson; first token {a['load_first_ms']:g} ms after "
@@ -111,6 +124,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--server-workers", type=int, default=1,
                    help="synthetic server processes for the open loops (one port, SO_REUSEPORT)")
+    p.add_argument("--burst-server-workers", type=int, default=1,
+                   help="synthetic server processes for the bursts (at 1,024 streams of 100 tokens/s one sends too few)")
+    p.add_argument("--burst-procs", default="auto",
+                   help="client processes a burst: auto (the sweep's rule, one per 256 streams) or N")
     p.add_argument("--out", default=None, help="the rows as JSON")
     return p
 
@@ -133,11 +150,17 @@ def main(argv=None) -> None:
                     ("--load-every-ms", a.load_every_ms)):
         if not v > 0:
             p.error(f"{flag}: must be above {1 if flag == '--tokens' else 0}")
-    if a.server_workers < 1:
-        p.error(f"--server-workers: must be at least 1, not {a.server_workers}")
+    for flag, v in (("--server-workers", a.server_workers), ("--burst-server-workers", a.burst_server_workers)):
+        if v < 1:
+            p.error(f"{flag}: must be at least 1, not {v}")
+    try:
+        burst_procs = workers.parse_procs(a.burst_procs)
+    except FlagError as e:
+        p.error(str(e).replace("--procs", "--burst-procs"))
     t0, load_before = time.perf_counter(), os.getloadavg()[0]
     res = {"settings": vars(a), "cpus": os.cpu_count(), "load_before": load_before,
-           "bursts": bursts(levels, a.tokens, a.burst_first_ms, a.burst_every_ms) if levels else [],
+           "bursts": (bursts(levels, a.tokens, a.burst_first_ms, a.burst_every_ms, a.burst_server_workers, burst_procs)
+                      if levels else []),
            "loads": loads(rates, a) if rates else []}
     res["load_after"] = os.getloadavg()[0]
     print(table(res), end="")

@@ -48,6 +48,7 @@ class CalibrateSettings:
     schedule: synthetic.Schedule = field(default_factory=synthetic.Schedule)
     clients: tuple[str, ...] = ("wire", "live")  # each "kind" or "httpx:LIMIT" (httpx with a connection cap)
     procs: int = 1  # worker processes for the wire client, each with its own loop (tensorfold_bench.client.workers)
+    server_workers: int = 1  # synthetic server processes on one port (its --workers): one loop sends every token otherwise
 
     def __post_init__(self):
         if self.tokens < 2:
@@ -59,6 +60,8 @@ class CalibrateSettings:
                                             "(httpx:N: httpx with at most N connections)")
         if self.procs < 1:
             raise FlagError("--procs", f"must be at least 1, not {self.procs}")
+        if self.server_workers < 1:
+            raise FlagError("--server-workers", f"must be at least 1, not {self.server_workers}")
 
 
 def parse_settings(levels: str, tokens: int, first_ms: float, every_ms: float, stall_every: int, stall_ms: float,
@@ -148,7 +151,7 @@ async def play_client(url: str, spec: str, settings: CalibrateSettings, progress
 
 def run(settings: CalibrateSettings, progress=lambda text: None) -> dict:
     """Start the synthetic server, play every client at every level; the table's data."""
-    with synthetic_server(settings.schedule) as srv:
+    with synthetic_server(settings.schedule, settings.server_workers) as srv:
         rows = []
         for spec in settings.clients:
             if settings.procs > 1 and spec == "wire":
@@ -160,9 +163,9 @@ def run(settings: CalibrateSettings, progress=lambda text: None) -> dict:
             "cpus": os.cpu_count(), "rows": rows}
 
 
-def synthetic_server(sc: synthetic.Schedule):
-    """The synthetic server on `sc`'s schedule, in a process of its own, stopped on exit."""
-    return capacity.synthetic_server(sc.first_ms, sc.every_ms, sc.stall_every, sc.stall_ms)
+def synthetic_server(sc: synthetic.Schedule, workers: int = 1):
+    """The synthetic server on `sc`'s schedule, in `workers` processes of its own, stopped on exit."""
+    return capacity.synthetic_server(sc.first_ms, sc.every_ms, sc.stall_every, sc.stall_ms, workers)
 
 
 def _n(v, d=1) -> str:

@@ -227,10 +227,12 @@ def sweep(
     cells: Annotated[Optional[int], typer.Option("--cells", help="Distinct prompt sets per level. Default 4; 2 on cpu.")] = None,
     reps: Annotated[Optional[int], typer.Option("--reps", help="Repetitions of each cell; the median is the cell's figure. Default 3; 2 on cpu.")] = None,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Each stream's prompt length (seeded token ids).")] = 200,
+    procs: Annotated[str, typer.Option("--procs", help="Client processes a level, each with its own event loop and connections, all started at one time. auto (the default): one per 256 streams, up to this host's cores (less one for a server on it), decided before any run so that every variant gets the same client.")] = "auto",
 ):
     """Concurrent decode: aggregate tok/s at each level, per variant, with verdicts against the base."""
     played = play_scenario("sweep", sweep_mod, opts,
-                           dict(levels=levels, tokens=tokens, cells=cells, reps=reps, prompt_tokens=prompt_tokens),
+                           dict(levels=levels, tokens=tokens, cells=cells, reps=reps, prompt_tokens=prompt_tokens,
+                                procs=procs),
                            lambda st: figures_mod.predictable_sweep(st.script.levels), plan.sweep, sim_vocab=True)
     if played is None:
         return

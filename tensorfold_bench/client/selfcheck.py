@@ -74,6 +74,15 @@ class Watch:
         self.open_s, self.open_idle_s = 0.0, 0.0
         self._idle = 0.0
 
+    def add(self, other: "Watch") -> None:
+        """Another loop's samples and CPU (a burst played by worker processes) into this one's."""
+        self.lags += other.lags
+        self.cpu_s += other.cpu_s
+        self.open_s += other.open_s
+        if self.open_idle_s is not None and other.open_idle_s is not None:
+            self.open_idle_s += other.open_idle_s
+        self.procs = max(self.procs, other.procs)
+
     @classmethod
     def over(cls, streams: OpenStreams) -> "Watch":
         """Busy while `streams` has any open. A wake-up during which they all ended and the next

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from tensorfold_bench.client import selfcheck
+from tensorfold_bench.errors import FlagError
 from tensorfold_bench.client.play import http_client, sleep_until
 from tensorfold_bench.client.stream import Request, StreamRecord, clock, collector_held, new_record, stream
 
@@ -28,6 +29,19 @@ START_AHEAD_S = 1.0  # the burst starts this long after its requests are handed 
 # bunch behind reads (on 2 cores one loop at 82 % of a core sent Poisson arrivals with a gap CV of
 # 1.27 at the server, at 56 % 1.08), long before the self-check's saturation bound
 BUSY_TARGET = 0.5
+
+
+def parse_procs(v) -> int | str:
+    """`--procs` (load and sweep): "auto" or a whole number, at least 1."""
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(v) if not isinstance(v, (bool, float)) else None
+    except ValueError:
+        n = None
+    if n is None or n < 1:
+        raise FlagError("--procs", f"must be auto or a whole number, at least 1, not {v!r}")
+    return n
 
 
 def cores() -> int:
@@ -56,11 +70,16 @@ class Procs:
     cores: int | None = None  # the cores the client may use: the host's, less one for a server on it
     busy: float | None = None  # BUSY_TARGET
     server_here: bool | None = None  # the server shares this host (it keeps a core of its own)
+    streams: int | None = None  # rule "streams": the burst's size
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
     def text(self) -> str:
+        if self.rule == "streams":
+            return (f"{self.procs} client process{'es' if self.procs > 1 else ''} (auto: {self.streams} streams, at "
+                    f"most {STREAMS_A_PROCESS} a process, {self.cores} core{'s' if self.cores != 1 else ''}"
+                    f"{self._beside()})")
         if self.rule != "auto":
             return f"{self.procs} client process{'es' if self.procs > 1 else ''} ({self.rule})"
         if self.rate is None or self.cpu_ms is None:  # nothing to divide: too few sends, or no core to spare
@@ -73,6 +92,18 @@ class Procs:
 
     def _beside(self) -> str:
         return " beside the server's" if self.server_here else ""
+
+
+# one loop keeps up with this many streams of a burst: 256 streams of 100 tokens/s each were
+# within 1 ms of the truth from one process on 2 cores beside the server
+STREAMS_A_PROCESS = 256
+
+
+def burst_procs(level: int, n_cores: int, server_here: bool | None = None) -> Procs:
+    """A sweep level's processes, decided before it runs (its token rate is only known after, and
+    base and new must get the same client): ceil(level / STREAMS_A_PROCESS), 1 to `n_cores`."""
+    n = max(1, min(n_cores, -(-level // STREAMS_A_PROCESS)))
+    return Procs(n, "streams", cores=n_cores, server_here=server_here, streams=level)
 
 
 def choose(rate: float, cpu_s: float, n_cores: int, busy: float = BUSY_TARGET, server_here: bool | None = None) -> Procs:
@@ -153,13 +184,15 @@ class Workers:
         loop = asyncio.get_running_loop()
         return await asyncio.gather(*(loop.run_in_executor(self.pool, fn, *a) for a in arg_lists))
 
-    async def burst(self, url: str, reqs: list[Request], model: str, timeout_s: float
-                    ) -> tuple[list[StreamRecord], selfcheck.Watch]:
-        """Every request at once, dealt round robin over the workers; the records in request
-        order and one Watch holding all workers' lag samples and CPU."""
+    async def burst(self, url: str, reqs: list[Request], model: str, timeout_s: float, procs: int | None = None,
+                    t0: float | None = None) -> tuple[list[StreamRecord], selfcheck.Watch]:
+        """Every request at once, dealt round robin over `procs` of the workers (all by default),
+        started at `t0` (by default START_AHEAD_S from now); the records in request order and one
+        Watch holding all workers' lag samples and CPU."""
         loop = asyncio.get_running_loop()
-        t0 = clock() + START_AHEAD_S
-        shares = [list(range(i, len(reqs), self.procs)) for i in range(self.procs)]
+        t0 = clock() + START_AHEAD_S if t0 is None else t0
+        n = min(procs or self.procs, self.procs)
+        shares = [list(range(i, len(reqs), n)) for i in range(n)]
         outs = await asyncio.gather(*(loop.run_in_executor(self.pool, _worker, url, [reqs[j] for j in idx], model,
                                                            t0, timeout_s) for idx in shares if idx))
         recs: list[StreamRecord | None] = [None] * len(reqs)

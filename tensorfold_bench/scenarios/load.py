@@ -26,6 +26,7 @@ from tensorfold_bench.client.player import DRAIN_S, Sent, play_level, request_fo
 from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.client.virtual import SimError, SimRequest
 from tensorfold_bench.client.virtual import play as play_virtual
+from tensorfold_bench.client.workers import parse_procs
 from tensorfold_bench.errors import BenchError, FlagError
 from tensorfold_bench.scenarios import capacity
 from tensorfold_bench.session import defaults, driver, targets
@@ -146,19 +147,6 @@ def settings_from_flags(*, model, device, dtype, share, order, url, out_dir, pla
                                 predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
                                 token_ids=token_ids), spec, slo_v, mc, plain_check, Sampling(temperature, seed),
                         procs=procs)
-
-
-def parse_procs(v) -> int | str:
-    """`--procs`: "auto" or a whole number, at least 1."""
-    if isinstance(v, str) and v.strip().lower() == "auto":
-        return "auto"
-    try:
-        n = int(v) if not isinstance(v, (bool, float)) else None
-    except ValueError:
-        n = None
-    if n is None or n < 1:
-        raise FlagError("--procs", f"must be auto or a whole number, at least 1, not {v!r}")
-    return n
 
 
 def level_procs(settings: LoadSettings, items: tuple[Item, ...], closed: bool, max_concurrency: int | None,

@@ -20,6 +20,7 @@ prompts: every variant sees the same, and the median over reps is the warm figur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,7 +28,7 @@ from typing import Callable
 from tensorfold_bench.analysis import exactness, figures, sweep as sweep_figures
 from tensorfold_bench.analysis.figures import num
 from tensorfold_bench.analysis.predictions import read as read_predictions
-from tensorfold_bench.client import selfcheck, wire
+from tensorfold_bench.client import selfcheck, wire, workers
 from tensorfold_bench.client.play import http_client
 from tensorfold_bench.client.sampling import GREEDY, Sampling
 from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
@@ -117,16 +118,17 @@ class ServerCount:
         return self.running + self.waiting
 
 
-async def server_open(url: str, client: StreamClient, level: int, within_s: float = 2.0) -> ServerCount | None:
-    """While the client has all `level` streams open, the reading of tfengine's /metrics with the
-    most running + waiting streams, read every 10 ms until it shows all of them or `within_s`
-    passes (a request reaches the lane host some milliseconds after its connection opens, later
-    on a busy server); None if the server has no such gauges or a stream ended before the first
-    count."""
-    while client.open.now < level:
+async def server_open(url: str, level: int, all_open: Callable[[], bool], within_s: float = 2.0
+                      ) -> ServerCount | None:
+    """While the burst has all `level` streams open (`all_open()`; it waits for the first time),
+    the reading of tfengine's /metrics with the most running + waiting streams, read every 10 ms
+    until it shows all of them or `within_s` passes (a request reaches the lane host some
+    milliseconds after its connection opens, later on a busy server); None if the server has no
+    such gauges or a stream ended before the first count."""
+    while not all_open():
         await asyncio.sleep(0.005)
     best, deadline, target = None, clock() + within_s, wire.Target.parse(url)
-    while client.open.now >= level and clock() < deadline:
+    while all_open() and clock() < deadline:
         try:
             text = await wire.get_text(target, "/metrics", clock)
         except wire.WireError:
@@ -170,7 +172,7 @@ async def play_burst(client: StreamClient, url: str, prompts: list[list[int]], t
         client.write_all(conns, ready)
         tasks = [asyncio.create_task(stream(client, url, q, r, model, w, c))
                  for q, r, w, c in zip(reqs, recs, ready, conns)]
-        count = asyncio.create_task(server_open(url, client, len(reqs)))
+        count = asyncio.create_task(server_open(url, len(reqs), lambda: client.open.now >= len(reqs)))
         done, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for t in pending:
             t.cancel()
@@ -186,6 +188,26 @@ async def play_burst(client: StreamClient, url: str, prompts: list[list[int]], t
     return Burst(recs, client.open.restart(), srv.open, srv.running, srv.waiting)
 
 
+async def play_burst_procs(pool: workers.Workers, procs: int, url: str, prompts: list[list[int]], tokens: int,
+                           model: str = "default", timeout_s: float = 900.0, token_ids: str = "ids",
+                           sampling: Sampling = GREEDY, cell: int = 0) -> tuple[Burst, selfcheck.Watch]:
+    """play_burst dealt over `procs` worker processes, each with its own loop and connections
+    opened before the one start (workers.Workers.burst); the burst and the workers' Watch. The
+    streams open at once are counted from the records; the server's count is read from here
+    while the burst runs."""
+    reqs = burst_requests(prompts, tokens, token_ids, sampling, cell)
+    t0 = clock() + workers.START_AHEAD_S
+    played = asyncio.ensure_future(pool.burst(url, reqs, model, timeout_s, procs, t0))
+    count = asyncio.create_task(server_open(url, len(reqs), lambda: clock() >= t0 + 0.05 and not played.done()))
+    recs, watch = await played
+    count.cancel()
+    srv = (await asyncio.gather(count, return_exceptions=True))[0]
+    peak = workers.peak_open(recs)
+    if not isinstance(srv, ServerCount):
+        return Burst(recs, peak), watch
+    return Burst(recs, peak, srv.open, srv.running, srv.waiting), watch
+
+
 async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str = "default",
                      timeout_s: float = 900.0, token_ids: str = "ids", sampling: Sampling = GREEDY,
                      cell: int = 0) -> list[StreamRecord]:
@@ -194,40 +216,69 @@ async def play_batch(url: str, prompts: list[list[int]], tokens: int, model: str
         return (await play_burst(client, url, prompts, tokens, model, timeout_s, token_ids, sampling, cell)).records
 
 
+def level_procs(procs: int | str, levels: tuple[int, ...], url: str | None) -> dict[int, workers.Procs]:
+    """Each level's client processes: `--procs N` as given, or (auto) workers.burst_procs on this
+    host's cores, less one for a server on it."""
+    if procs != "auto":
+        return {lv: workers.Procs(int(procs), "--procs") for lv in levels}
+    here = workers.on_this_host(url)
+    n = max(1, workers.cores() - (1 if here else 0))
+    return {lv: workers.burst_procs(lv, n, here) for lv in levels}
+
+
 async def play_levels(url: str, script: SweepScript, vocab: int, label: str, model: str = "default",
-                      progress: Callable[[str], None] | None = None, token_ids: str = "ids") -> tuple[list[dict], dict]:
+                      progress: Callable[[str], None] | None = None, token_ids: str = "ids",
+                      procs: int | str = 1) -> tuple[list[dict], dict]:
     """Every level, cell and rep on one server: each batch's records, reduced (sweep_figures.sweep_batch),
-    and the client's self-check over them all (tensorfold_bench.client.selfcheck)."""
+    and the client's self-check over them all (tensorfold_bench.client.selfcheck). `procs`: client
+    processes (a number, or auto: level_procs); a level with more than one is played by worker
+    processes, the rest on this loop."""
     batches, late, peaks, srv, split, spread = [], [], {}, {}, {}, {}
-    async with http_client() as client, selfcheck.Watch.over(client.open) as watch:
-        for level in script.levels:
-            for cell in range(script.cells):
-                prompts = cell_prompts(script, cell, level, vocab)
-                for rep in range(script.reps):
-                    burst = await play_burst(client, url, prompts, script.tokens, model, script.timeout_s, token_ids,
-                                             script.sampling, cell)
-                    recs = burst.records
-                    hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
-                    b = sweep_figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
-                    b.update(peak_open=burst.peak_open, server_open=burst.server_open)
-                    if burst.server_waiting:  # queued behind fewer lanes: where they were
-                        b.update(server_running=burst.server_running, server_waiting=burst.server_waiting)
-                    batches.append(b)
-                    late += [figures.lateness(r) for r in recs]
-                    peaks[level] = min(peaks.get(level, level), burst.peak_open)
-                    if b.get("send_spread_ms") is not None:
-                        spread[level] = max(spread.get(level, 0.0), b["send_spread_ms"])
-                    if burst.server_open is not None and burst.server_open <= srv.get(level, level):
-                        srv[level] = burst.server_open
-                        if burst.server_waiting:
-                            split[level] = (burst.server_running, burst.server_waiting)
-                        else:
-                            split.pop(level, None)
-                    if progress:
-                        tok = "failed" if b["tok_s"] is None else f"{b['tok_s']:.1f} tok/s"
-                        progress(f"{label}: {level} streams, cell {cell + 1}/{script.cells}, "
-                                 f"rep {rep + 1}/{script.reps}: {tok}")
-    return batches, selfcheck.summary(watch, late, peaks, srv, server_split=split, spread=spread)
+    by_level = level_procs(procs, script.levels, url)
+    most = max(p.procs for p in by_level.values())
+    with workers.Workers(most) if most > 1 else contextlib.nullcontext() as pool:
+        async with http_client() as client, selfcheck.Watch.over(client.open) as watch:
+
+            async def one(level: int, prompts: list[list[int]], cell: int) -> Burst:
+                if by_level[level].procs == 1:
+                    return await play_burst(client, url, prompts, script.tokens, model, script.timeout_s, token_ids,
+                                            script.sampling, cell)
+                burst, theirs = await play_burst_procs(pool, by_level[level].procs, url, prompts, script.tokens, model,
+                                                       script.timeout_s, token_ids, script.sampling, cell)
+                watch.add(theirs)
+                return burst
+
+            for level in script.levels:
+                for cell in range(script.cells):
+                    prompts = cell_prompts(script, cell, level, vocab)
+                    for rep in range(script.reps):
+                        burst = await one(level, prompts, cell)
+                        recs = burst.records
+                        hashes = [exactness.reply_sha(r.token_ids, r.server_sha) for r in recs]
+                        b = sweep_figures.sweep_batch(level, cell, rep, recs, script.tokens, hashes)
+                        b.update(peak_open=burst.peak_open, server_open=burst.server_open)
+                        if burst.server_waiting:  # queued behind fewer lanes: where they were
+                            b.update(server_running=burst.server_running, server_waiting=burst.server_waiting)
+                        batches.append(b)
+                        late += [figures.lateness(r) for r in recs]
+                        peaks[level] = min(peaks.get(level, level), burst.peak_open)
+                        if b.get("send_spread_ms") is not None:
+                            spread[level] = max(spread.get(level, 0.0), b["send_spread_ms"])
+                        if burst.server_open is not None and burst.server_open <= srv.get(level, level):
+                            srv[level] = burst.server_open
+                            if burst.server_waiting:
+                                split[level] = (burst.server_running, burst.server_waiting)
+                            else:
+                                split.pop(level, None)
+                        if progress:
+                            tok = "failed" if b["tok_s"] is None else f"{b['tok_s']:.1f} tok/s"
+                            progress(f"{label}: {level} streams, cell {cell + 1}/{script.cells}, "
+                                     f"rep {rep + 1}/{script.reps}: {tok}")
+    check = selfcheck.summary(watch, late, peaks, srv, server_split=split, spread=spread)
+    if most > 1 or procs != 1:
+        check["workers"] = {"by_level": {str(lv): p.to_dict() for lv, p in by_level.items()},
+                            "why": "; ".join(f"{lv} streams: {p.text()}" for lv, p in by_level.items())}
+    return batches, check
 
 
 # ---- a session of runs ---------------------------------------------------------------------
@@ -237,12 +288,14 @@ class SweepSettings:
     session: Session
     script: SweepScript
     scaled: dict = field(default_factory=dict)  # settings.scaled_down: what the device's defaults cut
+    procs: int | str = "auto"  # client processes a level (play_levels); auto: one per 256 streams, up to the cores
 
 
 def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref, new_ref, aa, order, url, out_dir,
                         parallel, prefill_rows, max_model_len, seed, engine_args, levels, tokens=None, cells=None,
                         reps=None, prompt_tokens=200, predict=None, margin=0.02, stamp="", vocab=None, tokenizer=None,
-                        token_ids="ids", temperature=0.0, tensor_parallel=1, mixed=None, split=None) -> SweepSettings:
+                        token_ids="ids", temperature=0.0, tensor_parallel=1, mixed=None, split=None,
+                        procs="auto") -> SweepSettings:
     """`tfbench sweep`'s flags -> settings; predictions are read here, before any run."""
     v, notes = defaults.sized(device, {"--tokens": tokens, "--cells": cells, "--reps": reps},
                              {"--tokens": "sweep_tokens", "--cells": "sweep_cells", "--reps": "sweep_reps"})
@@ -259,7 +312,8 @@ def settings_from_flags(*, model, device, dtype, share, variants_file, base_ref,
     preds = read_predictions(predict, [v.name for v in vs], figures.predictable_sweep(script.levels)) if predict else None
     return SweepSettings(Session(engine, vs, names, Path(out_dir), "sweep", url=url, margin=margin,
                                  predictions=preds, stamp=stamp, vocab=vocab, tokenizer=tokenizer,
-                                 token_ids=token_ids), script, defaults.scaled_note(device, notes))
+                                 token_ids=token_ids), script, defaults.scaled_note(device, notes),
+                         workers.parse_procs(procs))
 
 
 def lanes(run: Run) -> int | None:
@@ -298,14 +352,14 @@ def play_levels_simulated(script: SweepScript, run: Run, vocab: int) -> list[dic
     return batches
 
 
-def play(script: SweepScript, run: Run) -> dict:
-    """One run on its server: every batch, raw times kept."""
+def play(script: SweepScript, run: Run, procs: int | str = "auto") -> dict:
+    """One run on its server: every batch, raw times kept (`procs`: client processes, play_levels)."""
     vocab = check_server(run, script)
     if run.sim:
         return {"batches": play_levels_simulated(script, run, vocab), "client": None,
                 "lanes": run.sim.cfg.parallel, "system_fingerprint": None}
     batches, check = asyncio.run(play_levels(run.url, script, vocab, run.variant.name, run.model, run.status,
-                                             run.token_ids))
+                                             run.token_ids, procs))
     return {"batches": batches, "client": check, "lanes": lanes(run),
             "system_fingerprint": next((b["system_fingerprint"] for b in batches if b["system_fingerprint"]), None)}
 
@@ -344,7 +398,7 @@ class Sweep(driver.Scenario):
         pass
 
     def play(self, data: dict, run: Run) -> dict:
-        return play(self.settings.script, run)
+        return play(self.settings.script, run, self.settings.procs)
 
     def measure(self, entry: dict) -> None:
         measure(entry)

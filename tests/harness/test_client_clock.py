@@ -501,3 +501,37 @@ def test_an_open_loops_connections_open_ahead_and_its_writes_go_on_time_never_ea
     assert all(s.rec.sent >= s.rec.scheduled for s in played)  # never early
     # each connection was open before its send: the i-th connect precedes the i-th send
     assert all(c < s for c, s in zip(sorted(connected), sends))
+
+
+def test_a_sweep_level_over_two_processes_starts_together_and_is_checked_whole(sim):
+    """`tfbench sweep --procs 2`: the level's streams dealt over two worker processes from one
+    start; every stream answered, all open at once, and the self-check holds both processes."""
+    reset(sim)
+    script = sweep.SweepScript(levels=(8,), tokens=5, cells=1, reps=1, prompt_tokens=8)
+    batches, check = asyncio.run(sweep.play_levels(sim, script, synthetic.VOCAB, "sim", synthetic.MODEL, procs=2))
+    (b,) = batches
+    assert not b["errors"] and b["tokens"] == 8 * 5
+    assert b["peak_open"] == 8 and check["peak_open"] == {"8": 8}
+    assert check["procs"] == 2 and check["workers"]["by_level"]["8"]["procs"] == 2
+    assert check["loop_lag_p99_ms"] >= 0 and check["cpu_s"] > 0
+    assert httpx.get(sim + "/v1/synthetic").json()["peak_open"] == 8
+    assert "8 streams: 2 client processes (--procs)" in selfcheck.line(check)
+
+
+def test_the_sweeps_automatic_processes_are_one_per_256_streams_up_to_the_cores():
+    from tensorfold_bench.client import workers
+    assert [workers.burst_procs(n, 15).procs for n in (1, 256, 257, 1024, 8192)] == [1, 1, 2, 4, 15]
+    assert workers.burst_procs(1024, 1).procs == 1  # two cores beside a local server: one for the client
+    assert "4 client processes (auto: 1024 streams, at most 256 a process, 15 cores beside the server's)" == \
+        workers.burst_procs(1024, 15, server_here=True).text()
+    by = sweep.level_procs(3, (8, 64), "http://127.0.0.1:1")
+    assert {lv: p.procs for lv, p in by.items()} == {8: 3, 64: 3}
+
+
+def test_a_bad_sweep_procs_is_one_line_naming_the_flag():
+    from tensorfold_bench.errors import FlagError
+    with pytest.raises(FlagError, match="^--procs: must be auto or a whole number"):
+        sweep.settings_from_flags(model=None, device="cpu", dtype=None, share=None, variants_file=None, base_ref=None,
+                                  new_ref=None, aa=False, order=None, url=None, out_dir="r", parallel=None,
+                                  prefill_rows=None, max_model_len=None, seed=0, engine_args=None, levels="1",
+                                  procs="none")
