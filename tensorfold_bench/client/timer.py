@@ -77,7 +77,9 @@ class _Timer:
     """One loop's timerfd and the callbacks waiting on it, earliest first."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.fd = loop, _create()
+        # no reference to the loop kept: _timers' entry (and the fd, closed by the finalizer) then
+        # goes with the loop
+        self.fd = _create()
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.armed: float | None = None
         self.seq = itertools.count()

@@ -88,3 +88,18 @@ def test_a_levels_tasks_are_waited_for_until_all_end_or_the_timeout():
     n_pending, waited, none_left, nothing = asyncio.run(go())
     assert n_pending == 1 and 0.1 <= waited < 1.0
     assert none_left == [] and nothing == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts this process's open files")
+def test_a_loops_timer_goes_with_the_loop():
+    import gc
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+    asyncio.run(timer.sleep_until(time.monotonic() + 0.001))
+    gc.collect()
+    before = open_fds()
+    for _ in range(50):
+        asyncio.run(timer.sleep_until(time.monotonic() + 0.001))
+    gc.collect()
+    assert open_fds() <= before + 2
