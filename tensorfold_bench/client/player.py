@@ -107,7 +107,7 @@ class Player:
         conn = None
         if ahead and self.slots is None:
             conn = await self.client.send_at(self.url, prepared, scheduled)
-        elif ahead:
+        if ahead and conn is None:  # nothing written ahead (slots, httpx, no connection): `stream` sends, on time
             await sleep_until(scheduled)
         if self.slots is not None:  # released: when a full set of slots let it go (None: it never waited)
             waited = self.slots.locked()

@@ -535,3 +535,16 @@ def test_a_bad_sweep_procs_is_one_line_naming_the_flag():
                                   new_ref=None, aa=False, order=None, url=None, out_dir="r", parallel=None,
                                   prefill_rows=None, max_model_len=None, seed=0, engine_args=None, levels="1",
                                   procs="none")
+
+
+def test_an_open_loop_request_whose_early_connect_fails_is_still_not_sent_early(monkeypatch):
+    """With no connection opened ahead (here: the connect fails), the request is sent by the
+    stream itself at its time, never AHEAD_S early; the failure is on its record."""
+    from tensorfold_bench.workload import spec as spec_mod
+    spec = spec_mod.from_flags(rates=[50.0], duration=0.3, input_len="4", output_len="2", seed=3)
+    (level,) = spec.levels
+    wl = spec.build(level, synthetic.VOCAB)
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    played, t0, _ = asyncio.run(player.play_level(url, wl, model=synthetic.MODEL, drain_s=5))
+    assert played and all(s.rec.error and "ConnectError" in s.rec.error for s in played)
+    assert all(s.rec.sent >= s.rec.scheduled for s in played)
