@@ -107,9 +107,11 @@ class Watch:
         self._cpu0, self._wall0 = time.process_time(), clock()
         self._selector = getattr(asyncio.get_running_loop(), "_selector", None)
         if self._selector is not None:  # the loop's waits for I/O, timed: the rest of the wall it was busy
-            inner = self._selector.select
+            inner, self._timing = self._selector.select, True
 
             def select(timeout=None):
+                if not self._timing:  # left in place when done: the client's timer may have wrapped it since
+                    return inner(timeout)
                 t = clock()
                 try:
                     return inner(timeout)
@@ -123,7 +125,7 @@ class Watch:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         if self._selector is not None:
-            del self._selector.select
+            self._timing = False
         else:
             self.open_idle_s = None
         self.cpu_s += time.process_time() - self._cpu0

@@ -5,9 +5,9 @@ send due in 0.3 ms leaves 1 ms later, so an open loop's sends are late by up to 
 random, and at 2,000 requests a second (gaps of 0.5 ms) they reach the server bunched, however
 idle the client is. On Linux one timerfd per event loop, armed at the earliest pending time
 (absolute, on CLOCK_MONOTONIC, the clock of `time.monotonic`), is one more file the selector
-waits on: it becomes readable at that time, within the kernel's timer slack (50 us); measured here, sends
-to a Poisson schedule at 2,000/s left 34 us late at the median, against 546 us with asyncio's
-sleep. Elsewhere the loop's own timers serve.
+waits on: it becomes readable at that time, within the kernel's timer slack (50 us). Measured
+here, sleeps to a Poisson schedule at 2,000/s woke 34 us late at the median, against 546 us with
+asyncio's sleep. Elsewhere the loop's own timers serve.
 """
 from __future__ import annotations
 

@@ -103,3 +103,25 @@ def test_a_loops_timer_goes_with_the_loop():
         asyncio.run(timer.sleep_until(time.monotonic() + 0.001))
     gc.collect()
     assert open_fds() <= before + 2
+
+
+def test_the_timers_order_survives_a_self_check_ending_on_the_same_loop():
+    """The self-check's timing of the loop's waits ends with its run; a timer wrapped over it
+    keeps putting its wake-up first."""
+    from tensorfold_bench.client import selfcheck
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        async with selfcheck.Watch():
+            await timer.sleep_until(time.monotonic() + 0.001)  # the timer wraps the Watch's wrapper
+        order = []
+        r, w = os.pipe()
+        loop.add_reader(r, lambda: order.append("read"))
+        fut = timer.call_at(time.monotonic() + 0.02, lambda: order.append("timer"))
+        os.write(w, b"x")
+        time.sleep(0.03)
+        await fut
+        await asyncio.sleep(0)
+        loop.remove_reader(r)
+        return order
+    assert asyncio.run(go())[:2] == ["timer", "read"]
