@@ -1,9 +1,8 @@
-"""What every scenario sends with: one HTTP client setup, a sleep to a send time, and one request
-played alone."""
+"""What every scenario sends with: one HTTP client setup and one request played alone (a sleep to
+a send time is tensorfold_bench.client.timer.sleep_until)."""
 from __future__ import annotations
 
 from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, new_record, stream
-from tensorfold_bench.client.timer import sleep_until  # noqa: F401 (the scenarios' send times, to the microsecond)
 
 
 def http_client(kind: str = "wire") -> StreamClient:

@@ -17,9 +17,10 @@ import asyncio
 from dataclasses import dataclass, field, replace
 
 from tensorfold_bench.client import selfcheck, workers
-from tensorfold_bench.client.play import http_client, sleep_until
+from tensorfold_bench.client.play import http_client
 from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
 from tensorfold_bench.client.stream import Request, StreamClient, StreamRecord, clock, collector_held, new_record, stream
+from tensorfold_bench.client.timer import sleep_until
 from tensorfold_bench.workload.model import Item, Workload
 
 # an open loop's request is given to its task this long before its send time: the connection is

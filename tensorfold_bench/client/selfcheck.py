@@ -68,11 +68,11 @@ class Watch:
         self.procs = 1  # processes whose CPU `cpu_s` sums (tensorfold_bench.client.workers)
         self.lags: list[float] = []
         self._task: asyncio.Task | None = None
+        self._waits: timer.Waits | None = None
         self.cpu_s = self.wall_s = 0.0
         # while streams are open: the wall time, and the event loop's part of it spent waiting for
         # I/O (None: not measured); the rest it was busy
         self.open_s, self.open_idle_s = 0.0, 0.0
-        self._idle = 0.0
 
     def add(self, other: "Watch") -> None:
         """Another loop's samples and CPU (a burst played by worker processes) into this one's."""
@@ -91,6 +91,11 @@ class Watch:
         loaded host) stamped no token, since none was open."""
         return cls(lambda: streams.now > 0, quiet=lambda: streams.quiet)
 
+    @property
+    def _idle(self) -> float:
+        """Seconds the loop has waited for I/O (timer.Waits), 0 where it cannot be timed."""
+        return self._waits.waited_s if self._waits is not None else 0.0
+
     async def _tick(self) -> None:
         t, idle = clock(), self._idle
         while True:
@@ -105,28 +110,14 @@ class Watch:
 
     async def __aenter__(self) -> "Watch":
         self._cpu0, self._wall0 = time.process_time(), clock()
-        self._selector = getattr(asyncio.get_running_loop(), "_selector", None)
-        if self._selector is not None:  # the loop's waits for I/O, timed: the rest of the wall it was busy
-            inner, self._timing = self._selector.select, True
-
-            def select(timeout=None):
-                if not self._timing:  # left in place when done: the client's timer may have wrapped it since
-                    return inner(timeout)
-                t = clock()
-                try:
-                    return inner(timeout)
-                finally:
-                    self._idle += clock() - t
-            self._selector.select = select
+        self._waits = timer.waits(asyncio.get_running_loop())
         self._task = asyncio.create_task(self._tick())
         return self
 
     async def __aexit__(self, *exc) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        if self._selector is not None:
-            self._timing = False
-        else:
+        if self._waits is None:
             self.open_idle_s = None
         self.cpu_s += time.process_time() - self._cpu0
         self.wall_s += clock() - self._wall0

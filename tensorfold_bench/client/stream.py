@@ -300,9 +300,13 @@ class StreamClient:
         if self.kind == "httpx" or n < 1:
             return [None] * max(n, 0)
         target = wire.Target.parse(base_url)
-        protos = [wire.new_stream(None, clock, lambda payload, t: None, defer=self.kind == "wire") for _ in range(n)]
+        protos = [self._unsent() for _ in range(n)]
         got = await asyncio.gather(*(wire.connect(target, p) for p in protos), return_exceptions=True)
         return [p if not isinstance(g, BaseException) else None for p, g in zip(protos, got)]
+
+    def _unsent(self) -> wire.StreamProtocol:
+        """A connection with no request yet (`stream` gives it its reply's decoder when it sends)."""
+        return wire.new_stream(None, clock, lambda payload, t: None, defer=self.kind == "wire")
 
     async def send_at(self, base_url: str, prepared: tuple[wire.Target, bytes] | None, at: float
                       ) -> wire.StreamProtocol | None:
@@ -313,7 +317,7 @@ class StreamClient:
         and sends itself; a connection the server closed before `at` is not written to."""
         if self.kind == "httpx" or prepared is None:
             return None
-        conn = wire.new_stream(None, clock, lambda payload, t: None, defer=self.kind == "wire")
+        conn = self._unsent()
         try:
             await wire.connect(wire.Target.parse(base_url), conn)
         except wire.WireError:

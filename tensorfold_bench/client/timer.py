@@ -85,21 +85,9 @@ class _Timer:
         self.seq = itertools.count()
         loop.add_reader(self.fd, self._fire)
         weakref.finalize(loop, os.close, self.fd)
-        selector = getattr(loop, "_selector", None)  # a selector loop's (asyncio's default on Linux)
-        if selector is not None:
-            inner = selector.select
-
-            def select(timeout=None):
-                """The timer's wake-up first among the ready files: its callbacks then run before
-                the reads that came with it, not wherever epoll listed it."""
-                events = inner(timeout)
-                for i, (key, _) in enumerate(events):
-                    if key.fd == self.fd:
-                        if i:
-                            events.insert(0, events.pop(i))
-                        break
-                return events
-            selector.select = select
+        hook = waits(loop)
+        if hook is not None:
+            hook.first_fd = self.fd
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), fn))
@@ -121,6 +109,48 @@ class _Timer:
 
 
 _timers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Timer]" = weakref.WeakKeyDictionary()
+
+
+class Waits:
+    """A selector loop's waits for I/O, wrapped once for whoever needs them: the seconds it spent
+    waiting (`waited_s`; the rest of the wall it was busy: the self-check's busy share), and the
+    timer's file put first among the files ready together (`first_fd`), so its callbacks run
+    before the reads that came with it, not wherever epoll listed it."""
+
+    def __init__(self, selector):
+        self.waited_s = 0.0
+        self.first_fd: int | None = None
+        inner = selector.select
+
+        def select(timeout=None):
+            t = time.monotonic()
+            try:
+                events = inner(timeout)
+            finally:
+                self.waited_s += time.monotonic() - t
+            if self.first_fd is not None:
+                for i, (key, _) in enumerate(events):
+                    if key.fd == self.first_fd:
+                        if i:
+                            events.insert(0, events.pop(i))
+                        break
+            return events
+        selector.select = select
+
+
+_waits: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Waits]" = weakref.WeakKeyDictionary()
+
+
+def waits(loop: asyncio.AbstractEventLoop) -> Waits | None:
+    """The loop's Waits (made on first call); None for a loop with no selector to wrap (uvloop,
+    Windows' proactor). The only place the loop's private selector is touched."""
+    selector = getattr(loop, "_selector", None)
+    if selector is None:
+        return None
+    hook = _waits.get(loop)
+    if hook is None:
+        hook = _waits[loop] = Waits(selector)
+    return hook
 
 
 def call_at(t: float, fn: Callable[[], None]) -> asyncio.Future:

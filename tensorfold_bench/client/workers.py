@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from tensorfold_bench.client import selfcheck
-from tensorfold_bench.errors import FlagError
-from tensorfold_bench.client.play import http_client, sleep_until
+from tensorfold_bench.client.play import http_client
 from tensorfold_bench.client.stream import Request, StreamRecord, clock, collector_held, new_record, stream
+from tensorfold_bench.client.timer import sleep_until
+from tensorfold_bench.errors import FlagError
 
 START_AHEAD_S = 1.0  # the burst starts this long after its requests are handed to the workers (each opens its connections first)
 # the share of one core a process's loop may spend on the client's work: past about half, sends

@@ -21,10 +21,11 @@ from tensorfold_bench.analysis import exactness, figures
 from tensorfold_bench.analysis.figures import num
 from tensorfold_bench.analysis.predictions import read as read_predictions
 from tensorfold_bench.client import selfcheck
-from tensorfold_bench.client.play import http_client, play_alone, sleep_until
+from tensorfold_bench.client.play import http_client, play_alone
 from tensorfold_bench.client.sampling import GREEDY, Sampling, request_seed
 from tensorfold_bench.client.stream import (Request, StreamRecord, clock, collector_held, fingerprint, new_record, stream,
                                              weakest_count)
+from tensorfold_bench.client.timer import sleep_until
 from tensorfold_bench.client.virtual import SimError, SimRequest, SimResult
 from tensorfold_bench.client.virtual import play as play_virtual
 from tensorfold_bench.errors import BenchError, FlagError
