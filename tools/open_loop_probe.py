@@ -6,6 +6,7 @@ self-check's verdict.
 
     python -m tools.open_loop_probe --rates 1000,2000,4000 --procs 1,2,auto [--duration 6]
         [--first-ms 5 --every-ms 2] [--input-len 32 --output-len 16] [--server-workers N] [--out FILE]
+        [--sends DIR]
 
 `--server-workers N` (1): the synthetic server as N processes on one port (its `--workers`), its
 log merged, so that its reads are not bunched by one loop reading every request.
@@ -27,6 +28,9 @@ from tensorfold_bench.client import player, selfcheck, workers
 from tensorfold_bench.scenarios import capacity, load
 from tensorfold_bench.workload import spec as spec_mod
 from tools.results import write_results
+
+
+FIRST_S = 0.25
 
 
 def one(url: str, rate: float, procs: int | str, a) -> dict:
@@ -57,13 +61,23 @@ def one(url: str, rate: float, procs: int | str, a) -> dict:
     gaps = np.diff(reads)
     truth = np.asarray([s["sends"][0] - s["read"] for s in log["streams"] if s["sends"]]) * 1000
     span = reads[-1] - reads[0]
+    # where the late sends fell: in the first FIRST_S of the schedule (a process that started
+    # late) or all through it (a loop too busy to send on time)
+    at = np.asarray([s.rec.scheduled - t0 for s in played if s.rec.sent is not None])
+    late = np.asarray([s.lateness(t0) for s in played if s.rec.sent is not None]) * 1000
+    p99 = lambda x: round(float(np.percentile(x, 99)), 3) if len(x) else None  # noqa: E731
+    if a.sends:  # every send's offset and lateness, for a look at when the late ones fell
+        os.makedirs(a.sends, exist_ok=True)
+        np.savez(os.path.join(a.sends, f"rate{rate:g}-procs{procs}.npz"), offset=at, late_ms=late)
     return {"rate": rate, "procs": procs, "procs_why": chosen.text(), "requests": len(played),
             "received_per_s": round((len(reads) - 1) / span, 1),
             "server_cv": round(float(gaps.std() / gaps.mean()), 3),
             "server_ks": round(float(stats.kstest(gaps * rate, "expon").statistic), 4),
             "ttft_p50": f["latency"]["ttft"]["p50"], "ttft_p99": f["latency"]["ttft"]["p99"],
             "truth_p50": float(np.median(truth)), "truth_p99": float(np.percentile(truth, 99)),
-            "late_p99_ms": check["late_p99_ms"], "loop_busy": check["loop_busy"], "cpu_share": check["cpu_share"],
+            "late_p99_ms": check["late_p99_ms"], "late_p99_first_ms": p99(late[at < FIRST_S]),
+            "late_p99_after_ms": p99(late[at >= FIRST_S]), "start_spare_ms": check.get("start_spare_ms"),
+            "loop_busy": check["loop_busy"], "cpu_share": check["cpu_share"],
             "send_ks": (check.get("arrivals") or {}).get("ks"), "send_cv": (check.get("arrivals") or {}).get("cv"),
             "invalid": check["invalid"], "load_before": load_before, "load_after": os.getloadavg()[0]}
 
@@ -79,6 +93,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--server-workers", type=int, default=1)
     p.add_argument("--out", default=None)
+    p.add_argument("--sends", default=None, help="a folder for each run's sends (offset, lateness) as .npz")
     a = p.parse_args()
     if a.server_workers < 1:
         p.error("--server-workers: must be at least 1")
@@ -93,7 +108,9 @@ def main() -> None:
                 rows.append(r)
                 print(f"rate {rate:g}/s, {r['procs_why']}: received {r['received_per_s']:g}/s, server gaps CV "
                       f"{r['server_cv']:.2f} KS {r['server_ks']:.3f}; TTFT p50/p99 {r['ttft_p50']:.2f}/{r['ttft_p99']:.2f}"
-                      f" (truth {r['truth_p50']:.2f}/{r['truth_p99']:.2f}); late p99 {r['late_p99_ms']:.2f} ms; "
+                      f" (truth {r['truth_p50']:.2f}/{r['truth_p99']:.2f}); late p99 {r['late_p99_ms']:.2f} ms (first "
+                      f"{FIRST_S:g} s {r['late_p99_first_ms']}, after {r['late_p99_after_ms']}); processes ready "
+                      f"{r['start_spare_ms']} ms before the start; "
                       f"send KS {r['send_ks']}; loop busy {r['loop_busy']}; "
                       f"{'valid' if not r['invalid'] else 'INVALID: ' + '; '.join(r['invalid'])}; "
                       f"load {r['load_before']:.2f}->{r['load_after']:.2f}", flush=True)

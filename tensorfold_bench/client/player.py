@@ -206,7 +206,10 @@ async def _play(url: str, workload: Workload, *, model: str, token_ids: str, sam
         with collector_held():
             # every timed send is handed to its task AHEAD_S early (it connects, then writes on time)
             t0 = clock() + AHEAD_S if start is None else start
-            await sleep_until(t0 - AHEAD_S)
+            if start is None:
+                await sleep_until(t0 - AHEAD_S)
+            else:
+                await watch.start_at(t0 - AHEAD_S)
             playing[0] = True
             tasks, last = Tasks(), 0.0
             if concurrency:
@@ -242,7 +245,7 @@ def _play_share(url: str, workload: Workload, kw: dict, start: float) -> dict:
     """One worker process's share of an open loop (its own event loop), played from `start`."""
     played, _, watch, peak = asyncio.run(_play(url, workload, **kw, start=start))
     return {"played": played, "lags": watch.lags, "cpu_s": watch.cpu_s, "wall_s": watch.wall_s,
-            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s}
+            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s, "spare_s": watch.spare_s}
 
 
 def deal(workload: Workload, procs: int) -> list[Workload]:
@@ -272,6 +275,7 @@ async def play_shares(pool: workers.Workers, url: str, workload: Workload, kw: d
         watch.wall_s = max(watch.wall_s, out["wall_s"])
         watch.open_s += out["open_s"]
         watch.open_idle_s += out["open_idle_s"] or 0.0
+        watch.spare(out["spare_s"])
     played.sort(key=lambda s: (s.rec.scheduled if s.rec.scheduled is not None else float("inf")))
     return played, start, watch, workers.peak_open([s.rec for s in played])
 

@@ -73,6 +73,20 @@ class Watch:
         # while streams are open: the wall time, and the event loop's part of it spent waiting for
         # I/O (None: not measured); the rest it was busy
         self.open_s, self.open_idle_s = 0.0, 0.0
+        # seconds to spare when this loop was ready for a start every process shares (its requests
+        # prepared, its connections open), the least over processes; None: no shared start
+        self.spare_s: float | None = None
+
+    def spare(self, s: float | None) -> None:
+        """Keep the least time to spare (`s`; None: not measured)."""
+        if s is not None:
+            self.spare_s = s if self.spare_s is None else min(self.spare_s, s)
+
+    async def start_at(self, t: float) -> None:
+        """Sleep to a start `t` every process shares, keeping how long this loop had to spare
+        (negative: it was ready after the start, so its first sends were late by that much)."""
+        self.spare(t - clock())
+        await timer.sleep_until(t)
 
     def add(self, other: "Watch") -> None:
         """Another loop's samples and CPU (a burst played by worker processes) into this one's."""
@@ -82,6 +96,7 @@ class Watch:
         if self.open_idle_s is not None and other.open_idle_s is not None:
             self.open_idle_s += other.open_idle_s
         self.procs = max(self.procs, other.procs)
+        self.spare(other.spare_s)
 
     @classmethod
     def over(cls, streams: OpenStreams) -> "Watch":
@@ -173,6 +188,8 @@ def summary(watch: Watch, lateness: list[float | None], peaks: dict[int, int] | 
         d["server_split"] = {str(k): list(v) for k, v in server_split.items()}
     if open_peak is not None:
         d["open_peak"] = open_peak
+    if watch.spare_s is not None:
+        d["start_spare_ms"] = round(watch.spare_s * 1000, 3)
     if spread:
         d["send_spread_ms"] = {str(k): v for k, v in spread.items()}
     if arrivals is not None:
@@ -201,6 +218,10 @@ def reasons(d: dict, bounds: Bounds | None = None) -> list[str]:
                    f"(bound {bounds.lag_p99_s * 1000:g} ms)")
     if d["late_max_ms"] > bounds.late_s * 1000:
         out.append(f"a request was sent {d['late_max_ms']:.0f} ms late (bound {bounds.late_s * 1000:g} ms)")
+    spare = d.get("start_spare_ms")
+    if spare is not None and spare < 0:
+        out.append(f"a client process was ready {-spare:.1f} ms after the start its processes share (its "
+                   "requests prepared and connections opened too late): its first sends were late")
     for level, peak in (d.get("peak_open") or {}).items():
         if peak < int(level):
             out.append(f"at {level} streams the client had at most {peak} open at once")
@@ -243,6 +264,8 @@ def line(d: dict) -> str:
              f"send lateness p99 {d['late_p99_ms']:.1f} ms (max {d['late_max_ms']:.1f})"]
     if d.get("workers"):
         parts.append(d["workers"]["why"])
+    if d.get("start_spare_ms") is not None:
+        parts.append(f"processes ready {d['start_spare_ms']:.0f} ms before their shared start (the least)")
     fit = d.get("arrivals")
     if fit:
         parts.append(f"send gaps CV {fit['cv']:.2f} (scheduled {fit['cv_scheduled']:.2f})"

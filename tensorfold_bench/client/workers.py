@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 from tensorfold_bench.client import selfcheck
 from tensorfold_bench.client.play import http_client
 from tensorfold_bench.client.stream import Request, StreamRecord, clock, collector_held, new_record, stream
-from tensorfold_bench.client.timer import sleep_until
 from tensorfold_bench.errors import FlagError
 
 START_AHEAD_S = 1.0  # the burst starts this long after its requests are handed to the workers (each opens its connections first)
@@ -132,7 +131,7 @@ async def _play(url: str, reqs: list[Request], model: str, t0: float, timeout_s:
         ready = [client.prepare(url, q, model) for q in reqs]
         conns = await client.preopen(url, len(reqs))  # connected before the burst's start: then only writes
         with collector_held():
-            await sleep_until(t0)
+            await watch.start_at(t0)
             recs = [new_record(r, t0) for r in reqs]
             client.write_all(conns, ready)
             tasks = [asyncio.create_task(stream(client, url, q, r, model, w, c))
@@ -146,7 +145,7 @@ async def _play(url: str, reqs: list[Request], model: str, t0: float, timeout_s:
         if t in pending and not r.error:
             r.error = f"not done after {timeout_s:.0f} s"
     return {"records": [r.to_dict() for r in recs], "lags": watch.lags, "cpu_s": watch.cpu_s, "wall_s": watch.wall_s,
-            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s}
+            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s, "spare_s": watch.spare_s}
 
 
 def _worker(url: str, reqs: list[Request], model: str, t0: float, timeout_s: float) -> dict:
@@ -207,4 +206,5 @@ class Workers:
             watch.open_s += out["open_s"]
             watch.open_idle_s += out["open_idle_s"] or 0.0
             watch.wall_s = max(watch.wall_s, out["wall_s"])
+            watch.spare(out["spare_s"])
         return recs, watch

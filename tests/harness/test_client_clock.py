@@ -471,6 +471,7 @@ def test_an_open_loop_over_two_processes_sends_the_whole_schedule_once(sim):
     for s in played:  # each at its own offset from the one start
         assert s.rec.scheduled == pytest.approx(t0 + s.item.offset, abs=1e-9)
     assert check["procs"] == 2 and check["arrivals"]["gaps"] == len(played) - 1
+    assert check["start_spare_ms"] > 0 and not check["invalid"]  # both processes ready before the start
     assert len(httpx.get(sim + "/v1/synthetic").json()["streams"]) == len(played)
     with pytest.raises(Exception, match="--procs"):
         load.settings_from_flags(model="tiny", device="cpu", dtype=None, share=None, order=None, url=None, out_dir="r",
@@ -516,6 +517,33 @@ def test_a_sweep_level_over_two_processes_starts_together_and_is_checked_whole(s
     assert check["loop_lag_p99_ms"] >= 0 and check["cpu_s"] > 0
     assert httpx.get(sim + "/v1/synthetic").json()["peak_open"] == 8
     assert "8 streams: 2 client processes (--procs)" in selfcheck.line(check)
+    assert check["start_spare_ms"] > 0 and "before their shared start" in selfcheck.line(check)
+
+
+def test_a_process_ready_after_the_shared_start_makes_the_run_invalid(sim, monkeypatch):
+    """A worker process still preparing its share when the start every process shares has passed
+    sends its first requests late by that much: the check names it, for an open loop and a burst."""
+    from tensorfold_bench.client import workers
+    from tensorfold_bench.workload import spec as spec_mod
+    reset(sim)
+    monkeypatch.setattr(workers, "START_AHEAD_S", -0.05)  # the start 50 ms gone when the shares are handed out
+    spec = spec_mod.from_flags(rates=[50.0], duration=0.5, input_len="8", output_len="2", seed=3)
+    (level,) = spec.levels
+    wl = spec.build(level, synthetic.VOCAB)
+    reqs = [Request(f"b{i}", [1, 2, 3], max_tokens=2) for i in range(4)]
+
+    async def go(pool):
+        loop = await player.play_level(sim, wl, model=synthetic.MODEL, drain_s=30, pool=pool)
+        return loop, await pool.burst(sim, reqs, synthetic.MODEL, 30.0)
+    with workers.Workers(2) as pool:
+        (played, _, check), (recs, watch) = asyncio.run(go(pool))
+    assert all(s.rec.error is None for s in played) and all(r.error is None for r in recs)
+    assert check["start_spare_ms"] <= -50
+    assert any(r.startswith("a client process was ready ") and "after the start its processes share" in r
+               for r in check["invalid"])
+    assert watch.spare_s <= -0.05
+    burst = selfcheck.summary(watch, [r.sent - r.scheduled for r in recs])
+    assert any("after the start its processes share" in r for r in burst["invalid"])
 
 
 def test_the_sweeps_automatic_processes_are_one_per_256_streams_up_to_the_cores():
