@@ -33,9 +33,10 @@ from tools.results import write_results
 FIRST_S = 0.25
 
 
-def one(url: str, rate: float, procs: int | str, a) -> dict:
+def one(url: str, rate: float, procs: int | str, a, sends: str | None = None) -> dict:
     """One open loop at `rate` over `procs` processes (or "auto"); `a`: duration, input_len and
-    output_len. The server's log (`url`: the synthetic server) is reset first."""
+    output_len; `sends`: a folder to keep every send's offset and lateness in. The server's log
+    (`url`: the synthetic server) is reset first."""
     spec = spec_mod.from_flags(rates=[rate], duration=a.duration, input_len=str(a.input_len),
                                output_len=str(a.output_len), seed=0)
     (level,) = spec.levels
@@ -66,9 +67,9 @@ def one(url: str, rate: float, procs: int | str, a) -> dict:
     at = np.asarray([s.rec.scheduled - t0 for s in played if s.rec.sent is not None])
     late = np.asarray([s.lateness(t0) for s in played if s.rec.sent is not None]) * 1000
     p99 = lambda x: round(float(np.percentile(x, 99)), 3) if len(x) else None  # noqa: E731
-    if a.sends:  # every send's offset and lateness, for a look at when the late ones fell
-        os.makedirs(a.sends, exist_ok=True)
-        np.savez(os.path.join(a.sends, f"rate{rate:g}-procs{procs}.npz"), offset=at, late_ms=late)
+    if sends:  # every send's offset and lateness, for a look at when the late ones fell
+        os.makedirs(sends, exist_ok=True)
+        np.savez(os.path.join(sends, f"rate{rate:g}-procs{procs}.npz"), offset=at, late_ms=late)
     return {"rate": rate, "procs": procs, "procs_why": chosen.text(), "requests": len(played),
             "received_per_s": round((len(reads) - 1) / span, 1),
             "server_cv": round(float(gaps.std() / gaps.mean()), 3),
@@ -104,7 +105,7 @@ def main() -> None:
     with capacity.synthetic_server(a.first_ms, a.every_ms, workers=a.server_workers) as srv:
         for rate in [float(r) for r in a.rates.split(",")]:
             for procs in [n.strip() for n in a.procs.split(",")]:
-                r = one(srv.url, rate, procs, a)
+                r = one(srv.url, rate, procs, a, a.sends)
                 rows.append(r)
                 print(f"rate {rate:g}/s, {r['procs_why']}: received {r['received_per_s']:g}/s, server gaps CV "
                       f"{r['server_cv']:.2f} KS {r['server_ks']:.3f}; TTFT p50/p99 {r['ttft_p50']:.2f}/{r['ttft_p99']:.2f}"
