@@ -77,7 +77,10 @@ def one(url: str, rate: float, procs: int | str, a, sends: str | None = None) ->
             "ttft_p50": f["latency"]["ttft"]["p50"], "ttft_p99": f["latency"]["ttft"]["p99"],
             "truth_p50": float(np.median(truth)), "truth_p99": float(np.percentile(truth, 99)),
             "late_p99_ms": check["late_p99_ms"], "late_p99_first_ms": p99(late[at < FIRST_S]),
-            "late_p99_after_ms": p99(late[at >= FIRST_S]), "start_spare_ms": check.get("start_spare_ms"),
+            "late_p99_after_ms": p99(late[at >= FIRST_S]),
+            # the first half second in 25 ms bins: the latest send of each (a stall, or a backlog)
+            "late_max_by_25ms": [round(float(late[(at >= b) & (at < b + 0.025)].max()), 2)
+                                 if ((at >= b) & (at < b + 0.025)).any() else None for b in np.arange(0, 0.5, 0.025)], "start_spare_ms": check.get("start_spare_ms"),
             "loop_busy": check["loop_busy"], "cpu_share": check["cpu_share"],
             "send_ks": (check.get("arrivals") or {}).get("ks"), "send_cv": (check.get("arrivals") or {}).get("cv"),
             "invalid": check["invalid"], "load_before": load_before, "load_after": os.getloadavg()[0]}
@@ -111,7 +114,8 @@ def main() -> None:
                       f"{r['server_cv']:.2f} KS {r['server_ks']:.3f}; TTFT p50/p99 {r['ttft_p50']:.2f}/{r['ttft_p99']:.2f}"
                       f" (truth {r['truth_p50']:.2f}/{r['truth_p99']:.2f}); late p99 {r['late_p99_ms']:.2f} ms (first "
                       f"{FIRST_S:g} s {r['late_p99_first_ms']}, after {r['late_p99_after_ms']}); processes ready "
-                      f"{r['start_spare_ms']} ms before the start; "
+                      f"{r['start_spare_ms']} ms before the start; latest send by 25 ms of the first 0.5 s "
+                      f"{r['late_max_by_25ms']}; "
                       f"send KS {r['send_ks']}; loop busy {r['loop_busy']}; "
                       f"{'valid' if not r['invalid'] else 'INVALID: ' + '; '.join(r['invalid'])}; "
                       f"load {r['load_before']:.2f}->{r['load_after']:.2f}", flush=True)
