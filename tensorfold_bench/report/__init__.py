@@ -84,10 +84,11 @@ def write(data: dict, out_dir: Path, stem: str, png: bool = True, summary: objec
     """Write STEM.json.gz (the data), STEM.md and (but for a gate, or with png=False) STEM.png
     and the scenario's further pictures (STEM-frontier.png) under out_dir; return their paths.
     Each file is written whole and then renamed, so a reader (or a stop mid-write) never sees
-    half a receipt. `summary`: the session's summary of this receipt (summary_of's), else
-    computed once here for the Markdown and the pictures."""
+    half a receipt, and the data last, so once STEM.json.gz is there its Markdown and pictures are
+    too. `summary`: the session's summary of this receipt (summary_of's), else computed once here
+    for the Markdown and the pictures."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": store.write(data, out_dir, stem), "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
+    paths = {"json": out_dir / f"{stem}{store.SUFFIX}", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
     r = Receipt.from_dict(data)
     summary = summary_of(r) if summary is None else summary
     more = more_pngs(r, paths["png"], draw=True, summary=summary) if png else {}
@@ -96,6 +97,7 @@ def write(data: dict, out_dir: Path, stem: str, png: bool = True, summary: objec
         del paths["png"]
     paths.update({f"png-{k}": out_dir / v for k, v in more.items()})
     store.atomic(paths["md"], render_markdown(r, png.name if png else None, more, summary).encode())
+    paths["json"] = store.write(data, out_dir, stem)
     return paths
 
 

@@ -111,6 +111,21 @@ def test_a_partial_receipt_is_written_in_the_new_form_only(tmp_path):
     assert "**Partial receipt (in progress).** 1 of" in paths["md"].read_text()
 
 
+def test_the_receipts_data_is_written_last(tmp_path, monkeypatch):
+    """A reader that waits for STEM.json.gz (a partial receipt after the first run) finds its
+    Markdown and picture already there."""
+    data = report.read(min(RECEIPTS, key=lambda p: p.stat().st_size))
+    real, seen = report.store.write, []
+
+    def spy(d, out_dir, name):
+        seen.append(sorted(p.name for p in Path(out_dir).iterdir() if not p.name.startswith(".")))
+        return real(d, out_dir, name)
+    monkeypatch.setattr(report.store, "write", spy)
+    paths = report.write(data, tmp_path, "s")
+    assert seen == [sorted(p.name for p in paths.values() if p.name != "s.json.gz")]
+    assert "s.md" in seen[0] and "s.png" in seen[0] and report.read(paths["json"]) == data
+
+
 def test_token_times_are_stored_compactly_and_read_back_exactly(tmp_path):
     """A sweep batch's gaps go to disk across streams (each stream's arrivals minus the previous
     stream's at the same token), a record's token times as nanosecond deltas; both read back
