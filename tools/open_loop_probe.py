@@ -33,6 +33,13 @@ from tools.results import write_results
 FIRST_S = 0.25
 
 
+def latest_by_bin(at: np.ndarray, late: np.ndarray, width: float = 0.025, span: float = 0.5) -> list[float | None]:
+    """The latest send (ms) of each `width` of the schedule's first `span` s (None: no send in
+    it): one stall shows as a bin or two, a backlog as a run of growing ones."""
+    bins = [(at >= b) & (at < b + width) for b in np.arange(0.0, span, width)]
+    return [round(float(late[m].max()), 2) if m.any() else None for m in bins]
+
+
 def one(url: str, rate: float, procs: int | str, a, sends: str | None = None) -> dict:
     """One open loop at `rate` over `procs` processes (or "auto"); `a`: duration, input_len and
     output_len; `sends`: a folder to keep every send's offset and lateness in. The server's log
@@ -78,9 +85,7 @@ def one(url: str, rate: float, procs: int | str, a, sends: str | None = None) ->
             "truth_p50": float(np.median(truth)), "truth_p99": float(np.percentile(truth, 99)),
             "late_p99_ms": check["late_p99_ms"], "late_p99_first_ms": p99(late[at < FIRST_S]),
             "late_p99_after_ms": p99(late[at >= FIRST_S]),
-            # the first half second in 25 ms bins: the latest send of each (a stall, or a backlog)
-            "late_max_by_25ms": [round(float(late[(at >= b) & (at < b + 0.025)].max()), 2)
-                                 if ((at >= b) & (at < b + 0.025)).any() else None for b in np.arange(0, 0.5, 0.025)], "start_spare_ms": check.get("start_spare_ms"),
+            "late_max_by_25ms": latest_by_bin(at, late), "start_spare_ms": check.get("start_spare_ms"),
             "loop_busy": check["loop_busy"], "cpu_share": check["cpu_share"],
             "send_ks": (check.get("arrivals") or {}).get("ks"), "send_cv": (check.get("arrivals") or {}).get("cv"),
             "invalid": check["invalid"], "load_before": load_before, "load_after": os.getloadavg()[0]}

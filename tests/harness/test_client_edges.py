@@ -55,3 +55,13 @@ def test_bad_input_is_one_line_naming_the_flag():
         res = run(*args)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert res.stderr.strip().splitlines()[-1].startswith(f"client_edges.py: error: {flag}"), res.stderr
+
+
+def test_the_probe_bins_the_first_half_second_by_its_latest_send():
+    """A stall at 30 ms shows in its own 25 ms bin; an empty bin says None, not 0."""
+    import numpy as np
+    from tools.open_loop_probe import latest_by_bin
+    at = np.array([0.001, 0.030, 0.031, 0.060, 0.2])
+    late = np.array([0.1, 20.0, 19.5, 0.3, 0.2])
+    bins = latest_by_bin(at, late)
+    assert len(bins) == 20 and bins[:4] == [0.1, 20.0, 0.3, None] and bins[8] == 0.2
