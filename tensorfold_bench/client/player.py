@@ -244,8 +244,7 @@ async def _play(url: str, workload: Workload, *, model: str, token_ids: str, sam
 def _play_share(url: str, workload: Workload, kw: dict, start: float) -> dict:
     """One worker process's share of an open loop (its own event loop), played from `start`."""
     played, _, watch, peak = asyncio.run(_play(url, workload, **kw, start=start))
-    return {"played": played, "lags": watch.lags, "cpu_s": watch.cpu_s, "wall_s": watch.wall_s,
-            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s, "spare_s": watch.spare_s}
+    return {"played": played, "watch": watch.share()}
 
 
 def deal(workload: Workload, procs: int) -> list[Workload]:
@@ -266,16 +265,8 @@ async def play_shares(pool: workers.Workers, url: str, workload: Workload, kw: d
     parts = deal(workload, procs or pool.procs)
     start = clock() + workers.START_AHEAD_S
     outs = await pool.each(_play_share, [(url, w, kw, start) for w in parts])
-    watch = selfcheck.Watch()
-    watch.procs, played = len(parts), []
-    for out in outs:
-        played += out["played"]
-        watch.lags += out["lags"]
-        watch.cpu_s += out["cpu_s"]
-        watch.wall_s = max(watch.wall_s, out["wall_s"])
-        watch.open_s += out["open_s"]
-        watch.open_idle_s += out["open_idle_s"] or 0.0
-        watch.spare(out["spare_s"])
+    watch = selfcheck.Watch.of_shares([out["watch"] for out in outs])
+    played = [s for out in outs for s in out["played"]]
     played.sort(key=lambda s: (s.rec.scheduled if s.rec.scheduled is not None else float("inf")))
     return played, start, watch, workers.peak_open([s.rec for s in played])
 

@@ -98,6 +98,26 @@ class Watch:
         self.procs = max(self.procs, other.procs)
         self.spare(other.spare_s)
 
+    def share(self) -> dict:
+        """What a worker process sends back of its Watch (its loop and callbacks stay there)."""
+        return {"lags": self.lags, "cpu_s": self.cpu_s, "wall_s": self.wall_s, "open_s": self.open_s,
+                "open_idle_s": self.open_idle_s, "spare_s": self.spare_s}
+
+    @classmethod
+    def of_shares(cls, shares: list[dict]) -> "Watch":
+        """One Watch over worker processes' `share()`s, all started together: their lag samples,
+        CPU and open time summed, the longest wall time, the least time to spare."""
+        watch = cls()
+        watch.procs = len(shares)
+        for d in shares:
+            watch.lags += d["lags"]
+            watch.cpu_s += d["cpu_s"]
+            watch.wall_s = max(watch.wall_s, d["wall_s"])
+            watch.open_s += d["open_s"]
+            watch.open_idle_s += d["open_idle_s"] or 0.0
+            watch.spare(d["spare_s"])
+        return watch
+
     @classmethod
     def over(cls, streams: OpenStreams) -> "Watch":
         """Busy while `streams` has any open. A wake-up during which they all ended and the next

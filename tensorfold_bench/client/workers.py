@@ -144,8 +144,7 @@ async def _play(url: str, reqs: list[Request], model: str, t0: float, timeout_s:
     for r, t in zip(recs, tasks):
         if t in pending and not r.error:
             r.error = f"not done after {timeout_s:.0f} s"
-    return {"records": [r.to_dict() for r in recs], "lags": watch.lags, "cpu_s": watch.cpu_s, "wall_s": watch.wall_s,
-            "open_s": watch.open_s, "open_idle_s": watch.open_idle_s, "spare_s": watch.spare_s}
+    return {"records": [r.to_dict() for r in recs], "watch": watch.share()}
 
 
 def _worker(url: str, reqs: list[Request], model: str, t0: float, timeout_s: float) -> dict:
@@ -196,15 +195,7 @@ class Workers:
         outs = await asyncio.gather(*(loop.run_in_executor(self.pool, _worker, url, [reqs[j] for j in idx], model,
                                                            t0, timeout_s) for idx in shares if idx))
         recs: list[StreamRecord | None] = [None] * len(reqs)
-        watch = selfcheck.Watch()
-        watch.procs = len([s for s in shares if s])
         for idx, out in zip([s for s in shares if s], outs):
             for j, d in zip(idx, out["records"]):
                 recs[j] = StreamRecord.from_dict(d)
-            watch.lags += out["lags"]
-            watch.cpu_s += out["cpu_s"]
-            watch.open_s += out["open_s"]
-            watch.open_idle_s += out["open_idle_s"] or 0.0
-            watch.wall_s = max(watch.wall_s, out["wall_s"])
-            watch.spare(out["spare_s"])
-        return recs, watch
+        return recs, selfcheck.Watch.of_shares([out["watch"] for out in outs])
